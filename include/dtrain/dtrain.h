@@ -1,0 +1,9 @@
+// dtrain: distributed training. One include for the whole public API.
+#pragma once
+
+#include "dtrain/error.h"
+#include "dtrain/identity.h"
+#include "dtrain/process_group.h"
+#include "dtrain/store.h"
+#include "dtrain/tensor.h"
+#include "dtrain/work.h"

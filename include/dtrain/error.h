@@ -1,0 +1,58 @@
+// dtrain's error kinds. Each says whether retrying can help; docs/errors.md says what to do.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace dtrain {
+
+enum class ErrorKind {
+  kInvalidArgument,  // the caller asked for something impossible (sizes, ranks, dtypes); fix the call
+  kTimeout,          // a wait ran past its limit; retry with a longer timeout or find the straggler
+  kPeerFailure,      // a peer died or its connection broke; restart the job (or let elastic do it)
+  kStore,            // the rendezvous store refused or lost us; check the master address/port/token
+  kAborted,          // abort() was called on this group; the group is unusable
+  kInternal,         // an invariant of dtrain itself broke: a bug, please report it
+};
+
+std::string_view to_string(ErrorKind kind);
+
+// Base of every exception dtrain throws.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, const std::string& message);
+  ErrorKind kind() const { return kind_; }
+  // Whether the same call may succeed if simply retried (after a pause, or with a longer limit).
+  bool retryable() const;
+
+ private:
+  ErrorKind kind_;
+};
+
+class InvalidArgumentError : public Error {
+ public:
+  explicit InvalidArgumentError(const std::string& m) : Error(ErrorKind::kInvalidArgument, m) {}
+};
+class TimeoutError : public Error {
+ public:
+  explicit TimeoutError(const std::string& m) : Error(ErrorKind::kTimeout, m) {}
+};
+class PeerFailureError : public Error {
+ public:
+  explicit PeerFailureError(const std::string& m) : Error(ErrorKind::kPeerFailure, m) {}
+};
+class StoreError : public Error {
+ public:
+  explicit StoreError(const std::string& m) : Error(ErrorKind::kStore, m) {}
+};
+class AbortedError : public Error {
+ public:
+  explicit AbortedError(const std::string& m) : Error(ErrorKind::kAborted, m) {}
+};
+class InternalError : public Error {
+ public:
+  explicit InternalError(const std::string& m) : Error(ErrorKind::kInternal, m) {}
+};
+
+}  // namespace dtrain

@@ -1,0 +1,28 @@
+// Work: the handle of an operation in flight (a send, a receive, later a collective).
+// wait() rethrows the operation's error; every wait is bounded by a timeout.
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <optional>
+
+namespace dtrain {
+
+class Work {
+ public:
+  virtual ~Work() = default;
+
+  // True once the operation finished, successfully or not. Never blocks; may move bytes.
+  virtual bool is_completed() = 0;
+  // Waits for the operation. Without an argument it waits until the operation's own deadline
+  // (its options' timeout, or the group default, counted from when it was issued). Throws the
+  // operation's error, or TimeoutError, after which the operation is cancelled: a wait that
+  // timed out never leaves a buffer that may still be written to.
+  virtual void wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt) = 0;
+  // The error the operation failed with, or null (also null while it is still running).
+  virtual std::exception_ptr exception() const = 0;
+
+  bool is_success() { return is_completed() && exception() == nullptr; }
+};
+
+}  // namespace dtrain

@@ -1,0 +1,76 @@
+// The one table of environment variables dtrain reads. Each is declared here once, with its
+// default and a line of help; `dtrain env` prints the table and docs/env.md is checked against it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace dtrain::env {
+
+struct Var {
+  std::string_view name;
+  std::string_view default_value;  // "" = unset by default
+  std::string_view help;
+};
+
+// X(identifier, NAME, default, help)
+#define DTRAIN_ENV_VARS(X)                                                                        \
+  X(kRank, "RANK", "", "This process's global rank (torchrun convention; set by `dtrain run`).") \
+  X(kWorldSize, "WORLD_SIZE", "", "Number of processes in the job.")                              \
+  X(kLocalRank, "LOCAL_RANK", "", "Rank of this process on its node.")                            \
+  X(kLocalWorldSize, "LOCAL_WORLD_SIZE", "", "Number of processes on this node.")                 \
+  X(kNodeRank, "NODE_RANK", "", "Index of this node in the job.")                                 \
+  X(kGroupRank, "GROUP_RANK", "", "Index of this node in the job as torchrun names it (NODE_RANK wins when both are set).") \
+  X(kMasterAddr, "MASTER_ADDR", "", "Host of the rendezvous store.")                              \
+  X(kMasterPort, "MASTER_PORT", "29500", "Port of the rendezvous store.")                         \
+  X(kOmpiRank, "OMPI_COMM_WORLD_RANK", "", "Rank under OpenMPI's mpirun.")                        \
+  X(kOmpiSize, "OMPI_COMM_WORLD_SIZE", "", "World size under OpenMPI's mpirun.")                  \
+  X(kOmpiLocalRank, "OMPI_COMM_WORLD_LOCAL_RANK", "", "Local rank under OpenMPI's mpirun.")       \
+  X(kOmpiLocalSize, "OMPI_COMM_WORLD_LOCAL_SIZE", "", "Local size under OpenMPI's mpirun.")       \
+  X(kOmpiNodeRank, "OMPI_COMM_WORLD_NODE_RANK", "", "Node rank under OpenMPI's mpirun.")          \
+  X(kPmiRank, "PMI_RANK", "", "Rank under a PMI launcher (MPICH, Intel MPI).")                    \
+  X(kPmiSize, "PMI_SIZE", "", "World size under a PMI launcher.")                                 \
+  X(kMpiLocalRankId, "MPI_LOCALRANKID", "", "Local rank under a PMI launcher (MPICH Hydra, Intel MPI).") \
+  X(kMpiLocalNRanks, "MPI_LOCALNRANKS", "", "Number of processes on this node under a PMI launcher.") \
+  X(kSlurmProcId, "SLURM_PROCID", "", "Rank of a Slurm task.")                                    \
+  X(kSlurmNTasks, "SLURM_NTASKS", "", "Number of tasks of a Slurm step.")                         \
+  X(kSlurmLocalId, "SLURM_LOCALID", "", "Local rank of a Slurm task on its node.")                \
+  X(kSlurmNodeId, "SLURM_NODEID", "", "Node index of a Slurm task.")                              \
+  X(kSlurmNodeList, "SLURM_JOB_NODELIST", "", "Slurm's compressed host list; its first host is the master.") \
+  X(kSlurmTasksPerNode, "SLURM_TASKS_PER_NODE", "", "Slurm's tasks per node, e.g. 4(x2),3.")    \
+  X(kJobCompletionIndex, "JOB_COMPLETION_INDEX", "", "Pod index of a Kubernetes Indexed Job (the rank).") \
+  X(kTfConfig, "TF_CONFIG", "", "TensorFlow's cluster JSON; the task index in the worker list is the rank.") \
+  X(kJobId, "DTRAIN_JOB_ID", "dtrain", "Job identity checked in every handshake; connections of other jobs are refused.") \
+  X(kAuthToken, "DTRAIN_AUTH_TOKEN", "", "Shared secret: when set, every store and data connection must prove it (HMAC-SHA256 challenge-response).") \
+  X(kTimeout, "DTRAIN_TIMEOUT", "300", "Default timeout in seconds of every operation of a process group.") \
+  X(kConnectTimeout, "DTRAIN_CONNECT_TIMEOUT", "60", "Seconds allowed for rendezvous: reaching the store and connecting to every peer.") \
+  X(kSocketAddr, "DTRAIN_SOCKET_ADDR", "", "Address this process publishes for its peers (default: the local address that routes to the store).") \
+  X(kSpinUs, "DTRAIN_SPIN_US", "50", "Microseconds a waiting thread busy-polls before it sleeps (0 = never spin).") \
+  X(kAgentStore, "DTRAIN_AGENT_STORE", "0", "1 when the launcher hosts the store at MASTER_ADDR:MASTER_PORT; 0 makes rank 0 host it.") \
+  X(kLogLevel, "DTRAIN_LOG_LEVEL", "info", "trace, debug, info, warn, error or off.")
+
+#define DTRAIN_ENV_DECLARE(id, name, def, help) inline constexpr Var id{name, def, help};
+DTRAIN_ENV_VARS(DTRAIN_ENV_DECLARE)
+#undef DTRAIN_ENV_DECLARE
+
+// Every variable of the table, in declaration order.
+std::span<const Var> all();
+
+// The raw value, or nullopt when unset (an empty value counts as unset).
+std::optional<std::string> raw(const Var& var);
+// The value, or the variable's default.
+std::string get_string(const Var& var);
+// Parsed values; a value that does not parse throws InvalidArgumentError naming the variable.
+std::optional<int64_t> get_int(const Var& var);
+double get_double(const Var& var);
+bool get_bool(const Var& var);
+std::chrono::milliseconds get_seconds(const Var& var);
+
+// Parses an integer from a named source; used for environment values and flags alike.
+int64_t parse_int(std::string_view source, std::string_view text);
+
+}  // namespace dtrain::env

@@ -1,0 +1,73 @@
+// Sockets: an RAII file descriptor, address parsing, listening, connecting with retry, and
+// whole-buffer reads and writes bounded by a deadline. Errors carry the caller's context string
+// (who is talking to whom, about what) so that every message names both ends.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "common/deadline.h"
+
+namespace dtrain::net {
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) reset(std::exchange(o.fd_, -1));
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+  std::string to_string() const;
+};
+// Parses "host:port", "[v6]:port"; throws InvalidArgumentError naming `what` on bad input.
+HostPort parse_host_port(std::string_view text, std::string_view what);
+
+// Listens on host:port (host "" or "0.0.0.0" = every interface, port 0 = any free port).
+Fd listen_tcp(const std::string& host, uint16_t port, int backlog = 1024);
+// Connects to host:port, retrying refused or unreachable attempts until the deadline.
+// Throws TimeoutError (with `context` and the last errno) when the deadline passes.
+Fd connect_tcp(const HostPort& to, const Deadline& deadline, std::string_view context);
+// Accepts one connection, waiting at most until the deadline (TimeoutError otherwise).
+Fd accept_tcp(int listen_fd, const Deadline& deadline, std::string_view context);
+
+uint16_t local_port(int fd);
+std::string local_ip(int fd);    // "127.0.0.1"
+std::string peer_name(int fd);   // "127.0.0.1:41234"
+
+void set_nonblocking(int fd, bool on);
+void set_nodelay(int fd);
+void set_buffer_sizes(int fd, int bytes);
+// TCP keepalive tuned so that a silent peer (host gone, cable cut) is noticed in seconds.
+void set_keepalive(int fd, int idle_s, int interval_s, int count);
+
+// Whole-buffer I/O on a blocking or non-blocking socket; waits with poll(2) up to the deadline.
+// A closed connection or socket error throws PeerFailureError, the deadline TimeoutError; both
+// messages start with `context` and say how many bytes of how many moved.
+void write_all(int fd, const void* data, size_t size, const Deadline& deadline,
+               std::string_view context);
+void read_all(int fd, void* data, size_t size, const Deadline& deadline, std::string_view context);
+
+}  // namespace dtrain::net

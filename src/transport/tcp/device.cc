@@ -1,0 +1,127 @@
+#include "transport/tcp/device.h"
+
+#include <sys/socket.h>
+
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/log.h"
+#include "common/socket.h"
+#include "dtrain/error.h"
+
+namespace dtrain::transport::tcp {
+namespace {
+
+std::string address_key(const std::string& group, int rank) {
+  return fmt::format("{}/addr/{}", group, rank);
+}
+
+}  // namespace
+
+Device::Device(Store& store, const DeviceOptions& options)
+    : options_(options), loop_(std::make_shared<Loop>()) {
+  const int rank = options_.rank;
+  const int size = options_.size;
+  pairs_.resize(size);
+  if (size == 1) return;
+
+  const auto deadline = Deadline::after(options_.connect_timeout);
+  net::Fd listener = net::listen_tcp(options_.listen_host, 0);
+  address_ = net::HostPort{options_.advertise_addr, net::local_port(listener.get())}.to_string();
+  store.set(address_key(options_.group_name, rank), address_);
+  DTRAIN_LOG_DEBUG("rank {}: group {} listens at {}", rank, options_.group_name, address_);
+
+  // Higher ranks dial us while we dial lower ranks.
+  std::vector<net::Fd> accepted(size);
+  std::string accept_failure;
+  std::jthread acceptor([&] { accept_higher_ranks(listener.get(), deadline, accepted, accept_failure); });
+
+  std::vector<net::Fd> dialled(size);
+  try {
+  for (int peer = 0; peer < rank; ++peer) {
+    std::vector<std::string> key{address_key(options_.group_name, peer)};
+    store.wait(key, deadline.remaining());
+    const std::string addr = store.get_string(key[0]);
+    const std::string context =
+        fmt::format("rank {}: connecting group {} to rank {} at {}", rank, options_.group_name,
+                    peer, addr);
+    net::Fd fd = net::connect_tcp(net::parse_host_port(addr, "peer address"), deadline, context);
+    net::Hello hello{net::Role::kPair, rank, peer, options_.group_tag};
+    net::handshake_connect(fd.get(), options_.handshake, hello, peer, deadline, context);
+    dialled[peer] = std::move(fd);
+  }
+  } catch (...) {
+    ::shutdown(listener.get(), SHUT_RDWR);  // wakes the acceptor so the error is not delayed
+    throw;
+  }
+  acceptor.join();
+  if (!accept_failure.empty()) throw TimeoutError(accept_failure);
+
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    net::Fd fd = peer < rank ? std::move(dialled[peer]) : std::move(accepted[peer]);
+    std::string peer_addr = peer < rank ? store.get_string(address_key(options_.group_name, peer))
+                                        : net::peer_name(fd.get());
+    PairOptions po{rank, peer, peer_addr, options_.group_name, options_.spin};
+    pairs_[peer] = std::make_shared<Pair>(loop_, std::move(fd), po);
+  }
+  DTRAIN_LOG_DEBUG("rank {}: group {} connected to {} peers in {:.1f} ms", rank,
+                   options_.group_name, size - 1, deadline.elapsed().count() * 1.0);
+}
+
+void Device::accept_higher_ranks(int listen_fd, const Deadline& deadline,
+                                 std::vector<net::Fd>& accepted, std::string& failure) {
+  const int rank = options_.rank;
+  int missing = options_.size - 1 - rank;
+  while (missing > 0) {
+    net::Fd fd;
+    try {
+      fd = net::accept_tcp(listen_fd, deadline, "accepting peers");
+    } catch (const Error&) {
+      std::vector<int> absent;
+      for (int r = rank + 1; r < options_.size; ++r)
+        if (!accepted[r].valid()) absent.push_back(r);
+      failure = fmt::format(
+          "rank {}: group {} rendezvous: rank(s) {} did not connect to {} after {}; check that "
+          "they are running, use the same DTRAIN_JOB_ID, and can reach this address",
+          rank, options_.group_name, fmt::join(absent, ", "), address_, deadline.describe());
+      return;
+    }
+    try {
+      auto handshake_deadline = Deadline::after(std::min(deadline.remaining(),
+                                                         std::chrono::milliseconds(10'000)));
+      net::Hello h = net::handshake_accept(fd.get(), options_.handshake, net::Role::kPair, rank,
+                                           handshake_deadline);
+      if (h.peer_rank != rank || h.rank <= rank || h.rank >= options_.size ||
+          h.tag != options_.group_tag || accepted[h.rank].valid()) {
+        DTRAIN_LOG_WARN("rank {}: refused a connection from {} claiming rank {} (to rank {}, "
+                        "group tag {:x}): not a peer this rank expects",
+                        rank, net::peer_name(fd.get()), h.rank, h.peer_rank, h.tag);
+        continue;
+      }
+      accepted[h.rank] = std::move(fd);
+      --missing;
+    } catch (const net::HandshakeRefused& refused) {
+      DTRAIN_LOG_WARN("rank {}: refused a connection: {}", rank, refused.reason);
+    } catch (const Error& e) {
+      DTRAIN_LOG_WARN("rank {}: dropped a connection during its handshake: {}", rank, e.what());
+    }
+  }
+}
+
+void Device::abort(std::exception_ptr error) {
+  for (auto& p : pairs_)
+    if (p) p->poison(error);
+}
+
+Device::~Device() {
+  auto error = std::make_exception_ptr(AbortedError(fmt::format(
+      "rank {}: the process group {} was destroyed", options_.rank, options_.group_name)));
+  for (auto& p : pairs_)
+    if (p) p->close(error);
+  loop_->stop();
+}
+
+}  // namespace dtrain::transport::tcp

@@ -1,0 +1,57 @@
+// Device: this process's TCP endpoint for one group of ranks. It listens, publishes its address
+// in the store, connects one pair to every peer (lower ranks are dialled, higher ranks accepted,
+// all within the connect timeout) and runs the event loop those pairs share.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/handshake.h"
+#include "dtrain/store.h"
+#include "transport/tcp/loop.h"
+#include "transport/tcp/pair.h"
+
+namespace dtrain::transport::tcp {
+
+struct DeviceOptions {
+  int rank = 0;
+  int size = 1;
+  std::string group_name = "world";
+  uint64_t group_tag = 0;           // both ends of a pair must agree on it
+  std::string listen_host;          // "" = every interface
+  std::string advertise_addr;       // the address peers dial (required)
+  net::HandshakeConfig handshake;
+  std::chrono::milliseconds connect_timeout{60'000};
+  std::chrono::microseconds spin{50};
+};
+
+class Device {
+ public:
+  // Blocks until every pair is connected; throws TimeoutError naming the missing ranks.
+  Device(Store& store, const DeviceOptions& options);
+  ~Device();  // fails whatever is still pending (AbortedError), then stops the loop
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  const std::shared_ptr<Pair>& pair(int peer) const { return pairs_[peer]; }
+  int rank() const { return options_.rank; }
+  int size() const { return options_.size; }
+  const std::string& address() const { return address_; }
+  // Fails every pending and future operation on every pair with `error`.
+  void abort(std::exception_ptr error);
+
+ private:
+  void accept_higher_ranks(int listen_fd, const Deadline& deadline,
+                           std::vector<net::Fd>& accepted, std::string& failure);
+
+  DeviceOptions options_;
+  std::string address_;  // host:port this device listens on, as published
+  std::shared_ptr<Loop> loop_;
+  std::vector<std::shared_ptr<Pair>> pairs_;  // indexed by peer rank; null for self
+};
+
+}  // namespace dtrain::transport::tcp

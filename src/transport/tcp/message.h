@@ -1,0 +1,25 @@
+// The frame every message on a rank-to-rank connection starts with. The magic lets a receiver
+// notice a corrupt or foreign stream at once instead of reading garbage as sizes.
+#pragma once
+
+#include <cstdint>
+
+namespace dtrain::transport::tcp {
+
+inline constexpr uint32_t kFrameMagic = 0x4d525444;  // "DTRM"
+// Refuse frames claiming more than this (a corrupt stream, not a real tensor).
+inline constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 40;
+
+// flags
+inline constexpr uint32_t kFrameGoodbye = 1;  // the sender is closing its group on purpose
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint32_t flags = 0;
+  uint64_t tag = 0;   // what the message is for: see tag.h
+  uint64_t size = 0;  // payload bytes that follow
+  uint64_t aux = 0;   // free for the layer above (collective fingerprints)
+};
+static_assert(sizeof(FrameHeader) == 32);
+
+}  // namespace dtrain::transport::tcp

@@ -1,0 +1,509 @@
+#include "transport/tcp/pair.h"
+
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/check.h"
+#include "common/log.h"
+#include "dtrain/error.h"
+#include "transport/tag.h"
+#include "transport/tcp/loop.h"
+
+namespace dtrain::transport::tcp {
+namespace {
+
+constexpr size_t kMaxIov = 64;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+std::exception_ptr make_error(ErrorKind kind, const std::string& message) {
+  switch (kind) {
+    case ErrorKind::kAborted: return std::make_exception_ptr(AbortedError(message));
+    case ErrorKind::kTimeout: return std::make_exception_ptr(TimeoutError(message));
+    case ErrorKind::kInvalidArgument:
+      return std::make_exception_ptr(InvalidArgumentError(message));
+    default: return std::make_exception_ptr(PeerFailureError(message));
+  }
+}
+
+ErrorKind kind_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    return err.kind();
+  } catch (...) {
+    return ErrorKind::kInternal;
+  }
+}
+
+std::string message_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& err) {
+    return err.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+}  // namespace
+
+std::string Request::describe() const {
+  const bool send = kind == Kind::kSend;
+  return fmt::format("{} #{} {} rank {} ({}), {}, {} bytes", send ? "send" : "recv", seq,
+                     send ? "to" : "from", pair->peer_rank(), pair->peer_address(),
+                     describe_tag(tag), size);
+}
+
+Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options)
+    : loop_(std::move(loop)), fd_(std::move(fd)), options_(options) {
+  net::set_nonblocking(fd_.get(), true);
+  net::set_nodelay(fd_.get());
+  // A peer whose host vanished (no FIN, no RST) is noticed within ~8 s even when idle.
+  net::set_keepalive(fd_.get(), 5, 1, 3);
+  std::lock_guard lock(mu_);
+  rearm_locked();
+}
+
+Pair::~Pair() { loop_->remove(fd_.get()); }
+
+std::string Pair::peer_text() const {
+  return fmt::format("rank {} ({})", options_.peer_rank, options_.peer_address);
+}
+
+std::exception_ptr Pair::connection_error(const std::string& what, int err) const {
+  if (err == 0)
+    return make_error(ErrorKind::kPeerFailure,
+                      fmt::format("the connection to {} was closed by the peer while {} (the "
+                                  "process probably exited or was killed)",
+                                  peer_text(), what));
+  return make_error(ErrorKind::kPeerFailure,
+                    fmt::format("the connection to {} broke while {}: {} (errno {})", peer_text(),
+                                what, std::strerror(err), err));
+}
+
+std::shared_ptr<Request> Pair::isend(uint64_t tag, const void* data, size_t size,
+                                     Deadline deadline, uint64_t aux) {
+  auto r = std::make_shared<Request>();
+  r->kind = Request::Kind::kSend;
+  r->tag = tag;
+  r->data = static_cast<std::byte*>(const_cast<void*>(data));
+  r->size = size;
+  r->deadline = deadline;
+  r->pair = shared_from_this();
+  r->header.tag = tag;
+  r->header.size = size;
+  r->header.aux = aux;
+  std::lock_guard lock(mu_);
+  r->seq = ++send_seq_;
+  if (broken_) {
+    r->completion.fail(make_error(
+        kind_of(broken_), fmt::format("rank {}: {} cannot start: {}", options_.self_rank,
+                                      r->describe(), message_of(broken_))));
+    return r;
+  }
+  send_queue_.push_back(r);
+  if (send_queue_.size() == 1) progress_send_locked();  // write straight away when idle
+  rearm_locked();
+  return r;
+}
+
+std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Deadline deadline) {
+  auto r = std::make_shared<Request>();
+  r->kind = Request::Kind::kRecv;
+  r->tag = tag;
+  r->data = static_cast<std::byte*>(data);
+  r->size = size;
+  r->deadline = deadline;
+  r->pair = shared_from_this();
+  std::lock_guard lock(mu_);
+  r->seq = ++recv_seq_;
+  // A message with this tag may already be here (or arriving): the stream is sequential, so
+  // only the newest unexpected message can still be incomplete. Messages that arrived before
+  // the connection closed are still delivered.
+  if (auto it = unexpected_.find(tag); it != unexpected_.end() && !it->second.empty()) {
+    Unexpected& u = *it->second.front();
+    if (u.complete()) {
+      deliver_unexpected(u, *r);
+      it->second.pop_front();
+      if (it->second.empty()) unexpected_.erase(it);
+      return r;
+    }
+    if (!u.claimant && !broken_) {
+      u.claimant = r;
+      r->matched = true;
+      return r;
+    }
+  }
+  if (broken_) {
+    r->completion.fail(make_error(
+        kind_of(broken_), fmt::format("rank {}: {} cannot start: {}", options_.self_rank,
+                                      r->describe(), message_of(broken_))));
+    return r;
+  }
+  posted_[tag].push_back(r);
+  return r;
+}
+
+void Pair::deliver_unexpected(Unexpected& u, Request& r) {
+  if (u.data.size() != r.size) {
+    r.completion.fail(make_error(
+        ErrorKind::kInvalidArgument,
+        fmt::format("rank {}: {} does not match: rank {} sent {} bytes with this tag; make the "
+                    "receive the same size as the send",
+                    options_.self_rank, r.describe(), options_.peer_rank, u.data.size())));
+    return;
+  }
+  if (r.size > 0) std::memcpy(r.data, u.data.data(), r.size);
+  r.done = r.size;
+  r.completion.succeed();
+}
+
+bool Pair::try_progress() {
+  std::unique_lock lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  progress_locked();
+  return true;
+}
+
+void Pair::on_event(uint32_t /*events*/) {
+  std::lock_guard lock(mu_);
+  armed_ = false;  // one-shot: the event consumed the registration
+  progress_locked();
+  rearm_locked();
+}
+
+void Pair::progress_locked() {
+  if (broken_) return;
+  if (!send_queue_.empty()) progress_send_locked();
+  if (!broken_) progress_recv_locked();
+}
+
+void Pair::progress_send_locked() {
+  while (!send_queue_.empty() && !broken_) {
+    iovec iov[kMaxIov];
+    size_t count = 0;
+    for (const auto& r : send_queue_) {
+      if (count + 2 > kMaxIov) break;
+      if (r->header_done < sizeof(FrameHeader))
+        iov[count++] = {reinterpret_cast<char*>(&r->header) + r->header_done,
+                        sizeof(FrameHeader) - r->header_done};
+      if (r->done < r->size) iov[count++] = {r->data + r->done, r->size - r->done};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = count;
+    ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      fail_locked(connection_error(fmt::format("sending {}", send_queue_.front()->describe()),
+                                   errno));
+      return;
+    }
+    size_t left = static_cast<size_t>(n);
+    while (left > 0 && !send_queue_.empty()) {
+      Request& r = *send_queue_.front();
+      size_t h = std::min(left, sizeof(FrameHeader) - r.header_done);
+      r.header_done += h;
+      left -= h;
+      size_t p = std::min(left, r.size - r.done);
+      r.done += p;
+      left -= p;
+      if (r.header_done == sizeof(FrameHeader) && r.done == r.size) {
+        r.completion.succeed();
+        send_queue_.pop_front();
+      }
+    }
+  }
+}
+
+void Pair::progress_recv_locked() {
+  for (;;) {
+    std::byte* target = nullptr;
+    size_t want = 0;
+    std::byte scratch[16384];
+    switch (rx_state_) {
+      case RxState::kHeader:
+        target = reinterpret_cast<std::byte*>(&rx_header_) + rx_header_done_;
+        want = sizeof(FrameHeader) - rx_header_done_;
+        break;
+      case RxState::kIntoRequest:
+        target = rx_request_->data + rx_request_->done;
+        want = rx_request_->size - rx_request_->done;
+        break;
+      case RxState::kIntoUnexpected:
+        target = rx_unexpected_->data.data() + rx_unexpected_->done;
+        want = rx_unexpected_->data.size() - rx_unexpected_->done;
+        break;
+      case RxState::kDiscard:
+        target = scratch;
+        want = std::min<uint64_t>(rx_discard_left_, sizeof(scratch));
+        break;
+    }
+    ssize_t n = ::recv(fd_.get(), target, want, MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      fail_locked(connection_error(rx_request_ ? fmt::format("receiving {}", rx_request_->describe())
+                                               : std::string("waiting for messages"),
+                                   errno));
+      return;
+    }
+    if (n == 0) {
+      fail_locked(connection_error(rx_request_ ? fmt::format("receiving {}", rx_request_->describe())
+                                               : std::string("waiting for messages"),
+                                   0));
+      return;
+    }
+    const size_t got = static_cast<size_t>(n);
+    switch (rx_state_) {
+      case RxState::kHeader:
+        rx_header_done_ += got;
+        if (rx_header_done_ == sizeof(FrameHeader)) {
+          rx_header_done_ = 0;
+          on_frame_header_locked();
+          if (broken_) return;
+        }
+        break;
+      case RxState::kIntoRequest:
+        rx_request_->done += got;
+        if (rx_request_->done == rx_request_->size) {
+          rx_request_->completion.succeed();
+          rx_request_.reset();
+          rx_state_ = RxState::kHeader;
+        }
+        break;
+      case RxState::kIntoUnexpected:
+        rx_unexpected_->done += got;
+        if (rx_unexpected_->complete()) {
+          Unexpected* u = rx_unexpected_;
+          rx_unexpected_ = nullptr;
+          rx_state_ = RxState::kHeader;
+          finish_unexpected_locked(*u);
+        }
+        break;
+      case RxState::kDiscard:
+        rx_discard_left_ -= got;
+        if (rx_discard_left_ == 0) rx_state_ = RxState::kHeader;
+        break;
+    }
+  }
+}
+
+void Pair::on_frame_header_locked() {
+  const FrameHeader& h = rx_header_;
+  if (h.magic != kFrameMagic || h.size > kMaxFrameBytes) {
+    fail_locked(make_error(
+        ErrorKind::kPeerFailure,
+        fmt::format("the stream from {} is corrupt: frame magic 0x{:08x} (expected 0x{:08x}), "
+                    "size {}; is the peer running the same dtrain version?",
+                    peer_text(), h.magic, kFrameMagic, h.size)));
+    return;
+  }
+  if (h.flags & kFrameGoodbye) {
+    fail_locked(make_error(
+        ErrorKind::kPeerFailure,
+        fmt::format("{} closed its process group (it finished, or destroyed the group)",
+                    peer_text())));
+    return;
+  }
+  if (auto it = posted_.find(h.tag); it != posted_.end()) {
+    std::shared_ptr<Request> r = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) posted_.erase(it);
+    if (r->size != h.size) {
+      r->completion.fail(make_error(
+          ErrorKind::kInvalidArgument,
+          fmt::format("rank {}: {} does not match: rank {} sent {} bytes with this tag; make the "
+                      "receive the same size as the send",
+                      options_.self_rank, r->describe(), options_.peer_rank, h.size)));
+      rx_discard_left_ = h.size;
+      rx_state_ = h.size > 0 ? RxState::kDiscard : RxState::kHeader;
+      return;
+    }
+    r->matched = true;
+    if (h.size == 0) {
+      r->completion.succeed();
+      return;
+    }
+    rx_request_ = std::move(r);
+    rx_state_ = RxState::kIntoRequest;
+    return;
+  }
+  auto u = std::make_unique<Unexpected>();
+  u->tag = h.tag;
+  u->data.resize(h.size);
+  Unexpected* raw = u.get();
+  unexpected_[h.tag].push_back(std::move(u));
+  if (h.size == 0) return;  // complete already; waits for its receive
+  rx_unexpected_ = raw;
+  rx_state_ = RxState::kIntoUnexpected;
+}
+
+void Pair::finish_unexpected_locked(Unexpected& u) {
+  if (!u.claimant) return;  // stays until a receive with its tag is posted
+  std::shared_ptr<Request> r = std::move(u.claimant);
+  auto it = unexpected_.find(u.tag);
+  DTRAIN_CHECK(it != unexpected_.end() && it->second.front().get() == &u);
+  deliver_unexpected(u, *r);
+  it->second.pop_front();
+  if (it->second.empty()) unexpected_.erase(it);
+}
+
+void Pair::rearm_locked() {
+  if (broken_ || spinners_.load() > 0) return;
+  uint32_t events = EPOLLIN | (send_queue_.empty() ? 0u : uint32_t{EPOLLOUT});
+  if (armed_ && armed_events_ == events) return;
+  loop_->arm(this, fd_.get(), events);
+  armed_ = true;
+  armed_events_ = events;
+}
+
+void Pair::fail_locked(std::exception_ptr error) {
+  if (broken_) return;
+  broken_ = error;
+  broken_at_ = Clock::now();
+  const ErrorKind kind = kind_of(error);
+  const std::string cause = message_of(error);
+  size_t failed = 0;
+  auto fail = [&](Request& r) {
+    const bool send = r.kind == Request::Kind::kSend;
+    ++failed;
+    r.completion.fail(make_error(
+        kind, fmt::format("rank {}: {} failed with {} of {} bytes {}: {}", options_.self_rank,
+                          r.describe(), r.done, r.size, send ? "sent" : "received", cause)));
+  };
+  for (auto& r : send_queue_) fail(*r);
+  send_queue_.clear();
+  for (auto& [tag, q] : posted_)
+    for (auto& r : q) fail(*r);
+  posted_.clear();
+  // Complete messages stay deliverable; the one cut short is dropped.
+  for (auto it = unexpected_.begin(); it != unexpected_.end();) {
+    auto& q = it->second;
+    if (!q.empty() && !q.back()->complete()) {
+      if (q.back()->claimant) fail(*q.back()->claimant);
+      q.pop_back();
+    }
+    it = q.empty() ? unexpected_.erase(it) : std::next(it);
+  }
+  if (rx_request_) fail(*rx_request_);
+  rx_request_.reset();
+  rx_unexpected_ = nullptr;
+  if (kind != ErrorKind::kAborted && failed > 0)
+    DTRAIN_LOG_ERROR("rank {}: {} ({} pending operation(s) failed)", options_.self_rank, cause,
+                     failed);
+  else
+    DTRAIN_LOG_DEBUG("rank {}: {}", options_.self_rank, cause);
+  loop_->remove(fd_.get());
+  armed_ = false;
+  // Tell the peer at once instead of leaving it to its own timeout.
+  ::shutdown(fd_.get(), SHUT_RDWR);
+}
+
+void Pair::close(std::exception_ptr error) {
+  std::lock_guard lock(mu_);
+  if (!broken_ && send_queue_.empty()) {
+    // Say goodbye so the peer can tell a finished rank from a crashed one.
+    FrameHeader bye;
+    bye.flags = kFrameGoodbye;
+    [[maybe_unused]] ssize_t n =
+        ::send(fd_.get(), &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  fail_locked(std::move(error));
+}
+
+void Pair::poison(std::exception_ptr error) {
+  std::lock_guard lock(mu_);
+  fail_locked(std::move(error));
+}
+
+void Pair::cancel_locked(Request& r, const std::string& why) {
+  if (r.completion.done()) return;
+  const bool send = r.kind == Request::Kind::kSend;
+  const std::string text = fmt::format("rank {}: {} {} with {} of {} bytes {}", options_.self_rank,
+                                       r.describe(), why, r.done, r.size,
+                                       send ? "sent" : "received");
+  if (send) {
+    auto it = std::find_if(send_queue_.begin(), send_queue_.end(),
+                           [&](const auto& q) { return q.get() == &r; });
+    if (it != send_queue_.end() && r.header_done == 0) {
+      send_queue_.erase(it);
+      r.completion.fail(make_error(ErrorKind::kTimeout, text));
+      return;
+    }
+  } else if (!r.matched) {
+    if (auto it = posted_.find(r.tag); it != posted_.end()) {
+      auto& q = it->second;
+      q.erase(std::remove_if(q.begin(), q.end(), [&](const auto& p) { return p.get() == &r; }),
+              q.end());
+      if (q.empty()) posted_.erase(it);
+    }
+    r.completion.fail(make_error(ErrorKind::kTimeout, text));
+    return;
+  } else if (auto it = unexpected_.find(r.tag); it != unexpected_.end()) {
+    for (auto& u : it->second)
+      if (u->claimant.get() == &r) {
+        u->claimant.reset();  // the message still arrives and waits for a later receive
+        r.completion.fail(make_error(ErrorKind::kTimeout, text));
+        return;
+      }
+  }
+  // Half a message is on the wire: the stream can no longer be trusted in either direction.
+  fail_locked(make_error(ErrorKind::kTimeout,
+                         text + "; the connection is closed because a message was cut short"));
+}
+
+void Pair::wait(Request& r, const Deadline& deadline) {
+  if (!r.completion.done() && options_.spin.count() > 0) {
+    // Spin, then yield, then sleep: lowest latency when the peer is quick, and no lost cores
+    // when processes outnumber them.
+    spinners_.fetch_add(1);
+    const auto start = Clock::now();
+    const auto spin_end = start + options_.spin;
+    const auto yield_end = spin_end + options_.spin;
+    const auto stop = std::min(yield_end, deadline.at());
+    for (;;) {
+      if (mu_.try_lock()) {
+        progress_locked();
+        mu_.unlock();
+      }
+      if (r.completion.done()) break;
+      auto now = Clock::now();
+      if (now >= stop) break;
+      if (now >= spin_end) {
+        sched_yield();
+      } else {
+        for (int i = 0; i < 16; ++i) cpu_relax();
+      }
+    }
+    std::lock_guard lock(mu_);
+    spinners_.fetch_sub(1);
+    rearm_locked();
+  }
+  while (!r.completion.done() && !deadline.expired()) {
+    // Bounded slices keep a "never" deadline from overflowing the clock arithmetic.
+    auto slice = Clock::now() + std::chrono::seconds(1);
+    r.completion.wait_until(std::min(slice, deadline.at()));
+  }
+  if (!r.completion.done()) {
+    std::lock_guard lock(mu_);
+    cancel_locked(r, fmt::format("timed out after {}", deadline.describe()));
+  }
+  if (auto e = r.completion.error()) std::rethrow_exception(e);
+}
+
+}  // namespace dtrain::transport::tcp

@@ -1,0 +1,146 @@
+// Pair: the TCP connection between this rank and one peer, and the sends and receives on it.
+//
+// Sends go out in order; receives are matched to incoming messages by tag, first posted first
+// matched. A message that arrives before its receive is posted is kept ("unexpected") until it
+// is. Large payloads move straight between the socket and the caller's buffer.
+//
+// Who moves the bytes: a thread waiting on a request busy-polls the socket itself for a short
+// while (lowest latency), then sleeps while the device's event loop thread takes over. While any
+// thread spins on the pair, the socket is left out of the event loop so the two never fight.
+//
+// A broken connection poisons the pair once: every pending and future request fails with an
+// error naming this rank, the peer, the operation and the bytes it had moved.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/completion.h"
+#include "common/deadline.h"
+#include "common/socket.h"
+#include "transport/tcp/message.h"
+
+namespace dtrain::transport::tcp {
+
+class Loop;
+class Pair;
+
+struct Request {
+  enum class Kind : uint8_t { kSend, kRecv };
+
+  Kind kind = Kind::kSend;
+  uint64_t tag = 0;
+  std::byte* data = nullptr;
+  size_t size = 0;
+  uint64_t seq = 0;  // n-th send (or receive) on this pair, from 1
+  Deadline deadline = Deadline::never();
+  Completion completion;
+
+  // Progress, guarded by the pair's mutex.
+  FrameHeader header;       // sends: the frame to write
+  size_t header_done = 0;   // sends: frame bytes written
+  size_t done = 0;          // payload bytes moved
+  bool matched = false;     // receives: an incoming frame is being read into this request
+
+  std::shared_ptr<Pair> pair;
+
+  // "send #3 to rank 1 (127.0.0.1:4567), tag 7, 4096 bytes"
+  std::string describe() const;
+};
+
+struct PairOptions {
+  int self_rank = 0;
+  int peer_rank = 0;
+  std::string peer_address;       // "host:port" the peer listens on, for error messages
+  std::string group_name;         // for error messages
+  std::chrono::microseconds spin{50};  // busy-poll before sleeping
+};
+
+class Pair : public std::enable_shared_from_this<Pair> {
+ public:
+  Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options);
+  ~Pair();
+  Pair(const Pair&) = delete;
+  Pair& operator=(const Pair&) = delete;
+
+  // Starts a send or receive; the buffer must stay valid until the request completes.
+  std::shared_ptr<Request> isend(uint64_t tag, const void* data, size_t size, Deadline deadline,
+                                 uint64_t aux = 0);
+  std::shared_ptr<Request> irecv(uint64_t tag, void* data, size_t size, Deadline deadline);
+
+  // Waits for the request until `deadline`; on expiry the request is cancelled and fails with
+  // TimeoutError. Rethrows the request's error.
+  void wait(Request& request, const Deadline& deadline);
+  // Moves whatever bytes the socket allows now, without blocking; false if another thread is
+  // already doing it.
+  bool try_progress();
+
+  // Fails everything pending and future with `error` (AbortedError for abort()).
+  void poison(std::exception_ptr error);
+  // Like poison(), after telling the peer this rank is leaving on purpose.
+  void close(std::exception_ptr error);
+
+  int peer_rank() const { return options_.peer_rank; }
+  const std::string& peer_address() const { return options_.peer_address; }
+  int fd() const { return fd_.get(); }
+
+  // Called by the event loop when the socket is ready.
+  void on_event(uint32_t events);
+
+ private:
+  struct Unexpected {
+    uint64_t tag = 0;
+    std::vector<std::byte> data;
+    size_t done = 0;
+    bool complete() const { return done == data.size(); }
+    std::shared_ptr<Request> claimant;  // a receive posted while the message was still arriving
+  };
+  enum class RxState : uint8_t { kHeader, kIntoRequest, kIntoUnexpected, kDiscard };
+
+  void progress_locked();
+  void progress_send_locked();
+  void progress_recv_locked();
+  void on_frame_header_locked();
+  void finish_unexpected_locked(Unexpected& u);
+  void deliver_unexpected(Unexpected& u, Request& r);
+  void fail_locked(std::exception_ptr error);
+  void rearm_locked();
+  void cancel_locked(Request& r, const std::string& why);
+  std::string peer_text() const;
+  std::exception_ptr connection_error(const std::string& what, int err) const;
+
+  std::shared_ptr<Loop> loop_;  // shared: requests may keep a pair alive past its device
+  net::Fd fd_;
+  const PairOptions options_;
+
+  std::mutex mu_;  // guards everything below, the socket's read and write streams included
+  std::exception_ptr broken_;
+  Clock::time_point broken_at_;
+  uint64_t send_seq_ = 0;
+  uint64_t recv_seq_ = 0;
+  std::deque<std::shared_ptr<Request>> send_queue_;
+  std::unordered_map<uint64_t, std::deque<std::shared_ptr<Request>>> posted_;
+  std::unordered_map<uint64_t, std::deque<std::unique_ptr<Unexpected>>> unexpected_;
+  RxState rx_state_ = RxState::kHeader;
+  FrameHeader rx_header_;
+  size_t rx_header_done_ = 0;
+  std::shared_ptr<Request> rx_request_;
+  Unexpected* rx_unexpected_ = nullptr;
+  uint64_t rx_discard_left_ = 0;
+  bool armed_ = false;      // registered with the loop (one-shot) and not yet fired
+  uint32_t armed_events_ = 0;
+
+  std::atomic<int> spinners_{0};  // threads busy-polling this pair right now
+};
+
+}  // namespace dtrain::transport::tcp

@@ -1,0 +1,58 @@
+// The environment table: parsing, defaults, and docs/env.md listing every variable.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "common/env.h"
+#include "dtrain/error.h"
+#include "dtrain/tensor.h"
+
+namespace dtrain {
+namespace {
+
+TEST(Env, DefaultsAndParsing) {
+  ::unsetenv("DTRAIN_TIMEOUT");
+  EXPECT_EQ(env::get_seconds(env::kTimeout).count(), 300'000);
+  ::setenv("DTRAIN_TIMEOUT", "1.5", 1);
+  EXPECT_EQ(env::get_seconds(env::kTimeout).count(), 1500);
+  ::setenv("DTRAIN_TIMEOUT", "soon", 1);
+  try {
+    env::get_seconds(env::kTimeout);
+    FAIL() << "a non-number was accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("DTRAIN_TIMEOUT"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("soon"), std::string::npos) << e.what();
+  }
+  ::unsetenv("DTRAIN_TIMEOUT");
+  ::setenv("RANK", "12x", 1);
+  EXPECT_THROW(env::get_int(env::kRank), InvalidArgumentError);
+  ::setenv("RANK", "12", 1);
+  EXPECT_EQ(env::get_int(env::kRank).value(), 12);
+  ::unsetenv("RANK");
+  EXPECT_FALSE(env::get_int(env::kRank).has_value());
+}
+
+TEST(Env, EveryVariableIsDocumented) {
+  std::ifstream f(std::string(DTRAIN_SOURCE_DIR) + "/docs/env.md");
+  ASSERT_TRUE(f.good()) << "docs/env.md is missing";
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string doc = ss.str();
+  for (const auto& v : env::all())
+    EXPECT_NE(doc.find("`" + std::string(v.name) + "`"), std::string::npos)
+        << v.name << " is read by dtrain but not listed in docs/env.md (regenerate it with "
+        << "`dtrain env --markdown`)";
+}
+
+TEST(DType, SizesAndNames) {
+  EXPECT_EQ(element_size(DType::kBF16), 2u);
+  EXPECT_EQ(element_size(DType::kI64), 8u);
+  EXPECT_EQ(parse_dtype("float32"), DType::kF32);
+  EXPECT_EQ(to_string(parse_dtype("bf16")), "bf16");
+  EXPECT_THROW(parse_dtype("f12"), InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace dtrain

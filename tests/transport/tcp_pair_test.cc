@@ -1,0 +1,345 @@
+// Point-to-point over the TCP transport, between real processes on loopback.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "dtrain/error.h"
+#include "support/group.h"
+#include "support/multiproc.h"
+
+namespace dtrain::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 13)) & 0xff);
+  return v;
+}
+
+void expect_all_ok(const std::vector<ChildResult>& results) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].timed_out) << "rank " << r << " timed out";
+    EXPECT_EQ(results[r].signal, 0) << "rank " << r << " died of signal " << results[r].signal;
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " failed";
+  }
+}
+
+TEST(TcpPair, SendRecvEverySize) {
+  const int port = free_port();
+  const std::vector<size_t> sizes = {0, 1, 7, 4096, 65537, size_t{1} << 20, size_t{256} << 20};
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = make_group(rank, 2, port);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      auto expected = pattern(sizes[i], static_cast<uint32_t>(i));
+      if (rank == 0) {
+        pg->send(TensorView::of(expected), 1, 3);
+      } else {
+        std::vector<uint8_t> got(sizes[i], 0xee);
+        pg->recv(TensorView::of(got), 0, 3);
+        RANK_CHECK(got == expected, "payload of {} bytes differs", sizes[i]);
+      }
+    }
+  }, 90s));
+}
+
+TEST(TcpPair, TypedTensorsKeepValues) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = make_group(rank, 2, port);
+    std::vector<double> d(1000);
+    std::vector<int64_t> l(333);
+    if (rank == 0) {
+      for (size_t i = 0; i < d.size(); ++i) d[i] = 0.5 * static_cast<double>(i) - 3.25;
+      for (size_t i = 0; i < l.size(); ++i) l[i] = -static_cast<int64_t>(i) * 1'000'000'007;
+      pg->send(TensorView::of(d), 1);
+      pg->send(TensorView::of(l), 1);
+    } else {
+      pg->recv(TensorView::of(d), 0);
+      pg->recv(TensorView::of(l), 0);
+      for (size_t i = 0; i < d.size(); ++i)
+        RANK_CHECK(d[i] == 0.5 * static_cast<double>(i) - 3.25, "d[{}] = {}", i, d[i]);
+      for (size_t i = 0; i < l.size(); ++i)
+        RANK_CHECK(l[i] == -static_cast<int64_t>(i) * 1'000'000'007, "l[{}] = {}", i, l[i]);
+    }
+  }));
+}
+
+// Many tags interleaved on one connection; receives posted in a different order than the
+// sends, some before the data arrives and some after.
+TEST(TcpPair, ManyTagsOutOfOrder) {
+  const int port = free_port();
+  constexpr int kTags = 10, kPerTag = 20;
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = make_group(rank, 2, port);
+    if (rank == 0) {
+      std::vector<std::vector<uint8_t>> bufs;
+      std::vector<std::shared_ptr<Work>> works;
+      bufs.reserve(kTags * kPerTag);
+      for (int k = 0; k < kPerTag; ++k)
+        for (int t = 0; t < kTags; ++t) {
+          bufs.push_back(pattern(100 + t * 1000 + k, static_cast<uint32_t>(t * 1000 + k)));
+          works.push_back(pg->isend(TensorView::of(bufs.back()), 1, t));
+        }
+      for (auto& w : works) w->wait();
+    } else {
+      std::vector<std::vector<uint8_t>> bufs;
+      std::vector<std::shared_ptr<Work>> works;
+      std::vector<std::pair<int, int>> ids;
+      bufs.reserve(kTags * kPerTag);
+      // Half the receives now (probably before the data), half after a pause (unexpected).
+      for (int t = kTags - 1; t >= kTags / 2; --t)
+        for (int k = 0; k < kPerTag; ++k) {
+          bufs.emplace_back(100 + t * 1000 + k);
+          works.push_back(pg->irecv(TensorView::of(bufs.back()), 0, t));
+          ids.emplace_back(t, k);
+        }
+      std::this_thread::sleep_for(200ms);
+      for (int t = 0; t < kTags / 2; ++t)
+        for (int k = 0; k < kPerTag; ++k) {
+          bufs.emplace_back(100 + t * 1000 + k);
+          works.push_back(pg->irecv(TensorView::of(bufs.back()), 0, t));
+          ids.emplace_back(t, k);
+        }
+      // Wait in reverse order of posting.
+      for (size_t i = works.size(); i-- > 0;) {
+        works[i]->wait();
+        auto [t, k] = ids[i];
+        RANK_CHECK(bufs[i] == pattern(100 + t * 1000 + k, static_cast<uint32_t>(t * 1000 + k)),
+                   "tag {} message {} differs", t, k);
+      }
+    }
+  }));
+}
+
+// Both ranks send 64 MiB to each other at the same time before receiving: needs the transport
+// to keep reading while it writes.
+TEST(TcpPair, SimultaneousLargeExchange) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = make_group(rank, 2, port);
+    auto out = pattern(size_t{64} << 20, static_cast<uint32_t>(rank));
+    std::vector<uint8_t> in(out.size());
+    auto s = pg->isend(TensorView::of(out), 1 - rank);
+    s->wait();
+    pg->recv(TensorView::of(in), 1 - rank);
+    RANK_CHECK(in == pattern(in.size(), static_cast<uint32_t>(1 - rank)), "exchange differs");
+  }));
+}
+
+// Every rank sends to every other rank: the full mesh of 4 processes.
+TEST(TcpPair, FullMeshOfFour) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(4, [&](int rank) {
+    auto pg = make_group(rank, 4, port);
+    std::vector<std::vector<int32_t>> out(4, std::vector<int32_t>(1000)), in = out;
+    std::vector<std::shared_ptr<Work>> works;
+    for (int peer = 0; peer < 4; ++peer) {
+      if (peer == rank) continue;
+      for (int i = 0; i < 1000; ++i) out[peer][i] = rank * 100000 + peer * 1000 + i;
+      works.push_back(pg->isend(TensorView::of(out[peer]), peer));
+      works.push_back(pg->irecv(TensorView::of(in[peer]), peer));
+    }
+    for (auto& w : works) w->wait();
+    for (int peer = 0; peer < 4; ++peer) {
+      if (peer == rank) continue;
+      for (int i = 0; i < 1000; ++i)
+        RANK_CHECK(in[peer][i] == peer * 100000 + rank * 1000 + i, "from rank {} [{}]", peer, i);
+    }
+  }));
+}
+
+TEST(TcpPair, SizeMismatchIsNamedAndConnectionSurvives) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = make_group(rank, 2, port);
+    std::vector<uint8_t> big(4096, 1), small(1024), ok(8, 9);
+    if (rank == 0) {
+      pg->send(TensorView::of(big), 1, 7);
+      pg->send(TensorView::of(ok), 1, 8);
+    } else {
+      try {
+        pg->recv(TensorView::of(small), 0, 7);
+        RANK_CHECK(false, "a 1024-byte receive accepted a 4096-byte message");
+      } catch (const InvalidArgumentError& e) {
+        std::string m = e.what();
+        RANK_CHECK(m.find("rank 1") != std::string::npos && m.find("4096") != std::string::npos &&
+                       m.find("1024") != std::string::npos && m.find("tag 7") != std::string::npos,
+                   "message lacks detail: {}", m);
+      }
+      std::vector<uint8_t> got(8);
+      pg->recv(TensorView::of(got), 0, 8);
+      RANK_CHECK(got == ok, "message after the mismatch differs");
+    }
+  }));
+}
+
+TEST(TcpPair, RecvTimeoutNamesPeerAndTagThenPairStillWorks) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = make_group(rank, 2, port);
+    std::vector<float> v(16, 1.5f);
+    if (rank == 1) {
+      auto start = std::chrono::steady_clock::now();
+      try {
+        pg->recv(TensorView::of(v), 0, 5, RecvOptions{300ms});
+        RANK_CHECK(false, "recv returned without a sender");
+      } catch (const TimeoutError& e) {
+        std::string m = e.what();
+        RANK_CHECK(m.find("rank 1") != std::string::npos && m.find("rank 0") != std::string::npos &&
+                       m.find("tag 5") != std::string::npos && m.find("64 bytes") != std::string::npos &&
+                       m.find("limit") != std::string::npos,
+                   "message lacks detail: {}", m);
+      }
+      auto waited = std::chrono::steady_clock::now() - start;
+      RANK_CHECK(waited >= 250ms, "timed out too early");
+      pg->send(TensorView::of(v), 0, 6);  // tell rank 0 to go on
+      pg->recv(TensorView::of(v), 0, 5);  // the pair still works after the timeout
+      RANK_CHECK(v[3] == 2.5f, "value {}", v[3]);
+    } else {
+      pg->recv(TensorView::of(v), 1, 6);
+      std::fill(v.begin(), v.end(), 2.5f);
+      pg->send(TensorView::of(v), 1, 5);
+    }
+  }));
+}
+
+// SIGKILL one rank in the middle of a large transfer: the survivor fails quickly with an error
+// naming the dead rank, and later operations fail at once.
+TEST(TcpPair, KilledPeerFailsSurvivorQuickly) {
+  const int port = free_port();
+  auto results = run_ranks(2, [&](int rank) {
+    auto pg = make_group(rank, 2, port, {}, 60s);
+    std::vector<uint8_t> buf(size_t{512} << 20, 3);
+    if (rank == 1) {
+      std::vector<uint8_t> small(4);
+      pg->recv(TensorView::of(small), 0, 1);  // rank 0 is about to send the big one
+      auto w = pg->irecv(TensorView::of(buf), 0, 2);
+      std::this_thread::sleep_for(20ms);
+      ::raise(SIGKILL);
+    }
+    std::vector<uint8_t> small(4, 1);
+    pg->send(TensorView::of(small), 1, 1);
+    auto start = std::chrono::steady_clock::now();
+    try {
+      pg->send(TensorView::of(buf), 1, 2);
+      pg->recv(TensorView::of(small), 1, 3);
+      RANK_CHECK(false, "operations with a killed peer succeeded");
+    } catch (const PeerFailureError& e) {
+      auto elapsed = std::chrono::steady_clock::now() - start;
+      std::string m = e.what();
+      RANK_CHECK(m.find("rank 0") != std::string::npos && m.find("rank 1") != std::string::npos &&
+                     m.find("127.0.0.1") != std::string::npos && m.find("bytes") != std::string::npos,
+                 "message lacks detail: {}", m);
+      RANK_CHECK(elapsed < 10s, "took {} ms to notice", std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count());
+    }
+    // Later operations fail immediately, naming the broken connection.
+    try {
+      pg->send(TensorView::of(small), 1, 4);
+      RANK_CHECK(false, "send after the failure succeeded");
+    } catch (const PeerFailureError& e) {
+      RANK_CHECK(std::string(e.what()).find("cannot start") != std::string::npos, "{}", e.what());
+    }
+    ::_exit(3);  // "failed as expected"
+  }, 60s);
+  EXPECT_EQ(results[1].signal, SIGKILL);
+  EXPECT_EQ(results[0].exit_code, 3) << "rank 0 did not notice the dead peer as expected";
+}
+
+TEST(TcpPair, AbortFailsPendingAtOnce) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = make_group(rank, 2, port);
+    std::vector<uint8_t> b(10);
+    if (rank == 0) {
+      auto w = pg->irecv(TensorView::of(b), 1, 9);
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(100ms);
+        pg->abort("test says stop");
+      });
+      try {
+        w->wait();
+        RANK_CHECK(false, "wait returned after abort");
+      } catch (const AbortedError& e) {
+        RANK_CHECK(std::string(e.what()).find("test says stop") != std::string::npos, "{}", e.what());
+      }
+      aborter.join();
+      RANK_CHECK(w->is_completed() && !w->is_success(), "aborted work not completed with error");
+    } else {
+      // Rank 0's abort closes its connections: this rank's receive fails, naming rank 0.
+      try {
+        pg->recv(TensorView::of(b), 0, 11);
+        RANK_CHECK(false, "recv from an aborted rank succeeded");
+      } catch (const PeerFailureError& e) {
+        RANK_CHECK(std::string(e.what()).find("rank 0") != std::string::npos, "{}", e.what());
+      }
+    }
+  }));
+}
+
+TEST(TcpPair, AuthTokenOnDataConnections) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(3, [&](int rank) {
+    ::setenv("DTRAIN_AUTH_TOKEN", "s3cret", 1);
+    auto pg = make_group(rank, 3, port);
+    std::vector<int32_t> v(3, rank);
+    if (rank == 0) {
+      pg->recv(TensorView::of(v), 2);
+      RANK_CHECK(v[0] == 2, "got {}", v[0]);
+    } else if (rank == 2) {
+      pg->send(TensorView::of(v), 0);
+    }
+  }));
+}
+
+// A rank of another job cannot join: the rendezvous fails with the missing rank named.
+TEST(TcpPair, RankOfAnotherJobIsRefused) {
+  const int port = free_port();
+  auto results = run_ranks(2, [&](int rank) {
+    ProcessGroupOptions o;
+    o.connect_timeout = 2s;
+    o.job_id = "job-b";
+    if (rank == 0) o.job_id = "job-a";
+    // The store checks job ids too: give both the same store job by leaving it to defaults.
+    try {
+      auto pg = make_group(rank, 2, port, o);
+      RANK_CHECK(false, "ranks of different jobs connected");
+    } catch (const Error& e) {
+      std::string m = e.what();
+      if (rank == 0)
+        RANK_CHECK(m.find("rank(s) 1") != std::string::npos, "rank 0's error: {}", m);
+      else
+        RANK_CHECK(m.find("job id") != std::string::npos, "rank 1's error: {}", m);
+    }
+  }, 30s);
+  expect_all_ok(results);
+}
+
+TEST(TcpPair, WorldOfOneAndBadPeers) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(1, [&](int rank) {
+    auto pg = make_group(rank, 1, port);
+    RANK_CHECK(pg->size() == 1 && pg->rank() == 0, "bad identity");
+    std::vector<float> v(4);
+    try {
+      pg->send(TensorView::of(v), 0);
+      RANK_CHECK(false, "send to self accepted");
+    } catch (const InvalidArgumentError&) {
+    }
+    try {
+      pg->send(TensorView::of(v), 3);
+      RANK_CHECK(false, "send to rank 3 of 1 accepted");
+    } catch (const InvalidArgumentError& e) {
+      RANK_CHECK(std::string(e.what()).find("0..0") != std::string::npos, "{}", e.what());
+    }
+  }));
+}
+
+}  // namespace
+}  // namespace dtrain::testing

@@ -1,0 +1,13 @@
+// The `dtrain` command's subcommands; each file registers one on the CLI11 app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace dtrain::tools {
+
+// Each returns the subcommand it added; main() runs the callback of the one chosen.
+CLI::App* add_run_command(CLI::App& app);    // cmd_run.cc: the launcher
+CLI::App* add_store_command(CLI::App& app);  // cmd_store.cc: a standalone store server
+CLI::App* add_env_command(CLI::App& app);    // cmd_env.cc: the environment variable table
+
+}  // namespace dtrain::tools
