@@ -1,0 +1,493 @@
+#include "launch/supervisor.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <optional>
+
+#include "common/log.h"
+#include "dtrain/error.h"
+
+extern char** environ;
+
+namespace dtrain::launch {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Time left to read what the workers wrote once they have all exited; a background process they
+// left behind that holds a pipe open must not keep the launcher alive.
+constexpr milliseconds kDrainTime{1000};
+// After SIGKILL a process normally vanishes at once; this bounds the wait for one stuck in the
+// kernel (uninterruptible I/O), after which the launcher gives up on reaping it.
+constexpr milliseconds kReapAfterKillTime{5000};
+// A worker that writes a line longer than this gets it split, keeping memory bounded.
+constexpr size_t kMaxLine = 64 * 1024;
+
+int forwarded_signals[] = {SIGINT, SIGTERM, SIGHUP};
+
+sigset_t supervised_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : forwarded_signals) sigaddset(&set, s);
+  sigaddset(&set, SIGCHLD);
+  return set;
+}
+
+// Writes everything, retrying short writes; a reader that went away (EPIPE) or any other error
+// drops the output rather than stopping the supervision of the job.
+void write_out(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, 1000) <= 0) return;
+    } else {
+      return;
+    }
+  }
+}
+
+// One of a worker's two output pipes.
+struct Stream {
+  net::Fd fd;
+  int out_fd = -1;  // where its lines are relayed
+  bool is_stderr = false;
+  std::string partial;  // the line being written, not yet ended by '\n'
+};
+
+struct Worker {
+  int rank = 0;
+  std::string prefix;  // "[rank 3] ", or empty with prefixing off
+  pid_t pid = -1;
+  bool running = false;
+  int exit_code = 0;  // when it exited
+  int signal = 0;     // when a signal ended it
+  Stream out, err;
+  std::deque<std::string> stderr_tail;
+};
+
+struct ChildSetup {
+  const char* path;
+  char* const* argv;
+  char* const* envp;
+  int stdin_fd, stdout_fd, stderr_fd, status_fd;
+  pid_t parent;
+  const sigset_t* mask;
+};
+
+// Makes `fd` the descriptor `target` and leaves it open across exec.
+void move_fd(int fd, int target) {
+  if (fd == target) {
+    ::fcntl(fd, F_SETFD, 0);
+  } else {
+    ::dup2(fd, target);
+  }
+}
+
+// Runs in the forked child: only async-signal-safe calls, since the launcher may have threads.
+[[noreturn]] void exec_child(const ChildSetup& s) {
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != s.parent) ::_exit(127);  // the launcher died before prctl took effect
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGPIPE, &dfl, nullptr);
+  ::sigprocmask(SIG_SETMASK, s.mask, nullptr);
+  move_fd(s.stdin_fd, 0);
+  move_fd(s.stdout_fd, 1);
+  move_fd(s.stderr_fd, 2);
+  ::execve(s.path, s.argv, s.envp);
+  int err = errno;
+  [[maybe_unused]] ssize_t n = ::write(s.status_fd, &err, sizeof(err));
+  ::_exit(127);
+}
+
+// Both ends close on exec; the child dup2s the ends it keeps onto 0, 1 and 2.
+std::pair<net::Fd, net::Fd> make_pipe() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    throw InternalError(fmt::format("dtrain run: pipe2 failed: {}", std::strerror(errno)));
+  return {net::Fd(fds[0]), net::Fd(fds[1])};
+}
+
+std::vector<std::string> build_environment(const WorkerSpec& spec) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    std::string_view name = entry.substr(0, entry.find('='));
+    bool replaced = false;
+    for (const auto& [key, value] : spec.env) replaced = replaced || key == name;
+    if (!replaced) env.emplace_back(entry);
+  }
+  for (const auto& [key, value] : spec.env) env.push_back(key + "=" + value);
+  return env;
+}
+
+std::vector<char*> pointers(std::vector<std::string>& strings) {
+  std::vector<char*> p;
+  for (auto& s : strings) p.push_back(s.data());
+  p.push_back(nullptr);
+  return p;
+}
+
+class Run {
+ public:
+  Run(const SupervisorOptions& options, int signal_fd, const sigset_t& child_mask)
+      : options_(options), signal_fd_(signal_fd), child_mask_(child_mask) {}
+
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+  // Workers are still running here only when starting the job failed half-way (an exception):
+  // they must not outlive it. A SIGKILLed child is reaped at once, so this wait is short.
+  ~Run() {
+    for (auto& w : workers_) {
+      if (!w.running) continue;
+      ::kill(-w.pid, SIGKILL);
+      ::waitpid(w.pid, nullptr, 0);
+    }
+  }
+
+  int execute() {
+    std::string path = find_executable(options_.command.at(0));
+    net::Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    workers_.resize(options_.workers.size());
+    for (size_t i = 0; i < workers_.size(); ++i) start(i, path, devnull.get());
+    loop();
+    // Processes the stopped workers started may linger in their groups after the workers
+    // themselves exited; the job is over, so they go too.
+    if (stopping_ && !killed_) signal_all(SIGKILL);
+    return finish();
+  }
+
+ private:
+  void start(size_t i, const std::string& path, int devnull) {
+    Worker& w = workers_[i];
+    w.rank = options_.workers[i].rank;
+    if (options_.prefix_output) w.prefix = fmt::format("[rank {}] ", w.rank);
+    auto [out_r, out_w] = make_pipe();
+    auto [err_r, err_w] = make_pipe();
+    auto [status_r, status_w] = make_pipe();
+    w.out.fd = std::move(out_r);
+    w.out.out_fd = options_.stdout_fd;
+    w.err.fd = std::move(err_r);
+    w.err.out_fd = options_.stderr_fd;
+    w.err.is_stderr = true;
+
+    // Everything the child needs is built before fork: after it only async-signal-safe calls.
+    std::vector<std::string> args = options_.command;
+    std::vector<char*> argv = pointers(args);
+    std::vector<std::string> env = build_environment(options_.workers[i]);
+    std::vector<char*> envp = pointers(env);
+    ChildSetup setup{path.c_str(), argv.data(),    envp.data(), devnull,     out_w.get(),
+                     err_w.get(),  status_w.get(), ::getpid(),  &child_mask_};
+    pid_t pid = ::fork();
+    if (pid < 0)
+      throw InternalError(
+          fmt::format("dtrain run: fork for rank {} failed: {}", w.rank, std::strerror(errno)));
+    if (pid == 0) exec_child(setup);
+    // Also set the group here, so that signalling the group works before the child has run.
+    ::setpgid(pid, pid);
+    w.pid = pid;
+    w.running = true;
+    status_w.reset();
+
+    // The status pipe closes on a successful exec and carries errno on a failed one.
+    pollfd p{status_r.get(), POLLIN, 0};
+    int err_no = 0;
+    if (::poll(&p, 1, 5000) > 0 &&
+        ::read(status_r.get(), &err_no, sizeof(err_no)) == sizeof(err_no))
+      relay_line(w, w.err,
+                 fmt::format("dtrain run: cannot execute {}: {}", path, std::strerror(err_no)));
+    DTRAIN_LOG_DEBUG("dtrain run: started rank {} as pid {}", w.rank, pid);
+  }
+
+  void loop() {
+    for (;;) {
+      auto now = Clock::now();
+      if (stopping_ && !killed_ && now >= kill_at_) kill_all();
+      bool all_exited = running_count() == 0;
+      if (all_exited && !all_exited_at_) all_exited_at_ = now;
+      bool streams_open = false;
+      for (auto& w : workers_) streams_open = streams_open || w.out.fd.valid() || w.err.fd.valid();
+      if (all_exited && (!streams_open || now >= *all_exited_at_ + kDrainTime)) return;
+      if (killed_ && !all_exited && now >= killed_at_ + kReapAfterKillTime) {
+        DTRAIN_LOG_ERROR(
+            "dtrain run: {} worker(s) did not exit {} ms after SIGKILL; giving up on them",
+            running_count(), kReapAfterKillTime.count());
+        return;
+      }
+
+      std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
+      std::vector<Stream*> streams{nullptr};
+      for (auto& w : workers_) {
+        for (Stream* s : {&w.out, &w.err}) {
+          if (!s->fd.valid()) continue;
+          fds.push_back({s->fd.get(), POLLIN, 0});
+          streams.push_back(s);
+        }
+      }
+      int rc = ::poll(fds.data(), fds.size(), poll_timeout(now));
+      if (rc < 0 && errno != EINTR)
+        throw InternalError(fmt::format("dtrain run: poll failed: {}", std::strerror(errno)));
+      if (rc <= 0) continue;
+      // Output first, so that a worker's last lines are relayed before its exit is reported.
+      for (size_t i = 1; i < fds.size(); ++i)
+        if (fds[i].revents != 0) read_stream(*streams[i]);
+      if (fds[0].revents != 0) read_signals();
+    }
+  }
+
+  // Milliseconds until the next deadline; -1 while the job simply runs. A training job has no
+  // time limit of its own: the workers' exits and the signals are what wake the loop.
+  int poll_timeout(Clock::time_point now) const {
+    std::optional<Clock::time_point> next;
+    auto earliest = [&](Clock::time_point t) { next = next ? std::min(*next, t) : t; };
+    if (stopping_ && !killed_) earliest(kill_at_);
+    if (killed_) earliest(killed_at_ + kReapAfterKillTime);
+    if (all_exited_at_) earliest(*all_exited_at_ + kDrainTime);
+    if (!next) return -1;
+    auto left = std::chrono::duration_cast<milliseconds>(*next - now).count() + 1;
+    return static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
+  }
+
+  size_t running_count() const {
+    size_t n = 0;
+    for (const auto& w : workers_) n += w.running ? 1 : 0;
+    return n;
+  }
+
+  void read_signals() {
+    signalfd_siginfo info;
+    while (::read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
+      int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD) {
+        reap();
+      } else if (!stopping_) {
+        interrupted_by_ = sig;
+        DTRAIN_LOG_INFO("dtrain run: got {}; passing it to {} worker(s), SIGKILL in {:g} s",
+                        signal_name(sig), running_count(), options_.grace_period.count() / 1000.0);
+        stop(sig);
+      } else if (!killed_) {
+        // A second Ctrl-C means "now": skip the rest of the grace period.
+        kill_at_ = Clock::now();
+      }
+    }
+    // SIGCHLD coalesces, and a child may have exited while we were busy: reap on every wake-up.
+    reap();
+  }
+
+  void reap() {
+    for (auto& w : workers_) {
+      if (!w.running) continue;
+      int status = 0;
+      pid_t got = ::waitpid(w.pid, &status, WNOHANG);
+      if (got != w.pid) continue;
+      w.running = false;
+      if (WIFEXITED(status)) w.exit_code = WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) w.signal = WTERMSIG(status);
+      bool failed = w.exit_code != 0 || w.signal != 0;
+      DTRAIN_LOG_DEBUG("dtrain run: rank {} (pid {}) exited: code {} signal {}", w.rank, w.pid,
+                       w.exit_code, w.signal);
+      // Exits after we began stopping the job are our doing, not failures of their own.
+      if (failed && !stopping_) {
+        first_failure_ = &w;
+        stop(SIGTERM);
+      }
+    }
+  }
+
+  // Signals every worker's process group; groups of workers that already exited too, since
+  // processes they started may still run there.
+  void signal_all(int sig) {
+    for (auto& w : workers_)
+      if (w.pid > 0) ::kill(-w.pid, sig);
+  }
+
+  void stop(int sig) {
+    stopping_ = true;
+    kill_at_ = Clock::now() + options_.grace_period;
+    signal_all(sig);
+  }
+
+  void kill_all() {
+    if (running_count() > 0)
+      DTRAIN_LOG_WARN(
+          "dtrain run: {} worker(s) still running {:g} s after the stop signal; "
+          "sending SIGKILL",
+          running_count(), options_.grace_period.count() / 1000.0);
+    signal_all(SIGKILL);
+    killed_ = true;
+    killed_at_ = Clock::now();
+  }
+
+  void read_stream(Stream& s) {
+    char buf[65536];
+    ssize_t n = ::read(s.fd.get(), buf, sizeof(buf));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    Worker& w = worker_of(s);
+    if (n <= 0) {  // EOF (or an error, which ends the stream all the same)
+      if (!s.partial.empty()) relay_line(w, s, std::exchange(s.partial, {}));
+      s.fd.reset();
+      return;
+    }
+    // Relay every complete line of this read in one write, so that lines stay whole.
+    std::string text;
+    s.partial.append(buf, static_cast<size_t>(n));
+    size_t start = 0;
+    for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1)
+      append_line(w, s, std::string_view(s.partial).substr(start, nl - start), text);
+    s.partial.erase(0, start);
+    if (s.partial.size() >= kMaxLine) append_line(w, s, std::exchange(s.partial, {}), text);
+    write_out(s.out_fd, text);
+  }
+
+  void relay_line(Worker& w, Stream& s, std::string_view line) {
+    std::string text;
+    append_line(w, s, line, text);
+    write_out(s.out_fd, text);
+  }
+
+  void append_line(Worker& w, const Stream& s, std::string_view line, std::string& text) {
+    text += w.prefix;
+    text += line;
+    text += '\n';
+    if (s.is_stderr && options_.stderr_tail_lines > 0) {
+      w.stderr_tail.emplace_back(line);
+      if (w.stderr_tail.size() > options_.stderr_tail_lines) w.stderr_tail.pop_front();
+    }
+  }
+
+  Worker& worker_of(const Stream& s) {
+    for (auto& w : workers_)
+      if (&w.out == &s || &w.err == &s) return w;
+    throw InternalError("dtrain run: output stream without a worker");
+  }
+
+  int finish() {
+    size_t n = workers_.size();
+    if (first_failure_ != nullptr) {
+      const Worker& w = *first_failure_;
+      std::string how = w.signal != 0 ? fmt::format("was killed by {} ({})", signal_name(w.signal),
+                                                    ::strsignal(w.signal))
+                                      : fmt::format("failed with exit code {}", w.exit_code);
+      std::string text = fmt::format("dtrain run: rank {} (pid {}) {}", w.rank, w.pid, how);
+      if (n > 1) text += fmt::format("; stopped the other {} worker(s)", n - 1);
+      if (w.stderr_tail.empty()) {
+        text += fmt::format(". Rank {} wrote nothing to stderr.\n", w.rank);
+      } else {
+        text += fmt::format(". Last stderr lines of rank {}:\n", w.rank);
+        for (const auto& line : w.stderr_tail) text += fmt::format("    {}\n", line);
+      }
+      write_out(options_.stderr_fd, text);
+      return w.signal != 0 ? 128 + w.signal : w.exit_code;
+    }
+    if (interrupted_by_ != 0) {
+      write_out(options_.stderr_fd, fmt::format("dtrain run: stopped {} worker(s) after {}\n", n,
+                                                signal_name(interrupted_by_)));
+      return 128 + interrupted_by_;
+    }
+    return 0;
+  }
+
+  const SupervisorOptions& options_;
+  int signal_fd_;
+  const sigset_t& child_mask_;
+  std::vector<Worker> workers_;
+  Worker* first_failure_ = nullptr;
+  int interrupted_by_ = 0;  // the signal that told the launcher to stop, if any
+  bool stopping_ = false;   // SIGTERM (or the forwarded signal) was sent to every worker
+  bool killed_ = false;     // SIGKILL was sent
+  Clock::time_point kill_at_{};
+  Clock::time_point killed_at_{};
+  std::optional<Clock::time_point> all_exited_at_;
+};
+
+bool is_executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+}  // namespace
+
+std::string find_executable(const std::string& name) {
+  if (name.empty()) throw InvalidArgumentError("dtrain run: the worker command is empty");
+  if (name.find('/') != std::string::npos) {
+    if (!is_executable_file(name))
+      throw InvalidArgumentError(fmt::format(
+          "dtrain run: cannot run '{}': {}", name,
+          ::access(name.c_str(), F_OK) == 0 ? "it is not an executable file" : "no such file"));
+    return name;
+  }
+  const char* path_env = std::getenv("PATH");
+  // execvp's default search path when PATH is unset.
+  std::string path = path_env != nullptr ? path_env : "/bin:/usr/bin";
+  size_t start = 0;
+  for (;;) {
+    size_t colon = path.find(':', start);
+    std::string dir =
+        path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
+    if (is_executable_file(candidate)) return candidate;
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  throw InvalidArgumentError(fmt::format(
+      "dtrain run: command '{}' was not found on PATH ({}): check its name, or give its path", name,
+      path));
+}
+
+std::string signal_name(int signal) {
+  const char* abbrev = ::sigabbrev_np(signal);
+  return abbrev != nullptr ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", signal);
+}
+
+Supervisor::Supervisor() {
+  sigset_t set = supervised_signals();
+  if (int rc = ::pthread_sigmask(SIG_BLOCK, &set, &old_mask_); rc != 0)
+    throw InternalError(fmt::format("dtrain run: pthread_sigmask failed: {}", std::strerror(rc)));
+  signal_fd_ = net::Fd(::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC));
+  if (!signal_fd_.valid()) {
+    int err = errno;
+    ::pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+    throw InternalError(fmt::format("dtrain run: signalfd failed: {}", std::strerror(err)));
+  }
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ignore, &old_sigpipe_);
+  // An ignored SIGCHLD (inherited from whoever started us) would make the kernel reap the
+  // workers itself, and their exit codes would be lost.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGCHLD, &dfl, &old_sigchld_);
+}
+
+Supervisor::~Supervisor() {
+  ::sigaction(SIGCHLD, &old_sigchld_, nullptr);
+  ::sigaction(SIGPIPE, &old_sigpipe_, nullptr);
+  ::pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+}
+
+int Supervisor::run(const SupervisorOptions& options) {
+  if (options.command.empty()) throw InvalidArgumentError("dtrain run: no worker command given");
+  if (options.workers.empty()) throw InvalidArgumentError("dtrain run: no workers to start");
+  Run run(options, signal_fd_.get(), old_mask_);
+  return run.execute();
+}
+
+}  // namespace dtrain::launch

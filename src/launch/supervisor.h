@@ -1,0 +1,71 @@
+// The process supervisor behind `dtrain run`: starts the workers, relays their output line by line
+// with a "[rank N] " prefix, forwards SIGINT/SIGTERM/SIGHUP to them, and when one fails stops the
+// rest (SIGTERM, then SIGKILL after a grace period) and reports the first failure in one line.
+//
+// One thread does it all with one poll(2) over a signalfd (SIGCHLD and the forwarded signals) and
+// the workers' pipes. Each worker runs in its own process group, so that a signal reaches the
+// shells and the programs they start alike, and dies with the launcher (PR_SET_PDEATHSIG).
+#pragma once
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/socket.h"
+
+namespace dtrain::launch {
+
+struct WorkerSpec {
+  int rank = 0;  // shown in the output prefix and the failure summary
+  // Set on top of the launcher's own environment (replacing variables of the same name).
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
+struct SupervisorOptions {
+  std::vector<std::string> command;  // argv; command[0] is looked up on PATH unless it has a '/'
+  std::vector<WorkerSpec> workers;
+  bool prefix_output = true;                     // "[rank N] " before every line
+  std::chrono::milliseconds grace_period{3000};  // between SIGTERM and SIGKILL
+  size_t stderr_tail_lines = 20;                 // of the failing worker, in the summary
+  int stdout_fd = 1;                             // where the workers' stdout lines go
+  int stderr_fd = 2;                             // their stderr lines, and the summary
+};
+
+class Supervisor {
+ public:
+  // Blocks SIGINT, SIGTERM, SIGHUP and SIGCHLD in the calling thread and opens a signalfd for
+  // them; ignores SIGPIPE so that a closed stdout cannot kill the launcher, and makes sure
+  // SIGCHLD is not ignored. Construct it before starting any thread (the store server's):
+  // threads inherit the mask, so these signals then reach only the signalfd.
+  Supervisor();
+  // Restores the signal mask and the dispositions of SIGPIPE and SIGCHLD.
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Starts every worker and supervises them until all have exited. Returns 0 when all succeeded,
+  // else the first failure's exit code (128 + signal number when a signal ended it), or
+  // 128 + the signal that interrupted the launcher. Throws InvalidArgumentError, before starting
+  // anything, when the command cannot be found.
+  int run(const SupervisorOptions& options);
+
+ private:
+  sigset_t old_mask_;
+  struct sigaction old_sigpipe_;
+  struct sigaction old_sigchld_;
+  net::Fd signal_fd_;
+};
+
+// The file execvp would run for `name`: `name` itself when it holds a '/', else the first
+// executable regular file of that name on PATH. Throws InvalidArgumentError saying what was
+// searched when there is none.
+std::string find_executable(const std::string& name);
+
+// "SIGSEGV" for 11; "signal 99" for numbers without a name.
+std::string signal_name(int signal);
+
+}  // namespace dtrain::launch

@@ -1,0 +1,386 @@
+// `dtrain run`, tested through the real binary: the environment each rank sees, output prefixing,
+// a failing rank stopping the job, signals reaching the workers, and the grace period's SIGKILL.
+// Every launch has its own deadline; when it passes the launcher is killed and the test fails.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/socket.h"
+#include "support/multiproc.h"
+
+namespace dtrain {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+const std::string kDtrain = std::string(DTRAIN_BIN_DIR) + "/dtrain";
+
+// A running `dtrain` with its stdout and stderr captured.
+class Launched {
+ public:
+  explicit Launched(std::vector<std::string> args) {
+    args.insert(args.begin(), kDtrain);
+    int out[2], err[2];
+    EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
+    EXPECT_EQ(::pipe2(err, O_CLOEXEC), 0);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      ::execv(argv[0], argv.data());
+      ::_exit(126);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    out_ = net::Fd(out[0]);
+    err_ = net::Fd(err[0]);
+  }
+  Launched(const Launched&) = delete;
+  Launched& operator=(const Launched&) = delete;
+  ~Launched() {
+    if (!status_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+  const std::string& out() const { return out_text_; }
+  const std::string& err() const { return err_text_; }
+
+  // Reads output until `done` holds or the deadline passes; returns whether it held.
+  bool read_until(const std::function<bool()>& done, const Deadline& deadline) {
+    while (!done()) {
+      if (deadline.expired() || !read_some(deadline)) return done();
+    }
+    return true;
+  }
+
+  // Waits for the launcher to exit, reading its output to the end. Returns its wait status, or
+  // nullopt (after killing it) when the deadline passes first.
+  std::optional<int> wait(milliseconds limit) {
+    auto deadline = Deadline::after(limit);
+    while (read_some(deadline)) {
+    }
+    while (!status_) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        status_ = status;
+        break;
+      }
+      if (deadline.expired()) {
+        ADD_FAILURE() << "dtrain did not exit within " << deadline.describe() << "\nstdout:\n"
+                      << out_text_ << "\nstderr:\n"
+                      << err_text_;
+        return std::nullopt;
+      }
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return status_;
+  }
+
+ private:
+  // One poll over both pipes; false once both are closed or the deadline passed.
+  bool read_some(const Deadline& deadline) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<net::Fd*, std::string*>> streams;
+    for (auto [fd, text] : {std::pair{&out_, &out_text_}, std::pair{&err_, &err_text_}}) {
+      if (!fd->valid()) continue;
+      fds.push_back({fd->get(), POLLIN, 0});
+      streams.emplace_back(fd, text);
+    }
+    if (fds.empty()) return false;
+    int rc = ::poll(fds.data(), fds.size(), deadline.poll_ms());
+    if (rc <= 0) return rc < 0 && errno == EINTR;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      char buf[4096];
+      ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
+      if (n <= 0) {
+        streams[i].first->reset();
+      } else {
+        streams[i].second->append(buf, static_cast<size_t>(n));
+      }
+    }
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  net::Fd out_, err_;
+  std::string out_text_, err_text_;
+  std::optional<int> status_;
+};
+
+int exit_code(std::optional<int> status) {
+  if (!status) return -1;
+  return WIFEXITED(*status) ? WEXITSTATUS(*status) : 1000 + WTERMSIG(*status);
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t pos = text.find(part); pos != std::string::npos; pos = text.find(part, pos + 1)) ++n;
+  return n;
+}
+
+// Alive means it exists and is not a zombie: orphans whose new parent never reaps them are dead.
+bool process_alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  char state = line[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+// Waits (a few seconds at most) for a process to be gone.
+bool gone_soon(pid_t pid) {
+  auto deadline = Deadline::after(seconds(5));
+  while (process_alive(pid)) {
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return true;
+}
+
+pid_t read_pid(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  pid_t pid = -1;
+  in >> pid;
+  return pid;
+}
+
+class LauncherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "dtrain_launcher_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(LauncherTest, GoodJobExitsZero) {
+  Launched run({"run", "-n", "2", "--master-port", "0", "/bin/true"});
+  EXPECT_EQ(exit_code(run.wait(seconds(20))), 0) << run.err();
+}
+
+TEST_F(LauncherTest, EachRankSeesItsEnvironment) {
+  Launched run({"run", "-n", "3", "--master-port", "0", "--", "sh", "-c",
+                "echo env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $NODE_RANK $MASTER_ADDR "
+                "$MASTER_PORT $DTRAIN_AGENT_STORE"});
+  ASSERT_EQ(exit_code(run.wait(seconds(20))), 0) << run.err();
+  std::istringstream lines(run.out());
+  std::string line;
+  std::vector<bool> seen(3, false);
+  std::string port;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::string prefix_rank, prefix_num, tag, master_addr, master_port;
+    int rank, world, local, local_world, node, agent;
+    words >> prefix_rank >> prefix_num >> tag >> rank >> world >> local >> local_world >> node >>
+        master_addr >> master_port >> agent;
+    ASSERT_FALSE(words.fail()) << line;
+    ASSERT_GE(rank, 0);
+    ASSERT_LT(rank, 3);
+    EXPECT_EQ(prefix_num, std::to_string(rank) + "]");
+    EXPECT_EQ(world, 3);
+    EXPECT_EQ(local, rank);
+    EXPECT_EQ(local_world, 3);
+    EXPECT_EQ(node, 0);
+    EXPECT_EQ(master_addr, "127.0.0.1");
+    EXPECT_NE(master_port, "0");  // --master-port 0 became a real port
+    if (!port.empty()) {
+      EXPECT_EQ(master_port, port);
+    }
+    port = master_port;
+    EXPECT_EQ(agent, 1);
+    seen[rank] = true;
+  }
+  EXPECT_EQ(seen, std::vector<bool>(3, true)) << run.out();
+}
+
+TEST_F(LauncherTest, SecondNodeGetsGlobalRanksAndHostsNoStore) {
+  // Node 1 of 2 must not open the store: the port given stays whatever it is.
+  int port = testing::free_port();
+  Launched run({"run", "-n", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.9.8.7",
+                "--master-port", std::to_string(port), "--no-prefix", "sh", "-c",
+                "echo $RANK $WORLD_SIZE $LOCAL_RANK $NODE_RANK $MASTER_ADDR $MASTER_PORT"});
+  ASSERT_EQ(exit_code(run.wait(seconds(20))), 0) << run.err();
+  auto p = std::to_string(port);
+  EXPECT_TRUE(contains(run.out(), "2 4 0 1 10.9.8.7 " + p + "\n")) << run.out();
+  EXPECT_TRUE(contains(run.out(), "3 4 1 1 10.9.8.7 " + p + "\n")) << run.out();
+}
+
+TEST_F(LauncherTest, TheStoreIsReachableWhileTheJobRuns) {
+  auto flag = (dir_ / "done").string();
+  Launched run({"run", "-n", "1", "--master-port", "0", "sh", "-c",
+                "echo port $MASTER_PORT; while [ ! -e " + flag + " ]; do sleep 0.02; done"});
+  ASSERT_TRUE(
+      run.read_until([&] { return contains(run.out(), "\n"); }, Deadline::after(seconds(20))))
+      << run.err();
+  auto words = run.out().substr(run.out().find("port ") + 5);
+  int port = std::stoi(words);
+  net::Fd conn = net::connect_tcp({"127.0.0.1", static_cast<uint16_t>(port)},
+                                  Deadline::after(seconds(10)), "launcher test to the store");
+  EXPECT_TRUE(conn.valid());
+  std::ofstream(flag).put('x');
+  EXPECT_EQ(exit_code(run.wait(seconds(20))), 0) << run.err();
+}
+
+TEST_F(LauncherTest, DefaultPortBusyMovesToAFreeOne) {
+  // Hold 29500 ourselves; if someone else already holds it, it is busy all the same.
+  net::Fd holder;
+  try {
+    holder = net::listen_tcp("127.0.0.1", 29500);
+  } catch (const std::exception&) {
+  }
+  Launched run({"run", "-n", "1", "--no-prefix", "sh", "-c", "echo $MASTER_PORT"});
+  ASSERT_EQ(exit_code(run.wait(seconds(20))), 0) << run.err();
+  EXPECT_NE(run.out(), "29500\n");
+  EXPECT_TRUE(contains(run.err(), "29500")) << run.err();
+}
+
+TEST_F(LauncherTest, OutputIsPrefixedPerRank) {
+  Launched run({"run", "-n", "2", "--master-port", "0", "sh", "-c",
+                "echo hello $RANK; echo oops $RANK >&2; printf 'no newline'"});
+  ASSERT_EQ(exit_code(run.wait(seconds(20))), 0) << run.err();
+  for (int r = 0; r < 2; ++r) {
+    auto tag = "[rank " + std::to_string(r) + "] ";
+    EXPECT_TRUE(contains(run.out(), tag + "hello " + std::to_string(r) + "\n")) << run.out();
+    EXPECT_TRUE(contains(run.out(), tag + "no newline\n")) << run.out();
+    EXPECT_TRUE(contains(run.err(), tag + "oops " + std::to_string(r) + "\n")) << run.err();
+    EXPECT_FALSE(contains(run.out(), "oops")) << run.out();
+  }
+}
+
+TEST_F(LauncherTest, NoPrefixRelaysLinesUntouched) {
+  Launched run({"run", "-n", "2", "--master-port", "0", "--no-prefix", "sh", "-c",
+                "echo hello $RANK; echo oops >&2"});
+  ASSERT_EQ(exit_code(run.wait(seconds(20))), 0) << run.err();
+  EXPECT_TRUE(contains(run.out(), "hello 0\n")) << run.out();
+  EXPECT_TRUE(contains(run.out(), "hello 1\n")) << run.out();
+  EXPECT_FALSE(contains(run.out(), "[rank")) << run.out();
+  EXPECT_EQ(count_of(run.err(), "oops\n"), 2u) << run.err();
+  EXPECT_FALSE(contains(run.err(), "[rank")) << run.err();
+}
+
+TEST_F(LauncherTest, FailingRankStopsTheJobAndIsNamed) {
+  // Rank 0 records its pid and becomes a long sleep; rank 1 waits for that, then fails.
+  auto pid_file = (dir_ / "pid0").string();
+  Launched run({"run", "-n", "2", "--master-port", "0", "sh", "-c",
+                "if [ $RANK = 0 ]; then echo $$ > " + pid_file + ".tmp && mv " + pid_file +
+                    ".tmp " + pid_file +
+                    " && exec sleep 30; fi; "
+                    "while [ ! -e " +
+                    pid_file +
+                    " ]; do sleep 0.01; done; "
+                    "echo first >&2; echo boom >&2; exit 7"});
+  // Well before rank 0's sleep would end on its own.
+  auto status = run.wait(seconds(20));
+  EXPECT_EQ(exit_code(status), 7) << run.err();
+  EXPECT_TRUE(contains(run.err(), "rank 1")) << run.err();
+  EXPECT_TRUE(contains(run.err(), "exit code 7")) << run.err();
+  EXPECT_TRUE(contains(run.err(), "boom")) << run.err();
+  // One summary line, and it comes last.
+  EXPECT_EQ(count_of(run.err(), "dtrain run: rank"), 1u) << run.err();
+  auto summary = run.err().substr(run.err().rfind("dtrain run: rank"));
+  EXPECT_TRUE(contains(summary, "first\n") && contains(summary, "boom\n")) << summary;
+  pid_t rank0 = read_pid(pid_file);
+  ASSERT_GT(rank0, 0);
+  EXPECT_TRUE(gone_soon(rank0)) << "rank 0 (pid " << rank0 << ") outlived the job";
+}
+
+TEST_F(LauncherTest, RankKilledBySignalIsReportedByName) {
+  Launched run({"run", "-n", "2", "--master-port", "0", "sh", "-c",
+                "if [ $RANK = 0 ]; then kill -KILL $$; fi; sleep 30"});
+  auto status = run.wait(seconds(20));
+  EXPECT_EQ(exit_code(status), 128 + SIGKILL) << run.err();
+  EXPECT_TRUE(contains(run.err(), "rank 0")) << run.err();
+  EXPECT_TRUE(contains(run.err(), "SIGKILL")) << run.err();
+}
+
+TEST_F(LauncherTest, MissingCommandIsAClearError) {
+  Launched run({"run", "-n", "2", "--master-port", "0", "dtrain-no-such-command"});
+  auto status = run.wait(seconds(20));
+  EXPECT_NE(exit_code(status), 0);
+  EXPECT_TRUE(contains(run.err(), "dtrain-no-such-command")) << run.err();
+  EXPECT_TRUE(contains(run.err(), "not found on PATH")) << run.err();
+}
+
+TEST_F(LauncherTest, SigtermReachesEveryWorker) {
+  auto script = "trap 'echo term > " + dir_.string() +
+                "/term$RANK; exit 0' TERM; echo ready; sleep 30 & wait";
+  Launched run({"run", "-n", "2", "--master-port", "0", "sh", "-c", script});
+  ASSERT_TRUE(run.read_until([&] { return count_of(run.out(), "ready") == 2; },
+                             Deadline::after(seconds(20))))
+      << run.out() << run.err();
+  ::kill(run.pid(), SIGTERM);
+  auto status = run.wait(seconds(20));
+  EXPECT_EQ(exit_code(status), 128 + SIGTERM) << run.err();
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "term0")) << run.err();
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "term1")) << run.err();
+}
+
+TEST_F(LauncherTest, WorkerIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  auto script =
+      "trap '' TERM; sleep 30 & echo $$ $! > " + dir_.string() + "/pids$RANK; echo ready; wait";
+  Launched run(
+      {"run", "-n", "2", "--master-port", "0", "--grace-period", "0.5", "sh", "-c", script});
+  ASSERT_TRUE(run.read_until([&] { return count_of(run.out(), "ready") == 2; },
+                             Deadline::after(seconds(20))))
+      << run.out() << run.err();
+  ::kill(run.pid(), SIGTERM);
+  auto status = run.wait(seconds(20));
+  EXPECT_EQ(exit_code(status), 128 + SIGTERM) << run.err();
+  EXPECT_TRUE(contains(run.err(), "SIGKILL")) << run.err();
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(dir_ / ("pids" + std::to_string(r)));
+    pid_t shell = -1, sleeper = -1;
+    in >> shell >> sleeper;
+    ASSERT_GT(shell, 0);
+    ASSERT_GT(sleeper, 0);
+    EXPECT_TRUE(gone_soon(shell)) << "rank " << r << " shell " << shell << " survived";
+    EXPECT_TRUE(gone_soon(sleeper)) << "rank " << r << " sleep " << sleeper << " survived";
+  }
+}
+
+TEST_F(LauncherTest, BadArgumentsAreRejected) {
+  for (std::vector<std::string> args : {std::vector<std::string>{"run", "-n", "0", "true"},
+                                        {"run", "--nnodes", "2", "--node-rank", "2", "true"},
+                                        {"run", "--bogus", "true"},
+                                        {"run", "-n", "2"}}) {
+    Launched run(args);
+    EXPECT_NE(exit_code(run.wait(seconds(20))), 0) << args[1];
+    EXPECT_FALSE(run.err().empty()) << args[1];
+  }
+}
+
+}  // namespace
+}  // namespace dtrain
