@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtrain/identity.h"
+#include "dtrain/reduce_op.h"
 #include "dtrain/store.h"
 #include "dtrain/tensor.h"
 #include "dtrain/work.h"
@@ -38,6 +40,50 @@ struct SendOptions {
 };
 struct RecvOptions {
   std::chrono::milliseconds timeout{0};  // 0 = the group default
+};
+
+// Options of the collectives. `algorithm` picks one by name ("ring", "halving_doubling",
+// "recursive_doubling", "tree", "scatter_allgather", "central", "pairwise", "dissemination"...);
+// empty = the cost model's choice (or DTRAIN_ALGO). docs/algorithms.md lists them.
+struct BroadcastOptions {
+  int root = 0;
+  std::chrono::milliseconds timeout{0};
+  std::string algorithm;
+};
+struct ReduceOptions {
+  int root = 0;
+  ReduceOp op = ReduceOp::kSum;
+  std::chrono::milliseconds timeout{0};
+  std::string algorithm;
+};
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  std::chrono::milliseconds timeout{0};
+  std::string algorithm;
+};
+struct AllgatherOptions {
+  std::chrono::milliseconds timeout{0};
+  std::string algorithm;
+};
+struct GatherOptions {
+  int root = 0;
+  std::chrono::milliseconds timeout{0};
+};
+struct ScatterOptions {
+  int root = 0;
+  std::chrono::milliseconds timeout{0};
+};
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::kSum;
+  std::chrono::milliseconds timeout{0};
+  std::string algorithm;
+};
+struct AlltoallOptions {
+  std::chrono::milliseconds timeout{0};
+};
+struct BarrierOptions {
+  std::chrono::milliseconds timeout{0};
+  std::string algorithm;
 };
 
 class ProcessGroup {
@@ -65,6 +111,53 @@ class ProcessGroup {
   void recv(const TensorView& tensor, int src, int tag = 0, const RecvOptions& options = {}) {
     irecv(tensor, src, tag, options)->wait();
   }
+
+  // Collectives. Every rank of the group calls the same collectives in the same order with
+  // matching arguments; a rank that disagrees makes all of them fail with an error naming who
+  // called what. They run in call order on the group's worker thread; the returned Work is
+  // waited on like any other. Tensors are contiguous buffers of `numel` elements.
+
+  // root's tensor is copied to every rank's tensor.
+  virtual std::shared_ptr<Work> broadcast(const TensorView& tensor,
+                                          const BroadcastOptions& options = {}) = 0;
+  // In place: every rank ends with the reduction of all ranks' tensors.
+  virtual std::shared_ptr<Work> allreduce(const TensorView& tensor,
+                                          const AllreduceOptions& options = {}) = 0;
+  // In place: root ends with the reduction; other ranks' tensors are left undefined.
+  virtual std::shared_ptr<Work> reduce(const TensorView& tensor,
+                                       const ReduceOptions& options = {}) = 0;
+  // output (size() * input.numel) = every rank's input, in rank order.
+  virtual std::shared_ptr<Work> allgather(const TensorView& output, const TensorView& input,
+                                          const AllgatherOptions& options = {}) = 0;
+  // output = the concatenation of rank r's input of counts[r] elements, in rank order.
+  virtual std::shared_ptr<Work> allgatherv(const TensorView& output, const TensorView& input,
+                                           const std::vector<size_t>& counts,
+                                           const AllgatherOptions& options = {}) = 0;
+  // At root, output (size() * input.numel) = every rank's input; output unused elsewhere.
+  virtual std::shared_ptr<Work> gather(const TensorView& output, const TensorView& input,
+                                       const GatherOptions& options = {}) = 0;
+  // Rank r's output = block r of root's input (size() * output.numel); input unused elsewhere.
+  virtual std::shared_ptr<Work> scatter(const TensorView& output, const TensorView& input,
+                                        const ScatterOptions& options = {}) = 0;
+  // output (n elements) = block `rank()` of the reduction of every rank's input (size() * n).
+  virtual std::shared_ptr<Work> reduce_scatter(const TensorView& output, const TensorView& input,
+                                               const ReduceScatterOptions& options = {}) = 0;
+  // Block j of input (size() equal blocks) goes to rank j; block i of output came from rank i.
+  virtual std::shared_ptr<Work> alltoall(const TensorView& output, const TensorView& input,
+                                         const AlltoallOptions& options = {}) = 0;
+  // input is cut into blocks of input_counts[j] elements for rank j; output receives
+  // output_counts[i] elements from rank i, in rank order.
+  virtual std::shared_ptr<Work> alltoallv(const TensorView& output,
+                                          const std::vector<size_t>& output_counts,
+                                          const TensorView& input,
+                                          const std::vector<size_t>& input_counts,
+                                          const AlltoallOptions& options = {}) = 0;
+  virtual std::shared_ptr<Work> barrier(const BarrierOptions& options = {}) = 0;
+
+  // A group of the given ranks of this one (in that order: ranks[i] becomes rank i). Every rank
+  // of this group calls it with the same list; ranks not in it get null. Sub-groups share this
+  // group's connections and have their own sequence numbers.
+  virtual std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) = 0;
 
   // Fails every pending and future operation of the group at once with AbortedError(reason).
   virtual void abort(const std::string& reason) = 0;

@@ -1,18 +1,31 @@
-// The native backend's ProcessGroup: dtrain's own TCP transport.
+// The native backend's ProcessGroup: dtrain's own TCP transport and collective algorithms.
+// The world group owns the device (one connection per peer); sub-groups share it, with their
+// own group id in every tag, their own sequence numbers and their own worker thread.
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
+#include "comm/collective.h"
+#include "comm/cost_model.h"
+#include "comm/executor.h"
+#include "comm/postmortem.h"
 #include "dtrain/process_group.h"
 #include "transport/tcp/device.h"
 
 namespace dtrain::comm {
 
-class NativeProcessGroup : public ProcessGroup {
+class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_this<NativeProcessGroup> {
  public:
+  // The world group: connects the device.
   NativeProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                      const ProcessGroupOptions& options);
+  // A sub-group over world ranks `members` sharing `parent`'s device.
+  NativeProcessGroup(const NativeProcessGroup& parent, std::vector<int> members, uint32_t group_id,
+                     std::string name);
   ~NativeProcessGroup() override;
 
   int rank() const override { return rank_; }
@@ -24,21 +37,70 @@ class NativeProcessGroup : public ProcessGroup {
                               const SendOptions& options) override;
   std::shared_ptr<Work> irecv(const TensorView& tensor, int src, int tag,
                               const RecvOptions& options) override;
+
+  std::shared_ptr<Work> broadcast(const TensorView& tensor, const BroadcastOptions& options) override;
+  std::shared_ptr<Work> allreduce(const TensorView& tensor, const AllreduceOptions& options) override;
+  std::shared_ptr<Work> reduce(const TensorView& tensor, const ReduceOptions& options) override;
+  std::shared_ptr<Work> allgather(const TensorView& output, const TensorView& input,
+                                  const AllgatherOptions& options) override;
+  std::shared_ptr<Work> allgatherv(const TensorView& output, const TensorView& input,
+                                   const std::vector<size_t>& counts,
+                                   const AllgatherOptions& options) override;
+  std::shared_ptr<Work> gather(const TensorView& output, const TensorView& input,
+                               const GatherOptions& options) override;
+  std::shared_ptr<Work> scatter(const TensorView& output, const TensorView& input,
+                                const ScatterOptions& options) override;
+  std::shared_ptr<Work> reduce_scatter(const TensorView& output, const TensorView& input,
+                                       const ReduceScatterOptions& options) override;
+  std::shared_ptr<Work> alltoall(const TensorView& output, const TensorView& input,
+                                 const AlltoallOptions& options) override;
+  std::shared_ptr<Work> alltoallv(const TensorView& output, const std::vector<size_t>& output_counts,
+                                  const TensorView& input, const std::vector<size_t>& input_counts,
+                                  const AlltoallOptions& options) override;
+  std::shared_ptr<Work> barrier(const BarrierOptions& options) override;
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override;
   void abort(const std::string& reason) override;
 
+  // The algorithm the next `kind` collective of `bytes` would use (for benchmarks and logs).
+  std::string algorithm_for(CollectiveKind kind, std::string_view requested, size_t bytes) const;
+
  private:
+  using Body = std::function<void(CollectiveContext&)>;
+  std::shared_ptr<Work> submit(const CollectiveCall& call, std::string_view algorithm,
+                               std::chrono::milliseconds timeout, Body body);
   void check_peer(int peer, const TensorView& tensor, const char* op) const;
+  void check_tensor(const TensorView& t, const char* op, const char* which) const;
+  void check_root(int root, const char* op) const;
+  void check_same_dtype(const TensorView& a, const TensorView& b, const char* op) const;
+  // A collective of this group failed here: mark the group unusable and tell the peers (once).
+  void on_collective_failed(uint32_t seq, std::exception_ptr error);
+  // What went wrong with collective `seq` everywhere, from the store (see postmortem.h).
+  std::string postmortem(uint32_t seq, const std::string& entry);
+  void start();
   Deadline deadline_for(std::chrono::milliseconds timeout) const {
     return Deadline::after(timeout.count() > 0 ? timeout : timeout_);
   }
+  transport::tcp::Pair& pair_of(int group_rank) const {
+    return *device_->pair(members_[group_rank]);
+  }
 
   std::shared_ptr<Store> store_;
+  std::shared_ptr<transport::tcp::Device> device_;
   int rank_;
   int size_;
   std::string name_;
+  std::vector<int> members_;  // world rank of each group rank
   uint32_t group_id_ = 0;
   std::chrono::milliseconds timeout_;
-  std::unique_ptr<transport::tcp::Device> device_;
+  CostModel cost_model_;
+  std::shared_ptr<Executor> executor_;
+  std::vector<std::byte> scratch_;  // used by the running collective only
+  CallHistory history_;
+
+  std::mutex mu_;  // guards next_seq_, children_, failure_
+  uint32_t next_seq_ = 0;
+  uint32_t children_ = 0;
+  std::exception_ptr failure_;  // set once a collective failed: the group is unusable
 };
 
 }  // namespace dtrain::comm

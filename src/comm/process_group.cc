@@ -1,11 +1,18 @@
 #include <unistd.h>
 
-#include <fmt/format.h>
+#include <algorithm>
+#include <cstring>
+#include <set>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/algorithms/algorithms.h"
 #include "comm/native_process_group.h"
 #include "comm/p2p_work.h"
 #include "common/env.h"
 #include "common/log.h"
+#include "common/reduce.h"
 #include "dtrain/error.h"
 #include "transport/tag.h"
 
@@ -13,11 +20,15 @@ namespace dtrain {
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(std::shared_ptr<Store> store, int rank,
                                                    int size, const ProcessGroupOptions& options) {
-  return std::make_shared<comm::NativeProcessGroup>(std::move(store), rank, size, options);
+  auto pg = std::make_shared<comm::NativeProcessGroup>(std::move(store), rank, size, options);
+  return pg;
 }
 
 namespace comm {
 namespace {
+
+using transport::TagSpace;
+using transport::make_tag;
 
 uint64_t fnv1a(std::string_view text) {
   uint64_t h = 1469598103934665603ull;
@@ -38,6 +49,34 @@ std::string pick_advertise_addr(const ProcessGroupOptions& options, Store& store
   return "127.0.0.1";
 }
 
+std::string message_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& err) {
+    return err.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// Rethrows the current exception with `context` in front and `after` behind, keeping its kind.
+[[noreturn]] void rethrow_with(const std::string& context, const std::string& after) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    std::string m = fmt::format("{} failed: {}. Post-mortem: {}", context, e.what(), after);
+    switch (e.kind()) {
+      case ErrorKind::kInvalidArgument: throw InvalidArgumentError(m);
+      case ErrorKind::kTimeout: throw TimeoutError(m);
+      case ErrorKind::kPeerFailure: throw PeerFailureError(m);
+      case ErrorKind::kStore: throw StoreError(m);
+      case ErrorKind::kAborted: throw AbortedError(m);
+      case ErrorKind::kInternal: throw InternalError(m);
+    }
+    throw;
+  }
+}
+
 }  // namespace
 
 NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, int size,
@@ -50,6 +89,8 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
         fmt::format("rank {} is outside the group of size {}: use 0..{}", rank, size, size - 1));
   if (!store_) throw InvalidArgumentError("ProcessGroup::create needs a store; got null");
   timeout_ = options.timeout.count() > 0 ? options.timeout : env::get_seconds(env::kTimeout);
+  members_.resize(size);
+  for (int i = 0; i < size; ++i) members_[i] = i;
 
   transport::tcp::DeviceOptions d;
   d.rank = rank;
@@ -64,10 +105,107 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
   d.connect_timeout = options.connect_timeout.count() > 0 ? options.connect_timeout
                                                           : env::get_seconds(env::kConnectTimeout);
   d.spin = std::chrono::microseconds(env::get_int(env::kSpinUs).value_or(50));
-  device_ = std::make_unique<transport::tcp::Device>(*store_, d);
+  device_ = std::make_shared<transport::tcp::Device>(*store_, d);
+  start();
 }
 
-NativeProcessGroup::~NativeProcessGroup() = default;
+NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::vector<int> members,
+                                       uint32_t group_id, std::string name)
+    : store_(parent.store_),
+      device_(parent.device_),
+      rank_(-1),
+      size_(static_cast<int>(members.size())),
+      name_(std::move(name)),
+      members_(std::move(members)),
+      group_id_(group_id),
+      timeout_(parent.timeout_),
+      cost_model_(parent.cost_model_) {
+  for (int i = 0; i < size_; ++i)
+    if (members_[i] == device_->rank()) rank_ = i;
+  start();
+}
+
+void NativeProcessGroup::start() {
+  executor_ = std::make_shared<Executor>([this](std::exception_ptr e) {
+    uint32_t seq;
+    {
+      std::lock_guard lock(mu_);
+      seq = next_seq_;
+    }
+    on_collective_failed(seq, e);
+  });
+  executor_->start();
+  transport::tcp::Device::GroupHandlers handlers;
+  handlers.mark = [this](std::exception_ptr e) {
+    std::lock_guard lock(mu_);
+    if (!failure_) failure_ = e;
+  };
+  handlers.handle = [this](uint32_t seq, std::exception_ptr) {
+    publish_postmortem(*store_, name_, rank_, seq, history_.describe(seq));
+  };
+  device_->register_group(group_id_, std::move(handlers));
+}
+
+std::string NativeProcessGroup::postmortem(uint32_t seq, const std::string& entry) {
+  publish_postmortem(*store_, name_, rank_, seq, entry);
+  return collect_postmortem(*store_, name_, size_, seq, std::chrono::seconds(3));
+}
+
+NativeProcessGroup::~NativeProcessGroup() {
+  auto error = std::make_exception_ptr(
+      AbortedError(fmt::format("rank {}: group {} was destroyed", rank_, name_)));
+  device_->unregister_group(group_id_);
+  // Fail what is pending here (without telling the peers: they see the goodbye), so that the
+  // worker thread can be joined.
+  device_->fail_group(group_id_, 0, {}, error, {});
+  executor_->shutdown(error);
+}
+
+std::string NativeProcessGroup::algorithm_for(CollectiveKind kind, std::string_view requested,
+                                              size_t bytes) const {
+  return std::string(cost_model_.choose(kind, requested, bytes, size_));
+}
+
+void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr error) {
+  {
+    std::lock_guard lock(mu_);
+    if (failure_) return;
+    failure_ = error;
+  }
+  const std::string text = fmt::format("rank {} (world rank {}) reports: {}", rank_,
+                                       members_[rank_], message_of(error));
+  DTRAIN_LOG_ERROR("{}", message_of(error));
+  std::vector<int> peers;
+  for (int m : members_)
+    if (m != device_->rank()) peers.push_back(m);
+  device_->fail_group(group_id_, make_tag(TagSpace::kCollective, group_id_, seq), peers,
+                      std::make_exception_ptr(PeerFailureError(text)), text);
+}
+
+// ---- validation ----
+
+void NativeProcessGroup::check_tensor(const TensorView& t, const char* op, const char* which) const {
+  if (t.device != Device::kCpu)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: {}: backend native does not support {} on CUDA tensors yet; copy {} to the CPU",
+        rank_, op, op, which));
+  if (t.data == nullptr && t.numel > 0)
+    throw InvalidArgumentError(fmt::format("rank {}: {}: {} of {} elements has a null data pointer",
+                                           rank_, op, which, t.numel));
+}
+
+void NativeProcessGroup::check_root(int root, const char* op) const {
+  if (root < 0 || root >= size_)
+    throw InvalidArgumentError(fmt::format("rank {}: {} has root {}, but group {} has ranks 0..{}",
+                                           rank_, op, root, name_, size_ - 1));
+}
+
+void NativeProcessGroup::check_same_dtype(const TensorView& a, const TensorView& b,
+                                          const char* op) const {
+  if (a.dtype != b.dtype)
+    throw InvalidArgumentError(fmt::format("rank {}: {}: output is {} but input is {}; use one dtype",
+                                           rank_, op, to_string(a.dtype), to_string(b.dtype)));
+}
 
 void NativeProcessGroup::check_peer(int peer, const TensorView& tensor, const char* op) const {
   if (peer < 0 || peer >= size_)
@@ -76,39 +214,371 @@ void NativeProcessGroup::check_peer(int peer, const TensorView& tensor, const ch
   if (peer == rank_)
     throw InvalidArgumentError(
         fmt::format("rank {}: {} names this rank itself; copy the tensor instead", rank_, op));
-  if (tensor.device != Device::kCpu)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: {}: backend native does not support {} on CUDA tensors yet; copy to the CPU",
-        rank_, op, op));
-  if (tensor.data == nullptr && tensor.numel > 0)
-    throw InvalidArgumentError(
-        fmt::format("rank {}: {} of {} elements has a null data pointer", rank_, op, tensor.numel));
+  check_tensor(tensor, op, "the tensor");
 }
+
+// ---- point to point ----
 
 std::shared_ptr<Work> NativeProcessGroup::isend(const TensorView& tensor, int dst, int tag,
                                                 const SendOptions& options) {
   check_peer(dst, tensor, "send");
-  uint64_t t = transport::make_tag(transport::TagSpace::kPointToPoint, group_id_,
-                                   static_cast<uint32_t>(tag));
-  auto request = device_->pair(dst)->isend(t, tensor.data, tensor.nbytes(),
-                                           deadline_for(options.timeout));
-  return std::make_shared<PairWork>(std::move(request));
+  uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
+  return std::make_shared<PairWork>(
+      pair_of(dst).isend(t, tensor.data, tensor.nbytes(), deadline_for(options.timeout)));
 }
 
 std::shared_ptr<Work> NativeProcessGroup::irecv(const TensorView& tensor, int src, int tag,
                                                 const RecvOptions& options) {
   check_peer(src, tensor, "recv");
-  uint64_t t = transport::make_tag(transport::TagSpace::kPointToPoint, group_id_,
-                                   static_cast<uint32_t>(tag));
-  auto request = device_->pair(src)->irecv(t, tensor.data, tensor.nbytes(),
-                                           deadline_for(options.timeout));
-  return std::make_shared<PairWork>(std::move(request));
+  uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
+  return std::make_shared<PairWork>(
+      pair_of(src).irecv(t, tensor.data, tensor.nbytes(), deadline_for(options.timeout)));
+}
+
+// ---- collectives ----
+
+std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
+                                                 std::string_view algorithm,
+                                                 std::chrono::milliseconds timeout, Body body) {
+  uint32_t seq;
+  std::exception_ptr failed;
+  {
+    std::lock_guard lock(mu_);
+    seq = ++next_seq_;
+    failed = failure_;
+  }
+  const Deadline deadline = deadline_for(timeout);
+  std::string what =
+      fmt::format("rank {}: {} as collective #{} of group {}", rank_, call.describe(), seq, name_);
+  std::string algo(algorithm);
+  auto run = [this, call, seq, deadline, algo, what, body = std::move(body)] {
+    std::vector<transport::tcp::Pair*> pairs(size_, nullptr);
+    for (int i = 0; i < size_; ++i)
+      if (i != rank_) pairs[i] = device_->pair(members_[i]).get();
+    CollectiveContext ctx(rank_, size_, std::move(pairs),
+                          make_tag(TagSpace::kCollective, group_id_, seq), call, deadline, name_,
+                          seq);
+    ctx.set_scratch(&scratch_);
+    DTRAIN_LOG_DEBUG("{} via {}", what, algo);
+    try {
+      body(ctx);
+    } catch (...) {
+      // Tell the peers first (they fail at once), then ask everyone what they called.
+      on_collective_failed(seq, std::current_exception());
+      const std::string entry = fmt::format("called {} and failed", call.describe());
+      rethrow_with(what, postmortem(seq, entry));
+    }
+    history_.finished(seq);
+  };
+  history_.called(seq, call);
+  auto work = std::make_shared<CollectiveWork>(std::move(run), deadline, what, executor_);
+  if (failed) {
+    work->fail(std::make_exception_ptr(PeerFailureError(fmt::format(
+        "{} cannot start: the group is unusable since an earlier collective failed: {}", what,
+        message_of(failed)))));
+    return work;
+  }
+  executor_->submit(work);
+  return work;
+}
+
+std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
+                                                    const BroadcastOptions& o) {
+  check_tensor(t, "broadcast", "the tensor");
+  check_root(o.root, "broadcast");
+  CollectiveCall call{CollectiveKind::kBroadcast, t.dtype, ReduceOp::kSum, o.root, t.numel};
+  auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_);
+  return submit(call, algo, o.timeout, [t, algo](CollectiveContext& ctx) {
+    auto* data = static_cast<std::byte*>(t.data);
+    if (algo == "scatter_allgather")
+      algo::broadcast_scatter_allgather(ctx, data, t.numel);
+    else
+      algo::broadcast_tree(ctx, data, t.nbytes());
+  });
+}
+
+std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
+                                                    const AllreduceOptions& o) {
+  check_tensor(t, "all_reduce", "the tensor");
+  check_reduce_op(t.dtype, o.op);
+  CollectiveCall call{CollectiveKind::kAllreduce, t.dtype, o.op, 0, t.numel};
+  auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_);
+  const int n = size_;
+  return submit(call, algo, o.timeout, [t, algo, op = o.op, n](CollectiveContext& ctx) {
+    auto* data = static_cast<std::byte*>(t.data);
+    if (algo == "ring")
+      algo::allreduce_ring(ctx, data, t.numel);
+    else if (algo == "halving_doubling")
+      algo::allreduce_halving_doubling(ctx, data, t.numel);
+    else if (algo == "recursive_doubling")
+      algo::allreduce_recursive_doubling(ctx, data, t.numel);
+    else
+      algo::allreduce_central(ctx, data, t.numel);
+    if (op == ReduceOp::kAvg) scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(n));
+  });
+}
+
+std::shared_ptr<Work> NativeProcessGroup::reduce(const TensorView& t, const ReduceOptions& o) {
+  check_tensor(t, "reduce", "the tensor");
+  check_root(o.root, "reduce");
+  check_reduce_op(t.dtype, o.op);
+  CollectiveCall call{CollectiveKind::kReduce, t.dtype, o.op, o.root, t.numel};
+  auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_);
+  const int n = size_;
+  return submit(call, algo, o.timeout, [t, algo, o, n](CollectiveContext& ctx) {
+    auto* data = static_cast<std::byte*>(t.data);
+    if (algo == "ring")
+      algo::reduce_ring(ctx, data, t.numel);
+    else
+      algo::reduce_tree(ctx, data, t.numel);
+    if (o.op == ReduceOp::kAvg && ctx.rank() == o.root)
+      scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(n));
+  });
+}
+
+std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const TensorView& in,
+                                                    const AllgatherOptions& o) {
+  check_tensor(out, "all_gather", "the output");
+  check_tensor(in, "all_gather", "the input");
+  check_same_dtype(out, in, "all_gather");
+  if (out.numel != in.numel * size_)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_gather: the output has {} elements; it needs size() x input = {} x {} = {}",
+        rank_, out.numel, size_, in.numel, in.numel * size_));
+  CollectiveCall call{CollectiveKind::kAllgather, in.dtype, ReduceOp::kSum, 0, in.numel};
+  auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_);
+  return submit(call, algo, o.timeout, [out, in, algo](CollectiveContext& ctx) {
+    auto* o_ = static_cast<std::byte*>(out.data);
+    const size_t block = in.nbytes();
+    if (block > 0 && o_ + ctx.rank() * block != in.data)
+      std::memmove(o_ + ctx.rank() * block, in.data, block);
+    if (algo == "bruck") {
+      algo::allgather_bruck(ctx, o_, block);
+    } else {
+      std::vector<size_t> offsets(ctx.size()), sizes(ctx.size(), block);
+      for (int i = 0; i < ctx.size(); ++i) offsets[i] = i * block;
+      algo::allgather_ring(ctx, o_, offsets, sizes);
+    }
+  });
+}
+
+std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, const TensorView& in,
+                                                     const std::vector<size_t>& counts,
+                                                     const AllgatherOptions& o) {
+  check_tensor(out, "all_gather_v", "the output");
+  check_tensor(in, "all_gather_v", "the input");
+  check_same_dtype(out, in, "all_gather_v");
+  if (counts.size() != static_cast<size_t>(size_))
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_gather_v: counts has {} entries; it needs one per rank ({})", rank_,
+        counts.size(), size_));
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  if (counts[rank_] != in.numel || out.numel != total)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_gather_v: input has {} elements and output {}, but counts say {} and {}",
+        rank_, in.numel, out.numel, counts[rank_], total));
+  CollectiveCall call{CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0, 0};
+  auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_);
+  return submit(call, algo, o.timeout, [out, in, counts](CollectiveContext& ctx) {
+    const size_t elem = ctx.element_size();
+    std::vector<size_t> offsets(ctx.size()), sizes(ctx.size());
+    size_t off = 0;
+    for (int i = 0; i < ctx.size(); ++i) {
+      offsets[i] = off;
+      sizes[i] = counts[i] * elem;
+      off += sizes[i];
+    }
+    auto* o_ = static_cast<std::byte*>(out.data);
+    if (sizes[ctx.rank()] > 0 && o_ + offsets[ctx.rank()] != in.data)
+      std::memmove(o_ + offsets[ctx.rank()], in.data, sizes[ctx.rank()]);
+    algo::allgather_ring(ctx, o_, offsets, sizes);
+  });
+}
+
+std::shared_ptr<Work> NativeProcessGroup::gather(const TensorView& out, const TensorView& in,
+                                                 const GatherOptions& o) {
+  check_tensor(in, "gather", "the input");
+  check_root(o.root, "gather");
+  if (rank_ == o.root) {
+    check_tensor(out, "gather", "the output");
+    check_same_dtype(out, in, "gather");
+    if (out.numel != in.numel * size_)
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: gather: the root's output has {} elements; it needs size() x input = {}",
+          rank_, out.numel, in.numel * size_));
+  }
+  CollectiveCall call{CollectiveKind::kGather, in.dtype, ReduceOp::kSum, o.root, in.numel};
+  return submit(call, "linear", o.timeout, [out, in](CollectiveContext& ctx) {
+    algo::gather_linear(ctx, static_cast<std::byte*>(out.data),
+                        static_cast<const std::byte*>(in.data), in.nbytes());
+  });
+}
+
+std::shared_ptr<Work> NativeProcessGroup::scatter(const TensorView& out, const TensorView& in,
+                                                  const ScatterOptions& o) {
+  check_tensor(out, "scatter", "the output");
+  check_root(o.root, "scatter");
+  if (rank_ == o.root) {
+    check_tensor(in, "scatter", "the input");
+    check_same_dtype(out, in, "scatter");
+    if (in.numel != out.numel * size_)
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: scatter: the root's input has {} elements; it needs size() x output = {}",
+          rank_, in.numel, out.numel * size_));
+  }
+  CollectiveCall call{CollectiveKind::kScatter, out.dtype, ReduceOp::kSum, o.root, out.numel};
+  return submit(call, "linear", o.timeout, [out, in](CollectiveContext& ctx) {
+    algo::scatter_linear(ctx, static_cast<std::byte*>(out.data),
+                         static_cast<const std::byte*>(in.data), out.nbytes());
+  });
+}
+
+std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out, const TensorView& in,
+                                                         const ReduceScatterOptions& o) {
+  check_tensor(out, "reduce_scatter", "the output");
+  check_tensor(in, "reduce_scatter", "the input");
+  check_same_dtype(out, in, "reduce_scatter");
+  check_reduce_op(in.dtype, o.op);
+  if (in.numel != out.numel * size_)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: reduce_scatter: the input has {} elements; it needs size() x output = {} x {}",
+        rank_, in.numel, size_, out.numel));
+  CollectiveCall call{CollectiveKind::kReduceScatter, out.dtype, o.op, 0, out.numel};
+  auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_);
+  const int n = size_;
+  return submit(call, algo, o.timeout, [out, in, o, n](CollectiveContext& ctx) {
+    // Reduce a copy of the input in place (the caller's input stays as it was), in equal blocks.
+    const size_t bytes = in.nbytes();
+    std::vector<std::byte> work(bytes);
+    if (bytes > 0) std::memcpy(work.data(), in.data, bytes);
+    algo::reduce_scatter_ring(ctx, work.data(), in.numel);
+    const size_t block = out.nbytes();
+    if (block > 0) std::memcpy(out.data, work.data() + ctx.rank() * block, block);
+    if (o.op == ReduceOp::kAvg) scale_down(out.data, out.numel, out.dtype, static_cast<size_t>(n));
+  });
+}
+
+std::shared_ptr<Work> NativeProcessGroup::alltoall(const TensorView& out, const TensorView& in,
+                                                   const AlltoallOptions& o) {
+  check_tensor(out, "all_to_all", "the output");
+  check_tensor(in, "all_to_all", "the input");
+  check_same_dtype(out, in, "all_to_all");
+  if (in.numel != out.numel || in.numel % size_ != 0)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_to_all: input ({}) and output ({}) must have the same number of elements, "
+        "divisible by the group size {}",
+        rank_, in.numel, out.numel, size_));
+  std::vector<size_t> counts(size_, in.numel / size_);
+  CollectiveCall call{CollectiveKind::kAlltoall, in.dtype, ReduceOp::kSum, 0, in.numel};
+  return submit(call, "pairwise", o.timeout, [out, in, counts](CollectiveContext& ctx) {
+    const size_t block = counts[0] * ctx.element_size();
+    std::vector<size_t> offsets(ctx.size()), sizes(ctx.size(), block);
+    for (int i = 0; i < ctx.size(); ++i) offsets[i] = i * block;
+    algo::alltoall_pairwise(ctx, static_cast<std::byte*>(out.data), offsets, sizes,
+                            static_cast<const std::byte*>(in.data), offsets, sizes);
+  });
+}
+
+std::shared_ptr<Work> NativeProcessGroup::alltoallv(const TensorView& out,
+                                                    const std::vector<size_t>& out_counts,
+                                                    const TensorView& in,
+                                                    const std::vector<size_t>& in_counts,
+                                                    const AlltoallOptions& o) {
+  check_tensor(out, "all_to_all_v", "the output");
+  check_tensor(in, "all_to_all_v", "the input");
+  check_same_dtype(out, in, "all_to_all_v");
+  if (out_counts.size() != static_cast<size_t>(size_) || in_counts.size() != static_cast<size_t>(size_))
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_to_all_v: output_counts has {} and input_counts {} entries; both need one "
+        "per rank ({})", rank_, out_counts.size(), in_counts.size(), size_));
+  size_t out_total = 0, in_total = 0;
+  for (int i = 0; i < size_; ++i) {
+    out_total += out_counts[i];
+    in_total += in_counts[i];
+  }
+  if (out_total > out.numel || in_total > in.numel)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_to_all_v: the counts add up to {} output and {} input elements, but the "
+        "tensors have {} and {}", rank_, out_total, in_total, out.numel, in.numel));
+  if (out_counts[rank_] != in_counts[rank_])
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_to_all_v: this rank sends itself {} elements but expects {}", rank_,
+        in_counts[rank_], out_counts[rank_]));
+  CollectiveCall call{CollectiveKind::kAlltoallv, in.dtype, ReduceOp::kSum, 0, 0};
+  return submit(call, "pairwise", o.timeout, [out, in, out_counts, in_counts](CollectiveContext& ctx) {
+    const size_t elem = ctx.element_size();
+    auto layout = [&](const std::vector<size_t>& counts, std::vector<size_t>& offsets,
+                      std::vector<size_t>& sizes) {
+      size_t off = 0;
+      for (int i = 0; i < ctx.size(); ++i) {
+        offsets[i] = off;
+        sizes[i] = counts[i] * elem;
+        off += sizes[i];
+      }
+    };
+    std::vector<size_t> oo(ctx.size()), os(ctx.size()), io(ctx.size()), is(ctx.size());
+    layout(out_counts, oo, os);
+    layout(in_counts, io, is);
+    algo::alltoall_pairwise(ctx, static_cast<std::byte*>(out.data), oo, os,
+                            static_cast<const std::byte*>(in.data), io, is);
+  });
+}
+
+std::shared_ptr<Work> NativeProcessGroup::barrier(const BarrierOptions& o) {
+  CollectiveCall call{CollectiveKind::kBarrier, DType::kU8, ReduceOp::kSum, 0, 0};
+  auto algo = cost_model_.choose(call.kind, o.algorithm, 0, size_);
+  return submit(call, algo, o.timeout,
+                [](CollectiveContext& ctx) { algo::barrier_dissemination(ctx); });
+}
+
+std::shared_ptr<ProcessGroup> NativeProcessGroup::new_group(const std::vector<int>& ranks) {
+  std::set<int> seen;
+  for (int r : ranks) {
+    if (r < 0 || r >= size_)
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: new_group({}) names rank {}, but group {} has ranks 0..{}", rank_,
+          fmt::join(ranks, ", "), r, name_, size_ - 1));
+    if (!seen.insert(r).second)
+      throw InvalidArgumentError(fmt::format("rank {}: new_group({}) names rank {} twice", rank_,
+                                             fmt::join(ranks, ", "), r));
+  }
+  if (ranks.empty())
+    throw InvalidArgumentError(fmt::format("rank {}: new_group needs at least one rank", rank_));
+  uint32_t child;
+  {
+    std::lock_guard lock(mu_);
+    child = ++children_;
+  }
+  // Every rank of this group computes the same id: from this group's id, the call's ordinal
+  // and the member list. 0 is the world's.
+  const std::string key = fmt::format("{}/{}/{}", group_id_, child, fmt::join(ranks, ","));
+  uint32_t id = static_cast<uint32_t>(fnv1a(key) & 0xffffffu);
+  if (id == 0) id = 1;
+  if (!seen.count(rank_)) return nullptr;
+  std::vector<int> world;
+  for (int r : ranks) world.push_back(members_[r]);
+  auto name = fmt::format("{}.{}", name_, child);
+  return std::make_shared<NativeProcessGroup>(*this, std::move(world), id, std::move(name));
 }
 
 void NativeProcessGroup::abort(const std::string& reason) {
   DTRAIN_LOG_WARN("rank {}: group {} aborted: {}", rank_, name_, reason);
-  device_->abort(std::make_exception_ptr(AbortedError(
-      fmt::format("rank {}: group {} was aborted: {}", rank_, name_, reason))));
+  auto error = std::make_exception_ptr(
+      AbortedError(fmt::format("rank {}: group {} was aborted: {}", rank_, name_, reason)));
+  {
+    std::lock_guard lock(mu_);
+    if (!failure_) failure_ = error;
+  }
+  if (group_id_ == 0) {
+    device_->abort(error);
+  } else {
+    std::vector<int> peers;
+    for (int m : members_)
+      if (m != device_->rank()) peers.push_back(m);
+    device_->fail_group(group_id_, make_tag(TagSpace::kCollective, group_id_, 0), peers, error,
+                        fmt::format("rank {} aborted group {}: {}", rank_, name_, reason));
+  }
 }
 
 }  // namespace comm

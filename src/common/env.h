@@ -51,6 +51,12 @@ struct Var {
   X(kSocketAddr, "DTRAIN_SOCKET_ADDR", "", "Address this process publishes for its peers (default: the local address that routes to the store).") \
   X(kSpinUs, "DTRAIN_SPIN_US", "50", "Microseconds a waiting thread busy-polls before it sleeps (0 = never spin).") \
   X(kAgentStore, "DTRAIN_AGENT_STORE", "0", "1 when the launcher hosts the store at MASTER_ADDR:MASTER_PORT; 0 makes rank 0 host it.") \
+  X(kAlgo, "DTRAIN_ALGO", "", "Force collective algorithms: `ring`, or per collective `allreduce=halving_doubling,broadcast=tree` (see docs/algorithms.md).") \
+  X(kCostFile, "DTRAIN_COST_FILE", "", "JSON calibration of the cost model: {\"alpha_us\": 12, \"beta_gbps\": 4, \"gamma_gbps\": 12}.") \
+  X(kCostAlphaUs, "DTRAIN_COST_ALPHA_US", "", "Cost model: microseconds per message (overrides the file).") \
+  X(kCostBetaGbps, "DTRAIN_COST_BETA_GBPS", "", "Cost model: GB/s on the wire (overrides the file).") \
+  X(kCostGammaGbps, "DTRAIN_COST_GAMMA_GBPS", "", "Cost model: GB/s of reduction (overrides the file).") \
+  X(kStragglerSeconds, "DTRAIN_STRAGGLER_SECONDS", "30", "A collective waiting longer than this logs which ranks have not arrived.") \
   X(kLogLevel, "DTRAIN_LOG_LEVEL", "info", "trace, debug, info, warn, error or off.")
 
 #define DTRAIN_ENV_DECLARE(id, name, def, help) inline constexpr Var id{name, def, help};

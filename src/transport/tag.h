@@ -16,6 +16,8 @@ inline uint64_t make_tag(TagSpace space, uint32_t group_id, uint32_t value) {
          value;
 }
 
+inline uint32_t group_of(uint64_t tag) { return static_cast<uint32_t>(tag >> 32) & 0xffffffu; }
+
 inline std::string describe_tag(uint64_t tag) {
   auto space = static_cast<TagSpace>(tag >> 56);
   auto value = static_cast<uint32_t>(tag);

@@ -1,6 +1,7 @@
 // `dtrain env`: prints every environment variable dtrain reads, its default and its current
 // value, as the Markdown table docs/env.md holds (`dtrain env --markdown`).
 #include <cstdio>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -11,7 +12,8 @@ namespace dtrain::tools {
 
 CLI::App* add_env_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("env", "List the environment variables dtrain reads");
-  auto* markdown = cmd->add_flag("--markdown", "Print the table of docs/env.md");
+  auto markdown = std::make_shared<bool>(false);
+  cmd->add_flag("--markdown", *markdown, "Print the table of docs/env.md");
   cmd->callback([markdown] {
     if (*markdown) {
       fmt::print("| variable | default | meaning |\n|---|---|---|\n");

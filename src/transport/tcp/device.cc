@@ -21,7 +21,7 @@ std::string address_key(const std::string& group, int rank) {
 }  // namespace
 
 Device::Device(Store& store, const DeviceOptions& options)
-    : options_(options), loop_(std::make_shared<Loop>()) {
+    : options_(options), loop_(std::make_shared<Loop>([this] { process_notices(); })) {
   const int rank = options_.rank;
   const int size = options_.size;
   pairs_.resize(size);
@@ -64,8 +64,23 @@ Device::Device(Store& store, const DeviceOptions& options)
     net::Fd fd = peer < rank ? std::move(dialled[peer]) : std::move(accepted[peer]);
     std::string peer_addr = peer < rank ? store.get_string(address_key(options_.group_name, peer))
                                         : net::peer_name(fd.get());
-    PairOptions po{rank, peer, peer_addr, options_.group_name, options_.spin};
+    PairOptions po{rank, peer, peer_addr, options_.group_name, options_.spin,
+                   [this](uint64_t tag, int from, std::string text) {
+                     on_notice(tag, from, std::move(text));
+                   }};
     pairs_[peer] = std::make_shared<Pair>(loop_, std::move(fd), po);
+  }
+  // Nobody starts before everybody is connected: a fast rank must not run ahead, fail, and take
+  // the store (or itself) away from ranks still connecting.
+  const std::string joined = fmt::format("{}/connected", options_.group_name);
+  if (store.add(joined, 1) == size) store.set(joined + "/all", std::string_view("1"));
+  try {
+    store.wait({joined + "/all"}, deadline.remaining());
+  } catch (const TimeoutError&) {
+    throw TimeoutError(fmt::format(
+        "rank {}: group {} rendezvous: only {} of {} ranks finished connecting after {}; the "
+        "others are slow to start, or failed (see their logs)",
+        rank, options_.group_name, store.add(joined, 0), size, deadline.describe()));
   }
   DTRAIN_LOG_DEBUG("rank {}: group {} connected to {} peers in {:.1f} ms", rank,
                    options_.group_name, size - 1, deadline.elapsed().count() * 1.0);
@@ -108,6 +123,55 @@ void Device::accept_higher_ranks(int listen_fd, const Deadline& deadline,
     } catch (const Error& e) {
       DTRAIN_LOG_WARN("rank {}: dropped a connection during its handshake: {}", rank, e.what());
     }
+  }
+}
+
+void Device::register_group(uint32_t group_id, GroupHandlers handlers) {
+  std::lock_guard lock(groups_mu_);
+  groups_[group_id] = std::move(handlers);
+}
+
+void Device::unregister_group(uint32_t group_id) {
+  std::lock_guard lock(groups_mu_);
+  groups_.erase(group_id);
+}
+
+void Device::fail_group(uint32_t group_id, uint64_t tag, const std::vector<int>& peers,
+                        std::exception_ptr error, const std::string& text) {
+  for (auto& p : pairs_)
+    if (p) p->fail_group(group_id, error);
+  for (int peer : peers)
+    if (peer != options_.rank && pairs_[peer]) pairs_[peer]->send_group_failed(tag, text);
+}
+
+void Device::on_notice(uint64_t tag, int peer, std::string text) {
+  // Called with a pair's lock held: mark the group failed at once (that takes no pair lock),
+  // and leave failing its requests on the other pairs to the loop thread.
+  {
+    std::lock_guard lock(groups_mu_);
+    const uint32_t gid = static_cast<uint32_t>(tag >> 32) & 0xffffffu;
+    if (auto it = groups_.find(gid); it != groups_.end() && it->second.mark)
+      it->second.mark(std::make_exception_ptr(PeerFailureError(text)));
+    notices_.push_back({tag, peer, std::move(text)});
+  }
+  loop_->wake();
+}
+
+void Device::process_notices() {
+  std::vector<Notice> notices;
+  std::map<uint32_t, GroupHandlers> groups;
+  {
+    std::lock_guard lock(groups_mu_);
+    notices.swap(notices_);
+    groups = groups_;
+  }
+  for (auto& n : notices) {
+    const uint32_t gid = static_cast<uint32_t>(n.tag >> 32) & 0xffffffu;
+    auto error = std::make_exception_ptr(PeerFailureError(n.text));
+    for (auto& p : pairs_)
+      if (p) p->fail_group(gid, error);
+    if (auto it = groups.find(gid); it != groups.end() && it->second.handle)
+      it->second.handle(static_cast<uint32_t>(n.tag), error);
   }
 }
 

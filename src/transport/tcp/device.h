@@ -6,7 +6,10 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -44,7 +47,29 @@ class Device {
   // Fails every pending and future operation on every pair with `error`.
   void abort(std::exception_ptr error);
 
+  // Groups sharing this device (the world and its sub-groups, by group id) hear of failures
+  // reported by peers: `mark` at once (with a pair's lock held: it must only set state), then
+  // `handle` on the loop thread (free to talk to the store). seq is the failed collective's.
+  struct GroupHandlers {
+    std::function<void(std::exception_ptr)> mark;
+    std::function<void(uint32_t seq, std::exception_ptr)> handle;
+  };
+  void register_group(uint32_t group_id, GroupHandlers handlers);
+  void unregister_group(uint32_t group_id);
+  // The group failed on this rank: fail its requests on every pair here and tell `peers`
+  // (world ranks) why, so that they fail at once instead of waiting for their timeouts.
+  void fail_group(uint32_t group_id, uint64_t tag, const std::vector<int>& peers,
+                  std::exception_ptr error, const std::string& text);
+
  private:
+  struct Notice {
+    uint64_t tag;
+    int peer;
+    std::string text;
+  };
+  void on_notice(uint64_t tag, int peer, std::string text);
+  void process_notices();
+
   void accept_higher_ranks(int listen_fd, const Deadline& deadline,
                            std::vector<net::Fd>& accepted, std::string& failure);
 
@@ -52,6 +77,9 @@ class Device {
   std::string address_;  // host:port this device listens on, as published
   std::shared_ptr<Loop> loop_;
   std::vector<std::shared_ptr<Pair>> pairs_;  // indexed by peer rank; null for self
+  std::mutex groups_mu_;  // guards groups_ and notices_
+  std::map<uint32_t, GroupHandlers> groups_;
+  std::vector<Notice> notices_;
 };
 
 }  // namespace dtrain::transport::tcp

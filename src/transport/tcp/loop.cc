@@ -15,8 +15,9 @@
 
 namespace dtrain::transport::tcp {
 
-Loop::Loop()
-    : epoll_(::epoll_create1(EPOLL_CLOEXEC)), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+Loop::Loop(std::function<void()> on_wake)
+    : on_wake_(std::move(on_wake)),
+      epoll_(::epoll_create1(EPOLL_CLOEXEC)), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   if (!epoll_.valid() || !wake_.valid())
     throw InternalError(fmt::format("cannot create the event loop: {}", std::strerror(errno)));
   epoll_event ev{};
@@ -31,9 +32,13 @@ Loop::~Loop() { stop(); }
 void Loop::stop() {
   if (!thread_.joinable()) return;
   thread_.request_stop();
+  wake();
+  thread_.join();
+}
+
+void Loop::wake() {
   uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
-  thread_.join();
 }
 
 void Loop::arm(Pair* pair, int fd, uint32_t events) {
@@ -58,7 +63,12 @@ void Loop::run(std::stop_token stop) {
       return;
     }
     for (int i = 0; i < n; ++i) {
-      if (events[i].data.ptr == nullptr) continue;  // wake-up: the loop condition decides
+      if (events[i].data.ptr == nullptr) {  // wake-up
+        uint64_t count = 0;
+        [[maybe_unused]] ssize_t r = ::read(wake_.get(), &count, sizeof(count));
+        if (!stop.stop_requested() && on_wake_) on_wake_();
+        continue;
+      }
       static_cast<Pair*>(events[i].data.ptr)->on_event(events[i].events);
     }
   }

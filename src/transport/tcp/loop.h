@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <thread>
 
 #include "common/socket.h"
@@ -14,7 +15,8 @@ class Pair;
 
 class Loop {
  public:
-  Loop();
+  // on_wake runs on the loop thread after every wake() (and never after stop()).
+  explicit Loop(std::function<void()> on_wake = {});
   ~Loop();  // stops and joins the thread
   Loop(const Loop&) = delete;
   Loop& operator=(const Loop&) = delete;
@@ -23,10 +25,12 @@ class Loop {
   void arm(Pair* pair, int fd, uint32_t events);
   void remove(int fd);
   void stop();
+  void wake();
 
  private:
   void run(std::stop_token stop);
 
+  std::function<void()> on_wake_;
   net::Fd epoll_;
   net::Fd wake_;  // eventfd that interrupts epoll_wait on stop()
   std::jthread thread_;

@@ -12,6 +12,8 @@ inline constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 40;
 
 // flags
 inline constexpr uint32_t kFrameGoodbye = 1;  // the sender is closing its group on purpose
+// The payload is a UTF-8 explanation: the group of the frame's tag failed on the sender.
+inline constexpr uint32_t kFrameGroupFailed = 2;
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;

@@ -1,5 +1,6 @@
 #include "transport/tcp/pair.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -21,6 +22,8 @@ namespace dtrain::transport::tcp {
 namespace {
 
 constexpr size_t kMaxIov = 64;
+// Where an arriving group-failed notice is kept while its text is read (no data tag is 0).
+constexpr uint64_t kControlQueue = 0;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -108,10 +111,8 @@ std::shared_ptr<Request> Pair::isend(uint64_t tag, const void* data, size_t size
   r->header.aux = aux;
   std::lock_guard lock(mu_);
   r->seq = ++send_seq_;
-  if (broken_) {
-    r->completion.fail(make_error(
-        kind_of(broken_), fmt::format("rank {}: {} cannot start: {}", options_.self_rank,
-                                      r->describe(), message_of(broken_))));
+  if (auto e = refuse_locked(*r)) {
+    r->completion.fail(e);
     return r;
   }
   send_queue_.push_back(r);
@@ -120,8 +121,10 @@ std::shared_ptr<Request> Pair::isend(uint64_t tag, const void* data, size_t size
   return r;
 }
 
-std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Deadline deadline) {
+std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Deadline deadline,
+                                     uint64_t expected_aux) {
   auto r = std::make_shared<Request>();
+  r->expected_aux = expected_aux;
   r->kind = Request::Kind::kRecv;
   r->tag = tag;
   r->data = static_cast<std::byte*>(data);
@@ -130,6 +133,10 @@ std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Dead
   r->pair = shared_from_this();
   std::lock_guard lock(mu_);
   r->seq = ++recv_seq_;
+  if (failed_groups_.count(group_of(tag))) {
+    r->completion.fail(refuse_locked(*r));
+    return r;
+  }
   // A message with this tag may already be here (or arriving): the stream is sequential, so
   // only the newest unexpected message can still be incomplete. Messages that arrived before
   // the connection closed are still delivered.
@@ -147,25 +154,114 @@ std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Dead
       return r;
     }
   }
-  if (broken_) {
-    r->completion.fail(make_error(
-        kind_of(broken_), fmt::format("rank {}: {} cannot start: {}", options_.self_rank,
-                                      r->describe(), message_of(broken_))));
+  if (auto e = refuse_locked(*r)) {
+    r->completion.fail(e);
     return r;
   }
   posted_[tag].push_back(r);
   return r;
 }
 
-void Pair::deliver_unexpected(Unexpected& u, Request& r) {
-  if (u.data.size() != r.size) {
+std::exception_ptr Pair::refuse_locked(const Request& r) const {
+  // A group's own failure explains more than the connection closing after it.
+  std::exception_ptr cause = broken_;
+  if (auto it = failed_groups_.find(group_of(r.tag)); it != failed_groups_.end()) cause = it->second;
+  if (!cause) return nullptr;
+  return make_error(kind_of(cause), fmt::format("rank {}: {} cannot start: {}", options_.self_rank,
+                                                r.describe(), message_of(cause)));
+}
+
+void Pair::send_group_failed(uint64_t tag, std::string text) {
+  auto r = std::make_shared<Request>();
+  r->kind = Request::Kind::kSend;
+  r->tag = tag;
+  r->owned = std::move(text);
+  r->data = reinterpret_cast<std::byte*>(r->owned.data());
+  r->size = r->owned.size();
+  r->deadline = Deadline::after(std::chrono::seconds(5));
+  r->pair = shared_from_this();
+  r->header.tag = tag;
+  r->header.size = r->size;
+  r->header.flags = kFrameGroupFailed;
+  std::lock_guard lock(mu_);
+  if (broken_) return;
+  r->seq = ++send_seq_;
+  send_queue_.push_back(r);
+  // The failing process may exit right after this: push the notice (and a message cut short
+  // ahead of it) onto the wire now, for up to a fraction of a second.
+  const Deadline flush = Deadline::after(std::chrono::milliseconds(250));
+  for (;;) {
+    progress_send_locked();
+    if (send_queue_.empty() || broken_ || r->completion.done() || flush.expired()) break;
+    pollfd p{fd_.get(), POLLOUT, 0};
+    ::poll(&p, 1, flush.poll_ms());
+  }
+  rearm_locked();
+}
+
+void Pair::fail_group(uint32_t group_id, std::exception_ptr error) {
+  std::lock_guard lock(mu_);
+  fail_group_locked(group_id, std::move(error));
+}
+
+void Pair::fail_group_locked(uint32_t group_id, std::exception_ptr error) {
+  if (failed_groups_.count(group_id)) return;
+  failed_groups_[group_id] = error;
+  const std::string cause = message_of(error);
+  const ErrorKind kind = kind_of(error);
+  auto fail = [&](Request& r) {
+    r.completion.fail(make_error(kind, fmt::format("rank {}: {} failed: {}", options_.self_rank,
+                                                   r.describe(), cause)));
+  };
+  // Sends already on the wire finish (the stream must stay whole); queued ones are dropped.
+  for (auto it = send_queue_.begin(); it != send_queue_.end();) {
+    Request& r = **it;
+    if (group_of(r.tag) == group_id && r.header_done == 0 && !(r.header.flags & kFrameGroupFailed)) {
+      fail(r);
+      it = send_queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = posted_.begin(); it != posted_.end();) {
+    if (group_of(it->first) == group_id) {
+      for (auto& r : it->second) fail(*r);
+      it = posted_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& [tag, q] : unexpected_)
+    for (auto& u : q)
+      if (u->claimant && group_of(tag) == group_id) {
+        fail(*u->claimant);
+        u->claimant.reset();
+      }
+}
+
+bool Pair::reject_frame(Request& r, uint64_t size, uint64_t aux) {
+  if (r.expected_aux != 0 && aux != r.expected_aux) {
+    r.received_aux = aux;
+    r.completion.fail(make_error(
+        ErrorKind::kInvalidArgument,
+        fmt::format("rank {}: {} does not match: rank {} sent a message of another call "
+                    "(fingerprint 0x{:016x}, expected 0x{:016x})",
+                    options_.self_rank, r.describe(), options_.peer_rank, aux, r.expected_aux)));
+    return true;
+  }
+  if (size != r.size) {
     r.completion.fail(make_error(
         ErrorKind::kInvalidArgument,
         fmt::format("rank {}: {} does not match: rank {} sent {} bytes with this tag; make the "
                     "receive the same size as the send",
-                    options_.self_rank, r.describe(), options_.peer_rank, u.data.size())));
-    return;
+                    options_.self_rank, r.describe(), options_.peer_rank, size)));
+    return true;
   }
+  return false;
+}
+
+void Pair::deliver_unexpected(Unexpected& u, Request& r) {
+  if (reject_frame(r, u.data.size(), u.aux)) return;
   if (r.size > 0) std::memcpy(r.data, u.data.data(), r.size);
   r.done = r.size;
   r.completion.succeed();
@@ -320,16 +416,32 @@ void Pair::on_frame_header_locked() {
                     peer_text())));
     return;
   }
+  if (h.flags & kFrameGroupFailed) {
+    if (h.size > (uint64_t{1} << 20)) {
+      fail_locked(make_error(ErrorKind::kPeerFailure,
+                             fmt::format("{} sent a group-failed notice of {} bytes; the stream is "
+                                         "corrupt", peer_text(), h.size)));
+      return;
+    }
+    auto u = std::make_unique<Unexpected>();
+    u->tag = h.tag;
+    u->control = true;
+    u->data.resize(h.size);
+    rx_unexpected_ = u.get();
+    rx_state_ = RxState::kIntoUnexpected;
+    unexpected_[kControlQueue].push_back(std::move(u));
+    if (h.size == 0) {
+      rx_state_ = RxState::kHeader;
+      finish_unexpected_locked(*rx_unexpected_);
+      rx_unexpected_ = nullptr;
+    }
+    return;
+  }
   if (auto it = posted_.find(h.tag); it != posted_.end()) {
     std::shared_ptr<Request> r = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) posted_.erase(it);
-    if (r->size != h.size) {
-      r->completion.fail(make_error(
-          ErrorKind::kInvalidArgument,
-          fmt::format("rank {}: {} does not match: rank {} sent {} bytes with this tag; make the "
-                      "receive the same size as the send",
-                      options_.self_rank, r->describe(), options_.peer_rank, h.size)));
+    if (reject_frame(*r, h.size, h.aux)) {
       rx_discard_left_ = h.size;
       rx_state_ = h.size > 0 ? RxState::kDiscard : RxState::kHeader;
       return;
@@ -345,6 +457,7 @@ void Pair::on_frame_header_locked() {
   }
   auto u = std::make_unique<Unexpected>();
   u->tag = h.tag;
+  u->aux = h.aux;
   u->data.resize(h.size);
   Unexpected* raw = u.get();
   unexpected_[h.tag].push_back(std::move(u));
@@ -354,6 +467,19 @@ void Pair::on_frame_header_locked() {
 }
 
 void Pair::finish_unexpected_locked(Unexpected& u) {
+  if (u.control) {
+    auto& q = unexpected_[kControlQueue];
+    DTRAIN_CHECK(!q.empty() && q.front().get() == &u);
+    std::string text(reinterpret_cast<const char*>(u.data.data()), u.data.size());
+    uint64_t tag = u.tag;
+    q.pop_front();
+    unexpected_.erase(kControlQueue);
+    // Fail this pair's requests of the group now, before a close that may follow the notice on
+    // the same stream; the device then fails them on the other pairs.
+    fail_group_locked(group_of(tag), make_error(ErrorKind::kPeerFailure, text));
+    if (options_.on_group_failed) options_.on_group_failed(tag, options_.peer_rank, std::move(text));
+    return;
+  }
   if (!u.claimant) return;  // stays until a receive with its tag is posted
   std::shared_ptr<Request> r = std::move(u.claimant);
   auto it = unexpected_.find(u.tag);
@@ -467,21 +593,43 @@ void Pair::cancel_locked(Request& r, const std::string& why) {
                          text + "; the connection is closed because a message was cut short"));
 }
 
+void Pair::begin_spin() { spinners_.fetch_add(1); }
+
+void Pair::end_spin() {
+  std::lock_guard lock(mu_);
+  spinners_.fetch_sub(1);
+  rearm_locked();
+}
+
+void Pair::cancel(Request& r, const std::string& why) {
+  std::lock_guard lock(mu_);
+  cancel_locked(r, why);
+}
+
 void Pair::wait(Request& r, const Deadline& deadline) {
-  if (!r.completion.done() && options_.spin.count() > 0) {
-    // Spin, then yield, then sleep: lowest latency when the peer is quick, and no lost cores
-    // when processes outnumber them.
-    spinners_.fetch_add(1);
+  Request* requests[] = {&r};
+  Pair* pairs[] = {this};
+  wait_requests(requests, pairs, deadline);
+}
+
+void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pairs,
+                   const Deadline& deadline) {
+  auto all_done = [&] {
+    for (Request* r : requests)
+      if (!r->completion.done()) return false;
+    return true;
+  };
+  const auto spin = pairs.empty() ? std::chrono::microseconds(0) : pairs[0]->spin();
+  if (!all_done() && spin.count() > 0) {
+    // Spin, then yield, then sleep: lowest latency when the peers are quick, and no lost cores
+    // when processes outnumber them. While spinning, the pairs stay out of the event loop.
+    for (Pair* p : pairs) p->begin_spin();
     const auto start = Clock::now();
-    const auto spin_end = start + options_.spin;
-    const auto yield_end = spin_end + options_.spin;
-    const auto stop = std::min(yield_end, deadline.at());
+    const auto spin_end = start + spin;
+    const auto stop = std::min(spin_end + spin, deadline.at());
     for (;;) {
-      if (mu_.try_lock()) {
-        progress_locked();
-        mu_.unlock();
-      }
-      if (r.completion.done()) break;
+      for (Pair* p : pairs) p->try_progress();
+      if (all_done()) break;
       auto now = Clock::now();
       if (now >= stop) break;
       if (now >= spin_end) {
@@ -490,20 +638,20 @@ void Pair::wait(Request& r, const Deadline& deadline) {
         for (int i = 0; i < 16; ++i) cpu_relax();
       }
     }
-    std::lock_guard lock(mu_);
-    spinners_.fetch_sub(1);
-    rearm_locked();
+    for (Pair* p : pairs) p->end_spin();
   }
-  while (!r.completion.done() && !deadline.expired()) {
-    // Bounded slices keep a "never" deadline from overflowing the clock arithmetic.
-    auto slice = Clock::now() + std::chrono::seconds(1);
-    r.completion.wait_until(std::min(slice, deadline.at()));
+  for (Request* r : requests) {
+    while (!r->completion.done() && !deadline.expired()) {
+      // Bounded slices keep a "never" deadline from overflowing the clock arithmetic.
+      auto slice = Clock::now() + std::chrono::seconds(1);
+      r->completion.wait_until(std::min(slice, deadline.at()));
+    }
   }
-  if (!r.completion.done()) {
-    std::lock_guard lock(mu_);
-    cancel_locked(r, fmt::format("timed out after {}", deadline.describe()));
-  }
-  if (auto e = r.completion.error()) std::rethrow_exception(e);
+  for (Request* r : requests)
+    if (!r->completion.done())
+      r->pair->cancel(*r, fmt::format("timed out after {}", deadline.describe()));
+  for (Request* r : requests)
+    if (auto e = r->completion.error()) std::rethrow_exception(e);
 }
 
 }  // namespace dtrain::transport::tcp

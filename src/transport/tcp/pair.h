@@ -19,8 +19,10 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -43,6 +45,7 @@ struct Request {
   std::byte* data = nullptr;
   size_t size = 0;
   uint64_t seq = 0;  // n-th send (or receive) on this pair, from 1
+  std::string owned;  // sends: a payload the request carries itself (control messages)
   Deadline deadline = Deadline::never();
   Completion completion;
 
@@ -51,6 +54,8 @@ struct Request {
   size_t header_done = 0;   // sends: frame bytes written
   size_t done = 0;          // payload bytes moved
   bool matched = false;     // receives: an incoming frame is being read into this request
+  uint64_t expected_aux = 0;  // receives: fail unless the frame's aux equals this (0 = any)
+  uint64_t received_aux = 0;  // receives: the aux of a frame that did not match
 
   std::shared_ptr<Pair> pair;
 
@@ -64,6 +69,9 @@ struct PairOptions {
   std::string peer_address;       // "host:port" the peer listens on, for error messages
   std::string group_name;         // for error messages
   std::chrono::microseconds spin{50};  // busy-poll before sleeping
+  // Called (with this pair's lock held: it must not call back into pairs) when the peer reports
+  // that a group failed on its side.
+  std::function<void(uint64_t tag, int peer, std::string text)> on_group_failed;
 };
 
 class Pair : public std::enable_shared_from_this<Pair> {
@@ -76,11 +84,24 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // Starts a send or receive; the buffer must stay valid until the request completes.
   std::shared_ptr<Request> isend(uint64_t tag, const void* data, size_t size, Deadline deadline,
                                  uint64_t aux = 0);
-  std::shared_ptr<Request> irecv(uint64_t tag, void* data, size_t size, Deadline deadline);
+  // Tells the peer that the group of `tag` failed here, and why; fire and forget.
+  void send_group_failed(uint64_t tag, std::string text);
+  // Fails the requests of one group (by the group id of their tags) that have not started, and
+  // every later one of that group; other groups on the pair go on.
+  void fail_group(uint32_t group_id, std::exception_ptr error);
+  std::shared_ptr<Request> irecv(uint64_t tag, void* data, size_t size, Deadline deadline,
+                                 uint64_t expected_aux = 0);
 
   // Waits for the request until `deadline`; on expiry the request is cancelled and fails with
   // TimeoutError. Rethrows the request's error.
   void wait(Request& request, const Deadline& deadline);
+  // Fails the request with TimeoutError(why) if it has not finished; a request cut short in the
+  // middle of a message closes the connection.
+  void cancel(Request& request, const std::string& why);
+  // A thread busy-polls this pair between begin_spin() and end_spin(); the loop stays away.
+  void begin_spin();
+  void end_spin();
+  std::chrono::microseconds spin() const { return options_.spin; }
   // Moves whatever bytes the socket allows now, without blocking; false if another thread is
   // already doing it.
   bool try_progress();
@@ -100,10 +121,12 @@ class Pair : public std::enable_shared_from_this<Pair> {
  private:
   struct Unexpected {
     uint64_t tag = 0;
+    uint64_t aux = 0;
     std::vector<std::byte> data;
     size_t done = 0;
     bool complete() const { return done == data.size(); }
     std::shared_ptr<Request> claimant;  // a receive posted while the message was still arriving
+    bool control = false;               // a group-failed notice, not data
   };
   enum class RxState : uint8_t { kHeader, kIntoRequest, kIntoUnexpected, kDiscard };
 
@@ -113,11 +136,16 @@ class Pair : public std::enable_shared_from_this<Pair> {
   void on_frame_header_locked();
   void finish_unexpected_locked(Unexpected& u);
   void deliver_unexpected(Unexpected& u, Request& r);
+  // Fails r if a frame of `size` bytes with `aux` cannot go into it; true when it failed.
+  bool reject_frame(Request& r, uint64_t size, uint64_t aux);
   void fail_locked(std::exception_ptr error);
+  void fail_group_locked(uint32_t group_id, std::exception_ptr error);
   void rearm_locked();
   void cancel_locked(Request& r, const std::string& why);
   std::string peer_text() const;
   std::exception_ptr connection_error(const std::string& what, int err) const;
+  // The error a new request must fail with at once, or null.
+  std::exception_ptr refuse_locked(const Request& r) const;
 
   std::shared_ptr<Loop> loop_;  // shared: requests may keep a pair alive past its device
   net::Fd fd_;
@@ -125,6 +153,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
 
   std::mutex mu_;  // guards everything below, the socket's read and write streams included
   std::exception_ptr broken_;
+  std::unordered_map<uint32_t, std::exception_ptr> failed_groups_;
   Clock::time_point broken_at_;
   uint64_t send_seq_ = 0;
   uint64_t recv_seq_ = 0;
@@ -142,5 +171,11 @@ class Pair : public std::enable_shared_from_this<Pair> {
 
   std::atomic<int> spinners_{0};  // threads busy-polling this pair right now
 };
+
+// Waits until every request has finished, busy-polling `pairs` first (those whose progress the
+// requests need), then sleeping while the event loop moves bytes. At the deadline the unfinished
+// requests are cancelled. Rethrows the first error, in request order.
+void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pairs,
+                   const Deadline& deadline);
 
 }  // namespace dtrain::transport::tcp

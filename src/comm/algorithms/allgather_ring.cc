@@ -1,0 +1,25 @@
+// Ring all-gather: in step s every rank sends the block it received in step s-1 (its own at
+// s = 0) to its right neighbour and receives the next from its left; after N-1 steps every rank
+// has every block. Blocks may differ in size (all-gather-v).
+//
+// Cost: (N-1) alpha + (N-1)/N M beta, M the gathered size. Bandwidth-optimal.
+#include <vector>
+
+#include "comm/algorithms/algorithms.h"
+
+namespace dtrain::comm::algo {
+
+void allgather_ring(CollectiveContext& ctx, std::byte* out, const std::vector<size_t>& offsets,
+                    const std::vector<size_t>& sizes) {
+  const int n = ctx.size(), r = ctx.rank();
+  if (n == 1) return;
+  const int right = (r + 1) % n, left = (r - 1 + n) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_block = (r - s + n) % n;
+    const int recv_block = (r - s - 1 + n) % n;
+    ctx.send_recv(right, out + offsets[send_block], sizes[send_block], left,
+                  out + offsets[recv_block], sizes[recv_block]);
+  }
+}
+
+}  // namespace dtrain::comm::algo

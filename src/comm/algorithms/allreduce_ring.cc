@@ -1,0 +1,101 @@
+// Ring all-reduce: a ring reduce-scatter followed by a ring all-gather (Patarasuk & Yuan).
+//
+// The buffer is cut into N segments. In N-1 reduce-scatter steps each rank sends one segment to
+// its right neighbour and reduces the one arriving from its left, so that rank r ends with
+// segment r fully reduced; in N-1 all-gather steps the reduced segments travel once around the
+// ring. Segments move in chunks, and a chunk is forwarded as soon as it is reduced (or, in the
+// all-gather, as soon as it arrives), so sending, receiving and reducing overlap.
+//
+// Cost: 2(N-1) alpha + 2(N-1)/N M beta + (N-1)/N M gamma. Bandwidth-optimal; the latency term
+// grows with N, so small messages prefer recursive doubling.
+#include <algorithm>
+
+#include "comm/algorithms/algorithms.h"
+#include "common/reduce.h"
+
+namespace dtrain::comm::algo {
+namespace {
+
+constexpr size_t kChunkBytes = size_t{256} << 10;
+
+struct Chunk {
+  size_t offset;  // elements
+  size_t count;
+};
+
+std::vector<Chunk> chunks_of(Segment s, size_t elem) {
+  std::vector<Chunk> out;
+  const size_t per = std::max<size_t>(1, kChunkBytes / elem);
+  for (size_t off = 0; off < s.count; off += per)
+    out.push_back({s.offset + off, std::min(per, s.count - off)});
+  if (out.empty()) out.push_back({s.offset, 0});
+  return out;
+}
+
+}  // namespace
+
+Segment segment(size_t count, int parts, int i) {
+  const size_t base = count / parts, extra = count % parts;
+  const size_t idx = static_cast<size_t>(i);
+  return {idx * base + std::min(idx, extra), base + (idx < extra ? 1 : 0)};
+}
+
+void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count) {
+  const int n = ctx.size(), r = ctx.rank();
+  if (n == 1) return;
+  const size_t elem = ctx.element_size();
+  const int right = (r + 1) % n, left = (r - 1 + n) % n;
+  auto seg = [&](int i) { return segment(count, n, ((i % n) + n) % n); };
+  const size_t max_seg_bytes = segment(count, n, 0).count * elem;
+  std::byte* scratch = ctx.scratch(2 * max_seg_bytes);
+
+  // Step s sends segment r-s-1 and receives segment r-s-2; after N-1 steps segment r is done.
+  std::vector<CollectiveContext::RequestPtr> sends;
+  for (const Chunk& c : chunks_of(seg(r - 1), elem))
+    sends.push_back(ctx.send(right, data + c.offset * elem, c.count * elem));
+  for (int s = 0; s < n - 1; ++s) {
+    const Segment in_seg = seg(r - s - 2);
+    std::byte* buf = scratch + (s % 2) * max_seg_bytes;
+    std::vector<CollectiveContext::RequestPtr> recvs;
+    const auto chunks = chunks_of(in_seg, elem);
+    for (const Chunk& c : chunks)
+      recvs.push_back(ctx.recv(left, buf + (c.offset - in_seg.offset) * elem, c.count * elem));
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      ctx.wait(recvs[i]);
+      const Chunk& c = chunks[i];
+      reduce_into(data + c.offset * elem, buf + (c.offset - in_seg.offset) * elem, c.count,
+                  ctx.call().dtype, ctx.call().op);
+      // The reduced chunk is what the next step sends: forward it at once.
+      if (s + 1 < n - 1) sends.push_back(ctx.send(right, data + c.offset * elem, c.count * elem));
+    }
+  }
+  ctx.wait(sends);
+}
+
+void allreduce_ring(CollectiveContext& ctx, std::byte* data, size_t count) {
+  const int n = ctx.size(), r = ctx.rank();
+  if (n == 1) return;
+  reduce_scatter_ring(ctx, data, count);
+  const size_t elem = ctx.element_size();
+  const int right = (r + 1) % n, left = (r - 1 + n) % n;
+  auto seg = [&](int i) { return segment(count, n, ((i % n) + n) % n); };
+
+  // All-gather: step s sends segment r-s and receives r-s-1, forwarding each chunk on arrival.
+  std::vector<CollectiveContext::RequestPtr> sends;
+  for (const Chunk& c : chunks_of(seg(r), elem))
+    sends.push_back(ctx.send(right, data + c.offset * elem, c.count * elem));
+  for (int s = 0; s < n - 1; ++s) {
+    const auto chunks = chunks_of(seg(r - s - 1), elem);
+    std::vector<CollectiveContext::RequestPtr> recvs;
+    for (const Chunk& c : chunks)
+      recvs.push_back(ctx.recv(left, data + c.offset * elem, c.count * elem));
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      ctx.wait(recvs[i]);
+      if (s + 1 < n - 1)
+        sends.push_back(ctx.send(right, data + chunks[i].offset * elem, chunks[i].count * elem));
+    }
+  }
+  ctx.wait(sends);
+}
+
+}  // namespace dtrain::comm::algo

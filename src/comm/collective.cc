@@ -1,0 +1,147 @@
+#include "comm/collective.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/check.h"
+#include "dtrain/error.h"
+
+namespace dtrain::comm {
+namespace {
+
+constexpr int kKindBits = 5, kDtypeBits = 4, kOpBits = 4, kRootBits = 13, kCountBits = 38;
+constexpr int kCountShift = 0;
+constexpr int kRootShift = kCountShift + kCountBits;
+constexpr int kOpShift = kRootShift + kRootBits;
+constexpr int kDtypeShift = kOpShift + kOpBits;
+constexpr int kKindShift = kDtypeShift + kDtypeBits;
+static_assert(kKindShift + kKindBits == 64);
+
+constexpr uint64_t mask(int bits) { return (uint64_t{1} << bits) - 1; }
+
+bool has_op(CollectiveKind k) {
+  return k == CollectiveKind::kAllreduce || k == CollectiveKind::kReduce ||
+         k == CollectiveKind::kReduceScatter;
+}
+bool has_root(CollectiveKind k) {
+  return k == CollectiveKind::kBroadcast || k == CollectiveKind::kReduce ||
+         k == CollectiveKind::kGather || k == CollectiveKind::kScatter;
+}
+
+}  // namespace
+
+std::string_view to_string(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kAllreduce: return "all_reduce";
+    case CollectiveKind::kReduce: return "reduce";
+    case CollectiveKind::kAllgather: return "all_gather";
+    case CollectiveKind::kAllgatherv: return "all_gather_v";
+    case CollectiveKind::kGather: return "gather";
+    case CollectiveKind::kScatter: return "scatter";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAlltoall: return "all_to_all";
+    case CollectiveKind::kAlltoallv: return "all_to_all_v";
+    case CollectiveKind::kBarrier: return "barrier";
+  }
+  return "unknown collective";
+}
+
+uint64_t CollectiveCall::fingerprint() const {
+  return (uint64_t{static_cast<uint8_t>(kind)} & mask(kKindBits)) << kKindShift |
+         (uint64_t{static_cast<uint8_t>(dtype)} & mask(kDtypeBits)) << kDtypeShift |
+         (uint64_t{static_cast<uint8_t>(op)} & mask(kOpBits)) << kOpShift |
+         (static_cast<uint64_t>(root) & mask(kRootBits)) << kRootShift |
+         (count & mask(kCountBits)) << kCountShift;
+}
+
+CollectiveCall CollectiveCall::from_fingerprint(uint64_t fp) {
+  CollectiveCall c;
+  c.kind = static_cast<CollectiveKind>((fp >> kKindShift) & mask(kKindBits));
+  c.dtype = static_cast<DType>((fp >> kDtypeShift) & mask(kDtypeBits));
+  c.op = static_cast<ReduceOp>((fp >> kOpShift) & mask(kOpBits));
+  c.root = static_cast<int>((fp >> kRootShift) & mask(kRootBits));
+  c.count = (fp >> kCountShift) & mask(kCountBits);
+  return c;
+}
+
+std::string CollectiveCall::describe() const {
+  if (kind == CollectiveKind::kBarrier) return "barrier()";
+  std::string s = fmt::format("{}({}", to_string(kind), to_string(dtype));
+  if (kind != CollectiveKind::kAllgatherv && kind != CollectiveKind::kAlltoallv)
+    s += fmt::format(", {}", count);
+  if (has_op(kind)) s += fmt::format(", {}", to_string(op));
+  if (has_root(kind)) s += fmt::format(", root {}", root);
+  return s + ")";
+}
+
+CollectiveContext::CollectiveContext(int rank, int size, std::vector<transport::tcp::Pair*> pairs,
+                                     uint64_t tag, const CollectiveCall& call, Deadline deadline,
+                                     std::string group_name, uint32_t seq)
+    : rank_(rank),
+      size_(size),
+      pairs_(std::move(pairs)),
+      tag_(tag),
+      call_(call),
+      deadline_(deadline),
+      group_name_(std::move(group_name)),
+      seq_(seq) {}
+
+std::string CollectiveContext::where() const {
+  return fmt::format("collective #{} of group {}", seq_, group_name_);
+}
+
+transport::tcp::Pair* CollectiveContext::pair(int peer) const {
+  DTRAIN_CHECK(peer >= 0 && peer < size_ && peer != rank_ && pairs_[peer] != nullptr);
+  return pairs_[peer];
+}
+
+void CollectiveContext::touch(transport::tcp::Pair* p) {
+  if (std::find(active_.begin(), active_.end(), p) == active_.end()) active_.push_back(p);
+}
+
+CollectiveContext::RequestPtr CollectiveContext::send(int peer, const void* data, size_t bytes) {
+  auto* p = pair(peer);
+  touch(p);
+  return p->isend(tag_, data, bytes, deadline_, call_.fingerprint());
+}
+
+CollectiveContext::RequestPtr CollectiveContext::recv(int peer, void* data, size_t bytes) {
+  auto* p = pair(peer);
+  touch(p);
+  return p->irecv(tag_, data, bytes, deadline_, call_.fingerprint());
+}
+
+void CollectiveContext::wait(std::span<const RequestPtr> requests) {
+  std::vector<transport::tcp::Request*> raw;
+  raw.reserve(requests.size());
+  for (const auto& r : requests) raw.push_back(r.get());
+  try {
+    transport::tcp::wait_requests(raw, active_, deadline_);
+  } catch (const InvalidArgumentError&) {
+    for (auto* r : raw) {
+      if (r->received_aux == 0) continue;
+      CollectiveCall theirs = CollectiveCall::from_fingerprint(r->received_aux);
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: {}: rank {} called {} while this rank called {}; every rank of a group must "
+          "call the same collectives in the same order with the same arguments",
+          rank_, where(), r->pair->peer_rank(), theirs.describe(), call_.describe()));
+    }
+    throw;
+  }
+}
+
+void CollectiveContext::send_recv(int to, const void* out, size_t out_bytes, int from, void* in,
+                                  size_t in_bytes) {
+  RequestPtr rs[2] = {recv(from, in, in_bytes), send(to, out, out_bytes)};
+  wait(rs);
+}
+
+std::byte* CollectiveContext::scratch(size_t bytes) {
+  DTRAIN_CHECK(scratch_ != nullptr);
+  if (scratch_->size() < bytes) scratch_->resize(bytes);
+  return scratch_->data();
+}
+
+}  // namespace dtrain::comm

@@ -1,0 +1,103 @@
+// What one collective call is, and the context its algorithm runs in.
+//
+// Every message of a collective carries the call's fingerprint (kind, dtype, op, root, count) in
+// the frame's aux field, free of charge: a receiver whose own call differs fails at once with a
+// message naming both calls instead of hanging or reducing garbage.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "dtrain/reduce_op.h"
+#include "dtrain/tensor.h"
+#include "transport/tcp/pair.h"
+
+namespace dtrain::comm {
+
+enum class CollectiveKind : uint8_t {
+  kBroadcast = 1,
+  kAllreduce,
+  kReduce,
+  kAllgather,
+  kAllgatherv,
+  kGather,
+  kScatter,
+  kReduceScatter,
+  kAlltoall,
+  kAlltoallv,
+  kBarrier,
+};
+std::string_view to_string(CollectiveKind kind);
+
+struct CollectiveCall {
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  DType dtype = DType::kU8;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  uint64_t count = 0;  // elements per rank as the collective defines it (0 for the v-forms)
+
+  // 64 bits: kind 5 | dtype 4 | op 4 | root 13 | count 38 (values beyond a field are folded).
+  uint64_t fingerprint() const;
+  static CollectiveCall from_fingerprint(uint64_t fp);
+  // "all_reduce(f32, 1024, sum)", "broadcast(f32, 4096, root 0)"
+  std::string describe() const;
+};
+
+// Thrown when a peer's message carries another call's fingerprint.
+struct MismatchInfo {
+  int peer = -1;
+  CollectiveCall theirs;
+};
+
+// The group-local view an algorithm works with: ranks are group ranks, and messages are tagged
+// with this collective's sequence number and fingerprinted with its call.
+class CollectiveContext {
+ public:
+  CollectiveContext(int rank, int size, std::vector<transport::tcp::Pair*> pairs, uint64_t tag,
+                    const CollectiveCall& call, Deadline deadline, std::string group_name,
+                    uint32_t seq);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const CollectiveCall& call() const { return call_; }
+  size_t element_size() const { return dtrain::element_size(call_.dtype); }
+  const Deadline& deadline() const { return deadline_; }
+
+  using RequestPtr = std::shared_ptr<transport::tcp::Request>;
+  RequestPtr send(int peer, const void* data, size_t bytes);
+  RequestPtr recv(int peer, void* data, size_t bytes);
+  // Waits for the requests, busy-polling every pair this collective has used so far.
+  void wait(std::span<const RequestPtr> requests);
+  void wait(const RequestPtr& r) { wait(std::span<const RequestPtr>(&r, 1)); }
+  // Sends to `to` and receives from `from` at once (a ring or exchange step).
+  void send_recv(int to, const void* out, size_t out_bytes, int from, void* in, size_t in_bytes);
+
+  // Scratch memory for this call, reused across calls of the group.
+  std::byte* scratch(size_t bytes);
+  void set_scratch(std::vector<std::byte>* scratch) { scratch_ = scratch; }
+
+  // "collective #17 of group world"
+  std::string where() const;
+
+ private:
+  transport::tcp::Pair* pair(int peer) const;
+  void touch(transport::tcp::Pair* p);
+
+  int rank_;
+  int size_;
+  std::vector<transport::tcp::Pair*> pairs_;  // by group rank; null for self
+  uint64_t tag_;
+  CollectiveCall call_;
+  Deadline deadline_;
+  std::string group_name_;
+  uint32_t seq_;
+  std::vector<transport::tcp::Pair*> active_;  // pairs used so far, progressed while waiting
+  std::vector<std::byte>* scratch_ = nullptr;
+};
+
+}  // namespace dtrain::comm

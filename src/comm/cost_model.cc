@@ -1,0 +1,166 @@
+#include "comm/cost_model.h"
+
+#include <bit>
+#include <cmath>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "common/env.h"
+#include "dtrain/error.h"
+
+namespace dtrain::comm {
+namespace {
+
+double log2_ceil(int n) { return n <= 1 ? 0.0 : std::ceil(std::log2(static_cast<double>(n))); }
+
+// DTRAIN_ALGO is "ring" (for every collective that has it) or "allreduce=ring,broadcast=tree".
+std::string env_choice(CollectiveKind kind) {
+  std::string spec = env::get_string(env::kAlgo);
+  if (spec.empty()) return {};
+  std::string key(to_string(kind));
+  std::erase(key, '_');
+  size_t pos = 0;
+  std::string plain;
+  while (pos <= spec.size()) {
+    size_t end = spec.find(',', pos);
+    if (end == std::string::npos) end = spec.size();
+    std::string item = spec.substr(pos, end - pos);
+    auto eq = item.find('=');
+    if (eq == std::string::npos) {
+      plain = item;
+    } else {
+      std::string k = item.substr(0, eq);
+      std::erase(k, '_');
+      if (k == key) return item.substr(eq + 1);
+    }
+    pos = end + 1;
+  }
+  if (!plain.empty()) {
+    for (auto c : CostModel::candidates(kind))
+      if (c == plain) return plain;
+  }
+  return {};
+}
+
+}  // namespace
+
+CostConstants CostModel::load() {
+  CostConstants k;
+  if (auto path = env::raw(env::kCostFile)) {
+    std::ifstream f(*path);
+    if (!f)
+      throw InvalidArgumentError(fmt::format("DTRAIN_COST_FILE names '{}', which cannot be read", *path));
+    try {
+      auto j = nlohmann::json::parse(f);
+      if (j.contains("alpha_us")) k.alpha = j["alpha_us"].get<double>() * 1e-6;
+      if (j.contains("beta_gbps")) k.beta = 1.0 / (j["beta_gbps"].get<double>() * 1e9);
+      if (j.contains("gamma_gbps")) k.gamma = 1.0 / (j["gamma_gbps"].get<double>() * 1e9);
+    } catch (const nlohmann::json::exception& e) {
+      throw InvalidArgumentError(fmt::format(
+          "DTRAIN_COST_FILE '{}' is not a JSON object of alpha_us, beta_gbps, gamma_gbps: {}",
+          *path, e.what()));
+    }
+  }
+  if (env::raw(env::kCostAlphaUs)) k.alpha = env::get_double(env::kCostAlphaUs) * 1e-6;
+  if (env::raw(env::kCostBetaGbps)) k.beta = 1.0 / (env::get_double(env::kCostBetaGbps) * 1e9);
+  if (env::raw(env::kCostGammaGbps)) k.gamma = 1.0 / (env::get_double(env::kCostGammaGbps) * 1e9);
+  return k;
+}
+
+std::span<const std::string_view> CostModel::candidates(CollectiveKind kind) {
+  static constexpr std::string_view kAllreduce[] = {"ring", "halving_doubling",
+                                                    "recursive_doubling", "central"};
+  static constexpr std::string_view kBroadcast[] = {"tree", "scatter_allgather"};
+  static constexpr std::string_view kReduce[] = {"tree", "ring"};
+  static constexpr std::string_view kAllgather[] = {"ring", "bruck"};
+  static constexpr std::string_view kRing[] = {"ring"};
+  static constexpr std::string_view kLinear[] = {"linear"};
+  static constexpr std::string_view kPairwise[] = {"pairwise"};
+  static constexpr std::string_view kBarrier[] = {"dissemination"};
+  switch (kind) {
+    case CollectiveKind::kAllreduce: return kAllreduce;
+    case CollectiveKind::kBroadcast: return kBroadcast;
+    case CollectiveKind::kReduce: return kReduce;
+    case CollectiveKind::kAllgather: return kAllgather;
+    case CollectiveKind::kAllgatherv: return kRing;
+    case CollectiveKind::kReduceScatter: return kRing;
+    case CollectiveKind::kGather:
+    case CollectiveKind::kScatter: return kLinear;
+    case CollectiveKind::kAlltoall:
+    case CollectiveKind::kAlltoallv: return kPairwise;
+    case CollectiveKind::kBarrier: return kBarrier;
+  }
+  return kLinear;
+}
+
+double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, int n) const {
+  const double M = static_cast<double>(bytes), N = n;
+  const double al = k_.alpha, be = k_.beta, ga = k_.gamma;
+  if (n <= 1) return 0.0;
+  const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
+  const double lp = std::log2(static_cast<double>(p));
+  const double fold = n == p ? 0.0 : 2 * al + 2 * M * be + M * ga;
+  switch (kind) {
+    case CollectiveKind::kAllreduce:
+      if (a == "ring") return 2 * (N - 1) * al + 2 * (N - 1) / N * M * be + (N - 1) / N * M * ga;
+      if (a == "halving_doubling")
+        return 2 * lp * al + 2 * (p - 1.0) / p * M * be + (p - 1.0) / p * M * ga + fold;
+      if (a == "recursive_doubling") return lp * (al + M * be + M * ga) + fold;
+      if (a == "central") return 2 * (N - 1) * (al + M * be) + (N - 1) * M * ga;
+      break;
+    case CollectiveKind::kBroadcast:
+      if (a == "tree") return log2_ceil(n) * (al + M * be);
+      if (a == "scatter_allgather") return 2 * (N - 1) * al + 2 * (N - 1) / N * M * be;
+      break;
+    case CollectiveKind::kReduce:
+      if (a == "tree") return log2_ceil(n) * (al + M * be + M * ga);
+      if (a == "ring") return 2 * (N - 1) * al + 2 * (N - 1) / N * M * be + (N - 1) / N * M * ga;
+      break;
+    case CollectiveKind::kAllgather:
+      // bytes = one rank's block
+      if (a == "ring") return (N - 1) * (al + M * be);
+      if (a == "bruck") return log2_ceil(n) * al + (N - 1) * M * be + N * M / 15e9;
+      break;
+    default:
+      return (N - 1) * (al + M * be);
+  }
+  return 1e30;
+}
+
+std::string_view CostModel::pick(CollectiveKind kind, size_t bytes, int n) const {
+  auto c = candidates(kind);
+  std::string_view best = c[0];
+  double best_cost = cost(best, kind, bytes, n);
+  for (auto a : c.subspan(1)) {
+    double x = cost(a, kind, bytes, n);
+    if (x < best_cost) {
+      best = a;
+      best_cost = x;
+    }
+  }
+  return best;
+}
+
+std::string_view CostModel::choose(CollectiveKind kind, std::string_view requested, size_t bytes,
+                                   int n) const {
+  auto c = candidates(kind);
+  if (!requested.empty()) {
+    for (auto a : c)
+      if (a == requested) return a;
+    throw InvalidArgumentError(fmt::format("{} has no algorithm '{}': use one of {}",
+                                           to_string(kind), requested, fmt::join(c, ", ")));
+  }
+  const std::string from_env = env_choice(kind);
+  if (!from_env.empty()) {
+    for (auto a : c)
+      if (a == from_env) return a;
+    throw InvalidArgumentError(fmt::format("DTRAIN_ALGO asks {} to use '{}': use one of {}",
+                                           to_string(kind), from_env, fmt::join(c, ", ")));
+  }
+  return pick(kind, bytes, n);
+}
+
+}  // namespace dtrain::comm

@@ -1,0 +1,45 @@
+// The cost model that picks a collective's algorithm from the message size and group size,
+// in the alpha-beta-gamma model: alpha seconds per message, beta per byte sent, gamma per byte
+// reduced. Constants come from defaults measured on loopback TCP, a calibration file
+// (DTRAIN_COST_FILE, JSON {"alpha_us":..,"beta_gbps":..,"gamma_gbps":..}) or the environment;
+// DTRAIN_ALGO and the options' `algorithm` override the choice.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "comm/collective.h"
+
+namespace dtrain::comm {
+
+struct CostConstants {
+  double alpha = 12e-6;          // seconds per message
+  double beta = 1.0 / 4.0e9;     // seconds per byte on the wire
+  double gamma = 1.0 / 12.0e9;   // seconds per byte reduced
+};
+
+class CostModel {
+ public:
+  explicit CostModel(CostConstants constants = load()) : k_(constants) {}
+  // Defaults, then DTRAIN_COST_FILE, then DTRAIN_COST_ALPHA_US / _BETA_GBPS / _GAMMA_GBPS.
+  static CostConstants load();
+
+  // The algorithms that can run `kind`, the first being the default.
+  static std::span<const std::string_view> candidates(CollectiveKind kind);
+  // Estimated seconds of `algorithm` for `bytes` per rank over `n` ranks.
+  double cost(std::string_view algorithm, CollectiveKind kind, size_t bytes, int n) const;
+  // The cheapest candidate.
+  std::string_view pick(CollectiveKind kind, size_t bytes, int n) const;
+  // Resolves an explicit request ("" = none) against DTRAIN_ALGO and the model; throws
+  // InvalidArgumentError for a name `kind` does not have, listing the ones it has.
+  std::string_view choose(CollectiveKind kind, std::string_view requested, size_t bytes, int n) const;
+
+  const CostConstants& constants() const { return k_; }
+
+ private:
+  CostConstants k_;
+};
+
+}  // namespace dtrain::comm

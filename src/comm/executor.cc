@@ -1,0 +1,112 @@
+#include "comm/executor.h"
+
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+
+namespace dtrain::comm {
+
+void CollectiveWork::run() {
+  try {
+    body_();
+    completion_.succeed();
+  } catch (...) {
+    auto error = std::current_exception();
+    if (auto ex = executor_.lock()) ex->on_failure_(error);
+    completion_.fail(error);
+  }
+}
+
+void CollectiveWork::wait(std::optional<std::chrono::milliseconds> timeout) {
+  if (auto ex = executor_.lock()) ex->help(this);
+  // The collective enforces its own deadline on every message; the slack only covers the
+  // time to notice and report it.
+  const Deadline limit =
+      timeout ? Deadline::after(*timeout)
+              : Deadline::after(deadline_.remaining() + std::chrono::seconds(5));
+  while (!completion_.done() && !limit.expired())
+    completion_.wait_until(std::min(Clock::now() + std::chrono::seconds(1), limit.at()));
+  if (!completion_.done()) {
+    auto error = std::make_exception_ptr(TimeoutError(fmt::format(
+        "{} did not finish within {}; the group is aborted, since the collective may still be "
+        "writing into its buffers", what_, limit.describe())));
+    if (auto ex = executor_.lock()) ex->on_failure_(error);
+    completion_.wait_until(Clock::now() + std::chrono::seconds(5));
+    completion_.fail(error);
+  }
+  if (auto e = completion_.error()) std::rethrow_exception(e);
+}
+
+Executor::Executor(std::function<void(std::exception_ptr)> on_failure)
+    : on_failure_(std::move(on_failure)) {}
+
+void Executor::start() {
+  thread_ = std::jthread([this](std::stop_token st) { worker(st); });
+}
+
+Executor::~Executor() {
+  shutdown(std::make_exception_ptr(AbortedError("the process group was destroyed")));
+}
+
+void Executor::submit(std::shared_ptr<CollectiveWork> work) {
+  {
+    std::lock_guard lock(queue_mu_);
+    queue_.push_back(std::move(work));
+  }
+  queue_cv_.notify_one();
+}
+
+bool Executor::run_next() {
+  std::shared_ptr<CollectiveWork> work;
+  {
+    std::lock_guard lock(queue_mu_);
+    if (queue_.empty()) return false;
+    work = std::move(queue_.front());
+    queue_.pop_front();
+  }
+  work->run();
+  return true;
+}
+
+void Executor::help(const CollectiveWork* work) {
+  for (;;) {
+    {
+      std::lock_guard lock(queue_mu_);
+      bool queued = false;
+      for (const auto& w : queue_) queued |= w.get() == work;
+      if (!queued) return;
+    }
+    std::unique_lock run(run_mu_, std::try_to_lock);
+    if (!run.owns_lock()) return;  // the worker is running the queue
+    run_next();
+  }
+}
+
+void Executor::worker(std::stop_token stop) {
+  while (!stop.stop_requested()) {
+    {
+      std::unique_lock lock(queue_mu_);
+      queue_cv_.wait(lock, stop, [&] { return !queue_.empty(); });
+      if (stop.stop_requested()) return;
+    }
+    std::lock_guard run(run_mu_);
+    while (run_next()) {
+    }
+  }
+}
+
+void Executor::shutdown(std::exception_ptr error) {
+  std::deque<std::shared_ptr<CollectiveWork>> left;
+  {
+    std::lock_guard lock(queue_mu_);
+    left.swap(queue_);
+  }
+  for (auto& w : left) w->fail(error);
+  if (thread_.joinable()) {
+    thread_.request_stop();
+    queue_cv_.notify_all();
+    thread_.join();
+  }
+}
+
+}  // namespace dtrain::comm

@@ -1,0 +1,44 @@
+// Post-mortem of a failed collective: every rank that hears of the failure writes what it
+// called as that collective into the store, and the ranks that failed read everyone's entries
+// back, so the error says "ranks 0, 1, 3 called broadcast(f32, 4096, root 0); rank 2 called
+// all_reduce(f32, 1024, sum)" instead of only naming the connection that broke. Costs nothing
+// until something fails.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "comm/collective.h"
+#include "dtrain/store.h"
+
+namespace dtrain::comm {
+
+// The recent collectives of one group on this rank.
+class CallHistory {
+ public:
+  void called(uint32_t seq, const CollectiveCall& call);
+  void finished(uint32_t seq);
+  // "called all_reduce(f32, 1024, sum) and completed it", "has not called collective #9 yet
+  // (its last was #8, barrier())".
+  std::string describe(uint32_t seq) const;
+
+ private:
+  static constexpr size_t kKeep = 256;
+  mutable std::mutex mu_;  // guards calls_ and last_finished_
+  std::map<uint32_t, CollectiveCall> calls_;
+  uint32_t last_finished_ = 0;
+};
+
+// Writes this rank's entry for collective `seq` of `group`.
+void publish_postmortem(Store& store, const std::string& group, int rank, uint32_t seq,
+                        const std::string& entry);
+// Reads every rank's entry (waiting at most `wait` for missing ones) and groups the ranks by
+// what they did: "ranks 0, 2: called ...; rank 1: called ...; rank 3: no word".
+std::string collect_postmortem(Store& store, const std::string& group, int size, uint32_t seq,
+                               std::chrono::milliseconds wait);
+
+}  // namespace dtrain::comm

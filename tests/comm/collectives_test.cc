@@ -1,0 +1,476 @@
+// Every collective x every algorithm x world sizes 1..5 (and 8) x awkward counts x dtypes and
+// ops, in real processes over loopback TCP, against references computed locally.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "common/reduce.h"
+#include "dtrain/error.h"
+#include "support/group.h"
+#include "support/multiproc.h"
+
+namespace dtrain::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A value small enough that sums, products, averages of up to 8 ranks are exact in every dtype
+// (bf16 included).
+int small(int rank, size_t i) { return static_cast<int>((rank + i) % 3) + 1; }
+
+// Writes v into element i of a buffer of dtype.
+void put(std::vector<std::byte>& buf, DType t, size_t i, double v) {
+  std::byte* p = buf.data() + i * element_size(t);
+  switch (t) {
+    case DType::kF32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
+    case DType::kF64: std::memcpy(p, &v, 8); break;
+    case DType::kF16: { uint16_t h = f32_to_f16_bits(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case DType::kBF16: { uint16_t h = f32_to_bf16_bits(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case DType::kI8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
+    case DType::kU8: { uint8_t x = static_cast<uint8_t>(v); std::memcpy(p, &x, 1); break; }
+    case DType::kI32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
+    case DType::kI64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+  }
+}
+
+double get(const std::vector<std::byte>& buf, DType t, size_t i) {
+  const std::byte* p = buf.data() + i * element_size(t);
+  switch (t) {
+    case DType::kF32: { float x; std::memcpy(&x, p, 4); return x; }
+    case DType::kF64: { double x; std::memcpy(&x, p, 8); return x; }
+    case DType::kF16: { uint16_t h; std::memcpy(&h, p, 2); return f16_bits_to_f32(h); }
+    case DType::kBF16: { uint16_t h; std::memcpy(&h, p, 2); return bf16_bits_to_f32(h); }
+    case DType::kI8: { int8_t x; std::memcpy(&x, p, 1); return x; }
+    case DType::kU8: { uint8_t x; std::memcpy(&x, p, 1); return x; }
+    case DType::kI32: { int32_t x; std::memcpy(&x, p, 4); return x; }
+    case DType::kI64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
+  }
+  return 0;
+}
+
+bool is_float(DType t) {
+  return t == DType::kF32 || t == DType::kF64 || t == DType::kF16 || t == DType::kBF16;
+}
+
+double expected_reduction(ReduceOp op, DType t, int n, size_t i) {
+  double acc = small(0, i);
+  int64_t bits = small(0, i);
+  for (int r = 1; r < n; ++r) {
+    const int v = small(r, i);
+    switch (op) {
+      case ReduceOp::kSum: case ReduceOp::kAvg: acc += v; break;
+      case ReduceOp::kProd: acc *= v; break;
+      case ReduceOp::kMin: acc = std::min<double>(acc, v); break;
+      case ReduceOp::kMax: acc = std::max<double>(acc, v); break;
+      case ReduceOp::kBand: bits &= v; break;
+      case ReduceOp::kBor: bits |= v; break;
+      case ReduceOp::kBxor: bits ^= v; break;
+    }
+  }
+  if (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor) return static_cast<double>(bits);
+  if (op == ReduceOp::kAvg) acc = is_float(t) ? acc / n : std::trunc(acc / n);
+  // The reference is what the dtype can hold (f16 and bf16 round 9/5).
+  std::vector<std::byte> one(element_size(t));
+  put(one, t, 0, acc);
+  return get(one, t, 0);
+}
+
+std::vector<std::byte> filled(DType t, size_t count, int rank) {
+  std::vector<std::byte> b(count * element_size(t));
+  for (size_t i = 0; i < count; ++i) put(b, t, i, small(rank, i));
+  return b;
+}
+
+TensorView view(std::vector<std::byte>& b, DType t) {
+  return TensorView{b.data(), b.size() / element_size(t), t};
+}
+
+// Compares and throws with the first difference.
+void expect_values(const std::vector<std::byte>& got, DType t, size_t count,
+                   const std::function<double(size_t)>& want, const std::string& what) {
+  for (size_t i = 0; i < count; ++i) {
+    double g = get(got, t, i), w = want(i);
+    if (g != w && !(std::fabs(g - w) <= 1e-6 * std::fabs(w)))
+      throw std::runtime_error(fmt::format("{}: element {} is {} but should be {}", what, i, g, w));
+  }
+}
+
+void expect_all_ok(const std::vector<ChildResult>& results) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].timed_out) << "rank " << r << " timed out";
+    EXPECT_EQ(results[r].signal, 0) << "rank " << r << " died of signal " << results[r].signal;
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " failed";
+  }
+}
+
+std::vector<size_t> counts_for(int n) {
+  return {0, 1, 7, static_cast<size_t>(n) * 13 + 1, (size_t{1} << 20) + 3};
+}
+
+const DType kAllTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
+                           DType::kI8,  DType::kU8,  DType::kI32, DType::kI64};
+const ReduceOp kFloatOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax,
+                              ReduceOp::kAvg};
+const ReduceOp kIntOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax,
+                            ReduceOp::kAvg, ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor};
+
+void check_allreduce(ProcessGroup& pg, const std::string& algo) {
+  const int n = pg.size(), rank = pg.rank();
+  for (DType t : kAllTypes) {
+    auto ops = is_float(t) ? std::span<const ReduceOp>(kFloatOps) : std::span<const ReduceOp>(kIntOps);
+    for (ReduceOp op : ops)
+      for (size_t count : counts_for(n)) {
+        // The large count only for the main types: it is about bandwidth paths, not types.
+        if (count > 1000 && !(t == DType::kF32 || t == DType::kBF16) ) continue;
+        if (count > 1000 && op != ReduceOp::kSum && op != ReduceOp::kMax) continue;
+        auto buf = filled(t, count, rank);
+        pg.allreduce(view(buf, t), {.op = op, .algorithm = algo})->wait();
+        expect_values(buf, t, count, [&](size_t i) { return expected_reduction(op, t, n, i); },
+                      fmt::format("rank {}: all_reduce {} {} {} x{}", rank, algo, to_string(t),
+                                  to_string(op), count));
+      }
+  }
+}
+
+void check_others(ProcessGroup& pg) {
+  const int n = pg.size(), rank = pg.rank();
+  const DType t = DType::kF32;
+  for (size_t count : counts_for(n)) {
+    const std::string c = fmt::format("x{}", count);
+    for (int root = 0; root < n; ++root) {
+      for (std::string algo : {"tree", "scatter_allgather"}) {
+        auto buf = filled(t, count, rank);
+        pg.broadcast(view(buf, t), {.root = root, .algorithm = algo})->wait();
+        expect_values(buf, t, count, [&](size_t i) { return small(root, i); },
+                      fmt::format("rank {}: broadcast {} root {} {}", rank, algo, root, c));
+      }
+      for (std::string algo : {"tree", "ring"}) {
+        auto buf = filled(t, count, rank);
+        pg.reduce(view(buf, t), {.root = root, .op = ReduceOp::kSum, .algorithm = algo})->wait();
+        if (rank == root)
+          expect_values(buf, t, count, [&](size_t i) { return expected_reduction(ReduceOp::kSum, t, n, i); },
+                        fmt::format("rank {}: reduce {} root {} {}", rank, algo, root, c));
+      }
+      {
+        auto in = filled(t, count, rank);
+        std::vector<std::byte> out(rank == root ? in.size() * n : 0);
+        pg.gather(view(out, t), view(in, t), {.root = root})->wait();
+        if (rank == root)
+          expect_values(out, t, count * n, [&](size_t i) { return small(static_cast<int>(i / std::max<size_t>(count, 1)), i % std::max<size_t>(count, 1)); },
+                        fmt::format("rank {}: gather root {} {}", rank, root, c));
+      }
+      {
+        std::vector<std::byte> in(rank == root ? count * n * 4 : 0);
+        for (size_t i = 0; rank == root && i < count * n; ++i) put(in, t, i, static_cast<double>(i % 1000));
+        std::vector<std::byte> out(count * 4);
+        pg.scatter(view(out, t), view(in, t), {.root = root})->wait();
+        expect_values(out, t, count, [&](size_t i) { return static_cast<double>((rank * count + i) % 1000); },
+                      fmt::format("rank {}: scatter root {} {}", rank, root, c));
+      }
+    }
+    for (std::string algo : {"ring", "bruck"}) {
+      auto in = filled(t, count, rank);
+      std::vector<std::byte> out(in.size() * n);
+      pg.allgather(view(out, t), view(in, t), {.algorithm = algo})->wait();
+      expect_values(out, t, count * n, [&](size_t i) { return small(static_cast<int>(i / std::max<size_t>(count, 1)), i % std::max<size_t>(count, 1)); },
+                    fmt::format("rank {}: all_gather {} {}", rank, algo, c));
+    }
+    {
+      // reduce_scatter: block r of the sum.
+      auto in = filled(t, count * n, rank);
+      std::vector<std::byte> out(count * 4);
+      pg.reduce_scatter(view(out, t), view(in, t), {.op = ReduceOp::kSum})->wait();
+      expect_values(out, t, count, [&](size_t i) { return expected_reduction(ReduceOp::kSum, t, n, rank * count + i); },
+                    fmt::format("rank {}: reduce_scatter {}", rank, c));
+    }
+    {
+      // all_to_all: block j of rank r holds 1000*r + j*count + i.
+      std::vector<std::byte> in(count * n * 4), out(count * n * 4);
+      for (size_t i = 0; i < count * n; ++i) put(in, t, i, static_cast<double>(1000 * rank + i % 997));
+      pg.alltoall(view(out, t), view(in, t))->wait();
+      expect_values(out, t, count * n, [&](size_t i) {
+        size_t from = i / std::max<size_t>(count, 1), k = i % std::max<size_t>(count, 1);
+        return static_cast<double>(1000 * from + (rank * count + k) % 997);
+      }, fmt::format("rank {}: all_to_all {}", rank, c));
+    }
+  }
+  // v-forms: rank r contributes r+1 elements (rank 0 of a 1-world: 1).
+  {
+    std::vector<size_t> counts(n);
+    size_t total = 0;
+    for (int r = 0; r < n; ++r) total += counts[r] = static_cast<size_t>(r) + 1;
+    auto in = filled(t, counts[rank], rank);
+    std::vector<std::byte> out(total * 4);
+    pg.allgatherv(view(out, t), view(in, t), counts)->wait();
+    size_t off = 0;
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < counts[r]; ++i)
+        if (get(out, t, off + i) != small(r, i))
+          throw std::runtime_error(fmt::format("rank {}: all_gather_v block {} [{}]", rank, r, i));
+      off += counts[r];
+    }
+    // all_to_all_v: rank r sends (r + j) % 3 elements to rank j, value 100 r + j.
+    std::vector<size_t> in_counts(n), out_counts(n);
+    size_t in_total = 0, out_total = 0;
+    for (int j = 0; j < n; ++j) {
+      in_total += in_counts[j] = static_cast<size_t>((rank + j) % 3);
+      out_total += out_counts[j] = static_cast<size_t>((j + rank) % 3);
+    }
+    std::vector<std::byte> vin(in_total * 4), vout(out_total * 4);
+    size_t k = 0;
+    for (int j = 0; j < n; ++j)
+      for (size_t i = 0; i < in_counts[j]; ++i) put(vin, t, k++, 100.0 * rank + j);
+    pg.alltoallv(view(vout, t), out_counts, view(vin, t), in_counts)->wait();
+    k = 0;
+    for (int j = 0; j < n; ++j)
+      for (size_t i = 0; i < out_counts[j]; ++i)
+        if (get(vout, t, k++) != 100.0 * j + rank)
+          throw std::runtime_error(fmt::format("rank {}: all_to_all_v from {} [{}]", rank, j, i));
+  }
+  pg.barrier()->wait();
+}
+
+void run_world(int n) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(n, [&](int rank) {
+    auto pg = make_group(rank, n, port);
+    for (std::string algo : {"ring", "halving_doubling", "recursive_doubling", "central"})
+      check_allreduce(*pg, algo);
+    check_others(*pg);
+  }, 240s));
+}
+
+TEST(Collectives, WorldOf1) { run_world(1); }
+TEST(Collectives, WorldOf2) { run_world(2); }
+TEST(Collectives, WorldOf3) { run_world(3); }
+TEST(Collectives, WorldOf4) { run_world(4); }
+TEST(Collectives, WorldOf5) { run_world(5); }
+
+TEST(Collectives, WorldOf8AllreduceAndBroadcast) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(8, [&](int rank) {
+    auto pg = make_group(rank, 8, port);
+    for (std::string algo : {"ring", "halving_doubling", "recursive_doubling"}) {
+      for (size_t count : {size_t{1}, size_t{1001}, size_t{1} << 18}) {
+        auto buf = filled(DType::kF32, count, rank);
+        pg->allreduce(view(buf, DType::kF32), {.algorithm = algo})->wait();
+        expect_values(buf, DType::kF32, count, [&](size_t i) { return expected_reduction(ReduceOp::kSum, DType::kF32, 8, i); },
+                      fmt::format("rank {} all_reduce {} x{}", rank, algo, count));
+      }
+    }
+    auto buf = filled(DType::kF32, 4099, rank);
+    pg->broadcast(view(buf, DType::kF32), {.root = 5})->wait();
+    expect_values(buf, DType::kF32, 4099, [&](size_t i) { return small(5, i); }, "broadcast");
+  }, 120s));
+}
+
+// Issued back to back without waiting; waited in reverse order.
+TEST(Collectives, AsyncBackToBack) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(3, [&](int rank) {
+    auto pg = make_group(rank, 3, port);
+    std::vector<std::vector<std::byte>> bufs;
+    std::vector<std::shared_ptr<Work>> works;
+    for (int k = 0; k < 12; ++k) bufs.push_back(filled(DType::kF32, 1000 + k * 5000, rank + k));
+    for (int k = 0; k < 12; ++k) works.push_back(pg->allreduce(view(bufs[k], DType::kF32)));
+    for (int k = 11; k >= 0; --k) {
+      works[k]->wait();
+      expect_values(bufs[k], DType::kF32, 1000 + k * 5000, [&](size_t i) {
+        double s = 0;
+        for (int r = 0; r < 3; ++r) s += small(r + k, i);
+        return s;
+      }, fmt::format("rank {} async #{}", rank, k));
+    }
+  }));
+}
+
+// Overlapping sub-groups used alternately with the world group.
+TEST(Collectives, SubGroups) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(5, [&](int rank) {
+    auto world = make_group(rank, 5, port);
+    auto even = world->new_group({0, 2, 4});
+    auto odd_reversed = world->new_group({3, 1});
+    auto middle = world->new_group({1, 2, 3});
+    RANK_CHECK((even != nullptr) == (rank % 2 == 0), "membership of even");
+    RANK_CHECK((odd_reversed != nullptr) == (rank % 2 == 1), "membership of odd");
+    RANK_CHECK((middle != nullptr) == (rank >= 1 && rank <= 3), "membership of middle");
+    if (odd_reversed) RANK_CHECK(odd_reversed->rank() == (rank == 3 ? 0 : 1), "rank order");
+    for (int round = 0; round < 3; ++round) {
+      std::vector<int64_t> v(100, rank + 1);
+      if (even) {
+        even->allreduce(TensorView::of(v))->wait();
+        RANK_CHECK(v[99] == 1 + 3 + 5, "even sum {}", v[99]);
+      }
+      std::vector<int64_t> w(7, rank + 1);
+      if (middle) {
+        middle->allreduce(TensorView::of(w), {.op = ReduceOp::kMax})->wait();
+        RANK_CHECK(w[0] == 4, "middle max {}", w[0]);
+      }
+      std::vector<int64_t> x(3, rank);
+      world->allreduce(TensorView::of(x))->wait();
+      RANK_CHECK(x[2] == 10, "world sum {}", x[2]);
+      if (odd_reversed) {
+        std::vector<int64_t> b(5, rank);
+        odd_reversed->broadcast(TensorView::of(b), {.root = 0})->wait();
+        RANK_CHECK(b[4] == 3, "odd broadcast from rank 3 gave {}", b[4]);
+      }
+    }
+  }));
+}
+
+// A rank that calls another collective makes every rank fail with both calls named.
+TEST(Collectives, MismatchFailsEveryRankWithNames) {
+  struct Case {
+    const char* name;
+    std::function<void(ProcessGroup&, int)> call;
+    const char* expect;
+  };
+  std::vector<Case> cases = {
+      {"op", [](ProcessGroup& pg, int rank) {
+         std::vector<float> v(4096, 1.0f);
+         if (rank == 2) pg.allreduce(TensorView::of(v))->wait();
+         else pg.broadcast(TensorView::of(v), {.root = 0})->wait();
+       }, "called"},
+      {"count", [](ProcessGroup& pg, int rank) {
+         std::vector<float> v(rank == 1 ? 100 : 200, 1.0f);
+         pg.allreduce(TensorView::of(v), {.algorithm = "ring"})->wait();
+       }, "all_reduce(f32, 100, sum)"},
+      {"dtype", [](ProcessGroup& pg, int rank) {
+         std::vector<float> f(64, 1.0f);
+         std::vector<int32_t> i(64, 1);
+         if (rank == 0) pg.allreduce(TensorView::of(i))->wait();
+         else pg.allreduce(TensorView::of(f))->wait();
+       }, "all_reduce(i32, 64, sum)"},
+      {"root", [](ProcessGroup& pg, int rank) {
+         std::vector<float> v(64, 1.0f);
+         pg.reduce(TensorView::of(v), {.root = rank == 1 ? 1 : 0})->wait();
+       }, "root"},
+  };
+  for (auto& c : cases) {
+    const int port = free_port();
+    auto results = run_ranks(3, [&](int rank) {
+      auto pg = make_group(rank, 3, port, {}, 3s);
+      auto start = std::chrono::steady_clock::now();
+      pg->barrier()->wait();
+      try {
+        c.call(*pg, rank);
+        // A rank whose part of the mismatched collective went through (a tree leaf that only
+        // sends) hears of the failure by its next call.
+        pg->barrier()->wait();
+        ::_exit(0);
+      } catch (const Error& e) {
+        auto took = std::chrono::steady_clock::now() - start;
+        std::string m = e.what();
+        RANK_CHECK(m.find(c.expect) != std::string::npos && m.find("#2") != std::string::npos,
+                   "case {}: message lacks detail: {}", c.name, m);
+        RANK_CHECK(took < 15s, "case {}: took {} ms", c.name,
+                   std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+        // Rank 0 hosts the store: it stays a moment so the others can read the post-mortem.
+        if (rank == 0) std::this_thread::sleep_for(4s);
+        ::_exit(3);
+      }
+      ::_exit(0);
+    }, 60s);
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_FALSE(results[r].timed_out) << c.name;
+      EXPECT_EQ(results[r].exit_code, 3) << "case " << c.name << ": rank " << r
+                                         << " did not fail with a named mismatch";
+    }
+  }
+}
+
+TEST(Collectives, KilledPeerFailsTheOthers) {
+  const int port = free_port();
+  auto results = run_ranks(3, [&](int rank) {
+    auto pg = make_group(rank, 3, port, {}, 60s);
+    std::vector<float> v(size_t{16} << 20, 1.0f);
+    pg->allreduce(TensorView::of(v))->wait();  // everyone is up
+    if (rank == 2) {
+      auto w = pg->allreduce(TensorView::of(v));
+      std::this_thread::sleep_for(5ms);
+      ::raise(SIGKILL);
+    }
+    auto start = std::chrono::steady_clock::now();
+    try {
+      pg->allreduce(TensorView::of(v))->wait();
+      RANK_CHECK(false, "all_reduce with a dead rank succeeded");
+    } catch (const Error& e) {
+      std::string m = e.what();
+      auto took = std::chrono::steady_clock::now() - start;
+      RANK_CHECK(m.find("rank 2") != std::string::npos && m.find("collective #2") != std::string::npos,
+                 "message lacks detail: {}", m);
+      RANK_CHECK(took < 10s, "took {} ms", std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+    }
+    // The group is unusable afterwards, and says why.
+    try {
+      pg->barrier()->wait();
+      RANK_CHECK(false, "barrier after the failure succeeded");
+    } catch (const Error& e) {
+      RANK_CHECK(std::string(e.what()).find("earlier collective failed") != std::string::npos ||
+                     std::string(e.what()).find("rank 2") != std::string::npos, "{}", e.what());
+    }
+    ::_exit(3);
+  }, 60s);
+  EXPECT_EQ(results[2].signal, SIGKILL);
+  EXPECT_EQ(results[0].exit_code, 3);
+  EXPECT_EQ(results[1].exit_code, 3);
+}
+
+TEST(Collectives, TimeoutNamesTheCollective) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = make_group(rank, 2, port);
+    std::vector<float> v(10, 1.0f);
+    if (rank == 0) {
+      try {
+        pg->allreduce(TensorView::of(v), {.timeout = 300ms})->wait();
+        RANK_CHECK(false, "all_reduce without a partner succeeded");
+      } catch (const TimeoutError& e) {
+        std::string m = e.what();
+        RANK_CHECK(m.find("collective #1") != std::string::npos && m.find("all_reduce(f32, 10, sum)") != std::string::npos &&
+                       m.find("limit") != std::string::npos,
+                   "message lacks detail: {}", m);
+      }
+    }
+    // Rank 1 never called it, yet hears of it: the failed group is unusable on every rank.
+    if (rank == 1) {
+      std::vector<int8_t> done(1);
+      try {
+        pg->recv(TensorView::of(done), 0, 99, {.timeout = 20s});
+        RANK_CHECK(false, "recv in a failed group succeeded");
+      } catch (const PeerFailureError& e) {
+        RANK_CHECK(std::string(e.what()).find("collective #1") != std::string::npos, "{}", e.what());
+      }
+    }
+  }));
+}
+
+TEST(Collectives, BadArgumentsAreRejectedAtTheCall) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(1, [&](int rank) {
+    auto pg = make_group(rank, 1, port);
+    std::vector<float> v(8), out(3);
+    auto expect_invalid = [&](auto fn, const char* needle) {
+      try {
+        fn();
+        RANK_CHECK(false, "accepted: {}", needle);
+      } catch (const InvalidArgumentError& e) {
+        RANK_CHECK(std::string(e.what()).find(needle) != std::string::npos, "{}", e.what());
+      }
+    };
+    expect_invalid([&] { pg->broadcast(TensorView::of(v), {.root = 4}); }, "root 4");
+    expect_invalid([&] { pg->allgather(TensorView::of(out), TensorView::of(v)); }, "needs size()");
+    expect_invalid([&] { pg->allreduce(TensorView::of(v), {.op = ReduceOp::kBand}); }, "integer");
+    expect_invalid([&] { pg->allreduce(TensorView::of(v), {.algorithm = "magic"}); }, "halving_doubling");
+    expect_invalid([&] { pg->new_group({0, 0}); }, "twice");
+  }));
+}
+
+}  // namespace
+}  // namespace dtrain::testing
