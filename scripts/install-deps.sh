@@ -2,7 +2,21 @@
 # Installs every Debian package dtrain needs to build, test and run its main job.
 # Idempotent: packages already present are skipped, so a second run takes a second.
 # Run as root (or with sudo available) on Debian 12.
+#   scripts/install-deps.sh           what the build, the tests and the backends need
+#   scripts/install-deps.sh --bench   also python3-torch, for the torch peer of `dtrain bench` (big)
 set -euo pipefail
+
+bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) bench=1 ;;
+    -h|--help)
+      echo "usage: scripts/install-deps.sh [--bench]"
+      echo "  --bench  also install python3-torch, for the torch peer of dtrain bench (large)"
+      exit 0 ;;
+    *) echo "install-deps: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   # toolchain
@@ -13,7 +27,13 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # process tools used by the tests (ps, kill, ip)
   procps iproute2
+  # the Gloo and MPI backends, and the gloo/mpi peers of `dtrain bench`
+  libgloo-dev libopenmpi-dev openmpi-bin
 )
+if [ "$bench" -eq 1 ]; then
+  # the torch peer of `dtrain bench` (torch.distributed over gloo)
+  packages+=(python3-torch)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -2,6 +2,7 @@
 //   dtrain run -n 4 -- ./train        start 4 workers (see `dtrain run --help`)
 //   dtrain store --port 29500          a standalone rendezvous store
 //   dtrain env                         every environment variable dtrain reads
+//   dtrain bench allreduce --np 4      time a collective, with --peers gloo,mpi,torch beside it
 #include <cstdio>
 #include <exception>
 
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   dtrain::tools::add_run_command(app);
   dtrain::tools::add_store_command(app);
   dtrain::tools::add_env_command(app);
+  dtrain::tools::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,801 @@
+// `dtrain bench COLL --np N [--sizes 4K,64K,1M] [--peers gloo,mpi,mpi-tcp,torch] ...`: times a
+// collective nccl-tests style, dtrain and other implementations side by side in one run.
+//
+// As a driver (no RANK or OMPI_COMM_WORLD_RANK in the environment) it starts N ranks of itself
+// against a store it hosts, then each requested peer (build/bin/gloo_peer, mpi_peer under mpirun,
+// bench/peers/torch_peer.py), collects the JSON result line each prints from rank 0, and prints
+// one table per collective. Every implementation runs under a deadline; one that overruns is
+// killed and named with the ranks still running.
+// Under `dtrain run` or `mpirun` (RANK or OMPI_COMM_WORLD_RANK set) it is one rank of that job and
+// measures dtrain only. bench/bench_common.h holds the timing loop, the checks and the result
+// format every implementation shares; docs/performance.md describes the method.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bench/bench_common.h"
+#include "common/env.h"
+#include "dtrain/error.h"
+#include "dtrain/process_group.h"
+#include "dtrain/store.h"
+#include "launch/supervisor.h"
+#include "tools/dtrain/commands.h"
+
+extern char** environ;
+
+namespace dtrain::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using bench::Collective;
+using bench::ElemType;
+using bench::Op;
+using bench::Result;
+
+constexpr const char* kDefaultSizes = "4K,64K,1M,16M,64M";
+constexpr const char* kPythonPath = "/usr/bin/python3";
+constexpr std::chrono::milliseconds kKillGrace{2000};
+constexpr std::chrono::milliseconds kPollSlice{100};
+
+struct BenchArgs {
+  std::string collectives;  // COLL, or a comma-separated list, or "all"
+  int np = 2;
+  std::string sizes = kDefaultSizes;
+  std::string dtype = "f32";
+  std::string op = "sum";
+  int iters = 20;
+  int warmup = 5;
+  bool check = true;
+  std::string json_file;
+  std::string peers;
+  std::string transport = "auto";
+  std::string algo;
+  double timeout_s = 60;    // per operation, every implementation
+  double deadline_s = 600;  // per implementation run, enforced by the driver
+  bool jsonl = false;       // rank 0 prints result lines instead of the table (driver's children)
+};
+
+// What the arguments mean once parsed and checked.
+struct Plan {
+  std::vector<Collective> collectives;
+  std::vector<size_t> sizes;
+  ElemType dtype = ElemType::kF32;
+  Op op = Op::kSum;
+  std::vector<std::string> peers;
+};
+
+Plan make_plan(const BenchArgs& a) {
+  Plan p;
+  try {
+    if (a.collectives == "all") {
+      p.collectives = bench::all_collectives();
+    } else {
+      size_t pos = 0;
+      while (pos <= a.collectives.size()) {
+        size_t comma = a.collectives.find(',', pos);
+        std::string item = a.collectives.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        if (!item.empty()) p.collectives.push_back(bench::parse_collective(item));
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
+    }
+    p.sizes = bench::parse_sizes(a.sizes);
+    p.dtype = bench::parse_elem_type(a.dtype);
+    p.op = bench::parse_op(a.op);
+  } catch (const std::invalid_argument& e) {
+    throw InvalidArgumentError(fmt::format("dtrain bench: {}", e.what()));
+  }
+  if (p.collectives.empty())
+    throw InvalidArgumentError("dtrain bench: name a collective, e.g. dtrain bench allreduce --np 4");
+  if (a.iters < 1 || a.warmup < 0)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain bench: --iters {} --warmup {}: time at least one iteration, warm up zero or more",
+        a.iters, a.warmup));
+  if (a.timeout_s <= 0 || a.deadline_s <= 0)
+    throw InvalidArgumentError("dtrain bench: --timeout and --deadline must be positive seconds");
+  if (a.transport != "auto" && a.transport != "tcp")
+    throw InvalidArgumentError(fmt::format(
+        "dtrain bench: --transport {}: this build of dtrain has only its TCP transport; use tcp "
+        "or auto",
+        a.transport));
+  size_t pos = 0;
+  while (!a.peers.empty() && pos <= a.peers.size()) {
+    size_t comma = a.peers.find(',', pos);
+    std::string item = a.peers.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (!item.empty()) {
+      if (item != "gloo" && item != "mpi" && item != "mpi-tcp" && item != "torch")
+        throw InvalidArgumentError(fmt::format(
+            "dtrain bench: unknown peer '{}': use gloo, mpi, mpi-tcp or torch", item));
+      if (std::find(p.peers.begin(), p.peers.end(), item) == p.peers.end()) p.peers.push_back(item);
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rank mode: one rank of dtrain's side.
+
+DType to_dtype(ElemType t) {
+  switch (t) {
+    case ElemType::kF32: return DType::kF32;
+    case ElemType::kF64: return DType::kF64;
+    case ElemType::kI32: return DType::kI32;
+    case ElemType::kI64: return DType::kI64;
+  }
+  return DType::kU8;
+}
+
+ReduceOp to_reduce_op(Op op) {
+  switch (op) {
+    case Op::kSum: return ReduceOp::kSum;
+    case Op::kProd: return ReduceOp::kProd;
+    case Op::kMin: return ReduceOp::kMin;
+    case Op::kMax: return ReduceOp::kMax;
+  }
+  return ReduceOp::kSum;
+}
+
+double reduce_scalar(ProcessGroup& pg, double v, ReduceOp op, std::chrono::milliseconds timeout) {
+  AllreduceOptions o;
+  o.op = op;
+  o.timeout = timeout;
+  pg.allreduce(TensorView{&v, 1, DType::kF64}, o)->wait();
+  return v;
+}
+
+Result run_native_size(ProcessGroup& pg, const BenchArgs& a, const Plan& p, Collective c,
+                       size_t bytes) {
+  const int rank = pg.rank();
+  const int n = pg.size();
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+  const bench::Layout layout = bench::layout_for(c, bytes, n, p.dtype);
+  const bool in_place =
+      c == Collective::kAllreduce || c == Collective::kBroadcast || c == Collective::kReduce;
+  bench::Buffers buffers(c, p.dtype, p.op, rank, n, layout, in_place);
+  const DType dt = to_dtype(p.dtype);
+  const TensorView in{buffers.input(), layout.in_count, dt};
+  const TensorView out{buffers.output(), in_place ? layout.in_count : layout.out_count, dt};
+  const ReduceOp op = to_reduce_op(p.op);
+
+  bench::Hooks h;
+  h.prepare = [&buffers] { buffers.restore(false); };
+  h.prepare_check = [&buffers] { buffers.restore(true); };
+  h.barrier = [&pg, timeout] {
+    BarrierOptions o;
+    o.timeout = timeout;
+    pg.barrier(o)->wait();
+  };
+  h.max_over_ranks = [&pg, timeout](double v) { return reduce_scalar(pg, v, ReduceOp::kMax, timeout); };
+  h.sum_over_ranks = [&pg, timeout](double v) { return reduce_scalar(pg, v, ReduceOp::kSum, timeout); };
+  if (a.check)
+    h.check = [&, c] { return bench::count_wrong(c, p.dtype, p.op, rank, n, layout, buffers.output()); };
+
+  ProcessGroup* g = &pg;
+  const std::string algo = a.algo;
+  switch (c) {
+    case Collective::kAllreduce:
+      h.run = [=] { g->allreduce(in, AllreduceOptions{op, timeout, algo})->wait(); };
+      break;
+    case Collective::kBroadcast:
+      h.run = [=] { g->broadcast(in, BroadcastOptions{0, timeout, algo})->wait(); };
+      break;
+    case Collective::kReduce:
+      h.run = [=] { g->reduce(in, ReduceOptions{0, op, timeout, algo})->wait(); };
+      break;
+    case Collective::kAllgather:
+      h.run = [=] { g->allgather(out, in, AllgatherOptions{timeout, algo})->wait(); };
+      break;
+    case Collective::kGather:
+      h.run = [=] { g->gather(out, in, GatherOptions{0, timeout})->wait(); };
+      break;
+    case Collective::kScatter:
+      h.run = [=] { g->scatter(out, in, ScatterOptions{0, timeout})->wait(); };
+      break;
+    case Collective::kReduceScatter:
+      h.run = [=] { g->reduce_scatter(out, in, ReduceScatterOptions{op, timeout, algo})->wait(); };
+      break;
+    case Collective::kAlltoall:
+      h.run = [=] { g->alltoall(out, in, AlltoallOptions{timeout})->wait(); };
+      break;
+    case Collective::kBarrier:
+      h.run = [=] { g->barrier(BarrierOptions{timeout, algo})->wait(); };
+      break;
+    case Collective::kSendRecv: {
+      if (n < 2) throw InvalidArgumentError("dtrain bench sendrecv needs --np 2 or more");
+      const int next = (rank + 1) % n;
+      const int prev = (rank + n - 1) % n;
+      h.run = [=] {
+        auto r = g->irecv(out, prev, 0, RecvOptions{timeout});
+        auto s = g->isend(in, next, 0, SendOptions{timeout});
+        s->wait();
+        r->wait();
+      };
+      break;
+    }
+  }
+  bench::Measurement m = bench::measure(h, a.warmup, a.iters);
+  return bench::make_result("dtrain", c, n, layout, p.dtype, p.op, m, algo.empty() ? "auto" : algo);
+}
+
+void print_tables(const Plan& p, const std::vector<Result>& results,
+                  const std::vector<std::string>& peers, std::FILE* out);
+void write_json(const std::string& path, const std::vector<Result>& results);
+
+int run_rank(const BenchArgs& a) {
+  const Plan p = make_plan(a);
+  InitOptions init;
+  init.group.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+  auto pg = init_process_group(init);
+  std::vector<Result> results;
+  for (Collective c : p.collectives) {
+    const std::vector<size_t> sizes = c == Collective::kBarrier ? std::vector<size_t>{0} : p.sizes;
+    for (size_t bytes : sizes) {
+      Result r = run_native_size(*pg, a, p, c, bytes);
+      if (pg->rank() != 0) continue;
+      if (a.jsonl) {
+        std::printf("%s\n", bench::to_json_line(r).c_str());
+        std::fflush(stdout);
+      }
+      results.push_back(std::move(r));
+    }
+  }
+  if (pg->rank() == 0 && !a.jsonl) {
+    print_tables(p, results, {}, stdout);
+    if (!a.json_file.empty()) write_json(a.json_file, results);
+  }
+  for (const auto& r : results)
+    if (r.wrong > 0) return 1;
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Driver: start each implementation's ranks, bounded by a deadline, and collect their results.
+
+struct ChildSpec {
+  std::string label;  // "rank 3", "mpirun"
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;  // on top of ours
+};
+
+struct Outcome {
+  std::vector<Result> results;
+  std::string failure;  // empty when every process exited 0
+};
+
+// The environment of a child: ours with `overrides` replacing same-named variables. Built before
+// fork: after it, in a threaded process, only async-signal-safe calls are allowed.
+std::vector<std::string> child_environment(
+    const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    std::string_view name = entry.substr(0, entry.find('='));
+    bool replaced = std::any_of(overrides.begin(), overrides.end(),
+                                [&](const auto& kv) { return kv.first == name; });
+    if (!replaced) env.emplace_back(entry);
+  }
+  for (const auto& [k, v] : overrides) env.push_back(k + "=" + v);
+  return env;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (auto& s : v) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+class ChildSet {
+ public:
+  struct Child {
+    std::string label;
+    pid_t pid = -1;
+    int out_fd = -1;
+    bool exited = false;
+    int status = 0;
+    std::string partial;
+  };
+
+  ~ChildSet() { kill_all(); }
+
+  void start(const ChildSpec& spec) {
+    std::string exe = launch::find_executable(spec.argv.at(0));
+    std::vector<std::string> argv = spec.argv;
+    std::vector<std::string> envs = child_environment(spec.env);
+    std::vector<char*> c_argv = c_strings(argv);
+    std::vector<char*> c_env = c_strings(envs);
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0)
+      throw InternalError(fmt::format("dtrain bench: pipe: {}", std::strerror(errno)));
+    const pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      throw InternalError(fmt::format("dtrain bench: fork: {}", std::strerror(errno)));
+    }
+    if (pid == 0) {
+      // Own process group, so that one kill reaches whatever it starts (mpirun's ranks); dies
+      // with the driver.
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      dup2(fds[1], STDOUT_FILENO);
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      execve(exe.c_str(), c_argv.data(), c_env.data());
+      const char msg[] = "dtrain bench: exec failed\n";
+      ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+      (void)ignored;
+      _exit(127);
+    }
+    setpgid(pid, pid);  // also here, so that a kill right after start finds the group
+    ::close(fds[1]);
+    children_.push_back(Child{spec.label, pid, fds[0]});
+  }
+
+  // Reads output and reaps until every child exited and closed its stdout, one failed, or the
+  // deadline passed. Returns "" on success, else what went wrong.
+  std::string wait(const std::string& impl, std::chrono::steady_clock::time_point deadline,
+                   std::vector<std::string>& lines) {
+    while (true) {
+      reap();
+      for (const auto& c : children_) {
+        if (c.exited && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
+          drain(lines, std::chrono::milliseconds(300));
+          std::string why = WIFSIGNALED(c.status)
+                                ? fmt::format("killed by {}", launch::signal_name(WTERMSIG(c.status)))
+                                : fmt::format("exited with code {}", WEXITSTATUS(c.status));
+          kill_all();
+          return fmt::format("{}: {} {} (its error is above); stopped the others", impl, c.label, why);
+        }
+      }
+      bool all_exited = std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.exited; });
+      if (all_exited) {
+        drain(lines, kKillGrace);
+        return "";
+      }
+      auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        std::string running;
+        for (const auto& c : children_)
+          if (!c.exited) running += (running.empty() ? "" : ", ") + c.label;
+        kill_all();
+        return fmt::format("{}: did not finish before the deadline; still running: {} (killed)",
+                           impl, running);
+      }
+      auto slice = std::min<std::chrono::milliseconds>(
+          kPollSlice, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+      read_some(lines, slice);
+    }
+  }
+
+ private:
+  void reap() {
+    for (auto& c : children_) {
+      if (c.exited) continue;
+      int status = 0;
+      pid_t r = waitpid(c.pid, &status, WNOHANG);
+      if (r == c.pid) {
+        c.exited = true;
+        c.status = status;
+      }
+    }
+  }
+
+  // One poll over the open stdout pipes; complete lines go to `lines`.
+  void read_some(std::vector<std::string>& lines, std::chrono::milliseconds timeout) {
+    std::vector<pollfd> pfds;
+    std::vector<Child*> owners;
+    for (auto& c : children_) {
+      if (c.out_fd < 0) continue;
+      pfds.push_back(pollfd{c.out_fd, POLLIN, 0});
+      owners.push_back(&c);
+    }
+    if (pfds.empty()) {
+      std::this_thread::sleep_for(timeout);
+      return;
+    }
+    int rc = ::poll(pfds.data(), pfds.size(), static_cast<int>(timeout.count()));
+    if (rc <= 0) return;
+    for (size_t i = 0; i < pfds.size(); ++i) {
+      if (pfds[i].revents == 0) continue;
+      Child& c = *owners[i];
+      char buf[65536];
+      ssize_t got = ::read(c.out_fd, buf, sizeof(buf));
+      if (got > 0) {
+        c.partial.append(buf, static_cast<size_t>(got));
+        size_t nl;
+        while ((nl = c.partial.find('\n')) != std::string::npos) {
+          lines.push_back(c.partial.substr(0, nl));
+          c.partial.erase(0, nl + 1);
+        }
+      } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+        if (!c.partial.empty()) lines.push_back(std::move(c.partial));
+        c.partial.clear();
+        ::close(c.out_fd);
+        c.out_fd = -1;
+      }
+    }
+  }
+
+  // After the children exited: what is left in their pipes (a grandchild may hold one open; do
+  // not wait for it longer than `limit`).
+  void drain(std::vector<std::string>& lines, std::chrono::milliseconds limit) {
+    auto until = std::chrono::steady_clock::now() + limit;
+    while (std::any_of(children_.begin(), children_.end(), [](const Child& c) { return c.out_fd >= 0; }) &&
+           std::chrono::steady_clock::now() < until)
+      read_some(lines, std::chrono::milliseconds(50));
+    for (auto& c : children_) {
+      if (c.out_fd >= 0) {
+        ::close(c.out_fd);
+        c.out_fd = -1;
+      }
+    }
+  }
+
+  // SIGTERM to every process group still running, SIGKILL after a grace period; reaps all.
+  void kill_all() {
+    for (auto& c : children_)
+      if (!c.exited) ::kill(-c.pid, SIGTERM);
+    auto until = std::chrono::steady_clock::now() + kKillGrace;
+    while (std::chrono::steady_clock::now() < until) {
+      reap();
+      if (std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.exited; })) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    for (auto& c : children_) {
+      // The whole group: mpirun's ranks too, even when mpirun itself already exited.
+      ::kill(-c.pid, SIGKILL);
+      if (!c.exited) {
+        int status = 0;
+        if (waitpid(c.pid, &status, 0) == c.pid) {
+          c.exited = true;
+          c.status = status;
+        }
+      }
+      if (c.out_fd >= 0) {
+        ::close(c.out_fd);
+        c.out_fd = -1;
+      }
+    }
+  }
+
+  std::vector<Child> children_;
+};
+
+Outcome run_children(const std::string& impl, const std::vector<ChildSpec>& specs,
+                     const BenchArgs& a) {
+  Outcome o;
+  ChildSet set;
+  for (const auto& s : specs) set.start(s);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(a.deadline_s * 1000));
+  std::vector<std::string> lines;
+  o.failure = set.wait(impl, deadline, lines);
+  for (const auto& line : lines) {
+    if (!line.empty() && line.front() == '{') {
+      try {
+        o.results.push_back(bench::parse_json_line(line));
+        continue;
+      } catch (const std::invalid_argument&) {
+      }
+    }
+    std::fprintf(stderr, "[%s] %s\n", impl.c_str(), line.c_str());
+  }
+  return o;
+}
+
+// A TCP port free right now on 127.0.0.1 (for torch's own store; the tiny race with another
+// process taking it meanwhile shows up as that peer failing, named).
+uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw InternalError(fmt::format("dtrain bench: socket: {}", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw InternalError(fmt::format("dtrain bench: cannot find a free port: {}", std::strerror(err)));
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::vector<std::pair<std::string, std::string>> rank_env(int rank, int np, uint16_t port) {
+  return {{"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(np)},
+          {"LOCAL_RANK", std::to_string(rank)},
+          {"LOCAL_WORLD_SIZE", std::to_string(np)},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", std::to_string(port)},
+          {"DTRAIN_AGENT_STORE", "1"}};
+}
+
+bench::PeerConfig peer_config(const BenchArgs& a, const Plan& p) {
+  bench::PeerConfig c;
+  c.collectives = p.collectives;
+  c.sizes = p.sizes;
+  c.dtype = p.dtype;
+  c.op = p.op;
+  c.iters = a.iters;
+  c.warmup = a.warmup;
+  c.check = a.check;
+  c.timeout_s = a.timeout_s;
+  return c;
+}
+
+fs::path self_exe() { return fs::read_symlink("/proc/self/exe"); }
+
+Outcome run_dtrain(const BenchArgs& a, const Plan& p) {
+  TcpStoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  TcpStoreServer store(so);
+  std::string sizes;
+  for (size_t s : p.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(s);
+  std::vector<ChildSpec> specs;
+  for (int r = 0; r < a.np; ++r) {
+    ChildSpec s;
+    s.label = fmt::format("rank {}", r);
+    s.argv = {self_exe().string(), "bench", a.collectives, "--np", std::to_string(a.np),
+              "--sizes", sizes, "--dtype", a.dtype, "--op", a.op, "--iters", std::to_string(a.iters),
+              "--warmup", std::to_string(a.warmup), a.check ? "--check" : "--no-check",
+              "--transport", a.transport, "--timeout", fmt::format("{}", a.timeout_s), "--jsonl"};
+    if (!a.algo.empty()) {
+      s.argv.push_back("--algo");
+      s.argv.push_back(a.algo);
+    }
+    s.env = rank_env(r, a.np, store.port());
+    specs.push_back(std::move(s));
+  }
+  return run_children("dtrain", specs, a);
+}
+
+// Runs peer `name`, or returns nullopt after saying in one line why it is skipped.
+std::optional<Outcome> run_peer(const std::string& name, const BenchArgs& a, const Plan& p) {
+  auto skip = [&](const std::string& why) -> std::optional<Outcome> {
+    std::fprintf(stderr, "%s: skipped, %s\n", name.c_str(), why.c_str());
+    return std::nullopt;
+  };
+  const fs::path bin_dir = self_exe().parent_path();
+  std::vector<std::string> peer_args = bench::to_peer_args(peer_config(a, p));
+  std::vector<ChildSpec> specs;
+  std::unique_ptr<TcpStoreServer> store;
+
+  if (name == "gloo") {
+    fs::path exe = bin_dir / "gloo_peer";
+    if (!fs::exists(exe))
+      return skip(fmt::format("{} not built (install libgloo-dev and rebuild)", exe.string()));
+    TcpStoreServerOptions so;
+    so.host = "127.0.0.1";
+    so.port = 0;
+    store = std::make_unique<TcpStoreServer>(so);
+    for (int r = 0; r < a.np; ++r) {
+      ChildSpec s{fmt::format("rank {}", r), {exe.string()}, rank_env(r, a.np, store->port())};
+      s.argv.insert(s.argv.end(), peer_args.begin(), peer_args.end());
+      specs.push_back(std::move(s));
+    }
+  } else if (name == "mpi" || name == "mpi-tcp") {
+    fs::path exe = bin_dir / "mpi_peer";
+    if (!fs::exists(exe))
+      return skip(fmt::format("{} not built (install libopenmpi-dev and rebuild)", exe.string()));
+    std::string mpirun;
+    try {
+      mpirun = launch::find_executable("mpirun");
+    } catch (const Error&) {
+      return skip("mpirun not found on PATH (install openmpi-bin)");
+    }
+    ChildSpec s;
+    s.label = "mpirun";
+    s.argv = {mpirun, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(a.np)};
+    if (name == "mpi-tcp") s.argv.insert(s.argv.end(), {"--mca", "btl", "tcp,self", "--mca", "pml", "ob1"});
+    s.argv.insert(s.argv.end(), {exe.string(), "--impl", name});
+    s.argv.insert(s.argv.end(), peer_args.begin(), peer_args.end());
+    specs.push_back(std::move(s));
+  } else if (name == "torch") {
+    fs::path script = fs::path(DTRAIN_BENCH_PEERS_DIR) / "torch_peer.py";
+    if (!fs::exists(kPythonPath)) return skip(fmt::format("{} not found (install python3)", kPythonPath));
+    if (!fs::exists(script)) return skip(fmt::format("{} not found", script.string()));
+    // Importing torch takes seconds; ask once, bounded, before starting N of them.
+    BenchArgs probe_args = a;
+    probe_args.deadline_s = 120;
+    Outcome probe = run_children(
+        "torch", {ChildSpec{"import check", {kPythonPath, "-c", "import torch.distributed"}, {}}}, probe_args);
+    if (!probe.failure.empty())
+      return skip("python3 cannot import torch.distributed (install python3-torch, e.g. "
+                  "scripts/install-deps.sh --bench)");
+    uint16_t port = free_port();
+    for (int r = 0; r < a.np; ++r) {
+      auto env = rank_env(r, a.np, port);
+      env.emplace_back("OMP_NUM_THREADS", "1");
+      ChildSpec s{fmt::format("rank {}", r), {kPythonPath, script.string()}, env};
+      s.argv.insert(s.argv.end(), peer_args.begin(), peer_args.end());
+      specs.push_back(std::move(s));
+    }
+  }
+  return run_children(name, specs, a);
+}
+
+std::string format_us(double us) {
+  if (us <= 0) return "-";
+  return us >= 1e5 ? fmt::format("{:.0f}", us) : fmt::format("{:.1f}", us);
+}
+
+void print_tables(const Plan& p, const std::vector<Result>& results,
+                  const std::vector<std::string>& peers, std::FILE* out) {
+  for (Collective c : p.collectives) {
+    const std::string coll(bench::to_string(c));
+    std::map<std::string, std::map<size_t, const Result*>> by_impl;  // impl -> bytes -> result
+    std::set<size_t> sizes;
+    int np = 0;
+    for (const auto& r : results) {
+      if (r.coll != coll) continue;
+      by_impl[r.impl][r.bytes] = &r;
+      sizes.insert(r.bytes);
+      np = r.np;
+    }
+    if (sizes.empty()) {
+      fmt::print(out, "# {}: no results\n\n", coll);
+      continue;
+    }
+    fmt::print(out, "# {}  np {}  dtype {}  op {}  (time: median us over the slowest rank; p99 us)\n",
+               coll, np, bench::to_string(p.dtype), bench::is_reduction(c) ? bench::to_string(p.op) : "none");
+    std::string header = fmt::format("{:>12} {:>12} {:>5} {:>5} {:>11} {:>11} {:>8} {:>8} {:>7} {:>18}",
+                                     "size(B)", "count", "type", "op", "time(us)", "p99(us)",
+                                     "algbw", "busbw", "#wrong", "algo");
+    for (const auto& peer : peers) header += fmt::format(" {:>14} {:>11}", peer + ":ratio", peer + "(us)");
+    fmt::print(out, "{}\n", header);
+    const auto& ours = by_impl["dtrain"];
+    for (size_t bytes : sizes) {
+      const Result* r = ours.count(bytes) ? ours.at(bytes) : nullptr;
+      const Result* any = r;
+      for (const auto& peer : peers)
+        if (any == nullptr && by_impl[peer].count(bytes)) any = by_impl[peer].at(bytes);
+      std::string line = fmt::format(
+          "{:>12} {:>12} {:>5} {:>5} ", bytes, any->count, any->dtype, any->op);
+      if (r != nullptr) {
+        line += fmt::format("{:>11} {:>11} {:>8.3f} {:>8.3f} {:>7} {:>18}", format_us(r->time_us),
+                            format_us(r->p99_us), r->algbw_gbs, r->busbw_gbs,
+                            r->wrong < 0 ? std::string("-") : std::to_string(r->wrong), r->algo);
+      } else {
+        line += fmt::format("{:>11} {:>11} {:>8} {:>8} {:>7} {:>18}", "-", "-", "-", "-", "-", "-");
+      }
+      for (const auto& peer : peers) {
+        const auto& theirs = by_impl[peer];
+        if (!theirs.count(bytes)) {
+          line += fmt::format(" {:>14} {:>11}", "-", "-");
+          continue;
+        }
+        const Result* q = theirs.at(bytes);
+        std::string ratio = (r != nullptr && r->time_us > 0 && q->time_us > 0)
+                                ? fmt::format("{:.2f}", q->time_us / r->time_us)
+                                : "-";
+        std::string time = format_us(q->time_us);
+        if (q->wrong > 0) time += "!";  // that peer's results were wrong
+        line += fmt::format(" {:>14} {:>11}", ratio, time);
+      }
+      fmt::print(out, "{}\n", line);
+    }
+    fmt::print(out, "\n");
+  }
+  std::fflush(out);
+}
+
+void write_json(const std::string& path, const std::vector<Result>& results) {
+  std::ofstream f(path, std::ios::trunc);
+  if (!f) throw InvalidArgumentError(fmt::format("dtrain bench: cannot write --json {}", path));
+  for (const auto& r : results) f << bench::to_json_line(r) << "\n";
+  if (!f) throw InvalidArgumentError(fmt::format("dtrain bench: writing --json {} failed", path));
+}
+
+int run_driver(const BenchArgs& a) {
+  const Plan p = make_plan(a);
+  if (a.np < 1) throw InvalidArgumentError(fmt::format("dtrain bench: --np is {}: start at least one rank", a.np));
+  std::string sizes;
+  for (size_t s : p.sizes) sizes += (sizes.empty() ? "" : ",") + bench::format_bytes(s);
+  std::fprintf(stderr, "dtrain bench: %s, np %d, sizes %s, %s, iters %d, warmup %d, check %s%s%s\n",
+               a.collectives.c_str(), a.np, sizes.c_str(), a.dtype.c_str(), a.iters, a.warmup,
+               a.check ? "on" : "off", p.peers.empty() ? "" : ", peers ", a.peers.c_str());
+  // SIGPIPE from a child's closed pipe must not kill the driver.
+  ::signal(SIGPIPE, SIG_IGN);
+
+  std::vector<Result> results;
+  std::vector<std::string> failures;
+  auto collect = [&](Outcome o) {
+    results.insert(results.end(), o.results.begin(), o.results.end());
+    if (!o.failure.empty()) {
+      std::fprintf(stderr, "%s\n", o.failure.c_str());
+      failures.push_back(o.failure);
+    }
+  };
+  collect(run_dtrain(a, p));
+  std::vector<std::string> shown_peers;
+  for (const auto& peer : p.peers) {
+    auto o = run_peer(peer, a, p);
+    if (!o) continue;
+    shown_peers.push_back(peer);
+    collect(std::move(*o));
+  }
+  print_tables(p, results, shown_peers, stdout);
+  if (!a.json_file.empty()) write_json(a.json_file, results);
+  bool wrong = std::any_of(results.begin(), results.end(), [](const Result& r) { return r.wrong > 0; });
+  if (wrong) std::fprintf(stderr, "dtrain bench: some results were wrong (#wrong > 0)\n");
+  return failures.empty() && !wrong ? 0 : 1;
+}
+
+bool is_rank_of_a_job() {
+  return env::raw(env::kRank).has_value() || env::raw(env::kOmpiRank).has_value();
+}
+
+}  // namespace
+
+CLI::App* add_bench_command(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  auto* cmd = app.add_subcommand(
+      "bench", "Time collectives nccl-tests style: dtrain and its peers (gloo, mpi, torch) side by side");
+  cmd->footer(
+      "COLL: allreduce, broadcast, reduce, allgather, gather, scatter, reducescatter, alltoall,\n"
+      "barrier, sendrecv, a comma-separated list of them, or all. Sizes are each rank's buffer as\n"
+      "nccl-tests count them. Under `dtrain run` or `mpirun` it is one rank of that job and measures\n"
+      "dtrain only. Method and bus bandwidth factors: docs/performance.md.");
+  cmd->add_option("coll", a->collectives, "Collective(s) to time")->required();
+  cmd->add_option("--np", a->np, "Ranks to start (driver mode)")->capture_default_str();
+  cmd->add_option("--sizes", a->sizes, "Per-rank buffer sizes: 4K,64K,1M or a doubling range 4K:64M")
+      ->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "f32, f64, i32 or i64")->capture_default_str();
+  cmd->add_option("--op", a->op, "sum, prod, min or max (reductions)")->capture_default_str();
+  cmd->add_option("--iters", a->iters, "Timed iterations per size")->capture_default_str();
+  cmd->add_option("--warmup", a->warmup, "Untimed iterations first")->capture_default_str();
+  cmd->add_flag("--check,!--no-check", a->check, "Verify the results (default on)");
+  cmd->add_option("--json", a->json_file, "Also write every result as one JSON object per line");
+  cmd->add_option("--peers", a->peers, "Also time these: gloo, mpi, mpi-tcp, torch (comma-separated)");
+  cmd->add_option("--transport", a->transport, "dtrain's transport: tcp or auto")->capture_default_str();
+  cmd->add_option("--algo", a->algo, "dtrain's algorithm (default: the cost model's choice)");
+  cmd->add_option("--timeout", a->timeout_s, "Seconds each operation may take, every implementation")
+      ->capture_default_str();
+  cmd->add_option("--deadline", a->deadline_s,
+                  "Seconds each implementation's whole run may take before it is killed")
+      ->capture_default_str();
+  cmd->add_flag("--jsonl", a->jsonl, "Rank 0 prints result lines, not the table (the driver's ranks)")
+      ->group("");
+  cmd->callback([a] {
+    int rc = is_rank_of_a_job() ? run_rank(*a) : run_driver(*a);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+  return cmd;
+}
+
+}  // namespace dtrain::tools
