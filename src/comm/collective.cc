@@ -98,7 +98,14 @@ transport::tcp::Pair* CollectiveContext::pair(int peer) const {
 }
 
 void CollectiveContext::touch(transport::tcp::Pair* p) {
-  if (std::find(active_.begin(), active_.end(), p) == active_.end()) active_.push_back(p);
+  if (std::find(active_.begin(), active_.end(), p) != active_.end()) return;
+  // The collective's thread polls its pairs itself for the whole run (see Pair::begin_spin).
+  p->begin_spin();
+  active_.push_back(p);
+}
+
+CollectiveContext::~CollectiveContext() {
+  for (auto* p : active_) p->end_spin();
 }
 
 CollectiveContext::RequestPtr CollectiveContext::send(int peer, const void* data, size_t bytes) {
@@ -118,7 +125,7 @@ void CollectiveContext::wait(std::span<const RequestPtr> requests) {
   raw.reserve(requests.size());
   for (const auto& r : requests) raw.push_back(r.get());
   try {
-    transport::tcp::wait_requests(raw, active_, deadline_);
+    transport::tcp::wait_requests(raw, active_, deadline_, /*spinning=*/true);
   } catch (const InvalidArgumentError&) {
     for (auto* r : raw) {
       if (r->received_aux == 0) continue;

@@ -61,6 +61,9 @@ class CollectiveContext {
   CollectiveContext(int rank, int size, std::vector<transport::tcp::Pair*> pairs, uint64_t tag,
                     const CollectiveCall& call, Deadline deadline, std::string group_name,
                     uint32_t seq);
+  ~CollectiveContext();  // hands the pairs back to the event loop
+  CollectiveContext(const CollectiveContext&) = delete;
+  CollectiveContext& operator=(const CollectiveContext&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }

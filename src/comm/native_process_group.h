@@ -13,6 +13,7 @@
 #include "comm/cost_model.h"
 #include "comm/executor.h"
 #include "comm/postmortem.h"
+#include "comm/watchdog.h"
 #include "dtrain/process_group.h"
 #include "transport/tcp/device.h"
 
@@ -96,6 +97,7 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   std::shared_ptr<Executor> executor_;
   std::vector<std::byte> scratch_;  // used by the running collective only
   CallHistory history_;
+  std::unique_ptr<Watchdog> watchdog_;
 
   std::mutex mu_;  // guards next_seq_, children_, failure_
   uint32_t next_seq_ = 0;

@@ -126,6 +126,8 @@ NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::ve
 }
 
 void NativeProcessGroup::start() {
+  watchdog_ = std::make_unique<Watchdog>(*store_, name_, rank_, size_,
+                                         env::get_seconds(env::kStragglerSeconds));
   executor_ = std::make_shared<Executor>([this](std::exception_ptr e) {
     uint32_t seq;
     {
@@ -260,14 +262,19 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                           seq);
     ctx.set_scratch(&scratch_);
     DTRAIN_LOG_DEBUG("{} via {}", what, algo);
+    watchdog_->enter(seq, call.describe());
     try {
       body(ctx);
     } catch (...) {
       // Tell the peers first (they fail at once), then ask everyone what they called.
       on_collective_failed(seq, std::current_exception());
       const std::string entry = fmt::format("called {} and failed", call.describe());
-      rethrow_with(what, postmortem(seq, entry));
+      std::string after = postmortem(seq, entry);
+      if (size_ > 1) after += "; " + watchdog_->arrivals(seq);
+      watchdog_->leave();
+      rethrow_with(what, after);
     }
+    watchdog_->leave();
     history_.finished(seq);
   };
   history_.called(seq, call);

@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -470,6 +472,41 @@ TEST(Collectives, BadArgumentsAreRejectedAtTheCall) {
     expect_invalid([&] { pg->allreduce(TensorView::of(v), {.algorithm = "magic"}); }, "halving_doubling");
     expect_invalid([&] { pg->new_group({0, 0}); }, "twice");
   }));
+}
+
+}  // namespace
+}  // namespace dtrain::testing
+
+namespace dtrain::testing {
+namespace {
+
+// A collective that waits past DTRAIN_STRAGGLER_SECONDS logs who has arrived and who has not.
+TEST(Collectives, StragglerIsNamedInTheLog) {
+  const int port = free_port();
+  const std::string log = ::testing::TempDir() + "/dtrain_straggler_" + std::to_string(::getpid());
+  auto results = run_ranks(3, [&](int rank) {
+    ::setenv("DTRAIN_STRAGGLER_SECONDS", "0.5", 1);
+    if (rank == 0) {
+      FILE* f = std::freopen(log.c_str(), "w", stderr);
+      RANK_CHECK(f != nullptr, "cannot redirect stderr");
+    }
+    auto pg = make_group(rank, 3, port);
+    pg->barrier()->wait();
+    if (rank == 2) std::this_thread::sleep_for(1800ms);
+    std::vector<float> v(16, 1.0f);
+    pg->allreduce(TensorView::of(v))->wait();
+    RANK_CHECK(v[0] == 3.0f, "sum {}", v[0]);
+    std::fflush(stderr);
+  }, 60s);
+  expect_all_ok(results);
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  EXPECT_NE(text.find("collective #2 of group world, all_reduce(f32, 16, sum), has waited"), std::string::npos) << text;
+  EXPECT_NE(text.find("not arrived: rank 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 1 at"), std::string::npos) << text;
+  std::remove(log.c_str());
 }
 
 }  // namespace

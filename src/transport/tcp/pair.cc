@@ -593,7 +593,16 @@ void Pair::cancel_locked(Request& r, const std::string& why) {
                          text + "; the connection is closed because a message was cut short"));
 }
 
-void Pair::begin_spin() { spinners_.fetch_add(1); }
+void Pair::begin_spin() {
+  std::lock_guard lock(mu_);
+  spinners_.fetch_add(1);
+  if (armed_ && !broken_) {
+    // Leave the socket to the spinning thread: an event-loop wake-up per message would cost a
+    // context switch on a core the peers need.
+    loop_->arm(this, fd_.get(), 0);
+    armed_ = false;
+  }
+}
 
 void Pair::end_spin() {
   std::lock_guard lock(mu_);
@@ -613,7 +622,7 @@ void Pair::wait(Request& r, const Deadline& deadline) {
 }
 
 void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pairs,
-                   const Deadline& deadline) {
+                   const Deadline& deadline, bool spinning) {
   auto all_done = [&] {
     for (Request* r : requests)
       if (!r->completion.done()) return false;
@@ -623,7 +632,8 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
   if (!all_done() && spin.count() > 0) {
     // Spin, then yield, then sleep: lowest latency when the peers are quick, and no lost cores
     // when processes outnumber them. While spinning, the pairs stay out of the event loop.
-    for (Pair* p : pairs) p->begin_spin();
+    if (!spinning)
+      for (Pair* p : pairs) p->begin_spin();
     const auto start = Clock::now();
     const auto spin_end = start + spin;
     const auto stop = std::min(spin_end + spin, deadline.at());
@@ -638,14 +648,22 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
         for (int i = 0; i < 16; ++i) cpu_relax();
       }
     }
-    for (Pair* p : pairs) p->end_spin();
+    if (!spinning)
+      for (Pair* p : pairs) p->end_spin();
   }
-  for (Request* r : requests) {
-    while (!r->completion.done() && !deadline.expired()) {
-      // Bounded slices keep a "never" deadline from overflowing the clock arithmetic.
-      auto slice = Clock::now() + std::chrono::seconds(1);
-      r->completion.wait_until(std::min(slice, deadline.at()));
+  if (!all_done()) {
+    // Sleep while the event loop moves the bytes: hand the pairs back to it for the while.
+    if (spinning)
+      for (Pair* p : pairs) p->end_spin();
+    for (Request* r : requests) {
+      while (!r->completion.done() && !deadline.expired()) {
+        // Bounded slices keep a "never" deadline from overflowing the clock arithmetic.
+        auto slice = Clock::now() + std::chrono::seconds(1);
+        r->completion.wait_until(std::min(slice, deadline.at()));
+      }
     }
+    if (spinning)
+      for (Pair* p : pairs) p->begin_spin();
   }
   for (Request* r : requests)
     if (!r->completion.done())

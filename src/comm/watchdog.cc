@@ -1,0 +1,107 @@
+#include "comm/watchdog.h"
+
+#include <ctime>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/log.h"
+
+namespace dtrain::comm {
+namespace {
+
+std::string clock_text(int64_t ms_since_epoch) {
+  std::time_t t = static_cast<std::time_t>(ms_since_epoch / 1000);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  return fmt::format("{:02}:{:02}:{:02}.{:03}", tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ms_since_epoch % 1000);
+}
+
+}  // namespace
+
+Watchdog::Watchdog(Store& store, std::string group, int rank, int size,
+                   std::chrono::milliseconds threshold)
+    : store_(store), group_(std::move(group)), rank_(rank), size_(size), threshold_(threshold) {
+  if (size_ > 1 && threshold_.count() > 0)
+    thread_ = std::jthread([this](std::stop_token st) { run(st); });
+}
+
+Watchdog::~Watchdog() {
+  if (thread_.joinable()) {
+    thread_.request_stop();
+    cv_.notify_all();
+  }
+}
+
+void Watchdog::enter(uint32_t seq, std::string what) {
+  std::lock_guard lock(mu_);
+  seq_ = seq;
+  what_ = std::move(what);
+  since_ = std::chrono::steady_clock::now();
+  arrived_ = std::chrono::system_clock::now();
+}
+
+void Watchdog::leave() {
+  std::lock_guard lock(mu_);
+  seq_ = 0;
+}
+
+std::string Watchdog::arrivals(uint32_t seq) {
+  int64_t mine;
+  {
+    std::lock_guard lock(mu_);
+    mine = std::chrono::duration_cast<std::chrono::milliseconds>(arrived_.time_since_epoch()).count();
+  }
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  std::vector<std::string> arrived;
+  std::vector<int> absent;
+  try {
+    store_.set(fmt::format("{}/arrive/{}/{}", group_, seq, rank_), std::to_string(mine));
+    for (int r = 0; r < size_; ++r) {
+      const std::string key = fmt::format("{}/arrive/{}/{}", group_, seq, r);
+      if (!store_.check({key})) {
+        absent.push_back(r);
+        continue;
+      }
+      int64_t at = std::stoll(store_.get_string(key));
+      arrived.push_back(fmt::format("rank {} at {} (waiting {:.1f} s)", r, clock_text(at),
+                                    (now - at) / 1000.0));
+    }
+  } catch (const std::exception& e) {
+    return fmt::format("(arrivals unknown: the store is unreachable: {})", e.what());
+  }
+  std::string text = fmt::format("arrived: {}", fmt::join(arrived, ", "));
+  if (!absent.empty())
+    text += fmt::format("; not arrived: {} {}", absent.size() == 1 ? "rank" : "ranks",
+                        fmt::join(absent, ", "));
+  return text;
+}
+
+void Watchdog::report(uint32_t seq, const std::string& what,
+                      std::chrono::steady_clock::duration waited) {
+  DTRAIN_LOG_WARN("rank {}: collective #{} of group {}, {}, has waited {:.1f} s: {}", rank_, seq,
+                  group_, what, std::chrono::duration<double>(waited).count(), arrivals(seq));
+}
+
+void Watchdog::run(std::stop_token stop) {
+  std::unique_lock lock(mu_);
+  while (!stop.stop_requested()) {
+    cv_.wait_for(lock, stop, std::chrono::milliseconds(std::min<int64_t>(threshold_.count() / 2 + 1, 1000)),
+                 [] { return false; });
+    if (stop.stop_requested() || seq_ == 0 || reported_ == seq_) continue;
+    auto waited = std::chrono::steady_clock::now() - since_;
+    if (waited < threshold_) continue;
+    reported_ = seq_;
+    const uint32_t seq = seq_;
+    const std::string what = what_;
+    lock.unlock();
+    report(seq, what, waited);
+    lock.lock();
+  }
+}
+
+}  // namespace dtrain::comm
