@@ -145,10 +145,5 @@ void CollectiveContext::send_recv(int to, const void* out, size_t out_bytes, int
   wait(rs);
 }
 
-std::byte* CollectiveContext::scratch(size_t bytes) {
-  DTRAIN_CHECK(scratch_ != nullptr);
-  if (scratch_->size() < bytes) scratch_->resize(bytes);
-  return scratch_->data();
-}
 
 }  // namespace dtrain::comm

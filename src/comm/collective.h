@@ -80,9 +80,26 @@ class CollectiveContext {
   // Sends to `to` and receives from `from` at once (a ring or exchange step).
   void send_recv(int to, const void* out, size_t out_bytes, int from, void* in, size_t in_bytes);
 
-  // Scratch memory for this call, reused across calls of the group.
-  std::byte* scratch(size_t bytes);
-  void set_scratch(std::vector<std::byte>* scratch) { scratch_ = scratch; }
+  // Scratch memory for the algorithm, reused across calls of the group (uninitialised).
+  std::byte* scratch(size_t bytes) { return scratch_->get(bytes); }
+  // A second region, for the collective around the algorithm (e.g. reduce-scatter's copy of
+  // its input), so the two never overlap.
+  std::byte* workspace(size_t bytes) { return workspace_->get(bytes); }
+  struct Buffer {
+    std::unique_ptr<std::byte[]> data;
+    size_t size = 0;
+    std::byte* get(size_t bytes) {
+      if (bytes > size) {
+        data = std::make_unique_for_overwrite<std::byte[]>(bytes);
+        size = bytes;
+      }
+      return data.get();
+    }
+  };
+  void set_buffers(Buffer* scratch, Buffer* workspace) {
+    scratch_ = scratch;
+    workspace_ = workspace;
+  }
 
   // "collective #17 of group world"
   std::string where() const;
@@ -100,7 +117,8 @@ class CollectiveContext {
   std::string group_name_;
   uint32_t seq_;
   std::vector<transport::tcp::Pair*> active_;  // pairs used so far, progressed while waiting
-  std::vector<std::byte>* scratch_ = nullptr;
+  Buffer* scratch_ = nullptr;
+  Buffer* workspace_ = nullptr;
 };
 
 }  // namespace dtrain::comm

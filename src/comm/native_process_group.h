@@ -95,7 +95,8 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   std::chrono::milliseconds timeout_;
   CostModel cost_model_;
   std::shared_ptr<Executor> executor_;
-  std::vector<std::byte> scratch_;  // used by the running collective only
+  CollectiveContext::Buffer scratch_;    // used by the running collective only
+  CollectiveContext::Buffer workspace_;  // likewise
   CallHistory history_;
   std::unique_ptr<Watchdog> watchdog_;
 

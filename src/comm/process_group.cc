@@ -260,7 +260,7 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
     CollectiveContext ctx(rank_, size_, std::move(pairs),
                           make_tag(TagSpace::kCollective, group_id_, seq), call, deadline, name_,
                           seq);
-    ctx.set_scratch(&scratch_);
+    ctx.set_buffers(&scratch_, &workspace_);
     DTRAIN_LOG_DEBUG("{} via {}", what, algo);
     watchdog_->enter(seq, call.describe());
     try {
@@ -457,11 +457,11 @@ std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out, 
   return submit(call, algo, o.timeout, [out, in, o, n](CollectiveContext& ctx) {
     // Reduce a copy of the input in place (the caller's input stays as it was), in equal blocks.
     const size_t bytes = in.nbytes();
-    std::vector<std::byte> work(bytes);
-    if (bytes > 0) std::memcpy(work.data(), in.data, bytes);
-    algo::reduce_scatter_ring(ctx, work.data(), in.numel);
+    std::byte* work = ctx.workspace(bytes);
+    if (bytes > 0) std::memcpy(work, in.data, bytes);
+    algo::reduce_scatter_ring(ctx, work, in.numel);
     const size_t block = out.nbytes();
-    if (block > 0) std::memcpy(out.data, work.data() + ctx.rank() * block, block);
+    if (block > 0) std::memcpy(out.data, work + ctx.rank() * block, block);
     if (o.op == ReduceOp::kAvg) scale_down(out.data, out.numel, out.dtype, static_cast<size_t>(n));
   });
 }

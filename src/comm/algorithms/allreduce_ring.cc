@@ -50,16 +50,25 @@ void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count) 
   std::byte* scratch = ctx.scratch(2 * max_seg_bytes);
 
   // Step s sends segment r-s-1 and receives segment r-s-2; after N-1 steps segment r is done.
+  // Receives for step s+1 are posted (into the other half of the scratch) before step s is
+  // reduced, so the next segment streams in while this one is being added up.
   std::vector<CollectiveContext::RequestPtr> sends;
   for (const Chunk& c : chunks_of(seg(r - 1), elem))
     sends.push_back(ctx.send(right, data + c.offset * elem, c.count * elem));
-  for (int s = 0; s < n - 1; ++s) {
+  auto post_recvs = [&](int s) {
     const Segment in_seg = seg(r - s - 2);
     std::byte* buf = scratch + (s % 2) * max_seg_bytes;
     std::vector<CollectiveContext::RequestPtr> recvs;
-    const auto chunks = chunks_of(in_seg, elem);
-    for (const Chunk& c : chunks)
+    for (const Chunk& c : chunks_of(in_seg, elem))
       recvs.push_back(ctx.recv(left, buf + (c.offset - in_seg.offset) * elem, c.count * elem));
+    return recvs;
+  };
+  auto recvs = post_recvs(0);
+  for (int s = 0; s < n - 1; ++s) {
+    const Segment in_seg = seg(r - s - 2);
+    std::byte* buf = scratch + (s % 2) * max_seg_bytes;
+    auto next = s + 1 < n - 1 ? post_recvs(s + 1) : std::vector<CollectiveContext::RequestPtr>{};
+    const auto chunks = chunks_of(in_seg, elem);
     for (size_t i = 0; i < chunks.size(); ++i) {
       ctx.wait(recvs[i]);
       const Chunk& c = chunks[i];
@@ -68,6 +77,7 @@ void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count) 
       // The reduced chunk is what the next step sends: forward it at once.
       if (s + 1 < n - 1) sends.push_back(ctx.send(right, data + c.offset * elem, c.count * elem));
     }
+    recvs = std::move(next);
   }
   ctx.wait(sends);
 }

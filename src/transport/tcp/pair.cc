@@ -261,8 +261,8 @@ bool Pair::reject_frame(Request& r, uint64_t size, uint64_t aux) {
 }
 
 void Pair::deliver_unexpected(Unexpected& u, Request& r) {
-  if (reject_frame(r, u.data.size(), u.aux)) return;
-  if (r.size > 0) std::memcpy(r.data, u.data.data(), r.size);
+  if (reject_frame(r, u.size, u.aux)) return;
+  if (r.size > 0) std::memcpy(r.data, u.bytes.get(), r.size);
   r.done = r.size;
   r.completion.succeed();
 }
@@ -270,8 +270,9 @@ void Pair::deliver_unexpected(Unexpected& u, Request& r) {
 bool Pair::try_progress() {
   std::unique_lock lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return false;
+  const uint64_t before = bytes_moved_;
   progress_locked();
-  return true;
+  return bytes_moved_ != before;
 }
 
 void Pair::on_event(uint32_t /*events*/) {
@@ -309,6 +310,7 @@ void Pair::progress_send_locked() {
                                    errno));
       return;
     }
+    bytes_moved_ += static_cast<uint64_t>(n);
     size_t left = static_cast<size_t>(n);
     while (left > 0 && !send_queue_.empty()) {
       Request& r = *send_queue_.front();
@@ -341,8 +343,8 @@ void Pair::progress_recv_locked() {
         want = rx_request_->size - rx_request_->done;
         break;
       case RxState::kIntoUnexpected:
-        target = rx_unexpected_->data.data() + rx_unexpected_->done;
-        want = rx_unexpected_->data.size() - rx_unexpected_->done;
+        target = rx_unexpected_->bytes.get() + rx_unexpected_->done;
+        want = rx_unexpected_->size - rx_unexpected_->done;
         break;
       case RxState::kDiscard:
         target = scratch;
@@ -365,6 +367,7 @@ void Pair::progress_recv_locked() {
       return;
     }
     const size_t got = static_cast<size_t>(n);
+    bytes_moved_ += got;
     switch (rx_state_) {
       case RxState::kHeader:
         rx_header_done_ += got;
@@ -426,7 +429,7 @@ void Pair::on_frame_header_locked() {
     auto u = std::make_unique<Unexpected>();
     u->tag = h.tag;
     u->control = true;
-    u->data.resize(h.size);
+    u->allocate(h.size);
     rx_unexpected_ = u.get();
     rx_state_ = RxState::kIntoUnexpected;
     unexpected_[kControlQueue].push_back(std::move(u));
@@ -458,7 +461,7 @@ void Pair::on_frame_header_locked() {
   auto u = std::make_unique<Unexpected>();
   u->tag = h.tag;
   u->aux = h.aux;
-  u->data.resize(h.size);
+  u->allocate(h.size);
   Unexpected* raw = u.get();
   unexpected_[h.tag].push_back(std::move(u));
   if (h.size == 0) return;  // complete already; waits for its receive
@@ -470,7 +473,7 @@ void Pair::finish_unexpected_locked(Unexpected& u) {
   if (u.control) {
     auto& q = unexpected_[kControlQueue];
     DTRAIN_CHECK(!q.empty() && q.front().get() == &u);
-    std::string text(reinterpret_cast<const char*>(u.data.data()), u.data.size());
+    std::string text(reinterpret_cast<const char*>(u.bytes.get()), u.size);
     uint64_t tag = u.tag;
     q.pop_front();
     unexpected_.erase(kControlQueue);
@@ -634,14 +637,15 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
     // when processes outnumber them. While spinning, the pairs stay out of the event loop.
     if (!spinning)
       for (Pair* p : pairs) p->begin_spin();
-    const auto start = Clock::now();
-    const auto spin_end = start + spin;
-    const auto stop = std::min(spin_end + spin, deadline.at());
+    // The budget counts from the last byte moved: a long transfer never falls asleep midway.
+    auto spin_end = Clock::now() + spin;
     for (;;) {
-      for (Pair* p : pairs) p->try_progress();
+      bool moved = false;
+      for (Pair* p : pairs) moved |= p->try_progress();
       if (all_done()) break;
       auto now = Clock::now();
-      if (now >= stop) break;
+      if (moved) spin_end = now + spin;
+      if (now >= spin_end + spin || now >= deadline.at()) break;
       if (now >= spin_end) {
         sched_yield();
       } else {

@@ -102,8 +102,8 @@ class Pair : public std::enable_shared_from_this<Pair> {
   void begin_spin();
   void end_spin();
   std::chrono::microseconds spin() const { return options_.spin; }
-  // Moves whatever bytes the socket allows now, without blocking; false if another thread is
-  // already doing it.
+  // Moves whatever bytes the socket allows now, without blocking; true if any moved (false
+  // also when another thread holds the pair).
   bool try_progress();
 
   // Fails everything pending and future with `error` (AbortedError for abort()).
@@ -122,9 +122,15 @@ class Pair : public std::enable_shared_from_this<Pair> {
   struct Unexpected {
     uint64_t tag = 0;
     uint64_t aux = 0;
-    std::vector<std::byte> data;
+    // Uninitialised: every byte is written by the socket before it is read.
+    std::unique_ptr<std::byte[]> bytes;
+    size_t size = 0;
     size_t done = 0;
-    bool complete() const { return done == data.size(); }
+    bool complete() const { return done == size; }
+    void allocate(size_t n) {
+      bytes = std::make_unique_for_overwrite<std::byte[]>(n);
+      size = n;
+    }
     std::shared_ptr<Request> claimant;  // a receive posted while the message was still arriving
     bool control = false;               // a group-failed notice, not data
   };
@@ -166,6 +172,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
   std::shared_ptr<Request> rx_request_;
   Unexpected* rx_unexpected_ = nullptr;
   uint64_t rx_discard_left_ = 0;
+  uint64_t bytes_moved_ = 0;  // both directions, ever: tells a spinning waiter it is progressing
   bool armed_ = false;      // registered with the loop (one-shot) and not yet fired
   uint32_t armed_events_ = 0;
 
