@@ -145,6 +145,18 @@ void NativeProcessGroup::start() {
   handlers.handle = [this](uint32_t seq, std::exception_ptr) {
     publish_postmortem(*store_, name_, rank_, seq, history_.describe(seq));
   };
+  handlers.mismatch = [this](uint32_t seq, int peer, uint64_t theirs, uint64_t ours) {
+    int group_peer = peer;
+    for (int i = 0; i < size_; ++i)
+      if (members_[i] == peer) group_peer = i;
+    const std::string text = fmt::format(
+        "rank {}: collective #{} of group {}: rank {} called {} while this rank called {}; every "
+        "rank of a group must call the same collectives in the same order with the same arguments",
+        rank_, seq, name_, group_peer, CollectiveCall::from_fingerprint(theirs).describe(),
+        CollectiveCall::from_fingerprint(ours).describe());
+    // Fails the running collective here; its failure path tells the peers.
+    device_->fail_group(group_id_, 0, {}, std::make_exception_ptr(InvalidArgumentError(text)), {});
+  };
   device_->register_group(group_id_, std::move(handlers));
 }
 
@@ -261,6 +273,7 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                           make_tag(TagSpace::kCollective, group_id_, seq), call, deadline, name_,
                           seq);
     ctx.set_buffers(&scratch_, &workspace_);
+    device_->expect(group_id_, seq, call.fingerprint());
     DTRAIN_LOG_DEBUG("{} via {}", what, algo);
     watchdog_->enter(seq, call.describe());
     try {

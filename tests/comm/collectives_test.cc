@@ -373,8 +373,10 @@ TEST(Collectives, MismatchFailsEveryRankWithNames) {
                    "case {}: message lacks detail: {}", c.name, m);
         RANK_CHECK(took < 15s, "case {}: took {} ms", c.name,
                    std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+        std::fprintf(stderr, "case %s rank %d failed after %lld ms: %s\n", c.name, rank,
+                     static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()), m.c_str());
         // Rank 0 hosts the store: it stays a moment so the others can read the post-mortem.
-        if (rank == 0) std::this_thread::sleep_for(4s);
+        if (rank == 0) std::this_thread::sleep_for(1500ms);
         ::_exit(3);
       }
       ::_exit(0);

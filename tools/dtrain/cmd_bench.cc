@@ -40,6 +40,7 @@
 
 #include "bench/bench_common.h"
 #include "common/env.h"
+#include "comm/native_process_group.h"
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
 #include "dtrain/store.h"
@@ -241,7 +242,25 @@ Result run_native_size(ProcessGroup& pg, const BenchArgs& a, const Plan& p, Coll
     }
   }
   bench::Measurement m = bench::measure(h, a.warmup, a.iters);
-  return bench::make_result("dtrain", c, n, layout, p.dtype, p.op, m, algo.empty() ? "auto" : algo);
+  // The algorithm the cost model (or --algo, or DTRAIN_ALGO) picked for this size.
+  std::string chosen = algo.empty() ? "auto" : algo;
+  if (auto* native = dynamic_cast<comm::NativeProcessGroup*>(g)) {
+    std::optional<comm::CollectiveKind> kind;
+    switch (c) {
+      case Collective::kAllreduce: kind = comm::CollectiveKind::kAllreduce; break;
+      case Collective::kBroadcast: kind = comm::CollectiveKind::kBroadcast; break;
+      case Collective::kReduce: kind = comm::CollectiveKind::kReduce; break;
+      case Collective::kAllgather: kind = comm::CollectiveKind::kAllgather; break;
+      case Collective::kGather: kind = comm::CollectiveKind::kGather; break;
+      case Collective::kScatter: kind = comm::CollectiveKind::kScatter; break;
+      case Collective::kReduceScatter: kind = comm::CollectiveKind::kReduceScatter; break;
+      case Collective::kAlltoall: kind = comm::CollectiveKind::kAlltoall; break;
+      case Collective::kBarrier: kind = comm::CollectiveKind::kBarrier; break;
+      case Collective::kSendRecv: break;
+    }
+    if (kind) chosen = native->algorithm_for(*kind, algo, in.nbytes());
+  }
+  return bench::make_result("dtrain", c, n, layout, p.dtype, p.op, m, chosen);
 }
 
 void print_tables(const Plan& p, const std::vector<Result>& results,

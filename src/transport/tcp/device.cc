@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/socket.h"
 #include "dtrain/error.h"
+#include "transport/tag.h"
 
 namespace dtrain::transport::tcp {
 namespace {
@@ -67,6 +68,9 @@ Device::Device(Store& store, const DeviceOptions& options)
     PairOptions po{rank, peer, peer_addr, options_.group_name, options_.spin,
                    [this](uint64_t tag, int from, std::string text) {
                      on_notice(tag, from, std::move(text));
+                   },
+                   [this](uint64_t tag, uint64_t aux, int from) {
+                     note_unexpected(tag, aux, from);
                    }};
     pairs_[peer] = std::make_shared<Pair>(loop_, std::move(fd), po);
   }
@@ -144,6 +148,37 @@ void Device::fail_group(uint32_t group_id, uint64_t tag, const std::vector<int>&
     if (peer != options_.rank && pairs_[peer]) pairs_[peer]->send_group_failed(tag, text);
 }
 
+void Device::expect(uint32_t group_id, uint32_t seq, uint64_t fingerprint) {
+  std::lock_guard lock(expect_mu_);
+  expected_[group_id] = {seq, fingerprint};
+  auto it = seen_.find(group_id);
+  if (it == seen_.end()) return;
+  const Seen& s = it->second[seq % 8];
+  if (s.seq == seq && s.aux != fingerprint)
+    mismatch_locked((uint64_t{group_id} << 32) | seq, s.peer, s.aux, fingerprint);
+}
+
+void Device::note_unexpected(uint64_t tag, uint64_t aux, int peer) {
+  if ((tag >> 56) != static_cast<uint64_t>(transport::TagSpace::kCollective) || aux == 0) return;
+  const uint32_t gid = static_cast<uint32_t>(tag >> 32) & 0xffffffu;
+  const uint32_t seq = static_cast<uint32_t>(tag);
+  std::lock_guard lock(expect_mu_);
+  if (auto it = expected_.find(gid); it != expected_.end() && it->second.first == seq) {
+    if (it->second.second != aux) mismatch_locked(tag, peer, aux, it->second.second);
+    return;
+  }
+  Seen& s = seen_[gid][seq % 8];
+  if (s.seq != seq) s = Seen{seq, aux, peer};
+}
+
+void Device::mismatch_locked(uint64_t tag, int peer, uint64_t theirs, uint64_t ours) {
+  {
+    std::lock_guard lock(groups_mu_);
+    notices_.push_back({tag, peer, {}, theirs, ours});
+  }
+  loop_->wake();
+}
+
 void Device::on_notice(uint64_t tag, int peer, std::string text) {
   // Called with a pair's lock held: mark the group failed at once (that takes no pair lock),
   // and leave failing its requests on the other pairs to the loop thread.
@@ -167,6 +202,11 @@ void Device::process_notices() {
   }
   for (auto& n : notices) {
     const uint32_t gid = static_cast<uint32_t>(n.tag >> 32) & 0xffffffu;
+    if (n.theirs != 0) {
+      if (auto it = groups.find(gid); it != groups.end() && it->second.mismatch)
+        it->second.mismatch(static_cast<uint32_t>(n.tag), n.peer, n.theirs, n.ours);
+      continue;
+    }
     auto error = std::make_exception_ptr(PeerFailureError(n.text));
     for (auto& p : pairs_)
       if (p) p->fail_group(gid, error);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -53,9 +54,17 @@ class Device {
   struct GroupHandlers {
     std::function<void(std::exception_ptr)> mark;
     std::function<void(uint32_t seq, std::exception_ptr)> handle;
+    // A peer's message for collective `seq` carries another call's fingerprint (loop thread).
+    std::function<void(uint32_t seq, int peer, uint64_t theirs, uint64_t ours)> mismatch;
   };
   void register_group(uint32_t group_id, GroupHandlers handlers);
   void unregister_group(uint32_t group_id);
+  // A collective of the group starts: messages of it that arrive before their receives are
+  // posted are checked against `fingerprint`, and so are those that already arrived.
+  void expect(uint32_t group_id, uint32_t seq, uint64_t fingerprint);
+  // From a pair (its lock held): a message nobody is waiting for yet has arrived.
+  void note_unexpected(uint64_t tag, uint64_t aux, int peer);
+
   // The group failed on this rank: fail its requests on every pair here and tell `peers`
   // (world ranks) why, so that they fail at once instead of waiting for their timeouts.
   void fail_group(uint32_t group_id, uint64_t tag, const std::vector<int>& peers,
@@ -66,7 +75,15 @@ class Device {
     uint64_t tag;
     int peer;
     std::string text;
+    uint64_t theirs = 0;  // a fingerprint mismatch when non-zero (text unused)
+    uint64_t ours = 0;
   };
+  struct Seen {
+    uint32_t seq = 0;
+    uint64_t aux = 0;
+    int peer = -1;
+  };
+  void mismatch_locked(uint64_t tag, int peer, uint64_t theirs, uint64_t ours);
   void on_notice(uint64_t tag, int peer, std::string text);
   void process_notices();
 
@@ -80,6 +97,9 @@ class Device {
   std::mutex groups_mu_;  // guards groups_ and notices_
   std::map<uint32_t, GroupHandlers> groups_;
   std::vector<Notice> notices_;
+  std::mutex expect_mu_;  // guards expected_ and seen_
+  std::map<uint32_t, std::pair<uint32_t, uint64_t>> expected_;  // group -> (seq, fingerprint)
+  std::map<uint32_t, std::array<Seen, 8>> seen_;  // group -> unexpected arrivals, by seq % 8
 };
 
 }  // namespace dtrain::transport::tcp

@@ -458,6 +458,7 @@ void Pair::on_frame_header_locked() {
     rx_state_ = RxState::kIntoRequest;
     return;
   }
+  if (options_.on_unexpected) options_.on_unexpected(h.tag, h.aux, options_.peer_rank);
   auto u = std::make_unique<Unexpected>();
   u->tag = h.tag;
   u->aux = h.aux;

@@ -72,6 +72,8 @@ struct PairOptions {
   // Called (with this pair's lock held: it must not call back into pairs) when the peer reports
   // that a group failed on its side.
   std::function<void(uint64_t tag, int peer, std::string text)> on_group_failed;
+  // Called (lock held, same rule) for every message that arrives before its receive is posted.
+  std::function<void(uint64_t tag, uint64_t aux, int peer)> on_unexpected;
 };
 
 class Pair : public std::enable_shared_from_this<Pair> {
