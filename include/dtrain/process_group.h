@@ -123,6 +123,9 @@ class ProcessGroup {
   // In place: every rank ends with the reduction of all ranks' tensors.
   virtual std::shared_ptr<Work> allreduce(const TensorView& tensor,
                                           const AllreduceOptions& options = {}) = 0;
+  // Out of place: output (same size and dtype as input) gets the reduction; input is untouched.
+  std::shared_ptr<Work> allreduce(const TensorView& input, const TensorView& output,
+                                  const AllreduceOptions& options = {});
   // In place: root ends with the reduction; other ranks' tensors are left undefined.
   virtual std::shared_ptr<Work> reduce(const TensorView& tensor,
                                        const ReduceOptions& options = {}) = 0;

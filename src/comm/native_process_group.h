@@ -41,6 +41,7 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
 
   std::shared_ptr<Work> broadcast(const TensorView& tensor, const BroadcastOptions& options) override;
   std::shared_ptr<Work> allreduce(const TensorView& tensor, const AllreduceOptions& options) override;
+  using ProcessGroup::allreduce;
   std::shared_ptr<Work> reduce(const TensorView& tensor, const ReduceOptions& options) override;
   std::shared_ptr<Work> allgather(const TensorView& output, const TensorView& input,
                                   const AllgatherOptions& options) override;

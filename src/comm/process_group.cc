@@ -24,6 +24,17 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(std::shared_ptr<Store> store,
   return pg;
 }
 
+std::shared_ptr<Work> ProcessGroup::allreduce(const TensorView& input, const TensorView& output,
+                                              const AllreduceOptions& options) {
+  if (input.numel != output.numel || input.dtype != output.dtype)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_reduce: output ({} x {}) must match input ({} x {})", rank(),
+        output.numel, to_string(output.dtype), input.numel, to_string(input.dtype)));
+  if (input.nbytes() > 0 && input.data != output.data)
+    std::memcpy(output.data, input.data, input.nbytes());
+  return allreduce(output, options);
+}
+
 namespace comm {
 namespace {
 

@@ -57,6 +57,7 @@ struct Var {
   X(kCostBetaGbps, "DTRAIN_COST_BETA_GBPS", "", "Cost model: GB/s on the wire (overrides the file).") \
   X(kCostGammaGbps, "DTRAIN_COST_GAMMA_GBPS", "", "Cost model: GB/s of reduction (overrides the file).") \
   X(kStragglerSeconds, "DTRAIN_STRAGGLER_SECONDS", "30", "A collective waiting longer than this logs which ranks have not arrived.") \
+  X(kTimeline, "DTRAIN_TIMELINE", "", "File for Chrome-trace events of DDP and the distributed optimizer (rank r writes FILE.rank<r>.json).") \
   X(kLogLevel, "DTRAIN_LOG_LEVEL", "info", "trace, debug, info, warn, error or off.")
 
 #define DTRAIN_ENV_DECLARE(id, name, def, help) inline constexpr Var id{name, def, help};

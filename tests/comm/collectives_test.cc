@@ -271,6 +271,16 @@ TEST(Collectives, WorldOf8AllreduceAndBroadcast) {
   }, 120s));
 }
 
+TEST(Collectives, OutOfPlaceAllreduceLeavesInputAlone) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(3, [&](int rank) {
+    auto pg = make_group(rank, 3, port);
+    std::vector<int32_t> in(1000, rank + 1), out(1000, -7);
+    pg->allreduce(TensorView::of(in), TensorView::of(out), {.op = ReduceOp::kProd})->wait();
+    RANK_CHECK(out[999] == 6 && in[999] == rank + 1, "out {} in {}", out[999], in[999]);
+  }));
+}
+
 // Issued back to back without waiting; waited in reverse order.
 TEST(Collectives, AsyncBackToBack) {
   const int port = free_port();

@@ -1,0 +1,40 @@
+// Broadcasting LibTorch state from one rank to all: tensors, a module's parameters and buffers,
+// an optimizer's state (Horovod's broadcast_parameters and broadcast_optimizer_state).
+//
+//   dtrain::broadcast_parameters(*model, *pg, /*root=*/0);      // before training starts
+//   dtrain::broadcast_optimizer_state(optimizer, *pg, 0);      // e.g. after loading a checkpoint
+#pragma once
+
+#include <chrono>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "dtrain/process_group.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace dtrain {
+
+// Copies root's tensors into every rank's tensors (same shapes and dtypes everywhere), packed
+// into one buffer so that it costs one broadcast.
+void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root,
+                       std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+// Every parameter and buffer of `module`, from root.
+void broadcast_parameters(torch::nn::Module& module, ProcessGroup& group, int root = 0,
+                          std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+// root's optimizer state (per-parameter state such as momentum buffers, and the parameter
+// groups' options such as the learning rate) replaces every other rank's. The optimizers must
+// be of the same type over the same parameters.
+void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& group,
+                               int root = 0,
+                               std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+}  // namespace dtrain

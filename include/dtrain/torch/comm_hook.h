@@ -1,0 +1,43 @@
+// Communication hooks: how DistributedDataParallel reduces one bucket of gradients.
+//
+//   ddp.set_comm_hook(dtrain::fp16_compress_hook());   // half the bytes on the wire
+//
+// A hook starts the bucket's communication (returning its Work, which DDP waits on when the
+// step needs the result) and, once it completed, leaves the *average over ranks* of the
+// gradients in bucket.buffer. The built-in hooks: plain all-reduce (the default), and fp16/bf16
+// compression (cast down, all-reduce, cast back up; the cast back is exact).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "dtrain/process_group.h"
+
+namespace dtrain {
+
+struct GradBucket {
+  size_t index = 0;                          // buckets are reduced in index order on every rank
+  at::Tensor buffer;                         // flat gradients of the bucket's parameters
+  std::vector<std::string> parameter_names;  // in the order of their slices in buffer
+  at::Tensor scratch;                        // the hook's own per-bucket memory (e.g. fp16 copy)
+};
+
+class CommHook {
+ public:
+  virtual ~CommHook() = default;
+  virtual std::string name() const = 0;
+  // Starts reducing bucket.buffer over `group` (asynchronously) and returns the Work.
+  virtual std::shared_ptr<Work> start(ProcessGroup& group, GradBucket& bucket,
+                                      std::chrono::milliseconds timeout) = 0;
+  // Called after the Work completed: leaves the averaged gradients in bucket.buffer.
+  virtual void finish(GradBucket& bucket) {}
+};
+
+std::shared_ptr<CommHook> allreduce_hook();
+std::shared_ptr<CommHook> fp16_compress_hook();
+std::shared_ptr<CommHook> bf16_compress_hook();
+
+}  // namespace dtrain
