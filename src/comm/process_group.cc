@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -116,6 +117,11 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
   d.connect_timeout = options.connect_timeout.count() > 0 ? options.connect_timeout
                                                           : env::get_seconds(env::kConnectTimeout);
   d.spin = std::chrono::microseconds(env::get_int(env::kSpinUs).value_or(50));
+  // Ranks sharing this host (LOCAL_WORLD_SIZE from the launcher, else the whole group when it
+  // is on loopback) beyond its cores must not burn them polling.
+  const int local = env::get_int(env::kLocalWorldSize)
+                        .value_or(d.advertise_addr.rfind("127.", 0) == 0 ? size : 1);
+  d.oversubscribed = local > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   device_ = std::make_shared<transport::tcp::Device>(*store_, d);
   start();
 }

@@ -68,7 +68,7 @@ void DistributedSampler::compute() {
   position_ = 0;
 }
 
-void DistributedSampler::reset(std::optional<size_t> new_size) {
+void DistributedSampler::reset(c10::optional<size_t> new_size) {
   if (new_size.has_value() && *new_size != dataset_size_) {
     dataset_size_ = *new_size;
     compute();
@@ -76,8 +76,8 @@ void DistributedSampler::reset(std::optional<size_t> new_size) {
   position_ = 0;
 }
 
-std::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
-  if (position_ >= indices_.size()) return std::nullopt;
+c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
+  if (position_ >= indices_.size()) return c10::nullopt;
   size_t end = std::min(indices_.size(), position_ + batch_size);
   std::vector<size_t> batch(indices_.begin() + static_cast<ptrdiff_t>(position_),
                             indices_.begin() + static_cast<ptrdiff_t>(end));

@@ -31,6 +31,7 @@ struct DeviceOptions {
   net::HandshakeConfig handshake;
   std::chrono::milliseconds connect_timeout{60'000};
   std::chrono::microseconds spin{50};
+  bool oversubscribed = false;
 };
 
 class Device {

@@ -647,7 +647,8 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
       auto now = Clock::now();
       if (moved) spin_end = now + spin;
       if (now >= spin_end + spin || now >= deadline.at()) break;
-      if (now >= spin_end) {
+      if (now >= spin_end || pairs[0]->options_.oversubscribed) {
+        // More ranks than cores: give the core to whoever has the data to send.
         sched_yield();
       } else {
         for (int i = 0; i < 16; ++i) cpu_relax();

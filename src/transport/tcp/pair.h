@@ -69,6 +69,7 @@ struct PairOptions {
   std::string peer_address;       // "host:port" the peer listens on, for error messages
   std::string group_name;         // for error messages
   std::chrono::microseconds spin{50};  // busy-poll before sleeping
+  bool oversubscribed = false;  // more ranks on this host than cores: poll with sched_yield
   // Called (with this pair's lock held: it must not call back into pairs) when the peer reports
   // that a group failed on its side.
   std::function<void(uint64_t tag, int peer, std::string text)> on_group_failed;
@@ -78,6 +79,8 @@ struct PairOptions {
 
 class Pair : public std::enable_shared_from_this<Pair> {
  public:
+  friend void wait_requests(std::span<Request* const>, std::span<Pair* const>, const Deadline&,
+                            bool);
   Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options);
   ~Pair();
   Pair(const Pair&) = delete;
