@@ -31,8 +31,10 @@ struct ProcessGroupOptions {
   std::string advertise_addr;  // address peers dial; "" = DTRAIN_SOCKET_ADDR or the local
                                // address of the store connection
   std::string name = "world";  // names the group in store keys, logs and errors
+  std::string transport;       // "auto" (shared memory on one host), "tcp", "shm"; "" = DTRAIN_TRANSPORT
   std::string job_id;          // "" = DTRAIN_JOB_ID
   std::string token;           // "" = DTRAIN_AUTH_TOKEN
+  std::string backend;         // native, gloo, mpi or nccl; "" = DTRAIN_BACKEND, else native
 };
 
 struct SendOptions {

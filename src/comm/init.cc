@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include "backends/registry.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "dtrain/error.h"
@@ -8,6 +9,8 @@
 namespace dtrain {
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
+  // A backend with its own rendezvous (mpi: mpirun's) needs neither identity nor store.
+  if (!backends::needs_store(options.group)) return ProcessGroup::create(nullptr, -1, -1, options.group);
   Identity id = resolve_identity(options.identity);
   log::set_rank(id.rank);
   const auto timeout = options.group.timeout.count() > 0 ? options.group.timeout

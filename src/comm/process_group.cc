@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "backends/registry.h"
 #include "comm/algorithms/algorithms.h"
 #include "comm/native_process_group.h"
 #include "comm/p2p_work.h"
@@ -21,6 +22,7 @@ namespace dtrain {
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(std::shared_ptr<Store> store, int rank,
                                                    int size, const ProcessGroupOptions& options) {
+  if (auto other = backends::create_registered(store, rank, size, options)) return other;
   auto pg = std::make_shared<comm::NativeProcessGroup>(std::move(store), rank, size, options);
   return pg;
 }
@@ -122,6 +124,11 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
   const int local = env::get_int(env::kLocalWorldSize)
                         .value_or(d.advertise_addr.rfind("127.", 0) == 0 ? size : 1);
   d.oversubscribed = local > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  d.transport = options.transport.empty() ? env::get_string(env::kTransport) : options.transport;
+  if (d.transport != "auto" && d.transport != "tcp" && d.transport != "shm")
+    throw InvalidArgumentError(fmt::format(
+        "transport '{}' is not one of auto, tcp, shm (ProcessGroupOptions::transport or "
+        "DTRAIN_TRANSPORT)", d.transport));
   device_ = std::make_shared<transport::tcp::Device>(*store_, d);
   start();
 }

@@ -36,8 +36,8 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   size_t total_size() const { return num_samples_ * static_cast<size_t>(num_replicas_); }
 
   // torch::data::samplers::Sampler
-  void reset(std::optional<size_t> new_size = std::nullopt) override;
-  std::optional<std::vector<size_t>> next(size_t batch_size) override;
+  void reset(c10::optional<size_t> new_size = c10::nullopt) override;
+  c10::optional<std::vector<size_t>> next(size_t batch_size) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 

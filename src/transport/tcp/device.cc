@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/socket.h"
 #include "dtrain/error.h"
+#include "transport/host.h"
 #include "transport/tag.h"
 
 namespace dtrain::transport::tcp {
@@ -32,6 +33,8 @@ Device::Device(Store& store, const DeviceOptions& options)
   net::Fd listener = net::listen_tcp(options_.listen_host, 0);
   address_ = net::HostPort{options_.advertise_addr, net::local_port(listener.get())}.to_string();
   store.set(address_key(options_.group_name, rank), address_);
+  if (options_.transport != "tcp")
+    store.set(fmt::format("{}/host/{}", options_.group_name, rank), host_identity());
   DTRAIN_LOG_DEBUG("rank {}: group {} listens at {}", rank, options_.group_name, address_);
 
   // Higher ranks dial us while we dial lower ranks.
@@ -60,9 +63,14 @@ Device::Device(Store& store, const DeviceOptions& options)
   acceptor.join();
   if (!accept_failure.empty()) throw TimeoutError(accept_failure);
 
+  std::vector<net::Fd> fds(size);
+  for (int peer = 0; peer < size; ++peer)
+    if (peer != rank) fds[peer] = peer < rank ? std::move(dialled[peer]) : std::move(accepted[peer]);
+  std::vector<shm::Segment> segments = share_memory(store, fds, deadline);
+  std::vector<std::string> via;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    net::Fd fd = peer < rank ? std::move(dialled[peer]) : std::move(accepted[peer]);
+    net::Fd fd = std::move(fds[peer]);
     std::string peer_addr = peer < rank ? store.get_string(address_key(options_.group_name, peer))
                                         : net::peer_name(fd.get());
     PairOptions po{rank, peer, peer_addr, options_.group_name, options_.spin,
@@ -73,8 +81,13 @@ Device::Device(Store& store, const DeviceOptions& options)
                    [this](uint64_t tag, uint64_t aux, int from) {
                      note_unexpected(tag, aux, from);
                    }};
-    pairs_[peer] = std::make_shared<Pair>(loop_, std::move(fd), po);
+    const bool shared = segments[peer].valid();
+    via.push_back(fmt::format("{} {}", peer, shared ? "shm" : "tcp"));
+    pairs_[peer] = std::make_shared<Pair>(loop_, std::move(fd), po, std::move(segments[peer]),
+                                          peer > rank);
   }
+  DTRAIN_LOG_DEBUG("rank {}: group {} reaches rank {}", rank, options_.group_name,
+                   fmt::join(via, ", rank "));
   // Nobody starts before everybody is connected: a fast rank must not run ahead, fail, and take
   // the store (or itself) away from ranks still connecting.
   const std::string joined = fmt::format("{}/connected", options_.group_name);
@@ -89,6 +102,73 @@ Device::Device(Store& store, const DeviceOptions& options)
   }
   DTRAIN_LOG_DEBUG("rank {}: group {} connected to {} peers in {:.1f} ms", rank,
                    options_.group_name, size - 1, deadline.elapsed().count() * 1.0);
+}
+
+std::vector<shm::Segment> Device::share_memory(Store& store, std::vector<net::Fd>& fds,
+                                               const Deadline& deadline) {
+  const int rank = options_.rank, size = options_.size;
+  std::vector<shm::Segment> segments(size);
+  if (options_.transport == "tcp") return segments;
+  const std::string mine = host_identity();
+  std::vector<bool> local(size, false);
+  for (int peer = 0; peer < size; ++peer)
+    if (peer != rank)
+      local[peer] = store.get_string(fmt::format("{}/host/{}", options_.group_name, peer)) == mine;
+  const bool required = options_.transport == "shm";
+  auto context = [&](int peer) {
+    return fmt::format("rank {}: setting up shared memory with rank {}", rank, peer);
+  };
+  auto failed = [&](int peer, const std::string& why) {
+    if (required)
+      throw PeerFailureError(fmt::format("{}: {} (DTRAIN_TRANSPORT=shm requires it; use auto to "
+                                         "fall back to TCP)", context(peer), why));
+    DTRAIN_LOG_DEBUG("{}: {}; using TCP", context(peer), why);
+  };
+  // Three phases, so no two ranks wait on each other: the lower rank of each local pair creates
+  // and names a segment, the higher opens it and answers, then the lower reads the answers.
+  for (int peer = rank + 1; peer < size; ++peer) {
+    if (!local[peer]) continue;
+    std::string name;
+    try {
+      segments[peer] = shm::Segment::create(
+          shm::segment_name(options_.handshake.job_id, options_.group_name, rank, peer));
+      name = shm::segment_name(options_.handshake.job_id, options_.group_name, rank, peer);
+    } catch (const Error& e) {
+      failed(peer, e.what());
+    }
+    uint16_t len = static_cast<uint16_t>(name.size());
+    net::write_all(fds[peer].get(), &len, sizeof(len), deadline, context(peer));
+    net::write_all(fds[peer].get(), name.data(), name.size(), deadline, context(peer));
+  }
+  for (int peer = 0; peer < rank; ++peer) {
+    if (!local[peer]) continue;
+    uint16_t len = 0;
+    net::read_all(fds[peer].get(), &len, sizeof(len), deadline, context(peer));
+    std::string name(len, '\0');
+    net::read_all(fds[peer].get(), name.data(), len, deadline, context(peer));
+    uint8_t ok = 0;
+    if (len > 0) {
+      try {
+        segments[peer] = shm::Segment::open(name);
+        ok = 1;
+      } catch (const Error& e) {
+        failed(peer, e.what());
+      }
+    }
+    net::write_all(fds[peer].get(), &ok, 1, deadline, context(peer));
+  }
+  for (int peer = rank + 1; peer < size; ++peer) {
+    if (!local[peer]) continue;
+    uint8_t ok = 0;
+    net::read_all(fds[peer].get(), &ok, 1, deadline, context(peer));
+    if (!segments[peer].valid()) continue;
+    segments[peer].unlink();  // both have it mapped: nothing may outlive the two processes
+    if (!ok) {
+      segments[peer] = shm::Segment();
+      failed(peer, "the peer could not open the segment");
+    }
+  }
+  return segments;
 }
 
 void Device::accept_higher_ranks(int listen_fd, const Deadline& deadline,

@@ -32,6 +32,7 @@ struct DeviceOptions {
   std::chrono::milliseconds connect_timeout{60'000};
   std::chrono::microseconds spin{50};
   bool oversubscribed = false;
+  std::string transport = "auto";  // auto, tcp or shm (DTRAIN_TRANSPORT)
 };
 
 class Device {
@@ -90,6 +91,9 @@ class Device {
 
   void accept_higher_ranks(int listen_fd, const Deadline& deadline,
                            std::vector<net::Fd>& accepted, std::string& failure);
+  // Sets up a shared segment with every connected peer on this host (see shm/segment.h).
+  std::vector<shm::Segment> share_memory(Store& store, std::vector<net::Fd>& fds,
+                                         const Deadline& deadline);
 
   DeviceOptions options_;
   std::string address_;  // host:port this device listens on, as published

@@ -70,8 +70,15 @@ std::string Request::describe() const {
                      describe_tag(tag), size);
 }
 
-Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options)
+Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options,
+           shm::Segment segment, bool segment_creator)
     : loop_(std::move(loop)), fd_(std::move(fd)), options_(options) {
+  if (segment.valid()) {
+    shm_ = std::make_unique<ShmLink>();
+    shm_->in = segment.ring(!segment_creator);
+    shm_->out = segment.ring(segment_creator);
+    shm_->segment = std::move(segment);
+  }
   net::set_nonblocking(fd_.get(), true);
   net::set_nodelay(fd_.get());
   // A peer whose host vanished (no FIN, no RST) is noticed within ~8 s even when idle.
@@ -278,6 +285,10 @@ bool Pair::try_progress() {
 void Pair::on_event(uint32_t /*events*/) {
   std::lock_guard lock(mu_);
   armed_ = false;  // one-shot: the event consumed the registration
+  if (shm_) {
+    shm_->in.control().consumer_sleeping.store(0, std::memory_order_relaxed);
+    shm_->out.control().producer_waiting.store(0, std::memory_order_relaxed);
+  }
   progress_locked();
   rearm_locked();
 }
@@ -299,10 +310,7 @@ void Pair::progress_send_locked() {
                         sizeof(FrameHeader) - r->header_done};
       if (r->done < r->size) iov[count++] = {r->data + r->done, r->size - r->done};
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = count;
-    ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = write_out(iov, count);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -351,7 +359,7 @@ void Pair::progress_recv_locked() {
         want = std::min<uint64_t>(rx_discard_left_, sizeof(scratch));
         break;
     }
-    ssize_t n = ::recv(fd_.get(), target, want, MSG_DONTWAIT);
+    ssize_t n = read_in(target, want);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -493,9 +501,67 @@ void Pair::finish_unexpected_locked(Unexpected& u) {
   if (it->second.empty()) unexpected_.erase(it);
 }
 
+ssize_t Pair::write_out(const iovec* iov, size_t count) {
+  if (!shm_) {
+    msghdr msg{};
+    msg.msg_iov = const_cast<iovec*>(iov);
+    msg.msg_iovlen = count;
+    return ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  size_t n = shm_->out.write(iov, count);
+  if (n == 0) {
+    errno = EAGAIN;
+    return -1;
+  }
+  // Pairs with the consumer's flag-then-check in rearm_locked: one of the two sees the other.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (shm_->out.control().consumer_sleeping.load(std::memory_order_relaxed)) ring_doorbell();
+  return static_cast<ssize_t>(n);
+}
+
+ssize_t Pair::read_in(std::byte* out, size_t n) {
+  if (!shm_) return ::recv(fd_.get(), out, n, MSG_DONTWAIT);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (size_t got = shm_->in.read(out, n); got > 0) {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (shm_->in.control().producer_waiting.load(std::memory_order_relaxed)) ring_doorbell();
+      return static_cast<ssize_t>(got);
+    }
+    // The ring is empty: the socket says whether the peer is still there (doorbells are
+    // drained; a close or reset comes after everything it wrote into the ring).
+    char bells[256];
+    ssize_t r = ::recv(fd_.get(), bells, sizeof(bells), MSG_DONTWAIT);
+    if (r <= 0) return r;
+  }
+  errno = EAGAIN;
+  return -1;
+}
+
+void Pair::ring_doorbell() {
+  const char bell = 1;
+  [[maybe_unused]] ssize_t n = ::send(fd_.get(), &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
 void Pair::rearm_locked() {
   if (broken_ || spinners_.load() > 0) return;
-  uint32_t events = EPOLLIN | (send_queue_.empty() ? 0u : uint32_t{EPOLLOUT});
+  if (shm_) {
+    // Ask the peer for a doorbell, then look once more: data that came before the flag was
+    // seen would otherwise wait for the next message.
+    auto& in = shm_->in.control();
+    auto& out = shm_->out.control();
+    for (;;) {
+      in.consumer_sleeping.store(1, std::memory_order_relaxed);
+      out.producer_waiting.store(send_queue_.empty() ? 0 : 1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (shm_->in.empty() && (send_queue_.empty() || shm_->out.full())) break;
+      in.consumer_sleeping.store(0, std::memory_order_relaxed);
+      out.producer_waiting.store(0, std::memory_order_relaxed);
+      progress_locked();
+      if (broken_) return;
+    }
+  }
+  uint32_t events =
+      EPOLLIN | (send_queue_.empty() || shm_ ? 0u : uint32_t{EPOLLOUT});
   if (armed_ && armed_events_ == events) return;
   loop_->arm(this, fd_.get(), events);
   armed_ = true;
@@ -550,8 +616,8 @@ void Pair::close(std::exception_ptr error) {
     // Say goodbye so the peer can tell a finished rank from a crashed one.
     FrameHeader bye;
     bye.flags = kFrameGoodbye;
-    [[maybe_unused]] ssize_t n =
-        ::send(fd_.get(), &bye, sizeof(bye), MSG_NOSIGNAL | MSG_DONTWAIT);
+    iovec iov{&bye, sizeof(bye)};
+    [[maybe_unused]] ssize_t n = write_out(&iov, 1);
   }
   fail_locked(std::move(error));
 }
@@ -600,6 +666,13 @@ void Pair::cancel_locked(Request& r, const std::string& why) {
 void Pair::begin_spin() {
   std::lock_guard lock(mu_);
   spinners_.fetch_add(1);
+  if (shm_) {
+    // The socket only carries doorbells, and none come while the flags are down: the loop can
+    // stay armed (no system call here).
+    shm_->in.control().consumer_sleeping.store(0, std::memory_order_relaxed);
+    shm_->out.control().producer_waiting.store(0, std::memory_order_relaxed);
+    return;
+  }
   if (armed_ && !broken_) {
     // Leave the socket to the spinning thread: an event-loop wake-up per message would cost a
     // context switch on a core the peers need.

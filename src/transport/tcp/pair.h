@@ -30,6 +30,7 @@
 #include "common/completion.h"
 #include "common/deadline.h"
 #include "common/socket.h"
+#include "transport/shm/segment.h"
 #include "transport/tcp/message.h"
 
 namespace dtrain::transport::tcp {
@@ -81,7 +82,10 @@ class Pair : public std::enable_shared_from_this<Pair> {
  public:
   friend void wait_requests(std::span<Request* const>, std::span<Pair* const>, const Deadline&,
                             bool);
-  Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options);
+  // With a segment, messages travel through its rings and the socket only carries doorbells
+  // (and notices the peer's death); without one, through the socket.
+  Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options,
+       shm::Segment segment = {}, bool segment_creator = false);
   ~Pair();
   Pair(const Pair&) = delete;
   Pair& operator=(const Pair&) = delete;
@@ -119,6 +123,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
   int peer_rank() const { return options_.peer_rank; }
   const std::string& peer_address() const { return options_.peer_address; }
   int fd() const { return fd_.get(); }
+  const char* transport() const { return shm_ ? "shm" : "tcp"; }
 
   // Called by the event loop when the socket is ready.
   void on_event(uint32_t events);
@@ -154,11 +159,20 @@ class Pair : public std::enable_shared_from_this<Pair> {
   void rearm_locked();
   void cancel_locked(Request& r, const std::string& why);
   std::string peer_text() const;
+  // The byte stream under the frames: the socket, or the shared-memory rings. errno semantics.
+  ssize_t write_out(const iovec* iov, size_t count);
+  ssize_t read_in(std::byte* out, size_t n);
+  void ring_doorbell();
+  struct ShmLink {
+    shm::Segment segment;
+    shm::Ring in, out;
+  };
   std::exception_ptr connection_error(const std::string& what, int err) const;
   // The error a new request must fail with at once, or null.
   std::exception_ptr refuse_locked(const Request& r) const;
 
   std::shared_ptr<Loop> loop_;  // shared: requests may keep a pair alive past its device
+  std::unique_ptr<ShmLink> shm_;
   net::Fd fd_;
   const PairOptions options_;
 

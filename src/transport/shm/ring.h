@@ -1,0 +1,86 @@
+// A single-producer single-consumer byte ring in shared memory: the stream between two ranks
+// on one host. The producer advances `head`, the consumer `tail`; both are byte counts that
+// only grow, so the ring never confuses full with empty. The two flags tell the other side
+// whether it must ring the doorbell (a byte on the pair's socket) because this side sleeps.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace dtrain::transport::shm {
+
+struct alignas(64) RingControl {
+  std::atomic<uint64_t> head{0};  // bytes ever written (producer)
+  char pad0[56];
+  std::atomic<uint64_t> tail{0};  // bytes ever read (consumer)
+  char pad1[56];
+  std::atomic<uint32_t> consumer_sleeping{0};  // the consumer waits for a doorbell
+  std::atomic<uint32_t> producer_waiting{0};   // the producer waits for room
+  char pad2[56];
+};
+static_assert(sizeof(RingControl) == 192);
+
+class Ring {
+ public:
+  Ring() = default;
+  Ring(RingControl* control, std::byte* data, size_t capacity)
+      : c_(control), data_(data), capacity_(capacity) {}
+
+  // Copies as much of iov as fits; returns the bytes written (0 when full).
+  size_t write(const iovec* iov, size_t count) {
+    const uint64_t head = c_->head.load(std::memory_order_relaxed);
+    const uint64_t tail = c_->tail.load(std::memory_order_acquire);
+    size_t room = capacity_ - static_cast<size_t>(head - tail);
+    size_t written = 0;
+    for (size_t i = 0; i < count && room > 0; ++i) {
+      size_t n = std::min(room, iov[i].iov_len);
+      copy_in(head + written, static_cast<const std::byte*>(iov[i].iov_base), n);
+      written += n;
+      room -= n;
+    }
+    if (written > 0) c_->head.store(head + written, std::memory_order_release);
+    return written;
+  }
+
+  // Copies up to n bytes out; returns the bytes read (0 when empty).
+  size_t read(std::byte* out, size_t n) {
+    const uint64_t tail = c_->tail.load(std::memory_order_relaxed);
+    const uint64_t head = c_->head.load(std::memory_order_acquire);
+    n = std::min(n, static_cast<size_t>(head - tail));
+    if (n == 0) return 0;
+    const size_t at = static_cast<size_t>(tail % capacity_);
+    const size_t first = std::min(n, capacity_ - at);
+    std::memcpy(out, data_ + at, first);
+    if (n > first) std::memcpy(out + first, data_, n - first);
+    c_->tail.store(tail + n, std::memory_order_release);
+    return n;
+  }
+
+  bool empty() const {
+    return c_->head.load(std::memory_order_acquire) == c_->tail.load(std::memory_order_acquire);
+  }
+  bool full() const {
+    return c_->head.load(std::memory_order_acquire) - c_->tail.load(std::memory_order_acquire) ==
+           capacity_;
+  }
+  RingControl& control() { return *c_; }
+
+ private:
+  void copy_in(uint64_t pos, const std::byte* src, size_t n) {
+    const size_t at = static_cast<size_t>(pos % capacity_);
+    const size_t first = std::min(n, capacity_ - at);
+    std::memcpy(data_ + at, src, first);
+    if (n > first) std::memcpy(data_, src + first, n - first);
+  }
+
+  RingControl* c_ = nullptr;
+  std::byte* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+}  // namespace dtrain::transport::shm

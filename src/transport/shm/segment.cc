@@ -1,0 +1,103 @@
+#include "transport/shm/segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+
+namespace dtrain::transport::shm {
+namespace {
+
+void* map(int fd) {
+  void* p = ::mmap(nullptr, Segment::size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+}  // namespace
+
+std::string segment_name(const std::string& job, const std::string& group, int lo, int hi) {
+  std::string safe;
+  for (char c : job + "-" + group)
+    safe += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.') ? c : '_';
+  return fmt::format("/dtrain-{}-{}-{}", safe.substr(0, 160), lo, hi);
+}
+
+Segment Segment::create(const std::string& name) {
+  ::shm_unlink(name.c_str());  // a stale segment of an earlier run of this job
+  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw PeerFailureError(fmt::format("cannot create shared memory {}: {}", name, std::strerror(errno)));
+  Segment s;
+  s.name_ = name;
+  s.linked_ = true;
+  if (::ftruncate(fd, static_cast<off_t>(size())) != 0 || (s.base_ = map(fd)) == nullptr) {
+    int err = errno;
+    ::close(fd);
+    throw PeerFailureError(fmt::format("cannot size or map shared memory {} ({} bytes): {}", name,
+                                       size(), std::strerror(err)));
+  }
+  ::close(fd);
+  auto* h = new (s.base_) SegmentHeader{kSegmentMagic, 1, ::getpid(), 0};
+  (void)h;
+  auto* c = static_cast<std::byte*>(s.base_) + 4096;
+  new (c) RingControl();
+  new (c + sizeof(RingControl) + kRingBytes) RingControl();
+  return s;
+}
+
+Segment Segment::open(const std::string& name) {
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw PeerFailureError(fmt::format("cannot open shared memory {}: {}", name, std::strerror(errno)));
+  Segment s;
+  s.name_ = name;
+  s.base_ = map(fd);
+  int err = errno;
+  ::close(fd);
+  if (!s.base_)
+    throw PeerFailureError(fmt::format("cannot map shared memory {}: {}", name, std::strerror(err)));
+  if (s.header().magic != kSegmentMagic || s.header().version != 1)
+    throw PeerFailureError(fmt::format("shared memory {} is not a dtrain segment of version 1", name));
+  s.header().opener_pid = ::getpid();
+  return s;
+}
+
+Segment::Segment(Segment&& o) noexcept
+    : base_(std::exchange(o.base_, nullptr)), name_(std::move(o.name_)),
+      linked_(std::exchange(o.linked_, false)) {}
+
+Segment& Segment::operator=(Segment&& o) noexcept {
+  if (this != &o) {
+    this->~Segment();
+    base_ = std::exchange(o.base_, nullptr);
+    name_ = std::move(o.name_);
+    linked_ = std::exchange(o.linked_, false);
+  }
+  return *this;
+}
+
+Segment::~Segment() {
+  unlink();
+  if (base_) ::munmap(base_, size());
+  base_ = nullptr;
+}
+
+void Segment::unlink() {
+  if (linked_) ::shm_unlink(name_.c_str());
+  linked_ = false;
+}
+
+Ring Segment::ring(bool from_creator) {
+  auto* c = static_cast<std::byte*>(base_) + 4096 + (from_creator ? 0 : sizeof(RingControl) + kRingBytes);
+  return Ring(reinterpret_cast<RingControl*>(c), c + sizeof(RingControl), kRingBytes);
+}
+
+}  // namespace dtrain::transport::shm
