@@ -50,6 +50,7 @@ struct Var {
   X(kConnectTimeout, "DTRAIN_CONNECT_TIMEOUT", "60", "Seconds allowed for rendezvous: reaching the store and connecting to every peer.") \
   X(kSocketAddr, "DTRAIN_SOCKET_ADDR", "", "Address this process publishes for its peers (default: the local address that routes to the store).") \
   X(kSpinUs, "DTRAIN_SPIN_US", "50", "Microseconds a waiting thread busy-polls before it sleeps (0 = never spin).") \
+  X(kTransport, "DTRAIN_TRANSPORT", "auto", "auto: shared memory between ranks on one host, TCP otherwise; tcp: TCP only; shm: like auto, but failing to set up shared memory is an error.") \
   X(kAgentStore, "DTRAIN_AGENT_STORE", "0", "1 when the launcher hosts the store at MASTER_ADDR:MASTER_PORT; 0 makes rank 0 host it.") \
   X(kAlgo, "DTRAIN_ALGO", "", "Force collective algorithms: `ring`, or per collective `allreduce=halving_doubling,broadcast=tree` (see docs/algorithms.md).") \
   X(kCostFile, "DTRAIN_COST_FILE", "", "JSON calibration of the cost model: {\"alpha_us\": 12, \"beta_gbps\": 4, \"gamma_gbps\": 12}.") \
