@@ -247,6 +247,13 @@ void run_world(int n) {
   }, 240s));
 }
 
+// The same over TCP only (the default puts ranks of one host on shared memory).
+TEST(Collectives, WorldOf3OverTcp) {
+  ::setenv("DTRAIN_TRANSPORT", "tcp", 1);
+  run_world(3);
+  ::unsetenv("DTRAIN_TRANSPORT");
+}
+
 TEST(Collectives, WorldOf1) { run_world(1); }
 TEST(Collectives, WorldOf2) { run_world(2); }
 TEST(Collectives, WorldOf3) { run_world(3); }

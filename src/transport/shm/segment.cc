@@ -2,19 +2,25 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "common/env.h"
 #include "dtrain/error.h"
 
 namespace dtrain::transport::shm {
 namespace {
+
+// A value every process has at a known address, for the cross-memory-attach probe.
+const volatile uint64_t kProbeValue = 0x45424f52505f4d43;  // "CM_PROBE"
 
 void* map(int fd) {
   void* p = ::mmap(nullptr, Segment::size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -45,8 +51,11 @@ Segment Segment::create(const std::string& name) {
                                        size(), std::strerror(err)));
   }
   ::close(fd);
-  auto* h = new (s.base_) SegmentHeader{kSegmentMagic, 1, ::getpid(), 0};
-  (void)h;
+  auto* h = new (s.base_) SegmentHeader{};
+  h->magic = kSegmentMagic;
+  h->version = 1;
+  h->creator_pid = ::getpid();
+  h->creator_probe = reinterpret_cast<uint64_t>(&kProbeValue);
   auto* c = static_cast<std::byte*>(s.base_) + 4096;
   new (c) RingControl();
   new (c + sizeof(RingControl) + kRingBytes) RingControl();
@@ -67,6 +76,7 @@ Segment Segment::open(const std::string& name) {
   if (s.header().magic != kSegmentMagic || s.header().version != 1)
     throw PeerFailureError(fmt::format("shared memory {} is not a dtrain segment of version 1", name));
   s.header().opener_pid = ::getpid();
+  s.header().opener_probe = reinterpret_cast<uint64_t>(&kProbeValue);
   return s;
 }
 
@@ -93,6 +103,18 @@ Segment::~Segment() {
 void Segment::unlink() {
   if (linked_) ::shm_unlink(name_.c_str());
   linked_ = false;
+}
+
+void Segment::probe_peer(bool creator) {
+  SegmentHeader& h = header();
+  uint64_t got = 0;
+  iovec local{&got, sizeof(got)};
+  iovec remote{reinterpret_cast<void*>(creator ? h.opener_probe : h.creator_probe), sizeof(got)};
+  const pid_t pid = creator ? h.opener_pid : h.creator_pid;
+  bool ok = env::get_bool(env::kCma) &&
+            ::process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof(got)) &&
+            got == kProbeValue;
+  (creator ? h.creator_reads_opener : h.opener_reads_creator) = ok ? 1 : 0;
 }
 
 Ring Segment::ring(bool from_creator) {

@@ -24,6 +24,10 @@ struct SegmentHeader {
   uint32_t version;
   int32_t creator_pid;
   int32_t opener_pid;
+  uint64_t creator_probe;  // address of a known value in each process, to test whether the
+  uint64_t opener_probe;   // other side may read its memory (cross-memory attach)
+  uint32_t creator_reads_opener;  // 1 when process_vm_readv from the other side works
+  uint32_t opener_reads_creator;
 };
 
 class Segment {
@@ -41,6 +45,13 @@ class Segment {
 
   // Removes the name (the mapping stays).
   void unlink();
+  // Tests whether this process may read the peer's memory (same user, ptrace scope) and records
+  // it in the header; `creator` says which side this is. DTRAIN_CMA=0 records "no".
+  void probe_peer(bool creator);
+  // Whether the peer may read this process's memory, as it recorded.
+  bool peer_reads_us(bool creator) {
+    return (creator ? header().opener_reads_creator : header().creator_reads_opener) != 0;
+  }
   bool valid() const { return base_ != nullptr; }
   SegmentHeader& header() { return *static_cast<SegmentHeader*>(base_); }
   // The ring from the creator (lower rank) to the opener, and back.

@@ -150,6 +150,7 @@ std::vector<shm::Segment> Device::share_memory(Store& store, std::vector<net::Fd
     if (len > 0) {
       try {
         segments[peer] = shm::Segment::open(name);
+        segments[peer].probe_peer(/*creator=*/false);
         ok = 1;
       } catch (const Error& e) {
         failed(peer, e.what());
@@ -166,7 +167,9 @@ std::vector<shm::Segment> Device::share_memory(Store& store, std::vector<net::Fd
     if (!ok) {
       segments[peer] = shm::Segment();
       failed(peer, "the peer could not open the segment");
+      continue;
     }
+    segments[peer].probe_peer(/*creator=*/true);
   }
   return segments;
 }

@@ -14,6 +14,16 @@ inline constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 40;
 inline constexpr uint32_t kFrameGoodbye = 1;  // the sender is closing its group on purpose
 // The payload is a UTF-8 explanation: the group of the frame's tag failed on the sender.
 inline constexpr uint32_t kFrameGroupFailed = 2;
+// Shared memory, large messages: instead of the payload the stream carries where it lies in the
+// sender's memory (CmaDescriptor); the receiver copies it in one step (process_vm_readv) and
+// answers with a kFrameCmaDone frame, which completes the send.
+inline constexpr uint32_t kFrameCma = 4;
+inline constexpr uint32_t kFrameCmaDone = 8;
+
+struct CmaDescriptor {
+  uint64_t pid = 0;
+  uint64_t address = 0;
+};
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;

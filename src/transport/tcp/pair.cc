@@ -4,6 +4,8 @@
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -72,7 +74,7 @@ std::string Request::describe() const {
 
 Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options,
            shm::Segment segment, bool segment_creator)
-    : loop_(std::move(loop)), fd_(std::move(fd)), options_(options) {
+    : loop_(std::move(loop)), fd_(std::move(fd)), options_(options), creator_(segment_creator) {
   if (segment.valid()) {
     shm_ = std::make_unique<ShmLink>();
     shm_->in = segment.ring(!segment_creator);
@@ -113,14 +115,28 @@ std::shared_ptr<Request> Pair::isend(uint64_t tag, const void* data, size_t size
   r->size = size;
   r->deadline = deadline;
   r->pair = shared_from_this();
-  r->header.tag = tag;
-  r->header.size = size;
-  r->header.aux = aux;
+  r->wire.header.tag = tag;
+  r->wire.header.size = size;
+  r->wire.header.aux = aux;
   std::lock_guard lock(mu_);
   r->seq = ++send_seq_;
   if (auto e = refuse_locked(*r)) {
     r->completion.fail(e);
     return r;
+  }
+  if (shm_ && size >= kCmaMinBytes) {
+    if (cma_state_ < 0) {
+      cma_state_ = shm_->segment.peer_reads_us(creator_) ? 1 : 0;
+      DTRAIN_LOG_DEBUG("rank {}: large messages to {} go {}", options_.self_rank, peer_text(),
+                       cma_state_ ? "in one copy (cross-memory attach)"
+                                  : "through the ring (cross-memory attach not permitted)");
+    }
+    if (cma_state_ == 1) {
+      r->cma = true;
+      r->wire.header.flags |= kFrameCma;
+      r->wire.cma = CmaDescriptor{static_cast<uint64_t>(::getpid()),
+                                  reinterpret_cast<uint64_t>(r->data)};
+    }
   }
   send_queue_.push_back(r);
   if (send_queue_.size() == 1) progress_send_locked();  // write straight away when idle
@@ -187,9 +203,9 @@ void Pair::send_group_failed(uint64_t tag, std::string text) {
   r->size = r->owned.size();
   r->deadline = Deadline::after(std::chrono::seconds(5));
   r->pair = shared_from_this();
-  r->header.tag = tag;
-  r->header.size = r->size;
-  r->header.flags = kFrameGroupFailed;
+  r->wire.header.tag = tag;
+  r->wire.header.size = r->size;
+  r->wire.header.flags = kFrameGroupFailed;
   std::lock_guard lock(mu_);
   if (broken_) return;
   r->seq = ++send_seq_;
@@ -223,7 +239,7 @@ void Pair::fail_group_locked(uint32_t group_id, std::exception_ptr error) {
   // Sends already on the wire finish (the stream must stay whole); queued ones are dropped.
   for (auto it = send_queue_.begin(); it != send_queue_.end();) {
     Request& r = **it;
-    if (group_of(r.tag) == group_id && r.header_done == 0 && !(r.header.flags & kFrameGroupFailed)) {
+    if (group_of(r.tag) == group_id && r.header_done == 0 && !(r.wire.header.flags & (kFrameGroupFailed | kFrameCmaDone))) {
       fail(r);
       it = send_queue_.erase(it);
     } else {
@@ -305,10 +321,10 @@ void Pair::progress_send_locked() {
     size_t count = 0;
     for (const auto& r : send_queue_) {
       if (count + 2 > kMaxIov) break;
-      if (r->header_done < sizeof(FrameHeader))
-        iov[count++] = {reinterpret_cast<char*>(&r->header) + r->header_done,
-                        sizeof(FrameHeader) - r->header_done};
-      if (r->done < r->size) iov[count++] = {r->data + r->done, r->size - r->done};
+      if (r->header_done < r->prefix())
+        iov[count++] = {reinterpret_cast<char*>(&r->wire) + r->header_done,
+                        r->prefix() - r->header_done};
+      if (r->done < r->stream_size()) iov[count++] = {r->data + r->done, r->stream_size() - r->done};
     }
     ssize_t n = write_out(iov, count);
     if (n < 0) {
@@ -322,14 +338,17 @@ void Pair::progress_send_locked() {
     size_t left = static_cast<size_t>(n);
     while (left > 0 && !send_queue_.empty()) {
       Request& r = *send_queue_.front();
-      size_t h = std::min(left, sizeof(FrameHeader) - r.header_done);
+      size_t h = std::min(left, r.prefix() - r.header_done);
       r.header_done += h;
       left -= h;
-      size_t p = std::min(left, r.size - r.done);
+      size_t p = std::min(left, r.stream_size() - r.done);
       r.done += p;
       left -= p;
-      if (r.header_done == sizeof(FrameHeader) && r.done == r.size) {
-        r.completion.succeed();
+      if (r.header_done == r.prefix() && r.done == r.stream_size()) {
+        if (r.cma)
+          cma_pending_.push_back(std::move(send_queue_.front()));  // done when the peer says
+        else
+          r.completion.succeed();
         send_queue_.pop_front();
       }
     }
@@ -345,6 +364,10 @@ void Pair::progress_recv_locked() {
       case RxState::kHeader:
         target = reinterpret_cast<std::byte*>(&rx_header_) + rx_header_done_;
         want = sizeof(FrameHeader) - rx_header_done_;
+        break;
+      case RxState::kCmaDescriptor:
+        target = reinterpret_cast<std::byte*>(&rx_cma_) + rx_cma_done_;
+        want = sizeof(CmaDescriptor) - rx_cma_done_;
         break;
       case RxState::kIntoRequest:
         target = rx_request_->data + rx_request_->done;
@@ -382,6 +405,15 @@ void Pair::progress_recv_locked() {
         if (rx_header_done_ == sizeof(FrameHeader)) {
           rx_header_done_ = 0;
           on_frame_header_locked();
+          if (broken_) return;
+        }
+        break;
+      case RxState::kCmaDescriptor:
+        rx_cma_done_ += got;
+        if (rx_cma_done_ == sizeof(CmaDescriptor)) {
+          rx_cma_done_ = 0;
+          rx_state_ = RxState::kHeader;
+          on_cma_descriptor_locked();
           if (broken_) return;
         }
         break;
@@ -425,6 +457,29 @@ void Pair::on_frame_header_locked() {
         ErrorKind::kPeerFailure,
         fmt::format("{} closed its process group (it finished, or destroyed the group)",
                     peer_text())));
+    return;
+  }
+  if (h.flags & kFrameCmaDone) {
+    if (cma_pending_.empty()) {
+      fail_locked(make_error(ErrorKind::kPeerFailure,
+                             fmt::format("{} acknowledged a copy this rank never offered; the "
+                                         "stream is corrupt", peer_text())));
+      return;
+    }
+    Request& r = *cma_pending_.front();
+    r.done = r.size;
+    r.completion.succeed();
+    cma_pending_.pop_front();
+    return;
+  }
+  if (h.flags & kFrameCma) {
+    if (!shm_) {
+      fail_locked(make_error(ErrorKind::kPeerFailure,
+                             fmt::format("{} offered a shared-memory copy over TCP; the stream is "
+                                         "corrupt", peer_text())));
+      return;
+    }
+    rx_state_ = RxState::kCmaDescriptor;
     return;
   }
   if (h.flags & kFrameGroupFailed) {
@@ -476,6 +531,73 @@ void Pair::on_frame_header_locked() {
   if (h.size == 0) return;  // complete already; waits for its receive
   rx_unexpected_ = raw;
   rx_state_ = RxState::kIntoUnexpected;
+}
+
+bool Pair::pull(std::byte* out, uint64_t address, size_t size) {
+  size_t done = 0;
+  while (done < size) {
+    iovec local{out + done, size - done};
+    iovec remote{reinterpret_cast<void*>(address + done), size - done};
+    ssize_t n = ::process_vm_readv(static_cast<pid_t>(rx_cma_.pid), &local, 1, &remote, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (n == 0) {
+      errno = EFAULT;
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void Pair::queue_frame_locked(uint32_t flags, uint64_t tag) {
+  auto r = std::make_shared<Request>();
+  r->kind = Request::Kind::kSend;
+  r->tag = tag;
+  r->deadline = Deadline::after(std::chrono::seconds(60));
+  r->pair = shared_from_this();
+  r->wire.header.tag = tag;
+  r->wire.header.flags = flags;
+  r->seq = ++send_seq_;
+  send_queue_.push_back(std::move(r));
+  if (send_queue_.size() == 1) progress_send_locked();
+}
+
+void Pair::on_cma_descriptor_locked() {
+  const FrameHeader h = rx_header_;
+  const size_t size = static_cast<size_t>(h.size);
+  std::byte* target = nullptr;
+  std::shared_ptr<Request> r;
+  Unexpected* u = nullptr;
+  if (auto it = posted_.find(h.tag); it != posted_.end()) {
+    r = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) posted_.erase(it);
+    if (!reject_frame(*r, h.size, h.aux)) target = r->data;
+  } else {
+    if (options_.on_unexpected) options_.on_unexpected(h.tag, h.aux, options_.peer_rank);
+    auto fresh = std::make_unique<Unexpected>();
+    fresh->tag = h.tag;
+    fresh->aux = h.aux;
+    fresh->allocate(size);
+    u = fresh.get();
+    target = u->bytes.get();
+    unexpected_[h.tag].push_back(std::move(fresh));
+  }
+  if (target != nullptr && size > 0 && !pull(target, rx_cma_.address, size)) {
+    fail_locked(connection_error(
+        fmt::format("copying {} bytes out of its memory (cross-memory attach)", size), errno));
+    return;
+  }
+  bytes_moved_ += size;
+  if (r && target != nullptr) {
+    r->done = r->size;
+    r->completion.succeed();
+  }
+  if (u) u->done = size;
+  queue_frame_locked(kFrameCmaDone, h.tag);  // the sender may reuse its buffer now
 }
 
 void Pair::finish_unexpected_locked(Unexpected& u) {
@@ -584,6 +706,8 @@ void Pair::fail_locked(std::exception_ptr error) {
   };
   for (auto& r : send_queue_) fail(*r);
   send_queue_.clear();
+  for (auto& r : cma_pending_) fail(*r);
+  cma_pending_.clear();
   for (auto& [tag, q] : posted_)
     for (auto& r : q) fail(*r);
   posted_.clear();

@@ -51,8 +51,14 @@ struct Request {
   Completion completion;
 
   // Progress, guarded by the pair's mutex.
-  FrameHeader header;       // sends: the frame to write
-  size_t header_done = 0;   // sends: frame bytes written
+  struct Wire {
+    FrameHeader header;
+    CmaDescriptor cma;  // follows the header only for kFrameCma frames
+  } wire;                   // sends: what goes on the stream before the payload
+  bool cma = false;         // sends: the payload stays put; the receiver copies it out
+  size_t header_done = 0;   // sends: wire bytes written
+  size_t prefix() const { return cma ? sizeof(Wire) : sizeof(FrameHeader); }
+  size_t stream_size() const { return cma ? 0 : size; }
   size_t done = 0;          // payload bytes moved
   bool matched = false;     // receives: an incoming frame is being read into this request
   uint64_t expected_aux = 0;  // receives: fail unless the frame's aux equals this (0 = any)
@@ -144,12 +150,17 @@ class Pair : public std::enable_shared_from_this<Pair> {
     std::shared_ptr<Request> claimant;  // a receive posted while the message was still arriving
     bool control = false;               // a group-failed notice, not data
   };
-  enum class RxState : uint8_t { kHeader, kIntoRequest, kIntoUnexpected, kDiscard };
+  enum class RxState : uint8_t { kHeader, kCmaDescriptor, kIntoRequest, kIntoUnexpected, kDiscard };
 
   void progress_locked();
   void progress_send_locked();
   void progress_recv_locked();
   void on_frame_header_locked();
+  // A kFrameCma frame's descriptor arrived: copy the payload out of the sender and answer.
+  void on_cma_descriptor_locked();
+  // Copies `size` bytes at the peer's `address` into `out`; false (errno set) on failure.
+  bool pull(std::byte* out, uint64_t address, size_t size);
+  void queue_frame_locked(uint32_t flags, uint64_t tag);
   void finish_unexpected_locked(Unexpected& u);
   void deliver_unexpected(Unexpected& u, Request& r);
   // Fails r if a frame of `size` bytes with `aux` cannot go into it; true when it failed.
@@ -173,6 +184,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
 
   std::shared_ptr<Loop> loop_;  // shared: requests may keep a pair alive past its device
   std::unique_ptr<ShmLink> shm_;
+  bool creator_ = false;  // this side created the segment
   net::Fd fd_;
   const PairOptions options_;
 
@@ -183,11 +195,16 @@ class Pair : public std::enable_shared_from_this<Pair> {
   uint64_t send_seq_ = 0;
   uint64_t recv_seq_ = 0;
   std::deque<std::shared_ptr<Request>> send_queue_;
+  static constexpr size_t kCmaMinBytes = size_t{64} << 10;
   std::unordered_map<uint64_t, std::deque<std::shared_ptr<Request>>> posted_;
   std::unordered_map<uint64_t, std::deque<std::unique_ptr<Unexpected>>> unexpected_;
   RxState rx_state_ = RxState::kHeader;
   FrameHeader rx_header_;
   size_t rx_header_done_ = 0;
+  CmaDescriptor rx_cma_;
+  size_t rx_cma_done_ = 0;
+  std::deque<std::shared_ptr<Request>> cma_pending_;  // sends the peer is copying out
+  int cma_state_ = -1;  // -1 unknown, 0 the peer cannot read our memory, 1 it can
   std::shared_ptr<Request> rx_request_;
   Unexpected* rx_unexpected_ = nullptr;
   uint64_t rx_discard_left_ = 0;

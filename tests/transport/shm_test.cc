@@ -1,0 +1,120 @@
+// Shared memory between ranks on one host: both paths (one copy with cross-memory attach, and
+// the ring), agreement with TCP, nothing left in /dev/shm after a normal exit or a SIGKILL, a
+// stale segment of the same job replaced, and a killed peer noticed at once.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/error.h"
+#include "support/group.h"
+#include "support/multiproc.h"
+
+namespace dtrain::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 11)) & 0xff);
+  return v;
+}
+
+std::vector<std::string> segments_of(const std::string& job) {
+  std::vector<std::string> found;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    if (e.path().filename().string().rfind("dtrain-" + job, 0) == 0) found.push_back(e.path());
+  return found;
+}
+
+std::string unique_job(const char* what) {
+  return std::string(what) + "-" + std::to_string(::getpid());
+}
+
+// Every size through every path; the results must be the same bytes.
+void exchange_all_sizes(const char* transport, const char* cma) {
+  const int port = free_port();
+  const std::string job = unique_job("shm-sizes");
+  auto results = run_ranks(2, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", transport, 1);
+    ::setenv("DTRAIN_CMA", cma, 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto pg = make_group(rank, 2, port);
+    for (size_t size : {size_t{0}, size_t{1}, size_t{4095}, size_t{65536}, size_t{1} << 20,
+                        (size_t{5} << 20) + 3, size_t{64} << 20}) {
+      auto expected = pattern(size, static_cast<uint32_t>(size));
+      // Both directions at once, receives posted late (the unexpected path) every other size.
+      std::vector<uint8_t> got(size, 0xee);
+      auto s = pg->isend(TensorView::of(expected), 1 - rank, 1);
+      if (size % 2) std::this_thread::sleep_for(20ms);
+      pg->recv(TensorView::of(got), 1 - rank, 1);
+      s->wait();
+      RANK_CHECK(got == expected, "{} bytes over {} (cma {}) differ", size, transport, cma);
+    }
+  }, 90s);
+  for (auto& r : results) EXPECT_TRUE(r.ok());
+  EXPECT_TRUE(segments_of(job).empty());
+}
+
+TEST(Shm, SingleCopyPath) { exchange_all_sizes("shm", "1"); }
+TEST(Shm, RingPathWithCrossMemoryAttachOff) { exchange_all_sizes("shm", "0"); }
+TEST(Shm, TcpForced) { exchange_all_sizes("tcp", "1"); }
+
+TEST(Shm, NothingLeftBehindAfterSigkill) {
+  const int port = free_port();
+  const std::string job = unique_job("shm-kill");
+  auto results = run_ranks(3, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto pg = make_group(rank, 3, port, {}, 30s);
+    pg->barrier()->wait();
+    if (rank == 2) ::raise(SIGKILL);
+    // The survivors notice the death through the pair's socket, not a timeout.
+    std::vector<float> v(1000, 1.0f);
+    auto start = std::chrono::steady_clock::now();
+    try {
+      pg->recv(TensorView::of(v), 2, 5);
+      RANK_CHECK(false, "recv from a killed rank succeeded");
+    } catch (const PeerFailureError& e) {
+      auto took = std::chrono::steady_clock::now() - start;
+      RANK_CHECK(std::string(e.what()).find("rank 2") != std::string::npos, "{}", e.what());
+      RANK_CHECK(took < 5s, "took {} ms", std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+    }
+    if (rank == 0) std::this_thread::sleep_for(200ms);  // the store outlives rank 1's checks
+    ::_exit(3);
+  }, 60s);
+  EXPECT_EQ(results[2].signal, SIGKILL);
+  EXPECT_EQ(results[0].exit_code, 3);
+  EXPECT_EQ(results[1].exit_code, 3);
+  EXPECT_TRUE(segments_of(job).empty()) << segments_of(job).size() << " segments left in /dev/shm";
+}
+
+TEST(Shm, StaleSegmentOfTheSameJobIsReplaced) {
+  const int port = free_port();
+  const std::string job = unique_job("shm-stale");
+  const std::string name = "/dtrain-" + job + "-world-0-1";
+  int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 4096), 0);
+  ::close(fd);
+  auto results = run_ranks(2, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto pg = make_group(rank, 2, port);
+    std::vector<int32_t> v(10, rank);
+    pg->allreduce(TensorView::of(v))->wait();
+    RANK_CHECK(v[9] == 1, "sum {}", v[9]);
+  });
+  for (auto& r : results) EXPECT_TRUE(r.ok());
+  EXPECT_TRUE(segments_of(job).empty());
+}
+
+}  // namespace
+}  // namespace dtrain::testing
