@@ -139,6 +139,12 @@ void CollectiveContext::wait(std::span<const RequestPtr> requests) {
   }
 }
 
+bool CollectiveContext::can_read_all() const {
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_ && !pairs_[p]->can_read_peer()) return false;
+  return true;
+}
+
 void CollectiveContext::send_recv(int to, const void* out, size_t out_bytes, int from, void* in,
                                   size_t in_bytes) {
   RequestPtr rs[2] = {recv(from, in, in_bytes), send(to, out, out_bytes)};

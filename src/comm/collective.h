@@ -77,6 +77,12 @@ class CollectiveContext {
   // Waits for the requests, busy-polling every pair this collective has used so far.
   void wait(std::span<const RequestPtr> requests);
   void wait(const RequestPtr& r) { wait(std::span<const RequestPtr>(&r, 1)); }
+  // Reads `bytes` at `address` in `peer`'s memory (cross-memory attach; see can_read_all()).
+  void read_peer(int peer, std::byte* out, uint64_t address, size_t bytes) {
+    pair(peer)->read_peer(out, address, bytes);
+  }
+  // Every peer is on this host, on shared memory, and readable with cross-memory attach.
+  bool can_read_all() const;
   // Sends to `to` and receives from `from` at once (a ring or exchange step).
   void send_recv(int to, const void* out, size_t out_bytes, int from, void* in, size_t in_bytes);
 

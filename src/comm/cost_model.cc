@@ -72,7 +72,7 @@ CostConstants CostModel::load() {
 
 std::span<const std::string_view> CostModel::candidates(CollectiveKind kind) {
   static constexpr std::string_view kAllreduce[] = {"ring", "halving_doubling",
-                                                    "recursive_doubling", "central"};
+                                                    "recursive_doubling", "central", "direct"};
   static constexpr std::string_view kBroadcast[] = {"tree", "scatter_allgather"};
   static constexpr std::string_view kReduce[] = {"tree", "ring"};
   static constexpr std::string_view kAllgather[] = {"ring", "bruck"};
@@ -96,16 +96,26 @@ std::span<const std::string_view> CostModel::candidates(CollectiveKind kind) {
   return kLinear;
 }
 
-double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, int n) const {
+double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, int n,
+                       const Topology& topology) const {
   const double M = static_cast<double>(bytes), N = n;
-  const double al = k_.alpha, be = k_.beta, ga = k_.gamma;
+  const double al = topology.local ? k_.alpha_local : k_.alpha;
+  const double be = topology.local ? k_.beta_local : k_.beta;
+  const double ga = k_.gamma;
   if (n <= 1) return 0.0;
+  if (a == "direct") {
+    if (kind != CollectiveKind::kAllreduce || !topology.can_read_all) return 1e30;
+    return 3 * al + (N - 1) / N * M * (2 * be + ga);
+  }
+  // Chunked algorithms pay a message per 256 KiB chunk as well.
+  const double chunks = M / (256.0 * 1024.0);
   const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
   const double lp = std::log2(static_cast<double>(p));
   const double fold = n == p ? 0.0 : 2 * al + 2 * M * be + M * ga;
   switch (kind) {
     case CollectiveKind::kAllreduce:
-      if (a == "ring") return 2 * (N - 1) * al + 2 * (N - 1) / N * M * be + (N - 1) / N * M * ga;
+      if (a == "ring")
+        return 2 * (N - 1) * al + 2 * (N - 1) / N * (M * be + chunks * al) + (N - 1) / N * M * ga;
       if (a == "halving_doubling")
         return 2 * lp * al + 2 * (p - 1.0) / p * M * be + (p - 1.0) / p * M * ga + fold;
       if (a == "recursive_doubling") return lp * (al + M * be + M * ga) + fold;
@@ -130,12 +140,13 @@ double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, in
   return 1e30;
 }
 
-std::string_view CostModel::pick(CollectiveKind kind, size_t bytes, int n) const {
+std::string_view CostModel::pick(CollectiveKind kind, size_t bytes, int n,
+                                 const Topology& topology) const {
   auto c = candidates(kind);
   std::string_view best = c[0];
-  double best_cost = cost(best, kind, bytes, n);
+  double best_cost = cost(best, kind, bytes, n, topology);
   for (auto a : c.subspan(1)) {
-    double x = cost(a, kind, bytes, n);
+    double x = cost(a, kind, bytes, n, topology);
     if (x < best_cost) {
       best = a;
       best_cost = x;
@@ -145,22 +156,29 @@ std::string_view CostModel::pick(CollectiveKind kind, size_t bytes, int n) const
 }
 
 std::string_view CostModel::choose(CollectiveKind kind, std::string_view requested, size_t bytes,
-                                   int n) const {
+                                   int n, const Topology& topology) const {
   auto c = candidates(kind);
+  auto usable = [&](std::string_view a) {
+    if (a == "direct" && !topology.can_read_all && n > 1)
+      throw InvalidArgumentError(
+          "all_reduce 'direct' needs every rank of the group on this host, on shared memory, "
+          "with cross-memory attach permitted (same user, ptrace scope 0 or 1, DTRAIN_CMA=1)");
+    return a;
+  };
   if (!requested.empty()) {
     for (auto a : c)
-      if (a == requested) return a;
+      if (a == requested) return usable(a);
     throw InvalidArgumentError(fmt::format("{} has no algorithm '{}': use one of {}",
                                            to_string(kind), requested, fmt::join(c, ", ")));
   }
   const std::string from_env = env_choice(kind);
   if (!from_env.empty()) {
     for (auto a : c)
-      if (a == from_env) return a;
+      if (a == from_env) return usable(a);
     throw InvalidArgumentError(fmt::format("DTRAIN_ALGO asks {} to use '{}': use one of {}",
                                            to_string(kind), from_env, fmt::join(c, ", ")));
   }
-  return pick(kind, bytes, n);
+  return pick(kind, bytes, n, topology);
 }
 
 }  // namespace dtrain::comm

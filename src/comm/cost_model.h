@@ -18,6 +18,15 @@ struct CostConstants {
   double alpha = 12e-6;          // seconds per message
   double beta = 1.0 / 4.0e9;     // seconds per byte on the wire
   double gamma = 1.0 / 12.0e9;   // seconds per byte reduced
+  // A group whose ranks all share a host (shared memory): messages and copies are cheaper.
+  double alpha_local = 2e-6;
+  double beta_local = 1.0 / 10.0e9;
+};
+
+// What the group's connections can do, which changes the costs and the candidates.
+struct Topology {
+  bool local = false;        // every peer on shared memory
+  bool can_read_all = false;  // ... and readable with cross-memory attach ("direct")
 };
 
 class CostModel {
@@ -29,12 +38,15 @@ class CostModel {
   // The algorithms that can run `kind`, the first being the default.
   static std::span<const std::string_view> candidates(CollectiveKind kind);
   // Estimated seconds of `algorithm` for `bytes` per rank over `n` ranks.
-  double cost(std::string_view algorithm, CollectiveKind kind, size_t bytes, int n) const;
+  double cost(std::string_view algorithm, CollectiveKind kind, size_t bytes, int n,
+              const Topology& topology = {}) const;
   // The cheapest candidate.
-  std::string_view pick(CollectiveKind kind, size_t bytes, int n) const;
+  std::string_view pick(CollectiveKind kind, size_t bytes, int n, const Topology& topology = {}) const;
   // Resolves an explicit request ("" = none) against DTRAIN_ALGO and the model; throws
-  // InvalidArgumentError for a name `kind` does not have, listing the ones it has.
-  std::string_view choose(CollectiveKind kind, std::string_view requested, size_t bytes, int n) const;
+  // InvalidArgumentError for a name `kind` does not have, listing the ones it has (or for
+  // "direct" where the topology does not allow it).
+  std::string_view choose(CollectiveKind kind, std::string_view requested, size_t bytes, int n,
+                          const Topology& topology = {}) const;
 
   const CostConstants& constants() const { return k_; }
 

@@ -95,6 +95,7 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   uint32_t group_id_ = 0;
   std::chrono::milliseconds timeout_;
   CostModel cost_model_;
+  Topology topology_;
   std::shared_ptr<Executor> executor_;
   CollectiveContext::Buffer scratch_;    // used by the running collective only
   CollectiveContext::Buffer workspace_;  // likewise
@@ -105,6 +106,7 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   uint32_t next_seq_ = 0;
   uint32_t children_ = 0;
   std::exception_ptr failure_;  // set once a collective failed: the group is unusable
+  uint32_t failed_seq_ = 0;     // ... and which one
 };
 
 }  // namespace dtrain::comm

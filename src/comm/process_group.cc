@@ -150,6 +150,14 @@ NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::ve
 }
 
 void NativeProcessGroup::start() {
+  topology_.local = size_ > 1;
+  topology_.can_read_all = size_ > 1;
+  for (int i = 0; i < size_; ++i) {
+    if (i == rank_) continue;
+    auto& p = *device_->pair(members_[i]);
+    topology_.local &= std::string_view(p.transport()) == "shm";
+    topology_.can_read_all &= p.can_read_peer();
+  }
   watchdog_ = std::make_unique<Watchdog>(*store_, name_, rank_, size_,
                                          env::get_seconds(env::kStragglerSeconds));
   executor_ = std::make_shared<Executor>([this](std::exception_ptr e) {
@@ -162,9 +170,12 @@ void NativeProcessGroup::start() {
   });
   executor_->start();
   transport::tcp::Device::GroupHandlers handlers;
-  handlers.mark = [this](std::exception_ptr e) {
+  handlers.mark = [this](uint32_t seq, std::exception_ptr e) {
     std::lock_guard lock(mu_);
-    if (!failure_) failure_ = e;
+    if (!failure_) {
+      failure_ = e;
+      failed_seq_ = seq;
+    }
   };
   handlers.handle = [this](uint32_t seq, std::exception_ptr) {
     publish_postmortem(*store_, name_, rank_, seq, history_.describe(seq));
@@ -201,7 +212,7 @@ NativeProcessGroup::~NativeProcessGroup() {
 
 std::string NativeProcessGroup::algorithm_for(CollectiveKind kind, std::string_view requested,
                                               size_t bytes) const {
-  return std::string(cost_model_.choose(kind, requested, bytes, size_));
+  return std::string(cost_model_.choose(kind, requested, bytes, size_, topology_));
 }
 
 void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr error) {
@@ -209,6 +220,7 @@ void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr e
     std::lock_guard lock(mu_);
     if (failure_) return;
     failure_ = error;
+    failed_seq_ = seq;
   }
   const std::string text = fmt::format("rank {} (world rank {}) reports: {}", rank_,
                                        members_[rank_], message_of(error));
@@ -305,9 +317,17 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
     } catch (...) {
       // Tell the peers first (they fail at once), then ask everyone what they called.
       on_collective_failed(seq, std::current_exception());
-      const std::string entry = fmt::format("called {} and failed", call.describe());
-      std::string after = postmortem(seq, entry);
-      if (size_ > 1) after += "; " + watchdog_->arrivals(seq);
+      // When a peer reported an earlier collective failed, that one is what to explain.
+      uint32_t failed_seq;
+      {
+        std::lock_guard lock(mu_);
+        failed_seq = failed_seq_ != 0 ? failed_seq_ : seq;
+      }
+      const std::string entry = failed_seq == seq
+                                    ? fmt::format("called {} and failed", call.describe())
+                                    : history_.describe(failed_seq);
+      std::string after = postmortem(failed_seq, entry);
+      if (size_ > 1 && failed_seq == seq) after += "; " + watchdog_->arrivals(seq);
       watchdog_->leave();
       rethrow_with(what, after);
     }
@@ -331,7 +351,7 @@ std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
   check_tensor(t, "broadcast", "the tensor");
   check_root(o.root, "broadcast");
   CollectiveCall call{CollectiveKind::kBroadcast, t.dtype, ReduceOp::kSum, o.root, t.numel};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_);
+  auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
   return submit(call, algo, o.timeout, [t, algo](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
     if (algo == "scatter_allgather")
@@ -346,7 +366,7 @@ std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
   check_tensor(t, "all_reduce", "the tensor");
   check_reduce_op(t.dtype, o.op);
   CollectiveCall call{CollectiveKind::kAllreduce, t.dtype, o.op, 0, t.numel};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_);
+  auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
   const int n = size_;
   return submit(call, algo, o.timeout, [t, algo, op = o.op, n](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
@@ -356,6 +376,8 @@ std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
       algo::allreduce_halving_doubling(ctx, data, t.numel);
     else if (algo == "recursive_doubling")
       algo::allreduce_recursive_doubling(ctx, data, t.numel);
+    else if (algo == "direct")
+      algo::allreduce_direct(ctx, data, t.numel);
     else
       algo::allreduce_central(ctx, data, t.numel);
     if (op == ReduceOp::kAvg) scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(n));
@@ -367,7 +389,7 @@ std::shared_ptr<Work> NativeProcessGroup::reduce(const TensorView& t, const Redu
   check_root(o.root, "reduce");
   check_reduce_op(t.dtype, o.op);
   CollectiveCall call{CollectiveKind::kReduce, t.dtype, o.op, o.root, t.numel};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_);
+  auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
   const int n = size_;
   return submit(call, algo, o.timeout, [t, algo, o, n](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
@@ -390,7 +412,7 @@ std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const
         "rank {}: all_gather: the output has {} elements; it needs size() x input = {} x {} = {}",
         rank_, out.numel, size_, in.numel, in.numel * size_));
   CollectiveCall call{CollectiveKind::kAllgather, in.dtype, ReduceOp::kSum, 0, in.numel};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_);
+  auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
   return submit(call, algo, o.timeout, [out, in, algo](CollectiveContext& ctx) {
     auto* o_ = static_cast<std::byte*>(out.data);
     const size_t block = in.nbytes();
@@ -423,7 +445,7 @@ std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, cons
         "rank {}: all_gather_v: input has {} elements and output {}, but counts say {} and {}",
         rank_, in.numel, out.numel, counts[rank_], total));
   CollectiveCall call{CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0, 0};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_);
+  auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
   return submit(call, algo, o.timeout, [out, in, counts](CollectiveContext& ctx) {
     const size_t elem = ctx.element_size();
     std::vector<size_t> offsets(ctx.size()), sizes(ctx.size());
@@ -489,7 +511,7 @@ std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out, 
         "rank {}: reduce_scatter: the input has {} elements; it needs size() x output = {} x {}",
         rank_, in.numel, size_, out.numel));
   CollectiveCall call{CollectiveKind::kReduceScatter, out.dtype, o.op, 0, out.numel};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_);
+  auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
   const int n = size_;
   return submit(call, algo, o.timeout, [out, in, o, n](CollectiveContext& ctx) {
     // Reduce a copy of the input in place (the caller's input stays as it was), in equal blocks.
@@ -571,7 +593,7 @@ std::shared_ptr<Work> NativeProcessGroup::alltoallv(const TensorView& out,
 
 std::shared_ptr<Work> NativeProcessGroup::barrier(const BarrierOptions& o) {
   CollectiveCall call{CollectiveKind::kBarrier, DType::kU8, ReduceOp::kSum, 0, 0};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, 0, size_);
+  auto algo = cost_model_.choose(call.kind, o.algorithm, 0, size_, topology_);
   return submit(call, algo, o.timeout,
                 [](CollectiveContext& ctx) { algo::barrier_dissemination(ctx); });
 }

@@ -23,6 +23,8 @@ void allreduce_ring(CollectiveContext& ctx, std::byte* data, size_t count);
 void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t count);
 void allreduce_recursive_doubling(CollectiveContext& ctx, std::byte* data, size_t count);
 void allreduce_central(CollectiveContext& ctx, std::byte* data, size_t count);
+// Ranks of one host reading each other's buffers (needs ctx.can_read_all()).
+void allreduce_direct(CollectiveContext& ctx, std::byte* data, size_t count);
 
 // Ring reduce-scatter, in place on `data` (count elements cut into size() segments): rank r ends
 // holding the reduction of segment r. Ring all-gather of those segments completes an all-reduce.

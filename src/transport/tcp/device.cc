@@ -270,7 +270,7 @@ void Device::on_notice(uint64_t tag, int peer, std::string text) {
     std::lock_guard lock(groups_mu_);
     const uint32_t gid = static_cast<uint32_t>(tag >> 32) & 0xffffffu;
     if (auto it = groups_.find(gid); it != groups_.end() && it->second.mark)
-      it->second.mark(std::make_exception_ptr(PeerFailureError(text)));
+      it->second.mark(static_cast<uint32_t>(tag), std::make_exception_ptr(PeerFailureError(text)));
     notices_.push_back({tag, peer, std::move(text)});
   }
   loop_->wake();

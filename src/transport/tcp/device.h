@@ -54,7 +54,7 @@ class Device {
   // reported by peers: `mark` at once (with a pair's lock held: it must only set state), then
   // `handle` on the loop thread (free to talk to the store). seq is the failed collective's.
   struct GroupHandlers {
-    std::function<void(std::exception_ptr)> mark;
+    std::function<void(uint32_t seq, std::exception_ptr)> mark;
     std::function<void(uint32_t seq, std::exception_ptr)> handle;
     // A peer's message for collective `seq` carries another call's fingerprint (loop thread).
     std::function<void(uint32_t seq, int peer, uint64_t theirs, uint64_t ours)> mismatch;

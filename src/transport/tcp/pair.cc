@@ -534,11 +534,15 @@ void Pair::on_frame_header_locked() {
 }
 
 bool Pair::pull(std::byte* out, uint64_t address, size_t size) {
+  return pull_from(static_cast<int>(rx_cma_.pid), out, address, size);
+}
+
+bool Pair::pull_from(int pid, std::byte* out, uint64_t address, size_t size) {
   size_t done = 0;
   while (done < size) {
     iovec local{out + done, size - done};
     iovec remote{reinterpret_cast<void*>(address + done), size - done};
-    ssize_t n = ::process_vm_readv(static_cast<pid_t>(rx_cma_.pid), &local, 1, &remote, 1, 0);
+    ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
       return false;
@@ -550,6 +554,23 @@ bool Pair::pull(std::byte* out, uint64_t address, size_t size) {
     done += static_cast<size_t>(n);
   }
   return true;
+}
+
+bool Pair::can_read_peer() const {
+  if (!shm_) return false;
+  auto& h = const_cast<shm::Segment&>(shm_->segment).header();
+  return (creator_ ? h.creator_reads_opener : h.opener_reads_creator) != 0;
+}
+
+void Pair::read_peer(std::byte* out, uint64_t address, size_t size) {
+  auto& h = shm_->segment.header();
+  const int pid = creator_ ? h.opener_pid : h.creator_pid;
+  if (!pull_from(pid, out, address, size))
+    throw PeerFailureError(fmt::format(
+        "rank {}: copying {} bytes out of {}'s memory failed: {} (errno {}); the peer probably "
+        "exited", options_.self_rank, size, peer_text(), std::strerror(errno), errno));
+  std::lock_guard lock(mu_);
+  bytes_moved_ += size;
 }
 
 void Pair::queue_frame_locked(uint32_t flags, uint64_t tag) {

@@ -129,6 +129,10 @@ class Pair : public std::enable_shared_from_this<Pair> {
   int peer_rank() const { return options_.peer_rank; }
   const std::string& peer_address() const { return options_.peer_address; }
   int fd() const { return fd_.get(); }
+  // Shared memory with cross-memory attach: whether this rank may read the peer's memory, and
+  // the read itself (PeerFailureError, naming the peer, when it fails).
+  bool can_read_peer() const;
+  void read_peer(std::byte* out, uint64_t address, size_t size);
   const char* transport() const { return shm_ ? "shm" : "tcp"; }
 
   // Called by the event loop when the socket is ready.
@@ -160,6 +164,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
   void on_cma_descriptor_locked();
   // Copies `size` bytes at the peer's `address` into `out`; false (errno set) on failure.
   bool pull(std::byte* out, uint64_t address, size_t size);
+  static bool pull_from(int pid, std::byte* out, uint64_t address, size_t size);
   void queue_frame_locked(uint32_t flags, uint64_t tag);
   void finish_unexpected_locked(Unexpected& u);
   void deliver_unexpected(Unexpected& u, Request& r);
