@@ -72,7 +72,8 @@ CostConstants CostModel::load() {
 
 std::span<const std::string_view> CostModel::candidates(CollectiveKind kind) {
   static constexpr std::string_view kAllreduce[] = {"ring", "halving_doubling",
-                                                    "recursive_doubling", "central", "direct"};
+                                                    "recursive_doubling", "central", "direct",
+                                                    "hierarchical"};
   static constexpr std::string_view kBroadcast[] = {"tree", "scatter_allgather"};
   static constexpr std::string_view kReduce[] = {"tree", "ring"};
   static constexpr std::string_view kAllgather[] = {"ring", "bruck"};
@@ -106,6 +107,13 @@ double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, in
   if (a == "direct") {
     if (kind != CollectiveKind::kAllreduce || !topology.can_read_all) return 1e30;
     return 3 * al + (N - 1) / N * M * (2 * be + ga);
+  }
+  if (a == "hierarchical") {
+    if (kind != CollectiveKind::kAllreduce || topology.hosts < 2 || topology.per_host < 2) return 1e30;
+    const double k = topology.per_host, h = topology.hosts;
+    const double inside = (k - 1) * k_.alpha_local + (k - 1) / k * M * k_.beta_local;
+    const double across = 2 * (h - 1) * k_.alpha + 2 * (h - 1) / h * (M / k) * k_.beta;
+    return 2 * inside + across + ((k - 1) / k + (h - 1) / h / k) * M * ga;
   }
   // Chunked algorithms pay a message per 256 KiB chunk as well.
   const double chunks = M / (256.0 * 1024.0);
@@ -159,6 +167,10 @@ std::string_view CostModel::choose(CollectiveKind kind, std::string_view request
                                    int n, const Topology& topology) const {
   auto c = candidates(kind);
   auto usable = [&](std::string_view a) {
+    if (a == "hierarchical" && (topology.hosts < 2 || topology.per_host < 2))
+      throw InvalidArgumentError(
+          "all_reduce 'hierarchical' needs the group spread over two or more hosts with the same "
+          "number (two or more) of its ranks on each");
     if (a == "direct" && !topology.can_read_all && n > 1)
       throw InvalidArgumentError(
           "all_reduce 'direct' needs every rank of the group on this host, on shared memory, "

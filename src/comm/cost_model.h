@@ -27,6 +27,8 @@ struct CostConstants {
 struct Topology {
   bool local = false;        // every peer on shared memory
   bool can_read_all = false;  // ... and readable with cross-memory attach ("direct")
+  int hosts = 1;              // > 1 with the same number of ranks on each: "hierarchical"
+  int per_host = 1;
 };
 
 class CostModel {

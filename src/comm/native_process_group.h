@@ -25,8 +25,10 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   NativeProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                      const ProcessGroupOptions& options);
   // A sub-group over world ranks `members` sharing `parent`'s device.
+  // `internal`: a group dtrain makes for itself (the hierarchy's local and cross groups), which
+  // builds no hierarchy of its own.
   NativeProcessGroup(const NativeProcessGroup& parent, std::vector<int> members, uint32_t group_id,
-                     std::string name);
+                     std::string name, bool internal = false);
   ~NativeProcessGroup() override;
 
   int rank() const override { return rank_; }
@@ -96,6 +98,12 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   std::chrono::milliseconds timeout_;
   CostModel cost_model_;
   Topology topology_;
+  bool internal_ = false;
+  // With ranks on several hosts, k on each: this host's ranks, and the ranks of the other hosts
+  // with this rank's local index (see allreduce_hierarchical.cc).
+  std::shared_ptr<NativeProcessGroup> local_group_;
+  std::shared_ptr<NativeProcessGroup> cross_group_;
+  void build_hierarchy();
   std::shared_ptr<Executor> executor_;
   CollectiveContext::Buffer scratch_;    // used by the running collective only
   CollectiveContext::Buffer workspace_;  // likewise

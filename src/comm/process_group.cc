@@ -134,7 +134,7 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
 }
 
 NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::vector<int> members,
-                                       uint32_t group_id, std::string name)
+                                       uint32_t group_id, std::string name, bool internal)
     : store_(parent.store_),
       device_(parent.device_),
       rank_(-1),
@@ -143,7 +143,8 @@ NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::ve
       members_(std::move(members)),
       group_id_(group_id),
       timeout_(parent.timeout_),
-      cost_model_(parent.cost_model_) {
+      cost_model_(parent.cost_model_),
+      internal_(internal) {
   for (int i = 0; i < size_; ++i)
     if (members_[i] == device_->rank()) rank_ = i;
   start();
@@ -160,6 +161,7 @@ void NativeProcessGroup::start() {
   }
   watchdog_ = std::make_unique<Watchdog>(*store_, name_, rank_, size_,
                                          env::get_seconds(env::kStragglerSeconds));
+  build_hierarchy();
   executor_ = std::make_shared<Executor>([this](std::exception_ptr e) {
     uint32_t seq;
     {
@@ -193,6 +195,48 @@ void NativeProcessGroup::start() {
     device_->fail_group(group_id_, 0, {}, std::make_exception_ptr(InvalidArgumentError(text)), {});
   };
   device_->register_group(group_id_, std::move(handlers));
+}
+
+void NativeProcessGroup::build_hierarchy() {
+  if (internal_ || size_ < 4) return;
+  // Hosts in order of their first rank; every rank computes the same.
+  std::vector<std::string> hosts;
+  std::vector<std::vector<int>> by_host;  // group ranks per host
+  for (int i = 0; i < size_; ++i) {
+    const std::string& h = device_->host_of(members_[i]);
+    auto it = std::find(hosts.begin(), hosts.end(), h);
+    if (it == hosts.end()) {
+      hosts.push_back(h);
+      by_host.emplace_back();
+      it = hosts.end() - 1;
+    }
+    by_host[it - hosts.begin()].push_back(i);
+  }
+  const size_t k = by_host[0].size();
+  if (hosts.size() < 2 || k < 2) return;
+  for (const auto& group : by_host)
+    if (group.size() != k) return;
+  size_t my_host = 0, my_index = 0;
+  for (size_t h = 0; h < by_host.size(); ++h)
+    for (size_t j = 0; j < k; ++j)
+      if (by_host[h][j] == rank_) my_host = h, my_index = j;
+  std::vector<int> local, cross;
+  for (int r : by_host[my_host]) local.push_back(members_[r]);
+  for (const auto& group : by_host) cross.push_back(members_[group[my_index]]);
+  auto id = [&](const std::string& what) {
+    uint32_t v = static_cast<uint32_t>(fnv1a(fmt::format("{}/{}", group_id_, what)) & 0xffffffu);
+    return v == 0 ? 1u : v;
+  };
+  local_group_ = std::make_shared<NativeProcessGroup>(
+      *this, std::move(local), id(fmt::format("local{}", my_host)),
+      fmt::format("{}.host{}", name_, my_host), /*internal=*/true);
+  cross_group_ = std::make_shared<NativeProcessGroup>(
+      *this, std::move(cross), id(fmt::format("cross{}", my_index)),
+      fmt::format("{}.cross{}", name_, my_index), /*internal=*/true);
+  topology_.hosts = static_cast<int>(hosts.size());
+  topology_.per_host = static_cast<int>(k);
+  DTRAIN_LOG_DEBUG("rank {}: group {} spans {} hosts with {} ranks each: hierarchical all-reduce "
+                   "available", rank_, name_, hosts.size(), k);
 }
 
 std::string NativeProcessGroup::postmortem(uint32_t seq, const std::string& entry) {
@@ -368,9 +412,11 @@ std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
   CollectiveCall call{CollectiveKind::kAllreduce, t.dtype, o.op, 0, t.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
   const int n = size_;
-  return submit(call, algo, o.timeout, [t, algo, op = o.op, n](CollectiveContext& ctx) {
+  return submit(call, algo, o.timeout, [this, t, algo, op = o.op, n](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
-    if (algo == "ring")
+    if (algo == "hierarchical")
+      algo::allreduce_hierarchical(*local_group_, *cross_group_, t, op, ctx.deadline());
+    else if (algo == "ring")
       algo::allreduce_ring(ctx, data, t.numel);
     else if (algo == "halving_doubling")
       algo::allreduce_halving_doubling(ctx, data, t.numel);

@@ -75,6 +75,7 @@ struct BenchArgs {
   std::string json_file;
   std::string peers;
   std::string transport = "auto";
+  std::string backend;  // "" = DTRAIN_BACKEND (native by default)
   std::string algo;
   double timeout_s = 60;    // per operation, every implementation
   double deadline_s = 600;  // per implementation run, enforced by the driver
@@ -271,6 +272,7 @@ int run_rank(const BenchArgs& a) {
   const Plan p = make_plan(a);
   InitOptions init;
   init.group.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
+  init.group.backend = a.backend;
   auto pg = init_process_group(init);
   std::vector<Result> results;
   for (Collective c : p.collectives) {
@@ -593,6 +595,10 @@ Outcome run_dtrain(const BenchArgs& a, const Plan& p) {
               "--sizes", sizes, "--dtype", a.dtype, "--op", a.op, "--iters", std::to_string(a.iters),
               "--warmup", std::to_string(a.warmup), a.check ? "--check" : "--no-check",
               "--transport", a.transport, "--timeout", fmt::format("{}", a.timeout_s), "--jsonl"};
+    if (!a.backend.empty()) {
+      s.argv.push_back("--backend");
+      s.argv.push_back(a.backend);
+    }
     if (!a.algo.empty()) {
       s.argv.push_back("--algo");
       s.argv.push_back(a.algo);
@@ -743,6 +749,10 @@ void write_json(const std::string& path, const std::vector<Result>& results) {
 int run_driver(const BenchArgs& a) {
   const Plan p = make_plan(a);
   if (a.np < 1) throw InvalidArgumentError(fmt::format("dtrain bench: --np is {}: start at least one rank", a.np));
+  if (a.backend == "mpi")
+    throw InvalidArgumentError(
+        "dtrain bench: --backend mpi takes its ranks from mpirun: run `mpirun -np N dtrain bench "
+        "COLL --backend mpi` instead of the driver");
   std::string sizes;
   for (size_t s : p.sizes) sizes += (sizes.empty() ? "" : ",") + bench::format_bytes(s);
   std::fprintf(stderr, "dtrain bench: %s, np %d, sizes %s, %s, iters %d, warmup %d, check %s%s%s\n",
@@ -802,6 +812,8 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--json", a->json_file, "Also write every result as one JSON object per line");
   cmd->add_option("--peers", a->peers, "Also time these: gloo, mpi, mpi-tcp, torch (comma-separated)");
   cmd->add_option("--transport", a->transport, "dtrain's transport: tcp or auto")->capture_default_str();
+  cmd->add_option("--backend", a->backend,
+                  "Backend of dtrain's group: native, gloo (driver mode) or mpi (run under mpirun)");
   cmd->add_option("--algo", a->algo, "dtrain's algorithm (default: the cost model's choice)");
   cmd->add_option("--timeout", a->timeout_s, "Seconds each operation may take, every implementation")
       ->capture_default_str();

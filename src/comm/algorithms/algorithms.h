@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/collective.h"
+#include "dtrain/process_group.h"
 
 namespace dtrain::comm::algo {
 
@@ -25,6 +26,10 @@ void allreduce_recursive_doubling(CollectiveContext& ctx, std::byte* data, size_
 void allreduce_central(CollectiveContext& ctx, std::byte* data, size_t count);
 // Ranks of one host reading each other's buffers (needs ctx.can_read_all()).
 void allreduce_direct(CollectiveContext& ctx, std::byte* data, size_t count);
+// Across hosts: reduce-scatter inside the host, all-reduce of the slices across hosts, all-gather
+// inside the host, through the group's `local` and `cross` sub-groups.
+void allreduce_hierarchical(ProcessGroup& local, ProcessGroup& cross, const TensorView& tensor,
+                            ReduceOp op, const Deadline& deadline);
 
 // Ring reduce-scatter, in place on `data` (count elements cut into size() segments): rank r ends
 // holding the reduction of segment r. Ring all-gather of those segments completes an all-reduce.

@@ -27,14 +27,14 @@ Device::Device(Store& store, const DeviceOptions& options)
   const int rank = options_.rank;
   const int size = options_.size;
   pairs_.resize(size);
+  hosts_.assign(size, host_identity());
   if (size == 1) return;
 
   const auto deadline = Deadline::after(options_.connect_timeout);
   net::Fd listener = net::listen_tcp(options_.listen_host, 0);
   address_ = net::HostPort{options_.advertise_addr, net::local_port(listener.get())}.to_string();
   store.set(address_key(options_.group_name, rank), address_);
-  if (options_.transport != "tcp")
-    store.set(fmt::format("{}/host/{}", options_.group_name, rank), host_identity());
+  store.set(fmt::format("{}/host/{}", options_.group_name, rank), host_identity());
   DTRAIN_LOG_DEBUG("rank {}: group {} listens at {}", rank, options_.group_name, address_);
 
   // Higher ranks dial us while we dial lower ranks.
@@ -66,6 +66,10 @@ Device::Device(Store& store, const DeviceOptions& options)
   std::vector<net::Fd> fds(size);
   for (int peer = 0; peer < size; ++peer)
     if (peer != rank) fds[peer] = peer < rank ? std::move(dialled[peer]) : std::move(accepted[peer]);
+  hosts_.resize(size);
+  hosts_[rank] = host_identity();
+  for (int peer = 0; peer < size; ++peer)
+    if (peer != rank) hosts_[peer] = store.get_string(fmt::format("{}/host/{}", options_.group_name, peer));
   std::vector<shm::Segment> segments = share_memory(store, fds, deadline);
   std::vector<std::string> via;
   for (int peer = 0; peer < size; ++peer) {
@@ -109,11 +113,8 @@ std::vector<shm::Segment> Device::share_memory(Store& store, std::vector<net::Fd
   const int rank = options_.rank, size = options_.size;
   std::vector<shm::Segment> segments(size);
   if (options_.transport == "tcp") return segments;
-  const std::string mine = host_identity();
   std::vector<bool> local(size, false);
-  for (int peer = 0; peer < size; ++peer)
-    if (peer != rank)
-      local[peer] = store.get_string(fmt::format("{}/host/{}", options_.group_name, peer)) == mine;
+  for (int peer = 0; peer < size; ++peer) local[peer] = peer != rank && hosts_[peer] == hosts_[rank];
   const bool required = options_.transport == "shm";
   auto context = [&](int peer) {
     return fmt::format("rank {}: setting up shared memory with rank {}", rank, peer);

@@ -47,6 +47,8 @@ class Device {
   int rank() const { return options_.rank; }
   int size() const { return options_.size; }
   const std::string& address() const { return address_; }
+  // The host identity (host.h) of every rank.
+  const std::string& host_of(int rank) const { return hosts_[rank]; }
   // Fails every pending and future operation on every pair with `error`.
   void abort(std::exception_ptr error);
 
@@ -99,6 +101,7 @@ class Device {
   std::string address_;  // host:port this device listens on, as published
   std::shared_ptr<Loop> loop_;
   std::vector<std::shared_ptr<Pair>> pairs_;  // indexed by peer rank; null for self
+  std::vector<std::string> hosts_;            // host identity of every rank
   std::mutex groups_mu_;  // guards groups_ and notices_
   std::map<uint32_t, GroupHandlers> groups_;
   std::vector<Notice> notices_;

@@ -1,0 +1,679 @@
+#include "backends/gloo/gloo_process_group.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <set>
+#include <type_traits>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/gather.h>
+#include <gloo/math.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include "backends/gloo/gloo_p2p_work.h"
+#include "backends/gloo/gloo_store.h"
+#include "backends/registry.h"
+#include "common/env.h"
+#include "common/log.h"
+#include "common/reduce.h"
+#include "dtrain/error.h"
+
+namespace dtrain::backends {
+namespace {
+
+// Gloo slot prefix of point-to-point messages; gloo's collectives use 0x01..0x08.
+constexpr uint8_t kP2pSlotPrefix = 0x7f;
+
+using GlooFunc = void (*)(void*, const void*, const void*, size_t);
+
+std::string message_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& err) {
+    return err.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// The address gloo's device listens on and peers dial: explicit, DTRAIN_SOCKET_ADDR, the local
+// end of the store connection (the interface that routes to the master), else loopback. The
+// same choice as the native backend's.
+std::string pick_address(const ProcessGroupOptions& options, Store& store) {
+  if (!options.advertise_addr.empty()) return options.advertise_addr;
+  if (auto v = env::raw(env::kSocketAddr)) return *v;
+  Store* s = &store;
+  while (auto* prefix = dynamic_cast<PrefixStore*>(s)) s = prefix->base().get();
+  if (auto* tcp = dynamic_cast<TcpStore*>(s)) return tcp->local_ip();
+  return "127.0.0.1";
+}
+
+std::string describe(const TensorView& t) {
+  return fmt::format("{} x {} ({} bytes)", to_string(t.dtype), t.numel, t.nbytes());
+}
+
+// Calls f(T{}) with the gloo element type of a reducible dtype.
+template <typename F>
+void with_gloo_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF32: f(float{}); return;
+    case DType::kF64: f(double{}); return;
+    case DType::kF16: f(gloo::float16{}); return;
+    case DType::kI8: f(int8_t{}); return;
+    case DType::kU8: f(uint8_t{}); return;
+    case DType::kI32: f(int32_t{}); return;
+    case DType::kI64: f(int64_t{}); return;
+    case DType::kBF16: break;
+  }
+  throw InternalError(fmt::format("gloo backend: no gloo type for {}", to_string(dtype)));
+}
+
+template <typename T, typename Op>
+void bitwise(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<T*>(c);
+  auto* x = static_cast<const T*>(a);
+  auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(Op{}(x[i], y[i]));
+}
+
+// Gloo's own kernels for sum, product, min and max (AVG sums, then divides); gloo has no
+// bitwise ones, so those are here (integers only: check_reduce_op refuses them on floats).
+template <typename T>
+GlooFunc reduce_function(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return static_cast<GlooFunc>(&gloo::sum<T>);
+    case ReduceOp::kProd: return static_cast<GlooFunc>(&gloo::product<T>);
+    case ReduceOp::kMin: return static_cast<GlooFunc>(&gloo::min<T>);
+    case ReduceOp::kMax: return static_cast<GlooFunc>(&gloo::max<T>);
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
+      if constexpr (std::is_integral_v<T>) {
+        if (op == ReduceOp::kBand) return &bitwise<T, std::bit_and<>>;
+        if (op == ReduceOp::kBor) return &bitwise<T, std::bit_or<>>;
+        return &bitwise<T, std::bit_xor<>>;
+      }
+      break;
+  }
+  throw InternalError(fmt::format("gloo backend: no kernel for {}", to_string(op)));
+}
+
+// Rethrows the current exception as a dtrain error that starts with `what` and says how long
+// it ran: gloo's timeouts become TimeoutError, its I/O errors PeerFailureError.
+[[noreturn]] void rethrow_gloo(const std::string& what, const Deadline& deadline) {
+  try {
+    throw;
+  } catch (const Error&) {
+    throw;
+  } catch (const gloo::IoException& e) {
+    const std::string text(e.what());
+    if (text.find("Timed out") != std::string::npos)
+      throw TimeoutError(fmt::format("{} did not finish within {}: {}", what, deadline.describe(), text));
+    throw PeerFailureError(fmt::format("{} failed after {}: {}", what, deadline.describe(), text));
+  } catch (const gloo::EnforceNotMet& e) {
+    throw InvalidArgumentError(fmt::format("{}: gloo refused the call: {}", what, e.what()));
+  } catch (const std::exception& e) {
+    throw PeerFailureError(fmt::format("{} failed after {}: {}", what, deadline.describe(), e.what()));
+  }
+}
+
+}  // namespace
+
+GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size,
+                                   const ProcessGroupOptions& options)
+    : store_(std::move(store)), rank_(rank), size_(size), name_(options.name) {
+  if (size < 1)
+    throw InvalidArgumentError(fmt::format("world size is {}: it must be at least 1", size));
+  if (rank < 0 || rank >= size)
+    throw InvalidArgumentError(
+        fmt::format("rank {} is outside the group of size {}: use 0..{}", rank, size, size - 1));
+  if (!store_) throw InvalidArgumentError("backend gloo needs a store; got null");
+  timeout_ = options.timeout.count() > 0 ? options.timeout : env::get_seconds(env::kTimeout);
+  connect_timeout_ = options.connect_timeout.count() > 0 ? options.connect_timeout
+                                                         : env::get_seconds(env::kConnectTimeout);
+  gloo::transport::tcp::attr attr;
+  attr.hostname = pick_address(options, *store_);
+  try {
+    device_ = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: backend gloo cannot listen on {}: {} (set DTRAIN_SOCKET_ADDR to an address of "
+        "this host)", rank_, attr.hostname, e.what()));
+  }
+  GlooStore gloo_store(std::make_shared<PrefixStore>("gloo/" + name_, store_));
+  connect(gloo_store, connect_timeout_);
+}
+
+GlooProcessGroup::GlooProcessGroup(const GlooProcessGroup& parent, int rank, int size,
+                                   std::string name)
+    : store_(parent.store_),
+      device_(parent.device_),
+      rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      timeout_(parent.timeout_),
+      connect_timeout_(parent.connect_timeout_) {
+  GlooStore gloo_store(std::make_shared<PrefixStore>("gloo/" + name_, store_));
+  connect(gloo_store, connect_timeout_);
+}
+
+void GlooProcessGroup::connect(gloo::rendezvous::Store& store,
+                               std::chrono::milliseconds connect_timeout) {
+  const Deadline deadline = Deadline::after(connect_timeout);
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+  context->setTimeout(connect_timeout);
+  try {
+    context->connectFullMesh(store, device_);
+  } catch (...) {
+    rethrow_gloo(fmt::format("rank {}: backend gloo connecting the {} ranks of group {} via {}",
+                             rank_, size_, name_, device_->str()),
+                 deadline);
+  }
+  context->setTimeout(timeout_);
+  context_ = std::move(context);
+  executor_ = std::make_shared<comm::Executor>([this](std::exception_ptr e) { mark_failed(e); });
+  executor_->start();
+  DTRAIN_LOG_DEBUG("rank {}: gloo group {} of {} ranks connected via {}", rank_, name_, size_,
+                   device_->str());
+}
+
+GlooProcessGroup::~GlooProcessGroup() {
+  auto error = std::make_exception_ptr(
+      AbortedError(fmt::format("rank {}: group {} (gloo) was destroyed", rank_, name_)));
+  std::vector<std::weak_ptr<GlooP2pWork>> p2p;
+  {
+    std::lock_guard lock(mu_);
+    p2p.swap(p2p_);
+  }
+  for (auto& w : p2p)
+    if (auto work = w.lock()) work->cancel(error);
+  if (executor_) executor_->shutdown(error);  // joins a running collective (up to its deadline)
+}
+
+void GlooProcessGroup::mark_failed(std::exception_ptr error) {
+  std::lock_guard lock(mu_);
+  if (!failure_) failure_ = std::move(error);
+}
+
+// ---- validation ----
+
+void GlooProcessGroup::check_tensor(const TensorView& t, const char* op, const char* which) const {
+  if (t.device != Device::kCpu)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: {}: backend gloo does not support {} on CUDA tensors: Debian's gloo is built "
+        "without CUDA; copy {} to the CPU, or use the nccl backend", rank_, op, op, which));
+  if (t.data == nullptr && t.numel > 0)
+    throw InvalidArgumentError(fmt::format("rank {}: {}: {} of {} elements has a null data pointer",
+                                           rank_, op, which, t.numel));
+}
+
+void GlooProcessGroup::check_root(int root, const char* op) const {
+  if (root < 0 || root >= size_)
+    throw InvalidArgumentError(fmt::format("rank {}: {} has root {}, but group {} has ranks 0..{}",
+                                           rank_, op, root, name_, size_ - 1));
+}
+
+void GlooProcessGroup::check_same_dtype(const TensorView& a, const TensorView& b,
+                                        const char* op) const {
+  if (a.dtype != b.dtype)
+    throw InvalidArgumentError(fmt::format("rank {}: {}: output is {} but input is {}; use one dtype",
+                                           rank_, op, to_string(a.dtype), to_string(b.dtype)));
+}
+
+void GlooProcessGroup::check_algorithm(const std::string& algorithm, const char* op) const {
+  if (!algorithm.empty())
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: {}: backend gloo does not support algorithm '{}' on CPU tensors: gloo has one "
+        "{} algorithm; leave the algorithm empty", rank_, op, algorithm, op));
+}
+
+namespace {
+
+// Reductions need gloo's element type: bf16 has none in this gloo.
+void check_reducible(int rank, DType dtype, ReduceOp op, const char* name) {
+  if (dtype == DType::kBF16)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: {}: backend gloo does not support {} of bf16 on CPU tensors: this gloo (0.5) has "
+        "no bfloat16 type; use f32 or f16, or the native backend", rank, name, name));
+  check_reduce_op(dtype, op);
+}
+
+}  // namespace
+
+// ---- point to point ----
+
+std::shared_ptr<Work> GlooProcessGroup::isend(const TensorView& tensor, int dst, int tag,
+                                              const SendOptions& options) {
+  if (dst < 0 || dst >= size_ || dst == rank_)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: send names rank {}, but group {} has ranks 0..{} and a rank cannot send to "
+        "itself", rank_, dst, name_, size_ - 1));
+  if (tag < 0)
+    throw InvalidArgumentError(fmt::format("rank {}: send has tag {}: gloo needs tags >= 0", rank_, tag));
+  check_tensor(tensor, "send", "the tensor");
+  std::lock_guard lock(mu_);
+  if (failure_)
+    throw PeerFailureError(fmt::format("rank {}: send to rank {}: group {} is unusable: {}", rank_,
+                                       dst, name_, message_of(failure_)));
+  auto work = std::make_shared<GlooP2pWork>(
+      *context_, GlooP2pWork::Kind::kSend, tensor, dst,
+      gloo::Slot::build(kP2pSlotPrefix, static_cast<uint32_t>(tag)),
+      Deadline::after(limit(options.timeout)),
+      fmt::format("rank {}: send of {} bytes to rank {} (tag {}) of group {} (gloo)", rank_,
+                  tensor.nbytes(), dst, tag, name_));
+  std::erase_if(p2p_, [](const auto& w) { return w.expired(); });
+  p2p_.push_back(work);
+  return work;
+}
+
+std::shared_ptr<Work> GlooProcessGroup::irecv(const TensorView& tensor, int src, int tag,
+                                              const RecvOptions& options) {
+  if (src < 0 || src >= size_ || src == rank_)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: recv names rank {}, but group {} has ranks 0..{} and a rank cannot receive from "
+        "itself", rank_, src, name_, size_ - 1));
+  if (tag < 0)
+    throw InvalidArgumentError(fmt::format("rank {}: recv has tag {}: gloo needs tags >= 0", rank_, tag));
+  check_tensor(tensor, "recv", "the tensor");
+  std::lock_guard lock(mu_);
+  if (failure_)
+    throw PeerFailureError(fmt::format("rank {}: recv from rank {}: group {} is unusable: {}",
+                                       rank_, src, name_, message_of(failure_)));
+  auto work = std::make_shared<GlooP2pWork>(
+      *context_, GlooP2pWork::Kind::kRecv, tensor, src,
+      gloo::Slot::build(kP2pSlotPrefix, static_cast<uint32_t>(tag)),
+      Deadline::after(limit(options.timeout)),
+      fmt::format("rank {}: recv of {} bytes from rank {} (tag {}) of group {} (gloo)", rank_,
+                  tensor.nbytes(), src, tag, name_));
+  std::erase_if(p2p_, [](const auto& w) { return w.expired(); });
+  p2p_.push_back(work);
+  return work;
+}
+
+// ---- collectives ----
+
+std::shared_ptr<Work> GlooProcessGroup::submit(const char* op, std::string desc,
+                                               std::chrono::milliseconds timeout, Body body) {
+  uint32_t seq;
+  std::exception_ptr failed;
+  {
+    std::lock_guard lock(mu_);
+    seq = ++next_seq_;
+    failed = failure_;
+  }
+  const Deadline deadline = Deadline::after(limit(timeout));
+  std::string what = fmt::format("rank {}: {} of {} as collective #{} of group {} (gloo)", rank_,
+                                 op, desc, seq, name_);
+  auto run = [this, seq, deadline, what, body = std::move(body)] {
+    std::exception_ptr earlier;
+    {
+      std::lock_guard lock(mu_);
+      earlier = failure_;
+    }
+    if (earlier)
+      throw PeerFailureError(fmt::format("{} cannot start: the group is unusable since: {}", what,
+                                         message_of(earlier)));
+    try {
+      // Gloo measures its timeout from the call; what is left of ours is the most it gets.
+      body(Slot{seq, std::max(deadline.remaining(), std::chrono::milliseconds(1))});
+    } catch (...) {
+      rethrow_gloo(what, deadline);
+    }
+  };
+  auto work = std::make_shared<comm::CollectiveWork>(std::move(run), deadline, what, executor_);
+  if (failed) {
+    work->fail(std::make_exception_ptr(PeerFailureError(fmt::format(
+        "{} cannot start: the group is unusable since: {}", what, message_of(failed)))));
+    return work;
+  }
+  executor_->submit(work);
+  return work;
+}
+
+std::shared_ptr<Work> GlooProcessGroup::broadcast(const TensorView& t, const BroadcastOptions& o) {
+  check_tensor(t, "broadcast", "the tensor");
+  check_root(o.root, "broadcast");
+  check_algorithm(o.algorithm, "broadcast");
+  return submit("broadcast", describe(t), o.timeout, [this, t, root = o.root](const Slot& s) {
+    if (t.nbytes() == 0) return;
+    gloo::BroadcastOptions opts(context_);
+    opts.setOutput(static_cast<uint8_t*>(t.data), t.nbytes());
+    opts.setRoot(root);
+    opts.setTag(s.tag);
+    opts.setTimeout(s.timeout);
+    gloo::broadcast(opts);
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::allreduce(const TensorView& t, const AllreduceOptions& o) {
+  check_tensor(t, "all_reduce", "the tensor");
+  check_reducible(rank_, t.dtype, o.op, "all_reduce");
+  auto algorithm = gloo::AllreduceOptions::Algorithm::UNSPECIFIED;
+  if (o.algorithm == "ring")
+    algorithm = gloo::AllreduceOptions::Algorithm::RING;
+  else if (o.algorithm == "bcube")
+    algorithm = gloo::AllreduceOptions::Algorithm::BCUBE;
+  else if (!o.algorithm.empty())
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_reduce: backend gloo does not support algorithm '{}' on CPU tensors: gloo "
+        "has ring and bcube", rank_, o.algorithm));
+  return submit("all_reduce", describe(t) + " " + std::string(to_string(o.op)), o.timeout,
+                [this, t, op = o.op, algorithm](const Slot& s) {
+    if (t.numel == 0) return;
+    with_gloo_type(t.dtype, [&](auto type) {
+      using T = decltype(type);
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(static_cast<T*>(t.data), t.numel);
+      opts.setReduceFunction(reduce_function<T>(op));
+      opts.setAlgorithm(algorithm);
+      opts.setTag(s.tag);
+      opts.setTimeout(s.timeout);
+      gloo::allreduce(opts);
+    });
+    if (op == ReduceOp::kAvg) scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(size_));
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::reduce(const TensorView& t, const ReduceOptions& o) {
+  check_tensor(t, "reduce", "the tensor");
+  check_root(o.root, "reduce");
+  check_reducible(rank_, t.dtype, o.op, "reduce");
+  check_algorithm(o.algorithm, "reduce");
+  return submit("reduce", describe(t) + " " + std::string(to_string(o.op)), o.timeout,
+                [this, t, op = o.op, root = o.root](const Slot& s) {
+    if (t.numel == 0) return;
+    with_gloo_type(t.dtype, [&](auto type) {
+      using T = decltype(type);
+      gloo::ReduceOptions opts(context_);
+      opts.setOutput(static_cast<T*>(t.data), t.numel);
+      opts.setRoot(root);
+      opts.setReduceFunction(reduce_function<T>(op));
+      opts.setTag(s.tag);
+      opts.setTimeout(s.timeout);
+      gloo::reduce(opts);
+    });
+    if (op == ReduceOp::kAvg && rank_ == root)
+      scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(size_));
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::allgather(const TensorView& out, const TensorView& in,
+                                                  const AllgatherOptions& o) {
+  check_tensor(out, "all_gather", "the output");
+  check_tensor(in, "all_gather", "the input");
+  check_same_dtype(out, in, "all_gather");
+  check_algorithm(o.algorithm, "all_gather");
+  if (out.numel != in.numel * size_)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_gather: the output has {} elements; it needs size() x input = {} x {}",
+        rank_, out.numel, size_, in.numel));
+  return submit("all_gather", describe(in), o.timeout, [this, out, in](const Slot& s) {
+    if (in.nbytes() == 0) return;
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(static_cast<uint8_t*>(in.data), in.nbytes());
+    opts.setOutput(static_cast<uint8_t*>(out.data), out.nbytes());
+    opts.setTag(s.tag);
+    opts.setTimeout(s.timeout);
+    gloo::allgather(opts);
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::allgatherv(const TensorView& out, const TensorView& in,
+                                                   const std::vector<size_t>& counts,
+                                                   const AllgatherOptions& o) {
+  check_tensor(out, "all_gather_v", "the output");
+  check_tensor(in, "all_gather_v", "the input");
+  check_same_dtype(out, in, "all_gather_v");
+  check_algorithm(o.algorithm, "all_gather_v");
+  if (counts.size() != static_cast<size_t>(size_))
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_gather_v: counts has {} entries; it needs one per rank ({})", rank_,
+        counts.size(), size_));
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  if (in.numel != counts[rank_] || out.numel < total)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_gather_v: the input has {} elements (counts says {}) and the output {} "
+        "(the counts add up to {})", rank_, in.numel, counts[rank_], out.numel, total));
+  const size_t elem = element_size(in.dtype);
+  return submit("all_gather_v", fmt::format("{} x {} in all", to_string(in.dtype), total),
+                o.timeout, [this, out, in, counts, total, elem](const Slot& s) {
+    if (total == 0) return;
+    std::vector<size_t> bytes(counts.size());
+    for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * elem;
+    gloo::AllgathervOptions opts(context_);
+    opts.setInput(static_cast<uint8_t*>(in.data), in.nbytes());
+    opts.setOutput(static_cast<uint8_t*>(out.data), bytes);
+    opts.setTag(s.tag);
+    opts.setTimeout(s.timeout);
+    gloo::allgatherv(opts);
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::gather(const TensorView& out, const TensorView& in,
+                                               const GatherOptions& o) {
+  check_tensor(in, "gather", "the input");
+  check_root(o.root, "gather");
+  if (rank_ == o.root) {
+    check_tensor(out, "gather", "the output");
+    check_same_dtype(out, in, "gather");
+    if (out.numel != in.numel * size_)
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: gather: the output has {} elements; it needs size() x input = {} x {}", rank_,
+          out.numel, size_, in.numel));
+  }
+  return submit("gather", describe(in), o.timeout, [this, out, in, root = o.root](const Slot& s) {
+    if (in.nbytes() == 0) return;
+    gloo::GatherOptions opts(context_);
+    opts.setInput(static_cast<uint8_t*>(in.data), in.nbytes());
+    if (rank_ == root) opts.setOutput(static_cast<uint8_t*>(out.data), in.nbytes() * size_);
+    opts.setRoot(root);
+    opts.setTag(s.tag);
+    opts.setTimeout(s.timeout);
+    gloo::gather(opts);
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::scatter(const TensorView& out, const TensorView& in,
+                                                const ScatterOptions& o) {
+  check_tensor(out, "scatter", "the output");
+  check_root(o.root, "scatter");
+  if (rank_ == o.root) {
+    check_tensor(in, "scatter", "the input");
+    check_same_dtype(out, in, "scatter");
+    if (in.numel != out.numel * size_)
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: scatter: the input has {} elements; it needs size() x output = {} x {}", rank_,
+          in.numel, size_, out.numel));
+  }
+  return submit("scatter", describe(out), o.timeout, [this, out, in, root = o.root](const Slot& s) {
+    const size_t block = out.nbytes();
+    if (block == 0) return;
+    gloo::ScatterOptions opts(context_);
+    if (rank_ == root) {
+      std::vector<uint8_t*> blocks(size_);
+      for (int i = 0; i < size_; ++i) blocks[i] = static_cast<uint8_t*>(in.data) + i * block;
+      opts.setInputs(blocks, block);
+    }
+    opts.setOutput(static_cast<uint8_t*>(out.data), block);
+    opts.setRoot(root);
+    opts.setTag(s.tag);
+    opts.setTimeout(s.timeout);
+    gloo::scatter(opts);
+  });
+}
+
+// This gloo's reduce-scatter (ReduceScatterHalvingDoubling) is an old-style algorithm object
+// over bound buffers with the context's fixed timeout and no tag, so it cannot honour per-call
+// timeouts or run beside other collectives: reduce-scatter here is gloo's all-reduce of a copy
+// of the input, of which this rank keeps its block (size() times the traffic of a true one).
+std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const TensorView& out, const TensorView& in,
+                                                       const ReduceScatterOptions& o) {
+  check_tensor(out, "reduce_scatter", "the output");
+  check_tensor(in, "reduce_scatter", "the input");
+  check_same_dtype(out, in, "reduce_scatter");
+  check_reducible(rank_, in.dtype, o.op, "reduce_scatter");
+  check_algorithm(o.algorithm, "reduce_scatter");
+  if (in.numel != out.numel * size_)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: reduce_scatter: the input has {} elements; it needs size() x output = {} x {}",
+        rank_, in.numel, size_, out.numel));
+  return submit("reduce_scatter", describe(out) + " " + std::string(to_string(o.op)), o.timeout,
+                [this, out, in, op = o.op](const Slot& s) {
+    if (out.numel == 0) return;
+    std::vector<std::byte> copy(in.nbytes());
+    std::memcpy(copy.data(), in.data, in.nbytes());
+    with_gloo_type(in.dtype, [&](auto type) {
+      using T = decltype(type);
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(reinterpret_cast<T*>(copy.data()), in.numel);
+      opts.setReduceFunction(reduce_function<T>(op));
+      opts.setTag(s.tag);
+      opts.setTimeout(s.timeout);
+      gloo::allreduce(opts);
+    });
+    std::memcpy(out.data, copy.data() + rank_ * out.nbytes(), out.nbytes());
+    if (op == ReduceOp::kAvg) scale_down(out.data, out.numel, out.dtype, static_cast<size_t>(size_));
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::alltoall(const TensorView& out, const TensorView& in,
+                                                 const AlltoallOptions& o) {
+  check_tensor(out, "all_to_all", "the output");
+  check_tensor(in, "all_to_all", "the input");
+  check_same_dtype(out, in, "all_to_all");
+  if (in.numel != out.numel || in.numel % size_ != 0)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_to_all: input ({}) and output ({}) must have the same number of elements, "
+        "divisible by the group size {}", rank_, in.numel, out.numel, size_));
+  return submit("all_to_all", describe(in), o.timeout, [this, out, in](const Slot& s) {
+    if (in.nbytes() == 0) return;
+    gloo::AlltoallOptions opts(context_);
+    opts.setInput(static_cast<uint8_t*>(in.data), in.nbytes());
+    opts.setOutput(static_cast<uint8_t*>(out.data), out.nbytes());
+    opts.setTag(s.tag);
+    opts.setTimeout(s.timeout);
+    gloo::alltoall(opts);
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::alltoallv(const TensorView& out,
+                                                  const std::vector<size_t>& out_counts,
+                                                  const TensorView& in,
+                                                  const std::vector<size_t>& in_counts,
+                                                  const AlltoallOptions& o) {
+  check_tensor(out, "all_to_all_v", "the output");
+  check_tensor(in, "all_to_all_v", "the input");
+  check_same_dtype(out, in, "all_to_all_v");
+  if (out_counts.size() != static_cast<size_t>(size_) || in_counts.size() != static_cast<size_t>(size_))
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_to_all_v: output_counts has {} and input_counts {} entries; both need one "
+        "per rank ({})", rank_, out_counts.size(), in_counts.size(), size_));
+  size_t out_total = 0, in_total = 0;
+  for (int i = 0; i < size_; ++i) {
+    out_total += out_counts[i];
+    in_total += in_counts[i];
+  }
+  if (out_total > out.numel || in_total > in.numel)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_to_all_v: the counts add up to {} output and {} input elements, but the "
+        "tensors have {} and {}", rank_, out_total, in_total, out.numel, in.numel));
+  const size_t elem = element_size(in.dtype);
+  return submit("all_to_all_v", fmt::format("{} x {} out, {} in", to_string(in.dtype), in_total, out_total),
+                o.timeout, [this, out, in, out_counts, in_counts, elem](const Slot& s) {
+    std::vector<int64_t> out_bytes(size_), in_bytes(size_);
+    for (int i = 0; i < size_; ++i) {
+      out_bytes[i] = static_cast<int64_t>(out_counts[i] * elem);
+      in_bytes[i] = static_cast<int64_t>(in_counts[i] * elem);
+    }
+    // No rank knows the whole matrix of counts, so every rank calls gloo, even with nothing
+    // to move: skipping here could leave a peer waiting.
+    gloo::AlltoallvOptions opts(context_);
+    opts.setInput(static_cast<uint8_t*>(in.data), in_bytes);
+    opts.setOutput(static_cast<uint8_t*>(out.data), out_bytes);
+    opts.setTag(s.tag);
+    opts.setTimeout(s.timeout);
+    gloo::alltoallv(opts);
+  });
+}
+
+std::shared_ptr<Work> GlooProcessGroup::barrier(const BarrierOptions& o) {
+  check_algorithm(o.algorithm, "barrier");
+  return submit("barrier", "nothing", o.timeout, [this](const Slot& s) {
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(s.tag);
+    opts.setTimeout(s.timeout);
+    gloo::barrier(opts);
+  });
+}
+
+std::shared_ptr<ProcessGroup> GlooProcessGroup::new_group(const std::vector<int>& ranks) {
+  std::set<int> seen;
+  for (int r : ranks) {
+    if (r < 0 || r >= size_)
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: new_group({}) names rank {}, but group {} has ranks 0..{}", rank_,
+          fmt::join(ranks, ", "), r, name_, size_ - 1));
+    if (!seen.insert(r).second)
+      throw InvalidArgumentError(fmt::format("rank {}: new_group({}) names rank {} twice", rank_,
+                                             fmt::join(ranks, ", "), r));
+  }
+  if (ranks.empty())
+    throw InvalidArgumentError(fmt::format("rank {}: new_group needs at least one rank", rank_));
+  uint32_t child;
+  {
+    std::lock_guard lock(mu_);
+    child = ++children_;
+  }
+  int index = -1;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i] == rank_) index = static_cast<int>(i);
+  if (index < 0) return nullptr;
+  // The name holds the call's ordinal, so every member meets under the same store prefix.
+  return std::make_shared<GlooProcessGroup>(*this, index, static_cast<int>(ranks.size()),
+                                            fmt::format("{}.{}", name_, child));
+}
+
+void GlooProcessGroup::abort(const std::string& reason) {
+  DTRAIN_LOG_WARN("rank {}: group {} (gloo) aborted: {}", rank_, name_, reason);
+  auto error = std::make_exception_ptr(
+      AbortedError(fmt::format("rank {}: group {} (gloo) was aborted: {}", rank_, name_, reason)));
+  std::vector<std::weak_ptr<GlooP2pWork>> p2p;
+  {
+    std::lock_guard lock(mu_);
+    if (!failure_) failure_ = error;
+    p2p.swap(p2p_);
+  }
+  // Queued collectives fail when they come up (failure_ is set); a running one cannot be
+  // interrupted in gloo and ends at its own deadline.
+  for (auto& w : p2p)
+    if (auto work = w.lock()) work->cancel(error);
+}
+
+namespace {
+
+const bool kRegistered = register_backend(Backend{
+    "gloo", true,
+    [](std::shared_ptr<Store> store, int rank, int size, const ProcessGroupOptions& options) {
+      return std::make_shared<GlooProcessGroup>(std::move(store), rank, size, options);
+    }});
+
+}  // namespace
+
+}  // namespace dtrain::backends

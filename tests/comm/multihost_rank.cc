@@ -1,0 +1,61 @@
+// One rank of the multi-host tests (multihost_test.cc starts four of these in two network
+// namespaces). Modes:
+//   check    every all-reduce algorithm (hierarchical included), a broadcast and an all-gather
+//            against the expected values; prints "OK rank R algo=<auto choice for 4 MiB>"
+//   survive  all-reduces until one fails; prints "ERROR: <message>" and exits 3
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "comm/native_process_group.h"
+#include "dtrain/dtrain.h"
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "check";
+  auto pg = dtrain::init_process_group();
+  const int rank = pg->rank(), n = pg->size();
+  if (mode == "check") {
+    for (std::string algo : {"", "ring", "hierarchical", "halving_doubling"}) {
+      for (size_t count : {size_t{1}, size_t{1001}, size_t{1} << 20}) {
+        std::vector<float> v(count);
+        for (size_t i = 0; i < count; ++i) v[i] = static_cast<float>((rank + i) % 5);
+        pg->allreduce(dtrain::TensorView::of(v), {.algorithm = algo})->wait();
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int r = 0; r < n; ++r) want += static_cast<float>((r + i) % 5);
+          if (v[i] != want) {
+            std::printf("WRONG rank %d algo '%s' count %zu [%zu]: %f != %f\n", rank, algo.c_str(),
+                        count, i, v[i], want);
+            return 1;
+          }
+        }
+      }
+    }
+    std::vector<int64_t> b(777, rank == 3 ? 42 : 0);
+    pg->broadcast(dtrain::TensorView::of(b), {.root = 3})->wait();
+    std::vector<int32_t> in(5, rank), out(5 * n);
+    pg->allgather(dtrain::TensorView::of(out), dtrain::TensorView::of(in))->wait();
+    if (b[776] != 42 || out[5 * (n - 1)] != n - 1) {
+      std::printf("WRONG rank %d broadcast/allgather\n", rank);
+      return 1;
+    }
+    auto* native = dynamic_cast<dtrain::comm::NativeProcessGroup*>(pg.get());
+    std::printf("OK rank %d algo=%s\n", rank,
+                native ? native->algorithm_for(dtrain::comm::CollectiveKind::kAllreduce, "", 4 << 20).c_str()
+                       : "?");
+    pg->barrier()->wait();
+    return 0;
+  }
+  std::vector<float> v(1 << 20, 1.0f);
+  std::printf("READY rank %d\n", rank);
+  std::fflush(stdout);
+  try {
+    for (int i = 0; i < 100000; ++i) pg->allreduce(dtrain::TensorView::of(v))->wait();
+  } catch (const std::exception& e) {
+    std::printf("ERROR: %s\n", e.what());
+    std::fflush(stdout);
+    return 3;
+  }
+  return 0;
+}
