@@ -74,9 +74,9 @@ std::span<const std::string_view> CostModel::candidates(CollectiveKind kind) {
   static constexpr std::string_view kAllreduce[] = {"ring", "halving_doubling",
                                                     "recursive_doubling", "central", "direct",
                                                     "hierarchical"};
-  static constexpr std::string_view kBroadcast[] = {"tree", "scatter_allgather"};
+  static constexpr std::string_view kBroadcast[] = {"tree", "scatter_allgather", "hierarchical"};
   static constexpr std::string_view kReduce[] = {"tree", "ring"};
-  static constexpr std::string_view kAllgather[] = {"ring", "bruck"};
+  static constexpr std::string_view kAllgather[] = {"ring", "bruck", "hierarchical"};
   static constexpr std::string_view kRing[] = {"ring"};
   static constexpr std::string_view kLinear[] = {"linear"};
   static constexpr std::string_view kPairwise[] = {"pairwise"};
@@ -109,8 +109,18 @@ double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, in
     return 3 * al + (N - 1) / N * M * (2 * be + ga);
   }
   if (a == "hierarchical") {
-    if (kind != CollectiveKind::kAllreduce || topology.hosts < 2 || topology.per_host < 2) return 1e30;
+    if (topology.hosts < 2 || topology.per_host < 2) return 1e30;
     const double k = topology.per_host, h = topology.hosts;
+    const double al_l = k_.alpha_local, be_l = k_.beta_local;
+    if (kind == CollectiveKind::kBroadcast)
+      return log2_ceil(static_cast<int>(h)) * (k_.alpha + M * k_.beta) +
+             log2_ceil(static_cast<int>(k)) * (al_l + M * be_l);
+    if (kind == CollectiveKind::kAllgather) {
+      if (!topology.host_contiguous) return 1e30;
+      return (k - 1) * (al_l + M * be_l) + (h - 1) * (k_.alpha + k * M * k_.beta) +
+             log2_ceil(static_cast<int>(k)) * (al_l + N * M * be_l);
+    }
+    if (kind != CollectiveKind::kAllreduce) return 1e30;
     const double inside = (k - 1) * k_.alpha_local + (k - 1) / k * M * k_.beta_local;
     const double across = 2 * (h - 1) * k_.alpha + 2 * (h - 1) / h * (M / k) * k_.beta;
     return 2 * inside + across + ((k - 1) / k + (h - 1) / h / k) * M * ga;
@@ -167,10 +177,12 @@ std::string_view CostModel::choose(CollectiveKind kind, std::string_view request
                                    int n, const Topology& topology) const {
   auto c = candidates(kind);
   auto usable = [&](std::string_view a) {
-    if (a == "hierarchical" && (topology.hosts < 2 || topology.per_host < 2))
-      throw InvalidArgumentError(
-          "all_reduce 'hierarchical' needs the group spread over two or more hosts with the same "
-          "number (two or more) of its ranks on each");
+    if (a == "hierarchical" && (topology.hosts < 2 || topology.per_host < 2 ||
+                                (kind == CollectiveKind::kAllgather && !topology.host_contiguous)))
+      throw InvalidArgumentError(fmt::format(
+          "{} 'hierarchical' needs the group spread over two or more hosts with the same number "
+          "(two or more) of its ranks on each{}",
+          to_string(kind), kind == CollectiveKind::kAllgather ? ", holding consecutive ranks" : ""));
     if (a == "direct" && !topology.can_read_all && n > 1)
       throw InvalidArgumentError(
           "all_reduce 'direct' needs every rank of the group on this host, on shared memory, "

@@ -29,6 +29,7 @@ struct Topology {
   bool can_read_all = false;  // ... and readable with cross-memory attach ("direct")
   int hosts = 1;              // > 1 with the same number of ranks on each: "hierarchical"
   int per_host = 1;
+  bool host_contiguous = false;  // host h holds ranks h*k .. h*k+k-1 (hierarchical all-gather)
 };
 
 class CostModel {

@@ -103,6 +103,8 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   // with this rank's local index (see allreduce_hierarchical.cc).
   std::shared_ptr<NativeProcessGroup> local_group_;
   std::shared_ptr<NativeProcessGroup> cross_group_;
+  std::vector<int> host_index_;   // of every group rank, hosts in order of their first rank
+  std::vector<int> local_index_;  // of every group rank within its host
   void build_hierarchy();
   std::shared_ptr<Executor> executor_;
   CollectiveContext::Buffer scratch_;    // used by the running collective only

@@ -217,9 +217,17 @@ void NativeProcessGroup::build_hierarchy() {
   for (const auto& group : by_host)
     if (group.size() != k) return;
   size_t my_host = 0, my_index = 0;
+  host_index_.assign(size_, 0);
+  local_index_.assign(size_, 0);
+  topology_.host_contiguous = true;
   for (size_t h = 0; h < by_host.size(); ++h)
-    for (size_t j = 0; j < k; ++j)
-      if (by_host[h][j] == rank_) my_host = h, my_index = j;
+    for (size_t j = 0; j < k; ++j) {
+      const int r = by_host[h][j];
+      if (r == rank_) my_host = h, my_index = j;
+      host_index_[r] = static_cast<int>(h);
+      local_index_[r] = static_cast<int>(j);
+      topology_.host_contiguous &= r == static_cast<int>(h * k + j);
+    }
   std::vector<int> local, cross;
   for (int r : by_host[my_host]) local.push_back(members_[r]);
   for (const auto& group : by_host) cross.push_back(members_[group[my_index]]);
@@ -396,9 +404,12 @@ std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
   check_root(o.root, "broadcast");
   CollectiveCall call{CollectiveKind::kBroadcast, t.dtype, ReduceOp::kSum, o.root, t.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
-  return submit(call, algo, o.timeout, [t, algo](CollectiveContext& ctx) {
+  return submit(call, algo, o.timeout, [this, t, algo, root = o.root](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
-    if (algo == "scatter_allgather")
+    if (algo == "hierarchical")
+      algo::broadcast_hierarchical(*local_group_, *cross_group_, t, host_index_[root],
+                                   local_index_[root], ctx.deadline());
+    else if (algo == "scatter_allgather")
       algo::broadcast_scatter_allgather(ctx, data, t.numel);
     else
       algo::broadcast_tree(ctx, data, t.nbytes());
@@ -459,7 +470,11 @@ std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const
         rank_, out.numel, size_, in.numel, in.numel * size_));
   CollectiveCall call{CollectiveKind::kAllgather, in.dtype, ReduceOp::kSum, 0, in.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
-  return submit(call, algo, o.timeout, [out, in, algo](CollectiveContext& ctx) {
+  return submit(call, algo, o.timeout, [this, out, in, algo](CollectiveContext& ctx) {
+    if (algo == "hierarchical") {
+      algo::allgather_hierarchical(*local_group_, *cross_group_, out, in, ctx.deadline());
+      return;
+    }
     auto* o_ = static_cast<std::byte*>(out.data);
     const size_t block = in.nbytes();
     if (block > 0 && o_ + ctx.rank() * block != in.data)

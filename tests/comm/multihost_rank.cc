@@ -32,13 +32,24 @@ int main(int argc, char** argv) {
         }
       }
     }
-    std::vector<int64_t> b(777, rank == 3 ? 42 : 0);
-    pg->broadcast(dtrain::TensorView::of(b), {.root = 3})->wait();
-    std::vector<int32_t> in(5, rank), out(5 * n);
-    pg->allgather(dtrain::TensorView::of(out), dtrain::TensorView::of(in))->wait();
-    if (b[776] != 42 || out[5 * (n - 1)] != n - 1) {
-      std::printf("WRONG rank %d broadcast/allgather\n", rank);
-      return 1;
+    for (std::string algo : {"", "tree", "hierarchical"}) {
+      for (int root : {0, 3}) {
+        std::vector<int64_t> b(100003, rank == root ? 42 + root : 0);
+        pg->broadcast(dtrain::TensorView::of(b), {.root = root, .algorithm = algo})->wait();
+        if (b[0] != 42 + root || b[100002] != 42 + root) {
+          std::printf("WRONG rank %d broadcast '%s' root %d\n", rank, algo.c_str(), root);
+          return 1;
+        }
+      }
+    }
+    for (std::string algo : {"", "ring", "hierarchical"}) {
+      std::vector<int32_t> in(1001, rank), out(1001 * n, -1);
+      pg->allgather(dtrain::TensorView::of(out), dtrain::TensorView::of(in), {.algorithm = algo})->wait();
+      for (int r = 0; r < n; ++r)
+        if (out[1001 * r] != r || out[1001 * r + 1000] != r) {
+          std::printf("WRONG rank %d allgather '%s' block %d\n", rank, algo.c_str(), r);
+          return 1;
+        }
     }
     auto* native = dynamic_cast<dtrain::comm::NativeProcessGroup*>(pg.get());
     std::printf("OK rank %d algo=%s\n", rank,

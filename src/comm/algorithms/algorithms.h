@@ -30,6 +30,13 @@ void allreduce_direct(CollectiveContext& ctx, std::byte* data, size_t count);
 // inside the host, through the group's `local` and `cross` sub-groups.
 void allreduce_hierarchical(ProcessGroup& local, ProcessGroup& cross, const TensorView& tensor,
                             ReduceOp op, const Deadline& deadline);
+// The same structure for broadcast (across hosts among the ranks with the root's local index,
+// then inside each host) and all-gather (inside each host, across hosts among the first ranks of
+// the hosts, then a broadcast inside each host; needs hosts holding consecutive ranks).
+void broadcast_hierarchical(ProcessGroup& local, ProcessGroup& cross, const TensorView& tensor,
+                            int root_host, int root_index, const Deadline& deadline);
+void allgather_hierarchical(ProcessGroup& local, ProcessGroup& cross, const TensorView& output,
+                            const TensorView& input, const Deadline& deadline);
 
 // Ring reduce-scatter, in place on `data` (count elements cut into size() segments): rank r ends
 // holding the reduction of segment r. Ring all-gather of those segments completes an all-reduce.

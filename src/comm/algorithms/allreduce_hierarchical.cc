@@ -7,6 +7,7 @@
 // Cost (h hosts, k ranks each, local constants for the steps inside a host):
 //   2 [(k-1) alpha_l + (k-1)/k M beta_l] + 2 (h-1) alpha + 2 (h-1)/h (M/k) beta + gamma terms.
 // Elements beyond the largest multiple of k are all-reduced inside, then across, directly.
+// Broadcast and all-gather take the same shape (see algorithms.h).
 #include <algorithm>
 
 #include "comm/algorithms/algorithms.h"
@@ -34,6 +35,26 @@ void allreduce_hierarchical(ProcessGroup& local, ProcessGroup& cross, const Tens
     local.allreduce(tail, {.op = step, .timeout = left()})->wait();
     cross.allreduce(tail, {.op = step, .timeout = left()})->wait();
   }
+}
+
+void broadcast_hierarchical(ProcessGroup& local, ProcessGroup& cross, const TensorView& t,
+                            int root_host, int root_index, const Deadline& deadline) {
+  auto left = [&] { return std::max(deadline.remaining(), std::chrono::milliseconds(1)); };
+  if (local.rank() == root_index) cross.broadcast(t, {.root = root_host, .timeout = left()})->wait();
+  local.broadcast(t, {.root = root_index, .timeout = left()})->wait();
+}
+
+void allgather_hierarchical(ProcessGroup& local, ProcessGroup& cross, const TensorView& out,
+                            const TensorView& in, const Deadline& deadline) {
+  auto left = [&] { return std::max(deadline.remaining(), std::chrono::milliseconds(1)); };
+  const size_t k = static_cast<size_t>(local.size());
+  const size_t host_block = in.numel * k;
+  const size_t host = static_cast<size_t>(cross.rank());  // hosts hold consecutive ranks
+  const TensorView mine{static_cast<std::byte*>(out.data) + host * host_block * element_size(in.dtype),
+                        host_block, in.dtype};
+  local.allgather(mine, in, {.timeout = left()})->wait();
+  if (local.rank() == 0) cross.allgather(out, mine, {.timeout = left()})->wait();
+  local.broadcast(out, {.root = 0, .timeout = left()})->wait();
 }
 
 }  // namespace dtrain::comm::algo
