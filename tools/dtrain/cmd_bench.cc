@@ -120,10 +120,10 @@ Plan make_plan(const BenchArgs& a) {
         a.iters, a.warmup));
   if (a.timeout_s <= 0 || a.deadline_s <= 0)
     throw InvalidArgumentError("dtrain bench: --timeout and --deadline must be positive seconds");
-  if (a.transport != "auto" && a.transport != "tcp")
+  if (a.transport != "auto" && a.transport != "tcp" && a.transport != "shm")
     throw InvalidArgumentError(fmt::format(
-        "dtrain bench: --transport {}: this build of dtrain has only its TCP transport; use tcp "
-        "or auto",
+        "dtrain bench: --transport {}: use tcp, shm or auto (shared memory between ranks of one "
+        "host, TCP between hosts)",
         a.transport));
   size_t pos = 0;
   while (!a.peers.empty() && pos <= a.peers.size()) {
@@ -273,6 +273,7 @@ int run_rank(const BenchArgs& a) {
   InitOptions init;
   init.group.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
   init.group.backend = a.backend;
+  init.group.transport = a.transport;
   auto pg = init_process_group(init);
   std::vector<Result> results;
   for (Collective c : p.collectives) {
@@ -811,7 +812,7 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_flag("--check,!--no-check", a->check, "Verify the results (default on)");
   cmd->add_option("--json", a->json_file, "Also write every result as one JSON object per line");
   cmd->add_option("--peers", a->peers, "Also time these: gloo, mpi, mpi-tcp, torch (comma-separated)");
-  cmd->add_option("--transport", a->transport, "dtrain's transport: tcp or auto")->capture_default_str();
+  cmd->add_option("--transport", a->transport, "dtrain's transport: tcp, shm or auto")->capture_default_str();
   cmd->add_option("--backend", a->backend,
                   "Backend of dtrain's group: native, gloo (driver mode) or mpi (run under mpirun)");
   cmd->add_option("--algo", a->algo, "dtrain's algorithm (default: the cost model's choice)");
