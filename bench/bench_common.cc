@@ -1,5 +1,9 @@
 #include "bench/bench_common.h"
 
+#include <sys/resource.h>
+
+#include <thread>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -329,6 +333,13 @@ void Buffers::restore(bool poison) {
   }
 }
 
+double process_cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 Measurement measure(const Hooks& hooks, int warmup, int iters) {
   auto now = hooks.now ? hooks.now : [] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -356,13 +367,21 @@ Measurement measure(const Hooks& hooks, int warmup, int iters) {
     m.checked = true;
   }
   m.seconds.reserve(iters);
+  const bool straggle = hooks.straggle_seconds > 0;
+  const double waiters = straggle ? hooks.sum_over_ranks(hooks.straggler ? 0.0 : 1.0) : 0.0;
   for (int i = 0; i < iters; ++i) {
     prepare();
     hooks.barrier();
+    const double cpu0 = straggle ? process_cpu_seconds() : 0.0;
     double t0 = now();
+    if (straggle && hooks.straggler)
+      std::this_thread::sleep_for(std::chrono::duration<double>(hooks.straggle_seconds));
     hooks.run();
     double t = now() - t0;
+    const double cpu = straggle ? process_cpu_seconds() - cpu0 : 0.0;
     m.seconds.push_back(hooks.max_over_ranks(t));
+    if (straggle && waiters > 0)
+      m.wait_cpu_seconds.push_back(hooks.sum_over_ranks(hooks.straggler ? 0.0 : cpu) / waiters);
   }
   return m;
 }
@@ -398,6 +417,7 @@ Result make_result(std::string impl, Collective c, int nranks, const Layout& lay
   }
   r.wrong = m.checked ? static_cast<int64_t>(m.wrong) : -1;
   r.algo = std::move(algo);
+  if (!m.wait_cpu_seconds.empty()) r.wait_cpu_us = summarize(m.wait_cpu_seconds).median_us;
   return r;
 }
 
@@ -416,6 +436,7 @@ std::string to_json_line(const Result& r) {
   j["busbw_gbs"] = r.busbw_gbs;
   j["wrong"] = r.wrong;
   j["algo"] = r.algo;
+  if (r.wait_cpu_us >= 0) j["wait_cpu_us"] = r.wait_cpu_us;
   return j.dump();
 }
 
@@ -438,6 +459,7 @@ Result parse_json_line(std::string_view line) {
     r.busbw_gbs = j.value("busbw_gbs", 0.0);
     r.wrong = j.value("wrong", int64_t{-1});
     r.algo = j.value("algo", std::string());
+    r.wait_cpu_us = j.value("wait_cpu_us", -1.0);
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument("malformed benchmark result line (" + std::string(e.what()) +
                                 "): " + std::string(line));
@@ -468,13 +490,17 @@ std::vector<std::string> to_peer_args(const PeerConfig& c) {
     args.push_back("--algo");
     args.push_back(c.algo);
   }
+  if (c.straggle_ms > 0) {
+    args.push_back("--straggle-ms");
+    args.push_back(std::to_string(c.straggle_ms));
+  }
   return args;
 }
 
 PeerConfig parse_peer_args(const std::vector<std::string>& args) {
   static const std::string kUsage =
       "usage: --coll C[,C...] --sizes S[,S...] [--dtype f32] [--op sum] [--iters 20] "
-      "[--warmup 5] [--check 1] [--timeout 60] [--algo NAME]";
+      "[--warmup 5] [--check 1] [--timeout 60] [--algo NAME] [--straggle-ms MS]";
   PeerConfig c;
   bool have_coll = false;
   c.sizes = {4096};
@@ -509,6 +535,8 @@ PeerConfig parse_peer_args(const std::vector<std::string>& args) {
       c.timeout_s = std::stod(value);
     } else if (key == "--algo") {
       c.algo = value;
+    } else if (key == "--straggle-ms") {
+      c.straggle_ms = std::stod(value);
     } else {
       throw std::invalid_argument("unknown argument " + key + "; " + kUsage);
     }

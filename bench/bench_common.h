@@ -106,10 +106,16 @@ struct Hooks {
   std::function<double(double)> sum_over_ranks;  // every rank gets the sum
   std::function<double()> now;                   // seconds; empty = steady_clock
   std::function<uint64_t()> check;               // this rank's wrong elements; empty = no check
+  // With straggle_seconds > 0, the straggler rank sleeps that long inside every timed op, and
+  // the other ranks' CPU time (user + sys of the whole process) while they wait is recorded:
+  // what waiting on a slow peer costs the cores training needs.
+  double straggle_seconds = 0;
+  bool straggler = false;  // this rank is the slow one
 };
 
 struct Measurement {
   std::vector<double> seconds;  // per timed iteration: the slowest rank's time
+  std::vector<double> wait_cpu_seconds;  // per timed iteration: mean CPU of the waiting ranks
   uint64_t wrong = 0;           // summed over ranks (0 when unchecked)
   bool checked = false;
 };
@@ -117,6 +123,8 @@ struct Measurement {
 // `warmup` untimed iterations; then, when hooks.check is set, one checked iteration; then `iters`
 // timed iterations: prepare, barrier, time the op, max over ranks (outside the timed region).
 Measurement measure(const Hooks& hooks, int warmup, int iters);
+// user + sys seconds of this process so far
+double process_cpu_seconds();
 
 // Median and 99th percentile (nearest rank) of the iterations, in microseconds.
 struct Stats {
@@ -141,6 +149,7 @@ struct Result {
   double busbw_gbs = 0;
   int64_t wrong = -1;  // -1 = not checked
   std::string algo;
+  double wait_cpu_us = -1;  // median CPU per op of the ranks waiting on a straggler; -1 = none
 };
 Result make_result(std::string impl, Collective c, int nranks, const Layout& layout, ElemType t,
                    Op op, const Measurement& m, std::string algo);
@@ -159,6 +168,7 @@ struct PeerConfig {
   bool check = true;
   double timeout_s = 60;  // limit of each operation, where the implementation has one
   std::string algo;       // peer-specific algorithm filter; "" = all / the default
+  double straggle_ms = 0;  // the last rank sleeps this long in every timed op (see Hooks)
 };
 std::vector<std::string> to_peer_args(const PeerConfig& config);
 // Parses to_peer_args' output (argv[0] excluded); throws std::invalid_argument with a usage line.

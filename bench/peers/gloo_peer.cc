@@ -144,6 +144,8 @@ class GlooBench {
     h.barrier = [this] { barrier(); };
     h.max_over_ranks = [this](double v) { return reduce_scalar(v, raw_func<double>(Op::kMax)); };
     h.sum_over_ranks = [this](double v) { return reduce_scalar(v, raw_func<double>(Op::kSum)); };
+    h.straggle_seconds = config_.straggle_ms / 1000.0;
+    h.straggler = rank() == size() - 1;
     if (config_.check) {
       h.check = [this, c, layout, &buffers] {
         return dtrain::bench::count_wrong(c, config_.dtype, config_.op, rank(), size(), layout,

@@ -79,6 +79,8 @@ void run_size(const std::string& impl, const PeerConfig& config, Collective c, s
   h.max_over_ranks = [](double v) { return reduce_scalar(v, MPI_MAX); };
   h.sum_over_ranks = [](double v) { return reduce_scalar(v, MPI_SUM); };
   h.now = [] { return MPI_Wtime(); };
+  h.straggle_seconds = config.straggle_ms / 1000.0;
+  h.straggler = rank == n - 1;
   if (config.check) {
     h.check = [&, c] {
       return dtrain::bench::count_wrong(c, config.dtype, config.op, rank, n, layout,

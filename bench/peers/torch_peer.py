@@ -11,6 +11,7 @@ statistics, busbw factors, the JSON fields): a change there must be made here to
 """
 
 import argparse
+import resource
 import datetime
 import json
 import math
@@ -32,6 +33,11 @@ COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "gather", "scatt
 UNSUPPORTED = {"reducescatter": "torch.distributed's gloo backend has no reduce_scatter"}
 
 
+def process_cpu_seconds():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--coll", required=True)
@@ -43,6 +49,7 @@ def parse_args():
     p.add_argument("--check", default="1")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--algo", default="")
+    p.add_argument("--straggle-ms", type=float, default=0.0)
     a = p.parse_args()
     a.coll = [c for c in a.coll.split(",") if c]
     for c in a.coll:
@@ -229,14 +236,23 @@ class Bench:
             dist.barrier()
             run()
             wrong = int(self.sum_over_ranks(float(count_wrong(coll, a.op, rank, n, lay, out, a.dtype))))
-        seconds = []
+        seconds, wait_cpu = [], []
+        straggle = a.straggle_ms / 1000.0
+        straggler = rank == n - 1
+        waiters = self.sum_over_ranks(0.0 if straggler else 1.0) if straggle > 0 else 0.0
         for _ in range(a.iters):
             prepare()
             dist.barrier()
+            cpu0 = process_cpu_seconds()
             t0 = time.perf_counter()
+            if straggle > 0 and straggler:
+                time.sleep(straggle)
             run()
             t = time.perf_counter() - t0
+            cpu = process_cpu_seconds() - cpu0
             seconds.append(self.max_over_ranks(t))
+            if straggle > 0 and waiters > 0:
+                wait_cpu.append(self.sum_over_ranks(0.0 if straggler else cpu) / waiters)
         if rank != 0:
             return
         median_us, p99_us = summarize(seconds)
@@ -245,6 +261,8 @@ class Bench:
                 "dtype": a.dtype, "op": a.op if coll in REDUCTIONS else "none",
                 "time_us": median_us, "p99_us": p99_us, "algbw_gbs": algbw,
                 "busbw_gbs": algbw * busbw_factor(coll, n), "wrong": wrong, "algo": "gloo"}
+        if wait_cpu:
+            line["wait_cpu_us"] = summarize(wait_cpu)[0]
         print(json.dumps(line), flush=True)
 
 

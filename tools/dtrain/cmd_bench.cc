@@ -75,6 +75,7 @@ struct BenchArgs {
   std::string json_file;
   std::string peers;
   std::string transport = "auto";
+  double straggle_ms = 0;
   std::string backend;  // "" = DTRAIN_BACKEND (native by default)
   std::string algo;
   double timeout_s = 60;    // per operation, every implementation
@@ -89,10 +90,14 @@ struct Plan {
   ElemType dtype = ElemType::kF32;
   Op op = Op::kSum;
   std::vector<std::string> peers;
+  double straggle_ms = 0;
 };
 
 Plan make_plan(const BenchArgs& a) {
   Plan p;
+  p.straggle_ms = a.straggle_ms;
+  if (a.straggle_ms < 0)
+    throw InvalidArgumentError("dtrain bench: --straggle-ms cannot be negative");
   try {
     if (a.collectives == "all") {
       p.collectives = bench::all_collectives();
@@ -198,6 +203,8 @@ Result run_native_size(ProcessGroup& pg, const BenchArgs& a, const Plan& p, Coll
   h.sum_over_ranks = [&pg, timeout](double v) { return reduce_scalar(pg, v, ReduceOp::kSum, timeout); };
   if (a.check)
     h.check = [&, c] { return bench::count_wrong(c, p.dtype, p.op, rank, n, layout, buffers.output()); };
+  h.straggle_seconds = a.straggle_ms / 1000.0;
+  h.straggler = rank == n - 1;
 
   ProcessGroup* g = &pg;
   const std::string algo = a.algo;
@@ -576,6 +583,7 @@ bench::PeerConfig peer_config(const BenchArgs& a, const Plan& p) {
   c.warmup = a.warmup;
   c.check = a.check;
   c.timeout_s = a.timeout_s;
+  c.straggle_ms = a.straggle_ms;
   return c;
 }
 
@@ -599,6 +607,10 @@ Outcome run_dtrain(const BenchArgs& a, const Plan& p) {
     if (!a.backend.empty()) {
       s.argv.push_back("--backend");
       s.argv.push_back(a.backend);
+    }
+    if (a.straggle_ms > 0) {
+      s.argv.push_back("--straggle-ms");
+      s.argv.push_back(fmt::format("{}", a.straggle_ms));
     }
     if (!a.algo.empty()) {
       s.argv.push_back("--algo");
@@ -702,8 +714,16 @@ void print_tables(const Plan& p, const std::vector<Result>& results,
     std::string header = fmt::format("{:>12} {:>12} {:>5} {:>5} {:>11} {:>11} {:>8} {:>8} {:>7} {:>18}",
                                      "size(B)", "count", "type", "op", "time(us)", "p99(us)",
                                      "algbw", "busbw", "#wrong", "algo");
-    for (const auto& peer : peers) header += fmt::format(" {:>14} {:>11}", peer + ":ratio", peer + "(us)");
+    const bool cpu = p.straggle_ms > 0;
+    if (cpu) header += fmt::format(" {:>11}", "cpu/op(us)");
+    for (const auto& peer : peers) {
+      header += fmt::format(" {:>14} {:>11}", peer + ":ratio", peer + "(us)");
+      if (cpu) header += fmt::format(" {:>11}", peer + ":cpu");
+    }
     fmt::print(out, "{}\n", header);
+    auto cpu_text = [](const Result* x) {
+      return x != nullptr && x->wait_cpu_us >= 0 ? format_us(x->wait_cpu_us) : std::string("-");
+    };
     const auto& ours = by_impl["dtrain"];
     for (size_t bytes : sizes) {
       const Result* r = ours.count(bytes) ? ours.at(bytes) : nullptr;
@@ -719,10 +739,12 @@ void print_tables(const Plan& p, const std::vector<Result>& results,
       } else {
         line += fmt::format("{:>11} {:>11} {:>8} {:>8} {:>7} {:>18}", "-", "-", "-", "-", "-", "-");
       }
+      if (cpu) line += fmt::format(" {:>11}", cpu_text(r));
       for (const auto& peer : peers) {
         const auto& theirs = by_impl[peer];
         if (!theirs.count(bytes)) {
           line += fmt::format(" {:>14} {:>11}", "-", "-");
+          if (cpu) line += fmt::format(" {:>11}", "-");
           continue;
         }
         const Result* q = theirs.at(bytes);
@@ -732,6 +754,7 @@ void print_tables(const Plan& p, const std::vector<Result>& results,
         std::string time = format_us(q->time_us);
         if (q->wrong > 0) time += "!";  // that peer's results were wrong
         line += fmt::format(" {:>14} {:>11}", ratio, time);
+        if (cpu) line += fmt::format(" {:>11}", cpu_text(q));
       }
       fmt::print(out, "{}\n", line);
     }
@@ -812,6 +835,9 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_flag("--check,!--no-check", a->check, "Verify the results (default on)");
   cmd->add_option("--json", a->json_file, "Also write every result as one JSON object per line");
   cmd->add_option("--peers", a->peers, "Also time these: gloo, mpi, mpi-tcp, torch (comma-separated)");
+  cmd->add_option("--straggle-ms", a->straggle_ms,
+                  "The last rank arrives this late at every timed op; adds the CPU (user+sys, us) "
+                  "the waiting ranks burn per op");
   cmd->add_option("--transport", a->transport, "dtrain's transport: tcp, shm or auto")->capture_default_str();
   cmd->add_option("--backend", a->backend,
                   "Backend of dtrain's group: native, gloo (driver mode) or mpi (run under mpirun)");
