@@ -58,8 +58,19 @@ void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup&
   if (group.size() == 1) return;
   std::string bytes;
   if (group.rank() == root) {
+    // The optimizer's own serialization carries the per-parameter state; the groups' options
+    // (learning rate, momentum...) are added beside it, as LibTorch's load leaves them alone.
+    torch::serialize::OutputArchive archive;
+    torch::serialize::OutputArchive state;
+    optimizer.save(state);
+    archive.write("state", state);
+    for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+      torch::serialize::OutputArchive options;
+      optimizer.param_groups()[g].options().serialize(options);
+      archive.write(fmt::format("group_{}", g), options);
+    }
     std::ostringstream out;
-    torch::save(optimizer, out);
+    archive.save_to(out);
     bytes = out.str();
   }
   std::vector<int64_t> size = {static_cast<int64_t>(bytes.size())};
@@ -72,7 +83,16 @@ void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup&
   if (group.rank() == root) return;
   std::istringstream in(bytes);
   try {
-    torch::load(optimizer, in);
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    torch::serialize::InputArchive state;
+    archive.read("state", state);
+    optimizer.load(state);
+    for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+      torch::serialize::InputArchive options;
+      archive.read(fmt::format("group_{}", g), options);
+      optimizer.param_groups()[g].options().serialize(options);
+    }
   } catch (const c10::Error& e) {
     throw InvalidArgumentError(fmt::format(
         "rank {}: broadcast_optimizer_state: rank {}'s optimizer state ({} bytes) does not fit "

@@ -125,6 +125,8 @@ void DistributedDataParallel::post_forward(const at::Tensor& output) {
 }
 
 void DistributedDataParallel::post_forward(const std::vector<at::Tensor>& outputs) {
+  if (Timeline* t = Timeline::get())
+    t->add("forward", "compute", forward_start_, std::chrono::steady_clock::now());
   if (at::GradMode::is_enabled() && sync_) {
     reducer_->prepare_for_backward(outputs);
   } else {

@@ -1,0 +1,53 @@
+# dtrain_torch: everything that includes LibTorch (DDP, the distributed optimizer, the sampler,
+# Fashion-MNIST, safetensors, the timeline), the train_fashion_mnist example, and (from
+# tests/torch) their tests. Built only when LibTorch is found (Debian: libtorch-dev).
+#
+# One LibTorch translation unit takes ~18 s to compile, so the torch code is kept in few files;
+# files that need no LibTorch header (coordinator, timeline) compile in a second.
+
+list(APPEND CMAKE_PREFIX_PATH /usr/lib/x86_64-linux-gnu/cmake/Torch)
+find_package(Torch QUIET)
+if(NOT Torch_FOUND)
+  message(STATUS "LibTorch not found (install libtorch-dev): dtrain_torch, train_fashion_mnist "
+                 "and the torch tests are skipped")
+  return()
+endif()
+message(STATUS "LibTorch: ${TORCH_INSTALL_PREFIX}")
+
+find_package(ZLIB REQUIRED)
+
+add_library(dtrain_torch STATIC
+  src/torch/runtime.cc
+  src/torch/distributed_sampler.cc
+  src/torch/fashion_mnist.cc
+  src/torch/safetensors.cc
+  src/torch/timeline.cc
+  src/torch/broadcast.cc
+  src/torch/comm_hook.cc
+  src/torch/reducer.cc
+  src/torch/distributed_data_parallel.cc
+  src/torch/coordinator.cc
+  src/torch/distributed_optimizer.cc
+)
+target_include_directories(dtrain_torch
+  PUBLIC ${PROJECT_SOURCE_DIR}/include
+  PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(dtrain_torch
+  PUBLIC dtrain_core ${TORCH_LIBRARIES}
+  PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
+
+# The allocator: glibc malloc makes LibTorch return and re-fault its big buffers every step
+# (millions of page faults, a third of the throughput). Everything linking dtrain_torch gets
+# jemalloc when Debian's libjemalloc-dev is installed; without it runtime.cc tunes glibc with
+# mallopt at start-up instead.
+find_library(JEMALLOC_LIBRARY NAMES jemalloc)
+if(JEMALLOC_LIBRARY)
+  message(STATUS "dtrain_torch: linking jemalloc (${JEMALLOC_LIBRARY})")
+  target_link_libraries(dtrain_torch PUBLIC ${JEMALLOC_LIBRARY})
+  target_compile_definitions(dtrain_torch PRIVATE DTRAIN_HAVE_JEMALLOC=1)
+else()
+  message(STATUS "dtrain_torch: jemalloc not found (libjemalloc-dev); glibc malloc is tuned with mallopt")
+endif()
+
+add_executable(train_fashion_mnist examples/train_fashion_mnist.cc)
+target_link_libraries(train_fashion_mnist PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt nlohmann_json::nlohmann_json)

@@ -1,0 +1,291 @@
+// train_fashion_mnist: the ConvNet of the PyTorch tutorial trained on Fashion-MNIST, data
+// parallel over the ranks of a dtrain job.
+//
+//   build/bin/train_fashion_mnist --epochs 1                                  # one process
+//   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --epochs 1    # DDP over 2 ranks
+//   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --strategy optimizer
+//
+// Data: Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist, or --data DIR).
+// --batch-size is per rank. Rank 0 prints the runtime in use, progress (a bar on a terminal,
+// a line every few seconds otherwise: step, epoch, loss, images/s, time left), the test
+// accuracy, and last one machine-readable line:
+//   RESULT {"strategy":"ddp","world_size":2,"epochs":1,"steps":300,"images_per_sec":...,
+//           "initial_loss":...,"final_loss":...,"test_accuracy":...}
+// images_per_sec counts the images of all ranks. DTRAIN_TIMELINE=FILE records a Chrome trace.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "dtrain/dtrain.h"
+#include "dtrain/torch/broadcast.h"
+#include "dtrain/torch/distributed_data_parallel.h"
+#include "dtrain/torch/distributed_optimizer.h"
+#include "dtrain/torch/distributed_sampler.h"
+#include "dtrain/torch/fashion_mnist.h"
+#include "dtrain/torch/runtime.h"
+#include "dtrain/torch/safetensors.h"
+#include "dtrain/torch/timeline.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace nn = torch::nn;
+
+// Parameter names as PyTorch gives them: layer1.0.weight, layer1.1.running_mean, ..., fc.bias.
+struct ConvNetImpl : nn::Module {
+  nn::Sequential layer1{nn::Conv2d(nn::Conv2dOptions(1, 16, 5).padding(2)), nn::BatchNorm2d(16),
+                        nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions(2))};
+  nn::Sequential layer2{nn::Conv2d(nn::Conv2dOptions(16, 32, 5).padding(2)), nn::BatchNorm2d(32),
+                        nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions(2))};
+  nn::Linear fc{7 * 7 * 32, 10};
+
+  ConvNetImpl() {
+    register_module("layer1", layer1);
+    register_module("layer2", layer2);
+    register_module("fc", fc);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = layer2->forward(layer1->forward(x));
+    return fc->forward(x.reshape({x.size(0), -1}));
+  }
+};
+TORCH_MODULE(ConvNet);
+
+struct Flags {
+  std::string strategy = "ddp";
+  int epochs = 1;
+  int batch_size = 100;
+  double lr = 0.01;
+  double momentum = 0.9;
+  uint64_t seed = 42;
+  int threads = 0;
+  int64_t max_steps = 0;
+  bool no_shuffle = false;
+  std::string init;
+  std::string save;
+  std::string data = dtrain::kFashionMnistDir;
+};
+
+bool launched_distributed() {
+  return std::getenv("WORLD_SIZE") != nullptr || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
+         std::getenv("PMI_SIZE") != nullptr || std::getenv("SLURM_NTASKS") != nullptr;
+}
+
+std::string format_duration(double seconds) {
+  int s = static_cast<int>(std::lround(std::max(0.0, seconds)));
+  return s >= 60 ? fmt::format("{}m{:02d}s", s / 60, s % 60) : fmt::format("{}s", s);
+}
+
+// Rank 0's progress: a redrawn bar on a terminal, a line every few seconds in a log.
+class Progress {
+ public:
+  Progress(bool enabled, int64_t total) : enabled_(enabled), total_(total), tty_(isatty(1) == 1) {}
+  void update(int64_t step, int epoch, double loss, double images_per_sec, double seconds_left,
+              bool force) {
+    if (!enabled_) return;
+    auto now = Clock::now();
+    auto interval = tty_ ? std::chrono::milliseconds(100) : std::chrono::milliseconds(5000);
+    if (!force && now - last_ < interval) return;
+    last_ = now;
+    if (tty_) {
+      constexpr int kWidth = 30;
+      int filled = static_cast<int>(kWidth * step / std::max<int64_t>(1, total_));
+      std::printf("\r[%s%s] step %lld/%lld epoch %d loss %.4f %.0f img/s %s left   ",
+                  std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
+                  static_cast<long long>(step), static_cast<long long>(total_), epoch, loss,
+                  images_per_sec, format_duration(seconds_left).c_str());
+      if (step == total_) std::printf("\n");
+    } else {
+      std::printf("step %lld/%lld epoch %d loss %.4f images/s %.0f time left %s\n",
+                  static_cast<long long>(step), static_cast<long long>(total_), epoch, loss,
+                  images_per_sec, format_duration(seconds_left).c_str());
+    }
+    std::fflush(stdout);
+  }
+
+ private:
+  bool enabled_;
+  int64_t total_;
+  bool tty_;
+  Clock::time_point last_{};
+};
+
+int64_t allreduce_sum(dtrain::ProcessGroup* pg, int64_t v) {
+  if (pg == nullptr) return v;
+  std::vector<int64_t> x = {v};
+  pg->allreduce(dtrain::TensorView::of(x))->wait();
+  return x[0];
+}
+
+double allreduce_mean(dtrain::ProcessGroup* pg, double v) {
+  if (pg == nullptr) return v;
+  std::vector<double> x = {v};
+  dtrain::AllreduceOptions o;
+  o.op = dtrain::ReduceOp::kAvg;
+  pg->allreduce(dtrain::TensorView::of(x), o)->wait();
+  return x[0];
+}
+
+int run(const Flags& flags) {
+  auto runtime = dtrain::configure_runtime(flags.threads);
+  std::shared_ptr<dtrain::ProcessGroup> pg;
+  if (launched_distributed()) pg = dtrain::init_process_group();
+  const int rank = pg ? pg->rank() : 0;
+  const int world = pg ? pg->size() : 1;
+  const bool lead = rank == 0;
+  if (lead)
+    std::printf("train_fashion_mnist: %d rank(s), strategy %s, batch %d per rank, %d thread(s), "
+                "allocator %s, BLAS %s\n",
+                world, world > 1 ? flags.strategy.c_str() : "single", flags.batch_size,
+                runtime.threads, runtime.allocator.c_str(), runtime.blas.c_str());
+
+  torch::manual_seed(flags.seed);
+  ConvNet model;
+  if (!flags.init.empty()) dtrain::load_module_state(*model, flags.init);
+
+  auto train = dtrain::load_fashion_mnist(flags.data, /*train=*/true);
+  auto test = dtrain::load_fashion_mnist(flags.data, /*train=*/false);
+
+  auto sgd = std::make_shared<torch::optim::SGD>(
+      model->parameters(), torch::optim::SGDOptions(flags.lr).momentum(flags.momentum));
+  std::unique_ptr<dtrain::DistributedDataParallel> ddp;
+  std::unique_ptr<dtrain::DistributedOptimizer> dopt;
+  if (pg && flags.strategy == "ddp") {
+    ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg);
+  } else if (pg && flags.strategy == "optimizer") {
+    dtrain::broadcast_parameters(*model, *pg, 0);
+    dopt = std::make_unique<dtrain::DistributedOptimizer>(sgd, *model, pg);
+  }
+
+  dtrain::DistributedSampler sampler(static_cast<size_t>(train.size()), world, rank,
+                                     !flags.no_shuffle, flags.seed);
+  const int64_t per_epoch =
+      (static_cast<int64_t>(sampler.num_samples()) + flags.batch_size - 1) / flags.batch_size;
+  int64_t total = per_epoch * flags.epochs;
+  if (flags.max_steps > 0) total = std::min(total, flags.max_steps);
+  Progress progress(lead, total);
+
+  model->train();
+  int64_t step = 0;
+  int64_t images = 0;
+  double initial_loss = 0;
+  std::deque<double> recent;  // losses of the last steps, for final_loss
+  const auto start = Clock::now();
+  for (int epoch = 0; epoch < flags.epochs && step < total; ++epoch) {
+    sampler.set_epoch(static_cast<uint64_t>(epoch));
+    const auto& indices = sampler.indices();
+    for (size_t at = 0; at < indices.size() && step < total; at += flags.batch_size) {
+      size_t end = std::min(indices.size(), at + static_cast<size_t>(flags.batch_size));
+      std::vector<int64_t> batch(indices.begin() + at, indices.begin() + end);
+      auto idx = torch::from_blob(batch.data(), {static_cast<int64_t>(batch.size())}, torch::kLong);
+      auto x = train.images.index_select(0, idx);
+      auto y = train.labels.index_select(0, idx);
+
+      sgd->zero_grad();
+      auto out = ddp ? ddp->forward([&] { return model->forward(x); }) : model->forward(x);
+      auto loss = torch::nn::functional::cross_entropy(out, y);
+      loss.backward();
+      {
+        dtrain::TimelineSpan span("optimizer step", "compute");
+        if (dopt) {
+          dopt->step();
+        } else {
+          sgd->step();
+        }
+      }
+      const double l = loss.item<double>();
+      if (step == 0) initial_loss = l;
+      recent.push_back(l);
+      if (recent.size() > 20) recent.pop_front();
+      ++step;
+      images += static_cast<int64_t>(batch.size()) * world;
+      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      progress.update(step, epoch, l, images / elapsed, elapsed / step * (total - step),
+                      step == total || at + flags.batch_size >= indices.size());
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  double final_loss = 0;
+  for (double l : recent) final_loss += l;
+  final_loss = allreduce_mean(pg.get(), recent.empty() ? 0.0 : final_loss / recent.size());
+  initial_loss = allreduce_mean(pg.get(), initial_loss);
+
+  // Test accuracy: every rank scores its share of the test set with rank 0's batch statistics.
+  if (pg) dtrain::broadcast_parameters(*model, *pg, 0);
+  model->eval();
+  int64_t correct = 0, seen = 0;
+  {
+    torch::NoGradGuard no_grad;
+    auto shard = torch::arange(rank, test.size(), world, torch::kLong);
+    for (int64_t at = 0; at < shard.size(0); at += 1000) {
+      auto idx = shard.slice(0, at, std::min(shard.size(0), at + 1000));
+      auto pred = model->forward(test.images.index_select(0, idx)).argmax(1);
+      correct += pred.eq(test.labels.index_select(0, idx)).sum().item<int64_t>();
+      seen += idx.size(0);
+    }
+  }
+  correct = allreduce_sum(pg.get(), correct);
+  seen = allreduce_sum(pg.get(), seen);
+  const double accuracy = static_cast<double>(correct) / std::max<int64_t>(1, seen);
+
+  if (lead) {
+    if (!flags.save.empty()) dtrain::save_module_state(*model, flags.save);
+    std::printf("test accuracy %.4f (%lld/%lld), %.1f s, %.0f images/s\n", accuracy,
+                static_cast<long long>(correct), static_cast<long long>(seen), seconds,
+                images / seconds);
+    nlohmann::ordered_json result = {
+        {"strategy", world > 1 ? flags.strategy : "single"},
+        {"world_size", world},
+        {"epochs", flags.epochs},
+        {"steps", step},
+        {"images_per_sec", images / seconds},
+        {"initial_loss", initial_loss},
+        {"final_loss", final_loss},
+        {"test_accuracy", accuracy},
+    };
+    std::printf("RESULT %s\n", result.dump().c_str());
+    std::fflush(stdout);
+  }
+  dopt.reset();  // collective: every rank stops its coordinator together
+  if (pg) pg->barrier()->wait();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train the Fashion-MNIST ConvNet, data parallel over the ranks of a dtrain job"};
+  Flags flags;
+  app.add_option("--strategy", flags.strategy, "ddp or optimizer (Horovod-style)")
+      ->check(CLI::IsMember({"ddp", "optimizer"}));
+  app.add_option("--epochs", flags.epochs, "passes over the training set")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", flags.batch_size, "images per step on each rank")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lr", flags.lr, "SGD learning rate");
+  app.add_option("--momentum", flags.momentum, "SGD momentum");
+  app.add_option("--seed", flags.seed, "initial weights and shuffling");
+  app.add_option("--threads", flags.threads, "LibTorch threads per rank (0 = cores / local ranks)");
+  app.add_option("--max-steps", flags.max_steps, "stop after this many steps (0 = no limit)");
+  app.add_flag("--no-shuffle", flags.no_shuffle, "visit the samples in order");
+  app.add_option("--init", flags.init, "initial model state (safetensors)");
+  app.add_option("--save", flags.save, "write the trained model state (safetensors, rank 0)");
+  app.add_option("--data", flags.data, "folder with the Fashion-MNIST *-ubyte.gz files");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(flags);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_fashion_mnist: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,218 @@
+// DistributedDataParallel over real processes: equality with one process on the whole batch,
+// no_sync accumulation, buffers, unused parameters, join with uneven inputs, fp16 compression.
+#include "dtrain/torch/distributed_data_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include "support/multiproc.h"
+#include "torch/torch_test_support.h"
+
+namespace dtrain {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::make_group;
+using testing::run_ranks;
+
+void expect_all_ok(const std::vector<testing::ChildResult>& results) {
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_TRUE(results[r].ok()) << "rank " << r << " exit " << results[r].exit_code
+                                 << " signal " << results[r].signal
+                                 << (results[r].timed_out ? " (timed out)" : "");
+}
+
+// N ranks with B/N samples each vs one process with B, after several SGD+momentum steps.
+void check_matches_one_process(int n, std::shared_ptr<CommHook> hook, double tolerance) {
+  const int port = testing::free_port();
+  auto results = run_ranks(n, [&](int rank) {
+    at::set_num_threads(1);
+    auto pg = make_group(rank, n, port);
+    auto net = testing::make_net(/*bn_eval=*/true);
+    auto ref = testing::make_net(/*bn_eval=*/true);
+    DdpOptions o;
+    o.first_bucket_cap_bytes = 64;  // several buckets, so ordering and rebuilding are exercised
+    o.bucket_cap_bytes = 100;
+    o.comm_hook = hook;
+    DistributedDataParallel ddp(net.ptr(), pg, o);
+    RANK_CHECK(ddp.buckets().size() >= 3, "{} buckets", ddp.buckets().size());
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int step = 0; step < 6; ++step) {
+      auto global = testing::global_batch(step, 12);
+      auto local = testing::shard(global, rank, n);
+      opt.zero_grad();
+      auto out = ddp.forward([&] { return net->forward(local.x); });
+      torch::nn::functional::cross_entropy(out, local.y).backward();
+      opt.step();
+      ref_opt.zero_grad();
+      torch::nn::functional::cross_entropy(ref->forward(global.x), global.y).backward();
+      ref_opt.step();
+    }
+    double diff = testing::max_difference(*net, *ref);
+    RANK_CHECK(diff < tolerance, "parameters differ from one process by {}", diff);
+    for (const auto& p : net->parameters())
+      RANK_CHECK(testing::same_on_all_ranks(*pg, p), "parameters differ between ranks");
+  }, 90s);
+  expect_all_ok(results);
+}
+
+TEST(Ddp, TwoRanksMatchOneProcessWithTheWholeBatch) { check_matches_one_process(2, nullptr, 1e-5); }
+TEST(Ddp, ThreeRanksMatchOneProcessWithTheWholeBatch) { check_matches_one_process(3, nullptr, 1e-5); }
+TEST(Ddp, Fp16CompressionStaysClose) { check_matches_one_process(2, fp16_compress_hook(), 5e-3); }
+
+TEST(Ddp, NoSyncAccumulationEqualsTheLargerBatch) {
+  const int port = testing::free_port();
+  const int n = 2;
+  auto results = run_ranks(n, [&](int rank) {
+    at::set_num_threads(1);
+    auto pg = make_group(rank, n, port);
+    auto net = testing::make_net(true);
+    auto ref = testing::make_net(true);
+    DistributedDataParallel ddp(net.ptr(), pg);
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      ref_opt.zero_grad();
+      for (int micro = 0; micro < 3; ++micro) {  // two local passes, then one that reduces
+        auto global = testing::global_batch(10 * step + micro, 8);
+        auto local = testing::shard(global, rank, n);
+        if (micro < 2) {
+          auto guard = ddp.no_sync();
+          auto out = ddp.forward([&] { return net->forward(local.x); });
+          torch::nn::functional::cross_entropy(out, local.y).backward();
+        } else {
+          auto out = ddp.forward([&] { return net->forward(local.x); });
+          torch::nn::functional::cross_entropy(out, local.y).backward();
+        }
+        torch::nn::functional::cross_entropy(ref->forward(global.x), global.y).backward();
+      }
+      opt.step();
+      ref_opt.step();
+    }
+    double diff = testing::max_difference(*net, *ref);
+    RANK_CHECK(diff < 1e-5, "accumulated parameters differ from the larger batch by {}", diff);
+  }, 60s);
+  expect_all_ok(results);
+}
+
+TEST(Ddp, BuffersFollowRankZeroBeforeEachForward) {
+  const int port = testing::free_port();
+  const int n = 2;
+  auto results = run_ranks(n, [&](int rank) {
+    at::set_num_threads(1);
+    auto pg = make_group(rank, n, port);
+    auto net = testing::make_net(/*bn_eval=*/false);  // train mode: statistics move per rank
+    DistributedDataParallel ddp(net.ptr(), pg);
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 3; ++step) {
+      auto local = testing::shard(testing::global_batch(step, 8), rank, n);
+      opt.zero_grad();
+      auto out = ddp.forward([&] { return net->forward(local.x); });
+      torch::nn::functional::cross_entropy(out, local.y).backward();
+      opt.step();
+    }
+    // Each rank's last forward moved its statistics with its own data...
+    RANK_CHECK(!testing::same_on_all_ranks(*pg, net->bn->running_mean), "expected local drift");
+    // ...and the next forward starts from rank 0's.
+    ddp.pre_forward();
+    for (const auto& b : net->buffers())
+      RANK_CHECK(testing::same_on_all_ranks(*pg, b), "a buffer differs after pre_forward");
+  }, 60s);
+  expect_all_ok(results);
+}
+
+struct BranchyImpl : torch::nn::Module {
+  torch::nn::Linear a{4, 3}, b{4, 3}, c{4, 3};
+  BranchyImpl() {
+    register_module("a", a);
+    register_module("b", b);
+    register_module("c", c);
+  }
+};
+TORCH_MODULE(Branchy);
+
+TEST(Ddp, FindUnusedParametersReducesWhatSomeRanksUsed) {
+  const int port = testing::free_port();
+  const int n = 2;
+  auto results = run_ranks(n, [&](int rank) {
+    at::set_num_threads(1);
+    auto pg = make_group(rank, n, port);
+    torch::manual_seed(5);
+    Branchy net;
+    DdpOptions o;
+    o.find_unused_parameters = true;
+    DistributedDataParallel ddp(net.ptr(), pg, o);
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      auto x = torch::full({2, 4}, 1.0 + rank);
+      auto out = ddp.forward([&] {  // b only on rank 0; c never
+        auto y = net->a->forward(x);
+        return rank == 0 ? y + net->b->forward(x) : y;
+      });
+      out.sum().backward();
+      RANK_CHECK(net->b->weight.grad().defined(), "b.weight has no gradient");
+      RANK_CHECK(testing::same_on_all_ranks(*pg, net->b->weight.grad()), "b.weight grads differ");
+      RANK_CHECK(testing::same_on_all_ranks(*pg, net->a->weight.grad()), "a.weight grads differ");
+      // rank 0's gradient of b is 2 * x = 2 per entry: averaged over 2 ranks, 1.
+      RANK_CHECK(std::abs(net->b->weight.grad()[0][0].item<float>() - 1.0f) < 1e-6,
+                 "b.weight grad {}", net->b->weight.grad()[0][0].item<float>());
+      RANK_CHECK(!net->c->weight.grad().defined(), "c is used by no rank: its grad stays unset");
+      opt.step();
+    }
+  }, 60s);
+  expect_all_ok(results);
+}
+
+TEST(Ddp, AnUnusedParameterWithoutFindUnusedIsNamed) {
+  const int port = testing::free_port();
+  const int n = 2;
+  auto results = run_ranks(n, [&](int rank) {
+    at::set_num_threads(1);
+    auto pg = make_group(rank, n, port);
+    Branchy net;
+    DistributedDataParallel ddp(net.ptr(), pg);
+    auto x = torch::ones({2, 4});
+    auto out = ddp.forward([&] { return net->a->forward(x) + net->b->forward(x); });
+    std::string message;
+    try {
+      out.sum().backward();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    RANK_CHECK(message.find("c.weight") != std::string::npos, "message: {}", message);
+    RANK_CHECK(message.find("find_unused_parameters") != std::string::npos, "message: {}", message);
+  }, 60s);
+  expect_all_ok(results);
+}
+
+TEST(Ddp, JoinWithUnevenInputsFinishesAndAgrees) {
+  const int port = testing::free_port();
+  const int n = 3;
+  auto results = run_ranks(n, [&](int rank) {
+    at::set_num_threads(1);
+    auto pg = make_group(rank, n, port);
+    auto net = testing::make_net(false);
+    DistributedDataParallel ddp(net.ptr(), pg);
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    const int batches = 2 + 2 * rank;  // 2, 4 and 6 batches
+    ddp.join([&] {
+      for (int i = 0; i < batches; ++i) {
+        auto local = testing::shard(testing::global_batch(i, 12), rank, n);
+        opt.zero_grad();
+        auto out = ddp.forward([&] { return net->forward(local.x); });
+        torch::nn::functional::cross_entropy(out, local.y).backward();
+        opt.step();
+      }
+    });
+    for (const auto& p : net->parameters())
+      RANK_CHECK(testing::same_on_all_ranks(*pg, p), "parameters differ after join");
+    for (const auto& b : net->buffers())
+      RANK_CHECK(testing::same_on_all_ranks(*pg, b), "buffers differ after join");
+  }, 60s);
+  expect_all_ok(results);
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,54 @@
+// End to end: the example under `dtrain run -n 2` for a few dozen steps; the loss must fall.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+std::string run_command(const std::string& command, int& status) {
+  std::string out;
+  FILE* p = popen(command.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  status = pclose(p);
+  return out;
+}
+
+nlohmann::json result_of(const std::string& output) {
+  auto at = output.rfind("RESULT ");
+  if (at == std::string::npos) return nullptr;
+  auto end = output.find('\n', at);
+  return nlohmann::json::parse(output.substr(at + 7, end - at - 7));
+}
+
+void check_loss_falls(const std::string& strategy) {
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const std::string bin = DTRAIN_BIN_DIR;
+  const std::string command = "timeout 200 " + bin + "/dtrain run -n 2 --no-prefix -- " + bin +
+                              "/train_fashion_mnist --strategy " + strategy +
+                              " --max-steps 60 --threads 1 2>&1";
+  int status = -1;
+  std::string output = run_command(command, status);
+  ASSERT_EQ(status, 0) << output;
+  auto result = result_of(output);
+  ASSERT_FALSE(result.is_null()) << "no RESULT line in:\n" << output;
+  EXPECT_EQ(result["world_size"], 2);
+  EXPECT_EQ(result["strategy"], strategy);
+  EXPECT_EQ(result["steps"], 60);
+  const double initial = result["initial_loss"], final_loss = result["final_loss"];
+  EXPECT_GT(initial, 2.0) << "an untrained 10-class model starts near ln 10 = 2.30";
+  EXPECT_LT(final_loss, initial * 0.6) << output;
+  EXPECT_GT(result["test_accuracy"].get<double>(), 0.5) << output;
+  EXPECT_GT(result["images_per_sec"].get<double>(), 0.0);
+}
+
+TEST(TrainFashionMnist, DdpLossFallsUnderTwoRanks) { check_loss_falls("ddp"); }
+TEST(TrainFashionMnist, DistributedOptimizerLossFallsUnderTwoRanks) { check_loss_falls("optimizer"); }
+
+}  // namespace
