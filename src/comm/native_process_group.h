@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/arguments.h"
 #include "comm/collective.h"
 #include "comm/cost_model.h"
 #include "comm/executor.h"
@@ -72,10 +73,7 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   using Body = std::function<void(CollectiveContext&)>;
   std::shared_ptr<Work> submit(const CollectiveCall& call, std::string_view algorithm,
                                std::chrono::milliseconds timeout, Body body);
-  void check_peer(int peer, const TensorView& tensor, const char* op) const;
-  void check_tensor(const TensorView& t, const char* op, const char* which) const;
-  void check_root(int root, const char* op) const;
-  void check_same_dtype(const TensorView& a, const TensorView& b, const char* op) const;
+  GroupInfo info() const { return {rank_, size_, name_, "native", "not yet"}; }
   // A collective of this group failed here: mark the group unusable and tell the peers (once).
   void on_collective_failed(uint32_t seq, std::exception_ptr error);
   // What went wrong with collective `seq` everywhere, from the store (see postmortem.h).

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -10,9 +9,11 @@
 
 #include "backends/registry.h"
 #include "comm/algorithms/algorithms.h"
+#include "comm/arguments.h"
 #include "comm/native_process_group.h"
 #include "comm/p2p_work.h"
 #include "common/env.h"
+#include "common/error_message.h"
 #include "common/log.h"
 #include "common/reduce.h"
 #include "dtrain/error.h"
@@ -63,16 +64,6 @@ std::string pick_advertise_addr(const ProcessGroupOptions& options, Store& store
   return "127.0.0.1";
 }
 
-std::string message_of(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& err) {
-    return err.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
 // Rethrows the current exception with `context` in front and `after` behind, keeping its kind.
 [[noreturn]] void rethrow_with(const std::string& context, const std::string& after) {
   try {
@@ -96,11 +87,7 @@ std::string message_of(std::exception_ptr e) {
 NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                        const ProcessGroupOptions& options)
     : store_(std::move(store)), rank_(rank), size_(size), name_(options.name) {
-  if (size < 1)
-    throw InvalidArgumentError(fmt::format("world size is {}: it must be at least 1", size));
-  if (rank < 0 || rank >= size)
-    throw InvalidArgumentError(
-        fmt::format("rank {} is outside the group of size {}: use 0..{}", rank, size, size - 1));
+  check_rank_and_size(rank, size);
   if (!store_) throw InvalidArgumentError("ProcessGroup::create needs a store; got null");
   timeout_ = options.timeout.count() > 0 ? options.timeout : env::get_seconds(env::kTimeout);
   members_.resize(size);
@@ -284,46 +271,11 @@ void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr e
                       std::make_exception_ptr(PeerFailureError(text)), text);
 }
 
-// ---- validation ----
-
-void NativeProcessGroup::check_tensor(const TensorView& t, const char* op, const char* which) const {
-  if (t.device != Device::kCpu)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: {}: backend native does not support {} on CUDA tensors yet; copy {} to the CPU",
-        rank_, op, op, which));
-  if (t.data == nullptr && t.numel > 0)
-    throw InvalidArgumentError(fmt::format("rank {}: {}: {} of {} elements has a null data pointer",
-                                           rank_, op, which, t.numel));
-}
-
-void NativeProcessGroup::check_root(int root, const char* op) const {
-  if (root < 0 || root >= size_)
-    throw InvalidArgumentError(fmt::format("rank {}: {} has root {}, but group {} has ranks 0..{}",
-                                           rank_, op, root, name_, size_ - 1));
-}
-
-void NativeProcessGroup::check_same_dtype(const TensorView& a, const TensorView& b,
-                                          const char* op) const {
-  if (a.dtype != b.dtype)
-    throw InvalidArgumentError(fmt::format("rank {}: {}: output is {} but input is {}; use one dtype",
-                                           rank_, op, to_string(a.dtype), to_string(b.dtype)));
-}
-
-void NativeProcessGroup::check_peer(int peer, const TensorView& tensor, const char* op) const {
-  if (peer < 0 || peer >= size_)
-    throw InvalidArgumentError(fmt::format("rank {}: {} names rank {}, but group {} has ranks 0..{}",
-                                           rank_, op, peer, name_, size_ - 1));
-  if (peer == rank_)
-    throw InvalidArgumentError(
-        fmt::format("rank {}: {} names this rank itself; copy the tensor instead", rank_, op));
-  check_tensor(tensor, op, "the tensor");
-}
-
 // ---- point to point ----
 
 std::shared_ptr<Work> NativeProcessGroup::isend(const TensorView& tensor, int dst, int tag,
                                                 const SendOptions& options) {
-  check_peer(dst, tensor, "send");
+  check_peer(info(), dst, tensor, "send");
   uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
   return std::make_shared<PairWork>(
       pair_of(dst).isend(t, tensor.data, tensor.nbytes(), deadline_for(options.timeout)));
@@ -331,7 +283,7 @@ std::shared_ptr<Work> NativeProcessGroup::isend(const TensorView& tensor, int ds
 
 std::shared_ptr<Work> NativeProcessGroup::irecv(const TensorView& tensor, int src, int tag,
                                                 const RecvOptions& options) {
-  check_peer(src, tensor, "recv");
+  check_peer(info(), src, tensor, "recv");
   uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
   return std::make_shared<PairWork>(
       pair_of(src).irecv(t, tensor.data, tensor.nbytes(), deadline_for(options.timeout)));
@@ -400,8 +352,8 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
 
 std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
                                                     const BroadcastOptions& o) {
-  check_tensor(t, "broadcast", "the tensor");
-  check_root(o.root, "broadcast");
+  check_tensor(info(), t, "broadcast", "the tensor");
+  check_root(info(), o.root, "broadcast");
   CollectiveCall call{CollectiveKind::kBroadcast, t.dtype, ReduceOp::kSum, o.root, t.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
   return submit(call, algo, o.timeout, [this, t, algo, root = o.root](CollectiveContext& ctx) {
@@ -418,7 +370,7 @@ std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
 
 std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
                                                     const AllreduceOptions& o) {
-  check_tensor(t, "all_reduce", "the tensor");
+  check_tensor(info(), t, "all_reduce", "the tensor");
   check_reduce_op(t.dtype, o.op);
   CollectiveCall call{CollectiveKind::kAllreduce, t.dtype, o.op, 0, t.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
@@ -442,8 +394,8 @@ std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
 }
 
 std::shared_ptr<Work> NativeProcessGroup::reduce(const TensorView& t, const ReduceOptions& o) {
-  check_tensor(t, "reduce", "the tensor");
-  check_root(o.root, "reduce");
+  check_tensor(info(), t, "reduce", "the tensor");
+  check_root(info(), o.root, "reduce");
   check_reduce_op(t.dtype, o.op);
   CollectiveCall call{CollectiveKind::kReduce, t.dtype, o.op, o.root, t.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
@@ -461,13 +413,7 @@ std::shared_ptr<Work> NativeProcessGroup::reduce(const TensorView& t, const Redu
 
 std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const TensorView& in,
                                                     const AllgatherOptions& o) {
-  check_tensor(out, "all_gather", "the output");
-  check_tensor(in, "all_gather", "the input");
-  check_same_dtype(out, in, "all_gather");
-  if (out.numel != in.numel * size_)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_gather: the output has {} elements; it needs size() x input = {} x {} = {}",
-        rank_, out.numel, size_, in.numel, in.numel * size_));
+  check_allgather(info(), out, in);
   CollectiveCall call{CollectiveKind::kAllgather, in.dtype, ReduceOp::kSum, 0, in.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
   return submit(call, algo, o.timeout, [this, out, in, algo](CollectiveContext& ctx) {
@@ -492,19 +438,7 @@ std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const
 std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, const TensorView& in,
                                                      const std::vector<size_t>& counts,
                                                      const AllgatherOptions& o) {
-  check_tensor(out, "all_gather_v", "the output");
-  check_tensor(in, "all_gather_v", "the input");
-  check_same_dtype(out, in, "all_gather_v");
-  if (counts.size() != static_cast<size_t>(size_))
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_gather_v: counts has {} entries; it needs one per rank ({})", rank_,
-        counts.size(), size_));
-  size_t total = 0;
-  for (size_t c : counts) total += c;
-  if (counts[rank_] != in.numel || out.numel != total)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_gather_v: input has {} elements and output {}, but counts say {} and {}",
-        rank_, in.numel, out.numel, counts[rank_], total));
+  check_allgatherv(info(), out, in, counts);
   CollectiveCall call{CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0, 0};
   auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
   return submit(call, algo, o.timeout, [out, in, counts](CollectiveContext& ctx) {
@@ -525,16 +459,7 @@ std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, cons
 
 std::shared_ptr<Work> NativeProcessGroup::gather(const TensorView& out, const TensorView& in,
                                                  const GatherOptions& o) {
-  check_tensor(in, "gather", "the input");
-  check_root(o.root, "gather");
-  if (rank_ == o.root) {
-    check_tensor(out, "gather", "the output");
-    check_same_dtype(out, in, "gather");
-    if (out.numel != in.numel * size_)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: gather: the root's output has {} elements; it needs size() x input = {}",
-          rank_, out.numel, in.numel * size_));
-  }
+  check_gather(info(), out, in, o.root);
   CollectiveCall call{CollectiveKind::kGather, in.dtype, ReduceOp::kSum, o.root, in.numel};
   return submit(call, "linear", o.timeout, [out, in](CollectiveContext& ctx) {
     algo::gather_linear(ctx, static_cast<std::byte*>(out.data),
@@ -544,16 +469,7 @@ std::shared_ptr<Work> NativeProcessGroup::gather(const TensorView& out, const Te
 
 std::shared_ptr<Work> NativeProcessGroup::scatter(const TensorView& out, const TensorView& in,
                                                   const ScatterOptions& o) {
-  check_tensor(out, "scatter", "the output");
-  check_root(o.root, "scatter");
-  if (rank_ == o.root) {
-    check_tensor(in, "scatter", "the input");
-    check_same_dtype(out, in, "scatter");
-    if (in.numel != out.numel * size_)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: scatter: the root's input has {} elements; it needs size() x output = {}",
-          rank_, in.numel, out.numel * size_));
-  }
+  check_scatter(info(), out, in, o.root);
   CollectiveCall call{CollectiveKind::kScatter, out.dtype, ReduceOp::kSum, o.root, out.numel};
   return submit(call, "linear", o.timeout, [out, in](CollectiveContext& ctx) {
     algo::scatter_linear(ctx, static_cast<std::byte*>(out.data),
@@ -563,14 +479,8 @@ std::shared_ptr<Work> NativeProcessGroup::scatter(const TensorView& out, const T
 
 std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out, const TensorView& in,
                                                          const ReduceScatterOptions& o) {
-  check_tensor(out, "reduce_scatter", "the output");
-  check_tensor(in, "reduce_scatter", "the input");
-  check_same_dtype(out, in, "reduce_scatter");
+  check_reduce_scatter(info(), out, in);
   check_reduce_op(in.dtype, o.op);
-  if (in.numel != out.numel * size_)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: reduce_scatter: the input has {} elements; it needs size() x output = {} x {}",
-        rank_, in.numel, size_, out.numel));
   CollectiveCall call{CollectiveKind::kReduceScatter, out.dtype, o.op, 0, out.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
   const int n = size_;
@@ -588,14 +498,7 @@ std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out, 
 
 std::shared_ptr<Work> NativeProcessGroup::alltoall(const TensorView& out, const TensorView& in,
                                                    const AlltoallOptions& o) {
-  check_tensor(out, "all_to_all", "the output");
-  check_tensor(in, "all_to_all", "the input");
-  check_same_dtype(out, in, "all_to_all");
-  if (in.numel != out.numel || in.numel % size_ != 0)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_to_all: input ({}) and output ({}) must have the same number of elements, "
-        "divisible by the group size {}",
-        rank_, in.numel, out.numel, size_));
+  check_alltoall(info(), out, in);
   std::vector<size_t> counts(size_, in.numel / size_);
   CollectiveCall call{CollectiveKind::kAlltoall, in.dtype, ReduceOp::kSum, 0, in.numel};
   return submit(call, "pairwise", o.timeout, [out, in, counts](CollectiveContext& ctx) {
@@ -612,26 +515,7 @@ std::shared_ptr<Work> NativeProcessGroup::alltoallv(const TensorView& out,
                                                     const TensorView& in,
                                                     const std::vector<size_t>& in_counts,
                                                     const AlltoallOptions& o) {
-  check_tensor(out, "all_to_all_v", "the output");
-  check_tensor(in, "all_to_all_v", "the input");
-  check_same_dtype(out, in, "all_to_all_v");
-  if (out_counts.size() != static_cast<size_t>(size_) || in_counts.size() != static_cast<size_t>(size_))
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_to_all_v: output_counts has {} and input_counts {} entries; both need one "
-        "per rank ({})", rank_, out_counts.size(), in_counts.size(), size_));
-  size_t out_total = 0, in_total = 0;
-  for (int i = 0; i < size_; ++i) {
-    out_total += out_counts[i];
-    in_total += in_counts[i];
-  }
-  if (out_total > out.numel || in_total > in.numel)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_to_all_v: the counts add up to {} output and {} input elements, but the "
-        "tensors have {} and {}", rank_, out_total, in_total, out.numel, in.numel));
-  if (out_counts[rank_] != in_counts[rank_])
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_to_all_v: this rank sends itself {} elements but expects {}", rank_,
-        in_counts[rank_], out_counts[rank_]));
+  check_alltoallv(info(), out, out_counts, in, in_counts);
   CollectiveCall call{CollectiveKind::kAlltoallv, in.dtype, ReduceOp::kSum, 0, 0};
   return submit(call, "pairwise", o.timeout, [out, in, out_counts, in_counts](CollectiveContext& ctx) {
     const size_t elem = ctx.element_size();
@@ -660,18 +544,7 @@ std::shared_ptr<Work> NativeProcessGroup::barrier(const BarrierOptions& o) {
 }
 
 std::shared_ptr<ProcessGroup> NativeProcessGroup::new_group(const std::vector<int>& ranks) {
-  std::set<int> seen;
-  for (int r : ranks) {
-    if (r < 0 || r >= size_)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: new_group({}) names rank {}, but group {} has ranks 0..{}", rank_,
-          fmt::join(ranks, ", "), r, name_, size_ - 1));
-    if (!seen.insert(r).second)
-      throw InvalidArgumentError(fmt::format("rank {}: new_group({}) names rank {} twice", rank_,
-                                             fmt::join(ranks, ", "), r));
-  }
-  if (ranks.empty())
-    throw InvalidArgumentError(fmt::format("rank {}: new_group needs at least one rank", rank_));
+  check_new_group(info(), ranks);
   uint32_t child;
   {
     std::lock_guard lock(mu_);
@@ -682,7 +555,7 @@ std::shared_ptr<ProcessGroup> NativeProcessGroup::new_group(const std::vector<in
   const std::string key = fmt::format("{}/{}/{}", group_id_, child, fmt::join(ranks, ","));
   uint32_t id = static_cast<uint32_t>(fnv1a(key) & 0xffffffu);
   if (id == 0) id = 1;
-  if (!seen.count(rank_)) return nullptr;
+  if (std::find(ranks.begin(), ranks.end(), rank_) == ranks.end()) return nullptr;
   std::vector<int> world;
   for (int r : ranks) world.push_back(members_[r]);
   auto name = fmt::format("{}.{}", name_, child);

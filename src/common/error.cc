@@ -1,5 +1,7 @@
 #include "dtrain/error.h"
 
+#include "common/error_message.h"
+
 namespace dtrain {
 
 std::string_view to_string(ErrorKind kind) {
@@ -19,6 +21,16 @@ Error::Error(ErrorKind kind, const std::string& message)
 
 bool Error::retryable() const {
   return kind_ == ErrorKind::kTimeout || kind_ == ErrorKind::kStore;
+}
+
+std::string message_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& err) {
+    return err.what();
+  } catch (...) {
+    return "unknown error";
+  }
 }
 
 }  // namespace dtrain

@@ -115,12 +115,21 @@ void check_agrees(const EnvReader& env, const Value& mine, const env::Var& other
         mine.from, mine.value, other.name, theirs->value, mine.from, other.name));
 }
 
+// What every launcher sets: this process's rank in `rank_var` (set: the caller checked) and
+// the job's size in `size_var`, described as `size_what` when it is missing.
+Found found_by(const EnvReader& env, std::string source, const env::Var& rank_var,
+               const env::Var& size_var, std::string_view size_what) {
+  Found f;
+  f.source = std::move(source);
+  f.rank = *env.num(rank_var);
+  f.world_size = env.require(size_var, rank_var, size_what);
+  return f;
+}
+
 std::optional<Found> from_torchrun(const EnvReader& env) {
   if (!env.has(env::kRank)) return std::nullopt;
-  Found f;
-  f.source = "torchrun";
-  f.rank = *env.num(env::kRank);
-  f.world_size = env.require(env::kWorldSize, env::kRank, "the number of processes in the job");
+  Found f = found_by(env, "torchrun", env::kRank, env::kWorldSize,
+                     "the number of processes in the job");
   check_agrees(env, f.rank, env::kOmpiRank);
   check_agrees(env, f.world_size, env::kOmpiSize);
   env.local_pair(env::kLocalRank, env::kLocalWorldSize, f);
@@ -131,10 +140,7 @@ std::optional<Found> from_torchrun(const EnvReader& env) {
 
 std::optional<Found> from_openmpi(const EnvReader& env) {
   if (!env.has(env::kOmpiRank)) return std::nullopt;
-  Found f;
-  f.source = "openmpi";
-  f.rank = *env.num(env::kOmpiRank);
-  f.world_size = env.require(env::kOmpiSize, env::kOmpiRank, "the number of processes");
+  Found f = found_by(env, "openmpi", env::kOmpiRank, env::kOmpiSize, "the number of processes");
   // OMPI_COMM_WORLD_NODE_RANK is a rank among the processes of a node, not the node's index, so
   // the node index is derived from the (by-slot) local size below.
   env.local_pair(env::kOmpiLocalRank, env::kOmpiLocalSize, f);
@@ -143,10 +149,7 @@ std::optional<Found> from_openmpi(const EnvReader& env) {
 
 std::optional<Found> from_pmi(const EnvReader& env) {
   if (!env.has(env::kPmiRank)) return std::nullopt;
-  Found f;
-  f.source = "pmi";
-  f.rank = *env.num(env::kPmiRank);
-  f.world_size = env.require(env::kPmiSize, env::kPmiRank, "the number of processes");
+  Found f = found_by(env, "pmi", env::kPmiRank, env::kPmiSize, "the number of processes");
   env.local_pair(env::kMpiLocalRankId, env::kMpiLocalNRanks, f);
   return f;
 }
@@ -183,10 +186,7 @@ std::vector<int> expand_tasks_per_node(std::string_view text) {
 
 std::optional<Found> from_slurm(const EnvReader& env) {
   if (!env.has(env::kSlurmProcId)) return std::nullopt;
-  Found f;
-  f.source = "slurm";
-  f.rank = *env.num(env::kSlurmProcId);
-  f.world_size = env.require(env::kSlurmNTasks, env::kSlurmProcId, "the number of tasks");
+  Found f = found_by(env, "slurm", env::kSlurmProcId, env::kSlurmNTasks, "the number of tasks");
   f.local_rank = env.num(env::kSlurmLocalId).value_or(Value{0, "SLURM_LOCALID"});
   Value node = env.num(env::kSlurmNodeId).value_or(Value{0, "SLURM_NODEID"});
   f.node_rank = node;
@@ -220,11 +220,8 @@ std::optional<Found> from_slurm(const EnvReader& env) {
 
 std::optional<Found> from_kubernetes(const EnvReader& env) {
   if (!env.has(env::kJobCompletionIndex)) return std::nullopt;
-  Found f;
-  f.source = "kubernetes";
-  f.rank = *env.num(env::kJobCompletionIndex);
-  f.world_size = env.require(env::kWorldSize, env::kJobCompletionIndex,
-                             "the Job's completions (the number of pods)");
+  Found f = found_by(env, "kubernetes", env::kJobCompletionIndex, env::kWorldSize,
+                     "the Job's completions (the number of pods)");
   if (!env.has(env::kMasterAddr))
     throw InvalidArgumentError(fmt::format(
         "JOB_COMPLETION_INDEX is set (to '{}') but MASTER_ADDR is not: set MASTER_ADDR to the DNS "

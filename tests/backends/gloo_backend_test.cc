@@ -5,24 +5,13 @@
 #include <stdlib.h>
 
 #include "backends/suite.h"
+#include "support/expect.h"
 #include "support/multiproc.h"
 
 namespace dtrain::testing::backends {
 namespace {
 
 using namespace std::chrono_literals;
-
-void expect_all_ok(const std::vector<ChildResult>& results) {
-  for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_FALSE(results[r].timed_out) << "rank " << r << " timed out";
-    EXPECT_EQ(results[r].signal, 0) << "rank " << r << " died of signal " << results[r].signal;
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " failed";
-  }
-}
-
-std::vector<size_t> counts_for(int n) {
-  return {0, 1, 7, static_cast<size_t>(n) * 13 + 1, (size_t{1} << 20) + 3};  // 4 MiB of f32
-}
 
 class GlooWorld : public ::testing::TestWithParam<int> {};
 

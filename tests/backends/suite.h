@@ -9,8 +9,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cmath>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -21,6 +19,7 @@
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
 #include "support/group.h"
+#include "support/values.h"
 
 namespace dtrain::testing::backends {
 
@@ -61,81 +60,10 @@ inline void expect_unsupported(const std::string& backend, const std::string& wh
   throw std::runtime_error(fmt::format("{} should have failed with backend {}", what, backend));
 }
 
-inline int small(int rank, size_t i) { return static_cast<int>((rank + i) % 3) + 1; }
-
-inline void put(std::vector<std::byte>& buf, DType t, size_t i, double v) {
-  std::byte* p = buf.data() + i * element_size(t);
-  switch (t) {
-    case DType::kF32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
-    case DType::kF64: std::memcpy(p, &v, 8); break;
-    case DType::kF16: { uint16_t h = f32_to_f16_bits(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-    case DType::kBF16: { uint16_t h = f32_to_bf16_bits(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-    case DType::kI8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
-    case DType::kU8: { uint8_t x = static_cast<uint8_t>(v); std::memcpy(p, &x, 1); break; }
-    case DType::kI32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-    case DType::kI64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-  }
-}
-
-inline double get(const std::vector<std::byte>& buf, DType t, size_t i) {
-  const std::byte* p = buf.data() + i * element_size(t);
-  switch (t) {
-    case DType::kF32: { float x; std::memcpy(&x, p, 4); return x; }
-    case DType::kF64: { double x; std::memcpy(&x, p, 8); return x; }
-    case DType::kF16: { uint16_t h; std::memcpy(&h, p, 2); return f16_bits_to_f32(h); }
-    case DType::kBF16: { uint16_t h; std::memcpy(&h, p, 2); return bf16_bits_to_f32(h); }
-    case DType::kI8: { int8_t x; std::memcpy(&x, p, 1); return x; }
-    case DType::kU8: { uint8_t x; std::memcpy(&x, p, 1); return x; }
-    case DType::kI32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-    case DType::kI64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-  }
-  return 0;
-}
-
-inline bool is_float(DType t) {
-  return t == DType::kF32 || t == DType::kF64 || t == DType::kF16 || t == DType::kBF16;
-}
-
-// The reduction over ranks 0..n-1 of small(r, i), as dtype t holds it.
-inline double expected(ReduceOp op, DType t, int n, size_t i) {
-  double acc = small(0, i);
-  int64_t bits = small(0, i);
-  for (int r = 1; r < n; ++r) {
-    const int v = small(r, i);
-    switch (op) {
-      case ReduceOp::kSum: case ReduceOp::kAvg: acc += v; break;
-      case ReduceOp::kProd: acc *= v; break;
-      case ReduceOp::kMin: acc = std::min<double>(acc, v); break;
-      case ReduceOp::kMax: acc = std::max<double>(acc, v); break;
-      case ReduceOp::kBand: bits &= v; break;
-      case ReduceOp::kBor: bits |= v; break;
-      case ReduceOp::kBxor: bits ^= v; break;
-    }
-  }
-  if (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor) return static_cast<double>(bits);
-  if (op == ReduceOp::kAvg) acc = is_float(t) ? acc / n : std::trunc(acc / n);
-  std::vector<std::byte> one(element_size(t));
-  put(one, t, 0, acc);
-  return get(one, t, 0);
-}
-
 inline std::vector<std::byte> filled(DType t, size_t count, const std::function<double(size_t)>& v) {
   std::vector<std::byte> b(count * element_size(t));
   for (size_t i = 0; i < count; ++i) put(b, t, i, v(i));
   return b;
-}
-
-inline TensorView view(std::vector<std::byte>& b, DType t) {
-  return TensorView{b.data(), b.size() / element_size(t), t};
-}
-
-inline void check_values(const std::vector<std::byte>& got, DType t, size_t count,
-                         const std::function<double(size_t)>& want, const std::string& what) {
-  for (size_t i = 0; i < count; ++i) {
-    const double g = get(got, t, i), w = want(i);
-    if (g != w && !(std::fabs(g - w) <= 1e-6 * std::fabs(w)))
-      throw std::runtime_error(fmt::format("{}: element {} is {} but should be {}", what, i, g, w));
-  }
 }
 
 struct Suite {
@@ -170,12 +98,12 @@ struct Suite {
             continue;
           }
           pg.allreduce(view(buf, t), {.op = op})->wait();
-          check_values(buf, t, count, [&](size_t i) { return expected(op, t, n(), i); }, what);
+          check_values(buf, t, count, [&](size_t i) { return expected_reduction(op, t, n(), i); }, what);
           // reduce to the last rank
           auto red = filled(t, count, [&](size_t i) { return small(rank(), i); });
           pg.reduce(view(red, t), {.root = n() - 1, .op = op})->wait();
           if (rank() == n() - 1)
-            check_values(red, t, count, [&](size_t i) { return expected(op, t, n(), i); }, "reduce " + what);
+            check_values(red, t, count, [&](size_t i) { return expected_reduction(op, t, n(), i); }, "reduce " + what);
         }
         if (op == ReduceOp::kSum || op == ReduceOp::kAvg) {
           // reduce_scatter: blocks of 5 elements per rank
@@ -184,7 +112,7 @@ struct Suite {
           std::vector<std::byte> out(block * element_size(t));
           if (!reduces(backend, t)) continue;
           pg.reduce_scatter(view(out, t), view(in, t), {.op = op})->wait();
-          check_values(out, t, block, [&](size_t i) { return expected(op, t, n(), rank() * block + i); },
+          check_values(out, t, block, [&](size_t i) { return expected_reduction(op, t, n(), rank() * block + i); },
                        fmt::format("reduce_scatter {} {}", to_string(op), dt));
         }
       }

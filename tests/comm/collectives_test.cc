@@ -13,105 +13,20 @@
 
 #include "common/reduce.h"
 #include "dtrain/error.h"
+#include "support/expect.h"
 #include "support/group.h"
 #include "support/multiproc.h"
+#include "support/values.h"
 
 namespace dtrain::testing {
 namespace {
 
 using namespace std::chrono_literals;
 
-// A value small enough that sums, products, averages of up to 8 ranks are exact in every dtype
-// (bf16 included).
-int small(int rank, size_t i) { return static_cast<int>((rank + i) % 3) + 1; }
-
-// Writes v into element i of a buffer of dtype.
-void put(std::vector<std::byte>& buf, DType t, size_t i, double v) {
-  std::byte* p = buf.data() + i * element_size(t);
-  switch (t) {
-    case DType::kF32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
-    case DType::kF64: std::memcpy(p, &v, 8); break;
-    case DType::kF16: { uint16_t h = f32_to_f16_bits(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-    case DType::kBF16: { uint16_t h = f32_to_bf16_bits(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-    case DType::kI8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
-    case DType::kU8: { uint8_t x = static_cast<uint8_t>(v); std::memcpy(p, &x, 1); break; }
-    case DType::kI32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-    case DType::kI64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-  }
-}
-
-double get(const std::vector<std::byte>& buf, DType t, size_t i) {
-  const std::byte* p = buf.data() + i * element_size(t);
-  switch (t) {
-    case DType::kF32: { float x; std::memcpy(&x, p, 4); return x; }
-    case DType::kF64: { double x; std::memcpy(&x, p, 8); return x; }
-    case DType::kF16: { uint16_t h; std::memcpy(&h, p, 2); return f16_bits_to_f32(h); }
-    case DType::kBF16: { uint16_t h; std::memcpy(&h, p, 2); return bf16_bits_to_f32(h); }
-    case DType::kI8: { int8_t x; std::memcpy(&x, p, 1); return x; }
-    case DType::kU8: { uint8_t x; std::memcpy(&x, p, 1); return x; }
-    case DType::kI32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-    case DType::kI64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-  }
-  return 0;
-}
-
-bool is_float(DType t) {
-  return t == DType::kF32 || t == DType::kF64 || t == DType::kF16 || t == DType::kBF16;
-}
-
-double expected_reduction(ReduceOp op, DType t, int n, size_t i) {
-  double acc = small(0, i);
-  int64_t bits = small(0, i);
-  for (int r = 1; r < n; ++r) {
-    const int v = small(r, i);
-    switch (op) {
-      case ReduceOp::kSum: case ReduceOp::kAvg: acc += v; break;
-      case ReduceOp::kProd: acc *= v; break;
-      case ReduceOp::kMin: acc = std::min<double>(acc, v); break;
-      case ReduceOp::kMax: acc = std::max<double>(acc, v); break;
-      case ReduceOp::kBand: bits &= v; break;
-      case ReduceOp::kBor: bits |= v; break;
-      case ReduceOp::kBxor: bits ^= v; break;
-    }
-  }
-  if (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor) return static_cast<double>(bits);
-  if (op == ReduceOp::kAvg) acc = is_float(t) ? acc / n : std::trunc(acc / n);
-  // The reference is what the dtype can hold (f16 and bf16 round 9/5).
-  std::vector<std::byte> one(element_size(t));
-  put(one, t, 0, acc);
-  return get(one, t, 0);
-}
-
 std::vector<std::byte> filled(DType t, size_t count, int rank) {
   std::vector<std::byte> b(count * element_size(t));
   for (size_t i = 0; i < count; ++i) put(b, t, i, small(rank, i));
   return b;
-}
-
-TensorView view(std::vector<std::byte>& b, DType t) {
-  return TensorView{b.data(), b.size() / element_size(t), t};
-}
-
-// Compares and throws with the first difference.
-void expect_values(const std::vector<std::byte>& got, DType t, size_t count,
-                   const std::function<double(size_t)>& want, const std::string& what) {
-  for (size_t i = 0; i < count; ++i) {
-    double g = get(got, t, i), w = want(i);
-    if (g != w && !(std::fabs(g - w) <= 1e-6 * std::fabs(w)))
-      throw std::runtime_error(fmt::format("{}: element {} is {} but should be {}", what, i, g, w));
-  }
-}
-
-void expect_all_ok(const std::vector<ChildResult>& results) {
-  for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_FALSE(results[r].timed_out) << "rank " << r << " timed out";
-    EXPECT_EQ(results[r].signal, 0) << "rank " << r << " died of signal " << results[r].signal;
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " failed";
-  }
-}
-
-std::vector<size_t> counts_for(int n) {
-  return {0, 1, 7, static_cast<size_t>(n) * 13 + 1, (size_t{1} << 20) + 3};
 }
 
 const DType kAllTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
@@ -132,7 +47,7 @@ void check_allreduce(ProcessGroup& pg, const std::string& algo) {
         if (count > 1000 && op != ReduceOp::kSum && op != ReduceOp::kMax) continue;
         auto buf = filled(t, count, rank);
         pg.allreduce(view(buf, t), {.op = op, .algorithm = algo})->wait();
-        expect_values(buf, t, count, [&](size_t i) { return expected_reduction(op, t, n, i); },
+        check_values(buf, t, count, [&](size_t i) { return expected_reduction(op, t, n, i); },
                       fmt::format("rank {}: all_reduce {} {} {} x{}", rank, algo, to_string(t),
                                   to_string(op), count));
       }
@@ -148,14 +63,14 @@ void check_others(ProcessGroup& pg) {
       for (std::string algo : {"tree", "scatter_allgather"}) {
         auto buf = filled(t, count, rank);
         pg.broadcast(view(buf, t), {.root = root, .algorithm = algo})->wait();
-        expect_values(buf, t, count, [&](size_t i) { return small(root, i); },
+        check_values(buf, t, count, [&](size_t i) { return small(root, i); },
                       fmt::format("rank {}: broadcast {} root {} {}", rank, algo, root, c));
       }
       for (std::string algo : {"tree", "ring"}) {
         auto buf = filled(t, count, rank);
         pg.reduce(view(buf, t), {.root = root, .op = ReduceOp::kSum, .algorithm = algo})->wait();
         if (rank == root)
-          expect_values(buf, t, count, [&](size_t i) { return expected_reduction(ReduceOp::kSum, t, n, i); },
+          check_values(buf, t, count, [&](size_t i) { return expected_reduction(ReduceOp::kSum, t, n, i); },
                         fmt::format("rank {}: reduce {} root {} {}", rank, algo, root, c));
       }
       {
@@ -163,7 +78,7 @@ void check_others(ProcessGroup& pg) {
         std::vector<std::byte> out(rank == root ? in.size() * n : 0);
         pg.gather(view(out, t), view(in, t), {.root = root})->wait();
         if (rank == root)
-          expect_values(out, t, count * n, [&](size_t i) { return small(static_cast<int>(i / std::max<size_t>(count, 1)), i % std::max<size_t>(count, 1)); },
+          check_values(out, t, count * n, [&](size_t i) { return small(static_cast<int>(i / std::max<size_t>(count, 1)), i % std::max<size_t>(count, 1)); },
                         fmt::format("rank {}: gather root {} {}", rank, root, c));
       }
       {
@@ -171,7 +86,7 @@ void check_others(ProcessGroup& pg) {
         for (size_t i = 0; rank == root && i < count * n; ++i) put(in, t, i, static_cast<double>(i % 1000));
         std::vector<std::byte> out(count * 4);
         pg.scatter(view(out, t), view(in, t), {.root = root})->wait();
-        expect_values(out, t, count, [&](size_t i) { return static_cast<double>((rank * count + i) % 1000); },
+        check_values(out, t, count, [&](size_t i) { return static_cast<double>((rank * count + i) % 1000); },
                       fmt::format("rank {}: scatter root {} {}", rank, root, c));
       }
     }
@@ -179,7 +94,7 @@ void check_others(ProcessGroup& pg) {
       auto in = filled(t, count, rank);
       std::vector<std::byte> out(in.size() * n);
       pg.allgather(view(out, t), view(in, t), {.algorithm = algo})->wait();
-      expect_values(out, t, count * n, [&](size_t i) { return small(static_cast<int>(i / std::max<size_t>(count, 1)), i % std::max<size_t>(count, 1)); },
+      check_values(out, t, count * n, [&](size_t i) { return small(static_cast<int>(i / std::max<size_t>(count, 1)), i % std::max<size_t>(count, 1)); },
                     fmt::format("rank {}: all_gather {} {}", rank, algo, c));
     }
     {
@@ -187,7 +102,7 @@ void check_others(ProcessGroup& pg) {
       auto in = filled(t, count * n, rank);
       std::vector<std::byte> out(count * 4);
       pg.reduce_scatter(view(out, t), view(in, t), {.op = ReduceOp::kSum})->wait();
-      expect_values(out, t, count, [&](size_t i) { return expected_reduction(ReduceOp::kSum, t, n, rank * count + i); },
+      check_values(out, t, count, [&](size_t i) { return expected_reduction(ReduceOp::kSum, t, n, rank * count + i); },
                     fmt::format("rank {}: reduce_scatter {}", rank, c));
     }
     {
@@ -195,7 +110,7 @@ void check_others(ProcessGroup& pg) {
       std::vector<std::byte> in(count * n * 4), out(count * n * 4);
       for (size_t i = 0; i < count * n; ++i) put(in, t, i, static_cast<double>(1000 * rank + i % 997));
       pg.alltoall(view(out, t), view(in, t))->wait();
-      expect_values(out, t, count * n, [&](size_t i) {
+      check_values(out, t, count * n, [&](size_t i) {
         size_t from = i / std::max<size_t>(count, 1), k = i % std::max<size_t>(count, 1);
         return static_cast<double>(1000 * from + (rank * count + k) % 997);
       }, fmt::format("rank {}: all_to_all {}", rank, c));
@@ -271,13 +186,13 @@ TEST(Collectives, WorldOf8AllreduceAndBroadcast) {
       for (size_t count : {size_t{1}, size_t{1001}, size_t{1} << 18}) {
         auto buf = filled(DType::kF32, count, rank);
         pg->allreduce(view(buf, DType::kF32), {.algorithm = algo})->wait();
-        expect_values(buf, DType::kF32, count, [&](size_t i) { return expected_reduction(ReduceOp::kSum, DType::kF32, 8, i); },
+        check_values(buf, DType::kF32, count, [&](size_t i) { return expected_reduction(ReduceOp::kSum, DType::kF32, 8, i); },
                       fmt::format("rank {} all_reduce {} x{}", rank, algo, count));
       }
     }
     auto buf = filled(DType::kF32, 4099, rank);
     pg->broadcast(view(buf, DType::kF32), {.root = 5})->wait();
-    expect_values(buf, DType::kF32, 4099, [&](size_t i) { return small(5, i); }, "broadcast");
+    check_values(buf, DType::kF32, 4099, [&](size_t i) { return small(5, i); }, "broadcast");
   }, 120s));
 }
 
@@ -302,7 +217,7 @@ TEST(Collectives, AsyncBackToBack) {
     for (int k = 0; k < 12; ++k) works.push_back(pg->allreduce(view(bufs[k], DType::kF32)));
     for (int k = 11; k >= 0; --k) {
       works[k]->wait();
-      expect_values(bufs[k], DType::kF32, 1000 + k * 5000, [&](size_t i) {
+      check_values(bufs[k], DType::kF32, 1000 + k * 5000, [&](size_t i) {
         double s = 0;
         for (int r = 0; r < 3; ++r) s += small(r + k, i);
         return s;

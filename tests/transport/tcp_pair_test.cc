@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dtrain/error.h"
+#include "support/expect.h"
 #include "support/group.h"
 #include "support/multiproc.h"
 
@@ -21,14 +22,6 @@ std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
   std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 13)) & 0xff);
   return v;
-}
-
-void expect_all_ok(const std::vector<ChildResult>& results) {
-  for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_FALSE(results[r].timed_out) << "rank " << r << " timed out";
-    EXPECT_EQ(results[r].signal, 0) << "rank " << r << " died of signal " << results[r].signal;
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " failed";
-  }
 }
 
 TEST(TcpPair, SendRecvEverySize) {

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <set>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -28,7 +27,9 @@
 #include "backends/gloo/gloo_p2p_work.h"
 #include "backends/gloo/gloo_store.h"
 #include "backends/registry.h"
+#include "comm/arguments.h"
 #include "common/env.h"
+#include "common/error_message.h"
 #include "common/log.h"
 #include "common/reduce.h"
 #include "dtrain/error.h"
@@ -40,16 +41,6 @@ namespace {
 constexpr uint8_t kP2pSlotPrefix = 0x7f;
 
 using GlooFunc = void (*)(void*, const void*, const void*, size_t);
-
-std::string message_of(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& err) {
-    return err.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
 
 // The address gloo's device listens on and peers dial: explicit, DTRAIN_SOCKET_ADDR, the local
 // end of the store connection (the interface that routes to the master), else loopback. The
@@ -138,11 +129,7 @@ GlooFunc reduce_function(ReduceOp op) {
 GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                                    const ProcessGroupOptions& options)
     : store_(std::move(store)), rank_(rank), size_(size), name_(options.name) {
-  if (size < 1)
-    throw InvalidArgumentError(fmt::format("world size is {}: it must be at least 1", size));
-  if (rank < 0 || rank >= size)
-    throw InvalidArgumentError(
-        fmt::format("rank {} is outside the group of size {}: use 0..{}", rank, size, size - 1));
+  comm::check_rank_and_size(rank, size);
   if (!store_) throw InvalidArgumentError("backend gloo needs a store; got null");
   timeout_ = options.timeout.count() > 0 ? options.timeout : env::get_seconds(env::kTimeout);
   connect_timeout_ = options.connect_timeout.count() > 0 ? options.connect_timeout
@@ -213,60 +200,28 @@ void GlooProcessGroup::mark_failed(std::exception_ptr error) {
 
 // ---- validation ----
 
-void GlooProcessGroup::check_tensor(const TensorView& t, const char* op, const char* which) const {
-  if (t.device != Device::kCpu)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: {}: backend gloo does not support {} on CUDA tensors: Debian's gloo is built "
-        "without CUDA; copy {} to the CPU, or use the nccl backend", rank_, op, op, which));
-  if (t.data == nullptr && t.numel > 0)
-    throw InvalidArgumentError(fmt::format("rank {}: {}: {} of {} elements has a null data pointer",
-                                           rank_, op, which, t.numel));
-}
-
-void GlooProcessGroup::check_root(int root, const char* op) const {
-  if (root < 0 || root >= size_)
-    throw InvalidArgumentError(fmt::format("rank {}: {} has root {}, but group {} has ranks 0..{}",
-                                           rank_, op, root, name_, size_ - 1));
-}
-
-void GlooProcessGroup::check_same_dtype(const TensorView& a, const TensorView& b,
-                                        const char* op) const {
-  if (a.dtype != b.dtype)
-    throw InvalidArgumentError(fmt::format("rank {}: {}: output is {} but input is {}; use one dtype",
-                                           rank_, op, to_string(a.dtype), to_string(b.dtype)));
-}
-
 void GlooProcessGroup::check_algorithm(const std::string& algorithm, const char* op) const {
   if (!algorithm.empty())
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: {}: backend gloo does not support algorithm '{}' on CPU tensors: gloo has one "
-        "{} algorithm; leave the algorithm empty", rank_, op, algorithm, op));
+    throw comm::unsupported(info(), op, fmt::format("algorithm '{}'", algorithm), "CPU tensors",
+                            fmt::format("gloo has one {} algorithm; leave the algorithm empty", op));
 }
-
-namespace {
 
 // Reductions need gloo's element type: bf16 has none in this gloo.
-void check_reducible(int rank, DType dtype, ReduceOp op, const char* name) {
+void GlooProcessGroup::check_reducible(DType dtype, ReduceOp op, const char* name) const {
   if (dtype == DType::kBF16)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: {}: backend gloo does not support {} of bf16 on CPU tensors: this gloo (0.5) has "
-        "no bfloat16 type; use f32 or f16, or the native backend", rank, name, name));
+    throw comm::unsupported(info(), name, fmt::format("{} of bf16", name), "CPU tensors",
+                            "this gloo (0.5) has no bfloat16 type; use f32 or f16, or the native "
+                            "backend");
   check_reduce_op(dtype, op);
 }
-
-}  // namespace
 
 // ---- point to point ----
 
 std::shared_ptr<Work> GlooProcessGroup::isend(const TensorView& tensor, int dst, int tag,
                                               const SendOptions& options) {
-  if (dst < 0 || dst >= size_ || dst == rank_)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: send names rank {}, but group {} has ranks 0..{} and a rank cannot send to "
-        "itself", rank_, dst, name_, size_ - 1));
+  comm::check_peer(info(), dst, tensor, "send");
   if (tag < 0)
     throw InvalidArgumentError(fmt::format("rank {}: send has tag {}: gloo needs tags >= 0", rank_, tag));
-  check_tensor(tensor, "send", "the tensor");
   std::lock_guard lock(mu_);
   if (failure_)
     throw PeerFailureError(fmt::format("rank {}: send to rank {}: group {} is unusable: {}", rank_,
@@ -284,13 +239,9 @@ std::shared_ptr<Work> GlooProcessGroup::isend(const TensorView& tensor, int dst,
 
 std::shared_ptr<Work> GlooProcessGroup::irecv(const TensorView& tensor, int src, int tag,
                                               const RecvOptions& options) {
-  if (src < 0 || src >= size_ || src == rank_)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: recv names rank {}, but group {} has ranks 0..{} and a rank cannot receive from "
-        "itself", rank_, src, name_, size_ - 1));
+  comm::check_peer(info(), src, tensor, "recv");
   if (tag < 0)
     throw InvalidArgumentError(fmt::format("rank {}: recv has tag {}: gloo needs tags >= 0", rank_, tag));
-  check_tensor(tensor, "recv", "the tensor");
   std::lock_guard lock(mu_);
   if (failure_)
     throw PeerFailureError(fmt::format("rank {}: recv from rank {}: group {} is unusable: {}",
@@ -347,8 +298,8 @@ std::shared_ptr<Work> GlooProcessGroup::submit(const char* op, std::string desc,
 }
 
 std::shared_ptr<Work> GlooProcessGroup::broadcast(const TensorView& t, const BroadcastOptions& o) {
-  check_tensor(t, "broadcast", "the tensor");
-  check_root(o.root, "broadcast");
+  comm::check_tensor(info(), t, "broadcast", "the tensor");
+  comm::check_root(info(), o.root, "broadcast");
   check_algorithm(o.algorithm, "broadcast");
   return submit("broadcast", describe(t), o.timeout, [this, t, root = o.root](const Slot& s) {
     if (t.nbytes() == 0) return;
@@ -362,17 +313,16 @@ std::shared_ptr<Work> GlooProcessGroup::broadcast(const TensorView& t, const Bro
 }
 
 std::shared_ptr<Work> GlooProcessGroup::allreduce(const TensorView& t, const AllreduceOptions& o) {
-  check_tensor(t, "all_reduce", "the tensor");
-  check_reducible(rank_, t.dtype, o.op, "all_reduce");
+  comm::check_tensor(info(), t, "all_reduce", "the tensor");
+  check_reducible(t.dtype, o.op, "all_reduce");
   auto algorithm = gloo::AllreduceOptions::Algorithm::UNSPECIFIED;
   if (o.algorithm == "ring")
     algorithm = gloo::AllreduceOptions::Algorithm::RING;
   else if (o.algorithm == "bcube")
     algorithm = gloo::AllreduceOptions::Algorithm::BCUBE;
   else if (!o.algorithm.empty())
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_reduce: backend gloo does not support algorithm '{}' on CPU tensors: gloo "
-        "has ring and bcube", rank_, o.algorithm));
+    throw comm::unsupported(info(), "all_reduce", fmt::format("algorithm '{}'", o.algorithm),
+                            "CPU tensors", "gloo has ring and bcube");
   return submit("all_reduce", describe(t) + " " + std::string(to_string(o.op)), o.timeout,
                 [this, t, op = o.op, algorithm](const Slot& s) {
     if (t.numel == 0) return;
@@ -391,9 +341,9 @@ std::shared_ptr<Work> GlooProcessGroup::allreduce(const TensorView& t, const All
 }
 
 std::shared_ptr<Work> GlooProcessGroup::reduce(const TensorView& t, const ReduceOptions& o) {
-  check_tensor(t, "reduce", "the tensor");
-  check_root(o.root, "reduce");
-  check_reducible(rank_, t.dtype, o.op, "reduce");
+  comm::check_tensor(info(), t, "reduce", "the tensor");
+  comm::check_root(info(), o.root, "reduce");
+  check_reducible(t.dtype, o.op, "reduce");
   check_algorithm(o.algorithm, "reduce");
   return submit("reduce", describe(t) + " " + std::string(to_string(o.op)), o.timeout,
                 [this, t, op = o.op, root = o.root](const Slot& s) {
@@ -415,14 +365,8 @@ std::shared_ptr<Work> GlooProcessGroup::reduce(const TensorView& t, const Reduce
 
 std::shared_ptr<Work> GlooProcessGroup::allgather(const TensorView& out, const TensorView& in,
                                                   const AllgatherOptions& o) {
-  check_tensor(out, "all_gather", "the output");
-  check_tensor(in, "all_gather", "the input");
-  check_same_dtype(out, in, "all_gather");
+  comm::check_allgather(info(), out, in);
   check_algorithm(o.algorithm, "all_gather");
-  if (out.numel != in.numel * size_)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_gather: the output has {} elements; it needs size() x input = {} x {}",
-        rank_, out.numel, size_, in.numel));
   return submit("all_gather", describe(in), o.timeout, [this, out, in](const Slot& s) {
     if (in.nbytes() == 0) return;
     gloo::AllgatherOptions opts(context_);
@@ -437,20 +381,8 @@ std::shared_ptr<Work> GlooProcessGroup::allgather(const TensorView& out, const T
 std::shared_ptr<Work> GlooProcessGroup::allgatherv(const TensorView& out, const TensorView& in,
                                                    const std::vector<size_t>& counts,
                                                    const AllgatherOptions& o) {
-  check_tensor(out, "all_gather_v", "the output");
-  check_tensor(in, "all_gather_v", "the input");
-  check_same_dtype(out, in, "all_gather_v");
+  const size_t total = comm::check_allgatherv(info(), out, in, counts);
   check_algorithm(o.algorithm, "all_gather_v");
-  if (counts.size() != static_cast<size_t>(size_))
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_gather_v: counts has {} entries; it needs one per rank ({})", rank_,
-        counts.size(), size_));
-  size_t total = 0;
-  for (size_t c : counts) total += c;
-  if (in.numel != counts[rank_] || out.numel < total)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_gather_v: the input has {} elements (counts says {}) and the output {} "
-        "(the counts add up to {})", rank_, in.numel, counts[rank_], out.numel, total));
   const size_t elem = element_size(in.dtype);
   return submit("all_gather_v", fmt::format("{} x {} in all", to_string(in.dtype), total),
                 o.timeout, [this, out, in, counts, total, elem](const Slot& s) {
@@ -468,16 +400,7 @@ std::shared_ptr<Work> GlooProcessGroup::allgatherv(const TensorView& out, const 
 
 std::shared_ptr<Work> GlooProcessGroup::gather(const TensorView& out, const TensorView& in,
                                                const GatherOptions& o) {
-  check_tensor(in, "gather", "the input");
-  check_root(o.root, "gather");
-  if (rank_ == o.root) {
-    check_tensor(out, "gather", "the output");
-    check_same_dtype(out, in, "gather");
-    if (out.numel != in.numel * size_)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: gather: the output has {} elements; it needs size() x input = {} x {}", rank_,
-          out.numel, size_, in.numel));
-  }
+  comm::check_gather(info(), out, in, o.root);
   return submit("gather", describe(in), o.timeout, [this, out, in, root = o.root](const Slot& s) {
     if (in.nbytes() == 0) return;
     gloo::GatherOptions opts(context_);
@@ -492,16 +415,7 @@ std::shared_ptr<Work> GlooProcessGroup::gather(const TensorView& out, const Tens
 
 std::shared_ptr<Work> GlooProcessGroup::scatter(const TensorView& out, const TensorView& in,
                                                 const ScatterOptions& o) {
-  check_tensor(out, "scatter", "the output");
-  check_root(o.root, "scatter");
-  if (rank_ == o.root) {
-    check_tensor(in, "scatter", "the input");
-    check_same_dtype(out, in, "scatter");
-    if (in.numel != out.numel * size_)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: scatter: the input has {} elements; it needs size() x output = {} x {}", rank_,
-          in.numel, size_, out.numel));
-  }
+  comm::check_scatter(info(), out, in, o.root);
   return submit("scatter", describe(out), o.timeout, [this, out, in, root = o.root](const Slot& s) {
     const size_t block = out.nbytes();
     if (block == 0) return;
@@ -525,15 +439,9 @@ std::shared_ptr<Work> GlooProcessGroup::scatter(const TensorView& out, const Ten
 // of the input, of which this rank keeps its block (size() times the traffic of a true one).
 std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const TensorView& out, const TensorView& in,
                                                        const ReduceScatterOptions& o) {
-  check_tensor(out, "reduce_scatter", "the output");
-  check_tensor(in, "reduce_scatter", "the input");
-  check_same_dtype(out, in, "reduce_scatter");
-  check_reducible(rank_, in.dtype, o.op, "reduce_scatter");
+  comm::check_reduce_scatter(info(), out, in);
+  check_reducible(in.dtype, o.op, "reduce_scatter");
   check_algorithm(o.algorithm, "reduce_scatter");
-  if (in.numel != out.numel * size_)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: reduce_scatter: the input has {} elements; it needs size() x output = {} x {}",
-        rank_, in.numel, size_, out.numel));
   return submit("reduce_scatter", describe(out) + " " + std::string(to_string(o.op)), o.timeout,
                 [this, out, in, op = o.op](const Slot& s) {
     if (out.numel == 0) return;
@@ -555,13 +463,7 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const TensorView& out, co
 
 std::shared_ptr<Work> GlooProcessGroup::alltoall(const TensorView& out, const TensorView& in,
                                                  const AlltoallOptions& o) {
-  check_tensor(out, "all_to_all", "the output");
-  check_tensor(in, "all_to_all", "the input");
-  check_same_dtype(out, in, "all_to_all");
-  if (in.numel != out.numel || in.numel % size_ != 0)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_to_all: input ({}) and output ({}) must have the same number of elements, "
-        "divisible by the group size {}", rank_, in.numel, out.numel, size_));
+  comm::check_alltoall(info(), out, in);
   return submit("all_to_all", describe(in), o.timeout, [this, out, in](const Slot& s) {
     if (in.nbytes() == 0) return;
     gloo::AlltoallOptions opts(context_);
@@ -578,24 +480,9 @@ std::shared_ptr<Work> GlooProcessGroup::alltoallv(const TensorView& out,
                                                   const TensorView& in,
                                                   const std::vector<size_t>& in_counts,
                                                   const AlltoallOptions& o) {
-  check_tensor(out, "all_to_all_v", "the output");
-  check_tensor(in, "all_to_all_v", "the input");
-  check_same_dtype(out, in, "all_to_all_v");
-  if (out_counts.size() != static_cast<size_t>(size_) || in_counts.size() != static_cast<size_t>(size_))
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_to_all_v: output_counts has {} and input_counts {} entries; both need one "
-        "per rank ({})", rank_, out_counts.size(), in_counts.size(), size_));
-  size_t out_total = 0, in_total = 0;
-  for (int i = 0; i < size_; ++i) {
-    out_total += out_counts[i];
-    in_total += in_counts[i];
-  }
-  if (out_total > out.numel || in_total > in.numel)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_to_all_v: the counts add up to {} output and {} input elements, but the "
-        "tensors have {} and {}", rank_, out_total, in_total, out.numel, in.numel));
+  const auto totals = comm::check_alltoallv(info(), out, out_counts, in, in_counts);
   const size_t elem = element_size(in.dtype);
-  return submit("all_to_all_v", fmt::format("{} x {} out, {} in", to_string(in.dtype), in_total, out_total),
+  return submit("all_to_all_v", fmt::format("{} x {} out, {} in", to_string(in.dtype), totals.in, totals.out),
                 o.timeout, [this, out, in, out_counts, in_counts, elem](const Slot& s) {
     std::vector<int64_t> out_bytes(size_), in_bytes(size_);
     for (int i = 0; i < size_; ++i) {
@@ -624,18 +511,7 @@ std::shared_ptr<Work> GlooProcessGroup::barrier(const BarrierOptions& o) {
 }
 
 std::shared_ptr<ProcessGroup> GlooProcessGroup::new_group(const std::vector<int>& ranks) {
-  std::set<int> seen;
-  for (int r : ranks) {
-    if (r < 0 || r >= size_)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: new_group({}) names rank {}, but group {} has ranks 0..{}", rank_,
-          fmt::join(ranks, ", "), r, name_, size_ - 1));
-    if (!seen.insert(r).second)
-      throw InvalidArgumentError(fmt::format("rank {}: new_group({}) names rank {} twice", rank_,
-                                             fmt::join(ranks, ", "), r));
-  }
-  if (ranks.empty())
-    throw InvalidArgumentError(fmt::format("rank {}: new_group needs at least one rank", rank_));
+  comm::check_new_group(info(), ranks);
   uint32_t child;
   {
     std::lock_guard lock(mu_);

@@ -20,6 +20,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
 
+#include "comm/arguments.h"
 #include "comm/executor.h"
 #include "common/deadline.h"
 #include "dtrain/process_group.h"
@@ -82,10 +83,11 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> submit(const char* op, std::string describe,
                                std::chrono::milliseconds timeout, Body body);
   void connect(gloo::rendezvous::Store& store, std::chrono::milliseconds connect_timeout);
-  void check_tensor(const TensorView& t, const char* op, const char* which) const;
-  void check_root(int root, const char* op) const;
-  void check_same_dtype(const TensorView& a, const TensorView& b, const char* op) const;
+  comm::GroupInfo info() const {
+    return {rank_, size_, name_, "gloo", "Debian's gloo is built without CUDA"};
+  }
   void check_algorithm(const std::string& algorithm, const char* op) const;
+  void check_reducible(DType dtype, ReduceOp op, const char* name) const;
   std::chrono::milliseconds limit(std::chrono::milliseconds timeout) const {
     return timeout.count() > 0 ? timeout : timeout_;
   }

@@ -2,30 +2,21 @@
 
 #include <climits>
 #include <cstring>
-#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "backends/mpi/mpi_runtime.h"
 #include "backends/registry.h"
+#include "comm/arguments.h"
 #include "common/env.h"
+#include "common/error_message.h"
 #include "common/log.h"
 #include "common/reduce.h"
 #include "dtrain/error.h"
 
 namespace dtrain::backends::mpi {
 namespace {
-
-std::string message_of(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& err) {
-    return err.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
 
 std::string describe(const TensorView& t) {
   return fmt::format("{} x {} ({} bytes)", to_string(t.dtype), t.numel, t.nbytes());
@@ -115,51 +106,28 @@ void MpiProcessGroup::mark_failed(std::exception_ptr error) {
 
 // ---- validation ----
 
-void MpiProcessGroup::check_tensor(const TensorView& t, const char* op, const char* which) const {
-  if (t.device != Device::kCpu)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: {}: backend mpi does not support {} on CUDA tensors: Debian's OpenMPI is not "
-        "CUDA-aware; copy {} to the CPU, or use the nccl backend", rank_, op, op, which));
-  if (t.data == nullptr && t.numel > 0)
-    throw InvalidArgumentError(fmt::format("rank {}: {}: {} of {} elements has a null data pointer",
-                                           rank_, op, which, t.numel));
-}
-
-void MpiProcessGroup::check_root(int root, const char* op) const {
-  if (root < 0 || root >= size_)
-    throw InvalidArgumentError(fmt::format("rank {}: {} has root {}, but group {} has ranks 0..{}",
-                                           rank_, op, root, name_, size_ - 1));
-}
-
-void MpiProcessGroup::check_same_dtype(const TensorView& a, const TensorView& b,
-                                       const char* op) const {
-  if (a.dtype != b.dtype)
-    throw InvalidArgumentError(fmt::format("rank {}: {}: output is {} but input is {}; use one dtype",
-                                           rank_, op, to_string(a.dtype), to_string(b.dtype)));
-}
-
 void MpiProcessGroup::check_algorithm(const std::string& algorithm, const char* op) const {
   if (!algorithm.empty())
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: {}: backend mpi does not support algorithm '{}' on CPU tensors: MPI chooses its "
-        "own (OpenMPI: --mca coll_tuned_*); leave the algorithm empty", rank_, op, algorithm));
+    throw comm::unsupported(info(), op, fmt::format("algorithm '{}'", algorithm), "CPU tensors",
+                            "MPI chooses its own (OpenMPI: --mca coll_tuned_*); leave the "
+                            "algorithm empty");
 }
 
 int MpiProcessGroup::check_count(size_t count, const char* op) const {
   if (count > static_cast<size_t>(INT_MAX))
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: {}: backend mpi does not support {} of more than {} elements (MPI counts are "
-        "int) on CPU tensors; got {}: split the call", rank_, op, op, INT_MAX, count));
+    throw comm::unsupported(info(), op, fmt::format("{} of more than {} elements", op, INT_MAX),
+                            "CPU tensors",
+                            fmt::format("MPI counts are int; got {}: split the call", count));
   return static_cast<int>(count);
 }
 
 MPI_Datatype MpiProcessGroup::reduction_type(DType dtype, ReduceOp op, const char* name) const {
   auto type = datatype_of(dtype);
   if (!type)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: {}: backend mpi does not support {} of {} on CPU tensors: MPI has no 16-bit "
-        "floating-point type; use f32, or the gloo (f16) or native backend", rank_, name, name,
-        to_string(dtype)));
+    throw comm::unsupported(info(), name, fmt::format("{} of {}", name, to_string(dtype)),
+                            "CPU tensors",
+                            "MPI has no 16-bit floating-point type; use f32, or the gloo (f16) or "
+                            "native backend");
   check_reduce_op(dtype, op);
   return *type;
 }
@@ -207,14 +175,10 @@ std::shared_ptr<Work> MpiProcessGroup::start(MpiWork::Kind kind, const char* op,
 
 std::shared_ptr<Work> MpiProcessGroup::isend(const TensorView& t, int dst, int tag,
                                              const SendOptions& o) {
-  if (dst < 0 || dst >= size_ || dst == rank_)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: send names rank {}, but group {} has ranks 0..{} and a rank cannot send to "
-        "itself", rank_, dst, name_, size_ - 1));
+  comm::check_peer(info(), dst, t, "send");
   if (tag < 0 || tag > tag_upper_bound())
     throw InvalidArgumentError(fmt::format("rank {}: send has tag {}: MPI allows 0..{}", rank_, tag,
                                            tag_upper_bound()));
-  check_tensor(t, "send", "the tensor");
   const int bytes = check_count(t.nbytes(), "send");
   return start(MpiWork::Kind::kSend, "send",
                fmt::format("of {} bytes to rank {} (tag {})", t.nbytes(), dst, tag), o.timeout,
@@ -225,14 +189,10 @@ std::shared_ptr<Work> MpiProcessGroup::isend(const TensorView& t, int dst, int t
 
 std::shared_ptr<Work> MpiProcessGroup::irecv(const TensorView& t, int src, int tag,
                                              const RecvOptions& o) {
-  if (src < 0 || src >= size_ || src == rank_)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: recv names rank {}, but group {} has ranks 0..{} and a rank cannot receive from "
-        "itself", rank_, src, name_, size_ - 1));
+  comm::check_peer(info(), src, t, "recv");
   if (tag < 0 || tag > tag_upper_bound())
     throw InvalidArgumentError(fmt::format("rank {}: recv has tag {}: MPI allows 0..{}", rank_, tag,
                                            tag_upper_bound()));
-  check_tensor(t, "recv", "the tensor");
   const int bytes = check_count(t.nbytes(), "recv");
   const std::string desc = fmt::format("of {} bytes from rank {} (tag {})", t.nbytes(), src, tag);
   std::string what = fmt::format("rank {}: recv {} of group {} (mpi)", rank_, desc, name_);
@@ -251,8 +211,8 @@ std::shared_ptr<Work> MpiProcessGroup::irecv(const TensorView& t, int src, int t
 // ---- collectives ----
 
 std::shared_ptr<Work> MpiProcessGroup::broadcast(const TensorView& t, const BroadcastOptions& o) {
-  check_tensor(t, "broadcast", "the tensor");
-  check_root(o.root, "broadcast");
+  comm::check_tensor(info(), t, "broadcast", "the tensor");
+  comm::check_root(info(), o.root, "broadcast");
   check_algorithm(o.algorithm, "broadcast");
   const int bytes = check_count(t.nbytes(), "broadcast");
   return start(MpiWork::Kind::kCollective, "broadcast", describe(t), o.timeout, [&](MpiWork& w) {
@@ -261,7 +221,7 @@ std::shared_ptr<Work> MpiProcessGroup::broadcast(const TensorView& t, const Broa
 }
 
 std::shared_ptr<Work> MpiProcessGroup::allreduce(const TensorView& t, const AllreduceOptions& o) {
-  check_tensor(t, "all_reduce", "the tensor");
+  comm::check_tensor(info(), t, "all_reduce", "the tensor");
   check_algorithm(o.algorithm, "all_reduce");
   MPI_Datatype type = reduction_type(t.dtype, o.op, "all_reduce");
   const int count = check_count(t.numel, "all_reduce");
@@ -275,8 +235,8 @@ std::shared_ptr<Work> MpiProcessGroup::allreduce(const TensorView& t, const Allr
 }
 
 std::shared_ptr<Work> MpiProcessGroup::reduce(const TensorView& t, const ReduceOptions& o) {
-  check_tensor(t, "reduce", "the tensor");
-  check_root(o.root, "reduce");
+  comm::check_tensor(info(), t, "reduce", "the tensor");
+  comm::check_root(info(), o.root, "reduce");
   check_algorithm(o.algorithm, "reduce");
   MPI_Datatype type = reduction_type(t.dtype, o.op, "reduce");
   const int count = check_count(t.numel, "reduce");
@@ -293,14 +253,8 @@ std::shared_ptr<Work> MpiProcessGroup::reduce(const TensorView& t, const ReduceO
 
 std::shared_ptr<Work> MpiProcessGroup::allgather(const TensorView& out, const TensorView& in,
                                                  const AllgatherOptions& o) {
-  check_tensor(out, "all_gather", "the output");
-  check_tensor(in, "all_gather", "the input");
-  check_same_dtype(out, in, "all_gather");
+  comm::check_allgather(info(), out, in);
   check_algorithm(o.algorithm, "all_gather");
-  if (out.numel != in.numel * size_)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_gather: the output has {} elements; it needs size() x input = {} x {}",
-        rank_, out.numel, size_, in.numel));
   const int bytes = check_count(in.nbytes(), "all_gather");
   check_count(out.nbytes(), "all_gather");
   // MPI forbids overlapping buffers except through MPI_IN_PLACE: the input at its own block.
@@ -315,20 +269,8 @@ std::shared_ptr<Work> MpiProcessGroup::allgather(const TensorView& out, const Te
 std::shared_ptr<Work> MpiProcessGroup::allgatherv(const TensorView& out, const TensorView& in,
                                                   const std::vector<size_t>& counts,
                                                   const AllgatherOptions& o) {
-  check_tensor(out, "all_gather_v", "the output");
-  check_tensor(in, "all_gather_v", "the input");
-  check_same_dtype(out, in, "all_gather_v");
+  const size_t total = comm::check_allgatherv(info(), out, in, counts);
   check_algorithm(o.algorithm, "all_gather_v");
-  if (counts.size() != static_cast<size_t>(size_))
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_gather_v: counts has {} entries; it needs one per rank ({})", rank_,
-        counts.size(), size_));
-  size_t total = 0;
-  for (size_t c : counts) total += c;
-  if (in.numel != counts[rank_] || out.numel < total)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_gather_v: the input has {} elements (counts says {}) and the output {} "
-        "(the counts add up to {})", rank_, in.numel, counts[rank_], out.numel, total));
   const size_t elem = element_size(in.dtype);
   check_count(total * elem, "all_gather_v");
   return start(MpiWork::Kind::kCollective, "all_gather_v",
@@ -349,18 +291,9 @@ std::shared_ptr<Work> MpiProcessGroup::allgatherv(const TensorView& out, const T
 
 std::shared_ptr<Work> MpiProcessGroup::gather(const TensorView& out, const TensorView& in,
                                               const GatherOptions& o) {
-  check_tensor(in, "gather", "the input");
-  check_root(o.root, "gather");
+  comm::check_gather(info(), out, in, o.root);
   const bool root = rank_ == o.root;
-  if (root) {
-    check_tensor(out, "gather", "the output");
-    check_same_dtype(out, in, "gather");
-    if (out.numel != in.numel * size_)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: gather: the output has {} elements; it needs size() x input = {} x {}", rank_,
-          out.numel, size_, in.numel));
-    check_count(out.nbytes(), "gather");
-  }
+  if (root) check_count(out.nbytes(), "gather");
   const int bytes = check_count(in.nbytes(), "gather");
   return start(MpiWork::Kind::kCollective, "gather", describe(in), o.timeout, [&](MpiWork& w) {
     return MPI_Igather(in.data, bytes, MPI_BYTE, root ? out.data : nullptr, bytes, MPI_BYTE,
@@ -370,18 +303,9 @@ std::shared_ptr<Work> MpiProcessGroup::gather(const TensorView& out, const Tenso
 
 std::shared_ptr<Work> MpiProcessGroup::scatter(const TensorView& out, const TensorView& in,
                                                const ScatterOptions& o) {
-  check_tensor(out, "scatter", "the output");
-  check_root(o.root, "scatter");
+  comm::check_scatter(info(), out, in, o.root);
   const bool root = rank_ == o.root;
-  if (root) {
-    check_tensor(in, "scatter", "the input");
-    check_same_dtype(out, in, "scatter");
-    if (in.numel != out.numel * size_)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: scatter: the input has {} elements; it needs size() x output = {} x {}", rank_,
-          in.numel, size_, out.numel));
-    check_count(in.nbytes(), "scatter");
-  }
+  if (root) check_count(in.nbytes(), "scatter");
   const int bytes = check_count(out.nbytes(), "scatter");
   return start(MpiWork::Kind::kCollective, "scatter", describe(out), o.timeout, [&](MpiWork& w) {
     return MPI_Iscatter(root ? in.data : nullptr, bytes, MPI_BYTE, out.data, bytes, MPI_BYTE,
@@ -391,15 +315,9 @@ std::shared_ptr<Work> MpiProcessGroup::scatter(const TensorView& out, const Tens
 
 std::shared_ptr<Work> MpiProcessGroup::reduce_scatter(const TensorView& out, const TensorView& in,
                                                       const ReduceScatterOptions& o) {
-  check_tensor(out, "reduce_scatter", "the output");
-  check_tensor(in, "reduce_scatter", "the input");
-  check_same_dtype(out, in, "reduce_scatter");
+  comm::check_reduce_scatter(info(), out, in);
   check_algorithm(o.algorithm, "reduce_scatter");
   MPI_Datatype type = reduction_type(in.dtype, o.op, "reduce_scatter");
-  if (in.numel != out.numel * size_)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: reduce_scatter: the input has {} elements; it needs size() x output = {} x {}",
-        rank_, in.numel, size_, out.numel));
   const int count = check_count(out.numel, "reduce_scatter");
   check_count(in.numel, "reduce_scatter");
   const int n = size_;
@@ -414,13 +332,7 @@ std::shared_ptr<Work> MpiProcessGroup::reduce_scatter(const TensorView& out, con
 
 std::shared_ptr<Work> MpiProcessGroup::alltoall(const TensorView& out, const TensorView& in,
                                                 const AlltoallOptions& o) {
-  check_tensor(out, "all_to_all", "the output");
-  check_tensor(in, "all_to_all", "the input");
-  check_same_dtype(out, in, "all_to_all");
-  if (in.numel != out.numel || in.numel % size_ != 0)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_to_all: input ({}) and output ({}) must have the same number of elements, "
-        "divisible by the group size {}", rank_, in.numel, out.numel, size_));
+  comm::check_alltoall(info(), out, in);
   check_count(in.nbytes(), "all_to_all");
   const int block = static_cast<int>(in.nbytes() / size_);
   return start(MpiWork::Kind::kCollective, "all_to_all", describe(in), o.timeout, [&](MpiWork& w) {
@@ -433,27 +345,12 @@ std::shared_ptr<Work> MpiProcessGroup::alltoallv(const TensorView& out,
                                                  const TensorView& in,
                                                  const std::vector<size_t>& in_counts,
                                                  const AlltoallOptions& o) {
-  check_tensor(out, "all_to_all_v", "the output");
-  check_tensor(in, "all_to_all_v", "the input");
-  check_same_dtype(out, in, "all_to_all_v");
-  if (out_counts.size() != static_cast<size_t>(size_) || in_counts.size() != static_cast<size_t>(size_))
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_to_all_v: output_counts has {} and input_counts {} entries; both need one "
-        "per rank ({})", rank_, out_counts.size(), in_counts.size(), size_));
-  size_t out_total = 0, in_total = 0;
-  for (int i = 0; i < size_; ++i) {
-    out_total += out_counts[i];
-    in_total += in_counts[i];
-  }
-  if (out_total > out.numel || in_total > in.numel)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_to_all_v: the counts add up to {} output and {} input elements, but the "
-        "tensors have {} and {}", rank_, out_total, in_total, out.numel, in.numel));
+  const auto totals = comm::check_alltoallv(info(), out, out_counts, in, in_counts);
   const size_t elem = element_size(in.dtype);
-  check_count(out_total * elem, "all_to_all_v");
-  check_count(in_total * elem, "all_to_all_v");
+  check_count(totals.out * elem, "all_to_all_v");
+  check_count(totals.in * elem, "all_to_all_v");
   return start(MpiWork::Kind::kCollective, "all_to_all_v",
-               fmt::format("{} x {} out, {} in", to_string(in.dtype), in_total, out_total),
+               fmt::format("{} x {} out, {} in", to_string(in.dtype), totals.in, totals.out),
                o.timeout, [&](MpiWork& w) {
     auto layout = [&](const std::vector<size_t>& counts, std::vector<int>& bytes,
                       std::vector<int>& displs) {
@@ -482,18 +379,7 @@ std::shared_ptr<Work> MpiProcessGroup::barrier(const BarrierOptions& o) {
 }
 
 std::shared_ptr<ProcessGroup> MpiProcessGroup::new_group(const std::vector<int>& ranks) {
-  std::set<int> seen;
-  for (int r : ranks) {
-    if (r < 0 || r >= size_)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: new_group({}) names rank {}, but group {} has ranks 0..{}", rank_,
-          fmt::join(ranks, ", "), r, name_, size_ - 1));
-    if (!seen.insert(r).second)
-      throw InvalidArgumentError(fmt::format("rank {}: new_group({}) names rank {} twice", rank_,
-                                             fmt::join(ranks, ", "), r));
-  }
-  if (ranks.empty())
-    throw InvalidArgumentError(fmt::format("rank {}: new_group needs at least one rank", rank_));
+  comm::check_new_group(info(), ranks);
   uint32_t child;
   {
     std::lock_guard lock(mu_);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backends/mpi/mpi_work.h"
+#include "comm/arguments.h"
 #include "dtrain/process_group.h"
 
 namespace dtrain::backends::mpi {
@@ -69,9 +70,9 @@ class MpiProcessGroup : public ProcessGroup, public std::enable_shared_from_this
   // Issues one collective (or p2p operation, for kind != kCollective) in call order.
   std::shared_ptr<Work> start(MpiWork::Kind kind, const char* op, const std::string& desc,
                               std::chrono::milliseconds timeout, const Start& body);
-  void check_tensor(const TensorView& t, const char* op, const char* which) const;
-  void check_root(int root, const char* op) const;
-  void check_same_dtype(const TensorView& a, const TensorView& b, const char* op) const;
+  comm::GroupInfo info() const {
+    return {rank_, size_, name_, "mpi", "Debian's OpenMPI is not CUDA-aware"};
+  }
   void check_algorithm(const std::string& algorithm, const char* op) const;
   int check_count(size_t count, const char* op) const;
   // MPI's type for a reduction over dtype; the named error for f16/bf16.

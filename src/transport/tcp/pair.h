@@ -188,10 +188,12 @@ class Pair : public std::enable_shared_from_this<Pair> {
   std::exception_ptr refuse_locked(const Request& r) const;
 
   std::shared_ptr<Loop> loop_;  // shared: requests may keep a pair alive past its device
-  std::unique_ptr<ShmLink> shm_;
-  bool creator_ = false;  // this side created the segment
   net::Fd fd_;
   const PairOptions options_;
+  bool creator_ = false;  // this side created the segment
+  std::unique_ptr<ShmLink> shm_;
+  bool drain_socket_ = false;  // shm: the event loop is handling a socket event (guarded by mu_)
+  uint32_t empty_polls_ = 0;   // shm: empty ring reads since the socket was last asked
 
   std::mutex mu_;  // guards everything below, the socket's read and write streams included
   std::exception_ptr broken_;
