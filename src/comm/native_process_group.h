@@ -104,6 +104,7 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   std::vector<int> host_index_;   // of every group rank, hosts in order of their first rank
   std::vector<int> local_index_;  // of every group rank within its host
   void build_hierarchy();
+  void fail_internal_groups(std::exception_ptr error);
   std::shared_ptr<Executor> executor_;
   CollectiveContext::Buffer scratch_;    // used by the running collective only
   CollectiveContext::Buffer workspace_;  // likewise

@@ -166,7 +166,8 @@ void NativeProcessGroup::start() {
       failed_seq_ = seq;
     }
   };
-  handlers.handle = [this](uint32_t seq, std::exception_ptr) {
+  handlers.handle = [this](uint32_t seq, std::exception_ptr error) {
+    fail_internal_groups(error);
     publish_postmortem(*store_, name_, rank_, seq, history_.describe(seq));
   };
   handlers.mismatch = [this](uint32_t seq, int peer, uint64_t theirs, uint64_t ours) {
@@ -269,6 +270,20 @@ void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr e
     if (m != device_->rank()) peers.push_back(m);
   device_->fail_group(group_id_, make_tag(TagSpace::kCollective, group_id_, seq), peers,
                       std::make_exception_ptr(PeerFailureError(text)), text);
+  fail_internal_groups(std::make_exception_ptr(PeerFailureError(text)));
+}
+
+void NativeProcessGroup::fail_internal_groups(std::exception_ptr error) {
+  // The hierarchy's groups run inside this group's collectives: a rank waiting in one of them
+  // must not wait for a peer that has given up on the whole group.
+  for (const auto& g : {local_group_, cross_group_}) {
+    if (!g) continue;
+    {
+      std::lock_guard lock(g->mu_);
+      if (!g->failure_) g->failure_ = error;
+    }
+    device_->fail_group(g->group_id_, 0, {}, error, {});
+  }
 }
 
 // ---- point to point ----

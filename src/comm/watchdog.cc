@@ -59,8 +59,8 @@ std::string Watchdog::arrivals(uint32_t seq) {
                           .count();
   std::vector<std::string> arrived;
   std::vector<int> absent;
+  publish(seq, mine);
   try {
-    store_.set(fmt::format("{}/arrive/{}/{}", group_, seq, rank_), std::to_string(mine));
     for (int r = 0; r < size_; ++r) {
       const std::string key = fmt::format("{}/arrive/{}/{}", group_, seq, r);
       if (!store_.check({key})) {
@@ -81,6 +81,14 @@ std::string Watchdog::arrivals(uint32_t seq) {
   return text;
 }
 
+void Watchdog::publish(uint32_t seq, int64_t arrived_ms) {
+  try {
+    store_.set(fmt::format("{}/arrive/{}/{}", group_, seq, rank_), std::to_string(arrived_ms));
+  } catch (const std::exception&) {
+    // The store may be gone; arrivals() says so when it reads.
+  }
+}
+
 void Watchdog::report(uint32_t seq, const std::string& what,
                       std::chrono::steady_clock::duration waited) {
   DTRAIN_LOG_WARN("rank {}: collective #{} of group {}, {}, has waited {:.1f} s: {}", rank_, seq,
@@ -90,10 +98,21 @@ void Watchdog::report(uint32_t seq, const std::string& what,
 void Watchdog::run(std::stop_token stop) {
   std::unique_lock lock(mu_);
   while (!stop.stop_requested()) {
-    cv_.wait_for(lock, stop, std::chrono::milliseconds(std::min<int64_t>(threshold_.count() / 2 + 1, 1000)),
+    cv_.wait_for(lock, stop, std::chrono::milliseconds(std::min<int64_t>(threshold_.count() / 4 + 1, 1000)),
                  [] { return false; });
     if (stop.stop_requested() || seq_ == 0 || reported_ == seq_) continue;
     auto waited = std::chrono::steady_clock::now() - since_;
+    // Every rank stuck this long says when it arrived, well before anyone reports, so that the
+    // report finds every waiting rank's entry.
+    if (waited >= threshold_ / 2 && published_ != seq_) {
+      published_ = seq_;
+      const uint32_t seq = seq_;
+      const int64_t at = std::chrono::duration_cast<std::chrono::milliseconds>(arrived_.time_since_epoch()).count();
+      lock.unlock();
+      publish(seq, at);
+      lock.lock();
+      continue;
+    }
     if (waited < threshold_) continue;
     reported_ = seq_;
     const uint32_t seq = seq_;

@@ -30,6 +30,7 @@ class Watchdog {
  private:
   void run(std::stop_token stop);
   void report(uint32_t seq, const std::string& what, std::chrono::steady_clock::duration waited);
+  void publish(uint32_t seq, int64_t arrived_ms);
 
   Store& store_;
   std::string group_;
@@ -44,6 +45,7 @@ class Watchdog {
   std::chrono::steady_clock::time_point since_;
   std::chrono::system_clock::time_point arrived_;
   uint32_t reported_ = 0;
+  uint32_t published_ = 0;
   std::jthread thread_;
 };
 
