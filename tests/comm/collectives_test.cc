@@ -422,14 +422,14 @@ TEST(Collectives, StragglerIsNamedInTheLog) {
   const int port = free_port();
   const std::string log = ::testing::TempDir() + "/dtrain_straggler_" + std::to_string(::getpid());
   auto results = run_ranks(3, [&](int rank) {
-    ::setenv("DTRAIN_STRAGGLER_SECONDS", "0.5", 1);
+    ::setenv("DTRAIN_STRAGGLER_SECONDS", "1", 1);
     if (rank == 0) {
       FILE* f = std::freopen(log.c_str(), "w", stderr);
       RANK_CHECK(f != nullptr, "cannot redirect stderr");
     }
     auto pg = make_group(rank, 3, port);
     pg->barrier()->wait();
-    if (rank == 2) std::this_thread::sleep_for(1800ms);
+    if (rank == 2) std::this_thread::sleep_for(3000ms);
     std::vector<float> v(16, 1.0f);
     pg->allreduce(TensorView::of(v))->wait();
     RANK_CHECK(v[0] == 3.0f, "sum {}", v[0]);
