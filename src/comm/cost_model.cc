@@ -106,8 +106,12 @@ double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, in
   if (n <= 1) return 0.0;
   if (a == "direct") {
     if (kind != CollectiveKind::kAllreduce || !topology.can_read_all) return 1e30;
-    return 3 * al + (N - 1) / N * M * (2 * be + ga);
+    // Three rounds of messages, each a full trip through the executor and both rings.
+    return 6 * al + (N - 1) / N * M * (2 * be + ga);
   }
+  // On shared memory, an algorithm that receives a whole buffer before reducing it reads it
+  // back from memory once more; the chunked ones reduce it while it is still in cache.
+  const double reread = topology.local ? 1.0 : 0.0;
   if (a == "hierarchical") {
     if (topology.hosts < 2 || topology.per_host < 2) return 1e30;
     const double k = topology.per_host, h = topology.hosts;
@@ -135,8 +139,8 @@ double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, in
       if (a == "ring")
         return 2 * (N - 1) * al + 2 * (N - 1) / N * (M * be + chunks * al) + (N - 1) / N * M * ga;
       if (a == "halving_doubling")
-        return 2 * lp * al + 2 * (p - 1.0) / p * M * be + (p - 1.0) / p * M * ga + fold;
-      if (a == "recursive_doubling") return lp * (al + M * be + M * ga) + fold;
+        return 2 * lp * al + (2 + reread) * (p - 1.0) / p * M * be + (p - 1.0) / p * M * ga + fold;
+      if (a == "recursive_doubling") return lp * (al + (1 + reread) * M * be + M * ga) + fold;
       if (a == "central") return 2 * (N - 1) * (al + M * be) + (N - 1) * M * ga;
       break;
     case CollectiveKind::kBroadcast:

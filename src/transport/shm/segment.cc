@@ -23,7 +23,9 @@ namespace {
 const volatile uint64_t kProbeValue = 0x45424f52505f4d43;  // "CM_PROBE"
 
 void* map(int fd) {
-  void* p = ::mmap(nullptr, Segment::size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // MAP_POPULATE: fault every page in now, not one 4 KiB page at a time on the message path.
+  void* p = ::mmap(nullptr, Segment::size(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                   fd, 0);
   return p == MAP_FAILED ? nullptr : p;
 }
 

@@ -17,7 +17,7 @@
 namespace dtrain::transport::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x4d48535f4e525444;  // "DTRN_SHM"
-inline constexpr size_t kRingBytes = size_t{4} << 20;
+inline constexpr size_t kRingBytes = size_t{1} << 20;  // per direction; pages mapped up front
 
 struct SegmentHeader {
   uint64_t magic;

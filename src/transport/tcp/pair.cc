@@ -338,9 +338,12 @@ void Pair::progress_send_locked() {
       r.done += p;
       left -= p;
       if (r.header_done == r.prefix() && r.done == r.stream_size()) {
-        if (r.cma)
-          cma_pending_.push_back(std::move(send_queue_.front()));  // done when the peer says
-        else
+        if (r.cma) {
+          // Done when the peer has copied it out: it must read the offer even if it waits on
+          // something else, so always ring.
+          cma_pending_.push_back(std::move(send_queue_.front()));
+          ring_doorbell();
+        } else
           r.completion.succeed();
         send_queue_.pop_front();
       }
@@ -644,14 +647,21 @@ ssize_t Pair::write_out(const iovec* iov, size_t count) {
     msg.msg_iovlen = count;
     return ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
   }
+  size_t wanted = 0;
+  for (size_t i = 0; i < count; ++i) wanted += iov[i].iov_len;
   size_t n = shm_->out.write(iov, count);
+  // The consumer's event loop must drain the ring when this side cannot finish without it (the
+  // ring filled up); otherwise the bytes may wait in the ring until the consumer polls. A
+  // sleeping consumer is always told.
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with rearm_locked's flag-then-check
+  const bool full = n < wanted;
+  if (shm_->out.control().consumer_sleeping.load(std::memory_order_relaxed) || (full && !rang_full_))
+    ring_doorbell();
+  rang_full_ = full;  // one doorbell per filling-up, not one per retry
   if (n == 0) {
     errno = EAGAIN;
     return -1;
   }
-  // Pairs with the consumer's flag-then-check in rearm_locked: one of the two sees the other.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (shm_->out.control().consumer_sleeping.load(std::memory_order_relaxed)) ring_doorbell();
   return static_cast<ssize_t>(n);
 }
 
@@ -685,13 +695,16 @@ void Pair::rearm_locked() {
   if (shm_) {
     // Ask the peer for a doorbell, then look once more: data that came before the flag was
     // seen would otherwise wait for the next message.
+    // Only a thread blocked on this pair needs a doorbell for new data: data nobody waits for
+    // can sit in the ring until someone polls, without waking the event loop.
     auto& in = shm_->in.control();
     auto& out = shm_->out.control();
+    const uint32_t wanted = blocked_ > 0 ? 1 : 0;
     for (;;) {
-      in.consumer_sleeping.store(1, std::memory_order_relaxed);
+      in.consumer_sleeping.store(wanted, std::memory_order_relaxed);
       out.producer_waiting.store(send_queue_.empty() ? 0 : 1, std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (shm_->in.empty() && (send_queue_.empty() || shm_->out.full())) break;
+      if ((!wanted || shm_->in.empty()) && (send_queue_.empty() || shm_->out.full())) break;
       in.consumer_sleeping.store(0, std::memory_order_relaxed);
       out.producer_waiting.store(0, std::memory_order_relaxed);
       progress_locked();
@@ -827,6 +840,17 @@ void Pair::end_spin() {
   rearm_locked();
 }
 
+void Pair::block_begin() {
+  std::lock_guard lock(mu_);
+  ++blocked_;
+  rearm_locked();
+}
+
+void Pair::block_end() {
+  std::lock_guard lock(mu_);
+  if (--blocked_ == 0 && shm_) shm_->in.control().consumer_sleeping.store(0, std::memory_order_relaxed);
+}
+
 void Pair::cancel(Request& r, const std::string& why) {
   std::lock_guard lock(mu_);
   cancel_locked(r, why);
@@ -874,6 +898,7 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
     // Sleep while the event loop moves the bytes: hand the pairs back to it for the while.
     if (spinning)
       for (Pair* p : pairs) p->end_spin();
+    for (Pair* p : pairs) p->block_begin();
     for (Request* r : requests) {
       while (!r->completion.done() && !deadline.expired()) {
         // Bounded slices keep a "never" deadline from overflowing the clock arithmetic.
@@ -881,6 +906,7 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
         r->completion.wait_until(std::min(slice, deadline.at()));
       }
     }
+    for (Pair* p : pairs) p->block_end();
     if (spinning)
       for (Pair* p : pairs) p->begin_spin();
   }

@@ -116,6 +116,9 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // A thread busy-polls this pair between begin_spin() and end_spin(); the loop stays away.
   void begin_spin();
   void end_spin();
+  // A thread sleeps until requests of this pair finish (shared memory then asks for doorbells).
+  void block_begin();
+  void block_end();
   std::chrono::microseconds spin() const { return options_.spin; }
   // Moves whatever bytes the socket allows now, without blocking; true if any moved (false
   // also when another thread holds the pair).
@@ -194,6 +197,8 @@ class Pair : public std::enable_shared_from_this<Pair> {
   std::unique_ptr<ShmLink> shm_;
   bool drain_socket_ = false;  // shm: the event loop is handling a socket event (guarded by mu_)
   uint32_t empty_polls_ = 0;   // shm: empty ring reads since the socket was last asked
+  int blocked_ = 0;            // threads asleep on this pair's requests (guarded by mu_)
+  bool rang_full_ = false;     // shm: the doorbell for the ring filling up has been rung
 
   std::mutex mu_;  // guards everything below, the socket's read and write streams included
   std::exception_ptr broken_;
