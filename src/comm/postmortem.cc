@@ -15,6 +15,10 @@ std::string key(const std::string& group, uint32_t seq, int rank) {
   return fmt::format("{}/postmortem/{}/{}", group, seq, rank);
 }
 
+std::string latest_key(const std::string& group, int rank) {
+  return fmt::format("{}/postmortem/latest/{}", group, rank);
+}
+
 }  // namespace
 
 void CallHistory::called(uint32_t seq, const CollectiveCall& call) {
@@ -45,6 +49,9 @@ void publish_postmortem(Store& store, const std::string& group, int rank, uint32
                         const std::string& entry) {
   try {
     store.set(key(group, seq, rank), std::string_view(entry));
+    // Also as this rank's latest word, for a post-mortem of another collective number (ranks
+    // that time out in different collectives at once still learn where the others are).
+    store.set(latest_key(group, rank), fmt::format("at collective #{} {}", seq, entry));
   } catch (const std::exception&) {
     // The store may be gone with the failure; the error keeps its proximate cause.
   }
@@ -63,6 +70,10 @@ std::string collect_postmortem(Store& store, const std::string& group, int size,
     for (int r = 0; r < size; ++r) {
       if (store.check({keys[r]}))
         by_entry[store.get_string(keys[r])].push_back(r);
+      else if (store.check({latest_key(group, r)}))
+        by_entry[fmt::format("has no entry for #{}; its latest: {}", seq,
+                             store.get_string(latest_key(group, r)))]
+            .push_back(r);
       else
         silent.push_back(r);
     }
