@@ -310,8 +310,9 @@ TEST(Collectives, MismatchFailsEveryRankWithNames) {
                    std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
         std::fprintf(stderr, "case %s rank %d failed after %lld ms: %s\n", c.name, rank,
                      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()), m.c_str());
-        // Rank 0 hosts the store: it stays a moment so the others can read the post-mortem.
-        if (rank == 0) std::this_thread::sleep_for(1500ms);
+        // Rank 0 hosts the store: it stays until the others have read their post-mortems (each
+        // waits up to 3 s for the entries), as a launcher-hosted store would.
+        if (rank == 0) std::this_thread::sleep_for(4500ms);
         ::_exit(3);
       }
       ::_exit(0);
