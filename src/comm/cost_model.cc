@@ -111,7 +111,7 @@ double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, in
   }
   // On shared memory, an algorithm that receives a whole buffer before reducing it reads it
   // back from memory once more; the chunked ones reduce it while it is still in cache.
-  const double reread = topology.local ? 1.0 : 0.0;
+  const double reread = topology.local && M > 4e6 ? 1.0 : 0.0;  // beyond the caches
   if (a == "hierarchical") {
     if (topology.hosts < 2 || topology.per_host < 2) return 1e30;
     const double k = topology.per_host, h = topology.hosts;
