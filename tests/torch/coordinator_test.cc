@@ -12,6 +12,7 @@
 
 #include "dtrain/error.h"
 #include "support/group.h"
+#include "support/expect.h"
 #include "support/multiproc.h"
 
 namespace dtrain {
@@ -19,14 +20,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::make_group;
+using testing::expect_all_ok;
 using testing::run_ranks;
-
-void expect_all_ok(const std::vector<testing::ChildResult>& results) {
-  for (size_t r = 0; r < results.size(); ++r)
-    EXPECT_TRUE(results[r].ok()) << "rank " << r << " exit " << results[r].exit_code
-                                 << " signal " << results[r].signal
-                                 << (results[r].timed_out ? " (timed out)" : "");
-}
 
 TEST(Coordinator, DifferentSubmissionOrdersReduceTheSameTensors) {
   const int port = testing::free_port();

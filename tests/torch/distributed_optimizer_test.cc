@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "dtrain/torch/broadcast.h"
+#include "support/expect.h"
 #include "support/multiproc.h"
 #include "torch/torch_test_support.h"
 
@@ -13,14 +14,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::make_group;
+using testing::expect_all_ok;
 using testing::run_ranks;
-
-void expect_all_ok(const std::vector<testing::ChildResult>& results) {
-  for (size_t r = 0; r < results.size(); ++r)
-    EXPECT_TRUE(results[r].ok()) << "rank " << r << " exit " << results[r].exit_code
-                                 << " signal " << results[r].signal
-                                 << (results[r].timed_out ? " (timed out)" : "");
-}
 
 // N ranks with B/N samples each (passes backward passes per step) vs one process with B.
 void check_matches_one_process(int n, int passes, Compression compression, double tolerance) {
