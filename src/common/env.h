@@ -61,6 +61,18 @@ struct Var {
   X(kCostGammaGbps, "DTRAIN_COST_GAMMA_GBPS", "", "Cost model: GB/s of reduction (overrides the file).") \
   X(kStragglerSeconds, "DTRAIN_STRAGGLER_SECONDS", "30", "A collective waiting longer than this logs which ranks have not arrived.") \
   X(kTimeline, "DTRAIN_TIMELINE", "", "File for Chrome-trace events of DDP and the distributed optimizer (rank r writes FILE.rank<r>.json).") \
+  X(kRole, "DTRAIN_ROLE", "", "Parameter-server jobs: worker, server or scheduler (set by `dtrain run --servers`).") \
+  X(kNumServers, "DTRAIN_NUM_SERVERS", "", "Parameter-server jobs: number of server processes.") \
+  X(kNumWorkers, "DTRAIN_NUM_WORKERS", "", "Parameter-server jobs: number of workers (default WORLD_SIZE).") \
+  X(kPsIndex, "DTRAIN_PS_INDEX", "", "Parameter-server jobs: this server's index (workers use RANK).") \
+  X(kPsCheckpointDir, "DTRAIN_PS_CHECKPOINT_DIR", "", "Parameter servers write checkpoints of their tables to DIR/server-<index>/.") \
+  X(kPsCheckpointEvery, "DTRAIN_PS_CHECKPOINT_EVERY", "0", "Seconds between a parameter server's scheduled checkpoints (0 = only on request).") \
+  X(kPsRestore, "DTRAIN_PS_RESTORE", "0", "1: a parameter server starts from the newest good checkpoint in its directory.") \
+  X(kDmlcRole, "DMLC_ROLE", "", "ps-lite / BytePS: worker, server or scheduler.") \
+  X(kDmlcNumServer, "DMLC_NUM_SERVER", "", "ps-lite / BytePS: number of servers.") \
+  X(kDmlcNumWorker, "DMLC_NUM_WORKER", "", "ps-lite / BytePS: number of workers.") \
+  X(kDmlcRootUri, "DMLC_PS_ROOT_URI", "", "ps-lite / BytePS: the scheduler's address (dtrain hosts its store there).") \
+  X(kDmlcRootPort, "DMLC_PS_ROOT_PORT", "", "ps-lite / BytePS: the scheduler's port.") \
   X(kLogLevel, "DTRAIN_LOG_LEVEL", "info", "trace, debug, info, warn, error or off.")
 
 #define DTRAIN_ENV_DECLARE(id, name, def, help) inline constexpr Var id{name, def, help};

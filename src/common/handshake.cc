@@ -114,6 +114,7 @@ std::string_view role_name(uint8_t role) {
   switch (role) {
     case static_cast<uint8_t>(Role::kStoreClient): return "store client";
     case static_cast<uint8_t>(Role::kPair): return "rank-to-rank connection";
+    case static_cast<uint8_t>(Role::kPsClient): return "parameter-server worker";
   }
   return "unknown role";
 }

@@ -19,7 +19,7 @@ namespace dtrain::net {
 inline constexpr uint32_t kMagic = 0x4e525444;  // "DTRN" on the wire
 inline constexpr uint16_t kProtocolVersion = 1;
 
-enum class Role : uint8_t { kStoreClient = 1, kPair = 2 };
+enum class Role : uint8_t { kStoreClient = 1, kPair = 2, kPsClient = 3 };
 
 struct HandshakeConfig {
   std::string job_id;  // must match exactly on both sides

@@ -3,6 +3,7 @@
 //   dtrain store --port 29500          a standalone rendezvous store
 //   dtrain env                         every environment variable dtrain reads
 //   dtrain bench allreduce --np 4      time a collective, with --peers gloo,mpi,torch beside it
+//   dtrain ps-server                   a parameter server (started by `dtrain run --servers S`)
 #include <cstdio>
 #include <exception>
 
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
   dtrain::tools::add_store_command(app);
   dtrain::tools::add_env_command(app);
   dtrain::tools::add_bench_command(app);
+  dtrain::tools::add_ps_server_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,446 @@
+// The parameter server over real processes and sockets: servers and workers are forked processes
+// that meet through a store; values are checked against references computed here.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/socket.h"
+#include "dtrain/error.h"
+#include "ps/sparse_table.h"
+#include "ps/table_spec.h"
+#include "ps/ps_job.h"
+
+namespace dtrain::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using ps::Client;
+using ps::Consistency;
+using ps::OptimizerOptions;
+using ps::TableOptions;
+
+// Runs `fn`, expecting it to throw an E whose message holds every one of `parts`.
+template <typename E>
+void expect_error(const std::function<void()>& fn, std::initializer_list<std::string> parts) {
+  try {
+    fn();
+  } catch (const E& e) {
+    for (const auto& p : parts)
+      RANK_CHECK(std::string(e.what()).find(p) != std::string::npos, "'{}' not in: {}", p,
+                 e.what());
+    return;
+  }
+  RANK_CHECK(false, "no error was thrown");
+}
+
+std::vector<float> iota_values(size_t n, float step) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i) * step;
+  return v;
+}
+
+// Dense sync SGD over 2 servers and 3 workers, with a small table (whole on one server), a cut
+// one (a slice per server) and one whose slices span two chunks each: every worker sees
+// w - lr * mean(gradients) after each step.
+TEST(PsTest, DenseSyncAveragesTheWorkersGradientsOnce) {
+  PsJob job(2, 3);
+  auto results = job.run([&](int w) {
+    Client c(job.client_options(w));
+    TableOptions opt;
+    opt.optimizer.lr = 0.5f;
+    const std::vector<size_t> sizes = {10, 300'000, 600'000};
+    std::vector<std::vector<float>> expected;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      auto init = iota_values(sizes[t], 0.001f);
+      c.create_dense(fmt::format("t{}", t), TensorView::of(init), opt);
+      expected.push_back(init);
+    }
+    for (int step = 0; step < 3; ++step) {
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        const size_t n = sizes[t];
+        std::vector<float> grad(n), out(n);
+        for (size_t i = 0; i < n; ++i) grad[i] = static_cast<float>((w + 1) * (step + 1) + i % 7);
+        c.push_pull(fmt::format("t{}", t), TensorView::of(grad), TensorView::of(out)).wait();
+        for (size_t i = 0; i < n; ++i) {
+          const float sum = static_cast<float>(6 * (step + 1) + 3 * (i % 7));
+          expected[t][i] -= opt.optimizer.lr * (sum * (1.0f / 3.0f) + 0.0f * expected[t][i]);
+          RANK_CHECK(std::fabs(out[i] - expected[t][i]) <= 1e-5f * (1 + std::fabs(expected[t][i])),
+                     "worker {} table {} step {} element {}: {} != {}", w, t, step, i, out[i],
+                     expected[t][i]);
+        }
+      }
+    }
+  });
+  expect_all_ok(results);
+}
+
+// Server-side momentum and Adam give what torch.optim's formulas give, computed here.
+TEST(PsTest, MomentumAndAdamMatchTheReference) {
+  PsJob job(1, 2);
+  auto results = job.run([&](int w) {
+    Client c(job.client_options(w));
+    const size_t n = 64;
+    TableOptions mom;
+    mom.optimizer.kind = OptimizerOptions::Kind::kMomentum;
+    mom.optimizer.lr = 0.1f;
+    mom.optimizer.momentum = 0.9f;
+    mom.optimizer.weight_decay = 0.01f;
+    TableOptions adam;
+    adam.optimizer.kind = OptimizerOptions::Kind::kAdam;
+    adam.optimizer.lr = 0.01f;
+    auto w_mom = iota_values(n, 0.1f), w_adam = iota_values(n, 0.1f);
+    c.create_dense("mom", TensorView::of(w_mom), mom);
+    c.create_dense("adam", TensorView::of(w_adam), adam);
+    std::vector<double> v(n, 0), m(n, 0), s(n, 0);
+    std::vector<double> ref_mom(w_mom.begin(), w_mom.end()), ref_adam(w_adam.begin(), w_adam.end());
+    for (int t = 1; t <= 4; ++t) {
+      std::vector<float> g(n), out(n);
+      for (size_t i = 0; i < n; ++i) g[i] = std::sin(static_cast<float>(i + t * 3 + w));
+      c.push_pull("mom", TensorView::of(g), TensorView::of(out)).wait();
+      std::vector<float> out_adam(n);
+      c.push_pull("adam", TensorView::of(g), TensorView::of(out_adam)).wait();
+      for (size_t i = 0; i < n; ++i) {
+        double mean = (std::sin(static_cast<double>(i + t * 3)) +
+                       std::sin(static_cast<double>(i + t * 3 + 1))) / 2;
+        double gm = mean + 0.01 * ref_mom[i];
+        v[i] = t == 1 ? gm : 0.9 * v[i] + gm;
+        ref_mom[i] -= 0.1 * v[i];
+        m[i] = 0.9 * m[i] + 0.1 * mean;
+        s[i] = 0.999 * s[i] + 0.001 * mean * mean;
+        double mhat = m[i] / (1 - std::pow(0.9, t)), shat = s[i] / (1 - std::pow(0.999, t));
+        ref_adam[i] -= 0.01 * mhat / (std::sqrt(shat) + 1e-8);
+        RANK_CHECK(std::fabs(out[i] - ref_mom[i]) < 1e-4, "momentum step {} [{}]: {} vs {}", t, i,
+                   out[i], ref_mom[i]);
+        RANK_CHECK(std::fabs(out_adam[i] - ref_adam[i]) < 1e-4, "adam step {} [{}]: {} vs {}", t,
+                   i, out_adam[i], ref_adam[i]);
+      }
+    }
+  });
+  expect_all_ok(results);
+}
+
+// Asynchronous: every push is applied as it arrives, none waits for the others.
+TEST(PsTest, AsyncAppliesEveryPush) {
+  PsJob job(2, 2);
+  auto results = job.run([&](int w) {
+    Client c(job.client_options(w));
+    TableOptions opt;
+    opt.consistency = Consistency::kAsync;
+    opt.optimizer.lr = 1.0f;
+    std::vector<float> init(200'000, 100.0f);  // cut across both servers
+    c.create_dense("w", TensorView::of(init), opt);
+    std::vector<float> ones(init.size(), 1.0f);
+    const int pushes = 5 + 3 * w;  // the workers push different counts: nobody waits
+    for (int k = 0; k < pushes; ++k) c.push("w", TensorView::of(ones)).wait();
+    auto store = job.store();
+    store->add("pushed", 1);
+    store->wait({"pushed"});
+    while (store->add("pushed", 0) < 2) std::this_thread::sleep_for(5ms);
+    std::vector<float> out(init.size());
+    c.pull("w", TensorView::of(out)).wait();
+    for (size_t i = 0; i < out.size(); i += 997)
+      RANK_CHECK(out[i] == 100.0f - 13.0f, "element {} is {}", i, out[i]);
+  });
+  expect_all_ok(results);
+}
+
+// SSP with staleness s: when a pull returns to a worker that pushed c times, every worker has
+// pushed at least c - s times. A slow worker announces each push in the store before making it,
+// so the store's count is never behind the server's. With async the fast worker runs far ahead
+// (the control that shows the check can fail).
+int max_lead(Consistency mode, uint32_t staleness) {
+  PsJob job(1, 2);
+  auto store = job.store();
+  auto results = job.run([&](int w) {
+    Client c(job.client_options(w));
+    TableOptions opt;
+    opt.consistency = mode;
+    opt.staleness = staleness;
+    std::vector<float> x(16, 0.0f), g(16, 0.01f);
+    c.create_dense("x", TensorView::of(x), opt);
+    auto s = job.store();
+    int lead = 0;
+    for (int k = 1; k <= 12; ++k) {
+      if (w == 0) {
+        s->set("slow", std::to_string(k));
+        std::this_thread::sleep_for(40ms);
+      }
+      c.push_pull("x", TensorView::of(g), TensorView::of(x)).wait();
+      if (w == 1) {
+        int slow = s->check({"slow"}) ? std::stoi(s->get_string("slow")) : 0;
+        lead = std::max(lead, k - slow);
+      }
+    }
+    if (w == 1) s->set("lead", std::to_string(lead));
+  });
+  expect_all_ok(results);
+  return std::stoi(store->get_string("lead"));
+}
+
+TEST(PsTest, BoundedStalenessKeepsWorkersWithinS) {
+  EXPECT_LE(max_lead(Consistency::kBounded, 2), 2);
+  EXPECT_GT(max_lead(Consistency::kAsync, 2), 2);
+}
+
+// Sparse rows: created on first touch from the initializer, spread over 3 servers, repeated ids
+// pulled once and pushed combined, averaged over the workers (sync).
+TEST(PsTest, SparseRowsAreCreatedOnTouchCombinedAndAveraged) {
+  PsJob job(3, 2);
+  auto results = job.run([&](int w) {
+    Client c(job.client_options(w));
+    ps::SparseTableOptions so;
+    so.width = 4;
+    so.init = {ps::RowInit::Kind::kUniform, -1.0f, 1.0f, 7};
+    so.table.optimizer.lr = 1.0f;
+    c.create_sparse("emb", so);
+    ps::TableSpec spec;
+    spec.sparse = true;
+    spec.width = 4;
+    spec.init = so.init;
+    const std::vector<uint64_t> ids = {5, 99, 5, uint64_t{1} << 40, 12345678901ull};
+    std::vector<float> out(ids.size() * 4);
+    c.pull_rows("emb", ids, TensorView::of(out)).wait();
+    for (size_t r = 0; r < ids.size(); ++r) {
+      float row[4];
+      ps::SparseTable::init_row(spec, ids[r], row);
+      for (int j = 0; j < 4; ++j) {
+        RANK_CHECK(out[r * 4 + j] == row[j], "row {} [{}]: {} != {}", ids[r], j, out[r * 4 + j],
+                   row[j]);
+        RANK_CHECK(row[j] >= -1.0f && row[j] < 1.0f, "init outside [-1, 1): {}", row[j]);
+      }
+    }
+    // Worker w pushes id 5 twice (combined: 2 per worker) and id 7 once with weight w + 1.
+    const std::vector<uint64_t> push_ids = {5, 7, 5};
+    std::vector<float> grads(12, 1.0f);
+    for (int j = 4; j < 8; ++j) grads[j] = static_cast<float>(w + 1);
+    c.push_rows("emb", push_ids, TensorView::of(grads)).wait();
+    std::vector<float> after(8);
+    const std::vector<uint64_t> check_ids = {5, 7};
+    c.pull_rows("emb", check_ids, TensorView::of(after)).wait();
+    float r5[4], r7[4];
+    ps::SparseTable::init_row(spec, 5, r5);
+    ps::SparseTable::init_row(spec, 7, r7);
+    for (int j = 0; j < 4; ++j) {
+      RANK_CHECK(std::fabs(after[j] - (r5[j] - 2.0f)) < 1e-6f, "id 5 [{}]: {}", j, after[j]);
+      RANK_CHECK(std::fabs(after[4 + j] - (r7[j] - 1.5f)) < 1e-6f, "id 7 [{}]: {}", j,
+                 after[4 + j]);
+    }
+  });
+  expect_all_ok(results);
+}
+
+// A server killed mid-training: every worker's next call fails within a second, naming it.
+TEST(PsTest, KilledServerFailsEveryWorkerFastNamingIt) {
+  PsJob job(2, 2);
+  auto results = job.run([&](int w) {
+    Client c(job.client_options(w));
+    std::vector<float> x(300'000, 1.0f), g(300'000, 0.001f);  // cut across both servers
+    c.create_dense("x", TensorView::of(x));
+    auto s = job.store();
+    for (int k = 0;; ++k) {
+      if (w == 0 && k == 5) ::kill(std::stoi(s->get_string("pid/1")), SIGKILL);
+      auto start = std::chrono::steady_clock::now();
+      try {
+        c.push_pull("x", TensorView::of(g), TensorView::of(x)).wait();
+      } catch (const PeerFailureError& e) {
+        double s_taken = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        RANK_CHECK(std::string(e.what()).find("ps server 1 at 127.0.0.1:") != std::string::npos,
+                   "{}", e.what());
+        RANK_CHECK(s_taken < 1.0, "failing took {:.2f} s", s_taken);
+        std::fprintf(stderr, "worker %d: %s\n", w, e.what());
+        s->set("stop", "1");  // the workers exit without goodbyes: tell server 0 to end
+        ::_exit(3);
+      }
+      RANK_CHECK(k < 200, "no failure after killing server 1");
+    }
+  });
+  EXPECT_EQ(results[1].signal, SIGKILL);
+  EXPECT_TRUE(results[0].ok());
+  EXPECT_EQ(results[2].exit_code, 3);
+  EXPECT_EQ(results[3].exit_code, 3);
+}
+
+// A worker that dies: a sync pull waiting for its push fails at once, naming it.
+TEST(PsTest, KilledWorkerFailsTheSyncPullsThatWaitForIt) {
+  PsJob job(1, 2);
+  auto results = job.run([&](int w) {
+    Client c(job.client_options(w));
+    std::vector<float> x(100, 1.0f), g(100, 0.5f);
+    c.create_dense("x", TensorView::of(x));
+    for (int k = 0; k < 3; ++k) c.push_pull("x", TensorView::of(g), TensorView::of(x)).wait();
+    if (w == 1) ::kill(::getpid(), SIGKILL);
+    auto start = std::chrono::steady_clock::now();
+    expect_error<PeerFailureError>(
+        [&] { c.push_pull("x", TensorView::of(g), TensorView::of(x)).wait(); },
+        {"worker 1 at 127.0.0.1:", "without saying goodbye", "table 'x'"});
+    RANK_CHECK(std::chrono::steady_clock::now() - start < 2s, "failing took too long");
+    job.store()->set("stop", "1");
+  });
+  EXPECT_EQ(results[2].signal, SIGKILL);
+  EXPECT_TRUE(results[1].ok());
+}
+
+// Bad requests get clear errors and change nothing; garbage on the port is refused and the
+// server keeps serving.
+TEST(PsTest, BadRequestsAreRefusedAndChangeNothing) {
+  PsJob job(1, 2);
+  auto results = job.run([&](int w) {
+    Client c(job.client_options(w));
+    auto s = job.store();
+    std::vector<float> x(8, 2.0f);
+    ps::SparseTableOptions so;
+    so.width = 4;
+    if (w == 0) {
+      c.create_dense("t", TensorView::of(x));
+      c.create_sparse("e", so);
+      s->set("created", "1");
+    } else {
+      s->wait({"created"});
+      std::vector<float> other(16, 5.0f);
+      expect_error<InvalidArgumentError>(
+          [&] { c.create_dense("t", TensorView::of(other)); },
+          {"table 't'", "numel", "16", "8"});
+      so.width = 8;
+      expect_error<InvalidArgumentError>([&] { c.create_sparse("e", so); },
+                                         {"table 'e'", "width"});
+      so.width = 4;
+      c.create_sparse("e", so);
+      expect_error<InvalidArgumentError>([&] { c.pull("nope", TensorView::of(x)); },
+                                         {"table 'nope'", "create_dense"});
+      c.create_dense("t", TensorView::of(x));
+      std::vector<double> wrong(8, 1.0);
+      expect_error<InvalidArgumentError>([&] { c.push("t", TensorView::of(wrong)); },
+                                         {"f32", "f64"});
+      std::vector<float> short_grad(7, 1.0f);
+      expect_error<InvalidArgumentError>([&] { c.push("t", TensorView::of(short_grad)); },
+                                         {"8 elements", "7"});
+      std::vector<uint64_t> ids = {1, 2};
+      std::vector<float> rows(6);
+      expect_error<InvalidArgumentError>([&] { c.pull_rows("e", ids, TensorView::of(rows)); },
+                                         {"2 ids of width 4"});
+      // Garbage on the server's port.
+      auto addr = net::parse_host_port(s->get_string("ps/server/0"), "server");
+      net::Fd fd = net::connect_tcp(addr, Deadline::after(5s), "garbage");
+      const char junk[] = "GET / HTTP/1.0\r\n\r\n";
+      ::send(fd.get(), junk, sizeof(junk), MSG_NOSIGNAL);
+      s->set("checked", "1");
+    }
+    s->wait({"checked"});
+    std::vector<float> out(8);
+    c.pull("t", TensorView::of(out)).wait();
+    for (float v : out) RANK_CHECK(v == 2.0f, "table t changed: {}", v);
+  });
+  expect_all_ok(results);
+}
+
+// Checkpoint, then restart the server from it: values, optimizer state and clocks come back, so
+// the next step equals the step of the server that never stopped. A corrupt newest checkpoint is
+// skipped for the one before it.
+TEST(PsTest, ServerCheckpointRestoresTablesAndOptimizerState) {
+  const std::string dir = ::testing::TempDir() + fmt::format("ps_ckpt_{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  TableOptions mom;
+  mom.optimizer.kind = OptimizerOptions::Kind::kMomentum;
+  mom.optimizer.lr = 0.1f;
+  ps::SparseTableOptions so;
+  so.width = 3;
+  so.init = {ps::RowInit::Kind::kNormal, 0.0f, 1.0f, 3};
+  so.table = mom;
+  const std::vector<uint64_t> ids = {1, 2, 1000};
+  auto step = [&](Client& c, int k, std::vector<float>& x, std::vector<float>& rows) {
+    std::vector<float> g(x.size()), rg(rows.size());
+    for (size_t i = 0; i < g.size(); ++i) g[i] = std::cos(static_cast<float>(i + k));
+    for (size_t i = 0; i < rg.size(); ++i) rg[i] = std::sin(static_cast<float>(i + k));
+    c.push_pull("x", TensorView::of(g), TensorView::of(x)).wait();
+    c.push_rows("emb", ids, TensorView::of(rg)).wait();
+    c.pull_rows("emb", ids, TensorView::of(rows)).wait();
+  };
+  ps::ServerOptions server;
+  server.checkpoint_dir = dir;
+  std::vector<float> first_ckpt_values;
+  {
+    PsJob job(1, 1);
+    auto results = job.run(
+        [&](int w) {
+          Client c(job.client_options(w));
+          std::vector<float> x = iota_values(1000, 0.01f), rows(9);
+          c.create_dense("x", TensorView::of(x), mom);
+          c.create_sparse("emb", so);
+          auto s = job.store();
+          for (int k = 0; k < 2; ++k) step(c, k, x, rows);
+          c.checkpoint();
+          s->set("first", std::string(reinterpret_cast<char*>(x.data()), x.size() * 4));
+          step(c, 2, x, rows);
+          auto paths = c.checkpoint();
+          RANK_CHECK(paths.size() == 1 && paths[0].find("server-0/ckpt-") != std::string::npos,
+                     "checkpoint paths {}", fmt::join(paths, ","));
+          step(c, 3, x, rows);  // the step the restored server must reproduce
+          s->set("x", std::string(reinterpret_cast<char*>(x.data()), x.size() * 4));
+          s->set("rows", std::string(reinterpret_cast<char*>(rows.data()), rows.size() * 4));
+        },
+        server);
+    expect_all_ok(results);
+    auto s = job.store();
+    std::string first = s->get_string("first");
+    first_ckpt_values.resize(1000);
+    std::memcpy(first_ckpt_values.data(), first.data(), first.size());
+
+    server.restore = true;
+    PsJob again(1, 1);
+    auto store = again.store();
+    store->set("x", s->get_string("x"));
+    store->set("rows", s->get_string("rows"));
+    auto restored = again.run(
+        [&](int w) {
+          Client c(again.client_options(w));
+          std::vector<float> zeros(1000, 0.0f), x(1000), rows(9);
+          c.create_dense("x", TensorView::of(zeros), mom);  // attaches: the restored values win
+          c.create_sparse("emb", so);
+          step(c, 3, x, rows);
+          auto sx = again.store()->get_string("x");
+          auto srows = again.store()->get_string("rows");
+          RANK_CHECK(std::memcmp(sx.data(), x.data(), sx.size()) == 0, "dense values differ");
+          RANK_CHECK(std::memcmp(srows.data(), rows.data(), srows.size()) == 0,
+                     "sparse rows differ");
+        },
+        server);
+    expect_all_ok(restored);
+  }
+  // Corrupt the newest checkpoint: the restore skips it and falls back to the first one.
+  std::vector<std::filesystem::path> ckpts;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/server-0")) ckpts.push_back(e.path());
+  std::sort(ckpts.begin(), ckpts.end());
+  ASSERT_EQ(ckpts.size(), 2u);
+  {
+    std::fstream f(ckpts.back() / "tables.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-16, std::ios::end);
+    f.write("corrupt!corrupt!", 16);
+  }
+  PsJob third(1, 1);
+  third.store()->set("first", std::string(reinterpret_cast<char*>(first_ckpt_values.data()),
+                                          first_ckpt_values.size() * 4));
+  auto check = third.run(
+      [&](int w) {
+        Client c(third.client_options(w));
+        std::vector<float> zeros(1000, 0.0f), x(1000);
+        c.create_dense("x", TensorView::of(zeros), mom);
+        c.create_sparse("emb", so);
+        c.pull("x", TensorView::of(x)).wait();
+        auto first = third.store()->get_string("first");
+        RANK_CHECK(std::memcmp(first.data(), x.data(), first.size()) == 0,
+                   "the restore did not fall back to the first checkpoint");
+      },
+      server);
+  expect_all_ok(check);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dtrain::testing
