@@ -236,6 +236,31 @@ TEST(PsTest, SparseRowsAreCreatedOnTouchCombinedAndAveraged) {
   expect_all_ok(results);
 }
 
+// Rows nobody touched for evict_after are dropped and start again from the initializer.
+TEST(PsTest, IdleSparseRowsAreEvicted) {
+  PsJob job(1, 1);
+  auto results = job.run([&](int w) {
+    Client c(job.client_options(w));
+    ps::SparseTableOptions so;
+    so.width = 2;
+    so.init = {ps::RowInit::Kind::kUniform, 0.0f, 1.0f, 5};
+    so.table.consistency = Consistency::kAsync;
+    so.table.optimizer.lr = 1.0f;
+    so.evict_after = 1s;
+    c.create_sparse("emb", so);
+    const std::vector<uint64_t> ids = {42};
+    std::vector<float> fresh(2), row(2), g = {10.0f, 10.0f};
+    c.pull_rows("emb", ids, TensorView::of(fresh)).wait();
+    c.push_rows("emb", ids, TensorView::of(g)).wait();
+    c.pull_rows("emb", ids, TensorView::of(row)).wait();
+    RANK_CHECK(row[0] == fresh[0] - 10.0f, "the push was not applied: {}", row[0]);
+    std::this_thread::sleep_for(2500ms);  // idle past evict_after; the server sweeps every second
+    c.pull_rows("emb", ids, TensorView::of(row)).wait();
+    RANK_CHECK(row == fresh, "row 42 was not evicted: {} (fresh {})", row[0], fresh[0]);
+  });
+  expect_all_ok(results);
+}
+
 // A server killed mid-training: every worker's next call fails within a second, naming it.
 TEST(PsTest, KilledServerFailsEveryWorkerFastNamingIt) {
   PsJob job(2, 2);
