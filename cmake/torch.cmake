@@ -1,5 +1,5 @@
 # dtrain_torch: everything that includes LibTorch (DDP, the distributed optimizer, the sampler,
-# Fashion-MNIST, safetensors, the timeline), the train_fashion_mnist example, and (from
+# Fashion-MNIST, safetensors, the timeline, checkpoints), the train_fashion_mnist example, and (from
 # tests/torch) their tests. Built only when LibTorch is found (Debian: libtorch-dev).
 #
 # One LibTorch translation unit takes ~18 s to compile, so the torch code is kept in few files;
@@ -28,6 +28,7 @@ add_library(dtrain_torch STATIC
   src/torch/distributed_data_parallel.cc
   src/torch/coordinator.cc
   src/torch/distributed_optimizer.cc
+  src/torch/checkpoint.cc
 )
 target_include_directories(dtrain_torch
   PUBLIC ${PROJECT_SOURCE_DIR}/include

@@ -4,6 +4,8 @@
 //   build/bin/train_fashion_mnist --epochs 1                                  # one process
 //   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --epochs 1    # DDP over 2 ranks
 //   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --strategy optimizer
+//   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --checkpoint-dir ckpt
+//       --checkpoint-every 100                  # (one line) run it again after a crash: it resumes
 //
 // Data: Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist, or --data DIR).
 // --batch-size is per rank. Rank 0 prints the runtime in use, progress (a bar on a terminal,
@@ -12,11 +14,25 @@
 //   RESULT {"strategy":"ddp","world_size":2,"epochs":1,"steps":300,"images_per_sec":...,
 //           "initial_loss":...,"final_loss":...,"test_accuracy":...}
 // images_per_sec counts the images of all ranks. DTRAIN_TIMELINE=FILE records a Chrome trace.
+//
+// Checkpoints (docs/fault_tolerance.md): with --checkpoint-dir DIR, rank 0 saves every
+// --checkpoint-every steps (and at the end) in the background, keeping the newest
+// --keep-checkpoints, and a run started on DIR resumes from its newest good checkpoint, on any
+// number of ranks, printing
+//   resumed from DIR/step-000120 (epoch 0, step 120, 24000 of 60000 samples of the epoch done,
+//   saved at world size 2)
+// With the same world size and --deterministic, a resumed run ends with the very parameters of
+// one that never stopped. For tests: --stop-after-steps N checkpoints and exits after step N (as
+// a preempted job would), --sample-log FILE appends "epoch index" for every sample a rank trains,
+// --train-samples N trains on the first N images only.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -29,6 +45,7 @@
 
 #include "dtrain/dtrain.h"
 #include "dtrain/torch/broadcast.h"
+#include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/distributed_data_parallel.h"
 #include "dtrain/torch/distributed_optimizer.h"
 #include "dtrain/torch/distributed_sampler.h"
@@ -75,6 +92,13 @@ struct Flags {
   std::string init;
   std::string save;
   std::string data = dtrain::kFashionMnistDir;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int keep_checkpoints = 3;
+  bool deterministic = false;
+  std::string sample_log;
+  int64_t stop_after_steps = 0;
+  int64_t train_samples = 0;
 };
 
 bool launched_distributed() {
@@ -121,6 +145,40 @@ class Progress {
   Clock::time_point last_{};
 };
 
+// --sample-log: one "epoch index" line per trained sample, one write per step (appended with
+// O_APPEND, so the ranks can share the file and a killed rank loses at most its current step).
+class SampleLog {
+ public:
+  explicit SampleLog(const std::string& path) {
+    if (path.empty()) return;
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw dtrain::InvalidArgumentError(
+          fmt::format("--sample-log: cannot open {}: {}", path, std::strerror(errno)));
+  }
+  ~SampleLog() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  SampleLog(const SampleLog&) = delete;
+  SampleLog& operator=(const SampleLog&) = delete;
+  void record(int64_t epoch, const std::vector<int64_t>& batch) {
+    if (fd_ < 0) return;
+    std::string text;
+    for (int64_t i : batch) text += fmt::format("{} {}\n", epoch, i);
+    for (size_t done = 0; done < text.size();) {
+      ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0)
+        throw dtrain::InvalidArgumentError(
+            fmt::format("--sample-log: write failed: {}", std::strerror(errno)));
+      done += static_cast<size_t>(n);
+    }
+  }
+
+ private:
+  int fd_ = -1;
+};
+
 int64_t allreduce_sum(dtrain::ProcessGroup* pg, int64_t v) {
   if (pg == nullptr) return v;
   std::vector<int64_t> x = {v};
@@ -138,7 +196,11 @@ double allreduce_mean(dtrain::ProcessGroup* pg, double v) {
 }
 
 int run(const Flags& flags) {
-  auto runtime = dtrain::configure_runtime(flags.threads);
+  // Bit-exact resume needs the same arithmetic in every run: one thread (a reduction split over
+  // threads adds in another order) and no nondeterministic kernels.
+  if (flags.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  auto runtime =
+      dtrain::configure_runtime(flags.threads > 0 ? flags.threads : (flags.deterministic ? 1 : 0));
   std::shared_ptr<dtrain::ProcessGroup> pg;
   if (launched_distributed()) pg = dtrain::init_process_group();
   const int rank = pg ? pg->rank() : 0;
@@ -156,9 +218,51 @@ int run(const Flags& flags) {
 
   auto train = dtrain::load_fashion_mnist(flags.data, /*train=*/true);
   auto test = dtrain::load_fashion_mnist(flags.data, /*train=*/false);
+  if (flags.train_samples > 0 && flags.train_samples < train.size()) {
+    train.images = train.images.slice(0, 0, flags.train_samples);
+    train.labels = train.labels.slice(0, 0, flags.train_samples);
+  }
+  const int64_t train_size = train.size();
 
   auto sgd = std::make_shared<torch::optim::SGD>(
       model->parameters(), torch::optim::SGDOptions(flags.lr).momentum(flags.momentum));
+
+  // Resume (collective): every rank loads the newest good checkpoint, before DDP or the
+  // distributed optimizer start from rank 0's weights.
+  std::unique_ptr<dtrain::CheckpointManager> ckpt;
+  dtrain::TrainingProgress position;  // where training starts (or stands, once it runs)
+  if (!flags.checkpoint_dir.empty()) {
+    dtrain::CheckpointOptions co;
+    co.dir = flags.checkpoint_dir;
+    co.keep = flags.keep_checkpoints;
+    ckpt = std::make_unique<dtrain::CheckpointManager>(co, pg);
+    if (auto loaded = ckpt->load_latest(*model, sgd.get())) {
+      position = loaded->progress;
+      auto value = [&](const char* key) {
+        auto it = position.values.find(key);
+        return it == position.values.end() ? std::nan("") : it->second;
+      };
+      if (position.epoch_size != train_size || value("seed") != static_cast<double>(flags.seed) ||
+          value("shuffle") != (flags.no_shuffle ? 0.0 : 1.0))
+        throw dtrain::InvalidArgumentError(fmt::format(
+            "{} was taken with {} training samples, seed {}, shuffle {}; this run has {}, seed {}, "
+            "shuffle {}: its position in the epoch means nothing here. Resume with the same "
+            "--train-samples, --seed and --no-shuffle, or use another --checkpoint-dir",
+            loaded->path, position.epoch_size, value("seed"), value("shuffle"), train_size, flags.seed,
+            flags.no_shuffle ? 0 : 1));
+      if (lead) {
+        std::printf("resumed from %s (epoch %lld, step %lld, %lld of %lld samples of the epoch "
+                    "done, saved at world size %d)\n",
+                    loaded->path.c_str(), static_cast<long long>(position.epoch),
+                    static_cast<long long>(position.step), static_cast<long long>(position.epoch_consumed),
+                    static_cast<long long>(position.epoch_size), position.world_size);
+        std::fflush(stdout);
+      }
+    }
+  }
+  position.epoch_size = train_size;
+  position.values["seed"] = static_cast<double>(flags.seed);
+  position.values["shuffle"] = flags.no_shuffle ? 0.0 : 1.0;
   std::unique_ptr<dtrain::DistributedDataParallel> ddp;
   std::unique_ptr<dtrain::DistributedOptimizer> dopt;
   if (pg && flags.strategy == "ddp") {
@@ -168,26 +272,54 @@ int run(const Flags& flags) {
     dopt = std::make_unique<dtrain::DistributedOptimizer>(sgd, *model, pg);
   }
 
-  dtrain::DistributedSampler sampler(static_cast<size_t>(train.size()), world, rank,
+  dtrain::DistributedSampler sampler(static_cast<size_t>(train_size), world, rank,
                                      !flags.no_shuffle, flags.seed);
-  const int64_t per_epoch =
-      (static_cast<int64_t>(sampler.num_samples()) + flags.batch_size - 1) / flags.batch_size;
-  int64_t total = per_epoch * flags.epochs;
+  const int64_t batch_size = flags.batch_size;
+  auto steps_for = [&](size_t samples) {
+    return (static_cast<int64_t>(samples) + batch_size - 1) / batch_size;
+  };
+  const int64_t per_epoch = steps_for(sampler.num_samples());
+  // Steps to go: the rest of the (resumed) epoch, then whole epochs.
+  sampler.set_epoch(static_cast<uint64_t>(position.epoch), static_cast<size_t>(position.epoch_consumed));
+  int64_t total = position.step;
+  if (position.epoch < flags.epochs)
+    total += steps_for(sampler.num_samples()) + per_epoch * (flags.epochs - position.epoch - 1);
   if (flags.max_steps > 0) total = std::min(total, flags.max_steps);
   Progress progress(lead, total);
+  SampleLog sample_log(flags.sample_log);
 
   model->train();
-  int64_t step = 0;
+  int64_t step = position.step;
+  int64_t steps_here = 0;  // by this process (the rest were restored)
+  int64_t saved_step = position.step;
+  bool stopped = false;
   int64_t images = 0;
-  double initial_loss = 0;
+  auto restored = [&](const char* key) {
+    auto it = position.values.find(key);
+    return it == position.values.end() ? 0.0 : it->second;
+  };
+  double initial_loss = restored("initial_loss");
   std::deque<double> recent;  // losses of the last steps, for final_loss
+  auto mean_recent = [&] {
+    double sum = 0;
+    for (double l : recent) sum += l;
+    return recent.empty() ? restored("final_loss") : sum / static_cast<double>(recent.size());
+  };
+  auto checkpoint = [&] {
+    position.step = step;
+    position.values["initial_loss"] = initial_loss;
+    position.values["final_loss"] = mean_recent();
+    ckpt->save(*model, sgd.get(), position);
+    saved_step = step;
+  };
   const auto start = Clock::now();
-  for (int epoch = 0; epoch < flags.epochs && step < total; ++epoch) {
-    sampler.set_epoch(static_cast<uint64_t>(epoch));
+  for (int64_t epoch = position.epoch; epoch < flags.epochs && step < total && !stopped; ++epoch) {
+    sampler.set_epoch(static_cast<uint64_t>(epoch),
+                      epoch == position.epoch ? static_cast<size_t>(position.epoch_consumed) : 0);
     const auto& indices = sampler.indices();
-    for (size_t at = 0; at < indices.size() && step < total; at += flags.batch_size) {
-      size_t end = std::min(indices.size(), at + static_cast<size_t>(flags.batch_size));
-      std::vector<int64_t> batch(indices.begin() + at, indices.begin() + end);
+    for (size_t from = 0; from < indices.size() && step < total; from += batch_size) {
+      size_t end = std::min(indices.size(), from + static_cast<size_t>(batch_size));
+      std::vector<int64_t> batch(indices.begin() + from, indices.begin() + end);
       auto idx = torch::from_blob(batch.data(), {static_cast<int64_t>(batch.size())}, torch::kLong);
       auto x = train.images.index_select(0, idx);
       auto y = train.labels.index_select(0, idx);
@@ -205,21 +337,49 @@ int run(const Flags& flags) {
         }
       }
       const double l = loss.item<double>();
-      if (step == 0) initial_loss = l;
+      if (step == 0) initial_loss = allreduce_mean(pg.get(), l);  // kept in checkpoints
       recent.push_back(l);
       if (recent.size() > 20) recent.pop_front();
       ++step;
+      ++steps_here;
       images += static_cast<int64_t>(batch.size()) * world;
+      sample_log.record(epoch, batch);
+      // Where a run resumed from here starts: after this batch, or at the next epoch.
+      const bool epoch_done = end >= indices.size();
+      position.epoch = epoch_done ? epoch + 1 : epoch;
+      position.epoch_consumed = epoch_done ? 0 : static_cast<int64_t>(sampler.consumed(end));
+      stopped = flags.stop_after_steps > 0 && step == flags.stop_after_steps;
+      if (ckpt && (stopped || (flags.checkpoint_every > 0 && step % flags.checkpoint_every == 0)))
+        checkpoint();
       const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-      progress.update(step, epoch, l, images / elapsed, elapsed / step * (total - step),
-                      step == total || at + flags.batch_size >= indices.size());
+      progress.update(step, static_cast<int>(epoch), l, images / elapsed,
+                      elapsed / steps_here * (total - step), step == total || epoch_done);
+      if (stopped) break;
     }
   }
+  if (ckpt && step != saved_step) checkpoint();  // the end of training
+  if (ckpt) {
+    ckpt->wait();  // durable before we report; rethrows a failed write
+    const auto st = ckpt->stats();
+    if (lead && st.saves > 0)
+      std::printf("checkpoints: %d written to %s, %.2f MB each; per save %.2f ms on the training "
+                  "thread (copying) + %.2f ms waiting for the previous write, %.1f ms writing in "
+                  "the background\n",
+                  st.saves, ckpt->dir().c_str(), st.bytes / 1e6, st.total_snapshot_ms / st.saves,
+                  st.total_blocked_ms / st.saves, st.total_write_ms / st.saves);
+  }
+  if (stopped) {
+    if (lead)
+      std::printf("stopped after step %lld (--stop-after-steps)%s\n", static_cast<long long>(step),
+                  ckpt ? fmt::format("; checkpoint {}", dtrain::checkpoint_path(ckpt->dir(), step)).c_str()
+                       : "");
+    std::fflush(stdout);
+    dopt.reset();  // collective: every rank stops its coordinator together
+    if (pg) pg->barrier()->wait();
+    return 0;
+  }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  double final_loss = 0;
-  for (double l : recent) final_loss += l;
-  final_loss = allreduce_mean(pg.get(), recent.empty() ? 0.0 : final_loss / recent.size());
-  initial_loss = allreduce_mean(pg.get(), initial_loss);
+  double final_loss = allreduce_mean(pg.get(), mean_recent());
 
   // Test accuracy: every rank scores its share of the test set with rank 0's batch statistics.
   if (pg) dtrain::broadcast_parameters(*model, *pg, 0);
@@ -281,6 +441,23 @@ int main(int argc, char** argv) {
   app.add_option("--init", flags.init, "initial model state (safetensors)");
   app.add_option("--save", flags.save, "write the trained model state (safetensors, rank 0)");
   app.add_option("--data", flags.data, "folder with the Fashion-MNIST *-ubyte.gz files");
+  app.add_option("--checkpoint-dir", flags.checkpoint_dir,
+                 "save checkpoints here (rank 0) and resume from the newest good one");
+  app.add_option("--checkpoint-every", flags.checkpoint_every,
+                 "steps between checkpoints (0 = only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep-checkpoints", flags.keep_checkpoints, "newest checkpoints kept")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--deterministic", flags.deterministic,
+               "bit-reproducible: one thread unless --threads, deterministic kernels only");
+  app.add_option("--sample-log", flags.sample_log,
+                 "debug: append \"epoch index\" for every sample trained (all ranks, one file)");
+  app.add_option("--stop-after-steps", flags.stop_after_steps,
+                 "debug: checkpoint and exit after this step, as a preempted job would")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--train-samples", flags.train_samples,
+                 "train on the first N images only (0 = all)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   try {
     return run(flags);

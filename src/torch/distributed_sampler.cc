@@ -1,6 +1,11 @@
 // DistributedSampler: PyTorch's split (pad or drop to equal lengths, then every
 // num_replicas-th index from `rank`), with the permutation of torch.randperm(n, seed + epoch).
+// A resumed epoch splits the rest of the permutation, perm[start:], the same way; padding takes
+// the epoch's first samples, as PyTorch's does, so a job resumed on as many ranks as it stopped
+// with sees exactly the indices it would have seen.
 #include "dtrain/torch/distributed_sampler.h"
+
+#include <algorithm>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -32,33 +37,39 @@ DistributedSampler::DistributedSampler(size_t dataset_size, int num_replicas, in
   compute();
 }
 
-void DistributedSampler::set_epoch(uint64_t epoch) {
+void DistributedSampler::set_epoch(uint64_t epoch, size_t consumed) {
   epoch_ = epoch;
+  start_ = std::min(consumed, dataset_size_);
   compute();
+}
+
+size_t DistributedSampler::consumed(size_t trained) const {
+  trained = std::min(trained, num_samples_);
+  return std::min(dataset_size_, start_ + trained * static_cast<size_t>(num_replicas_));
 }
 
 void DistributedSampler::compute() {
   const size_t n = dataset_size_;
   const size_t r = static_cast<size_t>(num_replicas_);
-  if (drop_last_ && n % r != 0) {
-    num_samples_ = (n - r + r - 1) / r;  // ceil((n - r) / r) == floor(n / r)
-  } else {
-    num_samples_ = (n + r - 1) / r;
-  }
+  start_ = std::min(start_, n);
+  const size_t left = n - start_;  // samples of the epoch still to train
+  // Equal lengths: padded up to ceil(left / r) per rank, or cut to floor(left / r) (drop_last).
+  num_samples_ = drop_last_ ? left / r : (left + r - 1) / r;
   const size_t total = num_samples_ * r;
 
-  std::vector<size_t> order(n);
+  std::vector<size_t> perm(n);
   if (shuffle_) {
     auto gen = at::detail::createCPUGenerator(seed_ + epoch_);
-    at::Tensor perm = at::randperm(static_cast<int64_t>(n), gen, at::kLong);
-    const int64_t* p = perm.data_ptr<int64_t>();
-    for (size_t i = 0; i < n; ++i) order[i] = static_cast<size_t>(p[i]);
+    at::Tensor t = at::randperm(static_cast<int64_t>(n), gen, at::kLong);
+    const int64_t* p = t.data_ptr<int64_t>();
+    for (size_t i = 0; i < n; ++i) perm[i] = static_cast<size_t>(p[i]);
   } else {
-    for (size_t i = 0; i < n; ++i) order[i] = i;
+    for (size_t i = 0; i < n; ++i) perm[i] = i;
   }
-  if (total > n) {  // pad with the first samples, repeated as often as needed
+  std::vector<size_t> order(perm.begin() + static_cast<ptrdiff_t>(start_), perm.end());
+  if (total > order.size()) {  // pad with the epoch's first samples, as often as needed
     order.reserve(total);
-    for (size_t i = 0; order.size() < total; ++i) order.push_back(order[i % n]);
+    for (size_t i = 0; order.size() < total; ++i) order.push_back(perm[i % n]);
   } else {
     order.resize(total);
   }
@@ -85,19 +96,21 @@ c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
   return batch;
 }
 
+// The archive holds the epoch's global position (not this rank's), so it loads into a sampler
+// of any world size.
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("epoch", at::tensor(static_cast<int64_t>(epoch_), at::kLong), /*is_buffer=*/true);
-  archive.write("position", at::tensor(static_cast<int64_t>(position_), at::kLong),
+  archive.write("consumed", at::tensor(static_cast<int64_t>(consumed()), at::kLong),
                 /*is_buffer=*/true);
 }
 
 void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   at::Tensor epoch = at::empty({}, at::kLong);
-  at::Tensor position = at::empty({}, at::kLong);
+  at::Tensor consumed = at::empty({}, at::kLong);
   archive.read("epoch", epoch, /*is_buffer=*/true);
-  archive.read("position", position, /*is_buffer=*/true);
-  set_epoch(static_cast<uint64_t>(epoch.item<int64_t>()));
-  position_ = static_cast<size_t>(position.item<int64_t>());
+  archive.read("consumed", consumed, /*is_buffer=*/true);
+  set_epoch(static_cast<uint64_t>(epoch.item<int64_t>()),
+            static_cast<size_t>(consumed.item<int64_t>()));
 }
 
 }  // namespace dtrain

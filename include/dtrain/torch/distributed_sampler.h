@@ -10,6 +10,18 @@
 // evenly, the list is padded with its first samples (every rank gets ceil(n / replicas)) or, with
 // drop_last, cut to floor(n / replicas) per rank. It is also a LibTorch sampler, so it plugs into
 // torch::data::make_data_loader.
+//
+// Resuming mid-epoch, on any number of ranks: rank r trains perm[r], perm[r + W], ... (W ranks),
+// so once every rank has trained t samples the whole job has consumed perm[0 : t * W], whatever
+// each rank did. set_epoch(epoch, consumed) deals out the rest, perm[consumed : n], the same way
+// over the ranks of the new job (padded with the epoch's first samples, or cut with drop_last,
+// to equal lengths), so every sample of the epoch is trained exactly once across a restart, even
+// one with another world size. With the same world size it continues exactly where the stopped
+// run was; with consumed = 0 the indices are PyTorch's.
+//
+//   sampler.set_epoch(ckpt.epoch, ckpt.epoch_consumed);   // the rest of the epoch
+//   ... train sampler.indices()[0 .. k) ...
+//   save(epoch, sampler.consumed(k));                      // the epoch's position for a checkpoint
 #pragma once
 
 #include <cstddef>
@@ -26,13 +38,25 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   DistributedSampler(size_t dataset_size, int num_replicas, int rank, bool shuffle = true,
                      uint64_t seed = 0, bool drop_last = false);
 
-  // Chooses the epoch's permutation (seed + epoch) and rewinds to its start.
-  void set_epoch(uint64_t epoch);
+  // Chooses the epoch's permutation (seed + epoch) and deals out its samples from position
+  // `consumed` on (0 = the whole epoch): those not yet trained by the job when `consumed`
+  // samples of the epoch were, by all ranks together. consumed >= the dataset size leaves
+  // nothing to train in this epoch.
+  void set_epoch(uint64_t epoch, size_t consumed = 0);
   uint64_t epoch() const { return epoch_; }
+  // Where this epoch's indices start in its permutation (set_epoch's `consumed`).
+  size_t epoch_start() const { return start_; }
+  // The epoch's position once every rank has trained the first `trained` of its indices():
+  // what set_epoch needs to resume after them. Never more than the dataset size.
+  size_t consumed(size_t trained) const;
+  // The same, after the samples handed out by next().
+  size_t consumed() const { return consumed(position_); }
 
   // This rank's samples of the current epoch, in order.
   const std::vector<size_t>& indices() const { return indices_; }
-  size_t num_samples() const { return num_samples_; }  // per rank
+  size_t num_samples() const { return num_samples_; }  // per rank, of this (rest of the) epoch
+  size_t dataset_size() const { return dataset_size_; }
+  int num_replicas() const { return num_replicas_; }
   size_t total_size() const { return num_samples_ * static_cast<size_t>(num_replicas_); }
 
   // torch::data::samplers::Sampler
@@ -51,6 +75,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   uint64_t seed_;
   bool drop_last_;
   uint64_t epoch_ = 0;
+  size_t start_ = 0;  // samples of the epoch consumed before this rank's indices_
   size_t num_samples_ = 0;
   size_t position_ = 0;
   std::vector<size_t> indices_;

@@ -1,0 +1,165 @@
+// End to end: train_fashion_mnist under `dtrain run`, stopped after a checkpoint and started
+// again on the same directory.
+//  * Same world size, --deterministic: the resumed run ends with a --save file byte-identical to
+//    that of a run that never stopped (DDP and the distributed optimizer).
+//  * 3 ranks stopped mid-epoch, resumed on 2: the sample logs of both runs hold every sample of
+//    the epoch exactly once.
+// Small runs (--train-samples) keep each case to a few seconds.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kBin = DTRAIN_BIN_DIR;
+
+struct RunResult {
+  int status = -1;
+  std::string output;
+};
+
+RunResult run_command(const std::string& command) {
+  RunResult r;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p) != nullptr) r.output += buf;
+  r.status = pclose(p);
+  return r;
+}
+
+RunResult train(int ranks, const std::string& flags) {
+  return run_command("timeout 120 " + kBin + "/dtrain run -n " + std::to_string(ranks) +
+                     " --no-prefix -- " + kBin + "/train_fashion_mnist --threads 1 " + flags);
+}
+
+nlohmann::json result_of(const std::string& output) {
+  auto at = output.rfind("RESULT ");
+  if (at == std::string::npos) return nullptr;
+  auto end = output.find('\n', at);
+  return nlohmann::json::parse(output.substr(at + 7, end - at - 7));
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "dtrain-resume-XXXXXX").string();
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+bool have_dataset() {
+  return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+}
+
+// 2 epochs of 2000 samples on 2 ranks, batches of 50: 20 steps an epoch, 40 in all. The stopped
+// run stops at step 25, in the middle of the second epoch, between two periodic checkpoints.
+void check_exact_resume(const std::string& strategy) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TempDir tmp;
+  const std::string common = "--strategy " + strategy +
+                             " --deterministic --epochs 2 --train-samples 2000 --batch-size 50 "
+                             "--checkpoint-every 10 ";
+  RunResult whole = train(2, common + "--checkpoint-dir " + tmp.path + "/whole --save " + tmp.path +
+                                 "/whole.safetensors");
+  ASSERT_EQ(whole.status, 0) << whole.output;
+
+  const std::string dir = tmp.path + "/stopped";
+  RunResult first = train(2, common + "--checkpoint-dir " + dir + " --stop-after-steps 25 --save " +
+                                 tmp.path + "/never.safetensors");
+  ASSERT_EQ(first.status, 0) << first.output;
+  EXPECT_NE(first.output.find("stopped after step 25 (--stop-after-steps); checkpoint " + dir +
+                              "/step-000025"),
+            std::string::npos)
+      << first.output;
+  EXPECT_TRUE(result_of(first.output).is_null()) << "a stopped run reports no RESULT";
+  EXPECT_FALSE(fs::exists(tmp.path + "/never.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/step-000010") && fs::exists(dir + "/step-000020") &&
+              fs::exists(dir + "/step-000025"));
+
+  RunResult second =
+      train(2, common + "--checkpoint-dir " + dir + " --save " + tmp.path + "/resumed.safetensors");
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from " + dir +
+                               "/step-000025 (epoch 1, step 25, 500 of 2000 samples of the epoch "
+                               "done, saved at world size 2)"),
+            std::string::npos)
+      << second.output;
+  auto result = result_of(second.output);
+  ASSERT_FALSE(result.is_null()) << second.output;
+  EXPECT_EQ(result["steps"], 40);
+  EXPECT_EQ(result["strategy"], strategy);
+  auto whole_result = result_of(whole.output);
+  EXPECT_EQ(result["test_accuracy"], whole_result["test_accuracy"]);
+  EXPECT_EQ(result["initial_loss"], whole_result["initial_loss"]) << "restored from the checkpoint";
+
+  const std::string a = read_file(tmp.path + "/whole.safetensors");
+  const std::string b = read_file(tmp.path + "/resumed.safetensors");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "the resumed run's parameters differ from the uninterrupted run's";
+  // keep 3 (the default): 20, 25, 30, 40 were written by the second run's end
+  EXPECT_FALSE(fs::exists(dir + "/step-000010"));
+  EXPECT_TRUE(fs::exists(dir + "/step-000040"));
+}
+
+TEST(Resume, DdpStoppedAndResumedEndsBitIdentical) { check_exact_resume("ddp"); }
+TEST(Resume, DistributedOptimizerStoppedAndResumedEndsBitIdentical) {
+  check_exact_resume("optimizer");
+}
+
+// 1800 samples, batches of 50: 3 ranks stop after 5 steps (750 samples), 2 ranks train the other
+// 1050 (525 each, 11 steps). Every sample of the epoch is trained exactly once.
+TEST(Resume, ThreeRanksStoppedMidEpochResumeOnTwoTrainingEverySampleOnce) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TempDir tmp;
+  const std::string log = tmp.path + "/samples.log";
+  const std::string common = "--epochs 1 --train-samples 1800 --batch-size 50 --checkpoint-dir " +
+                             tmp.path + "/ckpt --sample-log " + log + " ";
+  RunResult first = train(3, common + "--stop-after-steps 5");
+  ASSERT_EQ(first.status, 0) << first.output;
+  RunResult second = train(2, common);
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("/step-000005 (epoch 0, step 5, 750 of 1800 samples of the epoch "
+                               "done, saved at world size 3)"),
+            std::string::npos)
+      << second.output;
+  auto result = result_of(second.output);
+  ASSERT_FALSE(result.is_null()) << second.output;
+  EXPECT_EQ(result["steps"], 16);
+  EXPECT_EQ(result["world_size"], 2);
+
+  std::map<int64_t, int> count;
+  std::istringstream lines(read_file(log));
+  int64_t epoch = 0, index = 0, total = 0;
+  while (lines >> epoch >> index) {
+    EXPECT_EQ(epoch, 0);
+    ++count[index];
+    ++total;
+  }
+  EXPECT_EQ(total, 1800);
+  EXPECT_EQ(count.size(), 1800u);
+  for (const auto& [i, c] : count)
+    EXPECT_EQ(c, 1) << "sample " << i << " trained " << c << " times";
+  EXPECT_EQ(count.begin()->first, 0);
+  EXPECT_EQ(count.rbegin()->first, 1799);
+}
+
+}  // namespace
