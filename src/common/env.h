@@ -25,6 +25,11 @@ struct Var {
   X(kLocalWorldSize, "LOCAL_WORLD_SIZE", "", "Number of processes on this node.")                 \
   X(kNodeRank, "NODE_RANK", "", "Index of this node in the job.")                                 \
   X(kGroupRank, "GROUP_RANK", "", "Index of this node in the job as torchrun names it (NODE_RANK wins when both are set).") \
+  X(kGroupWorldSize, "GROUP_WORLD_SIZE", "", "Number of nodes in the job (set by elastic `dtrain run`, as torchrun does).") \
+  X(kRestartCount, "DTRAIN_RESTART_COUNT", "0", "Restarts after failures so far, set for the workers by elastic `dtrain run` (0 in the first round); resume from your checkpoint when above 0.") \
+  X(kTorchelasticRestartCount, "TORCHELASTIC_RESTART_COUNT", "0", "torchrun's name for DTRAIN_RESTART_COUNT, set alongside it.") \
+  X(kTorchelasticMaxRestarts, "TORCHELASTIC_MAX_RESTARTS", "", "The job's --max-restarts, set for the workers by elastic `dtrain run`.") \
+  X(kTorchelasticRunId, "TORCHELASTIC_RUN_ID", "", "The job's --rdzv-id, set for the workers by elastic `dtrain run`.") \
   X(kMasterAddr, "MASTER_ADDR", "", "Host of the rendezvous store.")                              \
   X(kMasterPort, "MASTER_PORT", "29500", "Port of the rendezvous store.")                         \
   X(kOmpiRank, "OMPI_COMM_WORLD_RANK", "", "Rank under OpenMPI's mpirun.")                        \

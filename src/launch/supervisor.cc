@@ -73,6 +73,7 @@ struct Stream {
 
 struct Worker {
   int rank = 0;
+  std::string label;   // "rank 3", "server 0"
   std::string prefix;  // "[rank 3] ", or empty with prefixing off
   pid_t pid = -1;
   bool running = false;
@@ -163,7 +164,7 @@ class Run {
     }
   }
 
-  int execute() {
+  SupervisorResult execute() {
     std::string path = find_executable(options_.command.at(0));
     net::Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     workers_.resize(options_.workers.size());
@@ -178,8 +179,11 @@ class Run {
  private:
   void start(size_t i, const std::string& path, int devnull) {
     Worker& w = workers_[i];
-    w.rank = options_.workers[i].rank;
-    if (options_.prefix_output) w.prefix = fmt::format("[rank {}] ", w.rank);
+    const WorkerSpec& spec = options_.workers[i];
+    w.rank = spec.rank;
+    w.label = spec.label.empty() ? fmt::format("rank {}", w.rank) : spec.label;
+    if (options_.prefix_output) w.prefix = fmt::format("[{}] ", w.label);
+    const std::string own_path = spec.command.empty() ? path : find_executable(spec.command.at(0));
     auto [out_r, out_w] = make_pipe();
     auto [err_r, err_w] = make_pipe();
     auto [status_r, status_w] = make_pipe();
@@ -190,16 +194,16 @@ class Run {
     w.err.is_stderr = true;
 
     // Everything the child needs is built before fork: after it only async-signal-safe calls.
-    std::vector<std::string> args = options_.command;
+    std::vector<std::string> args = spec.command.empty() ? options_.command : spec.command;
     std::vector<char*> argv = pointers(args);
     std::vector<std::string> env = build_environment(options_.workers[i]);
     std::vector<char*> envp = pointers(env);
-    ChildSetup setup{path.c_str(), argv.data(),    envp.data(), devnull,     out_w.get(),
+    ChildSetup setup{own_path.c_str(), argv.data(),    envp.data(), devnull,     out_w.get(),
                      err_w.get(),  status_w.get(), ::getpid(),  &child_mask_};
     pid_t pid = ::fork();
     if (pid < 0)
       throw InternalError(
-          fmt::format("dtrain run: fork for rank {} failed: {}", w.rank, std::strerror(errno)));
+          fmt::format("dtrain run: fork for {} failed: {}", w.label, std::strerror(errno)));
     if (pid == 0) exec_child(setup);
     // Also set the group here, so that signalling the group works before the child has run.
     ::setpgid(pid, pid);
@@ -213,8 +217,8 @@ class Run {
     if (::poll(&p, 1, 5000) > 0 &&
         ::read(status_r.get(), &err_no, sizeof(err_no)) == sizeof(err_no))
       relay_line(w, w.err,
-                 fmt::format("dtrain run: cannot execute {}: {}", path, std::strerror(err_no)));
-    DTRAIN_LOG_DEBUG("dtrain run: started rank {} as pid {}", w.rank, pid);
+                 fmt::format("dtrain run: cannot execute {}: {}", own_path, std::strerror(err_no)));
+    DTRAIN_LOG_DEBUG("dtrain run: started {} as pid {}", w.label, pid);
   }
 
   void loop() {
@@ -235,6 +239,12 @@ class Run {
 
       std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
       std::vector<Stream*> streams{nullptr};
+      // Asked to stop from outside: watched until the stop begins.
+      const bool watch_stop = options_.stop_fd >= 0 && !stopping_;
+      if (watch_stop) {
+        fds.push_back({options_.stop_fd, POLLIN, 0});
+        streams.push_back(nullptr);
+      }
       for (auto& w : workers_) {
         for (Stream* s : {&w.out, &w.err}) {
           if (!s->fd.valid()) continue;
@@ -247,9 +257,15 @@ class Run {
         throw InternalError(fmt::format("dtrain run: poll failed: {}", std::strerror(errno)));
       if (rc <= 0) continue;
       // Output first, so that a worker's last lines are relayed before its exit is reported.
-      for (size_t i = 1; i < fds.size(); ++i)
+      const size_t first_stream = watch_stop ? 2 : 1;
+      for (size_t i = first_stream; i < fds.size(); ++i)
         if (fds[i].revents != 0) read_stream(*streams[i]);
       if (fds[0].revents != 0) read_signals();
+      if (watch_stop && fds[1].revents != 0 && !stopping_) {
+        DTRAIN_LOG_DEBUG("dtrain run: asked to stop {} worker(s)", running_count());
+        stopped_by_request_ = true;
+        stop(SIGTERM);
+      }
     }
   }
 
@@ -308,6 +324,11 @@ class Run {
       if (failed && !stopping_) {
         first_failure_ = &w;
         stop(SIGTERM);
+        if (options_.on_failure) {
+          // Its last words are in its pipe already: read them before reporting.
+          drain(w.err);
+          options_.on_failure(exit_of(w));
+        }
       }
     }
   }
@@ -334,6 +355,20 @@ class Run {
     signal_all(SIGKILL);
     killed_ = true;
     killed_at_ = Clock::now();
+  }
+
+  // Reads whatever is already waiting in a stream, without blocking.
+  void drain(Stream& s) {
+    for (int i = 0; i < 64 && s.fd.valid(); ++i) {
+      pollfd p{s.fd.get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) <= 0) return;
+      read_stream(s);
+    }
+  }
+
+  static WorkerExit exit_of(const Worker& w) {
+    return WorkerExit{w.rank, w.pid, w.exit_code, w.signal,
+                      std::vector<std::string>(w.stderr_tail.begin(), w.stderr_tail.end())};
   }
 
   void read_stream(Stream& s) {
@@ -364,6 +399,7 @@ class Run {
   }
 
   void append_line(Worker& w, const Stream& s, std::string_view line, std::string& text) {
+    if (options_.on_line) options_.on_line(w.rank, line);
     text += w.prefix;
     text += line;
     text += '\n';
@@ -379,30 +415,38 @@ class Run {
     throw InternalError("dtrain run: output stream without a worker");
   }
 
-  int finish() {
+  SupervisorResult finish() {
+    using Outcome = SupervisorResult::Outcome;
     size_t n = workers_.size();
+    SupervisorResult result;
     if (first_failure_ != nullptr) {
       const Worker& w = *first_failure_;
-      std::string how = w.signal != 0 ? fmt::format("was killed by {} ({})", signal_name(w.signal),
-                                                    ::strsignal(w.signal))
-                                      : fmt::format("failed with exit code {}", w.exit_code);
-      std::string text = fmt::format("dtrain run: rank {} (pid {}) {}", w.rank, w.pid, how);
+      result.outcome = Outcome::kFailed;
+      result.first_failure = exit_of(w);
+      result.exit_code = w.signal != 0 ? 128 + w.signal : w.exit_code;
+      if (!options_.report_failure) return result;
+      std::string text = fmt::format("dtrain run: {} (pid {}) {}", w.label, w.pid,
+                                     result.first_failure->how());
       if (n > 1) text += fmt::format("; stopped the other {} worker(s)", n - 1);
       if (w.stderr_tail.empty()) {
-        text += fmt::format(". Rank {} wrote nothing to stderr.\n", w.rank);
+        text += fmt::format(". {} wrote nothing to stderr.\n", w.label);
       } else {
-        text += fmt::format(". Last stderr lines of rank {}:\n", w.rank);
+        text += fmt::format(". Last stderr lines of {}:\n", w.label);
         for (const auto& line : w.stderr_tail) text += fmt::format("    {}\n", line);
       }
       write_out(options_.stderr_fd, text);
-      return w.signal != 0 ? 128 + w.signal : w.exit_code;
+      return result;
     }
     if (interrupted_by_ != 0) {
+      result.outcome = Outcome::kInterrupted;
+      result.interrupted_by = interrupted_by_;
+      result.exit_code = 128 + interrupted_by_;
       write_out(options_.stderr_fd, fmt::format("dtrain run: stopped {} worker(s) after {}\n", n,
                                                 signal_name(interrupted_by_)));
-      return 128 + interrupted_by_;
+      return result;
     }
-    return 0;
+    if (stopped_by_request_) result.outcome = Outcome::kStopped;
+    return result;
   }
 
   const SupervisorOptions& options_;
@@ -410,9 +454,10 @@ class Run {
   const sigset_t& child_mask_;
   std::vector<Worker> workers_;
   Worker* first_failure_ = nullptr;
-  int interrupted_by_ = 0;  // the signal that told the launcher to stop, if any
-  bool stopping_ = false;   // SIGTERM (or the forwarded signal) was sent to every worker
-  bool killed_ = false;     // SIGKILL was sent
+  int interrupted_by_ = 0;           // the signal that told the launcher to stop, if any
+  bool stopping_ = false;            // SIGTERM (or the forwarded signal) was sent to every worker
+  bool stopped_by_request_ = false;  // through options_.stop_fd
+  bool killed_ = false;              // SIGKILL was sent
   Clock::time_point kill_at_{};
   Clock::time_point killed_at_{};
   std::optional<Clock::time_point> all_exited_at_;
@@ -483,11 +528,29 @@ Supervisor::~Supervisor() {
   ::pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
 }
 
-int Supervisor::run(const SupervisorOptions& options) {
+int Supervisor::run(const SupervisorOptions& options) { return supervise(options).exit_code; }
+
+SupervisorResult Supervisor::supervise(const SupervisorOptions& options) {
   if (options.command.empty()) throw InvalidArgumentError("dtrain run: no worker command given");
   if (options.workers.empty()) throw InvalidArgumentError("dtrain run: no workers to start");
   Run run(options, signal_fd_.get(), old_mask_);
   return run.execute();
+}
+
+int Supervisor::take_signal() {
+  int got = 0;
+  signalfd_siginfo info;
+  while (::read(signal_fd_.get(), &info, sizeof(info)) == sizeof(info)) {
+    int sig = static_cast<int>(info.ssi_signo);
+    if (sig != SIGCHLD && got == 0) got = sig;
+  }
+  return got;
+}
+
+std::string WorkerExit::how() const {
+  return signal != 0
+             ? fmt::format("was killed by {} ({})", signal_name(signal), ::strsignal(signal))
+             : fmt::format("failed with exit code {}", exit_code);
 }
 
 }  // namespace dtrain::launch

@@ -2,16 +2,21 @@
 // with a "[rank N] " prefix, forwards SIGINT/SIGTERM/SIGHUP to them, and when one fails stops the
 // rest (SIGTERM, then SIGKILL after a grace period) and reports the first failure in one line.
 //
-// One thread does it all with one poll(2) over a signalfd (SIGCHLD and the forwarded signals) and
-// the workers' pipes. Each worker runs in its own process group, so that a signal reaches the
-// shells and the programs they start alike, and dies with the launcher (PR_SET_PDEATHSIG).
+// One thread does it all with one poll(2) over a signalfd (SIGCHLD and the forwarded signals),
+// the workers' pipes and, for the elastic agent, a stop descriptor. Each worker runs in its own
+// process group, so that a signal reaches the shells and the programs they start alike, and dies
+// with the launcher (PR_SET_PDEATHSIG).
 #pragma once
 
 #include <signal.h>
+#include <sys/types.h>
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -23,6 +28,21 @@ struct WorkerSpec {
   int rank = 0;  // shown in the output prefix and the failure summary
   // Set on top of the launcher's own environment (replacing variables of the same name).
   std::vector<std::pair<std::string, std::string>> env;
+  // Another command than SupervisorOptions::command (a parameter server beside the workers).
+  std::vector<std::string> command;
+  // How output and summaries name the process; empty = "rank <rank>".
+  std::string label;
+};
+
+// How a worker ended.
+struct WorkerExit {
+  int rank = 0;
+  pid_t pid = -1;
+  int exit_code = 0;  // when it exited
+  int signal = 0;     // when a signal ended it
+  std::vector<std::string> stderr_tail;
+  // "was killed by SIGKILL (Killed)" or "failed with exit code 7".
+  std::string how() const;
 };
 
 struct SupervisorOptions {
@@ -33,6 +53,30 @@ struct SupervisorOptions {
   size_t stderr_tail_lines = 20;                 // of the failing worker, in the summary
   int stdout_fd = 1;                             // where the workers' stdout lines go
   int stderr_fd = 2;                             // their stderr lines, and the summary
+
+  // For the elastic agent, which decides about failures across machines:
+  // When readable, every worker is stopped (SIGTERM, SIGKILL after the grace period) and the
+  // result says kStopped: a worker on another machine failed. -1 = none.
+  int stop_fd = -1;
+  // Called once, with the first worker that fails (before the others are stopped), so that the
+  // agent can tell the other machines at once.
+  std::function<void(const WorkerExit&)> on_failure;
+  // Called with every line a worker writes (without the prefix), stdout and stderr alike.
+  std::function<void(int rank, std::string_view line)> on_line;
+  bool report_failure = true;  // write the one-line failure summary at the end
+};
+
+struct SupervisorResult {
+  enum class Outcome {
+    kSucceeded,    // every worker exited 0
+    kFailed,       // a worker failed; first_failure says which
+    kInterrupted,  // a signal to the launcher stopped the job; interrupted_by says which
+    kStopped,      // stop_fd asked for it
+  };
+  Outcome outcome = Outcome::kSucceeded;
+  int exit_code = 0;  // as Supervisor::run returns it (0 when stopped through stop_fd)
+  std::optional<WorkerExit> first_failure;
+  int interrupted_by = 0;
 };
 
 class Supervisor {
@@ -52,6 +96,13 @@ class Supervisor {
   // 128 + the signal that interrupted the launcher. Throws InvalidArgumentError, before starting
   // anything, when the command cannot be found.
   int run(const SupervisorOptions& options);
+  // The same, saying how the job ended.
+  SupervisorResult supervise(const SupervisorOptions& options);
+
+  // While no workers run (between the elastic agent's rounds): the signalfd, to poll, and the
+  // first pending SIGINT, SIGTERM or SIGHUP (0 when none; SIGCHLDs are dropped).
+  int signal_fd() const { return signal_fd_.get(); }
+  int take_signal();
 
  private:
   sigset_t old_mask_;

@@ -74,7 +74,6 @@ int run_server_from_env(ServerOptions options) {
   } else if (options.advertise_host.empty()) {
     options.advertise_host = store->local_ip();
   }
-  log::set_rank(options.index);
   // The watcher exists before the server's threads, so that they inherit the blocked signals.
   std::atomic<Server*> running{nullptr};
   std::atomic<bool> stop_requested{false};

@@ -645,7 +645,7 @@ Server::Server(const ServerOptions& options) : impl_(std::make_unique<Impl>(opti
   if (options.restore) s.restore();
   s.accept_thread = std::thread([&s] { s.accept_loop(); });
   s.housekeeping_thread = std::thread([&s] { s.housekeeping(); });
-  DTRAIN_LOG_INFO("{}: serving", s.who());
+  DTRAIN_LOG_INFO("{}: serving (pid {})", s.who(), ::getpid());
 }
 
 Server::~Server() { impl_->stop(); }

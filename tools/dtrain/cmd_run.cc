@@ -3,16 +3,29 @@
 // MASTER_ADDR, MASTER_PORT), so that torchrun scripts run unchanged, and supervises them.
 //   dtrain run -n 4 -- python train.py
 //   dtrain run -n 8 --nnodes 2 --node-rank 1 --master-addr node0 ./train
+//   dtrain run -n 4 --servers 2 -- ./train      (parameter server: 2 `dtrain ps-server`s)
+// With --max-restarts, --nnodes MIN:MAX, --rdzv-endpoint or --rdzv-id it runs the elastic agent
+// instead (launch/elastic_agent.h): restarts after failures, machines joining and leaving.
+//   dtrain run -n 4 --max-restarts 3 -- ./train --checkpoint-dir ckpt
+//   dtrain run -n 4 --nnodes 1:4 --max-restarts 3 --rdzv-endpoint node0:29400 --rdzv-id job7
+//   ./train
 #include <fmt/format.h>
 
+#include <chrono>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "common/env.h"
 #include "common/log.h"
+#include "common/socket.h"
 #include "dtrain/error.h"
 #include "dtrain/store.h"
+#include "launch/elastic_agent.h"
 #include "launch/supervisor.h"
 #include "tools/dtrain/commands.h"
 
@@ -30,8 +43,55 @@ struct RunArgs {
   bool port_given = false;
   bool no_prefix = false;
   double grace_period_s = 3.0;
+  int servers = 0;             // parameter servers, started by node 0's launcher
+  bool server_program = false;  // servers run the worker command (DTRAIN_ROLE=server)
   std::vector<std::string> command;
 };
+
+// The elastic agent's flags, beside the ones above.
+struct ElasticArgs {
+  std::string nnodes = "1";  // "N" or "MIN:MAX"
+  int max_restarts = 0;
+  std::string rdzv_endpoint;
+  std::string rdzv_id;
+  double rdzv_timeout_s = 600;
+  double rdzv_last_call_s = 2;
+  double heartbeat_timeout_s = 10;
+  int exclude_after = 3;
+  double exclude_for_s = 60;
+  std::string node_name;
+  std::string local_addr;
+};
+
+// "4" -> 4:4, "1:4" -> 1:4.
+std::pair<int, int> parse_nnodes(const std::string& text) {
+  auto bad = [&] {
+    return InvalidArgumentError(
+        fmt::format("--nnodes '{}': give a number of nodes (2) or a range MIN:MAX (1:4)", text));
+  };
+  auto number = [&](const std::string& part) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(part, &used);
+    } catch (const std::exception&) {
+      throw bad();
+    }
+    if (used != part.size()) throw bad();
+    return v;
+  };
+  size_t colon = text.find(':');
+  if (colon == std::string::npos) {
+    int n = number(text);
+    return {n, n};
+  }
+  return {number(text.substr(0, colon)), number(text.substr(colon + 1))};
+}
+
+std::chrono::milliseconds seconds_flag(double s, const char* flag) {
+  if (s < 0) throw InvalidArgumentError(fmt::format("{} is {}: it cannot be negative", flag, s));
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
 
 void validate(const RunArgs& a) {
   if (a.nproc < 1)
@@ -54,6 +114,16 @@ void validate(const RunArgs& a) {
         fmt::format("--grace-period is {}: it cannot be negative", a.grace_period_s));
   if (a.command.empty())
     throw InvalidArgumentError("dtrain run needs a worker command: dtrain run -n 2 -- ./train");
+  if (a.servers < 0)
+    throw InvalidArgumentError(fmt::format("--servers is {}: it cannot be negative", a.servers));
+}
+
+// This executable, for `dtrain ps-server` children.
+std::string self_executable() {
+  std::error_code ec;
+  auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "dtrain";  // found on PATH
+  return path.string();
 }
 
 // The store of the job, hosted by this launcher (node 0 only).
@@ -74,6 +144,37 @@ std::unique_ptr<TcpStoreServer> start_store(const RunArgs& a) {
                     kDefaultPort, e.what(), store->port());
     return store;
   }
+}
+
+int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given,
+                    bool master_given) {
+  if (node_rank_given)
+    throw InvalidArgumentError(
+        "--node-rank cannot be given to an elastic run (--max-restarts, --nnodes MIN:MAX, "
+        "--rdzv-*): the rendezvous assigns node ranks, in the order the agents arrive");
+  if (a.grace_period_s < 0)
+    throw InvalidArgumentError(
+        fmt::format("--grace-period is {}: it cannot be negative", a.grace_period_s));
+  launch::ElasticOptions o;
+  o.command = a.command;
+  o.nproc = a.nproc;
+  std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(e.nnodes);
+  o.max_restarts = e.max_restarts;
+  o.endpoint = e.rdzv_endpoint;
+  // Without --rdzv-endpoint, the store of a static run stands in: --master-addr:--master-port.
+  if (o.endpoint.empty() && (o.max_nodes > 1 || master_given))
+    o.endpoint = net::HostPort{a.master_addr, static_cast<uint16_t>(a.master_port)}.to_string();
+  o.run_id = e.rdzv_id.empty() ? env::get_string(env::kJobId) : e.rdzv_id;
+  o.node_name = e.node_name;
+  o.local_addr = e.local_addr;
+  o.join_timeout = seconds_flag(e.rdzv_timeout_s, "--rdzv-timeout");
+  o.last_call = seconds_flag(e.rdzv_last_call_s, "--rdzv-last-call");
+  o.heartbeat_timeout = seconds_flag(e.heartbeat_timeout_s, "--heartbeat-timeout");
+  o.exclude_after = e.exclude_after;
+  o.exclude_for = seconds_flag(e.exclude_for_s, "--exclude-for");
+  o.grace_period = seconds_flag(a.grace_period_s, "--grace-period");
+  o.prefix_output = !a.no_prefix;
+  return launch::run_elastic(o);
 }
 
 int run_job(const RunArgs& a) {
@@ -106,6 +207,33 @@ int run_job(const RunArgs& a) {
          {"MASTER_PORT", std::to_string(port)},
          // The launcher of node 0 hosts the store, so rank 0 must not host another.
          {"DTRAIN_AGENT_STORE", "1"}}});
+    if (a.servers > 0) {
+      auto& env = options.workers.back().env;
+      env.emplace_back("DTRAIN_ROLE", "worker");
+      env.emplace_back("DTRAIN_NUM_SERVERS", std::to_string(a.servers));
+      env.emplace_back("DTRAIN_NUM_WORKERS", std::to_string(world_size));
+    }
+  }
+  // Parameter servers (node 0): `dtrain ps-server`, or the worker command in the server role.
+  // They publish their addresses in the store and exit once every worker has left; one that dies
+  // fails the job like a worker would.
+  if (a.node_rank == 0) {
+    for (int i = 0; i < a.servers; ++i) {
+      launch::WorkerSpec spec{
+          world_size + i,
+          {{"DTRAIN_ROLE", "server"},
+           {"DTRAIN_PS_INDEX", std::to_string(i)},
+           {"DTRAIN_NUM_SERVERS", std::to_string(a.servers)},
+           {"DTRAIN_NUM_WORKERS", std::to_string(world_size)},
+           {"WORLD_SIZE", std::to_string(world_size)},
+           {"MASTER_ADDR", a.master_addr},
+           {"MASTER_PORT", std::to_string(port)},
+           {"DTRAIN_AGENT_STORE", "1"}},
+          {},
+          fmt::format("server {}", i)};
+      if (!a.server_program) spec.command = {self_executable(), "ps-server"};
+      options.workers.push_back(std::move(spec));
+    }
   }
   return supervisor.run(options);
 }
@@ -114,33 +242,91 @@ int run_job(const RunArgs& a) {
 
 CLI::App* add_run_command(CLI::App& app) {
   auto args = std::make_shared<RunArgs>();
+  auto elastic = std::make_shared<ElasticArgs>();
   auto* cmd = app.add_subcommand("run", "Start N workers of a distributed job and supervise them");
   cmd->footer(
       "Usage: dtrain run -n N [--nnodes K --node-rank R --master-addr H --master-port P]\n"
       "                  [--no-prefix] [--grace-period S] [--] CMD ARGS...\n"
+      "       dtrain run -n N [--nnodes MIN:MAX] --max-restarts K [--rdzv-endpoint H:P]\n"
+      "                  [--rdzv-id JOB] [--] CMD ARGS...        (elastic: one per machine)\n"
+      "       dtrain run -n N --servers S [--] CMD ARGS...   (parameter server: S servers)\n"
       "Each worker gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR\n"
-      "and MASTER_PORT, as under torchrun.");
+      "and MASTER_PORT, as under torchrun; elastic runs add DTRAIN_RESTART_COUNT\n"
+      "(TORCHELASTIC_RESTART_COUNT). See docs/fault_tolerance.md.");
   cmd->add_option("-n,--nproc-per-node", args->nproc, "Worker processes on this node")
       ->capture_default_str();
-  cmd->add_option("--nnodes", args->nnodes, "Nodes in the job")->capture_default_str();
-  cmd->add_option("--node-rank", args->node_rank, "Index of this node (0 hosts the store)")
+  cmd->add_option("--nnodes", elastic->nnodes, "Nodes in the job: N, or MIN:MAX for an elastic run")
       ->capture_default_str();
-  cmd->add_option("--master-addr", args->master_addr, "Host of node 0, where the store runs")
-      ->capture_default_str();
+  auto* node_rank = cmd->add_option("--node-rank", args->node_rank,
+                                    "Index of this node (0 hosts the store); static runs only")
+                        ->capture_default_str();
+  auto* master_addr =
+      cmd->add_option("--master-addr", args->master_addr, "Host of node 0, where the store runs")
+          ->capture_default_str();
   auto* port = cmd->add_option("--master-port", args->master_port,
                                "Port of the store (0: any free one; the default moves to a free "
                                "one when busy on a single node)")
                    ->capture_default_str();
   cmd->add_flag("--no-prefix", args->no_prefix, "Do not prefix output lines with [rank N]");
+  cmd->add_option("--servers", args->servers,
+                  "Parameter servers to start beside the workers (node 0; see "
+                  "docs/parameter_server.md)")
+      ->capture_default_str();
+  cmd->add_flag("--server-program", args->server_program,
+                "The servers run the worker command with DTRAIN_ROLE=server instead of `dtrain "
+                "ps-server`");
   cmd->add_option("--grace-period", args->grace_period_s,
                   "Seconds between SIGTERM and SIGKILL when stopping the workers")
       ->capture_default_str();
+  const std::string group = "Elastic (any of these runs the elastic agent)";
+  auto* max_restarts =
+      cmd->add_option("--max-restarts", elastic->max_restarts,
+                      "Failures the job survives: the workers restart (from their checkpoint) "
+                      "after each")
+          ->capture_default_str()
+          ->group(group);
+  auto* endpoint = cmd->add_option("--rdzv-endpoint", elastic->rdzv_endpoint,
+                                   "HOST:PORT of the rendezvous store; the agent on HOST (or the "
+                                   "first to bind it) hosts it")
+                       ->group(group);
+  auto* rdzv_id =
+      cmd->add_option("--rdzv-id", elastic->rdzv_id, "Job id: agents with the same id form a job")
+          ->group(group);
+  cmd->add_option("--rdzv-timeout", elastic->rdzv_timeout_s,
+                  "Seconds for a round to form (MIN agents) before the agents give up")
+      ->capture_default_str()
+      ->group(group);
+  cmd->add_option("--rdzv-last-call", elastic->rdzv_last_call_s,
+                  "Seconds a round waits for more agents once MIN have joined")
+      ->capture_default_str()
+      ->group(group);
+  cmd->add_option("--heartbeat-timeout", elastic->heartbeat_timeout_s,
+                  "Seconds without a heartbeat after which an agent counts as dead")
+      ->capture_default_str()
+      ->group(group);
+  cmd->add_option("--exclude-after", elastic->exclude_after,
+                  "Failures of one node's workers within --exclude-for that exclude the node "
+                  "(0 = never)")
+      ->capture_default_str()
+      ->group(group);
+  cmd->add_option("--exclude-for", elastic->exclude_for_s,
+                  "Seconds an excluded node sits out (counted from its last failure)")
+      ->capture_default_str()
+      ->group(group);
+  cmd->add_option("--node-name", elastic->node_name,
+                  "Name of this machine in logs and failure counts (default: the host name)")
+      ->group(group);
+  cmd->add_option("--local-addr", elastic->local_addr,
+                  "Address the other machines reach this one at (default: the one that routes "
+                  "to the rendezvous store)")
+      ->group(group);
   // Everything from the first positional on is the worker command, options included; a "--"
   // before it is optional. CLI11 leaves that "--" (and unknown options) in remaining().
   cmd->add_option("command", args->command, "The worker command and its arguments")->required();
   cmd->positionals_at_end();
   cmd->allow_extras();
-  cmd->callback([args, cmd, port] {
+  cmd->callback([args, elastic, cmd, port, node_rank, master_addr, max_restarts, endpoint,
+                 rdzv_id] {
     for (const auto& extra : cmd->remaining())
       if (extra != "--")
         throw InvalidArgumentError(fmt::format(
@@ -149,7 +335,22 @@ CLI::App* add_run_command(CLI::App& app) {
             extra));
     RunArgs a = *args;
     a.port_given = port->count() > 0;
-    int code = run_job(a);
+    const bool is_elastic = max_restarts->count() > 0 || endpoint->count() > 0 ||
+                            rdzv_id->count() > 0 || elastic->nnodes.find(':') != std::string::npos;
+    int code = 0;
+    if (is_elastic) {
+      if (a.servers > 0)
+        throw InvalidArgumentError(
+            "dtrain run: --servers cannot be combined with an elastic run yet (--max-restarts, "
+            "--nnodes MIN:MAX, --rdzv-*); restart parameter servers from their checkpoints "
+            "(dtrain ps-server --restore)");
+      code = run_elastic_job(a, *elastic, node_rank->count() > 0,
+                             master_addr->count() > 0 || a.port_given);
+    } else {
+      auto [min_nodes, max_nodes] = parse_nnodes(elastic->nnodes);
+      a.nnodes = min_nodes;
+      code = run_job(a);
+    }
     // CLI::RuntimeError carries an exit code out of app.parse() without printing anything.
     if (code != 0) throw CLI::RuntimeError(code);
   });

@@ -1,0 +1,664 @@
+#include "launch/elastic_agent.h"
+
+#include <fmt/format.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <thread>
+
+#include "common/env.h"
+#include "common/log.h"
+#include "common/socket.h"
+#include "dtrain/error.h"
+#include "dtrain/store.h"
+#include "launch/rendezvous.h"
+#include "launch/supervisor.h"
+
+namespace dtrain::launch {
+namespace {
+
+using std::chrono::milliseconds;
+using Kind = StopCause::Kind;
+
+// How often an agent looks at the store while its workers run: the delay between a failure on
+// one machine and the workers of the others being told to stop.
+constexpr milliseconds kWatchInterval{100};
+// Limit of one store call; the waits of the protocol poll with their own deadlines.
+constexpr milliseconds kStoreCallTimeout{30'000};
+// For node 0 to publish the round's workers' store.
+constexpr milliseconds kMasterTimeout{60'000};
+// For the agent hosting the store to let the others read their last keys.
+constexpr milliseconds kLingerTimeout{10'000};
+constexpr size_t kCauseTailLines = 3;
+constexpr size_t kCauseLineChars = 300;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string host_name() {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') return "localhost";
+  return host;
+}
+
+// Whether `host` names an address of this machine: binding to it (any port) works.
+bool is_local_address(const std::string& host) {
+  if (host.empty() || host == "0.0.0.0" || host == "::") return true;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  if (::getaddrinfo(host.c_str(), "0", &hints, &list) != 0) return false;
+  bool local = false;
+  for (addrinfo* a = list; a != nullptr && !local; a = a->ai_next) {
+    net::Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    local = fd.valid() && ::bind(fd.get(), a->ai_addr, a->ai_addrlen) == 0;
+  }
+  ::freeaddrinfo(list);
+  return local;
+}
+
+void say(const std::string& line) {
+  std::string text = line + "\n";
+  // One write per line, so that the lines of several agents on one terminal stay whole.
+  [[maybe_unused]] ssize_t n = ::write(2, text.data(), text.size());
+}
+
+// The last lines of a worker's stderr, in one line.
+std::string tail_in_one_line(const std::vector<std::string>& tail) {
+  if (tail.empty()) return "it wrote nothing to stderr";
+  std::string text = "last stderr: ";
+  size_t from = tail.size() > kCauseTailLines ? tail.size() - kCauseTailLines : 0;
+  for (size_t i = from; i < tail.size(); ++i) {
+    std::string line = tail[i].substr(0, kCauseLineChars);
+    text += fmt::format("{}\"{}\"", i == from ? "" : " | ", line);
+  }
+  return text;
+}
+
+// A TcpStore client of the rendezvous store, under the job's prefix.
+struct StoreLink {
+  std::shared_ptr<TcpStore> tcp;
+  std::shared_ptr<Store> store;
+};
+
+// Watches one round for the agent while its workers run: the round's stop record, its
+// completion, and the other agents' heartbeats. fd() becomes readable when the round is over.
+class RoundWatch {
+ public:
+  enum class Event { kNone, kComplete, kStopped, kStoreLost };
+
+  RoundWatch(std::shared_ptr<Store> store, const RoundPlan& plan, const AgentInfo& me,
+             const RendezvousOptions& options, Clock::time_point started)
+      : wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    if (!wake_.valid())
+      throw InternalError(fmt::format("dtrain run: eventfd failed: {}", std::strerror(errno)));
+    thread_ = std::jthread(
+        [this, store = std::move(store), plan, me, options, started](std::stop_token stop) {
+          watch(stop, Rendezvous(store, options), plan, me, started);
+        });
+  }
+  ~RoundWatch() {
+    thread_.request_stop();
+    cv_.notify_all();
+  }
+  RoundWatch(const RoundWatch&) = delete;
+  RoundWatch& operator=(const RoundWatch&) = delete;
+
+  int fd() const { return wake_.get(); }
+  Event event() const {
+    std::lock_guard lock(mutex_);
+    return event_;
+  }
+  Clock::time_point when() const {
+    std::lock_guard lock(mutex_);
+    return when_;
+  }
+  std::string error() const {
+    std::lock_guard lock(mutex_);
+    return error_;
+  }
+
+ private:
+  void watch(std::stop_token stop, Rendezvous rdzv, const RoundPlan& plan, const AgentInfo& me,
+             Clock::time_point started) {
+    Liveness live(rdzv.options().heartbeat_timeout);
+    std::vector<int64_t> others;
+    for (const auto& m : plan.members)
+      if (m.id != me.id) others.push_back(m.id);
+    try {
+      while (!stop.stop_requested()) {
+        if (rdzv.complete(plan.round)) return fire(Event::kComplete, "");
+        if (rdzv.stop_cause(plan.round)) return fire(Event::kStopped, "");
+        live.observe(rdzv.store(), others);
+        for (const auto& m : plan.members) {
+          if (m.id == me.id || live.alive(m.id)) continue;
+          StopCause c;
+          c.kind = Kind::kAgentLost;
+          c.agent = m;
+          c.round_seconds = seconds_between(started, Clock::now());
+          c.text = fmt::format("the agent of {} stopped heartbeating {:.1f} s ago", m.describe(),
+                               live.silent_for(m.id).count() / 1000.0);
+          rdzv.stop(plan.round, c);
+          break;
+        }
+        std::unique_lock lock(mutex_);
+        cv_.wait_for(lock, stop, kWatchInterval, [] { return false; });
+      }
+    } catch (const Error& e) {
+      fire(Event::kStoreLost, e.what());
+    }
+  }
+
+  void fire(Event event, const std::string& error) {
+    {
+      std::lock_guard lock(mutex_);
+      event_ = event;
+      when_ = Clock::now();
+      error_ = error;
+    }
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
+  }
+
+  net::Fd wake_;
+  mutable std::mutex mutex_;  // guards event_, when_, error_; cv_ waits on it
+  std::condition_variable_any cv_;
+  Event event_ = Event::kNone;
+  Clock::time_point when_{};
+  std::string error_;
+  std::jthread thread_;  // last: joined before the members above go
+};
+
+class Agent {
+ public:
+  Agent(const ElasticOptions& options, Supervisor& supervisor)
+      : options_(options), supervisor_(supervisor) {
+    node_ = options.node_name.empty() ? host_name() : options.node_name;
+    prefix_ = fmt::format("dtrain run [node {}]", node_);
+    rdzv_options_.min_nodes = options.min_nodes;
+    rdzv_options_.max_nodes = options.max_nodes;
+    rdzv_options_.max_restarts = options.max_restarts;
+    rdzv_options_.join_timeout = options.join_timeout;
+    rdzv_options_.last_call = options.last_call;
+    rdzv_options_.heartbeat_timeout = options.heartbeat_timeout;
+    rdzv_options_.log_prefix = prefix_;
+  }
+
+  ~Agent() {
+    heartbeat_.request_stop();
+    heartbeat_cv_.notify_all();
+  }
+
+  int run() {
+    connect();
+    start_heartbeat();
+    int64_t round = rdzv_->open_round();
+    for (;;) {
+      if (auto code = sit_out_if_excluded()) return finish(*code, /*linger=*/true);
+      auto joined = rdzv_->join(me_, round, [this] { return supervisor_.take_signal(); });
+      using Result = Rendezvous::Joined::Result;
+      if (joined.result == Result::kComplete) {
+        say(fmt::format("{}: the job finished while this agent waited to join", prefix_));
+        return finish(0, /*linger=*/true);
+      }
+      if (joined.result == Result::kEnded) return finish(report_end(round), /*linger=*/true);
+      if (joined.result == Result::kInterrupted) {
+        say(fmt::format("{}: got {} while waiting to join; leaving the job", prefix_,
+                        signal_name(joined.signal)));
+        return finish(128 + joined.signal, /*linger=*/false);
+      }
+      const RoundPlan& plan = joined.plan;
+      auto outcome = run_round(plan);
+      if (outcome.signal != 0) return finish(128 + outcome.signal, /*linger=*/false);
+      if (!outcome.cause) {
+        DTRAIN_LOG_INFO("{}: round {} finished: all {} worker(s) succeeded", prefix_, plan.round,
+                        plan.world_size());
+        return finish(0, /*linger=*/true);
+      }
+      const StopCause& cause = *outcome.cause;
+      if (cause.kind == Kind::kWorkerFailed && cause.agent.id == me_.id)
+        rdzv_->record_failure(node_, unix_now());
+      int64_t restarts = plan.restarts + (cause.counts ? 1 : 0);
+      std::string line =
+          cause.round_seconds >= 0
+              ? fmt::format("{}: round {} stopped after {:.1f} s: {}", prefix_, plan.round,
+                            cause.round_seconds, cause.text)
+              : fmt::format("{}: round {} stopped: {}", prefix_, plan.round, cause.text);
+      if (restarts > options_.max_restarts) {
+        say(line + fmt::format("; that is failure {}, more than --max-restarts {}: the job ends",
+                               restarts, options_.max_restarts));
+        rdzv_->end(fmt::format("{} failure(s), more than --max-restarts {} allows", restarts,
+                               options_.max_restarts));
+        return finish(report_end(plan.round), /*linger=*/true);
+      }
+      if (cause.counts)
+        say(line +
+            fmt::format("; restart {} of {} (--max-restarts)", restarts, options_.max_restarts));
+      else
+        say(line + "; restarting (not counted against --max-restarts)");
+      round = plan.round + 1;
+    }
+  }
+
+ private:
+  struct RoundOutcome {
+    std::optional<StopCause> cause;  // none: every worker of the round succeeded
+    int signal = 0;                  // this agent was interrupted
+  };
+
+  StoreLink link(const net::HostPort& at) {
+    TcpStoreOptions o;
+    o.host = at.host;
+    o.port = at.port;
+    o.timeout = kStoreCallTimeout;
+    o.connect_timeout = options_.join_timeout;
+    StoreLink l;
+    l.tcp = std::make_shared<TcpStore>(o);
+    l.store = std::make_shared<PrefixStore>("elastic/" + options_.run_id, l.tcp);
+    return l;
+  }
+
+  // Hosts the rendezvous store when this machine is its endpoint (and nobody here has bound it
+  // yet), then connects to it.
+  void connect() {
+    net::HostPort at;
+    std::string how;
+    if (options_.endpoint.empty()) {
+      TcpStoreServerOptions so;
+      so.host = "127.0.0.1";
+      so.port = 0;
+      server_ = std::make_unique<TcpStoreServer>(so);
+      at = {"127.0.0.1", server_->port()};
+      how = "hosts the rendezvous store (one machine)";
+    } else {
+      at = net::parse_host_port(options_.endpoint, "--rdzv-endpoint");
+      if (is_local_address(at.host)) {
+        try {
+          TcpStoreServerOptions so;
+          so.host = at.host;
+          so.port = at.port;
+          server_ = std::make_unique<TcpStoreServer>(so);
+          how = "hosts the rendezvous store: its endpoint is on this machine";
+        } catch (const Error& e) {
+          // Another agent of this machine came first (or the port is taken by something else,
+          // which the handshake below will say).
+          DTRAIN_LOG_DEBUG("{}: cannot host the rendezvous store: {}", prefix_, e.what());
+          how = "joins the rendezvous store, which another process of this machine serves";
+        }
+      } else {
+        how = "joins the rendezvous store";
+      }
+    }
+    main_ = link(at);
+    heartbeat_link_ = link(at);
+    watch_link_ = link(at);
+    endpoint_ = at.to_string();
+    rdzv_ = std::make_unique<Rendezvous>(main_.store, rdzv_options_);
+
+    AgentInfo info;
+    info.node = node_;
+    info.host = host_name();
+    info.addr = options_.local_addr.empty() ? main_.tcp->local_ip() : options_.local_addr;
+    info.pid = ::getpid();
+    info.nproc = options_.nproc;
+    me_ = rdzv_->register_agent(info);
+    nonce_ = rdzv_->job_nonce();
+    if (server_) main_.store->set("host", std::to_string(me_.id));
+    std::string host_note;
+    if (!server_ && main_.store->check({"host"}))
+      host_note = fmt::format(", hosted by agent {}", main_.store->get_string("host"));
+    DTRAIN_LOG_INFO(
+        "{}: agent {} (pid {}, {}) {} at {}{} for job '{}' (--nnodes {}:{}, "
+        "--max-restarts {})",
+        prefix_, me_.id, me_.pid, me_.addr, how, endpoint_, host_note, options_.run_id,
+        options_.min_nodes, options_.max_nodes, options_.max_restarts);
+  }
+
+  void start_heartbeat() {
+    auto interval =
+        std::clamp(options_.heartbeat_timeout / 5, milliseconds(50), milliseconds(1000));
+    heartbeat_ = std::jthread([this, interval, store = heartbeat_link_.store,
+                               key = Rendezvous::heartbeat_key(me_.id)](std::stop_token stop) {
+      try {
+        while (!stop.stop_requested()) {
+          store->add(key, 1);
+          std::unique_lock lock(heartbeat_mutex_);
+          heartbeat_cv_.wait_for(lock, stop, interval, [] { return false; });
+        }
+      } catch (const Error& e) {
+        // The main thread meets the same store on its next call and says what happened.
+        DTRAIN_LOG_DEBUG("{}: heartbeat stopped: {}", prefix_, e.what());
+      }
+    });
+  }
+
+  // A machine whose workers caused exclude_after failures within exclude_for sits out until
+  // exclude_for has passed since its last one, unless the job would then have fewer than MIN.
+  // Returns an exit code when the job ended meanwhile.
+  std::optional<int> sit_out_if_excluded() {
+    if (options_.exclude_after <= 0) return std::nullopt;
+    std::vector<double> times = rdzv_->node_failures(node_);
+    const double window = options_.exclude_for.count() / 1000.0;
+    const double now = unix_now();
+    auto recent =
+        std::count_if(times.begin(), times.end(), [&](double t) { return t >= now - window; });
+    if (recent < options_.exclude_after) return std::nullopt;
+    // The machines of the latest round, this one aside: the job keeps them while this one waits.
+    int others = 0;
+    int64_t latest = rdzv_->latest_closed(std::max<int64_t>(rdzv_->open_round() - 1, 0));
+    if (latest >= 0)
+      for (const auto& m : rdzv_->read_plan(latest).members) others += m.id != me_.id ? 1 : 0;
+    if (others < options_.min_nodes) {
+      say(fmt::format(
+          "{}: this node's workers caused {} failure(s) in the last {:g} s, but the job needs it "
+          "to keep --nnodes at least {}: it stays in",
+          prefix_, recent, window, options_.min_nodes));
+      return std::nullopt;
+    }
+    const double until = *std::max_element(times.begin(), times.end()) + window;
+    say(fmt::format(
+        "{}: excluding this node for {:.0f} s: its workers caused {} failure(s) in the last {:g} "
+        "s (--exclude-after {}, --exclude-for {:g}); it rejoins at a restart after that",
+        prefix_, until - now, recent, window, options_.exclude_after, window));
+    while (unix_now() < until) {
+      if (int sig = supervisor_.take_signal()) {
+        say(fmt::format("{}: got {} while excluded; leaving the job", prefix_, signal_name(sig)));
+        return 128 + sig;
+      }
+      if (rdzv_->end_reason()) return report_end(std::max<int64_t>(latest, 0));
+      latest = rdzv_->latest_closed(std::max<int64_t>(latest, 0));
+      if (rdzv_->complete(latest)) {
+        say(fmt::format("{}: the job finished while this node was excluded", prefix_));
+        return 0;
+      }
+      std::this_thread::sleep_for(rdzv_options_.poll_interval);
+    }
+    return std::nullopt;
+  }
+
+  // The workers' job id in a round: their store and connections refuse workers of other rounds,
+  // and their shared-memory segments (named after it) never meet another job's.
+  std::string round_job_id(int64_t round) const {
+    return fmt::format("{}-{}-round{}", options_.run_id, nonce_, round);
+  }
+
+  std::vector<WorkerSpec> worker_specs(const RoundPlan& plan, int node_rank,
+                                       const std::string& master_addr, uint16_t master_port) {
+    std::vector<WorkerSpec> workers;
+    const int base = plan.first_rank(node_rank);
+    const std::string restarts = std::to_string(plan.restarts);
+    for (int local = 0; local < options_.nproc; ++local) {
+      int rank = base + local;
+      workers.push_back(WorkerSpec{
+          rank,
+          {{"RANK", std::to_string(rank)},
+           {"WORLD_SIZE", std::to_string(plan.world_size())},
+           {"LOCAL_RANK", std::to_string(local)},
+           {"LOCAL_WORLD_SIZE", std::to_string(options_.nproc)},
+           {"NODE_RANK", std::to_string(node_rank)},
+           {"GROUP_RANK", std::to_string(node_rank)},
+           {"GROUP_WORLD_SIZE", std::to_string(plan.members.size())},
+           {"MASTER_ADDR", master_addr},
+           {"MASTER_PORT", std::to_string(master_port)},
+           {"DTRAIN_AGENT_STORE", "1"},
+           // A job id per round: the round's store and connections refuse a worker of another.
+           {"DTRAIN_JOB_ID", round_job_id(plan.round)},
+           {"DTRAIN_RESTART_COUNT", restarts},
+           {"TORCHELASTIC_RESTART_COUNT", restarts},
+           {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options_.max_restarts)},
+           {"TORCHELASTIC_RUN_ID", options_.run_id}}});
+    }
+    return workers;
+  }
+
+  // Node 0 hosts the round's workers' store; the others wait for its port. std::nullopt when
+  // the round stopped meanwhile.
+  std::optional<uint16_t> round_store(const RoundPlan& plan, int node_rank,
+                                      std::unique_ptr<TcpStoreServer>& server) {
+    if (node_rank == 0) {
+      TcpStoreServerOptions so;
+      so.host = me_.addr.rfind("127.", 0) == 0 ? "127.0.0.1" : "";
+      so.port = 0;
+      so.job_id = round_job_id(plan.round);
+      server = std::make_unique<TcpStoreServer>(so);
+      rdzv_->set_master(plan.round, std::to_string(server->port()));
+      return server->port();
+    }
+    const AgentInfo& zero = plan.members.front();
+    auto deadline = Deadline::after(kMasterTimeout);
+    for (;;) {
+      if (auto port = rdzv_->master(plan.round)) return static_cast<uint16_t>(std::stoi(*port));
+      if (rdzv_->stop_cause(plan.round)) return std::nullopt;
+      if (deadline.expired()) {
+        StopCause c;
+        c.kind = Kind::kAgentLost;
+        c.agent = zero;
+        c.text = fmt::format("{} (node rank 0) did not open round {}'s store within {}",
+                             zero.describe(), plan.round, deadline.describe());
+        rdzv_->stop(plan.round, c);
+        return std::nullopt;
+      }
+      std::this_thread::sleep_for(rdzv_options_.poll_interval);
+    }
+  }
+
+  RoundOutcome run_round(const RoundPlan& plan) {
+    const int node_rank = plan.node_rank(me_.id);
+    const AgentInfo& zero = plan.members.front();
+    std::unique_ptr<TcpStoreServer> worker_store;
+    auto port = round_store(plan, node_rank, worker_store);
+    if (!port) return {rdzv_->wait_stop_cause(plan.round, kStoreCallTimeout), 0};
+    const int first = plan.first_rank(node_rank);
+    DTRAIN_LOG_INFO("{}: round {}: {}; this is node rank {} with ranks {}..{}; restart count {}",
+                    prefix_, plan.round, plan.describe(), node_rank, first,
+                    first + options_.nproc - 1, plan.restarts);
+
+    SupervisorOptions so;
+    so.command = options_.command;
+    so.workers = worker_specs(plan, node_rank, zero.addr, *port);
+    so.prefix_output = options_.prefix_output;
+    so.grace_period = options_.grace_period;
+    so.report_failure = false;
+    const auto started = Clock::now();
+    RoundWatch watch(watch_link_.store, plan, me_, rdzv_options_, started);
+    so.stop_fd = watch.fd();
+    so.on_failure = [&](const WorkerExit& w) {
+      stopped_at_ = Clock::now();
+      StopCause c;
+      c.kind = Kind::kWorkerFailed;
+      c.agent = me_;
+      c.rank = w.rank;
+      c.exit_code = w.exit_code;
+      c.signal = w.signal;
+      c.stderr_tail = w.stderr_tail;
+      c.round_seconds = seconds_between(started, *stopped_at_);
+      c.text = fmt::format("rank {} (pid {}) on {} {}; {}", w.rank, w.pid, me_.describe(), w.how(),
+                           tail_in_one_line(w.stderr_tail));
+      try {
+        rdzv_->stop(plan.round, c);
+      } catch (const Error& e) {
+        DTRAIN_LOG_ERROR("{}: cannot record the failure of rank {} in the store: {}", prefix_,
+                         w.rank, e.what());
+      }
+    };
+    bool resumed = false;
+    so.on_line = [&](int rank, std::string_view line) {
+      if (resumed || line.rfind("resumed from", 0) != 0) return;
+      resumed = true;
+      std::string what = fmt::format("rank {} {}", rank, line);
+      std::string after;
+      if (stopped_at_)
+        after = fmt::format(", training again {:.2f} s after round {} stopped",
+                            seconds_between(*stopped_at_, Clock::now()), plan.round - 1);
+      say(fmt::format("{}: round {}: {}{}", prefix_, plan.round, what, after));
+      try {
+        rdzv_->set_resumed(plan.round, what + after);
+      } catch (const Error& e) {
+        DTRAIN_LOG_WARN("{}: cannot record the resumption in the store: {}", prefix_, e.what());
+      }
+    };
+
+    SupervisorResult result = supervisor_.supervise(so);
+    using Outcome = SupervisorResult::Outcome;
+    if (result.outcome == Outcome::kInterrupted) {
+      StopCause c;
+      c.kind = Kind::kAgentLeft;
+      c.counts = false;
+      c.agent = me_;
+      c.round_seconds = seconds_between(started, Clock::now());
+      c.text = fmt::format("the agent of {} got {} and left the job", me_.describe(),
+                           signal_name(result.interrupted_by));
+      try {
+        rdzv_->stop(plan.round, c);
+      } catch (const Error& e) {
+        DTRAIN_LOG_WARN("{}: cannot tell the other agents that this one leaves: {}", prefix_,
+                        e.what());
+      }
+      return {std::nullopt, result.interrupted_by};
+    }
+    if (result.outcome == Outcome::kSucceeded) {
+      rdzv_->mark_done(plan);
+      // Wait for the other machines' workers, or for the round to stop after all. Not forever:
+      // the watch fires as soon as one of them stops heartbeating.
+      for (;;) {
+        pollfd fds[2] = {{watch.fd(), POLLIN, 0}, {supervisor_.signal_fd(), POLLIN, 0}};
+        ::poll(fds, 2, -1);
+        if (watch.event() != RoundWatch::Event::kNone) break;
+        if (int sig = supervisor_.take_signal()) {
+          StopCause c;
+          c.kind = Kind::kAgentLeft;
+          c.counts = false;
+          c.agent = me_;
+          c.text = fmt::format("the agent of {} got {} and left the job", me_.describe(),
+                               signal_name(sig));
+          rdzv_->stop(plan.round, c);
+          return {std::nullopt, sig};
+        }
+      }
+    } else if (result.outcome == Outcome::kFailed) {
+      // Failed here: the cause is recorded (this one, or an earlier one from elsewhere).
+      if (auto cause = rdzv_->stop_cause(plan.round)) return {std::move(cause), 0};
+    }
+    if (watch.event() == RoundWatch::Event::kNone) {
+      pollfd fd{watch.fd(), POLLIN, 0};
+      ::poll(&fd, 1, static_cast<int>(kStoreCallTimeout.count()));
+    }
+    switch (watch.event()) {
+      case RoundWatch::Event::kComplete:
+        return {std::nullopt, 0};
+      case RoundWatch::Event::kStoreLost:
+        throw StoreError(fmt::format(
+            "{}: lost the rendezvous store at {} during round {}: {}. The agent hosting it has "
+            "exited or its machine is unreachable; the job cannot go on without it",
+            prefix_, endpoint_, plan.round, watch.error()));
+      case RoundWatch::Event::kStopped:
+      case RoundWatch::Event::kNone:
+        break;
+    }
+    if (result.outcome != Outcome::kFailed)  // on_failure took the time of the failure here
+      stopped_at_ = watch.event() == RoundWatch::Event::kStopped ? watch.when() : Clock::now();
+    return {rdzv_->wait_stop_cause(plan.round, kStoreCallTimeout), 0};
+  }
+
+  // Prints why the job ended and every round's story; returns the exit code.
+  int report_end(int64_t round_hint) {
+    int64_t last = rdzv_->latest_closed(std::max<int64_t>(round_hint, 0));
+    int code = 1;
+    for (int64_t r = last; r >= 0; --r) {
+      auto cause = rdzv_->stop_cause(r);
+      if (cause && cause->counts) {
+        code = cause->exit_status();
+        break;
+      }
+    }
+    std::string reason = rdzv_->end_reason().value_or("too many failures");
+    std::string rounds = rdzv_->history(last);
+    if (!rounds.empty() && rounds.back() == '\n') rounds.pop_back();
+    say(fmt::format("{}: job '{}' failed: {}. Its rounds:\n{}", prefix_, options_.run_id, reason,
+                    rounds));
+    return code;
+  }
+
+  // Tells the others this agent is done with the store. When the job is over (linger), its host
+  // waits for them to read their last keys; an interrupted host leaves at once.
+  int finish(int code, bool linger) {
+    heartbeat_.request_stop();
+    heartbeat_cv_.notify_all();
+    try {
+      rdzv_->mark_gone(me_.id);
+      if (server_ && linger) rdzv_->wait_for_others_gone(me_.id, kLingerTimeout);
+    } catch (const Error& e) {
+      DTRAIN_LOG_DEBUG("{}: store gone while leaving: {}", prefix_, e.what());
+    }
+    return code;
+  }
+
+  const ElasticOptions& options_;
+  Supervisor& supervisor_;
+  std::string node_;
+  std::string prefix_;
+  RendezvousOptions rdzv_options_;
+  std::unique_ptr<TcpStoreServer> server_;  // when this agent hosts the rendezvous store
+  std::string endpoint_;
+  StoreLink main_, heartbeat_link_, watch_link_;  // one connection per thread
+  std::unique_ptr<Rendezvous> rdzv_;
+  AgentInfo me_;
+  std::string nonce_;  // this run of the job, as opposed to an earlier one with the same id
+  std::optional<Clock::time_point> stopped_at_;  // when the last round stopped, by this clock
+  std::mutex heartbeat_mutex_;                   // for heartbeat_cv_ only
+  std::condition_variable_any heartbeat_cv_;
+  std::jthread heartbeat_;  // last: stopped and joined first
+};
+
+void validate(const ElasticOptions& o) {
+  if (o.command.empty())
+    throw InvalidArgumentError("dtrain run needs a worker command: dtrain run -n 2 -- ./train");
+  if (o.nproc < 1)
+    throw InvalidArgumentError(
+        fmt::format("--nproc-per-node is {}: start at least one worker", o.nproc));
+  if (o.min_nodes < 1 || o.max_nodes < o.min_nodes)
+    throw InvalidArgumentError(fmt::format(
+        "--nnodes {}:{}: MIN must be at least 1 and MAX at least MIN", o.min_nodes, o.max_nodes));
+  if (o.max_restarts < 0)
+    throw InvalidArgumentError(
+        fmt::format("--max-restarts is {}: it cannot be negative", o.max_restarts));
+  if (o.endpoint.empty() && o.max_nodes > 1)
+    throw InvalidArgumentError(fmt::format(
+        "--nnodes {}:{} needs --rdzv-endpoint HOST:PORT (or --master-addr/--master-port): the "
+        "agents of the other machines must find the rendezvous store",
+        o.min_nodes, o.max_nodes));
+  if (o.run_id.empty() || o.run_id.size() > 128)
+    throw InvalidArgumentError("--rdzv-id must have 1 to 128 characters");
+  if (o.last_call.count() < 0 || o.heartbeat_timeout.count() <= 0 || o.join_timeout.count() <= 0)
+    throw InvalidArgumentError(
+        "--rdzv-last-call cannot be negative, --rdzv-timeout and --heartbeat-timeout must be "
+        "positive");
+}
+
+}  // namespace
+
+int run_elastic(const ElasticOptions& options) {
+  validate(options);
+  find_executable(options.command.at(0));  // a bad command fails here, not once per round
+  // Before any thread (the store's, the heartbeat's): they inherit the blocked signals.
+  Supervisor supervisor;
+  Agent agent(options, supervisor);
+  return agent.run();
+}
+
+}  // namespace dtrain::launch
