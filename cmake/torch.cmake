@@ -28,13 +28,14 @@ add_library(dtrain_torch STATIC
   src/torch/distributed_data_parallel.cc
   src/torch/coordinator.cc
   src/torch/distributed_optimizer.cc
+  src/torch/parameter_server.cc
   src/torch/checkpoint.cc
 )
 target_include_directories(dtrain_torch
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch
-  PUBLIC dtrain_core ${TORCH_LIBRARIES}
+  PUBLIC dtrain_core dtrain_ps ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 
 # The allocator: glibc malloc makes LibTorch return and re-fault its big buffers every step

@@ -4,6 +4,7 @@
 //   build/bin/train_fashion_mnist --epochs 1                                  # one process
 //   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --epochs 1    # DDP over 2 ranks
 //   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --strategy optimizer
+//   build/bin/dtrain run --servers 1 -n 2 -- build/bin/train_fashion_mnist --strategy ps --ps-mode ssp
 //   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --checkpoint-dir ckpt
 //       --checkpoint-every 100                  # (one line) run it again after a crash: it resumes
 //
@@ -13,7 +14,7 @@
 // accuracy, and last one machine-readable line:
 //   RESULT {"strategy":"ddp","world_size":2,"epochs":1,"steps":300,"images_per_sec":...,
 //           "initial_loss":...,"final_loss":...,"test_accuracy":...}
-// images_per_sec counts the images of all ranks. DTRAIN_TIMELINE=FILE records a Chrome trace.
+// images_per_sec adds up the rates of all ranks. DTRAIN_TIMELINE=FILE records a Chrome trace.
 //
 // Checkpoints (docs/fault_tolerance.md): with --checkpoint-dir DIR, rank 0 saves every
 // --checkpoint-every steps (and at the end) in the background, keeping the newest
@@ -37,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -44,11 +46,13 @@
 #include <torch/torch.h>
 
 #include "dtrain/dtrain.h"
+#include "dtrain/ps.h"
 #include "dtrain/torch/broadcast.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/distributed_data_parallel.h"
 #include "dtrain/torch/distributed_optimizer.h"
 #include "dtrain/torch/distributed_sampler.h"
+#include "dtrain/torch/parameter_server.h"
 #include "dtrain/torch/fashion_mnist.h"
 #include "dtrain/torch/runtime.h"
 #include "dtrain/torch/safetensors.h"
@@ -99,6 +103,10 @@ struct Flags {
   std::string sample_log;
   int64_t stop_after_steps = 0;
   int64_t train_samples = 0;
+  std::string ps_mode = "sync";
+  uint32_t staleness = 2;
+  int straggler_rank = -1;
+  int straggler_ms = 0;
 };
 
 bool launched_distributed() {
@@ -209,7 +217,10 @@ int run(const Flags& flags) {
   if (lead)
     std::printf("train_fashion_mnist: %d rank(s), strategy %s, batch %d per rank, %d thread(s), "
                 "allocator %s, BLAS %s\n",
-                world, world > 1 ? flags.strategy.c_str() : "single", flags.batch_size,
+                world,
+                flags.strategy == "ps" ? fmt::format("ps ({})", flags.ps_mode).c_str()
+                : world > 1            ? flags.strategy.c_str()
+                                       : "single", flags.batch_size,
                 runtime.threads, runtime.allocator.c_str(), runtime.blas.c_str());
 
   torch::manual_seed(flags.seed);
@@ -265,7 +276,26 @@ int run(const Flags& flags) {
   position.values["shuffle"] = flags.no_shuffle ? 0.0 : 1.0;
   std::unique_ptr<dtrain::DistributedDataParallel> ddp;
   std::unique_ptr<dtrain::DistributedOptimizer> dopt;
-  if (pg && flags.strategy == "ddp") {
+  std::unique_ptr<dtrain::ParameterServerTrainer> ps;
+  if (flags.strategy == "ps") {
+    // The servers hold the parameters and run SGD with momentum; every worker starts from the
+    // values the first one created the tables with.
+    if (ckpt)
+      throw dtrain::InvalidArgumentError(
+          "--checkpoint-dir with --strategy ps: the parameters live on the servers; checkpoint "
+          "them there (dtrain ps-server --checkpoint-dir, DTRAIN_PS_CHECKPOINT_DIR)");
+    dtrain::ps::TableOptions opt;
+    opt.optimizer.kind = flags.momentum > 0 ? dtrain::ps::OptimizerOptions::Kind::kMomentum
+                                            : dtrain::ps::OptimizerOptions::Kind::kSgd;
+    opt.optimizer.lr = static_cast<float>(flags.lr);
+    opt.optimizer.momentum = static_cast<float>(flags.momentum);
+    opt.consistency = flags.ps_mode == "sync"    ? dtrain::ps::Consistency::kSync
+                      : flags.ps_mode == "async" ? dtrain::ps::Consistency::kAsync
+                                                 : dtrain::ps::Consistency::kBounded;
+    opt.staleness = flags.staleness;
+    ps = std::make_unique<dtrain::ParameterServerTrainer>(
+        *model, std::shared_ptr<dtrain::ps::Client>(dtrain::ps::Client::from_env()), opt);
+  } else if (pg && flags.strategy == "ddp") {
     ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg);
   } else if (pg && flags.strategy == "optimizer") {
     dtrain::broadcast_parameters(*model, *pg, 0);
@@ -293,7 +323,8 @@ int run(const Flags& flags) {
   int64_t steps_here = 0;  // by this process (the rest were restored)
   int64_t saved_step = position.step;
   bool stopped = false;
-  int64_t images = 0;
+  int64_t images = 0;      // of all ranks, assuming they keep in step (for the progress line)
+  int64_t own_images = 0;  // of this rank
   auto restored = [&](const char* key) {
     auto it = position.values.find(key);
     return it == position.values.end() ? 0.0 : it->second;
@@ -324,13 +355,17 @@ int run(const Flags& flags) {
       auto x = train.images.index_select(0, idx);
       auto y = train.labels.index_select(0, idx);
 
+      if (rank == flags.straggler_rank)  // a slow worker, on purpose (--straggler-ms)
+        std::this_thread::sleep_for(std::chrono::milliseconds(flags.straggler_ms));
       sgd->zero_grad();
       auto out = ddp ? ddp->forward([&] { return model->forward(x); }) : model->forward(x);
       auto loss = torch::nn::functional::cross_entropy(out, y);
       loss.backward();
       {
         dtrain::TimelineSpan span("optimizer step", "compute");
-        if (dopt) {
+        if (ps) {
+          ps->step();
+        } else if (dopt) {
           dopt->step();
         } else {
           sgd->step();
@@ -343,6 +378,7 @@ int run(const Flags& flags) {
       ++step;
       ++steps_here;
       images += static_cast<int64_t>(batch.size()) * world;
+      own_images += static_cast<int64_t>(batch.size());
       sample_log.record(epoch, batch);
       // Where a run resumed from here starts: after this batch, or at the next epoch.
       const bool epoch_done = end >= indices.size();
@@ -379,7 +415,12 @@ int run(const Flags& flags) {
     return 0;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // Every rank's own rate, added up: ranks that do not keep in step (an asynchronous parameter
+  // server with a straggler) are counted for what each did.
+  const double images_per_sec =
+      allreduce_mean(pg.get(), static_cast<double>(own_images) / seconds) * world;
   double final_loss = allreduce_mean(pg.get(), mean_recent());
+  if (ps) ps->pull();  // the servers' latest values
 
   // Test accuracy: every rank scores its share of the test set with rank 0's batch statistics.
   if (pg) dtrain::broadcast_parameters(*model, *pg, 0);
@@ -403,13 +444,13 @@ int run(const Flags& flags) {
     if (!flags.save.empty()) dtrain::save_module_state(*model, flags.save);
     std::printf("test accuracy %.4f (%lld/%lld), %.1f s, %.0f images/s\n", accuracy,
                 static_cast<long long>(correct), static_cast<long long>(seen), seconds,
-                images / seconds);
+                images_per_sec);
     nlohmann::ordered_json result = {
-        {"strategy", world > 1 ? flags.strategy : "single"},
+        {"strategy", world > 1 || ps ? flags.strategy : "single"},
         {"world_size", world},
         {"epochs", flags.epochs},
         {"steps", step},
-        {"images_per_sec", images / seconds},
+        {"images_per_sec", images_per_sec},
         {"initial_loss", initial_loss},
         {"final_loss", final_loss},
         {"test_accuracy", accuracy},
@@ -427,8 +468,14 @@ int run(const Flags& flags) {
 int main(int argc, char** argv) {
   CLI::App app{"Train the Fashion-MNIST ConvNet, data parallel over the ranks of a dtrain job"};
   Flags flags;
-  app.add_option("--strategy", flags.strategy, "ddp or optimizer (Horovod-style)")
-      ->check(CLI::IsMember({"ddp", "optimizer"}));
+  app.add_option("--strategy", flags.strategy,
+                 "ddp, optimizer (Horovod-style) or ps (parameter server: dtrain run --servers)")
+      ->check(CLI::IsMember({"ddp", "optimizer", "ps"}));
+  app.add_option("--ps-mode", flags.ps_mode, "parameter server consistency: sync, async or ssp")
+      ->check(CLI::IsMember({"sync", "async", "ssp"}));
+  app.add_option("--staleness", flags.staleness, "ssp: steps a worker may run ahead of the slowest");
+  app.add_option("--straggler-rank", flags.straggler_rank, "benchmark: this rank sleeps every step");
+  app.add_option("--straggler-ms", flags.straggler_ms, "benchmark: how long the straggler sleeps");
   app.add_option("--epochs", flags.epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", flags.batch_size, "images per step on each rank")
       ->check(CLI::PositiveNumber);

@@ -1,4 +1,5 @@
-// End to end: the example under `dtrain run -n 2` for a few dozen steps; the loss must fall.
+// End to end: the example under `dtrain run -n 2` for a few dozen steps; the loss must fall, for
+// every strategy (DDP, the distributed optimizer, the parameter server).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -26,12 +27,15 @@ nlohmann::json result_of(const std::string& output) {
   return nlohmann::json::parse(output.substr(at + 7, end - at - 7));
 }
 
-void check_loss_falls(const std::string& strategy) {
+// `launch` goes between `dtrain run` and `-n 2` (e.g. "--servers 1"); `extra` after the strategy.
+void check_loss_falls(const std::string& strategy, const std::string& launch = "",
+                      const std::string& extra = "") {
   if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   const std::string bin = DTRAIN_BIN_DIR;
-  const std::string command = "timeout 200 " + bin + "/dtrain run -n 2 --no-prefix -- " + bin +
-                              "/train_fashion_mnist --strategy " + strategy +
+  const std::string command = "timeout 200 " + bin + "/dtrain run " + launch +
+                              " -n 2 --no-prefix -- " + bin +
+                              "/train_fashion_mnist --strategy " + strategy + " " + extra +
                               " --max-steps 60 --threads 1 2>&1";
   int status = -1;
   std::string output = run_command(command, status);
@@ -50,5 +54,10 @@ void check_loss_falls(const std::string& strategy) {
 
 TEST(TrainFashionMnist, DdpLossFallsUnderTwoRanks) { check_loss_falls("ddp"); }
 TEST(TrainFashionMnist, DistributedOptimizerLossFallsUnderTwoRanks) { check_loss_falls("optimizer"); }
+// Through one parameter server, bounded staleness, one worker slowed down.
+TEST(TrainFashionMnist, ParameterServerLossFallsWithAStraggler) {
+  check_loss_falls("ps", "--servers 1",
+                   "--ps-mode ssp --staleness 2 --straggler-rank 1 --straggler-ms 5");
+}
 
 }  // namespace
