@@ -496,6 +496,14 @@ struct Client::Impl {
     }
     const float* grads = static_cast<const float*>(values.data);
     for (int s : targets) {
+      const uint64_t bytes = plan->ids[s].size() * (sizeof(uint64_t) + (push ? width * 4 : 0));
+      if (bytes > kMaxPayload)
+        throw InvalidArgumentError(fmt::format(
+            "ps worker {}: {} sends {} bytes to server {}, more than a request may carry ({}): "
+            "split the ids over several calls",
+            options.worker, what, bytes, s, kMaxPayload));
+    }
+    for (int s : targets) {
       Outgoing o;
       o.header.op = static_cast<uint8_t>(op);
       o.header.dtype = static_cast<uint8_t>(values.dtype);

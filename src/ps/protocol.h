@@ -65,8 +65,9 @@ struct Header {
 };
 static_assert(sizeof(Header) == 64);
 
-// The largest payload a server accepts (a garbage header must not make it allocate terabytes).
-inline constexpr uint64_t kMaxPayload = uint64_t{1} << 34;
+// The largest payload a server accepts (1 GiB: a garbage header must not make it allocate
+// terabytes). Dense pushes travel in 1 MiB chunks; split sparse pushes beyond this.
+inline constexpr uint64_t kMaxPayload = uint64_t{1} << 30;
 
 // FNV-1a of the name: how requests name tables (names travel only with create).
 uint64_t table_key(std::string_view name);

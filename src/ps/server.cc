@@ -43,7 +43,7 @@ struct Connection {
   net::Fd fd;
   int worker = -1;
   std::string peer;         // host:port of the worker
-  std::mutex write_mu;      // one response at a time on fd
+  std::mutex write_mu;      // one response at a time on fd; guards closing fd
   std::atomic<bool> said_bye{false};
   std::thread thread;
 };
@@ -159,6 +159,14 @@ struct Server::Impl {
   net::HandshakeConfig handshake() const { return {options.job_id, options.token}; }
 
   void serve(const std::shared_ptr<Connection>& conn) {
+    serve_requests(conn);
+    // Done with this worker: close its socket now (its requests still parked are dropped in
+    // leave()), rather than when the server ends.
+    std::lock_guard<std::mutex> lock(conn->write_mu);
+    conn->fd.reset();
+  }
+
+  void serve_requests(const std::shared_ptr<Connection>& conn) {
     const std::string context =
         fmt::format("{} reading from worker {} at {}", who(), conn->worker, conn->peer);
     std::vector<std::byte> payload;
@@ -167,7 +175,7 @@ struct Server::Impl {
         Header h = read_header(conn->fd.get(), Deadline::never(), context);
         if (static_cast<Op>(h.op) == Op::kBye) {
           conn->said_bye = true;
-          leave(conn->worker, WorkerClocks::Presence::kLeft, "");
+          leave(conn, WorkerClocks::Presence::kLeft, "");
           return;
         }
         payload.resize(h.bytes);
@@ -192,7 +200,7 @@ struct Server::Impl {
     } catch (const std::exception& e) {
       if (stopping || conn->said_bye) return;
       DTRAIN_LOG_WARN("{}: lost worker {} at {}: {}", who(), conn->worker, conn->peer, e.what());
-      leave(conn->worker, WorkerClocks::Presence::kFailed,
+      leave(conn, WorkerClocks::Presence::kFailed,
             fmt::format("worker {} at {} disconnected without saying goodbye ({})", conn->worker,
                         conn->peer, e.what()));
     }
@@ -202,6 +210,7 @@ struct Server::Impl {
     for (auto& r : replies) {
       std::span<const std::byte> part(r.payload);
       std::lock_guard<std::mutex> lock(r.conn->write_mu);
+      if (!r.conn->fd.valid()) continue;  // the worker is gone
       try {
         send_message(r.conn->fd.get(), r.header, {&part, 1},
                      Deadline::after(milliseconds(std::max<uint32_t>(r.header.timeout_ms, 10'000))),
@@ -236,7 +245,9 @@ struct Server::Impl {
     }
   }
 
-  void leave(int worker, WorkerClocks::Presence p, const std::string& why) {
+  void leave(const std::shared_ptr<Connection>& conn, WorkerClocks::Presence p,
+             const std::string& why) {
+    const int worker = conn->worker;
     {
       std::lock_guard<std::mutex> lock(reasons_mu);
       if (why.empty()) {
@@ -256,6 +267,7 @@ struct Server::Impl {
       std::vector<Reply> replies;
       {
         std::lock_guard<std::mutex> lock(t->mu);
+        std::erase_if(t->waiters, [&](const Waiter& w) { return w.conn == conn; });
         if (t->dense) t->dense->set_presence(worker, p);
         if (t->sparse) t->sparse->set_presence(worker, p);
         settle(*t, replies);
@@ -616,7 +628,10 @@ struct Server::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       done = true;
-      for (auto& c : connections) ::shutdown(c->fd.get(), SHUT_RDWR);
+      for (auto& c : connections) {
+        std::lock_guard<std::mutex> conn_lock(c->write_mu);
+        if (c->fd.valid()) ::shutdown(c->fd.get(), SHUT_RDWR);
+      }
     }
     cv.notify_all();
     if (accept_thread.joinable()) accept_thread.join();
