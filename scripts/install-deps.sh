@@ -31,6 +31,9 @@ packages=(
   libtorch-dev dataset-fashion-mnist libjemalloc-dev libopenblas0-pthread
   # the Gloo and MPI backends, and the gloo/mpi peers of `dtrain bench`
   libgloo-dev libopenmpi-dev openmpi-bin
+  # tests/launch/engines_test: a throwaway single-node Slurm (slurmctld, slurmd, srun, munge)
+  # and the Kubernetes manifests read with PyYAML
+  slurm-wlm munge python3-yaml
 )
 if [ "$bench" -eq 1 ]; then
   # the torch peer of `dtrain bench` (torch.distributed over gloo)

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "backends/registry.h"
+#include "comm/store_discovery.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "dtrain/error.h"
@@ -21,6 +22,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   std::shared_ptr<Store> store;
   if (id.store_kind == "file") {
     store = std::make_shared<FileStore>(id.store_path, timeout);
+    DTRAIN_LOG_DEBUG("rank {} of {} ({}), file store {}", id.rank, id.world_size, id.source,
+                     id.store_path);
   } else {
     TcpStoreOptions so;
     so.host = id.master_addr;
@@ -35,10 +38,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     so.rank = id.rank;
     so.job_id = options.group.job_id;
     so.token = options.group.token;
-    store = std::make_shared<TcpStore>(so);
+    // mpirun names no master: rank 0's address may come through MPI (comm/store_discovery.h).
+    std::shared_ptr<TcpStore> tcp = agent_store ? nullptr
+                                                : comm::discover_store(id, options.identity, so);
+    if (!tcp) tcp = std::make_shared<TcpStore>(so);
+    DTRAIN_LOG_DEBUG("rank {} of {} ({}), store {}:{}", id.rank, id.world_size, id.source,
+                     tcp->host(), tcp->port());
+    store = std::move(tcp);
   }
-  DTRAIN_LOG_DEBUG("rank {} of {} ({}), store {}:{}", id.rank, id.world_size, id.source,
-                   id.master_addr, id.master_port);
   return ProcessGroup::create(store, id.rank, id.world_size, options.group);
 }
 

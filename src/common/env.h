@@ -30,7 +30,7 @@ struct Var {
   X(kTorchelasticRestartCount, "TORCHELASTIC_RESTART_COUNT", "0", "torchrun's name for DTRAIN_RESTART_COUNT, set alongside it.") \
   X(kTorchelasticMaxRestarts, "TORCHELASTIC_MAX_RESTARTS", "", "The job's --max-restarts, set for the workers by elastic `dtrain run`.") \
   X(kTorchelasticRunId, "TORCHELASTIC_RUN_ID", "", "The job's --rdzv-id, set for the workers by elastic `dtrain run`.") \
-  X(kMasterAddr, "MASTER_ADDR", "", "Host of the rendezvous store.")                              \
+  X(kMasterAddr, "MASTER_ADDR", "", "Host of the rendezvous store. Unset under mpirun: rank 0 publishes its store through MPI when the program links the MPI backend, 127.0.0.1 on one node otherwise (docs/deploy.md).") \
   X(kMasterPort, "MASTER_PORT", "29500", "Port of the rendezvous store.")                         \
   X(kOmpiRank, "OMPI_COMM_WORLD_RANK", "", "Rank under OpenMPI's mpirun.")                        \
   X(kOmpiSize, "OMPI_COMM_WORLD_SIZE", "", "World size under OpenMPI's mpirun.")                  \
@@ -47,6 +47,8 @@ struct Var {
   X(kSlurmNodeId, "SLURM_NODEID", "", "Node index of a Slurm task.")                              \
   X(kSlurmNodeList, "SLURM_JOB_NODELIST", "", "Slurm's compressed host list; its first host is the master.") \
   X(kSlurmTasksPerNode, "SLURM_TASKS_PER_NODE", "", "Slurm's tasks per node, e.g. 4(x2),3.")    \
+  X(kSlurmStepNodeList, "SLURM_STEP_NODELIST", "", "The hosts of an srun step (wins over SLURM_JOB_NODELIST: a step may use part of the job's nodes).") \
+  X(kSlurmStepTasksPerNode, "SLURM_STEP_TASKS_PER_NODE", "", "An srun step's tasks per node (wins over SLURM_TASKS_PER_NODE).") \
   X(kJobCompletionIndex, "JOB_COMPLETION_INDEX", "", "Pod index of a Kubernetes Indexed Job (the rank).") \
   X(kTfConfig, "TF_CONFIG", "", "TensorFlow's cluster JSON; the task index in the worker list is the rank.") \
   X(kJobId, "DTRAIN_JOB_ID", "dtrain", "Job identity checked in every handshake; connections of other jobs are refused.") \

@@ -128,8 +128,8 @@ Found found_by(const EnvReader& env, std::string source, const env::Var& rank_va
 
 std::optional<Found> from_torchrun(const EnvReader& env) {
   if (!env.has(env::kRank)) return std::nullopt;
-  Found f = found_by(env, "torchrun", env::kRank, env::kWorldSize,
-                     "the number of processes in the job");
+  Found f =
+      found_by(env, "torchrun", env::kRank, env::kWorldSize, "the number of processes in the job");
   check_agrees(env, f.rank, env::kOmpiRank);
   check_agrees(env, f.world_size, env::kOmpiSize);
   env.local_pair(env::kLocalRank, env::kLocalWorldSize, f);
@@ -154,12 +154,12 @@ std::optional<Found> from_pmi(const EnvReader& env) {
   return f;
 }
 
-// "4(x2),3" -> 4 4 3
-std::vector<int> expand_tasks_per_node(std::string_view text) {
+// "4(x2),3" -> 4 4 3; `name` is the variable it came from.
+std::vector<int> expand_tasks_per_node(std::string_view name, std::string_view text) {
   std::vector<int> counts;
   auto bad = [&](std::string_view why) {
     return InvalidArgumentError(
-        fmt::format("SLURM_TASKS_PER_NODE is '{}': {}; it must look like 4(x2),3", text, why));
+        fmt::format("{} is '{}': {}; it must look like 4(x2),3", name, text, why));
   };
   size_t pos = 0;
   while (pos <= text.size()) {
@@ -167,13 +167,12 @@ std::vector<int> expand_tasks_per_node(std::string_view text) {
     std::string_view item =
         text.substr(pos, comma == std::string_view::npos ? text.npos : comma - pos);
     size_t paren = item.find('(');
-    int64_t count = env::parse_int("SLURM_TASKS_PER_NODE", item.substr(0, paren));
+    int64_t count = env::parse_int(name, item.substr(0, paren));
     int64_t repeat = 1;
     if (paren != std::string_view::npos) {
       if (item.size() < paren + 4 || item.substr(paren, 2) != "(x" || item.back() != ')')
         throw bad(fmt::format("'{}' is not N(xM)", item));
-      repeat =
-          env::parse_int("SLURM_TASKS_PER_NODE", item.substr(paren + 2, item.size() - paren - 3));
+      repeat = env::parse_int(name, item.substr(paren + 2, item.size() - paren - 3));
     }
     if (count < 0 || repeat < 1 || counts.size() + repeat > kMaxHosts)
       throw bad(fmt::format("'{}' is not a task count", item));
@@ -191,29 +190,36 @@ std::optional<Found> from_slurm(const EnvReader& env) {
   Value node = env.num(env::kSlurmNodeId).value_or(Value{0, "SLURM_NODEID"});
   f.node_rank = node;
 
+  // srun describes its step (SLURM_STEP_*), which may use only part of the job's allocation;
+  // SLURM_PROCID and SLURM_NODEID count within the step, so its node list is the one to read.
+  const env::Var& list_var =
+      env.has(env::kSlurmStepNodeList) ? env::kSlurmStepNodeList : env::kSlurmNodeList;
+  const env::Var& tpn_var =
+      env.has(env::kSlurmStepTasksPerNode) ? env::kSlurmStepTasksPerNode : env::kSlurmTasksPerNode;
   size_t num_nodes = 1;
-  if (auto list = env.str(env::kSlurmNodeList)) {
+  if (auto list = env.str(list_var)) {
     std::vector<std::string> hosts;
     try {
       hosts = expand_slurm_nodelist(*list);
     } catch (const InvalidArgumentError& e) {
-      throw InvalidArgumentError(fmt::format("SLURM_JOB_NODELIST: {}", e.what()));
+      throw InvalidArgumentError(fmt::format("{}: {}", list_var.name, e.what()));
     }
     if (!hosts.empty()) f.master_addr = hosts.front();
     num_nodes = std::max<size_t>(hosts.size(), 1);
   }
-  if (auto tpn = env.str(env::kSlurmTasksPerNode)) {
-    auto counts = expand_tasks_per_node(*tpn);
+  if (auto tpn = env.str(tpn_var)) {
+    auto counts = expand_tasks_per_node(tpn_var.name, *tpn);
     if (static_cast<size_t>(node.value) >= counts.size())
       throw InvalidArgumentError(fmt::format(
-          "SLURM_NODEID is {} but SLURM_TASKS_PER_NODE '{}' describes only {} node(s): the node "
-          "index must be below the number of nodes",
-          node.value, *tpn, counts.size()));
-    f.local_world_size = Value{counts[node.value], "SLURM_TASKS_PER_NODE"};
+          "SLURM_NODEID is {} but {} '{}' describes only {} node(s): the node index must be "
+          "below the number of nodes",
+          node.value, tpn_var.name, *tpn, counts.size()));
+    f.local_world_size = Value{counts[node.value], std::string(tpn_var.name)};
   } else {
     // Without the per-node counts, assume the tasks are spread evenly over the listed nodes.
     int per_node = static_cast<int>((f.world_size.value + num_nodes - 1) / num_nodes);
-    f.local_world_size = Value{std::max(per_node, 1), "SLURM_NTASKS / nodes of SLURM_JOB_NODELIST"};
+    f.local_world_size =
+        Value{std::max(per_node, 1), fmt::format("SLURM_NTASKS / nodes of {}", list_var.name)};
   }
   return f;
 }
