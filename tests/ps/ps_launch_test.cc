@@ -3,16 +3,126 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
 #include <regex>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "launch/launched.h"
+#include "support/multiproc.h"
 
 namespace dtrain::testing {
 namespace {
 
 const std::string kCtr = std::string(DTRAIN_BIN_DIR) + "/ctr_sparse";
+
+// A process started with extra environment variables, its output in a file.
+class Proc {
+ public:
+  Proc(std::vector<std::string> argv, std::vector<std::pair<std::string, std::string>> env)
+      : log_(::testing::TempDir() + "ps_proc_" + std::to_string(::getpid()) + "_" +
+             std::to_string(counter_++) + ".log") {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+      FILE* f = std::fopen(log_.c_str(), "w");
+      ::dup2(fileno(f), 1);
+      ::dup2(fileno(f), 2);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+  }
+  ~Proc() {
+    if (!done_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    std::remove(log_.c_str());
+  }
+  // The exit code, or -1 when it did not end within `limit`.
+  int wait(std::chrono::seconds limit) {
+    auto end = std::chrono::steady_clock::now() + limit;
+    int status = 0;
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > end) return -1;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    done_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string output() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  static inline int counter_ = 0;
+  std::string log_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+};
+
+void expect_job_trains(std::vector<std::unique_ptr<Proc>>& servers,
+                       std::vector<std::unique_ptr<Proc>>& workers) {
+  bool result_seen = false;
+  for (auto& w : workers) {
+    EXPECT_EQ(w->wait(seconds(60)), 0) << w->output();
+    result_seen = result_seen || w->output().find("RESULT ") != std::string::npos;
+  }
+  EXPECT_TRUE(result_seen) << "worker 0 printed no RESULT";
+  for (auto& s : servers) EXPECT_EQ(s->wait(seconds(20)), 0) << s->output();
+}
+
+// ps-lite / BytePS variables: a scheduler hosts the store, indexes are handed out by arrival.
+TEST(PsLaunchTest, PsLiteVariablesLaunchUnchanged) {
+  const std::string port = std::to_string(free_port());
+  auto dmlc = [&](const char* role) {
+    return std::vector<std::pair<std::string, std::string>>{
+        {"DMLC_ROLE", role},           {"DMLC_NUM_SERVER", "2"},
+        {"DMLC_NUM_WORKER", "2"},      {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+        {"DMLC_PS_ROOT_PORT", port}};
+  };
+  std::vector<std::unique_ptr<Proc>> servers, workers;
+  servers.push_back(std::make_unique<Proc>(std::vector<std::string>{kDtrain, "ps-server"},
+                                           dmlc("scheduler")));
+  for (int i = 0; i < 2; ++i)
+    servers.push_back(
+        std::make_unique<Proc>(std::vector<std::string>{kDtrain, "ps-server"}, dmlc("server")));
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(std::make_unique<Proc>(
+        std::vector<std::string>{kCtr, "--steps", "100", "--eval", "1000"}, dmlc("worker")));
+  expect_job_trains(servers, workers);
+}
+
+// TensorFlow's TF_CONFIG: the servers listen on the ports the cluster lists; no store at all.
+TEST(PsLaunchTest, TfConfigLaunchesUnchanged) {
+  const std::string p0 = std::to_string(free_port()), p1 = std::to_string(free_port());
+  const std::string cluster = R"({"cluster": {"ps": ["127.0.0.1:)" + p0 + R"(", "127.0.0.1:)" + p1 +
+                              R"("], "chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, )";
+  auto task = [&](const char* type, int index) {
+    return std::vector<std::pair<std::string, std::string>>{
+        {"TF_CONFIG", cluster + R"("task": {"type": ")" + type + R"(", "index": )" +
+                          std::to_string(index) + "}}"}};
+  };
+  std::vector<std::unique_ptr<Proc>> servers, workers;
+  for (int i = 0; i < 2; ++i)
+    servers.push_back(
+        std::make_unique<Proc>(std::vector<std::string>{kDtrain, "ps-server"}, task("ps", i)));
+  workers.push_back(std::make_unique<Proc>(
+      std::vector<std::string>{kCtr, "--steps", "100", "--eval", "1000"}, task("chief", 0)));
+  workers.push_back(std::make_unique<Proc>(
+      std::vector<std::string>{kCtr, "--steps", "100", "--eval", "1000"}, task("worker", 0)));
+  expect_job_trains(servers, workers);
+}
 
 TEST(PsLaunchTest, ServersAndWorkersTrainTheSparseModel) {
   Launched run({"run", "--servers", "2", "-n", "2", "--", kCtr, "--steps", "300", "--eval",

@@ -126,6 +126,28 @@ TEST(PsTest, MomentumAndAdamMatchTheReference) {
   expect_all_ok(results);
 }
 
+// Summation only (the BytePS design): with sync, a pull returns the sum of the step's gradients,
+// for workers that run their own optimizer.
+TEST(PsTest, SumOnlyTablesReturnTheStepsSum) {
+  PsJob job(2, 3);
+  auto results = job.run([&](int w) {
+    Client c(job.client_options(w));
+    TableOptions opt;
+    opt.optimizer.kind = OptimizerOptions::Kind::kSum;
+    std::vector<float> zeros(200'000, 0.0f);  // cut across both servers
+    c.create_dense("g", TensorView::of(zeros), opt);
+    for (int step = 1; step <= 3; ++step) {
+      std::vector<float> grad(zeros.size()), sum(zeros.size());
+      for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(step * (w + 1) + i % 3);
+      c.push_pull("g", TensorView::of(grad), TensorView::of(sum)).wait();
+      for (size_t i = 0; i < sum.size(); i += 1009)
+        RANK_CHECK(sum[i] == static_cast<float>(6 * step + 3 * (i % 3)), "step {} [{}]: {}", step,
+                   i, sum[i]);
+    }
+  });
+  expect_all_ok(results);
+}
+
 // Asynchronous: every push is applied as it arrives, none waits for the others.
 TEST(PsTest, AsyncAppliesEveryPush) {
   PsJob job(2, 2);
