@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -36,9 +37,11 @@ class CallHistory {
 // Writes this rank's entry for collective `seq` of `group`.
 void publish_postmortem(Store& store, const std::string& group, int rank, uint32_t seq,
                         const std::string& entry);
-// Reads every rank's entry (waiting at most `wait` for missing ones) and groups the ranks by
-// what they did: "ranks 0, 2: called ...; rank 1: called ...; rank 3: no word".
+// Reads every rank's entry (waiting at most `wait` for missing ones, but not for ranks `gone`
+// says are dead: they will never write) and groups the ranks by what they did:
+// "ranks 0, 2: called ...; rank 1: called ...; rank 3: gone (its connection broke)".
 std::string collect_postmortem(Store& store, const std::string& group, int size, uint32_t seq,
-                               std::chrono::milliseconds wait);
+                               std::chrono::milliseconds wait,
+                               const std::function<bool(int rank)>& gone = {});
 
 }  // namespace dtrain::comm

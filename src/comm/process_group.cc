@@ -237,7 +237,10 @@ void NativeProcessGroup::build_hierarchy() {
 
 std::string NativeProcessGroup::postmortem(uint32_t seq, const std::string& entry) {
   publish_postmortem(*store_, name_, rank_, seq, entry);
-  return collect_postmortem(*store_, name_, size_, seq, std::chrono::seconds(3));
+  // Ranks whose connection broke will never write: the wait is for the live ones only.
+  return collect_postmortem(*store_, name_, size_, seq, std::chrono::seconds(3), [this](int r) {
+    return r != rank_ && device_->pair(members_[r])->broken();
+  });
 }
 
 NativeProcessGroup::~NativeProcessGroup() {

@@ -345,7 +345,10 @@ TEST(Collectives, KilledPeerFailsTheOthers) {
       auto took = std::chrono::steady_clock::now() - start;
       RANK_CHECK(m.find("rank 2") != std::string::npos && m.find("collective #2") != std::string::npos,
                  "message lacks detail: {}", m);
-      RANK_CHECK(took < 10s, "took {} ms", std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+      // Fast (well under the post-mortem's 3 s wait): it does not wait for a rank whose
+      // connection broke.
+      RANK_CHECK(took < 2s, "took {} ms: {}",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), m);
     }
     // The group is unusable afterwards, and says why.
     try {

@@ -775,6 +775,11 @@ void Pair::close(std::exception_ptr error) {
   fail_locked(std::move(error));
 }
 
+bool Pair::broken() {
+  std::lock_guard lock(mu_);
+  return broken_ != nullptr;
+}
+
 void Pair::poison(std::exception_ptr error) {
   std::lock_guard lock(mu_);
   fail_locked(std::move(error));

@@ -135,6 +135,8 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // Shared memory with cross-memory attach: whether this rank may read the peer's memory, and
   // the read itself (PeerFailureError, naming the peer, when it fails).
   bool can_read_peer() const;
+  // Whether the connection itself broke (the peer died, the link was cut, or it was closed).
+  bool broken();
   void read_peer(std::byte* out, uint64_t address, size_t size);
   const char* transport() const { return shm_ ? "shm" : "tcp"; }
 
