@@ -10,6 +10,7 @@
 #include "backends/registry.h"
 #include "comm/algorithms/algorithms.h"
 #include "comm/arguments.h"
+#include "comm/cuda_staging.h"
 #include "comm/native_process_group.h"
 #include "comm/p2p_work.h"
 #include "common/env.h"
@@ -34,8 +35,13 @@ std::shared_ptr<Work> ProcessGroup::allreduce(const TensorView& input, const Ten
     throw InvalidArgumentError(fmt::format(
         "rank {}: all_reduce: output ({} x {}) must match input ({} x {})", rank(),
         output.numel, to_string(output.dtype), input.numel, to_string(input.dtype)));
-  if (input.nbytes() > 0 && input.data != output.data)
-    std::memcpy(output.data, input.data, input.nbytes());
+  if (input.nbytes() > 0 && input.data != output.data) {
+    if (comm::on_cuda(input) || comm::on_cuda(output))
+      comm::copy_cuda(fmt::format("rank {}: all_reduce", rank()), output, input,
+                      Deadline::after(options.timeout.count() > 0 ? options.timeout : timeout()));
+    else
+      std::memcpy(output.data, input.data, input.nbytes());
+  }
   return allreduce(output, options);
 }
 
@@ -62,6 +68,14 @@ std::string pick_advertise_addr(const ProcessGroupOptions& options, Store& store
   char host[256] = {0};
   if (::gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') return host;
   return "127.0.0.1";
+}
+
+// The options of a call staged through host memory (cuda_staging.h), with what is left of its
+// limit once the tensors are on the host.
+template <typename Options>
+Options with_timeout(Options options, std::chrono::milliseconds left) {
+  options.timeout = left;
+  return options;
 }
 
 // Rethrows the current exception with `context` in front and `after` behind, keeping its kind.
@@ -293,6 +307,11 @@ void NativeProcessGroup::fail_internal_groups(std::exception_ptr error) {
 
 std::shared_ptr<Work> NativeProcessGroup::isend(const TensorView& tensor, int dst, int tag,
                                                 const SendOptions& options) {
+  if (on_cuda(tensor))
+    return stage_cuda(info(), "send", {{tensor, Staging::kIn}}, deadline_for(options.timeout),
+                      [&](auto h, auto left) {
+                        return isend(h[0], dst, tag, with_timeout(options, left));
+                      });
   check_peer(info(), dst, tensor, "send");
   uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
   return std::make_shared<PairWork>(
@@ -301,6 +320,11 @@ std::shared_ptr<Work> NativeProcessGroup::isend(const TensorView& tensor, int ds
 
 std::shared_ptr<Work> NativeProcessGroup::irecv(const TensorView& tensor, int src, int tag,
                                                 const RecvOptions& options) {
+  if (on_cuda(tensor))
+    return stage_cuda(info(), "recv", {{tensor, Staging::kOut}}, deadline_for(options.timeout),
+                      [&](auto h, auto left) {
+                        return irecv(h[0], src, tag, with_timeout(options, left));
+                      });
   check_peer(info(), src, tensor, "recv");
   uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
   return std::make_shared<PairWork>(
@@ -370,6 +394,9 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
 
 std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
                                                     const BroadcastOptions& o) {
+  if (on_cuda(t))
+    return stage_cuda(info(), "broadcast", {{t, Staging::kInOut}}, deadline_for(o.timeout),
+                      [&](auto h, auto left) { return broadcast(h[0], with_timeout(o, left)); });
   check_tensor(info(), t, "broadcast", "the tensor");
   check_root(info(), o.root, "broadcast");
   CollectiveCall call{CollectiveKind::kBroadcast, t.dtype, ReduceOp::kSum, o.root, t.numel};
@@ -388,6 +415,9 @@ std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
 
 std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
                                                     const AllreduceOptions& o) {
+  if (on_cuda(t))
+    return stage_cuda(info(), "all_reduce", {{t, Staging::kInOut}}, deadline_for(o.timeout),
+                      [&](auto h, auto left) { return allreduce(h[0], with_timeout(o, left)); });
   check_tensor(info(), t, "all_reduce", "the tensor");
   check_reduce_op(t.dtype, o.op);
   CollectiveCall call{CollectiveKind::kAllreduce, t.dtype, o.op, 0, t.numel};
@@ -412,6 +442,9 @@ std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
 }
 
 std::shared_ptr<Work> NativeProcessGroup::reduce(const TensorView& t, const ReduceOptions& o) {
+  if (on_cuda(t))
+    return stage_cuda(info(), "reduce", {{t, Staging::kInOut}}, deadline_for(o.timeout),
+                      [&](auto h, auto left) { return reduce(h[0], with_timeout(o, left)); });
   check_tensor(info(), t, "reduce", "the tensor");
   check_root(info(), o.root, "reduce");
   check_reduce_op(t.dtype, o.op);
@@ -431,6 +464,11 @@ std::shared_ptr<Work> NativeProcessGroup::reduce(const TensorView& t, const Redu
 
 std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const TensorView& in,
                                                     const AllgatherOptions& o) {
+  if (on_cuda(out) || on_cuda(in))
+    return stage_cuda(info(), "all_gather", {{out, Staging::kOut}, {in, Staging::kIn}},
+                      deadline_for(o.timeout), [&](auto h, auto left) {
+                        return allgather(h[0], h[1], with_timeout(o, left));
+                      });
   check_allgather(info(), out, in);
   CollectiveCall call{CollectiveKind::kAllgather, in.dtype, ReduceOp::kSum, 0, in.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
@@ -456,6 +494,11 @@ std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const
 std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, const TensorView& in,
                                                      const std::vector<size_t>& counts,
                                                      const AllgatherOptions& o) {
+  if (on_cuda(out) || on_cuda(in))
+    return stage_cuda(info(), "all_gather_v", {{out, Staging::kOut}, {in, Staging::kIn}},
+                      deadline_for(o.timeout), [&](auto h, auto left) {
+                        return allgatherv(h[0], h[1], counts, with_timeout(o, left));
+                      });
   check_allgatherv(info(), out, in, counts);
   CollectiveCall call{CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0, 0};
   auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
@@ -477,6 +520,11 @@ std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, cons
 
 std::shared_ptr<Work> NativeProcessGroup::gather(const TensorView& out, const TensorView& in,
                                                  const GatherOptions& o) {
+  if (on_cuda(out) || on_cuda(in))
+    return stage_cuda(info(), "gather", {{out, Staging::kOut}, {in, Staging::kIn}},
+                      deadline_for(o.timeout), [&](auto h, auto left) {
+                        return gather(h[0], h[1], with_timeout(o, left));
+                      });
   check_gather(info(), out, in, o.root);
   CollectiveCall call{CollectiveKind::kGather, in.dtype, ReduceOp::kSum, o.root, in.numel};
   return submit(call, "linear", o.timeout, [out, in](CollectiveContext& ctx) {
@@ -487,6 +535,11 @@ std::shared_ptr<Work> NativeProcessGroup::gather(const TensorView& out, const Te
 
 std::shared_ptr<Work> NativeProcessGroup::scatter(const TensorView& out, const TensorView& in,
                                                   const ScatterOptions& o) {
+  if (on_cuda(out) || on_cuda(in))
+    return stage_cuda(info(), "scatter", {{out, Staging::kOut}, {in, Staging::kIn}},
+                      deadline_for(o.timeout), [&](auto h, auto left) {
+                        return scatter(h[0], h[1], with_timeout(o, left));
+                      });
   check_scatter(info(), out, in, o.root);
   CollectiveCall call{CollectiveKind::kScatter, out.dtype, ReduceOp::kSum, o.root, out.numel};
   return submit(call, "linear", o.timeout, [out, in](CollectiveContext& ctx) {
@@ -497,6 +550,11 @@ std::shared_ptr<Work> NativeProcessGroup::scatter(const TensorView& out, const T
 
 std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out, const TensorView& in,
                                                          const ReduceScatterOptions& o) {
+  if (on_cuda(out) || on_cuda(in))
+    return stage_cuda(info(), "reduce_scatter", {{out, Staging::kOut}, {in, Staging::kIn}},
+                      deadline_for(o.timeout), [&](auto h, auto left) {
+                        return reduce_scatter(h[0], h[1], with_timeout(o, left));
+                      });
   check_reduce_scatter(info(), out, in);
   check_reduce_op(in.dtype, o.op);
   CollectiveCall call{CollectiveKind::kReduceScatter, out.dtype, o.op, 0, out.numel};
@@ -516,6 +574,11 @@ std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out, 
 
 std::shared_ptr<Work> NativeProcessGroup::alltoall(const TensorView& out, const TensorView& in,
                                                    const AlltoallOptions& o) {
+  if (on_cuda(out) || on_cuda(in))
+    return stage_cuda(info(), "all_to_all", {{out, Staging::kOut}, {in, Staging::kIn}},
+                      deadline_for(o.timeout), [&](auto h, auto left) {
+                        return alltoall(h[0], h[1], with_timeout(o, left));
+                      });
   check_alltoall(info(), out, in);
   std::vector<size_t> counts(size_, in.numel / size_);
   CollectiveCall call{CollectiveKind::kAlltoall, in.dtype, ReduceOp::kSum, 0, in.numel};
@@ -533,6 +596,11 @@ std::shared_ptr<Work> NativeProcessGroup::alltoallv(const TensorView& out,
                                                     const TensorView& in,
                                                     const std::vector<size_t>& in_counts,
                                                     const AlltoallOptions& o) {
+  if (on_cuda(out) || on_cuda(in))
+    return stage_cuda(info(), "all_to_all_v", {{out, Staging::kOut}, {in, Staging::kIn}},
+                      deadline_for(o.timeout), [&](auto h, auto left) {
+                        return alltoallv(h[0], out_counts, h[1], in_counts, with_timeout(o, left));
+                      });
   check_alltoallv(info(), out, out_counts, in, in_counts);
   CollectiveCall call{CollectiveKind::kAlltoallv, in.dtype, ReduceOp::kSum, 0, 0};
   return submit(call, "pairwise", o.timeout, [out, in, out_counts, in_counts](CollectiveContext& ctx) {

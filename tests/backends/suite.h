@@ -46,6 +46,11 @@ inline bool reduces(const std::string& backend, DType t) {
   return true;
 }
 
+// Which reduction ops each backend has: NCCL has no bitwise ones.
+inline bool has_op(const std::string& backend, ReduceOp op) {
+  return backend != "nccl" || (op != ReduceOp::kBand && op != ReduceOp::kBor && op != ReduceOp::kBxor);
+}
+
 // Runs f, which must throw InvalidArgumentError with "backend <backend> does not support".
 inline void expect_unsupported(const std::string& backend, const std::string& what,
                                const std::function<void()>& f) {
@@ -70,11 +75,14 @@ struct Suite {
   ProcessGroup& pg;
   std::string backend;
   bool record_results;  // one rank of one run records, to keep the files short
+  // Where the group sees the suite's tensors: "cuda" when a test adapter (nccl_backend_test.cc)
+  // hands it GPU copies of them; the outcomes noted "cpu" below are recorded under it.
+  std::string tensors = "cpu";
 
   int rank() const { return pg.rank(); }
   int n() const { return pg.size(); }
   void note(const std::string& op, const std::string& device, const std::string& dtype, bool ok) {
-    if (record_results) record(backend, op, device, dtype, ok);
+    if (record_results) record(backend, op, device == "cpu" ? tensors : device, dtype, ok);
   }
 
   void reductions(const std::vector<size_t>& counts) {
@@ -89,6 +97,10 @@ struct Suite {
           if (count > 4096 && (t != DType::kF32 || op != ReduceOp::kSum)) continue;  // MiB: f32 sum only
           const std::string what = fmt::format("all_reduce {} {} x {}", to_string(op), dt, count);
           auto buf = filled(t, count, [&](size_t i) { return small(rank(), i); });
+          if (!has_op(backend, op)) {
+            expect_unsupported(backend, what, [&] { pg.allreduce(view(buf, t), {.op = op}); });
+            continue;
+          }
           if (!reduces(backend, t)) {
             expect_unsupported(backend, what, [&] { pg.allreduce(view(buf, t), {.op = op}); });
             expect_unsupported(backend, what, [&] { pg.reduce(view(buf, t), {.op = op}); });
