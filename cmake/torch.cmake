@@ -30,6 +30,7 @@ add_library(dtrain_torch STATIC
   src/torch/distributed_optimizer.cc
   src/torch/parameter_server.cc
   src/torch/checkpoint.cc
+  src/torch/commit.cc
 )
 target_include_directories(dtrain_torch
   PUBLIC ${PROJECT_SOURCE_DIR}/include

@@ -23,8 +23,13 @@
 //   resumed from DIR/step-000120 (epoch 0, step 120, 24000 of 60000 samples of the epoch done,
 //   saved at world size 2)
 // With the same world size and --deterministic, a resumed run ends with the very parameters of
-// one that never stopped. For tests: --stop-after-steps N checkpoints and exits after step N (as
-// a preempted job would), --sample-log FILE appends "epoch index" for every sample a rank trains,
+// one that never stopped. Under elastic `dtrain run` (DTRAIN_COMMIT_DIR set), the node's lowest
+// rank also commits the state to memory every --commit-every steps (1), and a restarted job
+// resumes from the newest state any rank holds, commit or checkpoint, printing
+//   resumed from /dev/shm/dtrain-commit-dtrain-vm-4242/step-000041 (epoch 1, step 41, ...):
+//   in-memory commit, loaded by rank 0; the steps after 41 are trained again (at most 1)
+// For tests: --stop-after-steps N checkpoints and exits after step N (as a preempted job would),
+// --sample-log FILE appends "epoch index step restart" for every sample a rank trains,
 // --train-samples N trains on the first N images only.
 #include <fcntl.h>
 #include <unistd.h>
@@ -33,6 +38,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -49,6 +55,7 @@
 #include "dtrain/ps.h"
 #include "dtrain/torch/broadcast.h"
 #include "dtrain/torch/checkpoint.h"
+#include "dtrain/torch/commit.h"
 #include "dtrain/torch/distributed_data_parallel.h"
 #include "dtrain/torch/distributed_optimizer.h"
 #include "dtrain/torch/distributed_sampler.h"
@@ -99,6 +106,7 @@ struct Flags {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int keep_checkpoints = 3;
+  int64_t commit_every = -1;  // -1: 1 when DTRAIN_COMMIT_DIR is set, else off
   bool deterministic = false;
   std::string sample_log;
   int64_t stop_after_steps = 0;
@@ -153,12 +161,17 @@ class Progress {
   Clock::time_point last_{};
 };
 
-// --sample-log: one "epoch index" line per trained sample, one write per step (appended with
-// O_APPEND, so the ranks can share the file and a killed rank loses at most its current step).
+// --sample-log: one "epoch index step restart" line per trained sample, one write per step
+// (appended with O_APPEND, so the ranks can share the file and a killed rank loses at most its
+// current step). After a failure the steps since the last commit or checkpoint are trained again
+// and logged twice; the work that counts is, for each step, the lines of the latest restart
+// (DTRAIN_RESTART_COUNT) that logged it: that run's state is the one training went on from.
 class SampleLog {
  public:
   explicit SampleLog(const std::string& path) {
     if (path.empty()) return;
+    const char* restart = std::getenv("DTRAIN_RESTART_COUNT");
+    restart_ = restart != nullptr && *restart != '\0' ? std::atoll(restart) : 0;
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd_ < 0)
       throw dtrain::InvalidArgumentError(
@@ -169,10 +182,10 @@ class SampleLog {
   }
   SampleLog(const SampleLog&) = delete;
   SampleLog& operator=(const SampleLog&) = delete;
-  void record(int64_t epoch, const std::vector<int64_t>& batch) {
+  void record(int64_t epoch, int64_t step, const std::vector<int64_t>& batch) {
     if (fd_ < 0) return;
     std::string text;
-    for (int64_t i : batch) text += fmt::format("{} {}\n", epoch, i);
+    for (int64_t i : batch) text += fmt::format("{} {} {} {}\n", epoch, i, step, restart_);
     for (size_t done = 0; done < text.size();) {
       ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
       if (n < 0 && errno == EINTR) continue;
@@ -185,6 +198,7 @@ class SampleLog {
 
  private:
   int fd_ = -1;
+  int64_t restart_ = 0;
 };
 
 int64_t allreduce_sum(dtrain::ProcessGroup* pg, int64_t v) {
@@ -238,16 +252,37 @@ int run(const Flags& flags) {
   auto sgd = std::make_shared<torch::optim::SGD>(
       model->parameters(), torch::optim::SGDOptions(flags.lr).momentum(flags.momentum));
 
-  // Resume (collective): every rank loads the newest good checkpoint, before DDP or the
-  // distributed optimizer start from rank 0's weights.
+  // In-memory commits: on by default under elastic `dtrain run`, which provides the directory.
+  auto commit_options = dtrain::commit_options_from_env(pg.get());
+  int64_t commit_every = flags.commit_every;
+  if (commit_every < 0) commit_every = commit_options && flags.strategy != "ps" ? 1 : 0;
+  if (commit_every > 0 && !commit_options)
+    throw dtrain::InvalidArgumentError(
+        "--commit-every needs DTRAIN_COMMIT_DIR, a directory in memory that outlives the workers: "
+        "elastic `dtrain run --max-restarts K` sets it; without it, use --checkpoint-dir");
+  if (commit_every > 0 && flags.strategy == "ps")
+    throw dtrain::InvalidArgumentError(
+        "--commit-every with --strategy ps: the parameters live on the servers; checkpoint them "
+        "there (dtrain ps-server --checkpoint-dir, DTRAIN_PS_CHECKPOINT_DIR)");
+
+  // Resume (collective): the ranks agree on the newest state any of them holds (a disk
+  // checkpoint or a node's in-memory commit); the lowest rank holding it loads it and sends it
+  // to the others, before DDP or the distributed optimizer start from rank 0's weights.
   std::unique_ptr<dtrain::CheckpointManager> ckpt;
+  std::unique_ptr<dtrain::CheckpointManager> commits;
   dtrain::TrainingProgress position;  // where training starts (or stands, once it runs)
   if (!flags.checkpoint_dir.empty()) {
     dtrain::CheckpointOptions co;
     co.dir = flags.checkpoint_dir;
     co.keep = flags.keep_checkpoints;
     ckpt = std::make_unique<dtrain::CheckpointManager>(co, pg);
-    if (auto loaded = ckpt->load_latest(*model, sgd.get())) {
+  }
+  if (commit_every > 0) commits = std::make_unique<dtrain::CheckpointManager>(*commit_options, pg);
+  if (ckpt || commits) {
+    if (auto resumed = dtrain::resume_newest(
+            {{ckpt.get(), "checkpoint"}, {commits.get(), "in-memory commit"}}, *model, sgd.get(),
+            pg.get())) {
+      const auto* loaded = &resumed->checkpoint;
       position = loaded->progress;
       auto value = [&](const char* key) {
         auto it = position.values.find(key);
@@ -262,11 +297,18 @@ int run(const Flags& flags) {
             loaded->path, position.epoch_size, value("seed"), value("shuffle"), train_size, flags.seed,
             flags.no_shuffle ? 0 : 1));
       if (lead) {
+        // The step reached before the failure is unknown here; what may be trained again is
+        // bounded by the interval of the kind resumed from.
+        const int64_t interval = resumed->kind == "in-memory commit" ? commit_every : flags.checkpoint_every;
         std::printf("resumed from %s (epoch %lld, step %lld, %lld of %lld samples of the epoch "
-                    "done, saved at world size %d)\n",
+                    "done, saved at world size %d): %s, loaded by rank %d; the steps after %lld "
+                    "are trained again (%s)\n",
                     loaded->path.c_str(), static_cast<long long>(position.epoch),
                     static_cast<long long>(position.step), static_cast<long long>(position.epoch_consumed),
-                    static_cast<long long>(position.epoch_size), position.world_size);
+                    static_cast<long long>(position.epoch_size), position.world_size,
+                    resumed->kind.c_str(), resumed->root, static_cast<long long>(position.step),
+                    interval > 0 ? fmt::format("at most {}", interval).c_str()
+                                 : "all since the last checkpoint");
         std::fflush(stdout);
       }
     }
@@ -296,7 +338,12 @@ int run(const Flags& flags) {
     ps = std::make_unique<dtrain::ParameterServerTrainer>(
         *model, std::shared_ptr<dtrain::ps::Client>(dtrain::ps::Client::from_env()), opt);
   } else if (pg && flags.strategy == "ddp") {
-    ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg);
+    dtrain::DdpOptions ddp_options;
+    // Deterministic: keep the initial bucket layout. A resumed run starts with it while one that
+    // never stopped has rebuilt its buckets by then, and on 3 or more ranks the layout decides
+    // the order of each element's floating-point sum (2 ranks add commutatively, exactly).
+    if (flags.deterministic) ddp_options.rebuild_buckets = false;
+    ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg, ddp_options);
   } else if (pg && flags.strategy == "optimizer") {
     dtrain::broadcast_parameters(*model, *pg, 0);
     dopt = std::make_unique<dtrain::DistributedOptimizer>(sgd, *model, pg);
@@ -343,6 +390,22 @@ int run(const Flags& flags) {
     ckpt->save(*model, sgd.get(), position);
     saved_step = step;
   };
+  // A failed commit (e.g. /dev/shm full) must not end training: the disk checkpoints remain.
+  auto commits_failed = [&](const std::exception& e) {
+    std::fprintf(stderr, "rank %d: in-memory commits stop: %s; resuming after a failure falls "
+                 "back to the disk checkpoints\n", rank, e.what());
+    commits.reset();
+  };
+  auto commit = [&] {
+    position.step = step;
+    position.values["initial_loss"] = initial_loss;
+    position.values["final_loss"] = mean_recent();
+    try {
+      commits->save(*model, sgd.get(), position);
+    } catch (const std::exception& e) {
+      commits_failed(e);
+    }
+  };
   const auto start = Clock::now();
   for (int64_t epoch = position.epoch; epoch < flags.epochs && step < total && !stopped; ++epoch) {
     sampler.set_epoch(static_cast<uint64_t>(epoch),
@@ -360,6 +423,16 @@ int run(const Flags& flags) {
       sgd->zero_grad();
       auto out = ddp ? ddp->forward([&] { return model->forward(x); }) : model->forward(x);
       auto loss = torch::nn::functional::cross_entropy(out, y);
+      // The previous step's commit is complete before this rank's gradients of this step go out:
+      // no rank can finish a step whose predecessor is not committed, so a failure loses at most
+      // the step in progress (with --commit-every 1). The write (tmpfs) is long done by now.
+      if (commits) {
+        try {
+          commits->wait();
+        } catch (const std::exception& e) {
+          commits_failed(e);
+        }
+      }
       loss.backward();
       {
         dtrain::TimelineSpan span("optimizer step", "compute");
@@ -379,7 +452,7 @@ int run(const Flags& flags) {
       ++steps_here;
       images += static_cast<int64_t>(batch.size()) * world;
       own_images += static_cast<int64_t>(batch.size());
-      sample_log.record(epoch, batch);
+      sample_log.record(epoch, step, batch);
       // Where a run resumed from here starts: after this batch, or at the next epoch.
       const bool epoch_done = end >= indices.size();
       position.epoch = epoch_done ? epoch + 1 : epoch;
@@ -387,6 +460,7 @@ int run(const Flags& flags) {
       stopped = flags.stop_after_steps > 0 && step == flags.stop_after_steps;
       if (ckpt && (stopped || (flags.checkpoint_every > 0 && step % flags.checkpoint_every == 0)))
         checkpoint();
+      if (commits && step % commit_every == 0) commit();
       const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
       progress.update(step, static_cast<int>(epoch), l, images / elapsed,
                       elapsed / steps_here * (total - step), step == total || epoch_done);
@@ -403,6 +477,20 @@ int run(const Flags& flags) {
                   "the background\n",
                   st.saves, ckpt->dir().c_str(), st.bytes / 1e6, st.total_snapshot_ms / st.saves,
                   st.total_blocked_ms / st.saves, st.total_write_ms / st.saves);
+  }
+  if (commits) {
+    try {
+      commits->wait();
+      const auto st = commits->stats();
+      if (lead && st.saves > 0)
+        std::printf("commits: %d written to %s, %.2f MB each; per commit %.2f ms on the training "
+                    "thread (copying) + %.2f ms waiting for the previous write, %.2f ms writing in "
+                    "the background\n",
+                    st.saves, commits->dir().c_str(), st.bytes / 1e6, st.total_snapshot_ms / st.saves,
+                    st.total_blocked_ms / st.saves, st.total_write_ms / st.saves);
+    } catch (const std::exception& e) {
+      commits_failed(e);
+    }
   }
   if (stopped) {
     if (lead)
@@ -495,10 +583,15 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--keep-checkpoints", flags.keep_checkpoints, "newest checkpoints kept")
       ->check(CLI::PositiveNumber);
+  app.add_option("--commit-every", flags.commit_every,
+                 "steps between in-memory commits to DTRAIN_COMMIT_DIR (set by elastic dtrain "
+                 "run; default 1 there, else off; 0 = off)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--deterministic", flags.deterministic,
                "bit-reproducible: one thread unless --threads, deterministic kernels only");
   app.add_option("--sample-log", flags.sample_log,
-                 "debug: append \"epoch index\" for every sample trained (all ranks, one file)");
+                 "debug: append \"epoch index step restart\" for every sample trained (all ranks, "
+                 "one file)");
   app.add_option("--stop-after-steps", flags.stop_after_steps,
                  "debug: checkpoint and exit after this step, as a preempted job would")
       ->check(CLI::NonNegativeNumber);

@@ -30,6 +30,7 @@ struct Var {
   X(kTorchelasticRestartCount, "TORCHELASTIC_RESTART_COUNT", "0", "torchrun's name for DTRAIN_RESTART_COUNT, set alongside it.") \
   X(kTorchelasticMaxRestarts, "TORCHELASTIC_MAX_RESTARTS", "", "The job's --max-restarts, set for the workers by elastic `dtrain run`.") \
   X(kTorchelasticRunId, "TORCHELASTIC_RUN_ID", "", "The job's --rdzv-id, set for the workers by elastic `dtrain run`.") \
+  X(kCommitDir, "DTRAIN_COMMIT_DIR", "", "A node-local directory in memory (/dev/shm) for in-memory commits, created for its workers by elastic `dtrain run` and removed when it exits; the node's lowest local rank commits there (train_fashion_mnist --commit-every).") \
   X(kMasterAddr, "MASTER_ADDR", "", "Host of the rendezvous store. Unset under mpirun: rank 0 publishes its store through MPI when the program links the MPI backend, 127.0.0.1 on one node otherwise (docs/deploy.md).") \
   X(kMasterPort, "MASTER_PORT", "29500", "Port of the rendezvous store.")                         \
   X(kOmpiRank, "OMPI_COMM_WORLD_RANK", "", "Rank under OpenMPI's mpirun.")                        \

@@ -3,13 +3,18 @@
 #include <fmt/format.h>
 #include <netdb.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -89,6 +94,69 @@ std::string tail_in_one_line(const std::vector<std::string>& tail) {
   }
   return text;
 }
+
+// The workers' in-memory commit directory (DTRAIN_COMMIT_DIR): on tmpfs, owned by the agent, so
+// that the commits of a worker that dies outlive it and its restarted successor finds them. The
+// agent's pid is part of the name (two jobs with the default --rdzv-id on one machine must not
+// share it); a directory of the same job and node whose agent is gone (killed with SIGKILL) is
+// removed at start. Removed with everything in it when the agent exits.
+class CommitDir {
+ public:
+  static constexpr const char* kRoot = "/dev/shm";
+
+  CommitDir(const std::string& run_id, const std::string& node, const std::string& log_prefix) {
+    const std::string prefix = fmt::format("dtrain-commit-{}-{}-", safe(run_id), safe(node));
+    remove_stale(prefix, log_prefix);
+    const std::string path = fmt::format("{}/{}{}", kRoot, prefix, ::getpid());
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+    if (::mkdir(path.c_str(), 0700) != 0) {
+      say(fmt::format("{}: no in-memory commits: cannot create {}: {}; the workers resume from "
+                      "their disk checkpoints only",
+                      log_prefix, path, std::strerror(errno)));
+      return;
+    }
+    path_ = path;
+    DTRAIN_LOG_INFO("{}: in-memory commits in {} (DTRAIN_COMMIT_DIR)", log_prefix, path_);
+  }
+  ~CommitDir() {
+    if (path_.empty()) return;
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+    if (ec) DTRAIN_LOG_WARN("dtrain run: cannot remove {}: {}", path_, ec.message());
+  }
+  CommitDir(const CommitDir&) = delete;
+  CommitDir& operator=(const CommitDir&) = delete;
+
+  const std::string& path() const { return path_; }  // "" when it could not be made
+
+ private:
+  static std::string safe(const std::string& name) {
+    std::string out = name;
+    for (char& c : out)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_') c = '_';
+    return out;
+  }
+
+  static void remove_stale(const std::string& prefix, const std::string& log_prefix) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(kRoot, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string pid = name.substr(prefix.size());
+      if (pid.empty() || pid.size() > 9 ||
+          !std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        continue;
+      if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;
+      std::error_code rm;
+      std::filesystem::remove_all(e.path(), rm);
+      DTRAIN_LOG_INFO("{}: removed {}, left by an agent of this job and node that is gone{}",
+                      log_prefix, e.path().string(), rm ? ": " + rm.message() : "");
+    }
+  }
+
+  std::string path_;
+};
 
 // A TcpStore client of the rendezvous store, under the job's prefix.
 struct StoreLink {
@@ -197,6 +265,7 @@ class Agent {
     rdzv_options_.last_call = options.last_call;
     rdzv_options_.heartbeat_timeout = options.heartbeat_timeout;
     rdzv_options_.log_prefix = prefix_;
+    commit_dir_ = std::make_unique<CommitDir>(options.run_id, node_, prefix_);
   }
 
   ~Agent() {
@@ -422,6 +491,8 @@ class Agent {
            {"TORCHELASTIC_RESTART_COUNT", restarts},
            {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options_.max_restarts)},
            {"TORCHELASTIC_RUN_ID", options_.run_id}}});
+      if (!commit_dir_->path().empty())
+        workers.back().env.emplace_back("DTRAIN_COMMIT_DIR", commit_dir_->path());
     }
     return workers;
   }
@@ -620,6 +691,7 @@ class Agent {
   AgentInfo me_;
   std::string nonce_;  // this run of the job, as opposed to an earlier one with the same id
   std::optional<Clock::time_point> stopped_at_;  // when the last round stopped, by this clock
+  std::unique_ptr<CommitDir> commit_dir_;        // the workers' DTRAIN_COMMIT_DIR
   std::mutex heartbeat_mutex_;                   // for heartbeat_cv_ only
   std::condition_variable_any heartbeat_cv_;
   std::jthread heartbeat_;  // last: stopped and joined first

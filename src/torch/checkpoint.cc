@@ -648,6 +648,27 @@ void prune(const std::string& dir, int keep) {
   }
 }
 
+// Loads a verified checkpoint's files into the module, the optimizer and the generator.
+void load_files(const std::string& path, Json& manifest, torch::nn::Module& module,
+                torch::optim::Optimizer* optimizer) {
+  load_module_state(module, path + "/" + kModelFile);
+  if (optimizer != nullptr) {
+    if (!manifest.contains("optimizer"))
+      throw InvalidArgumentError(fmt::format(
+          "checkpoint {} holds no optimizer state (it was saved without an optimizer); load it "
+          "without one",
+          path));
+    restore_optimizer(manifest["optimizer"], load_safetensors(path + "/" + kOptimizerFile),
+                      *optimizer, module, path);
+  }
+  auto rng = load_safetensors(path + "/" + kRngFile);
+  auto it = rng.find(kRngTensor);
+  if (it == rng.end())
+    throw InvalidArgumentError(
+        fmt::format("checkpoint {}: {} has no {}", path, kRngFile, kRngTensor));
+  set_rng_state(it->second);
+}
+
 }  // namespace
 
 std::string checkpoint_path(const std::string& dir, int64_t step) {
@@ -908,22 +929,7 @@ std::optional<LoadedCheckpoint> CheckpointManager::load_latest(torch::nn::Module
       }
     }
     loaded.progress = progress_of(manifest);
-    load_module_state(module, loaded.path + "/" + kModelFile);
-    if (optimizer != nullptr) {
-      if (!manifest.contains("optimizer"))
-        throw InvalidArgumentError(fmt::format(
-            "checkpoint {} holds no optimizer state (it was saved without an optimizer); load it "
-            "without one",
-            loaded.path));
-      restore_optimizer(manifest["optimizer"], load_safetensors(loaded.path + "/" + kOptimizerFile),
-                        *optimizer, module, loaded.path);
-    }
-    auto rng = load_safetensors(loaded.path + "/" + kRngFile);
-    auto it = rng.find(kRngTensor);
-    if (it == rng.end())
-      throw InvalidArgumentError(
-          fmt::format("checkpoint {}: {} has no {}", loaded.path, kRngFile, kRngTensor));
-    set_rng_state(it->second);
+    load_files(loaded.path, manifest, module, optimizer);
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -952,6 +958,61 @@ std::optional<LoadedCheckpoint> CheckpointManager::load_latest(torch::nn::Module
         loaded.progress.world_size);
   } else {
     DTRAIN_LOG_DEBUG("rank {}: loaded checkpoint {}", rank_, loaded.path);
+  }
+  return loaded;
+}
+
+CheckpointManager::Found CheckpointManager::find_latest() {
+  wait();  // never read our own write in flight
+  Found found;
+  verified_path_.clear();
+  verified_manifest_.clear();
+  if (is_writer()) remove_stale_temporaries(options_.dir);
+  const std::vector<int64_t> steps = list_steps(options_.dir);
+  found.count = steps.size();
+  for (int64_t step : steps) {
+    const std::string path = checkpoint_path(options_.dir, step);
+    try {
+      Json manifest = verify(path);
+      LoadedCheckpoint c;
+      c.path = path;
+      c.progress = progress_of(manifest);
+      c.skipped = found.skipped;
+      found.newest = std::move(c);
+      verified_path_ = path;
+      verified_manifest_ = manifest.dump();
+      break;
+    } catch (const CorruptCheckpoint& e) {
+      DTRAIN_LOG_WARN("rank {}: skipping checkpoint: {}; trying the previous one", rank_,
+                      e.what());
+      found.skipped.push_back(e.what());
+    } catch (const nlohmann::json::exception& e) {  // progress_of: a field of the wrong type
+      const std::string why = fmt::format("{}: {} has a bad entry: {}", path, kManifest, e.what());
+      DTRAIN_LOG_WARN("rank {}: skipping checkpoint: {}; trying the previous one", rank_, why);
+      found.skipped.push_back(why);
+    }
+  }
+  return found;
+}
+
+LoadedCheckpoint CheckpointManager::load(const std::string& path, torch::nn::Module& module,
+                                         torch::optim::Optimizer* optimizer) {
+  Json manifest;
+  try {
+    manifest = path == verified_path_ && !verified_manifest_.empty()
+                   ? Json::parse(verified_manifest_)
+                   : verify(path);
+  } catch (const CorruptCheckpoint& e) {
+    throw InvalidArgumentError(fmt::format("rank {}: cannot load {}: {}", rank_, path, e.what()));
+  }
+  LoadedCheckpoint loaded;
+  loaded.path = path;
+  try {
+    loaded.progress = progress_of(manifest);
+    load_files(path, manifest, module, optimizer);
+  } catch (const std::exception& e) {
+    throw InvalidArgumentError(
+        fmt::format("rank {}: loading checkpoint {} failed: {}", rank_, path, e.what()));
   }
   return loaded;
 }

@@ -111,6 +111,21 @@ class CheckpointManager {
   void save(const torch::nn::Module& module, const torch::optim::Optimizer* optimizer,
             TrainingProgress progress);
 
+  // Not collective (any rank that sees DIR): the newest checkpoint of DIR that verifies, each
+  // newer one that does not skipped with its reason (logged), as load_latest does on the writer.
+  // `newest` is nullopt when none verifies; `count` says how many DIR holds.
+  struct Found {
+    std::optional<LoadedCheckpoint> newest;  // path, progress and the skipped ones
+    std::vector<std::string> skipped;
+    size_t count = 0;
+  };
+  Found find_latest();
+  // Not collective: loads the checkpoint at `path` (verified again unless find_latest() just
+  // verified it) into `module`, `optimizer` (may be null) and LibTorch's CPU generator.
+  // Throws InvalidArgumentError when it is damaged or does not fit the model or optimizer.
+  LoadedCheckpoint load(const std::string& path, torch::nn::Module& module,
+                        torch::optim::Optimizer* optimizer);
+
   // Waits for the write in flight (up to write_timeout) and rethrows its error.
   void wait();
   CheckpointStats stats() const;
@@ -123,6 +138,8 @@ class CheckpointManager {
   std::shared_ptr<ProcessGroup> group_;
   int rank_ = 0;
   std::shared_ptr<Shared> shared_;  // with the writing thread, which may outlive us on a hang
+  // The manifest find_latest() verified last, and its checkpoint: load() skips verifying again.
+  std::string verified_path_, verified_manifest_;
 };
 
 // "DIR/step-000120": the directory of the checkpoint of `step`.
