@@ -128,6 +128,13 @@ GPU_SUPPORT = [
     "  collectives, so a rank may pass a CPU tensor where another passes a CUDA one. Several ranks",
     "  may share one GPU, which NCCL refuses. The copies queue after the legacy default stream:",
     "  synchronise other streams before handing dtrain a tensor.",
+    "",
+    "## Comparing the backends",
+    "",
+    "`dtrain bench allreduce --np 4 --backend native,gloo` times dtrain's group over each backend",
+    "in one run; the first is the `time(us)` column, the others appear as `dtrain-gloo:ratio` and",
+    "`dtrain-gloo(us)` columns beside it (as the peers of `--peers` do). `mpi` runs under `mpirun`",
+    "instead: `mpirun -np 4 dtrain bench allreduce --backend mpi`.",
 ]
 
 

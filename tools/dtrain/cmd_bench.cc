@@ -6,6 +6,7 @@
 // bench/peers/torch_peer.py), collects the JSON result line each prints from rank 0, and prints
 // one table per collective. Every implementation runs under a deadline; one that overruns is
 // killed and named with the ranks still running.
+// `--backend native,gloo` compares dtrain's own backends the same way (columns dtrain-gloo, ...).
 // Under `dtrain run` or `mpirun` (RANK or OMPI_COMM_WORLD_RANK set) it is one rank of that job and
 // measures dtrain only. bench/bench_common.h holds the timing loop, the checks and the result
 // format every implementation shares; docs/performance.md describes the method.
@@ -770,13 +771,30 @@ void write_json(const std::string& path, const std::vector<Result>& results) {
   if (!f) throw InvalidArgumentError(fmt::format("dtrain bench: writing --json {} failed", path));
 }
 
+// "native,gloo" -> {"native", "gloo"}; "" -> {""} (DTRAIN_BACKEND's choice).
+std::vector<std::string> split_backends(const std::string& text) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  do {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (std::find(out.begin(), out.end(), item) == out.end()) out.push_back(item);
+    pos = comma == std::string::npos ? std::string::npos : comma + 1;
+  } while (pos != std::string::npos);
+  return out;
+}
+
 int run_driver(const BenchArgs& a) {
   const Plan p = make_plan(a);
   if (a.np < 1) throw InvalidArgumentError(fmt::format("dtrain bench: --np is {}: start at least one rank", a.np));
-  if (a.backend == "mpi")
-    throw InvalidArgumentError(
-        "dtrain bench: --backend mpi takes its ranks from mpirun: run `mpirun -np N dtrain bench "
-        "COLL --backend mpi` instead of the driver");
+  // --backend native,gloo: the first is "dtrain", the others are timed after it and shown as
+  // columns "dtrain-gloo", like peers, so that one run compares the backends.
+  const std::vector<std::string> backends = split_backends(a.backend);
+  for (const auto& b : backends)
+    if (b == "mpi")
+      throw InvalidArgumentError(
+          "dtrain bench: --backend mpi takes its ranks from mpirun: run `mpirun -np N dtrain bench "
+          "COLL --backend mpi` instead of the driver");
   std::string sizes;
   for (size_t s : p.sizes) sizes += (sizes.empty() ? "" : ",") + bench::format_bytes(s);
   std::fprintf(stderr, "dtrain bench: %s, np %d, sizes %s, %s, iters %d, warmup %d, check %s%s%s\n",
@@ -794,8 +812,18 @@ int run_driver(const BenchArgs& a) {
       failures.push_back(o.failure);
     }
   };
-  collect(run_dtrain(a, p));
   std::vector<std::string> shown_peers;
+  for (size_t i = 0; i < backends.size(); ++i) {
+    BenchArgs one = a;
+    one.backend = backends[i];
+    Outcome o = run_dtrain(one, p);
+    if (i > 0) {
+      const std::string impl = "dtrain-" + backends[i];
+      for (auto& r : o.results) r.impl = impl;
+      shown_peers.push_back(impl);
+    }
+    collect(std::move(o));
+  }
   for (const auto& peer : p.peers) {
     auto o = run_peer(peer, a, p);
     if (!o) continue;
@@ -840,7 +868,8 @@ CLI::App* add_bench_command(CLI::App& app) {
                   "the waiting ranks burn per op");
   cmd->add_option("--transport", a->transport, "dtrain's transport: tcp, shm or auto")->capture_default_str();
   cmd->add_option("--backend", a->backend,
-                  "Backend of dtrain's group: native, gloo (driver mode) or mpi (run under mpirun)");
+                  "Backend of dtrain's group: native, gloo, nccl (driver mode) or mpi (run under "
+                  "mpirun); a list (native,gloo) times each and shows the others as columns");
   cmd->add_option("--algo", a->algo, "dtrain's algorithm (default: the cost model's choice)");
   cmd->add_option("--timeout", a->timeout_s, "Seconds each operation may take, every implementation")
       ->capture_default_str();
