@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -73,20 +74,20 @@ struct Outgoing {
 };
 
 void finish(const std::shared_ptr<Handle::State>& s, int server, std::exception_ptr error) {
-  std::function<void()> done;
   {
     std::lock_guard<std::mutex> lock(s->mu);
     if (error && !s->error) s->error = error;
     auto it = s->outstanding.find(server);
     if (it != s->outstanding.end() && --it->second == 0) s->outstanding.erase(it);
-    if (s->outstanding.empty() && !s->error && !s->cancelled) done = std::move(s->on_success);
-  }
-  if (done) {
-    try {
-      done();
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(s->mu);
-      s->error = std::current_exception();
+    // The last answer's post-processing (scattering rows into the caller's buffer) runs under
+    // the lock, so that no waiter sees the call complete before its output is written.
+    if (s->outstanding.empty() && !s->error && !s->cancelled && s->on_success) {
+      try {
+        s->on_success();
+      } catch (...) {
+        s->error = std::current_exception();
+      }
+      s->on_success = nullptr;
     }
   }
   s->cv.notify_all();
@@ -186,8 +187,11 @@ class ServerLink {
       const bool bye = static_cast<Op>(out.header.op) == Op::kBye;
       try {
         if (!failed()) {
+          // The server's limit for holding the request is shorter than ours, so that its
+          // answer, which names the workers it waited for, arrives before we give up.
+          const int64_t margin = std::max<int64_t>(1000, timeout_.count() / 20);
           out.header.timeout_ms = static_cast<uint32_t>(
-              std::min<int64_t>(timeout_.count(), UINT32_MAX));
+              std::clamp<int64_t>(timeout_.count() - margin, 1, UINT32_MAX));
           send_message(fd_.get(), out.header, out.parts, Deadline::after(timeout_),
                        fmt::format("sending {} to {}", to_string(static_cast<Op>(out.header.op)),
                                    who_));
@@ -206,19 +210,25 @@ class ServerLink {
 
   void receive_loop() {
     std::vector<std::byte> discard;
+    std::optional<Pending> inflight;  // the request whose answer is being read
+    auto done_reading = [&] {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        receiving_.reset();
+      }
+      cv_.notify_all();
+    };
     try {
       for (;;) {
         Header h = read_header(fd_.get(), Deadline::never(), fmt::format("reading from {}", who_));
-        Pending p;
-        bool known = false;
+        inflight.reset();
         {
           std::lock_guard<std::mutex> lock(mu_);
           auto it = pending_.find(h.id);
           if (it != pending_.end()) {
-            p = std::move(it->second);
+            inflight = std::move(it->second);
             pending_.erase(it);
-            known = true;
-            receiving_ = p.state;
+            receiving_ = inflight->state;
           }
         }
         const Deadline body = Deadline::after(timeout_);
@@ -227,12 +237,7 @@ class ServerLink {
         if (status != Status::kOk) {
           std::string text(h.bytes, '\0');
           net::read_all(fd_.get(), text.data(), text.size(), body, context);
-          {
-            std::lock_guard<std::mutex> lock(mu_);
-            receiving_.reset();
-          }
-          cv_.notify_all();
-          if (!known) continue;
+          done_reading();
           std::exception_ptr e;
           switch (status) {
             case Status::kInvalid: e = std::make_exception_ptr(InvalidArgumentError(text)); break;
@@ -240,40 +245,33 @@ class ServerLink {
             case Status::kPeerFailure: e = std::make_exception_ptr(PeerFailureError(text)); break;
             default: e = std::make_exception_ptr(InternalError(text)); break;
           }
-          finish(p.state, index_, e);
+          if (h.id == 0) {  // about the connection itself: the server refused or retired it
+            fail(e);
+            break;
+          }
+          if (inflight) finish(inflight->state, index_, e);
+          inflight.reset();
           continue;
         }
         std::byte* dest = nullptr;
-        if (known && p.keep) {
-          p.keep->resize(h.bytes);
-          dest = p.keep->data();
-        } else if (known && p.dest) {
-          if (h.bytes != p.dest_bytes) {
-            discard.resize(h.bytes);
-            net::read_all(fd_.get(), discard.data(), h.bytes, body, context);
-            {
-              std::lock_guard<std::mutex> lock(mu_);
-              receiving_.reset();
-            }
-            cv_.notify_all();
-            finish(p.state, index_,
-                   std::make_exception_ptr(InternalError(fmt::format(
-                       "{} answered {} with {} bytes where {} were expected", who_,
-                       to_string(p.op), h.bytes, p.dest_bytes))));
-            continue;
-          }
-          dest = p.dest;
+        std::exception_ptr wrong_size;
+        if (inflight && inflight->keep) {
+          inflight->keep->resize(h.bytes);
+          dest = inflight->keep->data();
+        } else if (inflight && inflight->dest && h.bytes == inflight->dest_bytes) {
+          dest = inflight->dest;
         } else {
+          if (inflight && inflight->dest)
+            wrong_size = std::make_exception_ptr(InternalError(fmt::format(
+                "{} answered {} with {} bytes where {} were expected", who_,
+                to_string(inflight->op), h.bytes, inflight->dest_bytes)));
           discard.resize(h.bytes);
           dest = discard.data();
         }
         net::read_all(fd_.get(), dest, h.bytes, body, context);
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          receiving_.reset();
-        }
-        cv_.notify_all();
-        if (known) finish(p.state, index_, nullptr);
+        done_reading();
+        if (inflight) finish(inflight->state, index_, wrong_size);
+        inflight.reset();
       }
     } catch (const std::exception& e) {
       bool closing;
@@ -281,15 +279,18 @@ class ServerLink {
         std::lock_guard<std::mutex> lock(mu_);
         closing = closing_;
       }
-      if (!closing) {
-        fail(std::make_exception_ptr(PeerFailureError(fmt::format(
-            "{} is gone ({}): the server process died or was stopped; every request to it fails. "
-            "Restart the server (with --restore to resume from its last checkpoint) or the job",
-            who_, e.what()))));
-      } else {
-        fail(std::make_exception_ptr(AbortedError(fmt::format(
-            "the connection to {} was closed by this worker", who_))));
-      }
+      std::exception_ptr error =
+          !closing ? std::make_exception_ptr(PeerFailureError(fmt::format(
+                         "{} is gone ({}): the server process died or was stopped; every request "
+                         "to it fails. Restart the server (with --restore to resume from its last "
+                         "checkpoint) or the job",
+                         who_, e.what())))
+                   : std::make_exception_ptr(
+                         AbortedError(fmt::format("the connection to {} was closed by this worker", who_)));
+      // The answer being read when the connection broke fails too, then everything pending.
+      if (inflight) finish(inflight->state, index_, error);
+      done_reading();
+      fail(error);
     }
     std::lock_guard<std::mutex> lock(mu_);
     receiver_done_ = true;
@@ -307,7 +308,6 @@ class ServerLink {
       std::lock_guard<std::mutex> lock(mu_);
       if (!failed_) failed_ = error;
       pending.swap(pending_);
-      receiving_.reset();
     }
     cv_.notify_all();
     for (auto& [id, p] : pending) finish(p.state, index_, failed_);
@@ -606,7 +606,17 @@ void Handle::wait(milliseconds timeout) {
     if (cancel) cancel(state_);  // afterwards no thread touches this call's buffers
     throw TimeoutError(message);
   }
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (state_->error) {
+    // Other requests of this call may still be under way: withdraw them, so that no thread
+    // touches the caller's buffers once this throws.
+    auto error = state_->error;
+    auto cancel = state_->cancel;
+    const bool pending = !state_->outstanding.empty();
+    state_->cancelled = true;
+    lock.unlock();
+    if (pending && cancel) cancel(state_);
+    std::rethrow_exception(error);
+  }
 }
 
 bool Handle::done() const {

@@ -51,6 +51,9 @@ size_t DenseTable::chunk_index(uint64_t offset) const {
 
 void DenseTable::check_range(uint64_t offset, uint64_t count, bool one_chunk) const {
   const uint64_t lo = spec_.slice_offset, hi = spec_.slice_offset + spec_.slice_length;
+  if (spec_.slice_length > 0 && count == 0)
+    throw InvalidArgumentError(fmt::format("table '{}': a request for 0 elements at {}", spec_.name,
+                                           offset));
   if (offset < lo || offset + count > hi || offset + count < offset)
     throw InvalidArgumentError(fmt::format(
         "table '{}': elements [{}, {}) are not on this server, which holds [{}, {}) of {}",

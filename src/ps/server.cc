@@ -17,6 +17,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -98,6 +99,7 @@ struct Server::Impl {
   std::vector<std::shared_ptr<Connection>> connections;
   std::map<int, WorkerClocks::Presence> presence;  // workers that left or failed
   std::map<int, std::string> worker_address;
+  std::map<int, std::shared_ptr<Connection>> current;  // each worker's live connection
   int workers_total = 0;  // as the workers announce it
   std::set<int> byes;
   bool done = false;
@@ -130,10 +132,11 @@ struct Server::Impl {
                                                  net::Role::kPsClient, options.index,
                                                  Deadline::after(milliseconds(10'000)));
         conn->worker = hello.rank;
-        const int total = static_cast<int>(hello.tag);
-        if (conn->worker < 0 || total < 1 || conn->worker >= total)
+        if (hello.tag < 1 || hello.tag > (1 << 20) || conn->worker < 0 ||
+            static_cast<uint64_t>(conn->worker) >= hello.tag)
           throw InvalidArgumentError(fmt::format("worker index {} of {} is out of range",
-                                                 conn->worker, total));
+                                                 conn->worker, hello.tag));
+        const int total = static_cast<int>(hello.tag);
         std::lock_guard<std::mutex> lock(mu);
         if (workers_total != 0 && workers_total != total)
           throw InvalidArgumentError(fmt::format(
@@ -145,8 +148,26 @@ struct Server::Impl {
         DTRAIN_LOG_WARN("{}: refused a connection from {}: {}", who(), conn->peer, r.reason);
         continue;
       } catch (const std::exception& e) {
-        DTRAIN_LOG_WARN("{}: dropped a connection from {}: {}", who(), conn->peer, e.what());
+        // The worker passed the handshake, so it reads our frames: tell it why before closing.
+        DTRAIN_LOG_WARN("{}: refused worker {} at {}: {}", who(), conn->worker, conn->peer,
+                        e.what());
+        refuse(*conn, fmt::format("{} refused this worker: {}", who(), e.what()));
         continue;
+      }
+      // A worker that connects again (restarted elsewhere, or a second process with the same
+      // index) retires its earlier connection, whose late errors must not mark it failed.
+      std::shared_ptr<Connection> retired;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        auto& slot = current[conn->worker];
+        retired = std::exchange(slot, conn);
+      }
+      if (retired && !retired->said_bye) {
+        DTRAIN_LOG_WARN("{}: worker {} connected again from {}; retiring its connection from {}",
+                        who(), conn->worker, conn->peer, retired->peer);
+        refuse(*retired, fmt::format("{}: worker {} connected again from {}; this connection (from "
+                                     "{}) is retired: two processes share one worker index?",
+                                     who(), conn->worker, conn->peer, retired->peer));
       }
       rejoin(conn->worker);
       DTRAIN_LOG_DEBUG("{}: worker {} connected from {}", who(), conn->worker, conn->peer);
@@ -157,6 +178,24 @@ struct Server::Impl {
   }
 
   net::HandshakeConfig handshake() const { return {options.job_id, options.token}; }
+
+  // Tells a connection's worker why it is being closed (an error frame with request id 0, which
+  // its client turns into the connection's error), then shuts the socket.
+  void refuse(Connection& conn, const std::string& message) {
+    std::lock_guard<std::mutex> lock(conn.write_mu);
+    if (!conn.fd.valid()) return;
+    Header h;
+    h.status = static_cast<uint8_t>(Status::kInvalid);
+    h.bytes = message.size();
+    std::span<const std::byte> part(reinterpret_cast<const std::byte*>(message.data()),
+                                    message.size());
+    try {
+      send_message(conn.fd.get(), h, {&part, 1}, Deadline::after(milliseconds(2'000)),
+                   "refusing a worker");
+    } catch (const std::exception&) {
+    }
+    ::shutdown(conn.fd.get(), SHUT_RDWR);
+  }
 
   void serve(const std::shared_ptr<Connection>& conn) {
     serve_requests(conn);
@@ -248,6 +287,19 @@ struct Server::Impl {
   void leave(const std::shared_ptr<Connection>& conn, WorkerClocks::Presence p,
              const std::string& why) {
     const int worker = conn->worker;
+    bool is_current;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = current.find(worker);
+      is_current = it != current.end() && it->second == conn;
+    }
+    if (!is_current) {  // a retired connection: drop what it had parked, nothing else
+      for (auto& t : all_tables()) {
+        std::lock_guard<std::mutex> lock(t->mu);
+        std::erase_if(t->waiters, [&](const Waiter& w) { return w.conn == conn; });
+      }
+      return;
+    }
     {
       std::lock_guard<std::mutex> lock(reasons_mu);
       if (why.empty()) {
@@ -318,6 +370,10 @@ struct Server::Impl {
     auto t = find(h);
     std::lock_guard<std::mutex> lock(t->mu);
     const TableSpec& spec = t->spec();
+    if (conn->worker >= spec.num_workers)
+      throw InvalidArgumentError(fmt::format(
+          "worker {} is not one of the {} workers table '{}' was created for", conn->worker,
+          spec.num_workers, spec.name));
     if (h.dtype != static_cast<uint8_t>(DType::kF32))
       throw InvalidArgumentError(fmt::format(
           "table '{}' holds f32 values; the request carries {}", spec.name,
@@ -356,6 +412,9 @@ struct Server::Impl {
           throw InvalidArgumentError(fmt::format(
               "table '{}' has rows of width {}; the request has rows of width {}", spec.name,
               spec.width, h.width));
+        if (h.count > kMaxPayload / (sizeof(uint64_t) + h.width * sizeof(float)))
+          throw InvalidArgumentError(fmt::format("{} of {} rows of width {} is too large",
+                                                 to_string(op), h.count, h.width));
         const size_t id_bytes = h.count * sizeof(uint64_t);
         const size_t row_bytes = op == Op::kPushRows ? h.count * h.width * sizeof(float) : 0;
         if (h.bytes != id_bytes + row_bytes)
@@ -457,7 +516,9 @@ struct Server::Impl {
             std::vector<uint64_t> ids) {
     const auto now = Clock::now();
     const uint32_t limit = h.timeout_ms ? h.timeout_ms : 300'000;
-    t.waiters.push_back(Waiter{conn, h, std::move(ids), now, now + milliseconds(limit)});
+    Header parked = h;
+    parked.timeout_ms = limit;  // what the timeout message quotes
+    t.waiters.push_back(Waiter{conn, parked, std::move(ids), now, now + milliseconds(limit)});
   }
 
   // Answers the parked requests of t that can proceed, have failed or expired (t.mu held).
@@ -604,6 +665,13 @@ struct Server::Impl {
       return;
     }
     auto& [path, data] = *found;
+    const int saved_index = data.manifest.value("server", -1);
+    const int saved_servers = data.manifest.value("num_servers", -1);
+    if (saved_index != options.index || saved_servers != options.num_servers)
+      throw InvalidArgumentError(fmt::format(
+          "{}: {} was written by server {} of {}, this is server {} of {}: sparse rows and dense "
+          "slices are placed by the server count, so restore with the same number of servers",
+          who(), path, saved_index, saved_servers, options.index, options.num_servers));
     std::map<std::string, const SafetensorsEntry*> by_name;
     for (const auto& e : data.tensors) by_name[e.name] = &e;
     std::lock_guard<std::mutex> lock(mu);

@@ -116,8 +116,18 @@ TableSpec spec_from_json(const nlohmann::json& j) {
       s.slice_offset = j.at("slice_offset").get<uint64_t>();
       s.slice_length = j.at("slice_length").get<uint64_t>();
     }
-    if (s.num_workers < 1)
+    // Bounds, so that no size from the wire can overflow the server's arithmetic.
+    if (s.num_workers < 1 || s.num_workers > (1 << 20))
       throw InvalidArgumentError(fmt::format("table spec: {} workers", s.num_workers));
+    if (s.sparse && (s.width == 0 || s.width > (uint64_t{1} << 20)))
+      throw InvalidArgumentError(fmt::format(
+          "table spec: sparse table '{}' has rows of width {}; allowed: 1 to {}", s.name, s.width,
+          uint64_t{1} << 20));
+    if (!s.sparse && (s.numel > (uint64_t{1} << 40) || s.slice_length > s.numel ||
+                      s.slice_offset > s.numel - s.slice_length))
+      throw InvalidArgumentError(fmt::format(
+          "table spec: dense table '{}' of {} elements with the slice [{}, +{}) is out of range",
+          s.name, s.numel, s.slice_offset, s.slice_length));
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw InvalidArgumentError(fmt::format("table spec: {}", e.what()));

@@ -11,6 +11,7 @@
 // reads that wait on it fail at once, naming it, instead of hanging.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -55,7 +56,22 @@ class WorkerClocks {
     return out;
   }
 
-  void set_presence(int w, Presence p) { presence_[w] = p; }
+  void set_presence(int w, Presence p) {
+    if (w < 0 || w >= workers()) return;
+    // A worker that left and comes back starts where the others stand, not where it left: its
+    // old clock would make its pushes count for versions long applied.
+    if (presence_[w] == Presence::kLeft && p == Presence::kActive) {
+      uint64_t floor = version_;
+      if (mode_ != Consistency::kSync) {
+        floor = UINT64_MAX;
+        for (int o = 0; o < workers(); ++o)
+          if (o != w && presence_[o] != Presence::kLeft) floor = std::min(floor, clock_[o]);
+        if (floor == UINT64_MAX) floor = clock_[w];
+      }
+      clock_[w] = std::max(clock_[w], floor);
+    }
+    presence_[w] = p;
+  }
 
   // For checkpoints.
   const std::vector<uint64_t>& clocks() const { return clock_; }

@@ -31,10 +31,28 @@ ParameterServerTrainer::ParameterServerTrainer(torch::nn::Module& module,
   pull();
 }
 
+namespace {
+
+// Waits for every handle (so that none still uses a tensor when this returns), then rethrows the
+// first error.
+void wait_all(std::vector<ps::Handle>& handles) {
+  std::exception_ptr first;
+  for (auto& h : handles) {
+    try {
+      h.wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace
+
 void ParameterServerTrainer::pull() {
   std::vector<ps::Handle> handles;
   for (auto& p : params_) handles.push_back(client_->pull(p.name, view_of(p.value, p.name)));
-  for (auto& h : handles) h.wait();
+  wait_all(handles);
 }
 
 void ParameterServerTrainer::step() {
@@ -47,7 +65,7 @@ void ParameterServerTrainer::step() {
     handles.push_back(
         client_->push_pull(p.name, view_of(grad, p.name + ".grad"), view_of(p.value, p.name)));
   }
-  for (auto& h : handles) h.wait();
+  wait_all(handles);
 }
 
 }  // namespace dtrain
