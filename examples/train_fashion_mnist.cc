@@ -433,6 +433,10 @@ int run(const Flags& flags) {
           commits_failed(e);
         }
       }
+      // Logged before this rank's gradients leave: a step can be committed (by another rank)
+      // once they have, even if this rank dies right after. A step logged but never finished
+      // is trained again after the restart, whose lines supersede these.
+      sample_log.record(epoch, step + 1, batch);
       loss.backward();
       {
         dtrain::TimelineSpan span("optimizer step", "compute");
@@ -452,7 +456,6 @@ int run(const Flags& flags) {
       ++steps_here;
       images += static_cast<int64_t>(batch.size()) * world;
       own_images += static_cast<int64_t>(batch.size());
-      sample_log.record(epoch, step, batch);
       // Where a run resumed from here starts: after this batch, or at the next epoch.
       const bool epoch_done = end >= indices.size();
       position.epoch = epoch_done ? epoch + 1 : epoch;

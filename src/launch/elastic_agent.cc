@@ -383,6 +383,15 @@ class Agent {
     info.node = node_;
     info.host = host_name();
     info.addr = options_.local_addr.empty() ? main_.tcp->local_ip() : options_.local_addr;
+    // The address towards the endpoint is loopback when this machine's own name resolves to
+    // 127.0.1.1 (Debian's default): other machines could not reach its workers or store.
+    if (options_.max_nodes > 1 && options_.local_addr.empty() && info.addr.rfind("127.", 0) == 0 &&
+        at.host.rfind("127.", 0) != 0 && at.host != "localhost")
+      throw InvalidArgumentError(fmt::format(
+          "dtrain run: this machine reaches the rendezvous endpoint {} over loopback (its host "
+          "name probably resolves to 127.0.1.1), so the other machines could not reach it at {}; "
+          "pass --local-addr with an address they can reach",
+          at.to_string(), info.addr));
     info.pid = ::getpid();
     info.nproc = options_.nproc;
     me_ = rdzv_->register_agent(info);
@@ -586,7 +595,7 @@ class Agent {
 
     SupervisorResult result = supervisor_.supervise(so);
     using Outcome = SupervisorResult::Outcome;
-    if (result.outcome == Outcome::kInterrupted) {
+    if (result.outcome == Outcome::kInterrupted || result.interrupted_by != 0) {
       StopCause c;
       c.kind = Kind::kAgentLeft;
       c.counts = false;

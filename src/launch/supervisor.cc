@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <thread>
 
 #include "common/log.h"
 #include "dtrain/error.h"
@@ -156,11 +157,14 @@ class Run {
   Run& operator=(const Run&) = delete;
   // Workers are still running here only when starting the job failed half-way (an exception):
   // they must not outlive it. A SIGKILLed child is reaped at once, so this wait is short.
+  // A worker the loop gave up on (stuck in the kernel past SIGKILL) is not waited for: it is
+  // left to init rather than hanging the launcher, and the job, with it.
   ~Run() {
     for (auto& w : workers_) {
       if (!w.running) continue;
       ::kill(-w.pid, SIGKILL);
-      ::waitpid(w.pid, nullptr, 0);
+      for (int i = 0; i < 100 && ::waitpid(w.pid, nullptr, WNOHANG) == 0; ++i)
+        std::this_thread::sleep_for(milliseconds(10));
     }
   }
 
@@ -299,9 +303,12 @@ class Run {
         DTRAIN_LOG_INFO("dtrain run: got {}; passing it to {} worker(s), SIGKILL in {:g} s",
                         signal_name(sig), running_count(), options_.grace_period.count() / 1000.0);
         stop(sig);
-      } else if (!killed_) {
-        // A second Ctrl-C means "now": skip the rest of the grace period.
-        kill_at_ = Clock::now();
+      } else {
+        // Stopping already (a failure, or a stop request, or an earlier signal): remember the
+        // signal, so that the caller knows the launcher itself was told to stop; a second one
+        // means "now".
+        if (interrupted_by_ == 0) interrupted_by_ = sig;
+        if (!killed_) kill_at_ = Clock::now();
       }
     }
     // SIGCHLD coalesces, and a child may have exited while we were busy: reap on every wake-up.
@@ -419,6 +426,7 @@ class Run {
     using Outcome = SupervisorResult::Outcome;
     size_t n = workers_.size();
     SupervisorResult result;
+    result.interrupted_by = interrupted_by_;
     if (first_failure_ != nullptr) {
       const Worker& w = *first_failure_;
       result.outcome = Outcome::kFailed;

@@ -76,7 +76,7 @@ struct SupervisorResult {
   Outcome outcome = Outcome::kSucceeded;
   int exit_code = 0;  // as Supervisor::run returns it (0 when stopped through stop_fd)
   std::optional<WorkerExit> first_failure;
-  int interrupted_by = 0;
+  int interrupted_by = 0;  // a signal told the launcher to stop (also while it was stopping)
 };
 
 class Supervisor {

@@ -637,14 +637,21 @@ uint64_t write_snapshot(Snapshot& s) {
   }
 }
 
-void prune(const std::string& dir, int keep) {
-  auto steps = list_steps(dir);
-  for (size_t i = static_cast<size_t>(keep); i < steps.size(); ++i) {
+// After writing step `written`: checkpoints of later steps belong to a history training has
+// abandoned (it resumed from an earlier state) and go; of the rest the newest `keep` stay, the one
+// just written always among them.
+void prune(const std::string& dir, int keep, int64_t written) {
+  int kept = 0;
+  for (int64_t step : list_steps(dir)) {
+    if (step <= written && kept < std::max(keep, 1)) {
+      ++kept;
+      continue;
+    }
     std::error_code ec;
-    fs::remove_all(checkpoint_path(dir, steps[i]), ec);
+    fs::remove_all(checkpoint_path(dir, step), ec);
     if (ec)
       DTRAIN_LOG_WARN("checkpoint: cannot remove the old checkpoint {}: {}",
-                      checkpoint_path(dir, steps[i]), ec.message());
+                      checkpoint_path(dir, step), ec.message());
   }
 }
 
@@ -834,7 +841,7 @@ void CheckpointManager::save(const torch::nn::Module& module,
     uint64_t bytes = 0;
     try {
       bytes = write_snapshot(*snap);
-      prune(snap->dir, snap->keep);
+      prune(snap->dir, snap->keep, snap->step);
     } catch (...) {
       error = std::current_exception();
     }

@@ -342,11 +342,16 @@ TEST_F(ElasticTest, BadElasticArgumentsAreRejected) {
         {"run", "--nnodes", "1:x", "true"},
         {"run", "--nnodes", "1:2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:1", "true"},
         {"run", "--max-restarts", "-1", "true"},
-        {"run", "--max-restarts", "1", "--rdzv-endpoint", "no-port-here", "true"}}) {
+        {"run", "--max-restarts", "1", "--rdzv-endpoint", "no-port-here", "true"},
+        // Several machines with no rendezvous endpoint: each would form a job of its own.
+        {"run", "--nnodes", "1:2", "--max-restarts", "1", "true"}}) {
     Launched run(args);
     EXPECT_NE(exit_code(run.wait(seconds(20))), 0) << args[2];
     EXPECT_FALSE(run.err().empty()) << args[2];
   }
+  Launched no_endpoint({"run", "--nnodes", "1:2", "--max-restarts", "1", "true"});
+  no_endpoint.wait(seconds(20));
+  EXPECT_NE(no_endpoint.err().find("--rdzv-endpoint"), std::string::npos) << no_endpoint.err();
 }
 
 }  // namespace

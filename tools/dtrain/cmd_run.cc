@@ -161,8 +161,9 @@ int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given
   std::tie(o.min_nodes, o.max_nodes) = parse_nnodes(e.nnodes);
   o.max_restarts = e.max_restarts;
   o.endpoint = e.rdzv_endpoint;
-  // Without --rdzv-endpoint, the store of a static run stands in: --master-addr:--master-port.
-  if (o.endpoint.empty() && (o.max_nodes > 1 || master_given))
+  // Without --rdzv-endpoint, --master-addr:--master-port stand in when given; a multi-machine
+  // run with neither is refused (each machine would otherwise form a job of its own).
+  if (o.endpoint.empty() && master_given)
     o.endpoint = net::HostPort{a.master_addr, static_cast<uint16_t>(a.master_port)}.to_string();
   o.run_id = e.rdzv_id.empty() ? env::get_string(env::kJobId) : e.rdzv_id;
   o.node_name = e.node_name;
