@@ -117,7 +117,8 @@ class Client {
   // DMLC_*).
   static std::unique_ptr<Client> from_env();
   // Says goodbye to every server (a departed worker no longer holds back sync and SSP tables),
-  // after the outstanding requests completed or failed.
+  // after the outstanding requests completed or failed. Destroyed while an exception unwinds,
+  // it says none: the servers count the worker as failed, and the waits on it fail, naming it.
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;

@@ -115,7 +115,9 @@ class ServerLink {
     receiver_ = std::thread([this] { receive_loop(); });
   }
 
-  ~ServerLink() { close(); }
+  ~ServerLink() { close(true); }
+
+  static constexpr uint8_t kSilent = 1;  // a bye that is not sent
 
   const std::string& who() const { return who_; }
 
@@ -135,19 +137,21 @@ class ServerLink {
     cv_.notify_one();
   }
 
-  // Says goodbye, then waits (briefly) for the server to close, and stops both threads.
-  void close() {
+  // Says goodbye (unless `goodbye` is false: the worker is failing), then waits (briefly) for
+  // the server to close, and stops both threads.
+  void close(bool goodbye) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (closing_) return;
       closing_ = true;
       Outgoing bye;
       bye.header.op = static_cast<uint8_t>(Op::kBye);
+      bye.header.flags = goodbye ? 0 : kSilent;
       queue_.push_back(std::move(bye));
     }
     cv_.notify_one();
     if (sender_.joinable()) sender_.join();
-    {
+    if (goodbye) {  // the server closes its end once it has read the goodbye
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, milliseconds(5'000), [&] { return receiver_done_; });
     }
@@ -186,7 +190,9 @@ class ServerLink {
       }
       const bool bye = static_cast<Op>(out.header.op) == Op::kBye;
       try {
-        if (!failed()) {
+        if (bye && out.header.flags == kSilent) {
+          // No goodbye: the server treats the closed connection as this worker failing.
+        } else if (!failed()) {
           // The server's limit for holding the request is shorter than ours, so that its
           // answer, which names the workers it waited for, arrives before we give up.
           const int64_t margin = std::max<int64_t>(1000, timeout_.count() / 20);
@@ -643,8 +649,11 @@ Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
 }
 
 Client::~Client() {
-  // Outstanding requests finish first: the sender sends the goodbye after them.
-  for (auto& link : impl_->links) link->close();
+  // Outstanding requests finish first: the sender sends the goodbye after them. A client
+  // destroyed while an exception unwinds the worker says no goodbye, so that the servers count
+  // the worker as failed (its peers' sync waits fail, naming it) rather than as finished.
+  const bool failing = std::uncaught_exceptions() > 0;
+  for (auto& link : impl_->links) link->close(!failing);
 }
 
 std::unique_ptr<Client> Client::from_env() {

@@ -334,6 +334,34 @@ TEST(PsTest, KilledWorkerFailsTheSyncPullsThatWaitForIt) {
   EXPECT_TRUE(results[1].ok());
 }
 
+// A worker whose Client is destroyed by an exception unwinding it says no goodbye: the other
+// worker's sync pull fails naming it, instead of training on alone.
+TEST(PsTest, AWorkerFailingWithAnExceptionIsNotALeave) {
+  PsJob job(1, 2);
+  auto results = job.run([&](int w) {
+    std::vector<float> x(100, 1.0f), g(100, 0.5f);
+    if (w == 1) {
+      try {
+        Client c(job.client_options(w));
+        c.create_dense("x", TensorView::of(x));
+        c.push_pull("x", TensorView::of(g), TensorView::of(x)).wait();
+        throw std::runtime_error("the worker's own bug");
+      } catch (const std::runtime_error&) {
+        ::_exit(3);
+      }
+    }
+    Client c(job.client_options(w));
+    c.create_dense("x", TensorView::of(x));
+    c.push_pull("x", TensorView::of(g), TensorView::of(x)).wait();
+    expect_error<PeerFailureError>(
+        [&] { c.push_pull("x", TensorView::of(g), TensorView::of(x)).wait(); },
+        {"worker 1 at 127.0.0.1:", "without saying goodbye"});
+    job.store()->set("stop", "1");
+  });
+  EXPECT_EQ(results[2].exit_code, 3);
+  EXPECT_TRUE(results[1].ok());
+}
+
 // Bad requests get clear errors and change nothing; garbage on the port is refused and the
 // server keeps serving.
 TEST(PsTest, BadRequestsAreRefusedAndChangeNothing) {
