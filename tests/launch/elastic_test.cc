@@ -138,7 +138,10 @@ TEST_F(ElasticTest, FailuresBeyondMaxRestartsEndTheJobWithASummary) {
        worker({"--steps", "1000", "--step-ms", "5", "--fail-node-rank", "0", "--fail-after", "3"}))
     args.push_back(a);
   Launched run(args);
-  EXPECT_EQ(exit_code(run.wait(seconds(90))), 3) << dump(run);
+  // Rank 0 fails on purpose and rank 1 fails a moment later on the broken collective; which of
+  // the two exits the launcher reaps first is a race, so either may be named (exit code 3 or 1).
+  const int code = exit_code(run.wait(seconds(90)));
+  EXPECT_TRUE(code == 3 || code == 1) << code << dump(run);
   const std::string& err = run.err();
   EXPECT_TRUE(contains(err, "restart 1 of 2")) << dump(run);
   EXPECT_TRUE(contains(err, "restart 2 of 2")) << dump(run);
@@ -147,8 +150,10 @@ TEST_F(ElasticTest, FailuresBeyondMaxRestartsEndTheJobWithASummary) {
   auto summary = err.substr(err.find("job 'dtrain' failed"));
   for (int r = 0; r < 3; ++r) {
     std::regex line("round " + std::to_string(r) +
-                    ": 1 node\\(s\\).*2 worker\\(s\\).*rank 0 \\(pid [0-9]+\\) on node .* failed "
-                    "with exit code 3; last stderr: \"elastic_worker: rank 0 failing on purpose");
+                    ": 1 node\\(s\\).*2 worker\\(s\\).*(rank 0 \\(pid [0-9]+\\) on node .* failed "
+                    "with exit code 3; last stderr: \"elastic_worker: rank 0 failing on purpose|"
+                    "rank 1 \\(pid [0-9]+\\) on node .* failed with exit code 1; last stderr: "
+                    "\".*rank 0 \\([0-9.:]+\\) closed its process group)");
     EXPECT_TRUE(std::regex_search(summary, line)) << "round " << r << "\n" << summary;
   }
   EXPECT_EQ(pids().size(), 6u) << dump(run);  // two workers in each of three rounds
