@@ -1,10 +1,12 @@
 // Shared memory between ranks on one host: both paths (one copy with cross-memory attach, and
 // the ring), agreement with TCP, nothing left in /dev/shm after a normal exit or a SIGKILL, a
-// stale segment of the same job replaced, and a killed peer noticed at once.
+// stale segment of the same job removed, two jobs sharing a job id kept apart, and a killed peer noticed at once.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -96,14 +98,25 @@ TEST(Shm, NothingLeftBehindAfterSigkill) {
   EXPECT_TRUE(segments_of(job).empty()) << segments_of(job).size() << " segments left in /dev/shm";
 }
 
-TEST(Shm, StaleSegmentOfTheSameJobIsReplaced) {
-  const int port = free_port();
-  const std::string job = unique_job("shm-stale");
-  const std::string name = "/dtrain-" + job + "-world-0-1";
+void make_segment_file(const std::string& name) {
   int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::ftruncate(fd, 4096), 0);
   ::close(fd);
+}
+
+// A segment of the same job, group and ranks whose creator died goes; one whose creator still
+// runs (another job that shares the job id) stays.
+TEST(Shm, StaleSegmentOfTheSameJobIsRemoved) {
+  const int port = free_port();
+  const std::string job = unique_job("shm-stale");
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string stale = fmt::format("/dtrain-{}-world-0-1-{}", job, dead);
+  const std::string live = fmt::format("/dtrain-{}-world-0-1-{}", job, ::getpid());
+  make_segment_file(stale);
+  make_segment_file(live);
   auto results = run_ranks(2, [&](int rank) {
     ::setenv("DTRAIN_TRANSPORT", "shm", 1);
     ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
@@ -111,6 +124,29 @@ TEST(Shm, StaleSegmentOfTheSameJobIsReplaced) {
     std::vector<int32_t> v(10, rank);
     pg->allreduce(TensorView::of(v))->wait();
     RANK_CHECK(v[9] == 1, "sum {}", v[9]);
+  });
+  for (auto& r : results) EXPECT_TRUE(r.ok());
+  EXPECT_EQ(segments_of(job), std::vector<std::string>{"/dev/shm" + live});
+  ::shm_unlink(live.c_str());
+}
+
+// Two jobs on one host with the same job id (the default) and group name: each keeps to its
+// own segments (they once shared one name, and the second unlinked the first's).
+TEST(Shm, TwoJobsWithTheSameJobIdStayApart) {
+  const int ports[2] = {free_port(), free_port()};
+  const std::string job = unique_job("shm-twins");
+  auto results = run_ranks(4, [&](int r) {
+    const int j = r / 2, rank = r % 2;
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto pg = make_group(rank, 2, ports[j]);
+    for (int i = 0; i < 200; ++i) {
+      std::vector<int32_t> v(1000 + 7 * i, 1000 * j + rank + i);
+      pg->allreduce(TensorView::of(v))->wait();
+      const int32_t want = 2 * (1000 * j + i) + 1;
+      RANK_CHECK(v.front() == want && v.back() == want, "job {} step {}: {} and {}, want {}", j,
+                 i, v.front(), v.back(), want);
+    }
   });
   for (auto& r : results) EXPECT_TRUE(r.ok());
   EXPECT_TRUE(segments_of(job).empty());

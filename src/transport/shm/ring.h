@@ -35,7 +35,9 @@ class Ring {
   size_t write(const iovec* iov, size_t count) {
     const uint64_t head = c_->head.load(std::memory_order_relaxed);
     const uint64_t tail = c_->tail.load(std::memory_order_acquire);
-    size_t room = capacity_ - static_cast<size_t>(head - tail);
+    // Counters the other process scribbled over never make this write outside the ring.
+    const uint64_t used = head - tail;
+    size_t room = used > capacity_ ? 0 : capacity_ - static_cast<size_t>(used);
     size_t written = 0;
     for (size_t i = 0; i < count && room > 0; ++i) {
       size_t n = std::min(room, iov[i].iov_len);
@@ -51,7 +53,7 @@ class Ring {
   size_t read(std::byte* out, size_t n) {
     const uint64_t tail = c_->tail.load(std::memory_order_relaxed);
     const uint64_t head = c_->head.load(std::memory_order_acquire);
-    n = std::min(n, static_cast<size_t>(head - tail));
+    n = std::min({n, static_cast<size_t>(head - tail), capacity_});
     if (n == 0) return 0;
     const size_t at = static_cast<size_t>(tail % capacity_);
     const size_t first = std::min(n, capacity_ - at);

@@ -1,6 +1,7 @@
 #include "transport/shm/segment.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <new>
 #include <utility>
 
@@ -38,8 +40,30 @@ std::string segment_name(const std::string& job, const std::string& group, int l
   return fmt::format("/dtrain-{}-{}-{}", safe.substr(0, 160), lo, hi);
 }
 
-Segment Segment::create(const std::string& name) {
-  ::shm_unlink(name.c_str());  // a stale segment of an earlier run of this job
+namespace {
+
+// Removes "<prefix>-<pid>" segments whose creator no longer runs.
+void remove_stale(const std::string& prefix) {
+  const std::string base = prefix.substr(1) + "-";  // names under /dev/shm lack the '/'
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string file = entry.path().filename().string();
+    if (!file.starts_with(base)) continue;
+    const std::string pid_text = file.substr(base.size());
+    char* end = nullptr;
+    const long pid = std::strtol(pid_text.c_str(), &end, 10);
+    if (pid_text.empty() || *end != '\0' || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      ::shm_unlink(("/" + file).c_str());
+  }
+}
+
+}  // namespace
+
+Segment Segment::create(const std::string& prefix) {
+  remove_stale(prefix);
+  const std::string name = fmt::format("{}-{}", prefix, ::getpid());
+  ::shm_unlink(name.c_str());  // this process made it before and failed midway
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0)
     throw PeerFailureError(fmt::format("cannot create shared memory {}: {}", name, std::strerror(errno)));

@@ -1,9 +1,11 @@
 // Segment: the shared memory two ranks on one host talk through, an RAII mapping.
 //
-// The lower rank creates it under a name derived from the job, the group and the two ranks
-// (removing a stale one left by a crashed run of the same job first), the higher rank opens it,
-// and as soon as both have it mapped the name is unlinked: from then on nothing is left in
-// /dev/shm, whatever happens to either process.
+// The lower rank creates it under a name made of the job, the group, the two ranks and its own
+// pid, and sends the name to the higher rank over their TCP connection, which opens it; as soon
+// as both have it mapped the name is unlinked: from then on nothing is left in /dev/shm,
+// whatever happens to either process. The pid keeps two jobs that share a job id (the default
+// "dtrain") apart; segments of the same job, group and ranks whose creator has died (a crash
+// between creating and unlinking) are removed when the next one is created.
 //
 // Layout: a header page (magic, version, the two pids), then one ring per direction.
 #pragma once
@@ -33,8 +35,9 @@ struct SegmentHeader {
 class Segment {
  public:
   Segment() = default;
-  // Creates `name` (unlinking a stale one first); throws PeerFailureError on failure.
-  static Segment create(const std::string& name);
+  // Creates "<prefix>-<pid>" (removing stale "<prefix>-<dead pid>" ones first); throws
+  // PeerFailureError on failure. name() says what it is called.
+  static Segment create(const std::string& prefix);
   // Opens an existing `name` created by the peer and checks its header.
   static Segment open(const std::string& name);
   Segment(Segment&& o) noexcept;
@@ -53,6 +56,7 @@ class Segment {
     return (creator ? header().opener_reads_creator : header().creator_reads_opener) != 0;
   }
   bool valid() const { return base_ != nullptr; }
+  const std::string& name() const { return name_; }
   SegmentHeader& header() { return *static_cast<SegmentHeader*>(base_); }
   // The ring from the creator (lower rank) to the opener, and back.
   Ring ring(bool from_creator);
@@ -65,7 +69,8 @@ class Segment {
   bool linked_ = false;
 };
 
-// "/dtrain-<job>-<group>-<lo>-<hi>" with unsafe characters replaced.
+// "/dtrain-<job>-<group>-<lo>-<hi>" with unsafe characters replaced: the prefix of the
+// segment's name.
 std::string segment_name(const std::string& job, const std::string& group, int lo, int hi);
 
 }  // namespace dtrain::transport::shm

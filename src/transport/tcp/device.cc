@@ -133,7 +133,7 @@ std::vector<shm::Segment> Device::share_memory(Store& store, std::vector<net::Fd
     try {
       segments[peer] = shm::Segment::create(
           shm::segment_name(options_.handshake.job_id, options_.group_name, rank, peer));
-      name = shm::segment_name(options_.handshake.job_id, options_.group_name, rank, peer);
+      name = segments[peer].name();
     } catch (const Error& e) {
       failed(peer, e.what());
     }
