@@ -47,45 +47,58 @@ struct RecvOptions {
 // Options of the collectives. `algorithm` picks one by name ("ring", "halving_doubling",
 // "recursive_doubling", "tree", "scatter_allgather", "central", "pairwise", "dissemination"...);
 // empty = the cost model's choice (or DTRAIN_ALGO). docs/algorithms.md lists them.
+// `async_op` (as in torch.distributed): true runs the collective on the group's worker thread,
+// so the caller may compute meanwhile; false runs it on the calling thread, after the group's
+// earlier collectives, and returns a Work that has finished (wait() still rethrows its error).
+// A synchronous call saves the hand-off to the worker, which matters for small messages.
 struct BroadcastOptions {
   int root = 0;
   std::chrono::milliseconds timeout{0};
   std::string algorithm;
+  bool async_op = true;  // false: runs on the calling thread
 };
 struct ReduceOptions {
   int root = 0;
   ReduceOp op = ReduceOp::kSum;
   std::chrono::milliseconds timeout{0};
   std::string algorithm;
+  bool async_op = true;  // false: runs on the calling thread
 };
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kSum;
   std::chrono::milliseconds timeout{0};
   std::string algorithm;
+  bool async_op = true;  // false: runs on the calling thread
 };
 struct AllgatherOptions {
   std::chrono::milliseconds timeout{0};
   std::string algorithm;
+  bool async_op = true;  // false: runs on the calling thread
 };
 struct GatherOptions {
   int root = 0;
   std::chrono::milliseconds timeout{0};
+  bool async_op = true;  // false: runs on the calling thread
 };
 struct ScatterOptions {
   int root = 0;
   std::chrono::milliseconds timeout{0};
+  bool async_op = true;  // false: runs on the calling thread
 };
 struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::kSum;
   std::chrono::milliseconds timeout{0};
   std::string algorithm;
+  bool async_op = true;  // false: runs on the calling thread
 };
 struct AlltoallOptions {
   std::chrono::milliseconds timeout{0};
+  bool async_op = true;  // false: runs on the calling thread
 };
 struct BarrierOptions {
   std::chrono::milliseconds timeout{0};
   std::string algorithm;
+  bool async_op = true;  // false: runs on the calling thread
 };
 
 class ProcessGroup {

@@ -17,8 +17,7 @@ namespace {
 double log2_ceil(int n) { return n <= 1 ? 0.0 : std::ceil(std::log2(static_cast<double>(n))); }
 
 // DTRAIN_ALGO is "ring" (for every collective that has it) or "allreduce=ring,broadcast=tree".
-std::string env_choice(CollectiveKind kind) {
-  std::string spec = env::get_string(env::kAlgo);
+std::string env_choice(CollectiveKind kind, const std::string& spec) {
   if (spec.empty()) return {};
   std::string key(to_string(kind));
   std::erase(key, '_');
@@ -46,6 +45,9 @@ std::string env_choice(CollectiveKind kind) {
 }
 
 }  // namespace
+
+CostModel::CostModel(CostConstants constants)
+    : k_(constants), algo_env_(env::get_string(env::kAlgo)) {}
 
 CostConstants CostModel::load() {
   CostConstants k;
@@ -199,7 +201,7 @@ std::string_view CostModel::choose(CollectiveKind kind, std::string_view request
     throw InvalidArgumentError(fmt::format("{} has no algorithm '{}': use one of {}",
                                            to_string(kind), requested, fmt::join(c, ", ")));
   }
-  const std::string from_env = env_choice(kind);
+  const std::string from_env = env_choice(kind, algo_env_);
   if (!from_env.empty()) {
     for (auto a : c)
       if (a == from_env) return usable(a);

@@ -34,7 +34,7 @@ struct Topology {
 
 class CostModel {
  public:
-  explicit CostModel(CostConstants constants = load()) : k_(constants) {}
+  explicit CostModel(CostConstants constants = load());
   // Defaults, then DTRAIN_COST_FILE, then DTRAIN_COST_ALPHA_US / _BETA_GBPS / _GAMMA_GBPS.
   static CostConstants load();
 
@@ -55,6 +55,7 @@ class CostModel {
 
  private:
   CostConstants k_;
+  std::string algo_env_;  // DTRAIN_ALGO, read once
 };
 
 }  // namespace dtrain::comm

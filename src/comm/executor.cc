@@ -6,6 +6,11 @@
 
 namespace dtrain::comm {
 
+std::string CollectiveWork::Label::describe() const {
+  if (!text.empty()) return text;
+  return fmt::format("rank {}: {} as collective #{} of group {}", rank, call.describe(), seq, group);
+}
+
 void CollectiveWork::run() {
   try {
     body_();
@@ -33,7 +38,7 @@ void CollectiveWork::wait(std::optional<std::chrono::milliseconds> timeout) {
   if (!completion_.done()) {
     auto error = std::make_exception_ptr(TimeoutError(fmt::format(
         "{} did not finish within {}; the group is aborted, since the collective may still be "
-        "writing into its buffers", what_, limit.describe())));
+        "writing into its buffers", what(), limit.describe())));
     if (auto ex = executor_.lock()) ex->on_failure_(error);
     completion_.wait_until(Clock::now() + std::chrono::seconds(5));
     completion_.fail(error);
@@ -58,6 +63,23 @@ void Executor::submit(std::shared_ptr<CollectiveWork> work) {
     queue_.push_back(std::move(work));
   }
   queue_cv_.notify_one();
+}
+
+void Executor::run_here(std::shared_ptr<CollectiveWork> work) {
+  const CollectiveWork* w = work.get();
+  {
+    std::lock_guard lock(queue_mu_);
+    queue_.push_back(std::move(work));
+  }
+  help(w);
+  // help() gives up when the worker holds the queue; it then runs this one too, in order. The
+  // wake-up is for the moment the worker was between its last collective and its sleep.
+  bool queued = false;
+  {
+    std::lock_guard lock(queue_mu_);
+    for (const auto& q : queue_) queued |= q.get() == w;
+  }
+  if (queued) queue_cv_.notify_one();
 }
 
 bool Executor::run_next() {

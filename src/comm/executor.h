@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/collective.h"
 #include "common/completion.h"
 #include "common/deadline.h"
 #include "dtrain/work.h"
@@ -22,10 +23,25 @@ class Executor;
 
 class CollectiveWork : public Work {
  public:
+  // Who called which collective, formatted only for errors and logs.
+  struct Label {
+    int rank = 0;
+    CollectiveCall call;
+    uint32_t seq = 0;
+    std::string group;
+    std::string text;  // a description made up front (other backends): used as is
+    // "rank 0: all_reduce(f32, 1024, sum) as collective #3 of group world"
+    std::string describe() const;
+  };
+
+  CollectiveWork(std::function<void()> body, Deadline deadline, Label label,
+                 std::weak_ptr<Executor> executor)
+      : body_(std::move(body)), deadline_(deadline), label_(std::move(label)),
+        executor_(std::move(executor)) {}
   CollectiveWork(std::function<void()> body, Deadline deadline, std::string what,
                  std::weak_ptr<Executor> executor)
-      : body_(std::move(body)), deadline_(deadline), what_(std::move(what)),
-        executor_(std::move(executor)) {}
+      : CollectiveWork(std::move(body), deadline, Label{.text = std::move(what)},
+                       std::move(executor)) {}
 
   bool is_completed() override { return completion_.done(); }
   void wait(std::optional<std::chrono::milliseconds> timeout) override;
@@ -34,12 +50,12 @@ class CollectiveWork : public Work {
   // Runs the body once (on whichever thread gets there first) and records how it ended.
   void run();
   void fail(std::exception_ptr error) { completion_.fail(std::move(error)); }
-  const std::string& what() const { return what_; }
+  std::string what() const { return label_.describe(); }
 
  private:
   std::function<void()> body_;
   Deadline deadline_;
-  std::string what_;  // "rank 0: all_reduce(f32, 1024, sum) as collective #3 of group world"
+  Label label_;
   std::weak_ptr<Executor> executor_;
   Completion completion_;
 };
@@ -54,6 +70,10 @@ class Executor : public std::enable_shared_from_this<Executor> {
   void start();
 
   void submit(std::shared_ptr<CollectiveWork> work);
+  // Queues `work` and runs the queue on this thread until it has run, without waking the
+  // worker (a synchronous call); if the worker is busy with an earlier collective, it is left
+  // to the worker, which runs the queue in order.
+  void run_here(std::shared_ptr<CollectiveWork> work);
   // Runs queued collectives on this thread until `work` has started (or another thread is
   // running the queue).
   void help(const CollectiveWork* work);

@@ -72,7 +72,7 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
  private:
   using Body = std::function<void(CollectiveContext&)>;
   std::shared_ptr<Work> submit(const CollectiveCall& call, std::string_view algorithm,
-                               std::chrono::milliseconds timeout, Body body);
+                               std::chrono::milliseconds timeout, bool async_op, Body body);
   GroupInfo info() const { return {rank_, size_, name_, "native", "not yet"}; }
   // A collective of this group failed here: mark the group unusable and tell the peers (once).
   void on_collective_failed(uint32_t seq, std::exception_ptr error);

@@ -1,5 +1,6 @@
 #include "comm/postmortem.h"
 
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -23,8 +24,8 @@ std::string latest_key(const std::string& group, int rank) {
 
 void CallHistory::called(uint32_t seq, const CollectiveCall& call) {
   std::lock_guard lock(mu_);
-  calls_[seq] = call;
-  while (calls_.size() > kKeep) calls_.erase(calls_.begin());
+  calls_[seq % kKeep] = Entry{seq, call};
+  if (seq > last_called_) last_called_ = seq;
 }
 
 void CallHistory::finished(uint32_t seq) {
@@ -34,15 +35,16 @@ void CallHistory::finished(uint32_t seq) {
 
 std::string CallHistory::describe(uint32_t seq) const {
   std::lock_guard lock(mu_);
-  auto it = calls_.find(seq);
-  if (it == calls_.end()) {
-    if (calls_.empty()) return fmt::format("has not called collective #{} (nor any before it)", seq);
-    auto last = calls_.rbegin();
-    return fmt::format("has not called collective #{} yet (its last was #{}, {})", seq,
-                       last->first, last->second.describe());
-  }
-  return fmt::format("called {}{}", it->second.describe(),
-                     seq <= last_finished_ ? " and completed it" : "");
+  const Entry& e = calls_[seq % kKeep];
+  if (seq != 0 && e.seq == seq)
+    return fmt::format("called {}{}", e.call.describe(),
+                       seq <= last_finished_ ? " and completed it" : "");
+  if (last_called_ == 0) return fmt::format("has not called collective #{} (nor any before it)", seq);
+  if (seq < last_called_)
+    return fmt::format("called collective #{} too long ago to say what it was (its last was #{}, "
+                       "{})", seq, last_called_, calls_[last_called_ % kKeep].call.describe());
+  return fmt::format("has not called collective #{} yet (its last was #{}, {})", seq, last_called_,
+                     calls_[last_called_ % kKeep].call.describe());
 }
 
 void publish_postmortem(Store& store, const std::string& group, int rank, uint32_t seq,

@@ -8,7 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <cstdint>
-#include <map>
+#include <array>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -29,8 +29,13 @@ class CallHistory {
 
  private:
   static constexpr size_t kKeep = 256;
-  mutable std::mutex mu_;  // guards calls_ and last_finished_
-  std::map<uint32_t, CollectiveCall> calls_;
+  struct Entry {
+    uint32_t seq = 0;  // 0: empty
+    CollectiveCall call;
+  };
+  mutable std::mutex mu_;  // guards calls_, last_called_ and last_finished_
+  std::array<Entry, kKeep> calls_{};  // collective #s at s % kKeep: the last kKeep calls
+  uint32_t last_called_ = 0;
   uint32_t last_finished_ = 0;
 };
 

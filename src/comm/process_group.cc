@@ -335,7 +335,8 @@ std::shared_ptr<Work> NativeProcessGroup::irecv(const TensorView& tensor, int sr
 
 std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                                                  std::string_view algorithm,
-                                                 std::chrono::milliseconds timeout, Body body) {
+                                                 std::chrono::milliseconds timeout,
+                                                 bool async_op, Body body) {
   uint32_t seq;
   std::exception_ptr failed;
   {
@@ -344,10 +345,11 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
     failed = failure_;
   }
   const Deadline deadline = deadline_for(timeout);
-  std::string what =
-      fmt::format("rank {}: {} as collective #{} of group {}", rank_, call.describe(), seq, name_);
-  std::string algo(algorithm);
-  auto run = [this, call, seq, deadline, algo, what, body = std::move(body)] {
+  // Described only when something goes wrong: formatting costs more than a small collective.
+  CollectiveWork::Label label{rank_, call, seq, name_};
+  auto run = [this, label, deadline, algorithm, body = std::move(body)] {
+    const CollectiveCall& call = label.call;
+    const uint32_t seq = label.seq;
     std::vector<transport::tcp::Pair*> pairs(size_, nullptr);
     for (int i = 0; i < size_; ++i)
       if (i != rank_) pairs[i] = device_->pair(members_[i]).get();
@@ -356,8 +358,8 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                           seq);
     ctx.set_buffers(&scratch_, &workspace_);
     device_->expect(group_id_, seq, call.fingerprint());
-    DTRAIN_LOG_DEBUG("{} via {}", what, algo);
-    watchdog_->enter(seq, call.describe());
+    DTRAIN_LOG_DEBUG("{} via {}", label.describe(), algorithm);
+    watchdog_->enter(seq, call);
     try {
       body(ctx);
     } catch (...) {
@@ -375,20 +377,23 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
       std::string after = postmortem(failed_seq, entry);
       if (size_ > 1 && failed_seq == seq) after += "; " + watchdog_->arrivals(seq);
       watchdog_->leave();
-      rethrow_with(what, after);
+      rethrow_with(label.describe(), after);
     }
     watchdog_->leave();
     history_.finished(seq);
   };
   history_.called(seq, call);
-  auto work = std::make_shared<CollectiveWork>(std::move(run), deadline, what, executor_);
+  auto work = std::make_shared<CollectiveWork>(std::move(run), deadline, label, executor_);
   if (failed) {
     work->fail(std::make_exception_ptr(PeerFailureError(fmt::format(
-        "{} cannot start: the group is unusable since an earlier collective failed: {}", what,
-        message_of(failed)))));
+        "{} cannot start: the group is unusable since an earlier collective failed: {}",
+        label.describe(), message_of(failed)))));
     return work;
   }
-  executor_->submit(work);
+  if (async_op)
+    executor_->submit(work);
+  else
+    executor_->run_here(work);
   return work;
 }
 
@@ -401,7 +406,7 @@ std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
   check_root(info(), o.root, "broadcast");
   CollectiveCall call{CollectiveKind::kBroadcast, t.dtype, ReduceOp::kSum, o.root, t.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
-  return submit(call, algo, o.timeout, [this, t, algo, root = o.root](CollectiveContext& ctx) {
+  return submit(call, algo, o.timeout, o.async_op, [this, t, algo, root = o.root](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
     if (algo == "hierarchical")
       algo::broadcast_hierarchical(*local_group_, *cross_group_, t, host_index_[root],
@@ -423,7 +428,7 @@ std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
   CollectiveCall call{CollectiveKind::kAllreduce, t.dtype, o.op, 0, t.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
   const int n = size_;
-  return submit(call, algo, o.timeout, [this, t, algo, op = o.op, n](CollectiveContext& ctx) {
+  return submit(call, algo, o.timeout, o.async_op, [this, t, algo, op = o.op, n](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
     if (algo == "hierarchical")
       algo::allreduce_hierarchical(*local_group_, *cross_group_, t, op, ctx.deadline());
@@ -451,7 +456,7 @@ std::shared_ptr<Work> NativeProcessGroup::reduce(const TensorView& t, const Redu
   CollectiveCall call{CollectiveKind::kReduce, t.dtype, o.op, o.root, t.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
   const int n = size_;
-  return submit(call, algo, o.timeout, [t, algo, o, n](CollectiveContext& ctx) {
+  return submit(call, algo, o.timeout, o.async_op, [t, algo, o, n](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
     if (algo == "ring")
       algo::reduce_ring(ctx, data, t.numel);
@@ -472,7 +477,7 @@ std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const
   check_allgather(info(), out, in);
   CollectiveCall call{CollectiveKind::kAllgather, in.dtype, ReduceOp::kSum, 0, in.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
-  return submit(call, algo, o.timeout, [this, out, in, algo](CollectiveContext& ctx) {
+  return submit(call, algo, o.timeout, o.async_op, [this, out, in, algo](CollectiveContext& ctx) {
     if (algo == "hierarchical") {
       algo::allgather_hierarchical(*local_group_, *cross_group_, out, in, ctx.deadline());
       return;
@@ -502,7 +507,7 @@ std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, cons
   check_allgatherv(info(), out, in, counts);
   CollectiveCall call{CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0, 0};
   auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
-  return submit(call, algo, o.timeout, [out, in, counts](CollectiveContext& ctx) {
+  return submit(call, algo, o.timeout, o.async_op, [out, in, counts](CollectiveContext& ctx) {
     const size_t elem = ctx.element_size();
     std::vector<size_t> offsets(ctx.size()), sizes(ctx.size());
     size_t off = 0;
@@ -527,7 +532,7 @@ std::shared_ptr<Work> NativeProcessGroup::gather(const TensorView& out, const Te
                       });
   check_gather(info(), out, in, o.root);
   CollectiveCall call{CollectiveKind::kGather, in.dtype, ReduceOp::kSum, o.root, in.numel};
-  return submit(call, "linear", o.timeout, [out, in](CollectiveContext& ctx) {
+  return submit(call, "linear", o.timeout, o.async_op, [out, in](CollectiveContext& ctx) {
     algo::gather_linear(ctx, static_cast<std::byte*>(out.data),
                         static_cast<const std::byte*>(in.data), in.nbytes());
   });
@@ -542,7 +547,7 @@ std::shared_ptr<Work> NativeProcessGroup::scatter(const TensorView& out, const T
                       });
   check_scatter(info(), out, in, o.root);
   CollectiveCall call{CollectiveKind::kScatter, out.dtype, ReduceOp::kSum, o.root, out.numel};
-  return submit(call, "linear", o.timeout, [out, in](CollectiveContext& ctx) {
+  return submit(call, "linear", o.timeout, o.async_op, [out, in](CollectiveContext& ctx) {
     algo::scatter_linear(ctx, static_cast<std::byte*>(out.data),
                          static_cast<const std::byte*>(in.data), out.nbytes());
   });
@@ -560,7 +565,7 @@ std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out, 
   CollectiveCall call{CollectiveKind::kReduceScatter, out.dtype, o.op, 0, out.numel};
   auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
   const int n = size_;
-  return submit(call, algo, o.timeout, [out, in, o, n](CollectiveContext& ctx) {
+  return submit(call, algo, o.timeout, o.async_op, [out, in, o, n](CollectiveContext& ctx) {
     // Reduce a copy of the input in place (the caller's input stays as it was), in equal blocks.
     const size_t bytes = in.nbytes();
     std::byte* work = ctx.workspace(bytes);
@@ -582,7 +587,7 @@ std::shared_ptr<Work> NativeProcessGroup::alltoall(const TensorView& out, const 
   check_alltoall(info(), out, in);
   std::vector<size_t> counts(size_, in.numel / size_);
   CollectiveCall call{CollectiveKind::kAlltoall, in.dtype, ReduceOp::kSum, 0, in.numel};
-  return submit(call, "pairwise", o.timeout, [out, in, counts](CollectiveContext& ctx) {
+  return submit(call, "pairwise", o.timeout, o.async_op, [out, in, counts](CollectiveContext& ctx) {
     const size_t block = counts[0] * ctx.element_size();
     std::vector<size_t> offsets(ctx.size()), sizes(ctx.size(), block);
     for (int i = 0; i < ctx.size(); ++i) offsets[i] = i * block;
@@ -603,7 +608,7 @@ std::shared_ptr<Work> NativeProcessGroup::alltoallv(const TensorView& out,
                       });
   check_alltoallv(info(), out, out_counts, in, in_counts);
   CollectiveCall call{CollectiveKind::kAlltoallv, in.dtype, ReduceOp::kSum, 0, 0};
-  return submit(call, "pairwise", o.timeout, [out, in, out_counts, in_counts](CollectiveContext& ctx) {
+  return submit(call, "pairwise", o.timeout, o.async_op, [out, in, out_counts, in_counts](CollectiveContext& ctx) {
     const size_t elem = ctx.element_size();
     auto layout = [&](const std::vector<size_t>& counts, std::vector<size_t>& offsets,
                       std::vector<size_t>& sizes) {
@@ -625,7 +630,7 @@ std::shared_ptr<Work> NativeProcessGroup::alltoallv(const TensorView& out,
 std::shared_ptr<Work> NativeProcessGroup::barrier(const BarrierOptions& o) {
   CollectiveCall call{CollectiveKind::kBarrier, DType::kU8, ReduceOp::kSum, 0, 0};
   auto algo = cost_model_.choose(call.kind, o.algorithm, 0, size_, topology_);
-  return submit(call, algo, o.timeout,
+  return submit(call, algo, o.timeout, o.async_op,
                 [](CollectiveContext& ctx) { algo::barrier_dissemination(ctx); });
 }
 

@@ -35,10 +35,10 @@ Watchdog::~Watchdog() {
   }
 }
 
-void Watchdog::enter(uint32_t seq, std::string what) {
+void Watchdog::enter(uint32_t seq, const CollectiveCall& call) {
   std::lock_guard lock(mu_);
   seq_ = seq;
-  what_ = std::move(what);
+  call_ = call;
   since_ = std::chrono::steady_clock::now();
   arrived_ = std::chrono::system_clock::now();
 }
@@ -116,7 +116,7 @@ void Watchdog::run(std::stop_token stop) {
     if (waited < threshold_) continue;
     reported_ = seq_;
     const uint32_t seq = seq_;
-    const std::string what = what_;
+    const std::string what = call_.describe();
     lock.unlock();
     report(seq, what, waited);
     lock.lock();

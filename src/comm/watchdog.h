@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/collective.h"
 #include "dtrain/store.h"
 
 namespace dtrain::comm {
@@ -22,7 +23,7 @@ class Watchdog {
   Watchdog(Store& store, std::string group, int rank, int size, std::chrono::milliseconds threshold);
   ~Watchdog();
 
-  void enter(uint32_t seq, std::string what);
+  void enter(uint32_t seq, const CollectiveCall& call);
   void leave();
   // "rank 0 at 12:00:01.234 (waited 3.0 s); not arrived: ranks 2, 3", after publishing ours.
   std::string arrivals(uint32_t seq);
@@ -41,7 +42,7 @@ class Watchdog {
   std::mutex mu_;  // guards the fields below
   std::condition_variable_any cv_;
   uint32_t seq_ = 0;  // the running collective, 0 when none
-  std::string what_;
+  CollectiveCall call_;  // what the running collective is
   std::chrono::steady_clock::time_point since_;
   std::chrono::system_clock::time_point arrived_;
   uint32_t reported_ = 0;

@@ -174,6 +174,7 @@ double reduce_scalar(ProcessGroup& pg, double v, ReduceOp op, std::chrono::milli
   AllreduceOptions o;
   o.op = op;
   o.timeout = timeout;
+  o.async_op = false;
   pg.allreduce(TensorView{&v, 1, DType::kF64}, o)->wait();
   return v;
 }
@@ -198,6 +199,7 @@ Result run_native_size(ProcessGroup& pg, const BenchArgs& a, const Plan& p, Coll
   h.barrier = [&pg, timeout] {
     BarrierOptions o;
     o.timeout = timeout;
+    o.async_op = false;
     pg.barrier(o)->wait();
   };
   h.max_over_ranks = [&pg, timeout](double v) { return reduce_scalar(pg, v, ReduceOp::kMax, timeout); };
@@ -211,31 +213,31 @@ Result run_native_size(ProcessGroup& pg, const BenchArgs& a, const Plan& p, Coll
   const std::string algo = a.algo;
   switch (c) {
     case Collective::kAllreduce:
-      h.run = [=] { g->allreduce(in, AllreduceOptions{op, timeout, algo})->wait(); };
+      h.run = [=] { g->allreduce(in, AllreduceOptions{op, timeout, algo, false})->wait(); };
       break;
     case Collective::kBroadcast:
-      h.run = [=] { g->broadcast(in, BroadcastOptions{0, timeout, algo})->wait(); };
+      h.run = [=] { g->broadcast(in, BroadcastOptions{0, timeout, algo, false})->wait(); };
       break;
     case Collective::kReduce:
-      h.run = [=] { g->reduce(in, ReduceOptions{0, op, timeout, algo})->wait(); };
+      h.run = [=] { g->reduce(in, ReduceOptions{0, op, timeout, algo, false})->wait(); };
       break;
     case Collective::kAllgather:
-      h.run = [=] { g->allgather(out, in, AllgatherOptions{timeout, algo})->wait(); };
+      h.run = [=] { g->allgather(out, in, AllgatherOptions{timeout, algo, false})->wait(); };
       break;
     case Collective::kGather:
-      h.run = [=] { g->gather(out, in, GatherOptions{0, timeout})->wait(); };
+      h.run = [=] { g->gather(out, in, GatherOptions{0, timeout, false})->wait(); };
       break;
     case Collective::kScatter:
-      h.run = [=] { g->scatter(out, in, ScatterOptions{0, timeout})->wait(); };
+      h.run = [=] { g->scatter(out, in, ScatterOptions{0, timeout, false})->wait(); };
       break;
     case Collective::kReduceScatter:
-      h.run = [=] { g->reduce_scatter(out, in, ReduceScatterOptions{op, timeout, algo})->wait(); };
+      h.run = [=] { g->reduce_scatter(out, in, ReduceScatterOptions{op, timeout, algo, false})->wait(); };
       break;
     case Collective::kAlltoall:
-      h.run = [=] { g->alltoall(out, in, AlltoallOptions{timeout})->wait(); };
+      h.run = [=] { g->alltoall(out, in, AlltoallOptions{timeout, false})->wait(); };
       break;
     case Collective::kBarrier:
-      h.run = [=] { g->barrier(BarrierOptions{timeout, algo})->wait(); };
+      h.run = [=] { g->barrier(BarrierOptions{timeout, algo, false})->wait(); };
       break;
     case Collective::kSendRecv: {
       if (n < 2) throw InvalidArgumentError("dtrain bench sendrecv needs --np 2 or more");

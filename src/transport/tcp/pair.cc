@@ -154,12 +154,11 @@ std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Dead
   // A message with this tag may already be here (or arriving): the stream is sequential, so
   // only the newest unexpected message can still be incomplete. Messages that arrived before
   // the connection closed are still delivered.
-  if (auto it = unexpected_.find(tag); it != unexpected_.end() && !it->second.empty()) {
-    Unexpected& u = *it->second.front();
+  if (auto* early = unexpected_.front(tag)) {
+    Unexpected& u = **early;
     if (u.complete()) {
       deliver_unexpected(u, *r);
-      it->second.pop_front();
-      if (it->second.empty()) unexpected_.erase(it);
+      unexpected_.take_front(tag);
       return r;
     }
     if (!u.claimant && !broken_) {
@@ -172,7 +171,7 @@ std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Dead
     r->completion.fail(e);
     return r;
   }
-  posted_[tag].push_back(r);
+  posted_.push_back(tag, r);
   return r;
 }
 
@@ -237,20 +236,16 @@ void Pair::fail_group_locked(uint32_t group_id, std::exception_ptr error) {
       ++it;
     }
   }
-  for (auto it = posted_.begin(); it != posted_.end();) {
-    if (group_of(it->first) == group_id) {
-      for (auto& r : it->second) fail(*r);
-      it = posted_.erase(it);
-    } else {
-      ++it;
+  posted_.remove_if([&](uint64_t tag, std::shared_ptr<Request>& r) {
+    if (group_of(tag) != group_id) return false;
+    fail(*r);
+    return true;
+  });
+  for (auto& [tag, u] : unexpected_)
+    if (u->claimant && group_of(tag) == group_id) {
+      fail(*u->claimant);
+      u->claimant.reset();
     }
-  }
-  for (auto& [tag, q] : unexpected_)
-    for (auto& u : q)
-      if (u->claimant && group_of(tag) == group_id) {
-        fail(*u->claimant);
-        u->claimant.reset();
-      }
 }
 
 bool Pair::reject_frame(Request& r, uint64_t size, uint64_t aux) {
@@ -491,7 +486,7 @@ void Pair::on_frame_header_locked() {
     u->allocate(h.size);
     rx_unexpected_ = u.get();
     rx_state_ = RxState::kIntoUnexpected;
-    unexpected_[kControlQueue].push_back(std::move(u));
+    unexpected_.push_back(kControlQueue, std::move(u));
     if (h.size == 0) {
       rx_state_ = RxState::kHeader;
       finish_unexpected_locked(*rx_unexpected_);
@@ -499,10 +494,8 @@ void Pair::on_frame_header_locked() {
     }
     return;
   }
-  if (auto it = posted_.find(h.tag); it != posted_.end()) {
-    std::shared_ptr<Request> r = std::move(it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) posted_.erase(it);
+  if (posted_.front(h.tag)) {
+    std::shared_ptr<Request> r = posted_.take_front(h.tag);
     if (reject_frame(*r, h.size, h.aux)) {
       rx_discard_left_ = h.size;
       rx_state_ = h.size > 0 ? RxState::kDiscard : RxState::kHeader;
@@ -523,7 +516,7 @@ void Pair::on_frame_header_locked() {
   u->aux = h.aux;
   u->allocate(h.size);
   Unexpected* raw = u.get();
-  unexpected_[h.tag].push_back(std::move(u));
+  unexpected_.push_back(h.tag, std::move(u));
   if (h.size == 0) return;  // complete already; waits for its receive
   rx_unexpected_ = raw;
   rx_state_ = RxState::kIntoUnexpected;
@@ -588,10 +581,8 @@ void Pair::on_cma_descriptor_locked() {
   std::byte* target = nullptr;
   std::shared_ptr<Request> r;
   Unexpected* u = nullptr;
-  if (auto it = posted_.find(h.tag); it != posted_.end()) {
-    r = std::move(it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) posted_.erase(it);
+  if (posted_.front(h.tag)) {
+    r = posted_.take_front(h.tag);
     if (!reject_frame(*r, h.size, h.aux)) target = r->data;
   } else {
     if (options_.on_unexpected) options_.on_unexpected(h.tag, h.aux, options_.peer_rank);
@@ -601,7 +592,7 @@ void Pair::on_cma_descriptor_locked() {
     fresh->allocate(size);
     u = fresh.get();
     target = u->bytes.get();
-    unexpected_[h.tag].push_back(std::move(fresh));
+    unexpected_.push_back(h.tag, std::move(fresh));
   }
   if (target != nullptr && size > 0 && !pull(target, rx_cma_.address, size)) {
     fail_locked(connection_error(
@@ -619,12 +610,11 @@ void Pair::on_cma_descriptor_locked() {
 
 void Pair::finish_unexpected_locked(Unexpected& u) {
   if (u.control) {
-    auto& q = unexpected_[kControlQueue];
-    DTRAIN_CHECK(!q.empty() && q.front().get() == &u);
+    auto* first = unexpected_.front(kControlQueue);
+    DTRAIN_CHECK(first != nullptr && first->get() == &u);
     std::string text(reinterpret_cast<const char*>(u.bytes.get()), u.size);
     uint64_t tag = u.tag;
-    q.pop_front();
-    unexpected_.erase(kControlQueue);
+    unexpected_.take_front(kControlQueue);
     // Fail this pair's requests of the group now, before a close that may follow the notice on
     // the same stream; the device then fails them on the other pairs.
     fail_group_locked(group_of(tag), make_error(ErrorKind::kPeerFailure, text));
@@ -633,11 +623,10 @@ void Pair::finish_unexpected_locked(Unexpected& u) {
   }
   if (!u.claimant) return;  // stays until a receive with its tag is posted
   std::shared_ptr<Request> r = std::move(u.claimant);
-  auto it = unexpected_.find(u.tag);
-  DTRAIN_CHECK(it != unexpected_.end() && it->second.front().get() == &u);
+  auto* first = unexpected_.front(u.tag);
+  DTRAIN_CHECK(first != nullptr && first->get() == &u);
   deliver_unexpected(u, *r);
-  it->second.pop_front();
-  if (it->second.empty()) unexpected_.erase(it);
+  unexpected_.take_front(u.tag);
 }
 
 ssize_t Pair::write_out(const iovec* iov, size_t count) {
@@ -737,18 +726,14 @@ void Pair::fail_locked(std::exception_ptr error) {
   send_queue_.clear();
   for (auto& r : cma_pending_) fail(*r);
   cma_pending_.clear();
-  for (auto& [tag, q] : posted_)
-    for (auto& r : q) fail(*r);
+  for (auto& [tag, r] : posted_) fail(*r);
   posted_.clear();
   // Complete messages stay deliverable; the one cut short is dropped.
-  for (auto it = unexpected_.begin(); it != unexpected_.end();) {
-    auto& q = it->second;
-    if (!q.empty() && !q.back()->complete()) {
-      if (q.back()->claimant) fail(*q.back()->claimant);
-      q.pop_back();
-    }
-    it = q.empty() ? unexpected_.erase(it) : std::next(it);
-  }
+  unexpected_.remove_if([&](uint64_t, std::unique_ptr<Unexpected>& u) {
+    if (u->complete()) return false;
+    if (u->claimant) fail(*u->claimant);
+    return true;
+  });
   if (rx_request_) fail(*rx_request_);
   rx_request_.reset();
   rx_unexpected_ = nullptr;
@@ -800,16 +785,11 @@ void Pair::cancel_locked(Request& r, const std::string& why) {
       return;
     }
   } else if (!r.matched) {
-    if (auto it = posted_.find(r.tag); it != posted_.end()) {
-      auto& q = it->second;
-      q.erase(std::remove_if(q.begin(), q.end(), [&](const auto& p) { return p.get() == &r; }),
-              q.end());
-      if (q.empty()) posted_.erase(it);
-    }
+    posted_.remove_if([&](uint64_t, const std::shared_ptr<Request>& p) { return p.get() == &r; });
     r.completion.fail(make_error(ErrorKind::kTimeout, text));
     return;
-  } else if (auto it = unexpected_.find(r.tag); it != unexpected_.end()) {
-    for (auto& u : it->second)
+  } else {
+    for (auto& [tag, u] : unexpected_)
       if (u->claimant.get() == &r) {
         u->claimant.reset();  // the message still arrives and waits for a later receive
         r.completion.fail(make_error(ErrorKind::kTimeout, text));
@@ -881,20 +861,25 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
     if (!spinning)
       for (Pair* p : pairs) p->begin_spin();
     // The budget counts from the last byte moved: a long transfer never falls asleep midway.
+    // The clock is read every few polls: a poll is cheaper than reading it, and a pause
+    // (about 25 ns on AMD, up to 140 ns on Intel) is the latency added when data lands.
     auto spin_end = Clock::now() + spin;
-    for (;;) {
+    bool yielding = pairs[0]->options_.oversubscribed;
+    for (uint32_t polls = 1;; ++polls) {
       bool moved = false;
       for (Pair* p : pairs) moved |= p->try_progress();
       if (all_done()) break;
-      auto now = Clock::now();
-      if (moved) spin_end = now + spin;
-      if (now >= spin_end + spin || now >= deadline.at()) break;
-      if (now >= spin_end || pairs[0]->options_.oversubscribed) {
-        // More ranks than cores: give the core to whoever has the data to send.
-        sched_yield();
-      } else {
-        for (int i = 0; i < 16; ++i) cpu_relax();
+      if (moved || yielding || (polls & 15) == 0) {
+        auto now = Clock::now();
+        if (moved) spin_end = now + spin;
+        if (now >= spin_end + spin || now >= deadline.at()) break;
+        // More ranks than cores, or a long wait: give the core to whoever has data to send.
+        yielding = now >= spin_end || pairs[0]->options_.oversubscribed;
       }
+      if (yielding)
+        sched_yield();
+      else
+        cpu_relax();
     }
     if (!spinning)
       for (Pair* p : pairs) p->end_spin();

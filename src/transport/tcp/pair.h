@@ -32,6 +32,7 @@
 #include "common/socket.h"
 #include "transport/shm/segment.h"
 #include "transport/tcp/message.h"
+#include "transport/tcp/tag_queues.h"
 
 namespace dtrain::transport::tcp {
 
@@ -210,8 +211,8 @@ class Pair : public std::enable_shared_from_this<Pair> {
   uint64_t recv_seq_ = 0;
   std::deque<std::shared_ptr<Request>> send_queue_;
   static constexpr size_t kCmaMinBytes = size_t{64} << 10;
-  std::unordered_map<uint64_t, std::deque<std::shared_ptr<Request>>> posted_;
-  std::unordered_map<uint64_t, std::deque<std::unique_ptr<Unexpected>>> unexpected_;
+  TagQueues<std::shared_ptr<Request>> posted_;
+  TagQueues<std::unique_ptr<Unexpected>> unexpected_;
   RxState rx_state_ = RxState::kHeader;
   FrameHeader rx_header_;
   size_t rx_header_done_ = 0;
