@@ -98,6 +98,33 @@ TEST(Shm, NothingLeftBehindAfterSigkill) {
   EXPECT_TRUE(segments_of(job).empty()) << segments_of(job).size() << " segments left in /dev/shm";
 }
 
+// Three ranks pass messages four times the ring's size around a ring, each waiting on its send
+// before its receive, through the ring (no cross-memory attach): the data for a posted receive
+// must be drained by the event loop while its owner waits on its own send. This once
+// deadlocked after two ring-fuls.
+TEST(Shm, RingOfSendsLargerThanTheRingWaitSendFirst) {
+  const int port = free_port();
+  const std::string job = unique_job("shm-sendfirst");
+  auto results = run_ranks(3, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_CMA", "0", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto pg = make_group(rank, 3, port, {}, 20s);
+    const int next = (rank + 1) % 3, prev = (rank + 2) % 3;
+    for (uint32_t i = 0; i < 12; ++i) {
+      auto out = pattern(size_t{4} << 20, rank * 100 + i);
+      std::vector<uint8_t> in(out.size());
+      auto r = pg->irecv(TensorView::of(in), prev);
+      auto s = pg->isend(TensorView::of(out), next);
+      s->wait();
+      r->wait();
+      RANK_CHECK(in == pattern(in.size(), prev * 100 + i), "message {} from rank {} differs", i,
+                 prev);
+    }
+  }, 60s);
+  for (auto& r : results) EXPECT_TRUE(r.ok());
+}
+
 void make_segment_file(const std::string& name) {
   int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
   ASSERT_GE(fd, 0);

@@ -63,6 +63,8 @@ class Ring {
     return n;
   }
 
+  // Bytes the consumer has ever read.
+  uint64_t consumed() const { return c_->tail.load(std::memory_order_acquire); }
   bool empty() const {
     return c_->head.load(std::memory_order_acquire) == c_->tail.load(std::memory_order_acquire);
   }

@@ -172,6 +172,7 @@ std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Dead
     return r;
   }
   posted_.push_back(tag, r);
+  rearm_locked();
   return r;
 }
 
@@ -643,10 +644,13 @@ ssize_t Pair::write_out(const iovec* iov, size_t count) {
   // ring filled up); otherwise the bytes may wait in the ring until the consumer polls. A
   // sleeping consumer is always told.
   std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with rearm_locked's flag-then-check
+  // One doorbell per filling-up, not one per retry: the ring is full again only once the
+  // consumer has read from it since.
   const bool full = n < wanted;
-  if (shm_->out.control().consumer_sleeping.load(std::memory_order_relaxed) || (full && !rang_full_))
+  const bool refilled = full && shm_->out.consumed() != full_rung_at_;
+  if (shm_->out.control().consumer_sleeping.load(std::memory_order_relaxed) || refilled)
     ring_doorbell();
-  rang_full_ = full;  // one doorbell per filling-up, not one per retry
+  if (refilled) full_rung_at_ = shm_->out.consumed();
   if (n == 0) {
     errno = EAGAIN;
     return -1;
@@ -684,11 +688,12 @@ void Pair::rearm_locked() {
   if (shm_) {
     // Ask the peer for a doorbell, then look once more: data that came before the flag was
     // seen would otherwise wait for the next message.
-    // Only a thread blocked on this pair needs a doorbell for new data: data nobody waits for
-    // can sit in the ring until someone polls, without waking the event loop.
+    // New data needs a doorbell when a thread sleeps on this pair or a receive is posted on
+    // it (its owner may be waiting on something else that needs this data first); data nobody
+    // asked for yet can sit in the ring until someone polls (or the ring fills up).
     auto& in = shm_->in.control();
     auto& out = shm_->out.control();
-    const uint32_t wanted = blocked_ > 0 ? 1 : 0;
+    const uint32_t wanted = blocked_ > 0 || !posted_.empty() || rx_request_ ? 1 : 0;
     for (;;) {
       in.consumer_sleeping.store(wanted, std::memory_order_relaxed);
       out.producer_waiting.store(send_queue_.empty() ? 0 : 1, std::memory_order_relaxed);
@@ -833,7 +838,7 @@ void Pair::block_begin() {
 
 void Pair::block_end() {
   std::lock_guard lock(mu_);
-  if (--blocked_ == 0 && shm_) shm_->in.control().consumer_sleeping.store(0, std::memory_order_relaxed);
+  if (--blocked_ == 0 && shm_) rearm_locked();
 }
 
 void Pair::cancel(Request& r, const std::string& why) {

@@ -201,7 +201,8 @@ class Pair : public std::enable_shared_from_this<Pair> {
   bool drain_socket_ = false;  // shm: the event loop is handling a socket event (guarded by mu_)
   uint32_t empty_polls_ = 0;   // shm: empty ring reads since the socket was last asked
   int blocked_ = 0;            // threads asleep on this pair's requests (guarded by mu_)
-  bool rang_full_ = false;     // shm: the doorbell for the ring filling up has been rung
+  // shm: the consumer's read count when the doorbell for the ring filling up was last rung
+  uint64_t full_rung_at_ = ~uint64_t{0};
 
   std::mutex mu_;  // guards everything below, the socket's read and write streams included
   std::exception_ptr broken_;
