@@ -113,7 +113,9 @@ class TcpStoreServer {
   explicit TcpStoreServer(const TcpStoreServerOptions& options);
   ~TcpStoreServer();  // stops serving and joins every thread
   uint16_t port() const;
-  void stop();
+  // Stops serving; first waits up to `wait_for_clients` for the connected clients to hang up
+  // (a rank that hosts the store and finishes first must not pull it from under the others).
+  void stop(std::chrono::milliseconds wait_for_clients = std::chrono::milliseconds(0));
 
  private:
   struct Impl;

@@ -35,6 +35,9 @@ std::string who_am_i(int rank) {
 
 }  // namespace
 
+// How long a rank that hosts the store waits, when it is done, for the others to hang up.
+constexpr std::chrono::milliseconds kHostLinger{5'000};
+
 struct TcpStore::Impl {
   TcpStoreOptions options;
   std::unique_ptr<TcpStoreServer> server;  // first: destroyed after our connection closed
@@ -134,7 +137,13 @@ TcpStore::TcpStore(const TcpStoreOptions& options) : impl_(std::make_unique<Impl
   s.local_ip = net::local_ip(s.fd.get());
 }
 
-TcpStore::~TcpStore() = default;
+TcpStore::~TcpStore() {
+  if (!impl_->server) return;
+  // Hosting the store: hang up, then give the other ranks a moment to finish with it (a rank
+  // still reading the last keys would otherwise fail as if the job had crashed).
+  impl_->fd.reset();
+  impl_->server->stop(kHostLinger);
+}
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
   impl_->call(Request{.command = Command::kSet, .keys = {key}, .values = {value}}, timeout(),

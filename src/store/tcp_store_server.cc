@@ -75,7 +75,7 @@ struct TcpStoreServer::Impl {
   bool all_present(const std::vector<std::string>& keys) const;
   std::vector<std::string> missing(const std::vector<std::string>& keys) const;
   void reap_finished();
-  void stop();
+  void stop(std::chrono::milliseconds wait_for_clients);
 };
 
 bool TcpStoreServer::Impl::all_present(const std::vector<std::string>& keys) const {
@@ -289,7 +289,21 @@ void TcpStoreServer::Impl::accept_loop() {
   }
 }
 
-void TcpStoreServer::Impl::stop() {
+void TcpStoreServer::Impl::stop(std::chrono::milliseconds wait_for_clients) {
+  const Deadline linger = Deadline::after(wait_for_clients);
+  for (size_t logged = 0;;) {
+    size_t open = 0;
+    {
+      std::lock_guard lock(connections_mutex);
+      for (auto& c : connections) open += c->finished.load() ? 0 : 1;
+    }
+    if (open == 0 || linger.expired()) break;
+    if (logged != open)
+      DTRAIN_LOG_DEBUG("store server: waiting up to {} for {} client(s) to hang up",
+                       linger.describe(), open);
+    logged = open;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   std::call_once(stop_once, [this] {
     {
       std::lock_guard lock(data_mutex);
@@ -337,6 +351,8 @@ TcpStoreServer::~TcpStoreServer() { stop(); }
 
 uint16_t TcpStoreServer::port() const { return impl_->port; }
 
-void TcpStoreServer::stop() { impl_->stop(); }
+void TcpStoreServer::stop(std::chrono::milliseconds wait_for_clients) {
+  impl_->stop(wait_for_clients);
+}
 
 }  // namespace dtrain

@@ -130,6 +130,26 @@ TEST(StoreMultiProcess, RankZeroHostsTheStore) {
   EXPECT_TRUE(all_ok(results)) << describe(results);
 }
 
+// A rank that hosts the store and finishes first waits for the others to hang up (up to a few
+// seconds) instead of pulling the store from under their last calls.
+TEST(StoreMultiProcess, HostThatFinishesFirstWaitsForTheOthers) {
+  const uint16_t port = static_cast<uint16_t>(free_port());
+  auto results = run_ranks(
+      3,
+      [&](int rank) {
+        TcpStoreOptions options = client_options(port, rank);
+        options.is_server = rank == 0;
+        TcpStore store(options);
+        store.add("arrived", 1);
+        if (rank == 0) return;  // leaves at once
+        std::this_thread::sleep_for(300ms);
+        store.set(fmt::format("late{}", rank), "1");
+        if (store.add("arrived", 0) != 3) throw std::runtime_error("lost a count");
+      },
+      30s);
+  EXPECT_TRUE(all_ok(results)) << describe(results);
+}
+
 // A client killed while it waits on the server does not disturb anyone else.
 TEST(StoreMultiProcess, KilledClientDoesNotHurtTheServer) {
   ServerProcess server;
