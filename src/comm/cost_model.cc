@@ -66,6 +66,13 @@ CostConstants CostModel::load() {
           *path, e.what()));
     }
   }
+  if (std::ifstream llc("/sys/devices/system/cpu/cpu0/cache/index3/size"); llc) {
+    // "32768K"
+    double size = 0;
+    char unit = 'K';
+    if (llc >> size >> unit && size > 0)
+      k.cache_bytes = size * (unit == 'M' ? 1024.0 * 1024 : unit == 'G' ? 1024.0 * 1024 * 1024 : 1024);
+  }
   if (env::raw(env::kCostAlphaUs)) k.alpha = env::get_double(env::kCostAlphaUs) * 1e-6;
   if (env::raw(env::kCostBetaGbps)) k.beta = 1.0 / (env::get_double(env::kCostBetaGbps) * 1e9);
   if (env::raw(env::kCostGammaGbps)) k.gamma = 1.0 / (env::get_double(env::kCostGammaGbps) * 1e9);
@@ -111,9 +118,12 @@ double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, in
     // Three rounds of messages, each a full trip through the executor and both rings.
     return 6 * al + (N - 1) / N * M * (2 * be + ga);
   }
-  // On shared memory, an algorithm that receives a whole buffer before reducing it reads it
-  // back from memory once more; the chunked ones reduce it while it is still in cache.
-  const double reread = topology.local && M > 4e6 ? 1.0 : 0.0;  // beyond the caches
+  // On shared memory, the ring-based algorithms copy every byte into a ring and out again:
+  // nearly free while the ranks' buffers stay in cache (both copies run at once, on two
+  // cores), three times the cost of one copy through memory beyond it. Ranks that share a core
+  // also share its cache.
+  const bool spills = topology.local && N * M * topology.oversubscription > k_.cache_bytes;
+  const double reread = spills ? 2.0 : 0.0;
   if (a == "hierarchical") {
     if (topology.hosts < 2 || topology.per_host < 2) return 1e30;
     const double k = topology.per_host, h = topology.hosts;
@@ -139,9 +149,11 @@ double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, in
   switch (kind) {
     case CollectiveKind::kAllreduce:
       if (a == "ring")
-        return 2 * (N - 1) * al + 2 * (N - 1) / N * (M * be + chunks * al) + (N - 1) / N * M * ga;
+        return 2 * (N - 1) * al + 2 * (N - 1) / N * ((1 + reread) * M * be + chunks * al) +
+               (N - 1) / N * M * ga;
       if (a == "halving_doubling")
-        return 2 * lp * al + (2 + reread) * (p - 1.0) / p * M * be + (p - 1.0) / p * M * ga + fold;
+        return 2 * lp * al + (1 + reread) * 2 * (p - 1.0) / p * M * be + (p - 1.0) / p * M * ga +
+               fold;
       if (a == "recursive_doubling") return lp * (al + (1 + reread) * M * be + M * ga) + fold;
       if (a == "central") return 2 * (N - 1) * (al + M * be) + (N - 1) * M * ga;
       break;

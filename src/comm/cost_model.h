@@ -21,6 +21,10 @@ struct CostConstants {
   // A group whose ranks all share a host (shared memory): messages and copies are cheaper.
   double alpha_local = 2e-6;
   double beta_local = 1.0 / 10.0e9;
+  // The last-level cache (sysfs, else 32 MiB): algorithms that pass data through the
+  // shared-memory rings are fast while every rank's buffer stays in it, and pay for each copy
+  // through memory beyond it, where one-copy "direct" wins.
+  double cache_bytes = 32.0 * 1024 * 1024;
 };
 
 // What the group's connections can do, which changes the costs and the candidates.
@@ -30,6 +34,7 @@ struct Topology {
   int hosts = 1;              // > 1 with the same number of ranks on each: "hierarchical"
   int per_host = 1;
   bool host_contiguous = false;  // host h holds ranks h*k .. h*k+k-1 (hierarchical all-gather)
+  double oversubscription = 1.0;  // ranks on this host per core, at least 1
 };
 
 class CostModel {

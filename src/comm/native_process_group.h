@@ -95,6 +95,7 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   uint32_t group_id_ = 0;
   std::chrono::milliseconds timeout_;
   CostModel cost_model_;
+  double oversubscription_ = 1.0;  // ranks on this host per core (the cost model's view)
   Topology topology_;
   bool internal_ = false;
   // With ranks on several hosts, k on each: this host's ranks, and the ranks of the other hosts

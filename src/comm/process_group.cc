@@ -124,7 +124,9 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
   // is on loopback) beyond its cores must not burn them polling.
   const int local = env::get_int(env::kLocalWorldSize)
                         .value_or(d.advertise_addr.rfind("127.", 0) == 0 ? size : 1);
-  d.oversubscribed = local > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  d.oversubscribed = local > cores;
+  oversubscription_ = std::max(1.0, static_cast<double>(local) / cores);
   d.transport = options.transport.empty() ? env::get_string(env::kTransport) : options.transport;
   if (d.transport != "auto" && d.transport != "tcp" && d.transport != "shm")
     throw InvalidArgumentError(fmt::format(
@@ -145,6 +147,7 @@ NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::ve
       group_id_(group_id),
       timeout_(parent.timeout_),
       cost_model_(parent.cost_model_),
+      oversubscription_(parent.oversubscription_),
       internal_(internal) {
   for (int i = 0; i < size_; ++i)
     if (members_[i] == device_->rank()) rank_ = i;
@@ -154,6 +157,7 @@ NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::ve
 void NativeProcessGroup::start() {
   topology_.local = size_ > 1;
   topology_.can_read_all = size_ > 1;
+  topology_.oversubscription = oversubscription_;
   for (int i = 0; i < size_; ++i) {
     if (i == rank_) continue;
     auto& p = *device_->pair(members_[i]);
