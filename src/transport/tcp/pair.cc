@@ -74,6 +74,10 @@ Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options,
   }
   net::set_nonblocking(fd_.get(), true);
   net::set_nodelay(fd_.get());
+  // Fixed socket buffers instead of the kernel's autotuning, which starts small and grows
+  // slowly: a 32 MiB exchange over loopback took 26 ms with autotuning, 15 ms with these
+  // (net.core.wmem_max/rmem_max cap them).
+  if (!shm_) net::set_buffer_sizes(fd_.get(), kSocketBufferBytes);
   // A peer whose host vanished (no FIN, no RST) is noticed within ~5 s even when idle.
   net::set_keepalive(fd_.get(), 2, 1, 3);
   std::lock_guard lock(mu_);
