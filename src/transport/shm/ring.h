@@ -1,7 +1,9 @@
 // A single-producer single-consumer byte ring in shared memory: the stream between two ranks
 // on one host. The producer advances `head`, the consumer `tail`; both are byte counts that
 // only grow, so the ring never confuses full with empty. The two flags tell the other side
-// whether it must ring the doorbell (a byte on the pair's socket) because this side sleeps.
+// how to wake this one when it writes data (consumer_sleeping) or frees room (producer_waiting):
+// kWantDoorbell, a byte on the pair's socket for the event loop; kWantBell, a futex wake of
+// this side's bell for a thread asleep on it; 0, not at all (this side polls).
 #pragma once
 
 #include <sys/uio.h>
@@ -14,13 +16,16 @@
 
 namespace dtrain::transport::shm {
 
+inline constexpr uint32_t kWantDoorbell = 1;
+inline constexpr uint32_t kWantBell = 2;
+
 struct alignas(64) RingControl {
   std::atomic<uint64_t> head{0};  // bytes ever written (producer)
   char pad0[56];
   std::atomic<uint64_t> tail{0};  // bytes ever read (consumer)
   char pad1[56];
-  std::atomic<uint32_t> consumer_sleeping{0};  // the consumer waits for a doorbell
-  std::atomic<uint32_t> producer_waiting{0};   // the producer waits for room
+  std::atomic<uint32_t> consumer_sleeping{0};  // the consumer waits for data: kWant* bits
+  std::atomic<uint32_t> producer_waiting{0};   // the producer waits for room: kWant* bits
   char pad2[56];
 };
 static_assert(sizeof(RingControl) == 192);

@@ -79,7 +79,7 @@ Segment Segment::create(const std::string& prefix) {
   ::close(fd);
   auto* h = new (s.base_) SegmentHeader{};
   h->magic = kSegmentMagic;
-  h->version = 1;
+  h->version = 2;
   h->creator_pid = ::getpid();
   h->creator_probe = reinterpret_cast<uint64_t>(&kProbeValue);
   auto* c = static_cast<std::byte*>(s.base_) + 4096;
@@ -99,8 +99,8 @@ Segment Segment::open(const std::string& name) {
   ::close(fd);
   if (!s.base_)
     throw PeerFailureError(fmt::format("cannot map shared memory {}: {}", name, std::strerror(err)));
-  if (s.header().magic != kSegmentMagic || s.header().version != 1)
-    throw PeerFailureError(fmt::format("shared memory {} is not a dtrain segment of version 1", name));
+  if (s.header().magic != kSegmentMagic || s.header().version != 2)
+    throw PeerFailureError(fmt::format("shared memory {} is not a dtrain segment of version 2", name));
   s.header().opener_pid = ::getpid();
   s.header().opener_probe = reinterpret_cast<uint64_t>(&kProbeValue);
   return s;

@@ -10,6 +10,7 @@
 // Layout: a header page (magic, version, the two pids), then one ring per direction.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -30,7 +31,14 @@ struct SegmentHeader {
   uint64_t opener_probe;   // other side may read its memory (cross-memory attach)
   uint32_t creator_reads_opener;  // 1 when process_vm_readv from the other side works
   uint32_t opener_reads_creator;
+  // A futex word per side (creator, opener): a thread of that side sleeps on it, and the other
+  // side bumps and wakes it when it writes data or frees room the sleeper waits for.
+  struct alignas(64) Bell {
+    std::atomic<uint32_t> seq{0};
+  };
+  Bell bells[2];
 };
+static_assert(sizeof(SegmentHeader) <= 4096);
 
 class Segment {
  public:
@@ -56,6 +64,8 @@ class Segment {
     return (creator ? header().opener_reads_creator : header().creator_reads_opener) != 0;
   }
   bool valid() const { return base_ != nullptr; }
+  // The futex word this side sleeps on, and the peer's.
+  std::atomic<uint32_t>& bell(bool creator) { return header().bells[creator ? 0 : 1].seq; }
   const std::string& name() const { return name_; }
   SegmentHeader& header() { return *static_cast<SegmentHeader*>(base_); }
   // The ring from the creator (lower rank) to the opener, and back.

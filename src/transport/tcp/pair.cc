@@ -2,13 +2,16 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <linux/futex.h>
 #include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <thread>
 
@@ -27,6 +30,18 @@ namespace {
 constexpr size_t kMaxIov = 64;
 // Where an arriving group-failed notice is kept while its text is read (no data tag is 0).
 constexpr uint64_t kControlQueue = 0;
+
+void futex_wake(std::atomic<uint32_t>& word) {
+  // Shared between processes: not FUTEX_PRIVATE.
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void futex_wait(std::atomic<uint32_t>& word, uint32_t seen, std::chrono::nanoseconds limit) {
+  if (limit.count() <= 0) return;
+  timespec ts{static_cast<time_t>(limit.count() / 1'000'000'000),
+              static_cast<long>(limit.count() % 1'000'000'000)};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -251,6 +266,7 @@ void Pair::fail_group_locked(uint32_t group_id, std::exception_ptr error) {
       fail(*u->claimant);
       u->claimant.reset();
     }
+  wake_own_bell();
 }
 
 bool Pair::reject_frame(Request& r, uint64_t size, uint64_t aux) {
@@ -294,10 +310,13 @@ void Pair::on_event(uint32_t /*events*/) {
   armed_ = false;  // one-shot: the event consumed the registration
   drain_socket_ = true;  // the event may be a doorbell or a close: read the socket
   if (shm_) {
-    shm_->in.control().consumer_sleeping.store(0, std::memory_order_relaxed);
-    shm_->out.control().producer_waiting.store(0, std::memory_order_relaxed);
+    shm_->in.control().consumer_sleeping.store(idle_flags(), std::memory_order_relaxed);
+    shm_->out.control().producer_waiting.store(idle_flags(), std::memory_order_relaxed);
   }
+  const uint64_t before = bytes_moved_;
   progress_locked();
+  // A thread asleep on the bell waits for requests this may have finished.
+  if (bytes_moved_ != before) wake_own_bell();
   rearm_locked();
   drain_socket_ = false;
 }
@@ -652,8 +671,9 @@ ssize_t Pair::write_out(const iovec* iov, size_t count) {
   // consumer has read from it since.
   const bool full = n < wanted;
   const bool refilled = full && shm_->out.consumed() != full_rung_at_;
-  if (shm_->out.control().consumer_sleeping.load(std::memory_order_relaxed) || refilled)
-    ring_doorbell();
+  const uint32_t consumer = shm_->out.control().consumer_sleeping.load(std::memory_order_relaxed);
+  if ((consumer & shm::kWantDoorbell) || refilled) ring_doorbell();
+  if (consumer & shm::kWantBell) ring_bell();
   if (refilled) full_rung_at_ = shm_->out.consumed();
   if (n == 0) {
     errno = EAGAIN;
@@ -667,7 +687,9 @@ ssize_t Pair::read_in(std::byte* out, size_t n) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (size_t got = shm_->in.read(out, n); got > 0) {
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (shm_->in.control().producer_waiting.load(std::memory_order_relaxed)) ring_doorbell();
+      const uint32_t producer = shm_->in.control().producer_waiting.load(std::memory_order_relaxed);
+      if (producer & shm::kWantDoorbell) ring_doorbell();
+      if (producer & shm::kWantBell) ring_bell();
       return static_cast<ssize_t>(got);
     }
     // The ring is empty: the socket says whether the peer is still there (doorbells are
@@ -687,6 +709,19 @@ void Pair::ring_doorbell() {
   [[maybe_unused]] ssize_t n = ::send(fd_.get(), &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+void Pair::ring_bell() {
+  auto& bell = shm_->segment.bell(!creator_);
+  bell.fetch_add(1, std::memory_order_release);
+  futex_wake(bell);
+}
+
+void Pair::wake_own_bell() {
+  if (!shm_ || futex_sleepers_ == 0) return;
+  auto& bell = shm_->segment.bell(creator_);
+  bell.fetch_add(1, std::memory_order_release);
+  futex_wake(bell);
+}
+
 void Pair::rearm_locked() {
   if (broken_ || spinners_.load() > 0) return;
   if (shm_) {
@@ -697,14 +732,16 @@ void Pair::rearm_locked() {
     // asked for yet can sit in the ring until someone polls (or the ring fills up).
     auto& in = shm_->in.control();
     auto& out = shm_->out.control();
-    const uint32_t wanted = blocked_ > 0 || !posted_.empty() || rx_request_ ? 1 : 0;
+    // A thread asleep on the bell moves this pair's bytes itself: it is the one to wake.
+    const uint32_t how = futex_sleepers_ > 0 ? shm::kWantBell : shm::kWantDoorbell;
+    const bool wanted = futex_sleepers_ > 0 || blocked_ > 0 || !posted_.empty() || rx_request_;
     for (;;) {
-      in.consumer_sleeping.store(wanted, std::memory_order_relaxed);
-      out.producer_waiting.store(send_queue_.empty() ? 0 : 1, std::memory_order_relaxed);
+      in.consumer_sleeping.store(wanted ? how : 0, std::memory_order_relaxed);
+      out.producer_waiting.store(send_queue_.empty() ? 0 : how, std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_seq_cst);
       if ((!wanted || shm_->in.empty()) && (send_queue_.empty() || shm_->out.full())) break;
-      in.consumer_sleeping.store(0, std::memory_order_relaxed);
-      out.producer_waiting.store(0, std::memory_order_relaxed);
+      in.consumer_sleeping.store(idle_flags(), std::memory_order_relaxed);
+      out.producer_waiting.store(idle_flags(), std::memory_order_relaxed);
       progress_locked();
       if (broken_) return;
     }
@@ -753,6 +790,7 @@ void Pair::fail_locked(std::exception_ptr error) {
     DTRAIN_LOG_DEBUG("rank {}: {}", options_.self_rank, cause);
   loop_->remove(fd_.get());
   armed_ = false;
+  wake_own_bell();
   // Tell the peer at once instead of leaving it to its own timeout.
   ::shutdown(fd_.get(), SHUT_RDWR);
 }
@@ -816,8 +854,8 @@ void Pair::begin_spin() {
   if (shm_) {
     // The socket only carries doorbells, and none come while the flags are down: the loop can
     // stay armed (no system call here).
-    shm_->in.control().consumer_sleeping.store(0, std::memory_order_relaxed);
-    shm_->out.control().producer_waiting.store(0, std::memory_order_relaxed);
+    shm_->in.control().consumer_sleeping.store(idle_flags(), std::memory_order_relaxed);
+    shm_->out.control().producer_waiting.store(idle_flags(), std::memory_order_relaxed);
     return;
   }
   if (armed_ && !broken_) {
@@ -848,6 +886,35 @@ void Pair::block_end() {
 void Pair::cancel(Request& r, const std::string& why) {
   std::lock_guard lock(mu_);
   cancel_locked(r, why);
+}
+
+void Pair::sleep_on_bell(std::span<Request* const> requests, const Deadline& deadline) {
+  auto all_done = [&] {
+    for (Request* r : requests)
+      if (!r->completion.done()) return false;
+    return true;
+  };
+  auto& bell = shm_->segment.bell(creator_);
+  {
+    std::lock_guard lock(mu_);
+    ++futex_sleepers_;
+  }
+  for (;;) {
+    const uint32_t seen = bell.load(std::memory_order_acquire);
+    {
+      // Ask for the bell, then look once more: what came before the flags were seen is here.
+      std::lock_guard lock(mu_);
+      rearm_locked();
+      progress_locked();
+    }
+    if (all_done() || deadline.expired()) break;
+    // Bounded slices: the clock arithmetic of a "never" deadline, and a backstop.
+    const auto slice = std::min(deadline.remaining(), std::chrono::milliseconds(100));
+    futex_wait(bell, seen, slice);
+  }
+  std::lock_guard lock(mu_);
+  --futex_sleepers_;
+  rearm_locked();
 }
 
 void Pair::wait(Request& r, const Deadline& deadline) {
@@ -892,6 +959,24 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
     }
     if (!spinning)
       for (Pair* p : pairs) p->end_spin();
+  }
+  Pair* only = nullptr;  // the one pair every unfinished request waits on, if there is one
+  for (Request* r : requests) {
+    if (r->completion.done()) continue;
+    if (only == nullptr) only = r->pair.get();
+    if (only != r->pair.get()) {
+      only = nullptr;
+      break;
+    }
+  }
+  if (only != nullptr && only->shm_) {
+    // Shared memory with one peer: sleep on the futex the peer rings, and move the bytes on
+    // this thread when woken (no event-loop hop).
+    if (spinning)
+      for (Pair* p : pairs) p->end_spin();
+    only->sleep_on_bell(requests, deadline);
+    if (spinning)
+      for (Pair* p : pairs) p->begin_spin();
   }
   if (!all_done()) {
     // Sleep while the event loop moves the bytes: hand the pairs back to it for the while.

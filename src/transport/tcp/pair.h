@@ -7,6 +7,9 @@
 // Who moves the bytes: a thread waiting on a request busy-polls the socket itself for a short
 // while (lowest latency), then sleeps while the device's event loop thread takes over. While any
 // thread spins on the pair, the socket is left out of the event loop so the two never fight.
+// On shared memory, a thread whose unfinished requests are all with one peer sleeps on a futex
+// in the segment instead (the peer wakes it when it writes data or frees room, with no system
+// call unless someone sleeps) and moves the bytes itself when woken.
 //
 // A broken connection poisons the pair once: every pending and future request fails with an
 // error naming this rank, the peer, the operation and the bytes it had moved.
@@ -185,6 +188,15 @@ class Pair : public std::enable_shared_from_this<Pair> {
   ssize_t write_out(const iovec* iov, size_t count);
   ssize_t read_in(std::byte* out, size_t n);
   void ring_doorbell();
+  // shm: bumps and wakes the peer's bell (a thread of the peer sleeps on it), or our own (a
+  // request a sleeper waits on may have finished on another thread).
+  void ring_bell();
+  void wake_own_bell();
+  // What the ring flags say while nobody wants a doorbell: the bell, if a thread sleeps on it.
+  uint32_t idle_flags() const { return futex_sleepers_ > 0 ? shm::kWantBell : 0; }
+  // shm: sleeps on this side's bell, moving the pair's bytes on each wake-up, until every
+  // request has finished or the deadline passes.
+  void sleep_on_bell(std::span<Request* const> requests, const Deadline& deadline);
   struct ShmLink {
     shm::Segment segment;
     shm::Ring in, out;
@@ -201,6 +213,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
   bool drain_socket_ = false;  // shm: the event loop is handling a socket event (guarded by mu_)
   uint32_t empty_polls_ = 0;   // shm: empty ring reads since the socket was last asked
   int blocked_ = 0;            // threads asleep on this pair's requests (guarded by mu_)
+  int futex_sleepers_ = 0;     // shm: of those, threads asleep on the bell (guarded by mu_)
   // shm: the consumer's read count when the doorbell for the ring filling up was last rung
   uint64_t full_rung_at_ = ~uint64_t{0};
 
