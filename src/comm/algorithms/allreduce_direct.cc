@@ -45,11 +45,12 @@ void allreduce_direct(CollectiveContext& ctx, std::byte* data, size_t count) {
   const Segment own = segment(count, n, r);
   const size_t chunk = std::max<size_t>(1, kChunkBytes / elem);
   std::byte* scratch = ctx.scratch(std::min(own.count, chunk) * elem);
-  for (int p = 0; p < n; ++p) {
-    if (p == r) continue;
-    for (size_t off = 0; off < own.count; off += chunk) {
-      const size_t len = std::min(chunk, own.count - off);
-      const size_t at = (own.offset + off) * elem;
+  // Chunk by chunk, every peer's copy of it: the chunk of `data` stays in cache meanwhile.
+  for (size_t off = 0; off < own.count; off += chunk) {
+    const size_t len = std::min(chunk, own.count - off);
+    const size_t at = (own.offset + off) * elem;
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
       ctx.read_peer(p, scratch, address[p] + at, len * elem);
       reduce_into(data + at, scratch, len, ctx.call().dtype, ctx.call().op);
     }
