@@ -66,20 +66,20 @@ void Executor::submit(std::shared_ptr<CollectiveWork> work) {
 }
 
 void Executor::run_here(std::shared_ptr<CollectiveWork> work) {
-  const CollectiveWork* w = work.get();
   {
     std::lock_guard lock(queue_mu_);
-    queue_.push_back(std::move(work));
+    queue_.push_back(work);
   }
-  help(w);
-  // help() gives up when the worker holds the queue; it then runs this one too, in order. The
-  // wake-up is for the moment the worker was between its last collective and its sleep.
-  bool queued = false;
-  {
-    std::lock_guard lock(queue_mu_);
-    for (const auto& q : queue_) queued |= q.get() == w;
+  help(work.get());
+  if (work->is_completed()) return;
+  // The worker holds the queue (an earlier asynchronous collective runs): it runs this one
+  // next, in order. The wake-up covers the moment it was between its last one and its sleep.
+  // Waiting here keeps the promise of a finished Work; its error stays in it for wait().
+  queue_cv_.notify_one();
+  try {
+    work->wait(std::nullopt);
+  } catch (...) {
   }
-  if (queued) queue_cv_.notify_one();
 }
 
 bool Executor::run_next() {

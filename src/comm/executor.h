@@ -71,8 +71,8 @@ class Executor : public std::enable_shared_from_this<Executor> {
 
   void submit(std::shared_ptr<CollectiveWork> work);
   // Queues `work` and runs the queue on this thread until it has run, without waking the
-  // worker (a synchronous call); if the worker is busy with an earlier collective, it is left
-  // to the worker, which runs the queue in order.
+  // worker (a synchronous call); if the worker is busy with an earlier collective, the worker
+  // runs it next, in order, and this waits for it. Returns with `work` finished.
   void run_here(std::shared_ptr<CollectiveWork> work);
   // Runs queued collectives on this thread until `work` has started (or another thread is
   // running the queue).

@@ -226,6 +226,30 @@ TEST(Collectives, AsyncBackToBack) {
   }));
 }
 
+// async_op = false: the call returns finished; mixed with asynchronous ones it still runs
+// after the group's earlier collectives, in call order on every rank.
+TEST(Collectives, SynchronousCallsRunInOrderAfterAsynchronousOnes) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(3, [&](int rank) {
+    auto pg = make_group(rank, 3, port);
+    for (int k = 0; k < 20; ++k) {
+      std::vector<float> big(200000, static_cast<float>(rank + k)), small(16, 1.0f);
+      auto pending = pg->allreduce(TensorView::of(big));
+      AllreduceOptions now;
+      now.async_op = false;
+      auto done = pg->allreduce(TensorView::of(small), now);
+      RANK_CHECK(done->is_completed(), "a synchronous all_reduce returned unfinished");
+      RANK_CHECK(small[15] == 3.0f, "sync sum {} at step {}", small[15], k);
+      pending->wait();
+      RANK_CHECK(big[199999] == static_cast<float>(3 + 3 * k), "async sum {} at step {}",
+                 big[199999], k);
+      BarrierOptions b;
+      b.async_op = false;
+      pg->barrier(b)->wait();
+    }
+  }));
+}
+
 // Overlapping sub-groups used alternately with the world group.
 TEST(Collectives, SubGroups) {
   const int port = free_port();
