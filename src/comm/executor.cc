@@ -23,6 +23,10 @@ void CollectiveWork::run() {
 }
 
 void CollectiveWork::wait(std::optional<std::chrono::milliseconds> timeout) {
+  if (completion_.done()) {  // a synchronous call: nothing to wait for, no clock to read
+    if (auto e = completion_.error()) std::rethrow_exception(e);
+    return;
+  }
   if (auto ex = executor_.lock()) ex->help(this);
   // The worker is running it: a quick collective ends before a sleep would even begin.
   for (auto spin_end = Clock::now() + std::chrono::microseconds(50);

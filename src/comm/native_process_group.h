@@ -3,6 +3,7 @@
 // own group id in every tag, their own sequence numbers and their own worker thread.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -96,6 +97,15 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   std::chrono::milliseconds timeout_;
   CostModel cost_model_;
   double oversubscription_ = 1.0;  // ranks on this host per core (the cost model's view)
+  // The cost model's choice, remembered per (kind, bytes) for the latest few.
+  std::string_view choose(CollectiveKind kind, std::string_view requested, size_t bytes) const;
+  struct Choice {
+    CollectiveKind kind{};
+    size_t bytes = 0;
+    std::string_view algorithm;  // one of CostModel::candidates(): static storage
+  };
+  mutable std::mutex choices_mu_;
+  mutable std::array<Choice, 16> choices_{};
   Topology topology_;
   bool internal_ = false;
   // With ranks on several hosts, k on each: this host's ranks, and the ranks of the other hosts

@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <thread>
 
@@ -273,7 +274,7 @@ NativeProcessGroup::~NativeProcessGroup() {
 
 std::string NativeProcessGroup::algorithm_for(CollectiveKind kind, std::string_view requested,
                                               size_t bytes) const {
-  return std::string(cost_model_.choose(kind, requested, bytes, size_, topology_));
+  return std::string(choose(kind, requested, bytes));
 }
 
 void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr error) {
@@ -336,6 +337,18 @@ std::shared_ptr<Work> NativeProcessGroup::irecv(const TensorView& tensor, int sr
 }
 
 // ---- collectives ----
+
+std::string_view NativeProcessGroup::choose(CollectiveKind kind, std::string_view requested,
+                                            size_t bytes) const {
+  if (!requested.empty()) return cost_model_.choose(kind, requested, bytes, size_, topology_);
+  // The model's answer for a (kind, size) does not change: remember the recent ones.
+  std::lock_guard lock(choices_mu_);
+  Choice& c = choices_[(static_cast<size_t>(kind) * 31 + std::bit_width(bytes) * 7 + bytes) %
+                       choices_.size()];
+  if (c.algorithm.empty() || c.kind != kind || c.bytes != bytes)
+    c = Choice{kind, bytes, cost_model_.choose(kind, {}, bytes, size_, topology_)};
+  return c.algorithm;
+}
 
 std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                                                  std::string_view algorithm,
@@ -409,7 +422,7 @@ std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
   check_tensor(info(), t, "broadcast", "the tensor");
   check_root(info(), o.root, "broadcast");
   CollectiveCall call{CollectiveKind::kBroadcast, t.dtype, ReduceOp::kSum, o.root, t.numel};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
+  auto algo = choose(call.kind, o.algorithm, t.nbytes());
   return submit(call, algo, o.timeout, o.async_op, [this, t, algo, root = o.root](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
     if (algo == "hierarchical")
@@ -430,7 +443,7 @@ std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
   check_tensor(info(), t, "all_reduce", "the tensor");
   check_reduce_op(t.dtype, o.op);
   CollectiveCall call{CollectiveKind::kAllreduce, t.dtype, o.op, 0, t.numel};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
+  auto algo = choose(call.kind, o.algorithm, t.nbytes());
   const int n = size_;
   return submit(call, algo, o.timeout, o.async_op, [this, t, algo, op = o.op, n](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
@@ -458,7 +471,7 @@ std::shared_ptr<Work> NativeProcessGroup::reduce(const TensorView& t, const Redu
   check_root(info(), o.root, "reduce");
   check_reduce_op(t.dtype, o.op);
   CollectiveCall call{CollectiveKind::kReduce, t.dtype, o.op, o.root, t.numel};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, t.nbytes(), size_, topology_);
+  auto algo = choose(call.kind, o.algorithm, t.nbytes());
   const int n = size_;
   return submit(call, algo, o.timeout, o.async_op, [t, algo, o, n](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
@@ -480,7 +493,7 @@ std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const
                       });
   check_allgather(info(), out, in);
   CollectiveCall call{CollectiveKind::kAllgather, in.dtype, ReduceOp::kSum, 0, in.numel};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
+  auto algo = choose(call.kind, o.algorithm, in.nbytes());
   return submit(call, algo, o.timeout, o.async_op, [this, out, in, algo](CollectiveContext& ctx) {
     if (algo == "hierarchical") {
       algo::allgather_hierarchical(*local_group_, *cross_group_, out, in, ctx.deadline());
@@ -510,7 +523,7 @@ std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, cons
                       });
   check_allgatherv(info(), out, in, counts);
   CollectiveCall call{CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0, 0};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
+  auto algo = choose(call.kind, o.algorithm, in.nbytes());
   return submit(call, algo, o.timeout, o.async_op, [out, in, counts](CollectiveContext& ctx) {
     const size_t elem = ctx.element_size();
     std::vector<size_t> offsets(ctx.size()), sizes(ctx.size());
@@ -567,7 +580,7 @@ std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out, 
   check_reduce_scatter(info(), out, in);
   check_reduce_op(in.dtype, o.op);
   CollectiveCall call{CollectiveKind::kReduceScatter, out.dtype, o.op, 0, out.numel};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, in.nbytes(), size_, topology_);
+  auto algo = choose(call.kind, o.algorithm, in.nbytes());
   const int n = size_;
   return submit(call, algo, o.timeout, o.async_op, [out, in, o, n](CollectiveContext& ctx) {
     // Reduce a copy of the input in place (the caller's input stays as it was), in equal blocks.
@@ -633,7 +646,7 @@ std::shared_ptr<Work> NativeProcessGroup::alltoallv(const TensorView& out,
 
 std::shared_ptr<Work> NativeProcessGroup::barrier(const BarrierOptions& o) {
   CollectiveCall call{CollectiveKind::kBarrier, DType::kU8, ReduceOp::kSum, 0, 0};
-  auto algo = cost_model_.choose(call.kind, o.algorithm, 0, size_, topology_);
+  auto algo = choose(call.kind, o.algorithm, 0);
   return submit(call, algo, o.timeout, o.async_op,
                 [](CollectiveContext& ctx) { algo::barrier_dissemination(ctx); });
 }

@@ -40,7 +40,14 @@ void Watchdog::enter(uint32_t seq, const CollectiveCall& call) {
   seq_ = seq;
   call_ = call;
   since_ = std::chrono::steady_clock::now();
-  arrived_ = std::chrono::system_clock::now();
+}
+
+int64_t Watchdog::arrived_ms_locked() const {
+  // Wall-clock time of the arrival, derived when asked: enter() reads one clock, not two.
+  const auto arrived = std::chrono::system_clock::now() -
+                       std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                           std::chrono::steady_clock::now() - since_);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(arrived.time_since_epoch()).count();
 }
 
 void Watchdog::leave() {
@@ -52,7 +59,7 @@ std::string Watchdog::arrivals(uint32_t seq) {
   int64_t mine;
   {
     std::lock_guard lock(mu_);
-    mine = std::chrono::duration_cast<std::chrono::milliseconds>(arrived_.time_since_epoch()).count();
+    mine = arrived_ms_locked();
   }
   const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
@@ -107,7 +114,7 @@ void Watchdog::run(std::stop_token stop) {
     if (waited >= threshold_ / 2 && published_ != seq_) {
       published_ = seq_;
       const uint32_t seq = seq_;
-      const int64_t at = std::chrono::duration_cast<std::chrono::milliseconds>(arrived_.time_since_epoch()).count();
+      const int64_t at = arrived_ms_locked();
       lock.unlock();
       publish(seq, at);
       lock.lock();

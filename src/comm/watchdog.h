@@ -32,6 +32,8 @@ class Watchdog {
   void run(std::stop_token stop);
   void report(uint32_t seq, const std::string& what, std::chrono::steady_clock::duration waited);
   void publish(uint32_t seq, int64_t arrived_ms);
+  // When the running collective arrived, in ms since the epoch (mu_ held).
+  int64_t arrived_ms_locked() const;
 
   Store& store_;
   std::string group_;
@@ -44,7 +46,6 @@ class Watchdog {
   uint32_t seq_ = 0;  // the running collective, 0 when none
   CollectiveCall call_;  // what the running collective is
   std::chrono::steady_clock::time_point since_;
-  std::chrono::system_clock::time_point arrived_;
   uint32_t reported_ = 0;
   uint32_t published_ = 0;
   std::jthread thread_;

@@ -939,7 +939,8 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
     // The budget counts from the last byte moved: a long transfer never falls asleep midway.
     // The clock is read every few polls: a poll is cheaper than reading it, and a pause
     // (about 25 ns on AMD, up to 140 ns on Intel) is the latency added when data lands.
-    auto spin_end = Clock::now() + spin;
+    // The budget's clock starts at the first look at it: a wait the first poll ends reads none.
+    Clock::time_point spin_end{};
     bool yielding = pairs[0]->options_.oversubscribed;
     for (uint32_t polls = 1;; ++polls) {
       bool moved = false;
@@ -947,7 +948,7 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
       if (all_done()) break;
       if (moved || yielding || (polls & 15) == 0) {
         auto now = Clock::now();
-        if (moved) spin_end = now + spin;
+        if (moved || spin_end == Clock::time_point{}) spin_end = now + spin;
         if (now >= spin_end + spin || now >= deadline.at()) break;
         // More ranks than cores, or a long wait: give the core to whoever has data to send.
         yielding = now >= spin_end || pairs[0]->options_.oversubscribed;
