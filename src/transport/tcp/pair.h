@@ -7,7 +7,9 @@
 // Who moves the bytes: a thread waiting on a request busy-polls the socket itself for a short
 // while (lowest latency), then sleeps while the device's event loop thread takes over. While any
 // thread spins on the pair, the socket is left out of the event loop so the two never fight.
-// On shared memory, a thread whose unfinished requests are all with one peer sleeps on a futex
+// Over TCP, a thread that has spun long enough sleeps in poll() on the sockets it needs and
+// moves the bytes itself when woken. On shared memory, a thread whose unfinished requests are
+// all with one peer sleeps on a futex
 // in the segment instead (the peer wakes it when it writes data or frees room, with no system
 // call unless someone sleeps) and moves the bytes itself when woken.
 //
@@ -127,6 +129,8 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // Moves whatever bytes the socket allows now, without blocking; true if any moved (false
   // also when another thread holds the pair).
   bool try_progress();
+  // Whether sends are queued (the socket's writability matters to a poller).
+  bool wants_to_write();
 
   // Fails everything pending and future with `error` (AbortedError for abort()).
   void poison(std::exception_ptr error);
