@@ -68,8 +68,9 @@ class Ring {
     return n;
   }
 
-  // Bytes the consumer has ever read.
+  // Bytes the consumer has ever read, and the producer ever written.
   uint64_t consumed() const { return c_->tail.load(std::memory_order_acquire); }
+  uint64_t produced() const { return c_->head.load(std::memory_order_acquire); }
   bool empty() const {
     return c_->head.load(std::memory_order_acquire) == c_->tail.load(std::memory_order_acquire);
   }

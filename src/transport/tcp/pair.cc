@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -41,6 +42,19 @@ void futex_wait(std::atomic<uint32_t>& word, uint32_t seen, std::chrono::nanosec
   timespec ts{static_cast<time_t>(limit.count() / 1'000'000'000),
               static_cast<long>(limit.count() % 1'000'000'000)};
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+// Whether the kernel lets a socket have kSocketBufferBytes of each buffer.
+bool socket_buffers_allowed() {
+  static const bool allowed = [] {
+    for (const char* path : {"/proc/sys/net/core/wmem_max", "/proc/sys/net/core/rmem_max"}) {
+      std::ifstream f(path);
+      long long cap = 0;
+      if (!(f >> cap) || cap < Pair::kSocketBufferBytes) return false;
+    }
+    return true;
+  }();
+  return allowed;
 }
 
 inline void cpu_relax() {
@@ -90,9 +104,10 @@ Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options,
   net::set_nonblocking(fd_.get(), true);
   net::set_nodelay(fd_.get());
   // Fixed socket buffers instead of the kernel's autotuning, which starts small and grows
-  // slowly: a 32 MiB exchange over loopback took 26 ms with autotuning, 15 ms with these
-  // (net.core.wmem_max/rmem_max cap them).
-  if (!shm_) net::set_buffer_sizes(fd_.get(), kSocketBufferBytes);
+  // slowly: a 32 MiB exchange over loopback took 26 ms with autotuning, 15 ms with these. Only
+  // where net.core.wmem_max/rmem_max allow them: capped lower, fixed buffers would be smaller
+  // than what autotuning reaches on a long link.
+  if (!shm_ && socket_buffers_allowed()) net::set_buffer_sizes(fd_.get(), kSocketBufferBytes);
   // A peer whose host vanished (no FIN, no RST) is noticed within ~5 s even when idle.
   net::set_keepalive(fd_.get(), 2, 1, 3);
   std::lock_guard lock(mu_);
@@ -307,7 +322,9 @@ bool Pair::try_progress() {
   if (!lock.owns_lock()) return false;
   const uint64_t before = bytes_moved_;
   progress_locked();
-  return bytes_moved_ != before;
+  if (bytes_moved_ == before) return false;
+  wake_own_bell();  // a thread asleep on the bell may wait for what just moved
+  return true;
 }
 
 void Pair::on_event(uint32_t /*events*/) {
@@ -672,14 +689,15 @@ ssize_t Pair::write_out(const iovec* iov, size_t count) {
   // ring filled up); otherwise the bytes may wait in the ring until the consumer polls. A
   // sleeping consumer is always told.
   std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with rearm_locked's flag-then-check
-  // One doorbell per filling-up, not one per retry: the ring is full again only once the
-  // consumer has read from it since.
+  // One doorbell per filling-up, not one per retry: the ring is full at a new head only after
+  // the consumer read and this side wrote again (keyed on our own head, which the consumer's
+  // answer to the doorbell cannot move).
   const bool full = n < wanted;
-  const bool refilled = full && shm_->out.consumed() != full_rung_at_;
+  const bool refilled = full && shm_->out.produced() != full_rung_at_;
   const uint32_t consumer = shm_->out.control().consumer_sleeping.load(std::memory_order_relaxed);
   if ((consumer & shm::kWantDoorbell) || refilled) ring_doorbell();
   if (consumer & shm::kWantBell) ring_bell();
-  if (refilled) full_rung_at_ = shm_->out.consumed();
+  if (refilled) full_rung_at_ = shm_->out.produced();
   if (n == 0) {
     errno = EAGAIN;
     return -1;
@@ -747,7 +765,9 @@ void Pair::rearm_locked() {
       if ((!wanted || shm_->in.empty()) && (send_queue_.empty() || shm_->out.full())) break;
       in.consumer_sleeping.store(idle_flags(), std::memory_order_relaxed);
       out.producer_waiting.store(idle_flags(), std::memory_order_relaxed);
+      const uint64_t before = bytes_moved_;
       progress_locked();
+      if (bytes_moved_ != before) wake_own_bell();
       if (broken_) return;
     }
   }
@@ -983,16 +1003,13 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
     // out of the event loop meanwhile, as while spinning.
     if (!spinning)
       for (Pair* p : pairs) p->begin_spin();
+    // Every pair held out of the event loop is watched, not only those of the requests
+    // waited on: a ring's sends to the right must keep flowing while it waits on the left.
     std::vector<pollfd> fds;
     while (!all_done() && !deadline.expired()) {
       fds.clear();
-      for (Request* r : requests) {
-        if (r->completion.done()) continue;
-        Pair* p = r->pair.get();
-        if (std::any_of(fds.begin(), fds.end(), [&](const pollfd& f) { return f.fd == p->fd(); }))
-          continue;
+      for (Pair* p : pairs)
         fds.push_back({p->fd(), static_cast<short>(POLLIN | (p->wants_to_write() ? POLLOUT : 0)), 0});
-      }
       const auto slice = std::min(deadline.remaining(), std::chrono::milliseconds(100));
       ::poll(fds.data(), fds.size(), static_cast<int>(slice.count()));
       for (Pair* p : pairs) p->try_progress();

@@ -92,6 +92,8 @@ struct PairOptions {
 
 class Pair : public std::enable_shared_from_this<Pair> {
  public:
+  static constexpr int kSocketBufferBytes = 2 << 20;  // SO_SNDBUF/SO_RCVBUF of TCP pairs
+
   friend void wait_requests(std::span<Request* const>, std::span<Pair* const>, const Deadline&,
                             bool);
   // With a segment, messages travel through its rings and the socket only carries doorbells
@@ -232,7 +234,6 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // Measured here (docs/performance.md): the ring's two copies run on both cores at once and
   // stay in cache, and beat one process_vm_readv up to 16 MiB at 2 and 4 ranks per host.
   static constexpr size_t kCmaMinBytes = size_t{32} << 20;
-  static constexpr int kSocketBufferBytes = 2 << 20;  // SO_SNDBUF/SO_RCVBUF of TCP pairs
   TagQueues<std::shared_ptr<Request>> posted_;
   TagQueues<std::unique_ptr<Unexpected>> unexpected_;
   RxState rx_state_ = RxState::kHeader;
