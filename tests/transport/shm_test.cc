@@ -166,8 +166,8 @@ void make_segment_file(const std::string& name) {
   ::close(fd);
 }
 
-// A segment of the same job, group and ranks whose creator died goes; one whose creator still
-// runs (another job that shares the job id) stays.
+// A segment of the same job, group and ranks that nobody holds (its creator died) goes; one
+// whose creator still holds it (another job that shares the job id) stays.
 TEST(Shm, StaleSegmentOfTheSameJobIsRemoved) {
   const int port = free_port();
   const std::string job = unique_job("shm-stale");
@@ -178,6 +178,12 @@ TEST(Shm, StaleSegmentOfTheSameJobIsRemoved) {
   const std::string live = fmt::format("/dtrain-{}-world-0-1-{}", job, ::getpid());
   make_segment_file(stale);
   make_segment_file(live);
+  // A live creator holds a lock on its segment until it is unlinked: so does this test.
+  const int held = ::shm_open(live.c_str(), O_RDWR, 0600);
+  ASSERT_GE(held, 0);
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  ASSERT_EQ(::fcntl(held, F_OFD_SETLK, &lock), 0);
   auto results = run_ranks(2, [&](int rank) {
     ::setenv("DTRAIN_TRANSPORT", "shm", 1);
     ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
@@ -188,6 +194,7 @@ TEST(Shm, StaleSegmentOfTheSameJobIsRemoved) {
   });
   for (auto& r : results) EXPECT_TRUE(r.ok());
   EXPECT_EQ(segments_of(job), std::vector<std::string>{"/dev/shm" + live});
+  ::close(held);
   ::shm_unlink(live.c_str());
 }
 

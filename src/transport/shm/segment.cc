@@ -10,12 +10,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <new>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "common/env.h"
+#include "common/socket.h"
 #include "dtrain/error.h"
 
 namespace dtrain::transport::shm {
@@ -42,19 +44,28 @@ std::string segment_name(const std::string& job, const std::string& group, int l
 
 namespace {
 
-// Removes "<prefix>-<pid>" segments whose creator no longer runs.
+// Takes a write lock on the whole file that lasts as long as this open file description (an
+// OFD lock: not tied to the process, so it works across PID namespaces). False if another
+// description holds one.
+bool lock_whole(int fd) {
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  return ::fcntl(fd, F_OFD_SETLK, &lock) == 0;
+}
+
+// Removes "<prefix>-*" segments nobody holds: their creator died between creating and
+// unlinking (a live creator keeps its lock until both sides have the segment mapped).
 void remove_stale(const std::string& prefix) {
   const std::string base = prefix.substr(1) + "-";  // names under /dev/shm lack the '/'
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    const std::string file = entry.path().filename().string();
+  for (auto it = std::filesystem::directory_iterator("/dev/shm", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string file = it->path().filename().string();
     if (!file.starts_with(base)) continue;
-    const std::string pid_text = file.substr(base.size());
-    char* end = nullptr;
-    const long pid = std::strtol(pid_text.c_str(), &end, 10);
-    if (pid_text.empty() || *end != '\0' || pid <= 0) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
-      ::shm_unlink(("/" + file).c_str());
+    const std::string name = "/" + file;
+    net::Fd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600));
+    if (fd.valid() && lock_whole(fd.get())) ::shm_unlink(name.c_str());
   }
 }
 
@@ -62,21 +73,34 @@ void remove_stale(const std::string& prefix) {
 
 Segment Segment::create(const std::string& prefix) {
   remove_stale(prefix);
-  const std::string name = fmt::format("{}-{}", prefix, ::getpid());
-  ::shm_unlink(name.c_str());  // this process made it before and failed midway
-  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  // The pid and a random number: another job with the same job id (and, in another PID
+  // namespace sharing /dev/shm, perhaps the same pid) never picks this name.
+  std::random_device random;
+  std::string name;
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    name = fmt::format("{}-{}-{:08x}", prefix, ::getpid(), random());
+    fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0)
     throw PeerFailureError(fmt::format("cannot create shared memory {}: {}", name, std::strerror(errno)));
+  if (!lock_whole(fd)) {
+    int err = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    throw PeerFailureError(
+        fmt::format("cannot lock shared memory {}: {}", name, std::strerror(err)));
+  }
   Segment s;
   s.name_ = name;
   s.linked_ = true;
+  s.lock_ = net::Fd(fd);  // holds the lock that says "alive" until the name is unlinked
   if (::ftruncate(fd, static_cast<off_t>(size())) != 0 || (s.base_ = map(fd)) == nullptr) {
     int err = errno;
-    ::close(fd);
     throw PeerFailureError(fmt::format("cannot size or map shared memory {} ({} bytes): {}", name,
                                        size(), std::strerror(err)));
   }
-  ::close(fd);
   auto* h = new (s.base_) SegmentHeader{};
   h->magic = kSegmentMagic;
   h->version = 2;
@@ -108,7 +132,7 @@ Segment Segment::open(const std::string& name) {
 
 Segment::Segment(Segment&& o) noexcept
     : base_(std::exchange(o.base_, nullptr)), name_(std::move(o.name_)),
-      linked_(std::exchange(o.linked_, false)) {}
+      linked_(std::exchange(o.linked_, false)), lock_(std::move(o.lock_)) {}
 
 Segment& Segment::operator=(Segment&& o) noexcept {
   if (this != &o) {
@@ -116,6 +140,7 @@ Segment& Segment::operator=(Segment&& o) noexcept {
     base_ = std::exchange(o.base_, nullptr);
     name_ = std::move(o.name_);
     linked_ = std::exchange(o.linked_, false);
+    lock_ = std::move(o.lock_);
   }
   return *this;
 }
@@ -129,6 +154,7 @@ Segment::~Segment() {
 void Segment::unlink() {
   if (linked_) ::shm_unlink(name_.c_str());
   linked_ = false;
+  lock_.reset();
 }
 
 void Segment::probe_peer(bool creator) {

@@ -1,11 +1,12 @@
 // Segment: the shared memory two ranks on one host talk through, an RAII mapping.
 //
-// The lower rank creates it under a name made of the job, the group, the two ranks and its own
-// pid, and sends the name to the higher rank over their TCP connection, which opens it; as soon
-// as both have it mapped the name is unlinked: from then on nothing is left in /dev/shm,
-// whatever happens to either process. The pid keeps two jobs that share a job id (the default
-// "dtrain") apart; segments of the same job, group and ranks whose creator has died (a crash
-// between creating and unlinking) are removed when the next one is created.
+// The lower rank creates it under a name made of the job, the group, the two ranks, its pid and
+// a random number, and sends the name to the higher rank over their TCP connection, which opens
+// it; as soon as both have it mapped the name is unlinked: from then on nothing is left in
+// /dev/shm, whatever happens to either process. The unique name keeps two jobs that share a job
+// id (the default "dtrain") apart. Until the unlink the creator holds a lock on the segment;
+// segments of the same job, group and ranks that nobody holds (their creator died in between)
+// are removed when the next one is created.
 //
 // Layout: a header page (magic, version, the two pids), then one ring per direction.
 #pragma once
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/socket.h"
 #include "transport/shm/ring.h"
 
 namespace dtrain::transport::shm {
@@ -43,7 +45,7 @@ static_assert(sizeof(SegmentHeader) <= 4096);
 class Segment {
  public:
   Segment() = default;
-  // Creates "<prefix>-<pid>" (removing stale "<prefix>-<dead pid>" ones first); throws
+  // Creates "<prefix>-<pid>-<random>" (removing stale "<prefix>-*" ones first); throws
   // PeerFailureError on failure. name() says what it is called.
   static Segment create(const std::string& prefix);
   // Opens an existing `name` created by the peer and checks its header.
@@ -77,6 +79,7 @@ class Segment {
   void* base_ = nullptr;
   std::string name_;
   bool linked_ = false;
+  net::Fd lock_;  // creator: the open segment, locked, while the name exists
 };
 
 // "/dtrain-<job>-<group>-<lo>-<hi>" with unsafe characters replaced: the prefix of the
