@@ -12,6 +12,9 @@ std::string CollectiveWork::Label::describe() const {
 }
 
 void CollectiveWork::run() {
+  // Failed before it started (a wait timed out behind an earlier collective, or the group
+  // shut down): its caller may have reused the buffers already, so it must not touch them.
+  if (completion_.done()) return;
   try {
     body_();
     completion_.succeed();

@@ -39,7 +39,9 @@ std::string configure_allocator() {
     size_t size = sizeof(decay);
     if (mallctl("opt.dirty_decay_ms", &decay, &size, nullptr, 0) == 0 && decay < 0)
       return "jemalloc (pages kept)";
-    return "jemalloc (purging freed pages: MALLOC_CONF overrides dtrain's malloc_conf)";
+    // MALLOC_CONF said so, or jemalloc was preloaded and started before dtrain was loaded.
+    return "jemalloc (purges freed pages: MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 "
+           "keeps them)";
   }
   // glibc: keep large blocks in the heap instead of mmap/munmap per allocation, and never trim
   // the top of the heap back to the kernel, so step buffers are reused without page faults.
