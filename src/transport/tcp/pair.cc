@@ -978,7 +978,10 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
         // More ranks than cores, or a long wait: give the core to whoever has data to send.
         yielding = now >= spin_end || pairs[0]->options_.oversubscribed;
       }
-      if (yielding)
+      // A yield now and then even when cores are plenty: should the peer's thread share this
+      // core after all (the scheduler put both there), it runs within microseconds instead of
+      // after the whole spin budget. With nothing else to run, a yield returns at once.
+      if (yielding || (polls & 63) == 0)
         sched_yield();
       else
         cpu_relax();
