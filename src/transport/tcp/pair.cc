@@ -998,12 +998,12 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
       break;
     }
   }
-  bool all_tcp = true;
-  for (Request* r : requests) all_tcp &= r->completion.done() || !r->pair->shm_;
-  if (!all_done() && all_tcp && !pairs.empty()) {
-    // TCP: sleep in poll() on the sockets of the pairs still needed, and move the bytes on
-    // this thread when they are ready (no event-loop hop: one wake-up, not two). The pairs stay
-    // out of the event loop meanwhile, as while spinning.
+  bool all_tcp = !pairs.empty();
+  for (Pair* p : pairs) all_tcp &= !p->shm_;
+  if (!all_done() && all_tcp) {
+    // TCP: sleep in poll() on the pairs' sockets and move the bytes on this thread when they
+    // are ready (no event-loop hop: one wake-up, not two). The pairs stay out of the event loop
+    // meanwhile, as while spinning.
     if (!spinning)
       for (Pair* p : pairs) p->begin_spin();
     // Every pair held out of the event loop is watched, not only those of the requests
