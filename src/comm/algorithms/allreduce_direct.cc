@@ -18,7 +18,7 @@
 namespace dtrain::comm::algo {
 namespace {
 
-constexpr size_t kChunkBytes = size_t{256} << 10;
+constexpr size_t kChunkBytes = size_t{1024} << 10;
 
 void all_exchange(CollectiveContext& ctx, const uint64_t* mine, uint64_t* theirs) {
   const int n = ctx.size(), r = ctx.rank();
