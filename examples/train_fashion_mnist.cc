@@ -424,8 +424,9 @@ int run(const Flags& flags) {
       auto out = ddp ? ddp->forward([&] { return model->forward(x); }) : model->forward(x);
       auto loss = torch::nn::functional::cross_entropy(out, y);
       // The previous step's commit is complete before this rank's gradients of this step go out:
-      // no rank can finish a step whose predecessor is not committed, so a failure loses at most
-      // the step in progress (with --commit-every 1). The write (tmpfs) is long done by now.
+      // no rank can finish a step whose predecessor is not committed, so a failure costs the
+      // step in progress and at most the one before it (with --commit-every 1). The write
+      // (tmpfs) is long done by now.
       if (commits) {
         try {
           commits->wait();
