@@ -1,7 +1,7 @@
 #include "transport/shm/segment.h"
 
 #include <fcntl.h>
-#include <signal.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -10,8 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <random>
 #include <new>
+#include <random>
 #include <utility>
 
 #include <fmt/format.h>
@@ -55,7 +55,8 @@ bool lock_whole(int fd) {
 }
 
 // Removes "<prefix>-*" segments nobody holds: their creator died between creating and
-// unlinking (a live creator keeps its lock until both sides have the segment mapped).
+// unlinking (a live creator keeps its lock until both sides have the segment mapped). Ones
+// changed in the last 10 s are left alone: a creator takes its lock an instant after creating.
 void remove_stale(const std::string& prefix) {
   const std::string base = prefix.substr(1) + "-";  // names under /dev/shm lack the '/'
   std::error_code ec;
@@ -65,7 +66,9 @@ void remove_stale(const std::string& prefix) {
     if (!file.starts_with(base)) continue;
     const std::string name = "/" + file;
     net::Fd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600));
-    if (fd.valid() && lock_whole(fd.get())) ::shm_unlink(name.c_str());
+    struct stat st {};
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || ::time(nullptr) - st.st_mtime < 10) continue;
+    if (lock_whole(fd.get())) ::shm_unlink(name.c_str());
   }
 }
 
