@@ -18,6 +18,13 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// Ranks on one host would talk over shared memory by default: these tests are about TCP.
+std::shared_ptr<ProcessGroup> tcp_group(int rank, int size, int port, ProcessGroupOptions o = {},
+                                        std::chrono::milliseconds timeout = 30s) {
+  o.transport = "tcp";
+  return make_group(rank, size, port, o, timeout);
+}
+
 std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
   std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 13)) & 0xff);
@@ -28,7 +35,7 @@ TEST(TcpPair, SendRecvEverySize) {
   const int port = free_port();
   const std::vector<size_t> sizes = {0, 1, 7, 4096, 65537, size_t{1} << 20, size_t{256} << 20};
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = make_group(rank, 2, port);
+    auto pg = tcp_group(rank, 2, port);
     for (size_t i = 0; i < sizes.size(); ++i) {
       auto expected = pattern(sizes[i], static_cast<uint32_t>(i));
       if (rank == 0) {
@@ -45,7 +52,7 @@ TEST(TcpPair, SendRecvEverySize) {
 TEST(TcpPair, TypedTensorsKeepValues) {
   const int port = free_port();
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = make_group(rank, 2, port);
+    auto pg = tcp_group(rank, 2, port);
     std::vector<double> d(1000);
     std::vector<int64_t> l(333);
     if (rank == 0) {
@@ -70,7 +77,7 @@ TEST(TcpPair, ManyTagsOutOfOrder) {
   const int port = free_port();
   constexpr int kTags = 10, kPerTag = 20;
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = make_group(rank, 2, port);
+    auto pg = tcp_group(rank, 2, port);
     if (rank == 0) {
       std::vector<std::vector<uint8_t>> bufs;
       std::vector<std::shared_ptr<Work>> works;
@@ -111,12 +118,59 @@ TEST(TcpPair, ManyTagsOutOfOrder) {
   }));
 }
 
+// Messages that arrive before their receives are buffered, and the buffers of delivered ones
+// are reused for later ones: batches of same-sized early messages must each come out intact (no
+// bytes of an earlier message left behind). Then a receive posted while a large message is still
+// arriving takes the rest of it straight into its own buffer.
+TEST(TcpPair, EarlyMessagesComeOutIntactAndALateReceiveJoinsMidMessage) {
+  const int port = free_port();
+  constexpr int kBatches = 4, kPerBatch = 8;
+  constexpr size_t kSmall = 256 << 10, kLarge = size_t{128} << 20;
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = tcp_group(rank, 2, port);
+    auto large = pattern(kLarge, 77);
+    std::vector<uint8_t> in(kLarge), ack(1);
+    for (int b = 0; b < kBatches; ++b) {
+      if (rank == 0) {
+        std::vector<std::vector<uint8_t>> out;
+        std::vector<std::shared_ptr<Work>> works;
+        out.reserve(kPerBatch);
+        for (int k = 0; k < kPerBatch; ++k) {
+          out.push_back(pattern(kSmall, static_cast<uint32_t>(b * 100 + k)));
+          works.push_back(pg->isend(TensorView::of(out.back()), 1, 5));
+        }
+        for (auto& w : works) w->wait();
+        pg->recv(TensorView::of(ack), 1, 6);
+      } else {
+        std::this_thread::sleep_for(50ms);  // the batch is here before its receives
+        for (int k = 0; k < kPerBatch; ++k) {
+          std::vector<uint8_t> in(kSmall);
+          pg->recv(TensorView::of(in), 0, 5);
+          RANK_CHECK(in == pattern(kSmall, static_cast<uint32_t>(b * 100 + k)),
+                     "batch {} message {} differs", b, k);
+        }
+        pg->send(TensorView::of(ack), 0, 6);
+      }
+    }
+    if (rank == 0) {
+      pg->send(TensorView::of(ack), 1, 7);
+      pg->send(TensorView::of(large), 1, 8);
+    } else {
+      pg->recv(TensorView::of(ack), 0, 7);
+      // Long enough for the first bytes to land, short of the whole message on this machine.
+      std::this_thread::sleep_for(2ms);
+      pg->recv(TensorView::of(in), 0, 8);
+      RANK_CHECK(in == large, "the message joined mid-way differs");
+    }
+  }, 60s));
+}
+
 // Both ranks send 64 MiB to each other at the same time before receiving: needs the transport
 // to keep reading while it writes.
 TEST(TcpPair, SimultaneousLargeExchange) {
   const int port = free_port();
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = make_group(rank, 2, port);
+    auto pg = tcp_group(rank, 2, port);
     auto out = pattern(size_t{64} << 20, static_cast<uint32_t>(rank));
     std::vector<uint8_t> in(out.size());
     auto s = pg->isend(TensorView::of(out), 1 - rank);
@@ -130,7 +184,7 @@ TEST(TcpPair, SimultaneousLargeExchange) {
 TEST(TcpPair, FullMeshOfFour) {
   const int port = free_port();
   expect_all_ok(run_ranks(4, [&](int rank) {
-    auto pg = make_group(rank, 4, port);
+    auto pg = tcp_group(rank, 4, port);
     std::vector<std::vector<int32_t>> out(4, std::vector<int32_t>(1000)), in = out;
     std::vector<std::shared_ptr<Work>> works;
     for (int peer = 0; peer < 4; ++peer) {
@@ -151,7 +205,7 @@ TEST(TcpPair, FullMeshOfFour) {
 TEST(TcpPair, SizeMismatchIsNamedAndConnectionSurvives) {
   const int port = free_port();
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = make_group(rank, 2, port);
+    auto pg = tcp_group(rank, 2, port);
     std::vector<uint8_t> big(4096, 1), small(1024), ok(8, 9);
     if (rank == 0) {
       pg->send(TensorView::of(big), 1, 7);
@@ -176,7 +230,7 @@ TEST(TcpPair, SizeMismatchIsNamedAndConnectionSurvives) {
 TEST(TcpPair, RecvTimeoutNamesPeerAndTagThenPairStillWorks) {
   const int port = free_port();
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = make_group(rank, 2, port);
+    auto pg = tcp_group(rank, 2, port);
     std::vector<float> v(16, 1.5f);
     if (rank == 1) {
       auto start = std::chrono::steady_clock::now();
@@ -208,7 +262,7 @@ TEST(TcpPair, RecvTimeoutNamesPeerAndTagThenPairStillWorks) {
 TEST(TcpPair, KilledPeerFailsSurvivorQuickly) {
   const int port = free_port();
   auto results = run_ranks(2, [&](int rank) {
-    auto pg = make_group(rank, 2, port, {}, 60s);
+    auto pg = tcp_group(rank, 2, port, {}, 60s);
     std::vector<uint8_t> buf(size_t{512} << 20, 3);
     if (rank == 1) {
       std::vector<uint8_t> small(4);
@@ -248,7 +302,7 @@ TEST(TcpPair, KilledPeerFailsSurvivorQuickly) {
 TEST(TcpPair, AbortFailsPendingAtOnce) {
   const int port = free_port();
   expect_all_ok(run_ranks(2, [&](int rank) {
-    auto pg = make_group(rank, 2, port);
+    auto pg = tcp_group(rank, 2, port);
     std::vector<uint8_t> b(10);
     if (rank == 0) {
       auto w = pg->irecv(TensorView::of(b), 1, 9);
@@ -280,7 +334,7 @@ TEST(TcpPair, AuthTokenOnDataConnections) {
   const int port = free_port();
   expect_all_ok(run_ranks(3, [&](int rank) {
     ::setenv("DTRAIN_AUTH_TOKEN", "s3cret", 1);
-    auto pg = make_group(rank, 3, port);
+    auto pg = tcp_group(rank, 3, port);
     std::vector<int32_t> v(3, rank);
     if (rank == 0) {
       pg->recv(TensorView::of(v), 2);
@@ -301,7 +355,7 @@ TEST(TcpPair, RankOfAnotherJobIsRefused) {
     if (rank == 0) o.job_id = "job-a";
     // The store checks job ids too: give both the same store job by leaving it to defaults.
     try {
-      auto pg = make_group(rank, 2, port, o);
+      auto pg = tcp_group(rank, 2, port, o);
       RANK_CHECK(false, "ranks of different jobs connected");
     } catch (const Error& e) {
       std::string m = e.what();
@@ -317,7 +371,7 @@ TEST(TcpPair, RankOfAnotherJobIsRefused) {
 TEST(TcpPair, WorldOfOneAndBadPeers) {
   const int port = free_port();
   expect_all_ok(run_ranks(1, [&](int rank) {
-    auto pg = make_group(rank, 1, port);
+    auto pg = tcp_group(rank, 1, port);
     RANK_CHECK(pg->size() == 1 && pg->rank() == 0, "bad identity");
     std::vector<float> v(4);
     try {

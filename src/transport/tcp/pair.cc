@@ -131,6 +131,13 @@ std::exception_ptr Pair::connection_error(const std::string& what, int err) cons
                                 what, std::strerror(err), err));
 }
 
+std::unique_lock<std::mutex> Pair::lock_to_post() {
+  posters_.fetch_add(1, std::memory_order_relaxed);
+  std::unique_lock lock(mu_);
+  posters_.fetch_sub(1, std::memory_order_relaxed);
+  return lock;
+}
+
 std::shared_ptr<Request> Pair::isend(uint64_t tag, const void* data, size_t size,
                                      Deadline deadline, uint64_t aux) {
   auto r = std::make_shared<Request>();
@@ -143,7 +150,7 @@ std::shared_ptr<Request> Pair::isend(uint64_t tag, const void* data, size_t size
   r->wire.header.tag = tag;
   r->wire.header.size = size;
   r->wire.header.aux = aux;
-  std::lock_guard lock(mu_);
+  std::unique_lock lock = lock_to_post();
   r->seq = ++send_seq_;
   if (auto e = refuse_locked(*r)) {
     r->completion.fail(e);
@@ -179,7 +186,7 @@ std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Dead
   r->size = size;
   r->deadline = deadline;
   r->pair = shared_from_this();
-  std::lock_guard lock(mu_);
+  std::unique_lock lock = lock_to_post();
   r->seq = ++recv_seq_;
   if (failed_groups_.count(group_of(tag))) {
     r->completion.fail(refuse_locked(*r));
@@ -190,14 +197,26 @@ std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Dead
   // the connection closed are still delivered.
   if (auto* early = unexpected_.front(tag)) {
     Unexpected& u = **early;
+    if (size > 1000000) fprintf(stderr, "IRECV early %zu of %zu complete %d current %d claimant %d\n", u.done, u.size, (int)u.complete(), (int)(&u == rx_unexpected_), (int)!!u.claimant);
     if (u.complete()) {
       deliver_unexpected(u, *r);
-      unexpected_.take_front(tag);
+      recycle_locked(unexpected_.take_front(tag));
       return r;
     }
     if (!u.claimant && !broken_) {
-      u.claimant = r;
       r->matched = true;
+      if (&u == rx_unexpected_ && u.size == r->size &&
+          (r->expected_aux == 0 || r->expected_aux == u.aux)) {
+        // Still arriving: keep what came, and let the rest stream straight into the receive.
+        if (u.done > 0) std::memcpy(r->data, u.bytes.get(), u.done);
+        r->done = u.done;
+        rx_unexpected_ = nullptr;
+        recycle_locked(unexpected_.take_front(tag));
+        rx_request_ = r;
+        rx_state_ = RxState::kIntoRequest;
+        return r;
+      }
+      u.claimant = r;
       return r;
     }
   }
@@ -393,6 +412,10 @@ void Pair::progress_send_locked() {
 }
 
 void Pair::progress_recv_locked() {
+  // Bytes nobody has asked for yet are read a bounded amount per call: a thread that came for
+  // one message must not stay to copy a large early one that streams in behind it (the rest is
+  // read on the next call, or straight into its receive once that is posted).
+  size_t unexpected_budget = kUnexpectedBytesPerCall;
   for (;;) {
     std::byte* target = nullptr;
     size_t want = 0;
@@ -411,8 +434,9 @@ void Pair::progress_recv_locked() {
         want = rx_request_->size - rx_request_->done;
         break;
       case RxState::kIntoUnexpected:
+        if (unexpected_budget == 0 || posters_.load(std::memory_order_relaxed) > 0) return;
         target = rx_unexpected_->bytes.get() + rx_unexpected_->done;
-        want = rx_unexpected_->size - rx_unexpected_->done;
+        want = std::min(rx_unexpected_->size - rx_unexpected_->done, unexpected_budget);
         break;
       case RxState::kDiscard:
         target = scratch;
@@ -463,6 +487,7 @@ void Pair::progress_recv_locked() {
         }
         break;
       case RxState::kIntoUnexpected:
+        unexpected_budget -= got;
         rx_unexpected_->done += got;
         if (rx_unexpected_->complete()) {
           Unexpected* u = rx_unexpected_;
@@ -526,10 +551,8 @@ void Pair::on_frame_header_locked() {
                                          "corrupt", peer_text(), h.size)));
       return;
     }
-    auto u = std::make_unique<Unexpected>();
-    u->tag = h.tag;
+    auto u = new_unexpected_locked(h.tag, 0, h.size);
     u->control = true;
-    u->allocate(h.size);
     rx_unexpected_ = u.get();
     rx_state_ = RxState::kIntoUnexpected;
     unexpected_.push_back(kControlQueue, std::move(u));
@@ -557,10 +580,7 @@ void Pair::on_frame_header_locked() {
     return;
   }
   if (options_.on_unexpected) options_.on_unexpected(h.tag, h.aux, options_.peer_rank);
-  auto u = std::make_unique<Unexpected>();
-  u->tag = h.tag;
-  u->aux = h.aux;
-  u->allocate(h.size);
+  auto u = new_unexpected_locked(h.tag, h.aux, h.size);
   Unexpected* raw = u.get();
   unexpected_.push_back(h.tag, std::move(u));
   if (h.size == 0) return;  // complete already; waits for its receive
@@ -632,10 +652,7 @@ void Pair::on_cma_descriptor_locked() {
     if (!reject_frame(*r, h.size, h.aux)) target = r->data;
   } else {
     if (options_.on_unexpected) options_.on_unexpected(h.tag, h.aux, options_.peer_rank);
-    auto fresh = std::make_unique<Unexpected>();
-    fresh->tag = h.tag;
-    fresh->aux = h.aux;
-    fresh->allocate(size);
+    auto fresh = new_unexpected_locked(h.tag, h.aux, size);
     u = fresh.get();
     target = u->bytes.get();
     unexpected_.push_back(h.tag, std::move(fresh));
@@ -672,7 +689,47 @@ void Pair::finish_unexpected_locked(Unexpected& u) {
   auto* first = unexpected_.front(u.tag);
   DTRAIN_CHECK(first != nullptr && first->get() == &u);
   deliver_unexpected(u, *r);
-  unexpected_.take_front(u.tag);
+  recycle_locked(unexpected_.take_front(u.tag));
+}
+
+std::unique_ptr<Pair::Unexpected> Pair::new_unexpected_locked(uint64_t tag, uint64_t aux,
+                                                              size_t size) {
+  auto u = std::make_unique<Unexpected>();
+  u->tag = tag;
+  u->aux = aux;
+  u->size = size;
+  u->bytes = spare_.take(size, u->capacity);
+  return u;
+}
+
+void Pair::recycle_locked(std::unique_ptr<Unexpected> u) {
+  if (u && u->bytes) spare_.give(std::move(u->bytes), u->capacity);
+}
+
+std::unique_ptr<std::byte[]> Pair::SpareBuffers::take(size_t n, size_t& capacity) {
+  // The smallest spare that fits and wastes at most half of itself.
+  size_t best = spare_.size();
+  for (size_t i = 0; i < spare_.size(); ++i)
+    if (spare_[i].first >= n && spare_[i].first / 2 <= n &&
+        (best == spare_.size() || spare_[i].first < spare_[best].first))
+      best = i;
+  if (best == spare_.size()) {
+    capacity = n;
+    return std::make_unique_for_overwrite<std::byte[]>(n);
+  }
+  capacity = spare_[best].first;
+  std::unique_ptr<std::byte[]> out = std::move(spare_[best].second);
+  bytes_ -= capacity;
+  spare_[best] = std::move(spare_.back());
+  spare_.pop_back();
+  return out;
+}
+
+void Pair::SpareBuffers::give(std::unique_ptr<std::byte[]> bytes, size_t capacity) {
+  // Tiny messages are cheap to allocate; huge ones would pin memory.
+  if (capacity < 4096 || capacity > kMaxEach || bytes_ + capacity > kMaxBytes) return;
+  bytes_ += capacity;
+  spare_.emplace_back(capacity, std::move(bytes));
 }
 
 ssize_t Pair::write_out(const iovec* iov, size_t count) {

@@ -149,6 +149,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
   bool broken();
   void read_peer(std::byte* out, uint64_t address, size_t size);
   const char* transport() const { return shm_ ? "shm" : "tcp"; }
+  bool shared_memory() const { return shm_ != nullptr; }
 
   // Called by the event loop when the socket is ready.
   void on_event(uint32_t events);
@@ -159,18 +160,34 @@ class Pair : public std::enable_shared_from_this<Pair> {
     uint64_t aux = 0;
     // Uninitialised: every byte is written by the socket before it is read.
     std::unique_ptr<std::byte[]> bytes;
+    size_t capacity = 0;
     size_t size = 0;
     size_t done = 0;
     bool complete() const { return done == size; }
-    void allocate(size_t n) {
-      bytes = std::make_unique_for_overwrite<std::byte[]>(n);
-      size = n;
-    }
     std::shared_ptr<Request> claimant;  // a receive posted while the message was still arriving
     bool control = false;               // a group-failed notice, not data
   };
+  // Buffers of delivered unexpected messages, kept for the next ones: a collective whose peer
+  // runs ahead sends many same-sized messages early, and fresh buffers cost a page fault per
+  // 4 KiB (the kernel's copy into them was a third of a 16 MiB all-reduce's faults).
+  class SpareBuffers {
+   public:
+    // A buffer of at least `n` bytes (its capacity in `capacity`).
+    std::unique_ptr<std::byte[]> take(size_t n, size_t& capacity);
+    void give(std::unique_ptr<std::byte[]> bytes, size_t capacity);
+
+   private:
+    static constexpr size_t kMaxBytes = size_t{16} << 20;  // kept in all
+    static constexpr size_t kMaxEach = size_t{4} << 20;     // larger ones are freed
+    std::vector<std::pair<size_t, std::unique_ptr<std::byte[]>>> spare_;
+    size_t bytes_ = 0;
+  };
+  std::unique_ptr<Unexpected> new_unexpected_locked(uint64_t tag, uint64_t aux, size_t size);
+  void recycle_locked(std::unique_ptr<Unexpected> u);
+
   enum class RxState : uint8_t { kHeader, kCmaDescriptor, kIntoRequest, kIntoUnexpected, kDiscard };
 
+  std::unique_lock<std::mutex> lock_to_post();
   void progress_locked();
   void progress_send_locked();
   void progress_recv_locked();
@@ -234,7 +251,10 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // Measured here (docs/performance.md): the ring's two copies run on both cores at once and
   // stay in cache, and beat one process_vm_readv up to 16 MiB at 2 and 4 ranks per host.
   static constexpr size_t kCmaMinBytes = size_t{32} << 20;
+  // The most bytes of messages without a posted receive one progress call reads.
+  static constexpr size_t kUnexpectedBytesPerCall = size_t{1} << 20;
   TagQueues<std::shared_ptr<Request>> posted_;
+  SpareBuffers spare_;  // before unexpected_, which gives back to it
   TagQueues<std::unique_ptr<Unexpected>> unexpected_;
   RxState rx_state_ = RxState::kHeader;
   FrameHeader rx_header_;
@@ -251,6 +271,9 @@ class Pair : public std::enable_shared_from_this<Pair> {
   uint32_t armed_events_ = 0;
 
   std::atomic<int> spinners_{0};  // threads busy-polling this pair right now
+  // Threads waiting for mu_ to post a send or receive: whoever holds it reading bytes nobody
+  // asked for yet stops early for them (the receive being posted may be for those very bytes).
+  std::atomic<int> posters_{0};
 };
 
 // Waits until every request has finished, busy-polling `pairs` first (those whose progress the
