@@ -81,6 +81,8 @@ class CollectiveContext {
   void read_peer(int peer, std::byte* out, uint64_t address, size_t bytes) {
     pair(peer)->read_peer(out, address, bytes);
   }
+  // Messages to and from `peer` go through shared memory (not TCP).
+  bool on_shared_memory(int peer) const { return pair(peer)->shared_memory(); }
   // Every peer is on this host, on shared memory, and readable with cross-memory attach.
   bool can_read_all() const;
   // Sends to `to` and receives from `from` at once (a ring or exchange step).
