@@ -95,9 +95,14 @@ void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t 
     }
     Requests sends;
     for (Step& s : steps) {
+      const size_t first_send = sends.size();
       chunks(s.give, s.per, [&](size_t lo, size_t k) {
         sends.push_back(ctx.send(s.partner, data + lo * elem, k * elem));
       });
+      // A whole half in one message (shared memory) moves only while this rank polls: finish
+      // sending it before reducing, or the partner waits out the reduction for its last bytes.
+      if (s.halving_recvs.size() == 1)
+        ctx.wait(std::span(sends).subspan(first_send));
       size_t i = 0;
       chunks(s.keep, s.per, [&](size_t lo, size_t k) {
         ctx.wait(s.halving_recvs[i++]);
