@@ -120,9 +120,12 @@ double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, in
   }
   // On shared memory, the ring-based algorithms copy every byte into a ring and out again:
   // nearly free while the ranks' buffers stay in cache (both copies run at once, on two
-  // cores), three times the cost of one copy through memory beyond it. Ranks that share a core
-  // also share its cache.
-  const bool spills = topology.local && N * M * topology.oversubscription > k_.cache_bytes;
+  // cores), three times the cost of one copy through memory beyond it. Each rank's working set
+  // is about four times its buffer (the buffer, the scratch, and the bytes in both rings), and
+  // ranks that share a core also share its cache. Measured crossovers (docs/performance.md):
+  // 4 ranks on 2 cores between 512 KiB and 1 MiB, 2 ranks between 2 and 4 MiB.
+  const bool spills =
+      topology.local && 4 * N * M * topology.oversubscription >= k_.cache_bytes;
   const double reread = spills ? 2.0 : 0.0;
   if (a == "hierarchical") {
     if (topology.hosts < 2 || topology.per_host < 2) return 1e30;
