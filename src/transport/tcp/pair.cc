@@ -197,7 +197,6 @@ std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Dead
   // the connection closed are still delivered.
   if (auto* early = unexpected_.front(tag)) {
     Unexpected& u = **early;
-    if (size > 1000000) fprintf(stderr, "IRECV early %zu of %zu complete %d current %d claimant %d\n", u.done, u.size, (int)u.complete(), (int)(&u == rx_unexpected_), (int)!!u.claimant);
     if (u.complete()) {
       deliver_unexpected(u, *r);
       recycle_locked(unexpected_.take_front(tag));
