@@ -169,7 +169,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
   };
   // Buffers of delivered unexpected messages, kept for the next ones: a collective whose peer
   // runs ahead sends many same-sized messages early, and fresh buffers cost a page fault per
-  // 4 KiB (the kernel's copy into them was a third of a 16 MiB all-reduce's faults).
+  // 4 KiB (the kernel's copies into them took three quarters of a 16 MiB all-reduce's faults).
   class SpareBuffers {
    public:
     // A buffer of at least `n` bytes (its capacity in `capacity`).
