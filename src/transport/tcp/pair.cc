@@ -213,6 +213,7 @@ std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Dead
         recycle_locked(unexpected_.take_front(tag));
         rx_request_ = r;
         rx_state_ = RxState::kIntoRequest;
+        rearm_locked();  // on shared memory, a posted receive now wants the peer's doorbells
         return r;
       }
       u.claimant = r;
