@@ -81,6 +81,10 @@ class CollectiveContext {
   void read_peer(int peer, std::byte* out, uint64_t address, size_t bytes) {
     pair(peer)->read_peer(out, address, bytes);
   }
+  // Writes `bytes` from `in` at `address` in `peer`'s memory (the same permission as reading).
+  void write_peer(int peer, uint64_t address, const std::byte* in, size_t bytes) {
+    pair(peer)->write_peer(address, in, bytes);
+  }
   // Messages to and from `peer` go through shared memory (not TCP).
   bool on_shared_memory(int peer) const { return pair(peer)->shared_memory(); }
   // Every peer is on this host, on shared memory, and readable with cross-memory attach.

@@ -115,8 +115,8 @@ double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, in
   if (n <= 1) return 0.0;
   if (a == "direct") {
     if (kind != CollectiveKind::kAllreduce || !topology.can_read_all) return 1e30;
-    // Three rounds of messages, each a full trip through the executor and both rings.
-    return 6 * al + (N - 1) / N * M * (2 * be + ga);
+    // Two rounds of messages, each a full trip through the executor and both rings.
+    return 4 * al + (N - 1) / N * M * (2 * be + ga);
   }
   // On shared memory, the ring-based algorithms copy every byte into a ring and out again:
   // nearly free while the ranks' buffers stay in cache (both copies run at once, on two

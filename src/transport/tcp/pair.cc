@@ -593,11 +593,16 @@ bool Pair::pull(std::byte* out, uint64_t address, size_t size) {
 }
 
 bool Pair::pull_from(int pid, std::byte* out, uint64_t address, size_t size) {
+  return cross_copy(pid, out, address, size, /*write=*/false);
+}
+
+bool Pair::cross_copy(int pid, std::byte* local_data, uint64_t address, size_t size, bool write) {
   size_t done = 0;
   while (done < size) {
-    iovec local{out + done, size - done};
+    iovec local{local_data + done, size - done};
     iovec remote{reinterpret_cast<void*>(address + done), size - done};
-    ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+    ssize_t n = write ? ::process_vm_writev(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0)
+                      : ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
       return false;
@@ -618,12 +623,22 @@ bool Pair::can_read_peer() const {
 }
 
 void Pair::read_peer(std::byte* out, uint64_t address, size_t size) {
+  copy_peer(out, address, size, /*write=*/false);
+}
+
+void Pair::write_peer(uint64_t address, const std::byte* in, size_t size) {
+  // process_vm_writev does not write through `local`; the iovec merely lacks a const member.
+  copy_peer(const_cast<std::byte*>(in), address, size, /*write=*/true);
+}
+
+void Pair::copy_peer(std::byte* local, uint64_t address, size_t size, bool write) {
   auto& h = shm_->segment.header();
   const int pid = creator_ ? h.opener_pid : h.creator_pid;
-  if (!pull_from(pid, out, address, size))
+  if (!cross_copy(pid, local, address, size, write))
     throw PeerFailureError(fmt::format(
-        "rank {}: copying {} bytes out of {}'s memory failed: {} (errno {}); the peer probably "
-        "exited", options_.self_rank, size, peer_text(), std::strerror(errno), errno));
+        "rank {}: copying {} bytes {} {}'s memory failed: {} (errno {}); the peer probably "
+        "exited", options_.self_rank, size, write ? "into" : "out of", peer_text(),
+        std::strerror(errno), errno));
   std::lock_guard lock(mu_);
   bytes_moved_ += size;
 }

@@ -142,12 +142,14 @@ class Pair : public std::enable_shared_from_this<Pair> {
   int peer_rank() const { return options_.peer_rank; }
   const std::string& peer_address() const { return options_.peer_address; }
   int fd() const { return fd_.get(); }
-  // Shared memory with cross-memory attach: whether this rank may read the peer's memory, and
-  // the read itself (PeerFailureError, naming the peer, when it fails).
+  // Shared memory with cross-memory attach: whether this rank may read and write the peer's
+  // memory (the kernel grants both or neither), and the copies themselves (PeerFailureError,
+  // naming the peer, when one fails).
   bool can_read_peer() const;
   // Whether the connection itself broke (the peer died, the link was cut, or it was closed).
   bool broken();
   void read_peer(std::byte* out, uint64_t address, size_t size);
+  void write_peer(uint64_t address, const std::byte* in, size_t size);
   const char* transport() const { return shm_ ? "shm" : "tcp"; }
   bool shared_memory() const { return shm_ != nullptr; }
 
@@ -197,6 +199,8 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // Copies `size` bytes at the peer's `address` into `out`; false (errno set) on failure.
   bool pull(std::byte* out, uint64_t address, size_t size);
   static bool pull_from(int pid, std::byte* out, uint64_t address, size_t size);
+  static bool cross_copy(int pid, std::byte* local, uint64_t address, size_t size, bool write);
+  void copy_peer(std::byte* local, uint64_t address, size_t size, bool write);
   void queue_frame_locked(uint32_t flags, uint64_t tag);
   void finish_unexpected_locked(Unexpected& u);
   void deliver_unexpected(Unexpected& u, Request& r);
