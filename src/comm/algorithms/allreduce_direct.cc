@@ -22,7 +22,9 @@
 namespace dtrain::comm::algo {
 namespace {
 
-constexpr size_t kChunkBytes = size_t{1024} << 10;
+// A chunk and its scratch copy fill one core's L2 (1 MiB here). Medians of five alternating runs
+// at 4 ranks, against 1 MiB chunks: 4 MiB 2.48 ms (2.67), 64 MiB 37.5 ms (40.3); 16 MiB even.
+constexpr size_t kChunkBytes = size_t{512} << 10;
 
 void all_exchange(CollectiveContext& ctx, const uint64_t* mine, uint64_t* theirs) {
   const int n = ctx.size(), r = ctx.rank();
