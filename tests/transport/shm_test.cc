@@ -133,6 +133,37 @@ TEST(Shm, LateSenderWakesASleepingReceiver) {
   for (auto& r : results) EXPECT_TRUE(r.ok());
 }
 
+// A rank waiting on two late peers at once (the first exchange of a `direct` all-reduce) sleeps
+// on both pairs' futexes together: it neither spins through the wait nor needs the event loop
+// to pass the wake-up on.
+TEST(Shm, SleeperOnSeveralLatePeersWakesWhenTheyArrive) {
+  const int port = free_port();
+  const std::string job = unique_job("shm-late-many");
+  auto results = run_ranks(3, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto pg = make_group(rank, 3, port);
+    for (int i = 0; i < 3; ++i) {
+      pg->barrier()->wait();
+      std::vector<float> v(4096, static_cast<float>(rank + i));
+      if (rank != 0) std::this_thread::sleep_for(300ms);
+      timespec cpu0{}, cpu1{};
+      ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
+      const auto start = std::chrono::steady_clock::now();
+      pg->allreduce(TensorView::of(v), {.algorithm = "direct"})->wait();
+      const auto took = std::chrono::steady_clock::now() - start;
+      ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
+      RANK_CHECK(v[4095] == static_cast<float>(3 + 3 * i), "got {} in round {}", v[4095], i);
+      if (rank != 0) continue;
+      const double cpu_ms = (cpu1.tv_sec - cpu0.tv_sec) * 1e3 + (cpu1.tv_nsec - cpu0.tv_nsec) / 1e6;
+      RANK_CHECK(took < 380ms, "woke after {} ms",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+      RANK_CHECK(cpu_ms < 60, "burned {:.1f} ms of CPU waiting 300 ms", cpu_ms);
+    }
+  });
+  for (auto& r : results) EXPECT_TRUE(r.ok());
+}
+
 // Three ranks pass messages four times the ring's size around a ring, each waiting on its send
 // before its receive, through the ring (no cross-memory attach): the data for a posted receive
 // must be drained by the event loop while its owner waits on its own send. This once

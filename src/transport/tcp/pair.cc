@@ -44,6 +44,20 @@ void futex_wait(std::atomic<uint32_t>& word, uint32_t seen, std::chrono::nanosec
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, seen, &ts, nullptr, 0);
 }
 
+// Sleeps until one of the words differs from what was seen in it, one is woken, or `limit`
+// passes. False when the kernel has no futex_waitv (Linux < 5.16).
+bool futex_wait_any(std::span<futex_waitv> words, std::chrono::nanoseconds limit) {
+  if (limit.count() <= 0) return true;
+  timespec at{};
+  ::clock_gettime(CLOCK_MONOTONIC, &at);  // futex_waitv takes an absolute time
+  const int64_t ns = at.tv_nsec + limit.count() % 1'000'000'000;
+  at.tv_sec += static_cast<time_t>(limit.count() / 1'000'000'000 + ns / 1'000'000'000);
+  at.tv_nsec = static_cast<long>(ns % 1'000'000'000);
+  const long r = ::syscall(SYS_futex_waitv, words.data(), static_cast<unsigned>(words.size()), 0,
+                           &at, CLOCK_MONOTONIC);
+  return !(r < 0 && errno == ENOSYS);
+}
+
 // Whether the kernel lets a socket have kSocketBufferBytes of each buffer.
 bool socket_buffers_allowed() {
   static const bool allowed = [] {
@@ -985,33 +999,52 @@ void Pair::cancel(Request& r, const std::string& why) {
   cancel_locked(r, why);
 }
 
-void Pair::sleep_on_bell(std::span<Request* const> requests, const Deadline& deadline) {
+bool Pair::sleep_on_bells(std::span<Request* const> requests, std::span<Pair* const> pairs,
+                          const Deadline& deadline) {
+  static std::atomic<bool> no_waitv{false};
+  if (pairs.size() > 1 && (pairs.size() > FUTEX_WAITV_MAX || no_waitv.load())) return false;
   auto all_done = [&] {
     for (Request* r : requests)
       if (!r->completion.done()) return false;
     return true;
   };
-  auto& bell = shm_->segment.bell(creator_);
-  {
-    std::lock_guard lock(mu_);
-    ++futex_sleepers_;
+  for (Pair* p : pairs) {
+    std::lock_guard lock(p->mu_);
+    ++p->futex_sleepers_;
   }
+  std::vector<futex_waitv> words(pairs.size());
+  bool supported = true;
   for (;;) {
-    const uint32_t seen = bell.load(std::memory_order_acquire);
-    {
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      auto& bell = pairs[i]->shm_->segment.bell(pairs[i]->creator_);
+      words[i] = {.val = bell.load(std::memory_order_acquire),
+                  .uaddr = reinterpret_cast<uintptr_t>(&bell),
+                  .flags = FUTEX_32,  // shared between processes: not FUTEX_PRIVATE_FLAG
+                  .__reserved = 0};
+    }
+    for (Pair* p : pairs) {
       // Ask for the bell, then look once more: what came before the flags were seen is here.
-      std::lock_guard lock(mu_);
-      rearm_locked();
-      progress_locked();
+      std::lock_guard lock(p->mu_);
+      p->rearm_locked();
+      p->progress_locked();
     }
     if (all_done() || deadline.expired()) break;
     // Bounded slices: the clock arithmetic of a "never" deadline, and a backstop.
     const auto slice = std::min(deadline.remaining(), std::chrono::milliseconds(100));
-    futex_wait(bell, seen, slice);
+    if (pairs.size() == 1) {
+      futex_wait(pairs[0]->shm_->segment.bell(pairs[0]->creator_), words[0].val, slice);
+    } else if (!futex_wait_any(words, slice)) {
+      no_waitv.store(true);
+      supported = false;
+      break;
+    }
   }
-  std::lock_guard lock(mu_);
-  --futex_sleepers_;
-  rearm_locked();
+  for (Pair* p : pairs) {
+    std::lock_guard lock(p->mu_);
+    --p->futex_sleepers_;
+    p->rearm_locked();
+  }
+  return supported;
 }
 
 void Pair::wait(Request& r, const Deadline& deadline) {
@@ -1092,12 +1125,15 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
     if (!spinning)
       for (Pair* p : pairs) p->end_spin();
   }
-  if (only != nullptr && only->shm_) {
-    // Shared memory with one peer: sleep on the futex the peer rings, and move the bytes on
-    // this thread when woken (no event-loop hop).
+  bool all_shm = !pairs.empty();
+  for (Pair* p : pairs) all_shm &= p->shm_ != nullptr;
+  if (!all_done() && ((only != nullptr && only->shm_) || all_shm)) {
+    // Shared memory: sleep on the futexes the peers ring (all the pairs', or the one pair every
+    // request waits on), and move the bytes on this thread when woken (no event-loop hop).
     if (spinning)
       for (Pair* p : pairs) p->end_spin();
-    only->sleep_on_bell(requests, deadline);
+    Pair::sleep_on_bells(requests, only != nullptr && only->shm_ ? std::span(&only, 1) : pairs,
+                         deadline);
     if (spinning)
       for (Pair* p : pairs) p->begin_spin();
   }

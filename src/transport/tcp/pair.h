@@ -221,9 +221,12 @@ class Pair : public std::enable_shared_from_this<Pair> {
   void wake_own_bell();
   // What the ring flags say while nobody wants a doorbell: the bell, if a thread sleeps on it.
   uint32_t idle_flags() const { return futex_sleepers_ > 0 ? shm::kWantBell : 0; }
-  // shm: sleeps on this side's bell, moving the pair's bytes on each wake-up, until every
-  // request has finished or the deadline passes.
-  void sleep_on_bell(std::span<Request* const> requests, const Deadline& deadline);
+  // shm: sleeps on this side's bell of every pair at once (futex_waitv when there are several),
+  // moving their bytes on each wake-up, until every request has finished or the deadline
+  // passes. False when the kernel cannot wait on several futexes (before Linux 5.16): the
+  // caller then sleeps while the event loop moves the bytes.
+  static bool sleep_on_bells(std::span<Request* const> requests, std::span<Pair* const> pairs,
+                             const Deadline& deadline);
   struct ShmLink {
     shm::Segment segment;
     shm::Ring in, out;
