@@ -318,8 +318,10 @@ TEST(Collectives, MismatchFailsEveryRankWithNames) {
     auto results = run_ranks(3, [&](int rank) {
       auto pg = make_group(rank, 3, port, {}, 3s);
       auto start = std::chrono::steady_clock::now();
-      pg->barrier()->wait();
       try {
+        // Inside the try: a rank slow to leave this barrier may already hear of the failure of
+        // the next collective from a rank that went ahead (the group has failed as a whole).
+        pg->barrier()->wait();
         c.call(*pg, rank);
         // A rank whose part of the mismatched collective went through (a tree leaf that only
         // sends) hears of the failure by its next call.
