@@ -284,8 +284,9 @@ class Pair : public std::enable_shared_from_this<Pair> {
 };
 
 // Waits until every request has finished, busy-polling `pairs` first (those whose progress the
-// requests need), then sleeping while the event loop moves bytes. At the deadline the unfinished
-// requests are cancelled. Rethrows the first error, in request order.
+// requests need; every request's pair among them), then sleeping: on the shared-memory pairs'
+// futexes, or while the event loop moves the bytes. At the deadline the unfinished requests are
+// cancelled. Rethrows the first error, in request order.
 // `spinning`: the caller already holds the pairs in spin mode (begin_spin) for longer than
 // this wait, as a collective does for its whole run.
 void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pairs,
