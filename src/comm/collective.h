@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "common/deadline.h"
 #include "dtrain/reduce_op.h"
 #include "dtrain/tensor.h"
+#include "transport/shm/shared_page.h"
 #include "transport/tcp/pair.h"
 
 namespace dtrain::comm {
@@ -112,6 +114,15 @@ class CollectiveContext {
     scratch_ = scratch;
     workspace_ = workspace;
   }
+  // What algorithms keep from one call of the group to the next (the running collective's
+  // only): the work-claiming counter of `direct` (see allreduce_direct.cc).
+  struct Persistent {
+    int claims_state = 0;  // 0: not set up yet; 1: every rank has the page; -1: not used
+    std::optional<transport::shm::SharedPage> claims_page;
+    uint64_t claims_base = 0;  // the counter's value when the next call starts
+  };
+  Persistent& persistent() { return *persistent_; }
+  void set_persistent(Persistent* p) { persistent_ = p; }
 
   // "collective #17 of group world"
   std::string where() const;
@@ -131,6 +142,7 @@ class CollectiveContext {
   std::vector<transport::tcp::Pair*> active_;  // pairs used so far, progressed while waiting
   Buffer* scratch_ = nullptr;
   Buffer* workspace_ = nullptr;
+  Persistent* persistent_ = nullptr;
 };
 
 }  // namespace dtrain::comm

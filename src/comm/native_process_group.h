@@ -119,6 +119,7 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   std::shared_ptr<Executor> executor_;
   CollectiveContext::Buffer scratch_;    // used by the running collective only
   CollectiveContext::Buffer workspace_;  // likewise
+  CollectiveContext::Persistent persistent_;  // likewise
   CallHistory history_;
   std::unique_ptr<Watchdog> watchdog_;
 

@@ -374,6 +374,7 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                           make_tag(TagSpace::kCollective, group_id_, seq), call, deadline, name_,
                           seq);
     ctx.set_buffers(&scratch_, &workspace_);
+    ctx.set_persistent(&persistent_);
     device_->expect(group_id_, seq, call.fingerprint());
     DTRAIN_LOG_DEBUG("{} via {}", label.describe(), algorithm);
     watchdog_->enter(seq, call);

@@ -60,6 +60,7 @@ struct Var {
   X(kSpinUs, "DTRAIN_SPIN_US", "50", "Microseconds a waiting thread busy-polls before it sleeps (0 = never spin).") \
   X(kTransport, "DTRAIN_TRANSPORT", "auto", "auto: shared memory between ranks on one host, TCP otherwise; tcp: TCP only; shm: like auto, but failing to set up shared memory is an error.") \
   X(kCma, "DTRAIN_CMA", "1", "Shared memory: move large messages in one copy with cross-memory attach (process_vm_readv) where permitted; 0 = always through the ring.") \
+  X(kDirectClaims, "DTRAIN_DIRECT_CLAIMS", "1", "Shared memory, `direct` all-reduce: the ranks take chunks from a counter they share, so that a rank with a core to itself takes more of the work; 0 = each rank reduces its own 1/N slice.") \
   X(kAgentStore, "DTRAIN_AGENT_STORE", "0", "1 when the launcher hosts the store at MASTER_ADDR:MASTER_PORT; 0 makes rank 0 host it.") \
   X(kBackend, "DTRAIN_BACKEND", "native", "Backend of every process group: native, gloo, mpi (under mpirun) or nccl (see docs/backends.md).") \
   X(kAlgo, "DTRAIN_ALGO", "", "Force collective algorithms: `ring`, or per collective `allreduce=halving_doubling,broadcast=tree` (see docs/algorithms.md).") \

@@ -178,6 +178,29 @@ TEST(Collectives, WorldOf3) { run_world(3); }
 TEST(Collectives, WorldOf4) { run_world(4); }
 TEST(Collectives, WorldOf5) { run_world(5); }
 
+// `direct` where each rank reduces its own slice (the fallback where the ranks cannot share a
+// counter page), and then calls that alternate between `direct` and other algorithms, so that
+// the shared counter's start moves on correctly from call to call.
+TEST(Collectives, DirectWithStaticSlicesAndAlternatingCalls) {
+  for (const char* claims : {"0", "1"}) {
+    const int port = free_port();
+    expect_all_ok(run_ranks(3, [&](int rank) {
+      ::setenv("DTRAIN_DIRECT_CLAIMS", claims, 1);
+      auto pg = make_group(rank, 3, port);
+      check_allreduce(*pg, "direct");
+      for (size_t count : {size_t{0}, size_t{5}, (size_t{1} << 20) + 7, size_t{40000}}) {
+        for (std::string algo : {"direct", "ring", "direct", "direct"}) {
+          auto buf = filled(DType::kF32, count, rank);
+          pg->allreduce(view(buf, DType::kF32), {.op = ReduceOp::kSum, .algorithm = algo})->wait();
+          check_values(buf, DType::kF32, count,
+                       [&](size_t i) { return expected_reduction(ReduceOp::kSum, DType::kF32, 3, i); },
+                       fmt::format("rank {}: all_reduce {} x{} (claims {})", rank, algo, count, claims));
+        }
+      }
+    }, 240s));
+  }
+}
+
 TEST(Collectives, WorldOf8AllreduceAndBroadcast) {
   const int port = free_port();
   expect_all_ok(run_ranks(8, [&](int rank) {

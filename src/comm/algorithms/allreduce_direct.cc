@@ -1,40 +1,86 @@
 // Direct all-reduce, for ranks that share a host and may read and write each other's memory
-// (cross-memory attach): every rank owns 1/N of the buffer. A cache-sized chunk at a time, it
-// reads that chunk of its slice straight out of every peer's buffer, reduces it into its own, and
-// writes the result straight into every peer's buffer while it is still in cache. No data goes
-// through a socket or a ring; each byte crosses memory once on its way in and once on its way
-// out, and the reduced slices never come back out of memory to be read again.
+// (cross-memory attach). The buffer is cut into chunks. Whoever takes a chunk reads it straight
+// out of every peer's buffer, reduces it into its own, and writes the result straight into
+// every peer's buffer while it is still in cache. No data goes through a socket or a ring; each
+// byte crosses memory once on its way in and once on its way out.
 //
-// Only the owner of a slice touches that slice of any buffer (it reads a chunk from a peer before
-// it overwrites it there), so the ranks need no ordering among themselves while they work. Two
-// rounds of empty messages frame it: the buffer addresses are exchanged (and with them "my input
-// is in place"); "I am done with your buffer" lets each rank return once every peer has written
-// its slice.
+// Who takes which chunk: the ranks draw tickets from a counter on a page they all map (a memfd
+// of the group's first rank; see shm/shared_page.h), so a rank that has a core to itself takes
+// more chunks than ranks that share one. Static slices leave the whole call waiting for the
+// slowest core: with four ranks on two cores the scheduler sometimes keeps three on one. Pinned
+// that way (taskset), static slices took 539-613 us at 1 MiB and 13.8-14.4 ms at 16 MiB, drawn
+// chunks 342-349 us and 9.6-10.1 ms; pinned two per core, both took about 320-340 us and 9.1-9.6
+// ms. The counter only grows: a call's tickets start
+// where the previous call's ended, which every rank knows (each call draws its chunks plus one
+// failed ticket per rank). Where the page cannot be shared (or DTRAIN_DIRECT_CLAIMS=0), each rank
+// takes the chunks of its own 1/N slice.
+//
+// Only the rank that took a chunk touches it in any buffer (it reads the chunk everywhere before
+// it overwrites it anywhere), so the ranks need no ordering among themselves while they work.
+// Two rounds of empty messages frame it: the buffer addresses are exchanged (and with them "my
+// input is in place"); "I am done with your buffer" lets each rank return once every peer has
+// written its chunks. The first call of a group has one more round, to agree on the page.
 //
 // Cost: 2 alpha_shm + 2 (N-1)/N M beta_copy + (N-1)/N M gamma, where beta_copy is one memory
 // copy (about 15 GB/s here) rather than a trip through the kernel's socket buffers.
 #include <algorithm>
+#include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "comm/algorithms/algorithms.h"
+#include "common/env.h"
+#include "common/log.h"
 #include "common/reduce.h"
 
 namespace dtrain::comm::algo {
 namespace {
 
-// A chunk and its scratch copy fill one core's L2 (1 MiB here). Medians of five alternating runs
+// A chunk and its scratch copy fit one core's L2 (1 MiB here). Medians of five alternating runs
 // at 4 ranks, against 1 MiB chunks: 4 MiB 2.48 ms (2.67), 64 MiB 37.5 ms (40.3); 16 MiB even.
-constexpr size_t kChunkBytes = size_t{512} << 10;
+constexpr size_t kMaxChunkBytes = size_t{512} << 10;
+// Enough chunks for the fast ranks to take up the slack of the slow, each still worth its two
+// system calls per peer (4 ranks, 1 MiB: 64 KiB chunks 378 us, 128 KiB 349, static 316 when the
+// placement is even).
+constexpr size_t kMinChunkBytes = size_t{128} << 10;
+constexpr size_t kChunksPerRank = 2;
 
-void all_exchange(CollectiveContext& ctx, const uint64_t* mine, uint64_t* theirs) {
+struct Hello {
+  uint64_t address;  // the buffer
+  int32_t pid;
+  int32_t page_fd;   // rank 0 only: its descriptor of the shared page (-1: none)
+};
+
+template <typename T>
+void all_exchange(CollectiveContext& ctx, const T* mine, T* theirs) {
   const int n = ctx.size(), r = ctx.rank();
   std::vector<CollectiveContext::RequestPtr> reqs;
   for (int p = 0; p < n; ++p) {
     if (p == r) continue;
-    reqs.push_back(ctx.recv(p, theirs ? theirs + p : nullptr, theirs ? sizeof(uint64_t) : 0));
-    reqs.push_back(ctx.send(p, mine, mine ? sizeof(uint64_t) : 0));
+    reqs.push_back(ctx.recv(p, theirs ? theirs + p : nullptr, theirs ? sizeof(T) : 0));
+    reqs.push_back(ctx.send(p, mine, mine ? sizeof(T) : 0));
   }
   ctx.wait(reqs);
+}
+
+// The first call of the group: rank 0 offers its page, the others adopt it, and all agree
+// whether everyone has it (one more round).
+void set_up_claims(CollectiveContext& ctx, const std::vector<Hello>& hello) {
+  auto& st = ctx.persistent();
+  std::string why;
+  if (ctx.rank() != 0 && hello[0].page_fd >= 0)
+    st.claims_page = transport::shm::SharedPage::adopt(hello[0].pid, hello[0].page_fd, &why);
+  const uint64_t ok = st.claims_page.has_value() ? 1 : 0;
+  std::vector<uint64_t> oks(ctx.size());
+  all_exchange(ctx, &ok, oks.data());
+  oks[ctx.rank()] = ok;
+  st.claims_state = std::all_of(oks.begin(), oks.end(), [](uint64_t v) { return v == 1; }) ? 1 : -1;
+  if (st.claims_state < 0) {
+    DTRAIN_LOG_DEBUG("{}: direct all-reduce splits the work statically: {}", ctx.where(),
+                     why.empty() ? "another rank could not share the counter page" : why);
+    st.claims_page.reset();
+  }
 }
 
 }  // namespace
@@ -43,28 +89,51 @@ void allreduce_direct(CollectiveContext& ctx, std::byte* data, size_t count) {
   const int n = ctx.size(), r = ctx.rank();
   if (n == 1) return;
   const size_t elem = ctx.element_size();
-  std::vector<uint64_t> address(n);
-  const uint64_t mine = reinterpret_cast<uint64_t>(data);
-  all_exchange(ctx, &mine, address.data());
+  auto& st = ctx.persistent();
+  if (st.claims_state == 0 && r == 0 && !st.claims_page && env::get_bool(env::kDirectClaims)) {
+    std::string why;
+    st.claims_page = transport::shm::SharedPage::create(&why);
+    if (!st.claims_page) DTRAIN_LOG_DEBUG("{}: no shared counter page: {}", ctx.where(), why);
+  }
+  const Hello mine{reinterpret_cast<uint64_t>(data), static_cast<int32_t>(::getpid()),
+                   r == 0 && st.claims_page ? st.claims_page->fd() : -1};
+  std::vector<Hello> hello(n);
+  all_exchange(ctx, &mine, hello.data());
+  if (st.claims_state == 0) set_up_claims(ctx, hello);
 
-  const Segment own = segment(count, n, r);
-  const size_t chunk = std::max<size_t>(1, kChunkBytes / elem);
-  std::byte* scratch = ctx.scratch(std::min(own.count, chunk) * elem);
-  for (size_t off = 0; off < own.count; off += chunk) {
-    const size_t len = std::min(chunk, own.count - off);
-    const size_t at = (own.offset + off) * elem;
+  const size_t chunk = std::max<size_t>(
+      1, std::clamp(count * elem / (kChunksPerRank * n), kMinChunkBytes, kMaxChunkBytes) / elem);
+  std::byte* scratch = ctx.scratch(std::min(count, chunk) * elem);
+  // Reduces elements [lo, lo + len) from every peer and writes the result back to them.
+  auto take = [&](size_t lo, size_t len) {
+    const size_t at = lo * elem;
     // Peers in a different order on every rank, so that no buffer is everyone's first.
     for (int i = 1; i < n; ++i) {
       const int p = (r + i) % n;
-      ctx.read_peer(p, scratch, address[p] + at, len * elem);
+      ctx.read_peer(p, scratch, hello[p].address + at, len * elem);
       reduce_into(data + at, scratch, len, ctx.call().dtype, ctx.call().op);
     }
     for (int i = 1; i < n; ++i) {
       const int p = (r + i) % n;
-      ctx.write_peer(p, address[p] + at, data + at, len * elem);
+      ctx.write_peer(p, hello[p].address + at, data + at, len * elem);
     }
+  };
+
+  if (st.claims_state > 0) {
+    const uint64_t chunks = (count + chunk - 1) / chunk;
+    const uint64_t base = st.claims_base;
+    auto& counter = st.claims_page->word(0);
+    for (uint64_t t; (t = counter.fetch_add(1, std::memory_order_relaxed)) < base + chunks;) {
+      const size_t lo = static_cast<size_t>(t - base) * chunk;
+      take(lo, std::min(chunk, count - lo));
+    }
+    st.claims_base = base + chunks + static_cast<uint64_t>(n);
+  } else {
+    const Segment own = segment(count, n, r);
+    for (size_t off = 0; off < own.count; off += chunk)
+      take(own.offset + off, std::min(chunk, own.count - off));
   }
-  all_exchange(ctx, nullptr, nullptr);  // every peer has written its slice into my buffer
+  all_exchange(ctx, static_cast<const uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr));
 }
 
 }  // namespace dtrain::comm::algo
