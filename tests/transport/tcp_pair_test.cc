@@ -180,6 +180,38 @@ TEST(TcpPair, SimultaneousLargeExchange) {
   }));
 }
 
+// After a collective, idle TCP pairs are left out of the event loop ("parked"): early bytes wait
+// in the socket for whoever reads them next. A rank that then sleeps waiting on another peer
+// must still drain them, or this cycle deadlocks: rank 0's large send to rank 1 completes only
+// once rank 1 takes it in, and only then does rank 0 tell rank 2, whose message rank 1 awaits.
+TEST(TcpPair, ParkedPairsDrainWhileTheRankWaitsOnAnotherPeer) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(3, [&](int rank) {
+    auto pg = tcp_group(rank, 3, port);
+    auto big = pattern(size_t{8} << 20, 9);  // beyond the socket buffers (2 MiB each side)
+    std::vector<int32_t> token(1, 42);
+    for (int round = 0; round < 3; ++round) {
+      pg->barrier()->wait();  // touches every pair, which is then parked
+      const auto start = std::chrono::steady_clock::now();
+      if (rank == 0) {
+        pg->isend(TensorView::of(big), 1, 7)->wait();
+        pg->send(TensorView::of(token), 2, 8);
+      } else if (rank == 2) {
+        pg->recv(TensorView::of(token), 0, 8);
+        pg->send(TensorView::of(token), 1, 9);
+      } else {
+        pg->recv(TensorView::of(token), 2, 9);
+        std::vector<uint8_t> got(big.size());
+        pg->recv(TensorView::of(got), 0, 7);
+        RANK_CHECK(got == big && token[0] == 42, "round {}: payload differs", round);
+      }
+      const auto took = std::chrono::steady_clock::now() - start;
+      RANK_CHECK(took < 5s, "round {} took {} ms", round,
+                 std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+    }
+  }, 60s));
+}
+
 // Every rank sends to every other rank: the full mesh of 4 processes.
 TEST(TcpPair, FullMeshOfFour) {
   const int port = free_port();

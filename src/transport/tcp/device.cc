@@ -23,7 +23,11 @@ std::string address_key(const std::string& group, int rank) {
 }  // namespace
 
 Device::Device(Store& store, const DeviceOptions& options)
-    : options_(options), loop_(std::make_shared<Loop>([this] { process_notices(); })) {
+    : options_(options), loop_(std::make_shared<Loop>([this] { process_notices(); },
+                                   [this] {
+                                     for (auto& p : pairs_)
+                                       if (p) p->unpark();
+                                   })) {
   const int rank = options_.rank;
   const int size = options_.size;
   pairs_.resize(size);

@@ -15,8 +15,8 @@
 
 namespace dtrain::transport::tcp {
 
-Loop::Loop(std::function<void()> on_wake)
-    : on_wake_(std::move(on_wake)),
+Loop::Loop(std::function<void()> on_wake, std::function<void()> on_unpark)
+    : on_wake_(std::move(on_wake)), on_unpark_(std::move(on_unpark)),
       epoll_(::epoll_create1(EPOLL_CLOEXEC)), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   if (!epoll_.valid() || !wake_.valid())
     throw InternalError(fmt::format("cannot create the event loop: {}", std::strerror(errno)));
@@ -66,7 +66,9 @@ void Loop::run(std::stop_token stop) {
       if (events[i].data.ptr == nullptr) {  // wake-up
         uint64_t count = 0;
         [[maybe_unused]] ssize_t r = ::read(wake_.get(), &count, sizeof(count));
-        if (!stop.stop_requested() && on_wake_) on_wake_();
+        if (stop.stop_requested()) continue;
+        if (unpark_requested_.exchange(false) && on_unpark_) on_unpark_();
+        if (on_wake_) on_wake_();
         continue;
       }
       static_cast<Pair*>(events[i].data.ptr)->on_event(events[i].events);

@@ -859,6 +859,7 @@ void Pair::rearm_locked() {
   }
   uint32_t events =
       EPOLLIN | (send_queue_.empty() || shm_ ? 0u : uint32_t{EPOLLOUT});
+  parked_ = false;
   if (armed_ && armed_events_ == events) return;
   loop_->arm(this, fd_.get(), events);
   armed_ = true;
@@ -979,7 +980,19 @@ void Pair::begin_spin() {
 
 void Pair::end_spin() {
   std::lock_guard lock(mu_);
-  spinners_.fetch_sub(1);
+  if (spinners_.fetch_sub(1) == 1 && !shm_ && !broken_ && !armed_ && posted_.empty() &&
+      !rx_request_ && send_queue_.empty() && blocked_ == 0) {
+    parked_ = true;
+    loop_->parked();
+    return;
+  }
+  rearm_locked();
+}
+
+void Pair::unpark() {
+  std::lock_guard lock(mu_);
+  if (!parked_) return;
+  parked_ = false;
   rearm_locked();
 }
 
@@ -1093,6 +1106,11 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
     }
     if (!spinning)
       for (Pair* p : pairs) p->end_spin();
+  }
+  if (!all_done()) {
+    // About to sleep: idle pairs that left the loop (end_spin) go back to it, so that what they
+    // carry moves meanwhile (early bytes a peer waits to be rid of, a peer's failure notice).
+    for (Pair* p : pairs) p->loop_->unpark();
   }
   Pair* only = nullptr;  // the one pair every unfinished request waits on, if there is one
   for (Request* r : requests) {
