@@ -141,7 +141,12 @@ TEST(StoreMultiProcess, HostThatFinishesFirstWaitsForTheOthers) {
         options.is_server = rank == 0;
         TcpStore store(options);
         store.add("arrived", 1);
-        if (rank == 0) return;  // leaves at once
+        if (rank == 0) {
+          // Leaves as soon as everyone is connected (a job's rank 0 cannot finish before the
+          // others have joined; under load they may connect only after it added its count).
+          while (store.add("arrived", 0) < 3) std::this_thread::sleep_for(1ms);
+          return;
+        }
         std::this_thread::sleep_for(300ms);
         store.set(fmt::format("late{}", rank), "1");
         if (store.add("arrived", 0) != 3) throw std::runtime_error("lost a count");
