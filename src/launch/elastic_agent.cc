@@ -26,6 +26,7 @@
 #include "common/socket.h"
 #include "dtrain/error.h"
 #include "dtrain/store.h"
+#include "launch/cpu_binding.h"
 #include "launch/rendezvous.h"
 #include "launch/supervisor.h"
 
@@ -478,6 +479,7 @@ class Agent {
   std::vector<WorkerSpec> worker_specs(const RoundPlan& plan, int node_rank,
                                        const std::string& master_addr, uint16_t master_port) {
     std::vector<WorkerSpec> workers;
+    const auto cpus = options_.bind ? allowed_cpus() : std::vector<int>{};
     const int base = plan.first_rank(node_rank);
     const std::string restarts = std::to_string(plan.restarts);
     for (int local = 0; local < options_.nproc; ++local) {
@@ -502,6 +504,7 @@ class Agent {
            {"TORCHELASTIC_RUN_ID", options_.run_id}}});
       if (!commit_dir_->path().empty())
         workers.back().env.emplace_back("DTRAIN_COMMIT_DIR", commit_dir_->path());
+      workers.back().cpus = cpu_share(local, options_.nproc, cpus);
     }
     return workers;
   }

@@ -25,6 +25,7 @@ namespace dtrain::launch {
 struct ElasticOptions {
   std::vector<std::string> command;  // the worker command
   int nproc = 1;                     // workers on this machine
+  bool bind = true;                  // each worker on its own share of the CPUs (cpu_binding.h)
   int min_nodes = 1;                 // the job runs while at least MIN machines take part
   int max_nodes = 1;                 // and takes in new ones up to MAX
   int max_restarts = 0;              // failures the job survives

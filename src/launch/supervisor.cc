@@ -19,6 +19,7 @@
 
 #include "common/log.h"
 #include "dtrain/error.h"
+#include "launch/cpu_binding.h"
 
 extern char** environ;
 
@@ -91,6 +92,7 @@ struct ChildSetup {
   int stdin_fd, stdout_fd, stderr_fd, status_fd;
   pid_t parent;
   const sigset_t* mask;
+  const cpu_set_t* cpus;  // null: keep the launcher's
 };
 
 // Makes `fd` the descriptor `target` and leaves it open across exec.
@@ -111,6 +113,7 @@ void move_fd(int fd, int target) {
   dfl.sa_handler = SIG_DFL;
   ::sigaction(SIGPIPE, &dfl, nullptr);
   ::sigprocmask(SIG_SETMASK, s.mask, nullptr);
+  if (s.cpus) ::sched_setaffinity(0, sizeof(cpu_set_t), s.cpus);
   move_fd(s.stdin_fd, 0);
   move_fd(s.stdout_fd, 1);
   move_fd(s.stderr_fd, 2);
@@ -202,8 +205,10 @@ class Run {
     std::vector<char*> argv = pointers(args);
     std::vector<std::string> env = build_environment(options_.workers[i]);
     std::vector<char*> envp = pointers(env);
+    const cpu_set_t cpus = to_cpu_set(spec.cpus);
     ChildSetup setup{own_path.c_str(), argv.data(),    envp.data(), devnull,     out_w.get(),
-                     err_w.get(),  status_w.get(), ::getpid(),  &child_mask_};
+                     err_w.get(),  status_w.get(), ::getpid(),  &child_mask_,
+                     spec.cpus.empty() ? nullptr : &cpus};
     pid_t pid = ::fork();
     if (pid < 0)
       throw InternalError(

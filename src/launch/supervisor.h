@@ -32,6 +32,8 @@ struct WorkerSpec {
   std::vector<std::string> command;
   // How output and summaries name the process; empty = "rank <rank>".
   std::string label;
+  // The CPUs it may run on (sched_setaffinity before exec); empty = the launcher's.
+  std::vector<int> cpus;
 };
 
 // How a worker ended.

@@ -21,6 +21,7 @@
 
 #include "common/deadline.h"
 #include "common/socket.h"
+#include "launch/cpu_binding.h"
 #include "launch/launched.h"
 #include "support/multiproc.h"
 
@@ -80,6 +81,58 @@ TEST_F(LauncherTest, EachRankSeesItsEnvironment) {
     seen[rank] = true;
   }
   EXPECT_EQ(seen, std::vector<bool>(3, true)) << run.out();
+}
+
+// Shares are equal and contiguous, cover every CPU once, and vanish when processes outnumber
+// CPUs (the scheduler places those).
+TEST(CpuShare, EqualContiguousSharesOrNone) {
+  const std::vector<int> cpus = {0, 1, 2, 3, 4, 5, 8, 9, 10, 11};
+  for (int count = 1; count <= 10; ++count) {
+    std::vector<int> all;
+    for (int i = 0; i < count; ++i) {
+      auto share = launch::cpu_share(i, count, cpus);
+      const size_t want = cpus.size() / count + (static_cast<size_t>(i) < cpus.size() % count);
+      EXPECT_EQ(share.size(), want) << i << " of " << count;
+      all.insert(all.end(), share.begin(), share.end());
+    }
+    EXPECT_EQ(all, cpus) << count;
+  }
+  EXPECT_TRUE(launch::cpu_share(0, 11, cpus).empty());
+  EXPECT_EQ(launch::describe_cpus({0, 1, 2, 3, 6, 8, 9}), "0-3,6,8-9");
+}
+
+// `dtrain run` gives each worker its share of the CPUs it may use itself (--bind auto, the
+// default, as mpirun binds to cores), and none with --bind none or more workers than CPUs.
+TEST_F(LauncherTest, WorkersAreBoundToTheirShareOfTheCpus) {
+  const std::vector<int> cpus = launch::allowed_cpus();
+  ASSERT_FALSE(cpus.empty());
+  const std::string all = launch::describe_cpus(cpus);
+  auto allowed = [&](const std::vector<std::string>& flags, int n) {
+    std::vector<std::string> args = {"run", "-n", std::to_string(n), "--master-port", "0"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    for (std::string a : {"--", "sh", "-c", "echo $RANK $(grep Cpus_allowed_list /proc/self/status | cut -f2)"})
+      args.push_back(a);
+    Launched run(args);
+    EXPECT_EQ(exit_code(run.wait(seconds(20))), 0) << run.err();
+    std::vector<std::string> got(n);
+    std::istringstream lines(run.out());
+    std::string line, prefix, num, list;
+    int rank;
+    while (std::getline(lines, line)) {
+      std::istringstream words(line);
+      words >> prefix >> num >> rank >> list;
+      if (!words.fail() && rank >= 0 && rank < n) got[rank] = list;
+    }
+    return got;
+  };
+  const int n = std::min<int>(2, static_cast<int>(cpus.size()));
+  auto bound = allowed({}, n);
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(bound[r], launch::describe_cpus(launch::cpu_share(r, n, cpus))) << "rank " << r;
+  for (const auto& list : allowed({"--bind", "none"}, n)) EXPECT_EQ(list, all);
+  const int over = static_cast<int>(cpus.size()) + 1;
+  if (over <= 8)
+    for (const auto& list : allowed({}, over)) EXPECT_EQ(list, all);
 }
 
 TEST_F(LauncherTest, SecondNodeGetsGlobalRanksAndHostsNoStore) {

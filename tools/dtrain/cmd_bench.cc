@@ -45,6 +45,7 @@
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
 #include "dtrain/store.h"
+#include "launch/cpu_binding.h"
 #include "launch/supervisor.h"
 #include "tools/dtrain/commands.h"
 
@@ -76,6 +77,7 @@ struct BenchArgs {
   std::string json_file;
   std::string peers;
   std::string transport = "auto";
+  std::string bind = "auto";  // dtrain's ranks, as `dtrain run --bind` places them
   double straggle_ms = 0;
   std::string backend;  // "" = DTRAIN_BACKEND (native by default)
   std::string algo;
@@ -314,6 +316,7 @@ struct ChildSpec {
   std::string label;  // "rank 3", "mpirun"
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env;  // on top of ours
+  std::vector<int> cpus;  // sched_setaffinity before exec; empty = the driver's
 };
 
 struct Outcome {
@@ -367,6 +370,7 @@ class ChildSet {
     if (pipe2(fds, O_CLOEXEC) != 0)
       throw InternalError(fmt::format("dtrain bench: pipe: {}", std::strerror(errno)));
     const pid_t parent = getpid();
+    const cpu_set_t cpus = launch::to_cpu_set(spec.cpus);
     pid_t pid = fork();
     if (pid < 0) {
       ::close(fds[0]);
@@ -383,6 +387,7 @@ class ChildSet {
       sigset_t none;
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
+      if (!spec.cpus.empty()) sched_setaffinity(0, sizeof(cpus), &cpus);
       execve(exe.c_str(), c_argv.data(), c_env.data());
       const char msg[] = "dtrain bench: exec failed\n";
       ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
@@ -620,6 +625,7 @@ Outcome run_dtrain(const BenchArgs& a, const Plan& p) {
       s.argv.push_back(a.algo);
     }
     s.env = rank_env(r, a.np, store.port());
+    if (a.bind == "auto") s.cpus = launch::cpu_share(r, a.np, launch::allowed_cpus());
     specs.push_back(std::move(s));
   }
   return run_children("dtrain", specs, a);
@@ -869,6 +875,11 @@ CLI::App* add_bench_command(CLI::App& app) {
                   "The last rank arrives this late at every timed op; adds the CPU (user+sys, us) "
                   "the waiting ranks burn per op");
   cmd->add_option("--transport", a->transport, "dtrain's transport: tcp, shm or auto")->capture_default_str();
+  cmd->add_option("--bind", a->bind,
+                  "dtrain's ranks: auto binds each to its own share of the CPUs when there are no "
+                  "more ranks than CPUs (as `dtrain run` and mpirun do); none leaves them unbound")
+      ->check(CLI::IsMember({"auto", "none"}))
+      ->capture_default_str();
   cmd->add_option("--backend", a->backend,
                   "Backend of dtrain's group: native, gloo, nccl (driver mode) or mpi (run under "
                   "mpirun); a list (native,gloo) times each and shows the others as columns");

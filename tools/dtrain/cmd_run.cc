@@ -25,6 +25,7 @@
 #include "common/socket.h"
 #include "dtrain/error.h"
 #include "dtrain/store.h"
+#include "launch/cpu_binding.h"
 #include "launch/elastic_agent.h"
 #include "launch/supervisor.h"
 #include "tools/dtrain/commands.h"
@@ -42,6 +43,7 @@ struct RunArgs {
   int master_port = kDefaultPort;
   bool port_given = false;
   bool no_prefix = false;
+  std::string bind = "auto";    // auto: a share of the CPUs each when they suffice; none
   double grace_period_s = 3.0;
   int servers = 0;             // parameter servers, started by node 0's launcher
   bool server_program = false;  // servers run the worker command (DTRAIN_ROLE=server)
@@ -175,6 +177,7 @@ int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given
   o.exclude_for = seconds_flag(e.exclude_for_s, "--exclude-for");
   o.grace_period = seconds_flag(a.grace_period_s, "--grace-period");
   o.prefix_output = !a.no_prefix;
+  o.bind = a.bind == "auto";
   return launch::run_elastic(o);
 }
 
@@ -194,6 +197,8 @@ int run_job(const RunArgs& a) {
   options.prefix_output = !a.no_prefix;
   options.grace_period = std::chrono::milliseconds(static_cast<int64_t>(a.grace_period_s * 1000));
   int world_size = a.nnodes * a.nproc;
+  // Parameter servers beside the workers share the CPUs with them: no binding then.
+  const auto cpus = a.bind == "auto" && a.servers == 0 ? launch::allowed_cpus() : std::vector<int>{};
   for (int local = 0; local < a.nproc; ++local) {
     int rank = a.node_rank * a.nproc + local;
     options.workers.push_back(launch::WorkerSpec{
@@ -208,6 +213,7 @@ int run_job(const RunArgs& a) {
          {"MASTER_PORT", std::to_string(port)},
          // The launcher of node 0 hosts the store, so rank 0 must not host another.
          {"DTRAIN_AGENT_STORE", "1"}}});
+    options.workers.back().cpus = launch::cpu_share(local, a.nproc, cpus);
     if (a.servers > 0) {
       auto& env = options.workers.back().env;
       env.emplace_back("DTRAIN_ROLE", "worker");
@@ -269,6 +275,11 @@ CLI::App* add_run_command(CLI::App& app) {
                                "one when busy on a single node)")
                    ->capture_default_str();
   cmd->add_flag("--no-prefix", args->no_prefix, "Do not prefix output lines with [rank N]");
+  cmd->add_option("--bind", args->bind,
+                  "auto: with no more workers than CPUs, bind each to its own equal share of them "
+                  "(as mpirun does); none: leave placement to the scheduler")
+      ->check(CLI::IsMember({"auto", "none"}))
+      ->capture_default_str();
   cmd->add_option("--servers", args->servers,
                   "Parameter servers to start beside the workers (node 0; see "
                   "docs/parameter_server.md)")
