@@ -574,7 +574,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", flags.lr, "SGD learning rate");
   app.add_option("--momentum", flags.momentum, "SGD momentum");
   app.add_option("--seed", flags.seed, "initial weights and shuffling");
-  app.add_option("--threads", flags.threads, "LibTorch threads per rank (0 = cores / local ranks)");
+  app.add_option("--threads", flags.threads, "LibTorch threads per rank (0 = the CPUs it is bound to, else cores / local ranks)");
   app.add_option("--max-steps", flags.max_steps, "stop after this many steps (0 = no limit)");
   app.add_flag("--no-shuffle", flags.no_shuffle, "visit the samples in order");
   app.add_option("--init", flags.init, "initial model state (safetensors)");

@@ -2,6 +2,7 @@
 #include "dtrain/torch/runtime.h"
 
 #include <dlfcn.h>
+#include <sched.h>
 #include <malloc.h>
 
 #include <algorithm>
@@ -27,6 +28,12 @@ namespace {
 
 int default_threads() {
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Bound to fewer CPUs (by `dtrain run`, which gives each worker its share, by taskset or a
+  // cpuset): exactly those. Otherwise the local ranks share the machine.
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof(allowed), &allowed) == 0 && CPU_COUNT(&allowed) < cores)
+    return std::max(1, CPU_COUNT(&allowed));
   int local = static_cast<int>(env::get_int(env::kLocalWorldSize).value_or(1));
   return std::max(1, cores / std::max(1, local));
 }
