@@ -227,7 +227,8 @@ class Run {
         ::read(status_r.get(), &err_no, sizeof(err_no)) == sizeof(err_no))
       relay_line(w, w.err,
                  fmt::format("dtrain run: cannot execute {}: {}", own_path, std::strerror(err_no)));
-    DTRAIN_LOG_DEBUG("dtrain run: started {} as pid {}", w.label, pid);
+    DTRAIN_LOG_DEBUG("dtrain run: started {} as pid {}{}", w.label, pid,
+                     spec.cpus.empty() ? "" : ", bound to CPUs " + describe_cpus(spec.cpus));
   }
 
   void loop() {
