@@ -9,11 +9,11 @@
 // more chunks than ranks that share one. Static slices leave the whole call waiting for the
 // slowest core: with four ranks on two cores the scheduler sometimes keeps three on one. Pinned
 // that way (taskset), static slices took 539-613 us at 1 MiB and 13.8-14.4 ms at 16 MiB, drawn
-// chunks 342-349 us and 9.6-10.1 ms; pinned two per core, both took about 320-340 us and 9.1-9.6
-// ms. The counter only grows: a call's tickets start
-// where the previous call's ended, which every rank knows (each call draws its chunks plus one
-// failed ticket per rank). Where the page cannot be shared (or DTRAIN_DIRECT_CLAIMS=0), each rank
-// takes the chunks of its own 1/N slice.
+// chunks 340-349 us and 8.6-10.1 ms; pinned two per core, both took about 320-360 us and
+// 8.5-9.6 ms. The counter only grows: a call's tickets start where the previous call's ended,
+// which every rank knows (each call draws its chunks plus one failed ticket per rank). Where the
+// page cannot be shared (or DTRAIN_DIRECT_CLAIMS=0), each rank takes the chunks of its own 1/N
+// slice.
 //
 // Only the rank that took a chunk touches it in any buffer (it reads the chunk everywhere before
 // it overwrites it anywhere), so the ranks need no ordering among themselves while they work.
