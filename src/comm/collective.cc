@@ -120,6 +120,13 @@ CollectiveContext::RequestPtr CollectiveContext::recv(int peer, void* data, size
   return p->irecv(tag_, data, bytes, deadline_, call_.fingerprint());
 }
 
+CollectiveContext::RequestPtr CollectiveContext::recv_reduce(int peer, void* data, size_t bytes) {
+  auto* p = pair(peer);
+  touch(p);
+  return p->irecv_reduce(tag_, data, bytes, deadline_, call_.fingerprint(),
+                         {call_.dtype, call_.op});
+}
+
 void CollectiveContext::wait(std::span<const RequestPtr> requests) {
   std::vector<transport::tcp::Request*> raw;
   raw.reserve(requests.size());

@@ -76,6 +76,9 @@ class CollectiveContext {
   using RequestPtr = std::shared_ptr<transport::tcp::Request>;
   RequestPtr send(int peer, const void* data, size_t bytes);
   RequestPtr recv(int peer, void* data, size_t bytes);
+  // Receives `bytes` and reduces them into `data` with the call's op as they arrive, with no
+  // scratch buffer (Pair::irecv_reduce). The caller leaves `data` alone until it completes.
+  RequestPtr recv_reduce(int peer, void* data, size_t bytes);
   // Waits for the requests, busy-polling every pair this collective has used so far.
   void wait(std::span<const RequestPtr> requests);
   void wait(const RequestPtr& r) { wait(std::span<const RequestPtr>(&r, 1)); }

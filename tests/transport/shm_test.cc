@@ -193,6 +193,41 @@ TEST(Shm, RingOfSendsLargerThanTheRingWaitSendFirst) {
   for (auto& r : results) EXPECT_TRUE(r.ok());
 }
 
+// A receive posted while the event loop drains a message nobody has asked for yet, with
+// another receive already posted on the pair (so the loop also wants the peer's doorbells): the
+// loop stops reading for the thread that waits to post, and must then let it in. It once kept
+// the pair's lock, looking at the non-empty ring, and the post never returned (seen once in
+// about 150 runs of the backend suite; a stream of 64 MiB through the 1 MiB ring makes the
+// window wide).
+TEST(Shm, ReceivePostedWhileTheLoopDrainsAnEarlyMessage) {
+  const int port = free_port();
+  const std::string job = unique_job("shm-postwhiledraining");
+  auto results = run_ranks(2, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_CMA", "0", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto pg = make_group(rank, 2, port, {}, 20s);
+    for (uint32_t i = 0; i < 6; ++i) {
+      auto large = pattern(size_t{64} << 20, i);
+      std::vector<uint8_t> small(8, static_cast<uint8_t>(i));
+      if (rank == 0) {
+        pg->send(TensorView::of(large), 1, 1);
+        pg->send(TensorView::of(small), 1, 2);
+      } else {
+        std::vector<uint8_t> got_small(8), got_large(large.size());
+        auto r2 = pg->irecv(TensorView::of(got_small), 0, 2);
+        std::this_thread::sleep_for(15ms);  // the large message is streaming in meanwhile
+        auto r1 = pg->irecv(TensorView::of(got_large), 0, 1);
+        r1->wait();
+        r2->wait();
+        RANK_CHECK(got_large == large && got_small == small, "round {}: messages differ", i);
+      }
+      pg->barrier()->wait();
+    }
+  }, 60s);
+  for (auto& r : results) EXPECT_TRUE(r.ok());
+}
+
 void make_segment_file(const std::string& name) {
   int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
   ASSERT_GE(fd, 0);

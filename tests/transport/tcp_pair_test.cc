@@ -8,7 +8,12 @@
 #include <thread>
 #include <vector>
 
+#include "common/deadline.h"
+#include "common/reduce.h"
 #include "dtrain/error.h"
+#include "dtrain/store.h"
+#include "transport/tcp/device.h"
+#include "transport/tcp/pair.h"
 #include "support/expect.h"
 #include "support/group.h"
 #include "support/multiproc.h"
@@ -161,6 +166,93 @@ TEST(TcpPair, EarlyMessagesComeOutIntactAndALateReceiveJoinsMidMessage) {
       std::this_thread::sleep_for(2ms);
       pg->recv(TensorView::of(in), 0, 8);
       RANK_CHECK(in == large, "the message joined mid-way differs");
+    }
+  }, 60s));
+}
+
+// A reducing receive (what the TCP all-reduces use for their reduce-scatter half) adds what
+// arrives into the buffer: f64 sums posted before the data (elements split between two reads
+// wait for their other half: the loopback segment size is odd), an i32 message that arrived
+// whole before its receive (reduced out of the pair's buffer), an f16 receive joining a 32 MiB
+// message mid-way, and sizes that are no whole number of elements refused. Values are exact, so
+// any lost or doubled byte shows.
+TEST(TcpPair, ReducingReceiveCombinesAsItArrives) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    TcpStoreOptions so;
+    so.host = "127.0.0.1";
+    so.port = static_cast<uint16_t>(port);
+    so.is_server = rank == 0;
+    so.rank = rank;
+    TcpStore store(so);
+    transport::tcp::DeviceOptions d;
+    d.rank = rank;
+    d.size = 2;
+    d.advertise_addr = "127.0.0.1";
+    d.transport = "tcp";
+    transport::tcp::Device device(store, d);
+    auto& pair = *device.pair(1 - rank);
+    const auto deadline = Deadline::after(30s);
+    auto wait = [&](const std::shared_ptr<transport::tcp::Request>& r) { pair.wait(*r, deadline); };
+    using Reduction = transport::tcp::Request::Reduction;
+    std::vector<uint8_t> go(1);
+
+    constexpr size_t kF64 = (size_t{8} << 20) / 8 + 7;
+    constexpr size_t kI32 = 300'001;
+    constexpr size_t kF16 = (size_t{32} << 20) / 2;
+    if (rank == 0) {
+      std::vector<double> f64(kF64);
+      for (size_t i = 0; i < kF64; ++i) f64[i] = 3.0 * static_cast<double>(i) + 0.5;
+      std::vector<int32_t> i32(kI32);
+      for (size_t i = 0; i < kI32; ++i) i32[i] = static_cast<int32_t>(i % 1000) - 500;
+      std::vector<uint16_t> f16(kF16);
+      for (size_t i = 0; i < kF16; ++i) f16[i] = f32_to_f16_bits(static_cast<float>((i * 7) % 1000));
+      wait(pair.irecv(1, go.data(), 1, deadline));  // rank 1 has posted its f64 receive
+      wait(pair.isend(2, f64.data(), kF64 * 8, deadline));
+      wait(pair.isend(3, i32.data(), kI32 * 4, deadline));
+      wait(pair.isend(7, go.data(), 1, deadline));
+      wait(pair.irecv(4, go.data(), 1, deadline));
+      wait(pair.isend(5, f16.data(), kF16 * 2, deadline));
+    } else {
+      std::vector<double> f64(kF64);
+      for (size_t i = 0; i < kF64; ++i) f64[i] = static_cast<double>(i);
+      auto r = pair.irecv_reduce(2, f64.data(), kF64 * 8, deadline, 0,
+                                 Reduction{DType::kF64, ReduceOp::kSum});
+      wait(pair.isend(1, go.data(), 1, deadline));
+      wait(r);
+      for (size_t i = 0; i < kF64; ++i)
+        RANK_CHECK(f64[i] == 4.0 * static_cast<double>(i) + 0.5, "f64[{}] = {}", i, f64[i]);
+
+      // The i32 message is read whole into a buffer of the pair before its receive is posted.
+      wait(pair.irecv(7, go.data(), 1, deadline));
+      std::vector<int32_t> i32(kI32, 17);
+      wait(pair.irecv_reduce(3, i32.data(), kI32 * 4, deadline, 0,
+                             Reduction{DType::kI32, ReduceOp::kMax}));
+      for (size_t i = 0; i < kI32; ++i)
+        RANK_CHECK(i32[i] == std::max<int32_t>(17, static_cast<int32_t>(i % 1000) - 500),
+                   "i32[{}] = {}", i, i32[i]);
+
+      std::vector<uint16_t> f16(kF16);
+      for (size_t i = 0; i < kF16; ++i) f16[i] = f32_to_f16_bits(static_cast<float>(i % 1000));
+      wait(pair.isend(4, go.data(), 1, deadline));
+      // Long enough for the first bytes to land, short of the whole message on this machine.
+      std::this_thread::sleep_for(2ms);
+      wait(pair.irecv_reduce(5, f16.data(), kF16 * 2, deadline, 0,
+                             Reduction{DType::kF16, ReduceOp::kSum}));
+      for (size_t i = 0; i < kF16; ++i) {
+        const float want = static_cast<float>(i % 1000 + (i * 7) % 1000);
+        RANK_CHECK(f16_bits_to_f32(f16[i]) == want, "f16[{}] = {}, expected {}", i,
+                   f16_bits_to_f32(f16[i]), want);
+      }
+
+      std::string error;
+      try {
+        pair.irecv_reduce(6, f64.data(), 12, deadline, 0, Reduction{DType::kF64, ReduceOp::kSum});
+      } catch (const InvalidArgumentError& e) {
+        error = e.what();
+      }
+      for (const char* part : {"rank 1:", "from rank 0", "12 bytes", "f64"})
+        RANK_CHECK(error.find(part) != std::string::npos, "'{}' lacks '{}'", error, part);
     }
   }, 60s));
 }

@@ -47,7 +47,10 @@ void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count) 
   const int right = (r + 1) % n, left = (r - 1 + n) % n;
   auto seg = [&](int i) { return segment(count, n, ((i % n) + n) % n); };
   const size_t max_seg_bytes = segment(count, n, 0).count * elem;
-  std::byte* scratch = ctx.scratch(2 * max_seg_bytes);
+  // Over TCP the pair reduces each chunk into `data` as it arrives (Pair::irecv_reduce): no
+  // segment is sent before it has been received into, so nothing else touches it meanwhile.
+  const bool reducing = !ctx.on_shared_memory(left);
+  std::byte* scratch = reducing ? nullptr : ctx.scratch(2 * max_seg_bytes);
 
   // Step s sends segment r-s-1 and receives segment r-s-2; after N-1 steps segment r is done.
   // Receives for step s+1 are posted (into the other half of the scratch) before step s is
@@ -57,23 +60,26 @@ void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count) 
     sends.push_back(ctx.send(right, data + c.offset * elem, c.count * elem));
   auto post_recvs = [&](int s) {
     const Segment in_seg = seg(r - s - 2);
-    std::byte* buf = scratch + (s % 2) * max_seg_bytes;
+    std::byte* buf = reducing ? nullptr : scratch + (s % 2) * max_seg_bytes;
     std::vector<CollectiveContext::RequestPtr> recvs;
     for (const Chunk& c : chunks_of(in_seg, elem))
-      recvs.push_back(ctx.recv(left, buf + (c.offset - in_seg.offset) * elem, c.count * elem));
+      recvs.push_back(
+          reducing ? ctx.recv_reduce(left, data + c.offset * elem, c.count * elem)
+                   : ctx.recv(left, buf + (c.offset - in_seg.offset) * elem, c.count * elem));
     return recvs;
   };
   auto recvs = post_recvs(0);
   for (int s = 0; s < n - 1; ++s) {
     const Segment in_seg = seg(r - s - 2);
-    std::byte* buf = scratch + (s % 2) * max_seg_bytes;
     auto next = s + 1 < n - 1 ? post_recvs(s + 1) : std::vector<CollectiveContext::RequestPtr>{};
     const auto chunks = chunks_of(in_seg, elem);
     for (size_t i = 0; i < chunks.size(); ++i) {
       ctx.wait(recvs[i]);
       const Chunk& c = chunks[i];
-      reduce_into(data + c.offset * elem, buf + (c.offset - in_seg.offset) * elem, c.count,
-                  ctx.call().dtype, ctx.call().op);
+      if (!reducing)
+        reduce_into(data + c.offset * elem,
+                    scratch + (s % 2) * max_seg_bytes + (c.offset - in_seg.offset) * elem,
+                    c.count, ctx.call().dtype, ctx.call().op);
       // The reduced chunk is what the next step sends: forward it at once.
       if (s + 1 < n - 1) sends.push_back(ctx.send(right, data + c.offset * elem, c.count * elem));
     }

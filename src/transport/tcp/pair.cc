@@ -21,6 +21,7 @@
 #include "common/check.h"
 #include "common/error_message.h"
 #include "common/log.h"
+#include "common/reduce.h"
 #include "dtrain/error.h"
 #include "transport/tag.h"
 #include "transport/tcp/loop.h"
@@ -165,12 +166,20 @@ std::shared_ptr<Request> Pair::isend(uint64_t tag, const void* data, size_t size
   r->wire.header.size = size;
   r->wire.header.aux = aux;
   std::unique_lock lock = lock_to_post();
+  post_send_locked(r);
+  // Whatever happened, look at the stream again: a reader that stopped for this thread (see
+  // posters_) counts on it.
+  rearm_locked();
+  return r;
+}
+
+void Pair::post_send_locked(const std::shared_ptr<Request>& r) {
   r->seq = ++send_seq_;
   if (auto e = refuse_locked(*r)) {
     r->completion.fail(e);
-    return r;
+    return;
   }
-  if (shm_ && size >= kCmaMinBytes) {
+  if (shm_ && r->size >= kCmaMinBytes) {
     if (cma_state_ < 0) {
       cma_state_ = shm_->segment.peer_reads_us(creator_) ? 1 : 0;
       DTRAIN_LOG_DEBUG("rank {}: large messages to {} go {}", options_.self_rank, peer_text(),
@@ -186,8 +195,6 @@ std::shared_ptr<Request> Pair::isend(uint64_t tag, const void* data, size_t size
   }
   send_queue_.push_back(r);
   if (send_queue_.size() == 1) progress_send_locked();  // write straight away when idle
-  rearm_locked();
-  return r;
 }
 
 std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Deadline deadline,
@@ -199,12 +206,46 @@ std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Dead
   r->data = static_cast<std::byte*>(data);
   r->size = size;
   r->deadline = deadline;
+  return post_recv(std::move(r));
+}
+
+std::shared_ptr<Request> Pair::irecv_reduce(uint64_t tag, void* data, size_t size,
+                                            Deadline deadline, uint64_t expected_aux,
+                                            Request::Reduction reduce) {
+  check_reduce_op(reduce.dtype, reduce.op);
+  const size_t elem = element_size(reduce.dtype);
+  if (size % elem != 0)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: a reducing receive from rank {} of {} bytes is not a whole number of {} "
+        "elements ({} bytes each)",
+        options_.self_rank, options_.peer_rank, size, to_string(reduce.dtype), elem));
+  auto r = std::make_shared<Request>();
+  r->expected_aux = expected_aux;
+  r->kind = Request::Kind::kRecv;
+  r->tag = tag;
+  r->data = static_cast<std::byte*>(data);
+  r->size = size;
+  r->deadline = deadline;
+  r->reduce = reduce;
+  return post_recv(std::move(r));
+}
+
+std::shared_ptr<Request> Pair::post_recv(std::shared_ptr<Request> r) {
   r->pair = shared_from_this();
   std::unique_lock lock = lock_to_post();
+  post_recv_locked(r);
+  // Whatever happened (on shared memory, a posted receive also wants the peer's doorbells),
+  // look at the stream again: a reader that stopped for this thread (see posters_) counts on it.
+  rearm_locked();
+  return r;
+}
+
+void Pair::post_recv_locked(const std::shared_ptr<Request>& r) {
+  const uint64_t tag = r->tag;
   r->seq = ++recv_seq_;
   if (failed_groups_.count(group_of(tag))) {
     r->completion.fail(refuse_locked(*r));
-    return r;
+    return;
   }
   // A message with this tag may already be here (or arriving): the stream is sequential, so
   // only the newest unexpected message can still be incomplete. Messages that arrived before
@@ -214,33 +255,34 @@ std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Dead
     if (u.complete()) {
       deliver_unexpected(u, *r);
       recycle_locked(unexpected_.take_front(tag));
-      return r;
+      return;
     }
     if (!u.claimant && !broken_) {
       r->matched = true;
       if (&u == rx_unexpected_ && u.size == r->size &&
           (r->expected_aux == 0 || r->expected_aux == u.aux)) {
-        // Still arriving: keep what came, and let the rest stream straight into the receive.
-        if (u.done > 0) std::memcpy(r->data, u.bytes.get(), u.done);
-        r->done = u.done;
+        // Still arriving: keep what came, and let the rest stream straight into the receive
+        // (the bytes of an element cut in two wait in the bounce buffer for the rest of it).
+        const size_t elem = r->reduce ? element_size(r->reduce->dtype) : 1;
+        const size_t whole = u.done - u.done % elem;
+        land_locked(*r, u.bytes.get(), whole);
+        rx_carry_ = u.done - whole;
+        if (rx_carry_ > 0) std::memcpy(bounce_locked(), u.bytes.get() + whole, rx_carry_);
         rx_unexpected_ = nullptr;
         recycle_locked(unexpected_.take_front(tag));
         rx_request_ = r;
         rx_state_ = RxState::kIntoRequest;
-        rearm_locked();  // on shared memory, a posted receive now wants the peer's doorbells
-        return r;
+        return;
       }
       u.claimant = r;
-      return r;
+      return;
     }
   }
   if (auto e = refuse_locked(*r)) {
     r->completion.fail(e);
-    return r;
+    return;
   }
   posted_.push_back(tag, r);
-  rearm_locked();
-  return r;
 }
 
 std::exception_ptr Pair::refuse_locked(const Request& r) const {
@@ -340,9 +382,23 @@ bool Pair::reject_frame(Request& r, uint64_t size, uint64_t aux) {
 
 void Pair::deliver_unexpected(Unexpected& u, Request& r) {
   if (reject_frame(r, u.size, u.aux)) return;
-  if (r.size > 0) std::memcpy(r.data, u.bytes.get(), r.size);
-  r.done = r.size;
+  land_locked(r, u.bytes.get(), r.size);
   r.completion.succeed();
+}
+
+void Pair::land_locked(Request& r, const std::byte* bytes, size_t n) {
+  if (n == 0) return;
+  if (r.reduce)
+    reduce_into(r.data + r.done, bytes, n / element_size(r.reduce->dtype), r.reduce->dtype,
+                r.reduce->op);
+  else
+    std::memcpy(r.data + r.done, bytes, n);
+  r.done += n;
+}
+
+std::byte* Pair::bounce_locked() {
+  if (!bounce_) bounce_ = std::make_unique_for_overwrite<std::byte[]>(kBounceBytes);
+  return bounce_.get();
 }
 
 bool Pair::wants_to_write() {
@@ -444,8 +500,14 @@ void Pair::progress_recv_locked() {
         want = sizeof(CmaDescriptor) - rx_cma_done_;
         break;
       case RxState::kIntoRequest:
-        target = rx_request_->data + rx_request_->done;
-        want = rx_request_->size - rx_request_->done;
+        if (rx_request_->reduce) {
+          target = bounce_locked() + rx_carry_;
+          want = std::min(rx_request_->size - rx_request_->done - rx_carry_,
+                          kBounceBytes - rx_carry_);
+        } else {
+          target = rx_request_->data + rx_request_->done;
+          want = rx_request_->size - rx_request_->done;
+        }
         break;
       case RxState::kIntoUnexpected:
         if (unexpected_budget == 0 || posters_.load(std::memory_order_relaxed) > 0) return;
@@ -493,7 +555,15 @@ void Pair::progress_recv_locked() {
         }
         break;
       case RxState::kIntoRequest:
-        rx_request_->done += got;
+        if (rx_request_->reduce) {
+          const size_t have = rx_carry_ + got;
+          const size_t whole = have - have % element_size(rx_request_->reduce->dtype);
+          land_locked(*rx_request_, bounce_.get(), whole);
+          rx_carry_ = have - whole;
+          if (rx_carry_ > 0) std::memmove(bounce_.get(), bounce_.get() + whole, rx_carry_);
+        } else {
+          rx_request_->done += got;
+        }
         if (rx_request_->done == rx_request_->size) {
           rx_request_->completion.succeed();
           rx_request_.reset();
@@ -589,6 +659,7 @@ void Pair::on_frame_header_locked() {
       r->completion.succeed();
       return;
     }
+    rx_carry_ = 0;
     rx_request_ = std::move(r);
     rx_state_ = RxState::kIntoRequest;
     return;
@@ -686,10 +757,18 @@ void Pair::on_cma_descriptor_locked() {
     target = u->bytes.get();
     unexpected_.push_back(h.tag, std::move(fresh));
   }
-  if (target != nullptr && size > 0 && !pull(target, rx_cma_.address, size)) {
-    fail_locked(connection_error(
-        fmt::format("copying {} bytes out of its memory (cross-memory attach)", size), errno));
-    return;
+  // A reducing receive pulls through the bounce buffer, a piece at a time.
+  const bool bounce = r && target != nullptr && r->reduce;
+  const size_t piece = bounce ? kBounceBytes - kBounceBytes % element_size(r->reduce->dtype)
+                              : std::max<size_t>(size, 1);
+  for (size_t at = 0; target != nullptr && at < size; at += piece) {
+    const size_t n = std::min(piece, size - at);
+    if (!pull(bounce ? bounce_locked() : target + at, rx_cma_.address + at, n)) {
+      fail_locked(connection_error(
+          fmt::format("copying {} bytes out of its memory (cross-memory attach)", size), errno));
+      return;
+    }
+    if (bounce) land_locked(*r, bounce_.get(), n);
   }
   bytes_moved_ += size;
   if (r && target != nullptr) {
@@ -855,6 +934,9 @@ void Pair::rearm_locked() {
       progress_locked();
       if (bytes_moved_ != before) wake_own_bell();
       if (broken_) return;
+      // Nothing moved because the reader stops for a thread waiting to post (posters_): let it
+      // in. It rearms once it has posted; looping here would hold the lock it waits for.
+      if (bytes_moved_ == before && posters_.load(std::memory_order_relaxed) > 0) break;
     }
   }
   uint32_t events =

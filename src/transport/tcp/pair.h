@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -35,6 +36,8 @@
 #include "common/completion.h"
 #include "common/deadline.h"
 #include "common/socket.h"
+#include "dtrain/reduce_op.h"
+#include "dtrain/tensor.h"
 #include "transport/shm/segment.h"
 #include "transport/tcp/message.h"
 #include "transport/tcp/tag_queues.h"
@@ -69,6 +72,13 @@ struct Request {
   bool matched = false;     // receives: an incoming frame is being read into this request
   uint64_t expected_aux = 0;  // receives: fail unless the frame's aux equals this (0 = any)
   uint64_t received_aux = 0;  // receives: the aux of a frame that did not match
+  // Receives: combine the payload into `data` (data[i] = data[i] op payload[i]) instead of
+  // overwriting it; see Pair::irecv_reduce.
+  struct Reduction {
+    DType dtype;
+    ReduceOp op;
+  };
+  std::optional<Reduction> reduce;
 
   std::shared_ptr<Pair> pair;
 
@@ -114,6 +124,14 @@ class Pair : public std::enable_shared_from_this<Pair> {
   void fail_group(uint32_t group_id, std::exception_ptr error);
   std::shared_ptr<Request> irecv(uint64_t tag, void* data, size_t size, Deadline deadline,
                                  uint64_t expected_aux = 0);
+  // A receive that reduces the payload into `data` as it arrives (data[i] = data[i] op
+  // payload[i]), a piece at a time through a small buffer of the pair that stays in cache,
+  // instead of landing it in a scratch buffer the size of the message for the caller to reduce
+  // afterwards: one write and one read of the message's size to memory less (halving-doubling
+  // over TCP at 2 ranks: 16 MiB 7.8 -> 6.9 ms, 64 MiB 31.6 -> 27.8 ms). Nothing else may read
+  // or write `data` until the request completes; `size` must be a multiple of the dtype's size.
+  std::shared_ptr<Request> irecv_reduce(uint64_t tag, void* data, size_t size, Deadline deadline,
+                                        uint64_t expected_aux, Request::Reduction reduce);
 
   // Waits for the request until `deadline`; on expiry the request is cancelled and fails with
   // TimeoutError. Rethrows the request's error.
@@ -208,8 +226,15 @@ class Pair : public std::enable_shared_from_this<Pair> {
   static bool cross_copy(int pid, std::byte* local, uint64_t address, size_t size, bool write);
   void copy_peer(std::byte* local, uint64_t address, size_t size, bool write);
   void queue_frame_locked(uint32_t flags, uint64_t tag);
+  std::shared_ptr<Request> post_recv(std::shared_ptr<Request> r);
+  void post_send_locked(const std::shared_ptr<Request>& r);
+  void post_recv_locked(const std::shared_ptr<Request>& r);
   void finish_unexpected_locked(Unexpected& u);
   void deliver_unexpected(Unexpected& u, Request& r);
+  // Puts `n` received payload bytes at the request's current position (r.done), reducing them
+  // into it for irecv_reduce; a reducing receive takes whole elements only.
+  void land_locked(Request& r, const std::byte* bytes, size_t n);
+  std::byte* bounce_locked();
   // Fails r if a frame of `size` bytes with `aux` cannot go into it; true when it failed.
   bool reject_frame(Request& r, uint64_t size, uint64_t aux);
   void fail_locked(std::exception_ptr error);
@@ -277,6 +302,11 @@ class Pair : public std::enable_shared_from_this<Pair> {
   std::deque<std::shared_ptr<Request>> cma_pending_;  // sends the peer is copying out
   int cma_state_ = -1;  // -1 unknown, 0 the peer cannot read our memory, 1 it can
   std::shared_ptr<Request> rx_request_;
+  // Reducing receives (irecv_reduce) read the socket into this and reduce from it; it holds
+  // the bytes of an element split between two reads (rx_carry_ of them) in between.
+  static constexpr size_t kBounceBytes = size_t{256} << 10;
+  std::unique_ptr<std::byte[]> bounce_;
+  size_t rx_carry_ = 0;
   Unexpected* rx_unexpected_ = nullptr;
   uint64_t rx_discard_left_ = 0;
   uint64_t bytes_moved_ = 0;  // both directions, ever: tells a spinning waiter it is progressing
