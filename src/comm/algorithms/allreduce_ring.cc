@@ -4,7 +4,8 @@
 // its right neighbour and reduces the one arriving from its left, so that rank r ends with
 // segment r fully reduced; in N-1 all-gather steps the reduced segments travel once around the
 // ring. Segments move in chunks, and a chunk is forwarded as soon as it is reduced (or, in the
-// all-gather, as soon as it arrives), so sending, receiving and reducing overlap.
+// all-gather, as soon as it arrives), so sending, receiving and reducing overlap. Over TCP a
+// chunk is added into place as it comes off the socket (Pair::irecv_reduce), with no scratch.
 //
 // Cost: 2(N-1) alpha + 2(N-1)/N M beta + (N-1)/N M gamma. Bandwidth-optimal; the latency term
 // grows with N, so small messages prefer recursive doubling.
@@ -53,8 +54,8 @@ void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count) 
   std::byte* scratch = reducing ? nullptr : ctx.scratch(2 * max_seg_bytes);
 
   // Step s sends segment r-s-1 and receives segment r-s-2; after N-1 steps segment r is done.
-  // Receives for step s+1 are posted (into the other half of the scratch) before step s is
-  // reduced, so the next segment streams in while this one is being added up.
+  // Receives for step s+1 are posted (on shared memory into the other half of the scratch)
+  // before step s is reduced, so the next segment streams in while this one is being added up.
   std::vector<CollectiveContext::RequestPtr> sends;
   for (const Chunk& c : chunks_of(seg(r - 1), elem))
     sends.push_back(ctx.send(right, data + c.offset * elem, c.count * elem));
