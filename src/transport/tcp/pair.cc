@@ -102,9 +102,9 @@ ErrorKind kind_of(std::exception_ptr e) {
 
 std::string Request::describe() const {
   const bool send = kind == Kind::kSend;
-  return fmt::format("{} #{} {} rank {} ({}), {}, {} bytes", send ? "send" : "recv", seq,
+  return fmt::format("{} #{} {} rank {} ({}, {}), {}, {} bytes", send ? "send" : "recv", seq,
                      send ? "to" : "from", pair->peer_rank(), pair->peer_address(),
-                     describe_tag(tag), size);
+                     pair->transport(), describe_tag(tag), size);
 }
 
 Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options,

@@ -82,7 +82,7 @@ struct Request {
 
   std::shared_ptr<Pair> pair;
 
-  // "send #3 to rank 1 (127.0.0.1:4567), tag 7, 4096 bytes"
+  // "send #3 to rank 1 (127.0.0.1:4567, tcp), tag 7, 4096 bytes"
   std::string describe() const;
 };
 
