@@ -197,7 +197,9 @@ void Pair::post_send_locked(const std::shared_ptr<Request>& r) {
   if (send_queue_.size() == 1) progress_send_locked();  // write straight away when idle
 }
 
-std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Deadline deadline,
+namespace {
+
+std::shared_ptr<Request> new_receive(uint64_t tag, void* data, size_t size, Deadline deadline,
                                      uint64_t expected_aux) {
   auto r = std::make_shared<Request>();
   r->expected_aux = expected_aux;
@@ -206,7 +208,14 @@ std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Dead
   r->data = static_cast<std::byte*>(data);
   r->size = size;
   r->deadline = deadline;
-  return post_recv(std::move(r));
+  return r;
+}
+
+}  // namespace
+
+std::shared_ptr<Request> Pair::irecv(uint64_t tag, void* data, size_t size, Deadline deadline,
+                                     uint64_t expected_aux) {
+  return post_recv(new_receive(tag, data, size, deadline, expected_aux));
 }
 
 std::shared_ptr<Request> Pair::irecv_reduce(uint64_t tag, void* data, size_t size,
@@ -219,13 +228,7 @@ std::shared_ptr<Request> Pair::irecv_reduce(uint64_t tag, void* data, size_t siz
         "rank {}: a reducing receive from rank {} of {} bytes is not a whole number of {} "
         "elements ({} bytes each)",
         options_.self_rank, options_.peer_rank, size, to_string(reduce.dtype), elem));
-  auto r = std::make_shared<Request>();
-  r->expected_aux = expected_aux;
-  r->kind = Request::Kind::kRecv;
-  r->tag = tag;
-  r->data = static_cast<std::byte*>(data);
-  r->size = size;
-  r->deadline = deadline;
+  auto r = new_receive(tag, data, size, deadline, expected_aux);
   r->reduce = reduce;
   return post_recv(std::move(r));
 }
