@@ -22,6 +22,8 @@ namespace {
 
 // Long enough to mean "until the job ends", short enough not to overflow a deadline.
 constexpr std::chrono::milliseconds kJobLifetime = std::chrono::hours(24 * 365);
+// How long the scheduler waits, when every server is done, for the servers to hang up.
+constexpr std::chrono::milliseconds kSchedulerLinger{5'000};
 
 }  // namespace
 
@@ -54,9 +56,13 @@ int run_server_from_env(ServerOptions options) {
     store = std::make_unique<TcpStore>(so);
   }
   if (cluster.role == Cluster::Role::kScheduler) {
-    // Serve the store until every server has finished.
+    // Serve the store until every server has finished, then until they have hung up: the last
+    // server's set of its done key is answered only after it woke this wait, and a store gone
+    // before the answer fails that server as if the job had crashed.
     store->wait({fmt::format("ps/server_done/{}", cluster.num_servers - 1)},
                 kJobLifetime);
+    store.reset();
+    store_server->stop(kSchedulerLinger);
     return 0;
   }
   if (cluster.role != Cluster::Role::kServer)
