@@ -82,7 +82,7 @@ Device::Device(Store& store, const DeviceOptions& options)
     std::string peer_addr = peer < rank ? store.get_string(address_key(options_.group_name, peer))
                                         : net::peer_name(fd.get());
     PairOptions po{rank, peer, peer_addr, options_.group_name, options_.spin,
-                   options_.oversubscribed,
+                   options_.oversubscribed, hosts_[peer] == hosts_[rank],
                    [this](uint64_t tag, int from, std::string text) {
                      on_notice(tag, from, std::move(text));
                    },

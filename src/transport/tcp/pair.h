@@ -93,6 +93,7 @@ struct PairOptions {
   std::string group_name;         // for error messages
   std::chrono::microseconds spin{50};  // busy-poll before sleeping
   bool oversubscribed = false;  // more ranks on this host than cores: poll with sched_yield
+  bool same_host = false;       // the peer runs on this host (TCP goes over loopback)
   // Called (with this pair's lock held: it must not call back into pairs) when the peer reports
   // that a group failed on its side.
   std::function<void(uint64_t tag, int peer, std::string text)> on_group_failed;
@@ -102,7 +103,9 @@ struct PairOptions {
 
 class Pair : public std::enable_shared_from_this<Pair> {
  public:
-  static constexpr int kSocketBufferBytes = 2 << 20;  // SO_SNDBUF/SO_RCVBUF of TCP pairs
+  // SO_SNDBUF/SO_RCVBUF of TCP pairs to other hosts, and over loopback (see the constructor).
+  static constexpr int kSocketBufferBytes = 2 << 20;
+  static constexpr int kLoopbackSocketBufferBytes = 512 << 10;
 
   friend void wait_requests(std::span<Request* const>, std::span<Pair* const>, const Deadline&,
                             bool);
