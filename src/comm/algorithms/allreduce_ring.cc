@@ -52,6 +52,10 @@ void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count) 
   // segment is sent before it has been received into, so nothing else touches it meanwhile.
   const bool reducing = !ctx.on_shared_memory(left);
   std::byte* scratch = reducing ? nullptr : ctx.scratch(2 * max_seg_bytes);
+  // Shared memory: where chunk `c` of step s's segment lands (the halves alternate by step).
+  auto landing = [&](int s, const Segment& in_seg, const Chunk& c) {
+    return scratch + (s % 2) * max_seg_bytes + (c.offset - in_seg.offset) * elem;
+  };
 
   // Step s sends segment r-s-1 and receives segment r-s-2; after N-1 steps segment r is done.
   // Receives for step s+1 are posted (on shared memory into the other half of the scratch)
@@ -61,12 +65,10 @@ void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count) 
     sends.push_back(ctx.send(right, data + c.offset * elem, c.count * elem));
   auto post_recvs = [&](int s) {
     const Segment in_seg = seg(r - s - 2);
-    std::byte* buf = reducing ? nullptr : scratch + (s % 2) * max_seg_bytes;
     std::vector<CollectiveContext::RequestPtr> recvs;
     for (const Chunk& c : chunks_of(in_seg, elem))
-      recvs.push_back(
-          reducing ? ctx.recv_reduce(left, data + c.offset * elem, c.count * elem)
-                   : ctx.recv(left, buf + (c.offset - in_seg.offset) * elem, c.count * elem));
+      recvs.push_back(reducing ? ctx.recv_reduce(left, data + c.offset * elem, c.count * elem)
+                               : ctx.recv(left, landing(s, in_seg, c), c.count * elem));
     return recvs;
   };
   auto recvs = post_recvs(0);
@@ -78,9 +80,8 @@ void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count) 
       ctx.wait(recvs[i]);
       const Chunk& c = chunks[i];
       if (!reducing)
-        reduce_into(data + c.offset * elem,
-                    scratch + (s % 2) * max_seg_bytes + (c.offset - in_seg.offset) * elem,
-                    c.count, ctx.call().dtype, ctx.call().op);
+        reduce_into(data + c.offset * elem, landing(s, in_seg, c), c.count, ctx.call().dtype,
+                    ctx.call().op);
       // The reduced chunk is what the next step sends: forward it at once.
       if (s + 1 < n - 1) sends.push_back(ctx.send(right, data + c.offset * elem, c.count * elem));
     }
