@@ -123,11 +123,15 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   CallHistory history_;
   std::unique_ptr<Watchdog> watchdog_;
 
-  std::mutex mu_;  // guards next_seq_, children_, failure_
+  std::mutex mu_;  // guards next_seq_, children_, failure_, failed_seq_, mismatch_seq_
   uint32_t next_seq_ = 0;
   uint32_t children_ = 0;
   std::exception_ptr failure_;  // set once a collective failed: the group is unusable
   uint32_t failed_seq_ = 0;     // ... and which one
+  // The first mismatch a peer's message showed (Device::GroupHandlers::mismatch): the next
+  // collective fails with it at once, should the one it concerns be over already.
+  std::exception_ptr mismatch_;
+  uint32_t mismatch_seq_ = 0;
 };
 
 }  // namespace dtrain::comm

@@ -33,6 +33,13 @@ void CallHistory::finished(uint32_t seq) {
   if (seq > last_finished_) last_finished_ = seq;
 }
 
+std::optional<CollectiveCall> CallHistory::call(uint32_t seq) const {
+  std::lock_guard lock(mu_);
+  const Entry& e = calls_[seq % kKeep];
+  if (seq == 0 || e.seq != seq) return std::nullopt;
+  return e.call;
+}
+
 std::string CallHistory::describe(uint32_t seq) const {
   std::lock_guard lock(mu_);
   const Entry& e = calls_[seq % kKeep];

@@ -193,13 +193,35 @@ void NativeProcessGroup::start() {
     int group_peer = peer;
     for (int i = 0; i < size_; ++i)
       if (members_[i] == peer) group_peer = i;
-    const std::string text = fmt::format(
-        "rank {}: collective #{} of group {}: rank {} called {} while this rank called {}; every "
-        "rank of a group must call the same collectives in the same order with the same arguments",
-        rank_, seq, name_, group_peer, CollectiveCall::from_fingerprint(theirs).describe(),
-        CollectiveCall::from_fingerprint(ours).describe());
-    // Fails the running collective here; its failure path tells the peers.
-    device_->fail_group(group_id_, 0, {}, std::make_exception_ptr(InvalidArgumentError(text)), {});
+    const std::string their_call = CollectiveCall::from_fingerprint(theirs).describe();
+    constexpr std::string_view kRule =
+        "every rank of a group must call the same collectives in the same order with the same "
+        "arguments";
+    std::string text;
+    if (ours != 0) {
+      text = fmt::format("rank {}: collective #{} of group {}: rank {} called {} while this rank "
+                         "called {}; {}",
+                         rank_, seq, name_, group_peer, their_call,
+                         CollectiveCall::from_fingerprint(ours).describe(), kRule);
+    } else if (auto mine = history_.call(seq); mine && mine->fingerprint() == theirs) {
+      text = fmt::format("rank {}: collective #{} of group {}, {}: rank {} sent a message this "
+                         "rank never received: the two ran it with different algorithms; "
+                         "DTRAIN_ALGO and the `algorithm` option must be the same on every rank",
+                         rank_, seq, name_, their_call, group_peer);
+    } else {
+      // The collective is over here: without this check both ranks would have gone on.
+      text = fmt::format("rank {}: collective #{} of group {}: rank {} called {} while this rank "
+                         "{}; {}",
+                         rank_, seq, name_, group_peer, their_call, history_.describe(seq), kRule);
+      DTRAIN_LOG_ERROR("{} (the next collective of the group fails here)", text);
+    }
+    auto error = std::make_exception_ptr(InvalidArgumentError(text));
+    std::lock_guard lock(mu_);
+    if (!mismatch_) {
+      mismatch_ = error;
+      mismatch_seq_ = seq;
+    }
+    return error;
   };
   device_->register_group(group_id_, std::move(handlers));
 }
@@ -282,7 +304,8 @@ void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr e
     std::lock_guard lock(mu_);
     if (failure_) return;
     failure_ = error;
-    failed_seq_ = seq;
+    // A mismatch found once its collective was over is what the peers are told to explain.
+    failed_seq_ = seq = mismatch_seq_ != 0 ? mismatch_seq_ : seq;
   }
   const std::string text = fmt::format("rank {} (world rank {}) reports: {}", rank_,
                                        members_[rank_], message_of(error));
@@ -355,16 +378,17 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                                                  std::chrono::milliseconds timeout,
                                                  bool async_op, Body body) {
   uint32_t seq;
-  std::exception_ptr failed;
+  std::exception_ptr failed, mismatched;
   {
     std::lock_guard lock(mu_);
     seq = ++next_seq_;
     failed = failure_;
+    mismatched = mismatch_;
   }
   const Deadline deadline = deadline_for(timeout);
   // Described only when something goes wrong: formatting costs more than a small collective.
   CollectiveWork::Label label{rank_, call, seq, name_};
-  auto run = [this, label, deadline, algorithm, body = std::move(body)] {
+  auto run = [this, label, deadline, algorithm, mismatched, body = std::move(body)] {
     const CollectiveCall& call = label.call;
     const uint32_t seq = label.seq;
     std::vector<transport::tcp::Pair*> pairs(size_, nullptr);
@@ -379,6 +403,7 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
     DTRAIN_LOG_DEBUG("{} via {}", label.describe(), algorithm);
     watchdog_->enter(seq, call);
     try {
+      if (mismatched) std::rethrow_exception(mismatched);
       body(ctx);
     } catch (...) {
       // Tell the peers first (they fail at once), then ask everyone what they called.

@@ -356,6 +356,7 @@ TEST(Collectives, MismatchFailsEveryRankWithNames) {
     const char* name;
     std::function<void(ProcessGroup&, int)> call;
     const char* expect;
+    int world = 3;
   };
   std::vector<Case> cases = {
       {"op", [](ProcessGroup& pg, int rank) {
@@ -377,11 +378,17 @@ TEST(Collectives, MismatchFailsEveryRankWithNames) {
          std::vector<float> v(64, 1.0f);
          pg.reduce(TensorView::of(v), {.root = rank == 1 ? 1 : 0})->wait();
        }, "root"},
+      // Both ranks the root: each only sends, so each is done before the other's message
+      // arrives. The messages must not be left unread: both ranks would go on.
+      {"every rank the root", [](ProcessGroup& pg, int rank) {
+         std::vector<float> v(64, 1.0f);
+         pg.broadcast(TensorView::of(v), {.root = rank})->wait();
+       }, "broadcast(f32, 64, root", 2},
   };
   for (auto& c : cases) {
     const int port = free_port();
-    auto results = run_ranks(3, [&](int rank) {
-      auto pg = make_group(rank, 3, port, {}, 3s);
+    auto results = run_ranks(c.world, [&](int rank) {
+      auto pg = make_group(rank, c.world, port, {}, 3s);
       auto start = std::chrono::steady_clock::now();
       try {
         // Inside the try: a rank slow to leave this barrier may already hear of the failure of
@@ -389,7 +396,9 @@ TEST(Collectives, MismatchFailsEveryRankWithNames) {
         pg->barrier()->wait();
         c.call(*pg, rank);
         // A rank whose part of the mismatched collective went through (a tree leaf that only
-        // sends) hears of the failure by its next call.
+        // sends) hears of the failure by its next call; one that read the mismatched message
+        // only during that call, by the call after.
+        pg->barrier()->wait();
         pg->barrier()->wait();
         ::_exit(0);
       } catch (const Error& e) {

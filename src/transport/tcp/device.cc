@@ -252,9 +252,20 @@ void Device::note_unexpected(uint64_t tag, uint64_t aux, int peer) {
   const uint32_t gid = static_cast<uint32_t>(tag >> 32) & 0xffffffu;
   const uint32_t seq = static_cast<uint32_t>(tag);
   std::lock_guard lock(expect_mu_);
-  if (auto it = expected_.find(gid); it != expected_.end() && it->second.first == seq) {
-    if (it->second.second != aux) mismatch_locked(tag, peer, aux, it->second.second);
-    return;
+  if (auto it = expected_.find(gid); it != expected_.end()) {
+    const auto [current, fingerprint] = it->second;
+    if (current == seq) {
+      if (fingerprint != aux) mismatch_locked(tag, peer, aux, fingerprint);
+      return;
+    }
+    // A collective this rank has finished (the group runs them one at a time, in order): its
+    // receives were all matched, so nothing will ever take this message. The peer called
+    // something else, or the same with another algorithm; left alone, both would go on with
+    // different results. `ours` 0: the group looks up what this rank called.
+    if (static_cast<int32_t>(seq - current) < 0) {
+      mismatch_locked(tag, peer, aux, 0);
+      return;
+    }
   }
   Seen& s = seen_[gid][seq % 8];
   if (s.seq != seq) s = Seen{seq, aux, peer};
@@ -263,7 +274,11 @@ void Device::note_unexpected(uint64_t tag, uint64_t aux, int peer) {
 void Device::mismatch_locked(uint64_t tag, int peer, uint64_t theirs, uint64_t ours) {
   {
     std::lock_guard lock(groups_mu_);
-    notices_.push_back({tag, peer, {}, theirs, ours});
+    const uint32_t gid = static_cast<uint32_t>(tag >> 32) & 0xffffffu;
+    auto it = groups_.find(gid);
+    if (it == groups_.end() || !it->second.mismatch) return;
+    notices_.push_back({tag, peer, {}, it->second.mismatch(static_cast<uint32_t>(tag), peer,
+                                                           theirs, ours)});
   }
   loop_->wake();
 }
@@ -291,9 +306,11 @@ void Device::process_notices() {
   }
   for (auto& n : notices) {
     const uint32_t gid = static_cast<uint32_t>(n.tag >> 32) & 0xffffffu;
-    if (n.theirs != 0) {
-      if (auto it = groups.find(gid); it != groups.end() && it->second.mismatch)
-        it->second.mismatch(static_cast<uint32_t>(n.tag), n.peer, n.theirs, n.ours);
+    if (n.mismatch) {
+      // Fails the group's running collective here, if there is one; its failure path (or the
+      // next collective's, which the group fails at its start) tells the peers.
+      for (auto& p : pairs_)
+        if (p) p->fail_group(gid, n.mismatch);
       continue;
     }
     auto error = std::make_exception_ptr(PeerFailureError(n.text));

@@ -58,15 +58,20 @@ class Device {
   struct GroupHandlers {
     std::function<void(uint32_t seq, std::exception_ptr)> mark;
     std::function<void(uint32_t seq, std::exception_ptr)> handle;
-    // A peer's message for collective `seq` carries another call's fingerprint (loop thread).
-    std::function<void(uint32_t seq, int peer, uint64_t theirs, uint64_t ours)> mismatch;
+    // A peer's message for collective `seq` carries another call's fingerprint, or arrived
+    // after this rank finished `seq` without a receive for it (`ours` 0). Called at once, like
+    // `mark`; returns the error the group's requests then fail with (on the loop thread).
+    std::function<std::exception_ptr(uint32_t seq, int peer, uint64_t theirs, uint64_t ours)>
+        mismatch;
   };
   void register_group(uint32_t group_id, GroupHandlers handlers);
   void unregister_group(uint32_t group_id);
   // A collective of the group starts: messages of it that arrive before their receives are
   // posted are checked against `fingerprint`, and so are those that already arrived.
   void expect(uint32_t group_id, uint32_t seq, uint64_t fingerprint);
-  // From a pair (its lock held): a message nobody is waiting for yet has arrived.
+  // From a pair (its lock held): a message nobody is waiting for yet has arrived. One of the
+  // group's current collective must carry its fingerprint; one of a finished collective is a
+  // mismatch whatever it carries.
   void note_unexpected(uint64_t tag, uint64_t aux, int peer);
 
   // The group failed on this rank: fail its requests on every pair here and tell `peers`
@@ -79,8 +84,7 @@ class Device {
     uint64_t tag;
     int peer;
     std::string text;
-    uint64_t theirs = 0;  // a fingerprint mismatch when non-zero (text unused)
-    uint64_t ours = 0;
+    std::exception_ptr mismatch;  // set for a mismatch (text unused)
   };
   struct Seen {
     uint32_t seq = 0;
