@@ -27,6 +27,7 @@
 #include "dtrain/error.h"
 #include "dtrain/store.h"
 #include "launch/cpu_binding.h"
+#include "launch/heartbeat.h"
 #include "launch/rendezvous.h"
 #include "launch/supervisor.h"
 
@@ -270,8 +271,7 @@ class Agent {
   }
 
   ~Agent() {
-    heartbeat_.request_stop();
-    heartbeat_cv_.notify_all();
+    if (heartbeat_) heartbeat_->stop();
   }
 
   int run() {
@@ -331,12 +331,12 @@ class Agent {
     int signal = 0;                  // this agent was interrupted
   };
 
-  StoreLink link(const net::HostPort& at) {
+  StoreLink link(const net::HostPort& at, milliseconds connect_timeout) {
     TcpStoreOptions o;
     o.host = at.host;
     o.port = at.port;
     o.timeout = kStoreCallTimeout;
-    o.connect_timeout = options_.join_timeout;
+    o.connect_timeout = connect_timeout;
     StoreLink l;
     l.tcp = std::make_shared<TcpStore>(o);
     l.store = std::make_shared<PrefixStore>("elastic/" + options_.run_id, l.tcp);
@@ -374,9 +374,10 @@ class Agent {
         how = "joins the rendezvous store";
       }
     }
-    main_ = link(at);
-    heartbeat_link_ = link(at);
-    watch_link_ = link(at);
+    main_ = link(at, options_.join_timeout);
+    heartbeat_link_ = link(at, options_.join_timeout);
+    watch_link_ = link(at, options_.join_timeout);
+    store_at_ = at;
     endpoint_ = at.to_string();
     rdzv_ = std::make_unique<Rendezvous>(main_.store, rdzv_options_);
 
@@ -409,21 +410,14 @@ class Agent {
   }
 
   void start_heartbeat() {
-    auto interval =
-        std::clamp(options_.heartbeat_timeout / 5, milliseconds(50), milliseconds(1000));
-    heartbeat_ = std::jthread([this, interval, store = heartbeat_link_.store,
-                               key = Rendezvous::heartbeat_key(me_.id)](std::stop_token stop) {
-      try {
-        while (!stop.stop_requested()) {
-          store->add(key, 1);
-          std::unique_lock lock(heartbeat_mutex_);
-          heartbeat_cv_.wait_for(lock, stop, interval, [] { return false; });
-        }
-      } catch (const Error& e) {
-        // The main thread meets the same store on its next call and says what happened.
-        DTRAIN_LOG_DEBUG("{}: heartbeat stopped: {}", prefix_, e.what());
-      }
-    });
+    HeartbeatOptions o;
+    o.key = Rendezvous::heartbeat_key(me_.id);
+    o.interval = std::clamp(options_.heartbeat_timeout / 5, milliseconds(50), milliseconds(1000));
+    o.log_prefix = prefix_;
+    // A new connection is tried for a second at most: stopping the heartbeat never waits
+    // longer, and the interval after it brings the next try.
+    heartbeat_ = std::make_unique<Heartbeat>(
+        heartbeat_link_.store, [this] { return link(store_at_, milliseconds(1000)).store; }, o);
   }
 
   // A machine whose workers caused exclude_after failures within exclude_for sits out until
@@ -680,8 +674,7 @@ class Agent {
   // Tells the others this agent is done with the store. When the job is over (linger), its host
   // waits for them to read their last keys; an interrupted host leaves at once.
   int finish(int code, bool linger) {
-    heartbeat_.request_stop();
-    heartbeat_cv_.notify_all();
+    if (heartbeat_) heartbeat_->stop();
     try {
       rdzv_->mark_gone(me_.id);
       if (server_ && linger) rdzv_->wait_for_others_gone(me_.id, kLingerTimeout);
@@ -704,9 +697,8 @@ class Agent {
   std::string nonce_;  // this run of the job, as opposed to an earlier one with the same id
   std::optional<Clock::time_point> stopped_at_;  // when the last round stopped, by this clock
   std::unique_ptr<CommitDir> commit_dir_;        // the workers' DTRAIN_COMMIT_DIR
-  std::mutex heartbeat_mutex_;                   // for heartbeat_cv_ only
-  std::condition_variable_any heartbeat_cv_;
-  std::jthread heartbeat_;  // last: stopped and joined first
+  net::HostPort store_at_;                       // the rendezvous store
+  std::unique_ptr<Heartbeat> heartbeat_;  // last: stopped and joined first
 };
 
 void validate(const ElasticOptions& o) {
