@@ -123,7 +123,7 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   CallHistory history_;
   std::unique_ptr<Watchdog> watchdog_;
 
-  std::mutex mu_;  // guards next_seq_, children_, failure_, failed_seq_, mismatch_seq_
+  std::mutex mu_;  // guards next_seq_, children_, failure_, failed_seq_, mismatch_, mismatch_seq_
   uint32_t next_seq_ = 0;
   uint32_t children_ = 0;
   std::exception_ptr failure_;  // set once a collective failed: the group is unusable
