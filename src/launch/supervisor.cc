@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -322,6 +323,7 @@ class Run {
   }
 
   void reap() {
+    Worker* culprit = nullptr;  // the failure to report, of those this pass found
     for (auto& w : workers_) {
       if (!w.running) continue;
       int status = 0;
@@ -331,19 +333,29 @@ class Run {
       if (WIFEXITED(status)) w.exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) w.signal = WTERMSIG(status);
       bool failed = w.exit_code != 0 || w.signal != 0;
-      DTRAIN_LOG_DEBUG("dtrain run: rank {} (pid {}) exited: code {} signal {}", w.rank, w.pid,
+      DTRAIN_LOG_DEBUG("dtrain run: {} (pid {}) exited: code {} signal {}", w.label, w.pid,
                        w.exit_code, w.signal);
       // Exits after we began stopping the job are our doing, not failures of their own.
-      if (failed && !stopping_) {
-        first_failure_ = &w;
-        stop(SIGTERM);
-        if (options_.on_failure) {
-          // Its last words are in its pipe already: read them before reporting.
-          drain(w.err);
-          options_.on_failure(exit_of(w));
-        }
-      }
+      if (failed && !stopping_ && (culprit == nullptr || more_likely_first(w, *culprit)))
+        culprit = &w;
     }
+    if (culprit == nullptr) return;
+    first_failure_ = culprit;
+    stop(SIGTERM);
+    if (options_.on_failure) {
+      // Its last words are in its pipe already: read them before reporting.
+      drain(culprit->err);
+      options_.on_failure(exit_of(*culprit));
+    }
+  }
+
+  // Of two workers found failed in one pass (in rank order, not the order they ended), which
+  // to name. A worker that another's death brought down ends on its own: an exit code, or
+  // SIGABRT from an uncaught error. Any other signal comes from outside the job (the OOM
+  // killer, an operator, a crash of its own) and is the likelier cause.
+  static bool more_likely_first(const Worker& w, const Worker& than) {
+    auto from_outside = [](const Worker& x) { return x.signal != 0 && x.signal != SIGABRT; };
+    return from_outside(w) && !from_outside(than);
   }
 
   // Signals every worker's process group; groups of workers that already exited too, since

@@ -202,8 +202,11 @@ class ServerLink {
                        fmt::format("sending {} to {}", to_string(static_cast<Op>(out.header.op)),
                                    who_));
         }
-      } catch (const std::exception& e) {
+      } catch (const TimeoutError& e) {
         fail(std::make_exception_ptr(PeerFailureError(e.what())));
+      } catch (const std::exception& e) {
+        // The connection broke: the same news the receiving side gives, whichever sees it first.
+        fail(gone(e.what()));
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -286,11 +289,7 @@ class ServerLink {
         closing = closing_;
       }
       std::exception_ptr error =
-          !closing ? std::make_exception_ptr(PeerFailureError(fmt::format(
-                         "{} is gone ({}): the server process died or was stopped; every request "
-                         "to it fails. Restart the server (with --restore to resume from its last "
-                         "checkpoint) or the job",
-                         who_, e.what())))
+          !closing ? gone(e.what())
                    : std::make_exception_ptr(
                          AbortedError(fmt::format("the connection to {} was closed by this worker", who_)));
       // The answer being read when the connection broke fails too, then everything pending.
@@ -301,6 +300,13 @@ class ServerLink {
     std::lock_guard<std::mutex> lock(mu_);
     receiver_done_ = true;
     cv_.notify_all();
+  }
+
+  std::exception_ptr gone(const std::string& cause) const {
+    return std::make_exception_ptr(PeerFailureError(fmt::format(
+        "{} is gone ({}): the server process died or was stopped; every request to it fails. "
+        "Restart the server (with --restore to resume from its last checkpoint) or the job",
+        who_, cause)));
   }
 
   bool failed() {

@@ -131,8 +131,9 @@ TEST_F(LauncherTest, WorkersAreBoundToTheirShareOfTheCpus) {
     EXPECT_EQ(bound[r], launch::describe_cpus(launch::cpu_share(r, n, cpus))) << "rank " << r;
   for (const auto& list : allowed({"--bind", "none"}, n)) EXPECT_EQ(list, all);
   const int over = static_cast<int>(cpus.size()) + 1;
-  if (over <= 8)
+  if (over <= 8) {
     for (const auto& list : allowed({}, over)) EXPECT_EQ(list, all);
+  }
 }
 
 TEST_F(LauncherTest, SecondNodeGetsGlobalRanksAndHostsNoStore) {
@@ -233,6 +234,32 @@ TEST_F(LauncherTest, RankKilledBySignalIsReportedByName) {
   EXPECT_EQ(exit_code(status), 128 + SIGKILL) << run.err();
   EXPECT_TRUE(contains(run.err(), "rank 0")) << run.err();
   EXPECT_TRUE(contains(run.err(), "SIGKILL")) << run.err();
+}
+
+// Rank 1 is killed from outside, then rank 0 fails with an exit code, as a rank does when a
+// peer it works with dies. Both end while the launcher is stopped, so that it finds them in one
+// pass, rank 0 first: the summary must still name rank 1.
+TEST_F(LauncherTest, TheKilledRankIsNamedNotTheOneThatFailedAfterIt) {
+  auto script = "trap 'exit 3' TERM; sleep 30 & echo $$ > " + dir_.string() + "/pid$RANK.tmp && mv " +
+                dir_.string() + "/pid$RANK.tmp " + dir_.string() + "/pid$RANK; echo ready; wait";
+  Launched run({"run", "-n", "2", "--master-port", "0", "sh", "-c", script});
+  ASSERT_TRUE(run.read_until([&] { return count_of(run.out(), "ready") == 2; },
+                             Deadline::after(seconds(20))))
+      << run.out() << run.err();
+  const pid_t rank0 = read_pid(dir_ / "pid0"), rank1 = read_pid(dir_ / "pid1");
+  ASSERT_GT(rank0, 0);
+  ASSERT_GT(rank1, 0);
+  ASSERT_EQ(::kill(run.pid(), SIGSTOP), 0);
+  ::kill(rank1, SIGKILL);
+  EXPECT_TRUE(gone_soon(rank1));
+  ::kill(rank0, SIGTERM);
+  EXPECT_TRUE(gone_soon(rank0));
+  ASSERT_EQ(::kill(run.pid(), SIGCONT), 0);
+  auto status = run.wait(seconds(20));
+  EXPECT_EQ(exit_code(status), 128 + SIGKILL) << run.err();
+  EXPECT_TRUE(contains(run.err(), "dtrain run: rank 1 (pid " + std::to_string(rank1) + ")"))
+      << run.err();
+  EXPECT_FALSE(contains(run.err(), "dtrain run: rank 0")) << run.err();
 }
 
 TEST_F(LauncherTest, MissingCommandIsAClearError) {
