@@ -437,6 +437,7 @@ std::string to_json_line(const Result& r) {
   j["wrong"] = r.wrong;
   j["algo"] = r.algo;
   if (r.wait_cpu_us >= 0) j["wait_cpu_us"] = r.wait_cpu_us;
+  if (r.round > 0) j["round"] = r.round;
   return j.dump();
 }
 
@@ -460,6 +461,7 @@ Result parse_json_line(std::string_view line) {
     r.wrong = j.value("wrong", int64_t{-1});
     r.algo = j.value("algo", std::string());
     r.wait_cpu_us = j.value("wait_cpu_us", -1.0);
+    r.round = j.value("round", 0);
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument("malformed benchmark result line (" + std::string(e.what()) +
                                 "): " + std::string(line));

@@ -150,6 +150,7 @@ struct Result {
   int64_t wrong = -1;  // -1 = not checked
   std::string algo;
   double wait_cpu_us = -1;  // median CPU per op of the ranks waiting on a straggler; -1 = none
+  int round = 0;            // which of `dtrain bench --rounds R` (1..R); 0 = a run of one round
 };
 Result make_result(std::string impl, Collective c, int nranks, const Layout& layout, ElemType t,
                    Op op, const Measurement& m, std::string algo);

@@ -73,6 +73,7 @@ struct BenchArgs {
   std::string op = "sum";
   int iters = 20;
   int warmup = 5;
+  int rounds = 1;  // the driver runs every implementation this many times, alternating
   bool check = true;
   std::string json_file;
   std::string peers;
@@ -126,6 +127,8 @@ Plan make_plan(const BenchArgs& a) {
     throw InvalidArgumentError(fmt::format(
         "dtrain bench: --iters {} --warmup {}: time at least one iteration, warm up zero or more",
         a.iters, a.warmup));
+  if (a.rounds < 1)
+    throw InvalidArgumentError(fmt::format("dtrain bench: --rounds {}: run at least one round", a.rounds));
   if (a.timeout_s <= 0 || a.deadline_s <= 0)
     throw InvalidArgumentError("dtrain bench: --timeout and --deadline must be positive seconds");
   if (a.transport != "auto" && a.transport != "tcp" && a.transport != "shm")
@@ -277,11 +280,16 @@ Result run_native_size(ProcessGroup& pg, const BenchArgs& a, const Plan& p, Coll
 }
 
 void print_tables(const Plan& p, const std::vector<Result>& results,
-                  const std::vector<std::string>& peers, std::FILE* out);
+                  const std::vector<std::string>& peers, int rounds, std::FILE* out);
 void write_json(const std::string& path, const std::vector<Result>& results);
 
 int run_rank(const BenchArgs& a) {
   const Plan p = make_plan(a);
+  if (a.rounds != 1)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain bench: --rounds {} is for the driver, which starts the ranks itself; under "
+        "`dtrain run` or mpirun, run the job again instead",
+        a.rounds));
   InitOptions init;
   init.group.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
   init.group.backend = a.backend;
@@ -301,7 +309,7 @@ int run_rank(const BenchArgs& a) {
     }
   }
   if (pg->rank() == 0 && !a.jsonl) {
-    print_tables(p, results, {}, stdout);
+    print_tables(p, results, {}, 1, stdout);
     if (!a.json_file.empty()) write_json(a.json_file, results);
   }
   for (const auto& r : results)
@@ -701,16 +709,68 @@ std::string format_us(double us) {
   return us >= 1e5 ? fmt::format("{:.0f}", us) : fmt::format("{:.1f}", us);
 }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One implementation at one size over the rounds of a run (one entry without --rounds).
+using RoundResults = std::map<int, const Result*>;  // round -> result
+
+// The row shown for several rounds: each number the median of the rounds' (each already a
+// median over the timed iterations), #wrong their sum.
+Result combine(const RoundResults& rounds) {
+  const Result& first = *rounds.begin()->second;
+  Result c = first;
+  std::vector<double> time, p99, cpu;
+  int64_t wrong = -1;
+  for (const auto& [round, r] : rounds) {
+    time.push_back(r->time_us);
+    p99.push_back(r->p99_us);
+    if (r->wait_cpu_us >= 0) cpu.push_back(r->wait_cpu_us);
+    if (r->wrong >= 0) wrong = std::max<int64_t>(wrong, 0) + r->wrong;
+  }
+  c.time_us = median_of(time);
+  c.p99_us = median_of(p99);
+  if (c.time_us > 0) {  // bandwidths scale with 1/time, by the factors of the first round
+    c.algbw_gbs = first.algbw_gbs * first.time_us / c.time_us;
+    c.busbw_gbs = first.busbw_gbs * first.time_us / c.time_us;
+  }
+  c.wrong = wrong;
+  c.wait_cpu_us = cpu.empty() ? -1 : median_of(cpu);
+  c.round = 0;
+  return c;
+}
+
+// theirs/ours of each round both ran: the median, the lowest and the highest.
+struct Ratio {
+  double median = 0, low = 0, high = 0;
+  bool valid = false;
+};
+Ratio ratio_over_rounds(const RoundResults& ours, const RoundResults& theirs) {
+  std::vector<double> v;
+  for (const auto& [round, r] : ours) {
+    auto it = theirs.find(round);
+    if (it != theirs.end() && r->time_us > 0 && it->second->time_us > 0)
+      v.push_back(it->second->time_us / r->time_us);
+  }
+  if (v.empty()) return {};
+  return {median_of(v), *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()),
+          true};
+}
+
 void print_tables(const Plan& p, const std::vector<Result>& results,
-                  const std::vector<std::string>& peers, std::FILE* out) {
+                  const std::vector<std::string>& peers, int rounds, std::FILE* out) {
+  const bool several = rounds > 1;
   for (Collective c : p.collectives) {
     const std::string coll(bench::to_string(c));
-    std::map<std::string, std::map<size_t, const Result*>> by_impl;  // impl -> bytes -> result
+    std::map<std::string, std::map<size_t, RoundResults>> by_impl;  // impl -> bytes -> rounds
     std::set<size_t> sizes;
     int np = 0;
     for (const auto& r : results) {
       if (r.coll != coll) continue;
-      by_impl[r.impl][r.bytes] = &r;
+      by_impl[r.impl][r.bytes][r.round] = &r;
       sizes.insert(r.bytes);
       np = r.np;
     }
@@ -718,51 +778,73 @@ void print_tables(const Plan& p, const std::vector<Result>& results,
       fmt::print(out, "# {}: no results\n\n", coll);
       continue;
     }
-    fmt::print(out, "# {}  np {}  dtype {}  op {}  (time: median us over the slowest rank; p99 us)\n",
-               coll, np, bench::to_string(p.dtype), bench::is_reduction(c) ? bench::to_string(p.op) : "none");
+    fmt::print(out, "# {}  np {}  dtype {}  op {}  (time: median us over the slowest rank; p99 us{})\n",
+               coll, np, bench::to_string(p.dtype), bench::is_reduction(c) ? bench::to_string(p.op) : "none",
+               several ? fmt::format("; the median of {} rounds, each implementation once per round; "
+                                     "ratio: the median of the rounds' ratios [lowest-highest]",
+                                     rounds)
+                       : "");
     std::string header = fmt::format("{:>12} {:>12} {:>5} {:>5} {:>11} {:>11} {:>8} {:>8} {:>7} {:>18}",
                                      "size(B)", "count", "type", "op", "time(us)", "p99(us)",
                                      "algbw", "busbw", "#wrong", "algo");
+    if (several) header += fmt::format(" {:>17}", "rounds(us)");
     const bool cpu = p.straggle_ms > 0;
     if (cpu) header += fmt::format(" {:>11}", "cpu/op(us)");
     for (const auto& peer : peers) {
-      header += fmt::format(" {:>14} {:>11}", peer + ":ratio", peer + "(us)");
+      header += fmt::format(" {:>14}", peer + ":ratio");
+      if (several) header += fmt::format(" {:>11}", "[range]");
+      header += fmt::format(" {:>11}", peer + "(us)");
       if (cpu) header += fmt::format(" {:>11}", peer + ":cpu");
     }
     fmt::print(out, "{}\n", header);
-    auto cpu_text = [](const Result* x) {
-      return x != nullptr && x->wait_cpu_us >= 0 ? format_us(x->wait_cpu_us) : std::string("-");
+    auto cpu_text = [](const std::optional<Result>& x) {
+      return x && x->wait_cpu_us >= 0 ? format_us(x->wait_cpu_us) : std::string("-");
     };
     const auto& ours = by_impl["dtrain"];
     for (size_t bytes : sizes) {
-      const Result* r = ours.count(bytes) ? ours.at(bytes) : nullptr;
-      const Result* any = r;
+      std::optional<Result> r;
+      if (ours.count(bytes)) r = combine(ours.at(bytes));
+      std::optional<Result> any = r;
       for (const auto& peer : peers)
-        if (any == nullptr && by_impl[peer].count(bytes)) any = by_impl[peer].at(bytes);
+        if (!any && by_impl[peer].count(bytes)) any = combine(by_impl[peer].at(bytes));
       std::string line = fmt::format(
           "{:>12} {:>12} {:>5} {:>5} ", bytes, any->count, any->dtype, any->op);
-      if (r != nullptr) {
+      if (r) {
         line += fmt::format("{:>11} {:>11} {:>8.3f} {:>8.3f} {:>7} {:>18}", format_us(r->time_us),
                             format_us(r->p99_us), r->algbw_gbs, r->busbw_gbs,
                             r->wrong < 0 ? std::string("-") : std::to_string(r->wrong), r->algo);
       } else {
         line += fmt::format("{:>11} {:>11} {:>8} {:>8} {:>7} {:>18}", "-", "-", "-", "-", "-", "-");
       }
+      if (several) {
+        std::string range = "-";
+        if (r) {
+          std::vector<double> t;
+          for (const auto& [round, x] : ours.at(bytes)) t.push_back(x->time_us);
+          range = format_us(*std::min_element(t.begin(), t.end())) + "-" +
+                  format_us(*std::max_element(t.begin(), t.end()));
+        }
+        line += fmt::format(" {:>17}", range);
+      }
       if (cpu) line += fmt::format(" {:>11}", cpu_text(r));
       for (const auto& peer : peers) {
         const auto& theirs = by_impl[peer];
         if (!theirs.count(bytes)) {
-          line += fmt::format(" {:>14} {:>11}", "-", "-");
+          line += fmt::format(" {:>14}", "-");
+          if (several) line += fmt::format(" {:>11}", "-");
+          line += fmt::format(" {:>11}", "-");
           if (cpu) line += fmt::format(" {:>11}", "-");
           continue;
         }
-        const Result* q = theirs.at(bytes);
-        std::string ratio = (r != nullptr && r->time_us > 0 && q->time_us > 0)
-                                ? fmt::format("{:.2f}", q->time_us / r->time_us)
-                                : "-";
-        std::string time = format_us(q->time_us);
-        if (q->wrong > 0) time += "!";  // that peer's results were wrong
-        line += fmt::format(" {:>14} {:>11}", ratio, time);
+        const Result q = combine(theirs.at(bytes));
+        const Ratio ratio = r ? ratio_over_rounds(ours.at(bytes), theirs.at(bytes)) : Ratio{};
+        line += fmt::format(" {:>14}", ratio.valid ? fmt::format("{:.2f}", ratio.median) : "-");
+        if (several)
+          line += fmt::format(" {:>11}", ratio.valid ? fmt::format("[{:.2f}-{:.2f}]", ratio.low, ratio.high)
+                                                      : "-");
+        std::string time = format_us(q.time_us);
+        if (q.wrong > 0) time += "!";  // that peer's results were wrong
+        line += fmt::format(" {:>11}", time);
         if (cpu) line += fmt::format(" {:>11}", cpu_text(q));
       }
       fmt::print(out, "{}\n", line);
@@ -805,8 +887,8 @@ int run_driver(const BenchArgs& a) {
           "COLL --backend mpi` instead of the driver");
   std::string sizes;
   for (size_t s : p.sizes) sizes += (sizes.empty() ? "" : ",") + bench::format_bytes(s);
-  std::fprintf(stderr, "dtrain bench: %s, np %d, sizes %s, %s, iters %d, warmup %d, check %s%s%s\n",
-               a.collectives.c_str(), a.np, sizes.c_str(), a.dtype.c_str(), a.iters, a.warmup,
+  std::fprintf(stderr, "dtrain bench: %s, np %d, sizes %s, %s, iters %d, warmup %d, rounds %d, check %s%s%s\n",
+               a.collectives.c_str(), a.np, sizes.c_str(), a.dtype.c_str(), a.iters, a.warmup, a.rounds,
                a.check ? "on" : "off", p.peers.empty() ? "" : ", peers ", a.peers.c_str());
   // SIGPIPE from a child's closed pipe must not kill the driver.
   ::signal(SIGPIPE, SIG_IGN);
@@ -820,25 +902,38 @@ int run_driver(const BenchArgs& a) {
       failures.push_back(o.failure);
     }
   };
+  // Every round runs each implementation once, in the same order, so that the ratios of one
+  // round compare runs close in time; a machine that slows down for a while moves one round.
   std::vector<std::string> shown_peers;
-  for (size_t i = 0; i < backends.size(); ++i) {
-    BenchArgs one = a;
-    one.backend = backends[i];
-    Outcome o = run_dtrain(one, p);
-    if (i > 0) {
-      const std::string impl = "dtrain-" + backends[i];
-      for (auto& r : o.results) r.impl = impl;
-      shown_peers.push_back(impl);
+  std::vector<std::string> runnable_peers = p.peers;
+  for (int round = 1; round <= a.rounds && failures.empty(); ++round) {
+    if (a.rounds > 1) std::fprintf(stderr, "dtrain bench: round %d of %d\n", round, a.rounds);
+    auto numbered = [&](Outcome o) {
+      for (auto& r : o.results) r.round = a.rounds > 1 ? round : 0;
+      return o;
+    };
+    for (size_t i = 0; i < backends.size(); ++i) {
+      BenchArgs one = a;
+      one.backend = backends[i];
+      Outcome o = run_dtrain(one, p);
+      if (i > 0) {
+        const std::string impl = "dtrain-" + backends[i];
+        for (auto& r : o.results) r.impl = impl;
+        if (round == 1) shown_peers.push_back(impl);
+      }
+      collect(numbered(std::move(o)));
     }
-    collect(std::move(o));
+    std::vector<std::string> ran;
+    for (const auto& peer : runnable_peers) {
+      auto o = run_peer(peer, a, p);
+      if (!o) continue;  // said why, once: later rounds leave it out
+      ran.push_back(peer);
+      if (round == 1) shown_peers.push_back(peer);
+      collect(numbered(std::move(*o)));
+    }
+    runnable_peers = ran;
   }
-  for (const auto& peer : p.peers) {
-    auto o = run_peer(peer, a, p);
-    if (!o) continue;
-    shown_peers.push_back(peer);
-    collect(std::move(*o));
-  }
-  print_tables(p, results, shown_peers, stdout);
+  print_tables(p, results, shown_peers, a.rounds, stdout);
   if (!a.json_file.empty()) write_json(a.json_file, results);
   bool wrong = std::any_of(results.begin(), results.end(), [](const Result& r) { return r.wrong > 0; });
   if (wrong) std::fprintf(stderr, "dtrain bench: some results were wrong (#wrong > 0)\n");
@@ -868,6 +963,10 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--op", a->op, "sum, prod, min or max (reductions)")->capture_default_str();
   cmd->add_option("--iters", a->iters, "Timed iterations per size")->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "Untimed iterations first")->capture_default_str();
+  cmd->add_option("--rounds", a->rounds,
+                  "Run dtrain and every peer this many times, alternating; show the medians and "
+                  "each ratio's median and range over the rounds (a noisy machine)")
+      ->capture_default_str();
   cmd->add_flag("--check,!--no-check", a->check, "Verify the results (default on)");
   cmd->add_option("--json", a->json_file, "Also write every result as one JSON object per line");
   cmd->add_option("--peers", a->peers, "Also time these: gloo, mpi, mpi-tcp, torch (comma-separated)");
