@@ -219,6 +219,31 @@ void set_buffer_sizes(int fd, int bytes) {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
+bool use_loopback_congestion_control(int fd) {
+  static constexpr char kReno[] = "reno";
+  return ::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, kReno, sizeof(kReno) - 1) == 0;
+}
+
+bool peer_is_on_this_host(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 ||
+      local.ss_family != peer.ss_family)
+    return false;
+  if (peer.ss_family == AF_INET) {
+    const auto& l = reinterpret_cast<const sockaddr_in&>(local).sin_addr;
+    const auto& p = reinterpret_cast<const sockaddr_in&>(peer).sin_addr;
+    return (ntohl(p.s_addr) >> 24) == 127 || l.s_addr == p.s_addr;
+  }
+  if (peer.ss_family == AF_INET6) {
+    const auto& l = reinterpret_cast<const sockaddr_in6&>(local).sin6_addr;
+    const auto& p = reinterpret_cast<const sockaddr_in6&>(peer).sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&p) || std::memcmp(&l, &p, sizeof(p)) == 0;
+  }
+  return false;
+}
+
 void set_keepalive(int fd, int idle_s, int interval_s, int count) {
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));

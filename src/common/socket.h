@@ -60,6 +60,14 @@ std::string peer_name(int fd);   // "127.0.0.1:41234"
 void set_nonblocking(int fd, bool on);
 void set_nodelay(int fd);
 void set_buffer_sizes(int fd, int bytes);
+// Over loopback there is no link to share: congestion control only adds work, and BBR (the
+// default of many hosts) paces even there, holding back every burst a collective makes. Switches
+// the connection to Reno, which every kernel has and lets any user pick, and does not pace.
+// False (the host's choice stays) when the kernel refuses.
+bool use_loopback_congestion_control(int fd);
+// Whether the other end of a connected TCP socket is on this host: a loopback address, or the
+// address this end has.
+bool peer_is_on_this_host(int fd);
 // TCP keepalive tuned so that a silent peer (host gone, cable cut) is noticed in seconds.
 void set_keepalive(int fd, int idle_s, int interval_s, int count);
 

@@ -128,6 +128,8 @@ struct Server::Impl {
       try {
         net::set_nodelay(conn->fd.get());
         net::set_keepalive(conn->fd.get(), 2, 1, 3);
+        if (net::peer_is_on_this_host(conn->fd.get()))  // as the client does
+          net::use_loopback_congestion_control(conn->fd.get());
         net::Hello hello = net::handshake_accept(conn->fd.get(), handshake(),
                                                  net::Role::kPsClient, options.index,
                                                  Deadline::after(milliseconds(10'000)));

@@ -906,7 +906,8 @@ int run_driver(const BenchArgs& a) {
   // round compare runs close in time; a machine that slows down for a while moves one round.
   std::vector<std::string> shown_peers;
   std::vector<std::string> runnable_peers = p.peers;
-  for (int round = 1; round <= a.rounds && failures.empty(); ++round) {
+  int rounds_run = 0;  // a failure ends the run after its round
+  for (int round = 1; round <= a.rounds && failures.empty(); ++round, ++rounds_run) {
     if (a.rounds > 1) std::fprintf(stderr, "dtrain bench: round %d of %d\n", round, a.rounds);
     auto numbered = [&](Outcome o) {
       for (auto& r : o.results) r.round = a.rounds > 1 ? round : 0;
@@ -933,7 +934,10 @@ int run_driver(const BenchArgs& a) {
     }
     runnable_peers = ran;
   }
-  print_tables(p, results, shown_peers, a.rounds, stdout);
+  if (rounds_run < a.rounds)
+    std::fprintf(stderr, "dtrain bench: stopped after round %d of %d (the failure above)\n",
+                 rounds_run, a.rounds);
+  print_tables(p, results, shown_peers, rounds_run, stdout);
   if (!a.json_file.empty()) write_json(a.json_file, results);
   bool wrong = std::any_of(results.begin(), results.end(), [](const Result& r) { return r.wrong > 0; });
   if (wrong) std::fprintf(stderr, "dtrain bench: some results were wrong (#wrong > 0)\n");
