@@ -386,12 +386,19 @@ Measurement measure(const Hooks& hooks, int warmup, int iters) {
   return m;
 }
 
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  if (n == 0) return 0;
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 Stats summarize(std::vector<double> seconds) {
   Stats s;
   if (seconds.empty()) return s;
   std::sort(seconds.begin(), seconds.end());
   const size_t n = seconds.size();
-  s.median_us = 1e6 * (n % 2 == 1 ? seconds[n / 2] : 0.5 * (seconds[n / 2 - 1] + seconds[n / 2]));
+  s.median_us = 1e6 * median(seconds);
   // Nearest rank: the smallest value with at least 99% of the iterations at or below it.
   size_t rank = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(n)));
   s.p99_us = 1e6 * seconds[std::clamp<size_t>(rank, 1, n) - 1];

@@ -132,6 +132,8 @@ struct Stats {
   double p99_us = 0;
 };
 Stats summarize(std::vector<double> seconds);
+// The middle value (the mean of the two middle ones for an even count); 0 for none.
+double median(std::vector<double> values);
 
 // One line of results: what every implementation prints on stdout (from rank 0) and what
 // `--json FILE` holds.

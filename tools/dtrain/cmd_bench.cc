@@ -709,12 +709,6 @@ std::string format_us(double us) {
   return us >= 1e5 ? fmt::format("{:.0f}", us) : fmt::format("{:.1f}", us);
 }
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // One implementation at one size over the rounds of a run (one entry without --rounds).
 using RoundResults = std::map<int, const Result*>;  // round -> result
 
@@ -731,14 +725,14 @@ Result combine(const RoundResults& rounds) {
     if (r->wait_cpu_us >= 0) cpu.push_back(r->wait_cpu_us);
     if (r->wrong >= 0) wrong = std::max<int64_t>(wrong, 0) + r->wrong;
   }
-  c.time_us = median_of(time);
-  c.p99_us = median_of(p99);
+  c.time_us = bench::median(time);
+  c.p99_us = bench::median(p99);
   if (c.time_us > 0) {  // bandwidths scale with 1/time, by the factors of the first round
     c.algbw_gbs = first.algbw_gbs * first.time_us / c.time_us;
     c.busbw_gbs = first.busbw_gbs * first.time_us / c.time_us;
   }
   c.wrong = wrong;
-  c.wait_cpu_us = cpu.empty() ? -1 : median_of(cpu);
+  c.wait_cpu_us = cpu.empty() ? -1 : bench::median(cpu);
   c.round = 0;
   return c;
 }
@@ -756,7 +750,7 @@ Ratio ratio_over_rounds(const RoundResults& ours, const RoundResults& theirs) {
       v.push_back(it->second->time_us / r->time_us);
   }
   if (v.empty()) return {};
-  return {median_of(v), *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()),
+  return {bench::median(v), *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()),
           true};
 }
 
