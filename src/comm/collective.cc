@@ -31,6 +31,22 @@ bool has_root(CollectiveKind k) {
 
 }  // namespace
 
+Agreement agreement_of(CollectiveKind kind) {
+  if (has_root(kind)) return Agreement::kBefore;
+  if (kind == CollectiveKind::kAlltoallv) return Agreement::kAfter;
+  return Agreement::kNone;
+}
+
+uint64_t digest_counts(std::span<const size_t> counts) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the counts' bytes
+  for (size_t c : counts)
+    for (int i = 0; i < 8; ++i) {
+      h ^= (static_cast<uint64_t>(c) >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  return h & mask(kCountBits);
+}
+
 std::string_view to_string(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::kBroadcast: return "broadcast";
@@ -69,7 +85,9 @@ CollectiveCall CollectiveCall::from_fingerprint(uint64_t fp) {
 std::string CollectiveCall::describe() const {
   if (kind == CollectiveKind::kBarrier) return "barrier()";
   std::string s = fmt::format("{}({}", to_string(kind), to_string(dtype));
-  if (kind != CollectiveKind::kAllgatherv && kind != CollectiveKind::kAlltoallv)
+  if (kind == CollectiveKind::kAllgatherv)
+    s += fmt::format(", counts {:010x}", count);  // the digest of the list: equal lists, equal digests
+  else if (kind != CollectiveKind::kAlltoallv)
     s += fmt::format(", {}", count);
   if (has_op(kind)) s += fmt::format(", {}", to_string(op));
   if (has_root(kind)) s += fmt::format(", root {}", root);

@@ -50,6 +50,26 @@ struct CollectiveCall {
   std::string describe() const;
 };
 
+// Whether ranks must confirm they agree on the call before (or after) its data moves.
+//
+// The fingerprint check catches a disagreement when a message of one call meets a rank running
+// another. Some disagreements send no such message in time. Ranks that disagree only on the root
+// of broadcast or scatter each take themselves (or another rank) for the sender and return
+// different data; with reduce or gather they each wait for a message nobody sends. alltoallv's
+// split sizes are agreed pair by pair: the rank whose receive does not fit fails, while the
+// others have already finished. So these collectives run a dissemination exchange of empty,
+// fingerprinted messages (ceil(log2 n) rounds): no rank finishes it before every rank's call has
+// been compared, directly or through a chain of ranks whose calls matched. Rooted collectives
+// run it first (a rank that disagrees fails before it sends or waits for data); alltoallv runs it
+// last (a rank joins it only once its own receives fitted). Its cost, ceil(log2 n) alpha, is
+// measured in docs/performance.md.
+enum class Agreement { kNone, kBefore, kAfter };
+Agreement agreement_of(CollectiveKind kind);
+
+// Folds a list of counts (allgatherv's, which every rank passes whole) into the fingerprint's
+// count field, so that ranks passing different lists disagree like ranks passing other counts.
+uint64_t digest_counts(std::span<const size_t> counts);
+
 // Thrown when a peer's message carries another call's fingerprint.
 struct MismatchInfo {
   int peer = -1;

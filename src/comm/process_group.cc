@@ -404,7 +404,10 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
     watchdog_->enter(seq, call);
     try {
       if (mismatched) std::rethrow_exception(mismatched);
+      const Agreement agreement = size_ > 1 ? agreement_of(call.kind) : Agreement::kNone;
+      if (agreement == Agreement::kBefore) algo::barrier_dissemination(ctx);
       body(ctx);
+      if (agreement == Agreement::kAfter) algo::barrier_dissemination(ctx);
     } catch (...) {
       // Tell the peers first (they fail at once), then ask everyone what they called.
       on_collective_failed(seq, std::current_exception());
@@ -548,7 +551,8 @@ std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, cons
                         return allgatherv(h[0], h[1], counts, with_timeout(o, left));
                       });
   check_allgatherv(info(), out, in, counts);
-  CollectiveCall call{CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0, 0};
+  CollectiveCall call{CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0,
+                      digest_counts(counts)};
   auto algo = choose(call.kind, o.algorithm, in.nbytes());
   return submit(call, algo, o.timeout, o.async_op, [out, in, counts](CollectiveContext& ctx) {
     const size_t elem = ctx.element_size();

@@ -425,6 +425,108 @@ TEST(Collectives, MismatchFailsEveryRankWithNames) {
   }
 }
 
+// Ranks that disagree on any one argument fail in the mismatched call itself, every one of them,
+// long before the operation's timeout: no rank returns from it with data the others do not have,
+// and none waits for a message nobody sends (a root mismatch in reduce or gather did, until the
+// timeout). The arguments: root, op, dtype, count, and the split sizes of the v-forms.
+TEST(Collectives, ADisagreementFailsTheCallItselfOnEveryRank) {
+  struct Case {
+    const char* name;
+    std::function<void(ProcessGroup&, int)> call;
+    int world = 3;
+  };
+  auto f = [](size_t n) { return std::vector<float>(n, 1.0f); };
+  std::vector<Case> cases = {
+      {"broadcast root", [&](ProcessGroup& pg, int rank) {
+         auto v = f(64);
+         pg.broadcast(TensorView::of(v), {.root = rank == 1 ? 1 : 0})->wait();
+       }},
+      {"broadcast root, large", [&](ProcessGroup& pg, int rank) {
+         auto v = f(1 << 20);
+         pg.broadcast(TensorView::of(v), {.root = rank == 2 ? 1 : 0})->wait();
+       }, 4},
+      {"broadcast, every rank the root", [&](ProcessGroup& pg, int rank) {
+         auto v = f(64);
+         pg.broadcast(TensorView::of(v), {.root = rank})->wait();
+       }, 2},
+      {"scatter root", [&](ProcessGroup& pg, int rank) {
+         auto in = f(64 * pg.size()), out = f(64);
+         pg.scatter(TensorView::of(out), TensorView::of(in), {.root = rank == 1 ? 1 : 0})->wait();
+       }},
+      {"reduce root", [&](ProcessGroup& pg, int rank) {
+         auto v = f(64);
+         pg.reduce(TensorView::of(v), {.root = rank == 1 ? 1 : 0})->wait();
+       }},
+      {"gather root", [&](ProcessGroup& pg, int rank) {
+         auto in = f(64), out = f(64 * pg.size());
+         pg.gather(TensorView::of(out), TensorView::of(in), {.root = rank == 1 ? 1 : 0})->wait();
+       }},
+      {"reduce op", [&](ProcessGroup& pg, int rank) {
+         auto v = f(64);
+         pg.reduce(TensorView::of(v), {.op = rank == 2 ? ReduceOp::kMax : ReduceOp::kSum})->wait();
+       }},
+      {"all_reduce op", [&](ProcessGroup& pg, int rank) {
+         auto v = f(64);
+         pg.allreduce(TensorView::of(v), {.op = rank == 1 ? ReduceOp::kMax : ReduceOp::kSum})->wait();
+       }},
+      {"broadcast count", [&](ProcessGroup& pg, int rank) {
+         auto v = f(rank == 2 ? 32 : 64);
+         pg.broadcast(TensorView::of(v))->wait();
+       }},
+      {"all_gather dtype", [&](ProcessGroup& pg, int rank) {
+         std::vector<int32_t> i(64 * pg.size()), ii(64);
+         auto o = f(64 * pg.size()), in = f(64);
+         if (rank == 0) pg.allgather(TensorView::of(i), TensorView::of(ii))->wait();
+         else pg.allgather(TensorView::of(o), TensorView::of(in))->wait();
+       }},
+      {"reduce_scatter count", [&](ProcessGroup& pg, int rank) {
+         const size_t n = rank == 1 ? 16 : 64;
+         auto in = f(n * pg.size()), out = f(n);
+         pg.reduce_scatter(TensorView::of(out), TensorView::of(in))->wait();
+       }},
+      {"all_gather_v counts", [&](ProcessGroup& pg, int rank) {
+         // Rank 1 believes rank 2 sends 8 elements, the others 16; each sends what it believes.
+         std::vector<size_t> counts(pg.size(), 16);
+         if (rank == 1) counts[2] = 8;
+         auto in = f(counts[rank]), out = f(16 * pg.size());
+         pg.allgatherv(TensorView::of(out), TensorView::of(in), counts)->wait();
+       }},
+      {"all_to_all_v split sizes", [&](ProcessGroup& pg, int rank) {
+         // Rank 0 sends rank 2 eight elements; rank 2 expects four from it.
+         std::vector<size_t> in_counts(pg.size(), 4), out_counts(pg.size(), 4);
+         if (rank == 0) in_counts[2] = 8;
+         auto in = f(4 * pg.size() + 4), out = f(4 * pg.size());
+         pg.alltoallv(TensorView::of(out), out_counts, TensorView::of(in), in_counts)->wait();
+       }},
+  };
+  for (auto& c : cases) {
+    const int port = free_port();
+    auto results = run_ranks(c.world, [&](int rank) {
+      auto pg = make_group(rank, c.world, port, {}, 60s);
+      pg->barrier()->wait();
+      auto start = std::chrono::steady_clock::now();
+      try {
+        c.call(*pg, rank);
+        std::fprintf(stderr, "case %s: rank %d returned from the mismatched call\n", c.name, rank);
+        ::_exit(4);
+      } catch (const Error& e) {
+        auto took = std::chrono::steady_clock::now() - start;
+        std::string m = e.what();
+        RANK_CHECK(m.find("#2") != std::string::npos, "case {}: message lacks the call: {}", c.name, m);
+        RANK_CHECK(took < 10s, "case {}: took {} ms against a 60 s limit", c.name,
+                   std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+        if (rank == 0) std::this_thread::sleep_for(4500ms);  // hosts the store for the post-mortems
+        ::_exit(3);
+      }
+    }, 60s);
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_FALSE(results[r].timed_out) << c.name;
+      EXPECT_EQ(results[r].exit_code, 3) << "case " << c.name << ": rank " << r
+                                         << " did not fail in the mismatched call";
+    }
+  }
+}
+
 TEST(Collectives, KilledPeerFailsTheOthers) {
   const int port = free_port();
   auto results = run_ranks(3, [&](int rank) {
