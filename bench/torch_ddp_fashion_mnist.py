@@ -2,15 +2,16 @@
 that dtrain's data-parallel throughput is compared with (docs/performance.md).
 
     OMP_NUM_THREADS=1 build/bin/dtrain run -n 2 -- /usr/bin/python3 bench/torch_ddp_fashion_mnist.py --max-steps 300
+    ... torch_ddp_fashion_mnist.py --backend dtrain     # the same script on dtrain's backend
 
-Uses Debian's python3-torch (gloo backend; RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the
-launcher) and Debian's dataset-fashion-mnist; prints one `RESULT {json}` line from rank 0, with
+Uses Debian's python3-torch (gloo backend, or dtrain's with --backend dtrain and
+PYTHONPATH=build/python unless the package is installed; RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
+from the launcher) and Debian's dataset-fashion-mnist; prints one `RESULT {json}` line from rank 0, with
 the same fields as train_fashion_mnist.
 """
 import argparse
 import gzip
 import json
-import os
 import struct
 import time
 
@@ -51,13 +52,13 @@ def main():
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--max-steps", type=int, default=300)
+    p.add_argument("--backend", default="gloo", help="gloo, or dtrain (import dtrain.torch)")
     a = p.parse_args()
     torch.set_num_threads(1)
-    # Under `dtrain run` the launcher's store holds MASTER_PORT and speaks dtrain's protocol:
-    # torch's rank 0 hosts its own TCPStore on the next port.
-    if os.environ.get("DTRAIN_AGENT_STORE") == "1":
-        os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 1)
-    dist.init_process_group("gloo")
+    if a.backend == "dtrain":
+        import dtrain.torch  # noqa: F401  registers the backend
+    # Under `dtrain run` (as under torchrun) this meets the launcher's store on MASTER_PORT.
+    dist.init_process_group(a.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     images = read_idx(f"{DATA}/train-images-idx3-ubyte.gz").float().div_(255).unsqueeze(1)
     labels = read_idx(f"{DATA}/train-labels-idx1-ubyte.gz").long()
@@ -80,7 +81,8 @@ def main():
     seconds = time.perf_counter() - start
     ips = (steps - 1) * a.batch_size * world / seconds
     if rank == 0:
-        print("RESULT " + json.dumps({"strategy": "torch-ddp", "world_size": world, "steps": steps,
+        print("RESULT " + json.dumps({"strategy": "torch-ddp", "backend": a.backend,
+                                      "world_size": world, "steps": steps,
                                       "images_per_sec": ips,
                                       "final_loss": sum(losses[-20:]) / len(losses[-20:])}),
               flush=True)

@@ -494,6 +494,7 @@ class Agent {
            {"DTRAIN_JOB_ID", round_job_id(plan.round)},
            {"DTRAIN_RESTART_COUNT", restarts},
            {"TORCHELASTIC_RESTART_COUNT", restarts},
+           {"TORCHELASTIC_USE_AGENT_STORE", "True"},
            {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options_.max_restarts)},
            {"TORCHELASTIC_RUN_ID", options_.run_id}}});
       if (!commit_dir_->path().empty())
@@ -512,6 +513,7 @@ class Agent {
       so.host = me_.addr.rfind("127.", 0) == 0 ? "127.0.0.1" : "";
       so.port = 0;
       so.job_id = round_job_id(plan.round);
+      so.torch_clients = true;  // a PyTorch script's init_process_group uses it, as under torchrun
       server = std::make_unique<TcpStoreServer>(so);
       rdzv_->set_master(plan.round, std::to_string(server->port()));
       return server->port();

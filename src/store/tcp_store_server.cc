@@ -26,6 +26,7 @@
 #include "dtrain/store.h"
 #include "store/store_protocol.h"
 #include "store/store_util.h"
+#include "store/torch_store_protocol.h"
 
 namespace dtrain {
 
@@ -71,6 +72,8 @@ struct TcpStoreServer::Impl {
 
   void accept_loop();
   void serve(Connection& c);
+  bool first_byte(Connection& c, uint8_t& byte);
+  void serve_torch(Connection& c);
   Response handle(const Request& req);
   bool all_present(const std::vector<std::string>& keys) const;
   std::vector<std::string> missing(const std::vector<std::string>& keys) const;
@@ -203,8 +206,37 @@ Response TcpStoreServer::Impl::handle(const Request& req) {
   return resp;
 }
 
+// Waits for the client's first byte and peeks at it; false when the client hung up (or the
+// server stopped) first. With torch clients served, a connection that stays silent is held:
+// torch's client opens one (for watch_key callbacks) that never speaks unless asked to.
+bool TcpStoreServer::Impl::first_byte(Connection& c, uint8_t& byte) {
+  const int fd = c.fd.get();
+  const Deadline deadline = options.torch_clients ? Deadline::never()
+                                                 : Deadline::after(options.handshake_timeout);
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    int pr = ::poll(&p, 1, deadline.poll_ms());
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr == 0) {
+      DTRAIN_LOG_WARN("store server: {} sent nothing within {} ms; closing the connection",
+                      c.peer, options.handshake_timeout.count());
+      return false;
+    }
+    ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK);
+    if (n == 1) return true;
+    if (n < 0 && errno == EINTR) continue;
+    return false;  // hung up, or shut down by stop()
+  }
+}
+
 void TcpStoreServer::Impl::serve(Connection& c) {
   const int fd = c.fd.get();
+  uint8_t first = 0;
+  if (!first_byte(c, first)) return;
+  if (options.torch_clients && store::is_torch_query(first)) {
+    serve_torch(c);
+    return;
+  }
   try {
     net::handshake_accept(fd, handshake, net::Role::kStoreClient, -1,
                           Deadline::after(options.handshake_timeout));
@@ -232,6 +264,28 @@ void TcpStoreServer::Impl::serve(Connection& c) {
     }
     // Errors caused by stop() shutting the socket are expected; anything else is worth a line.
     if (!stopping_now) DTRAIN_LOG_WARN("store server: dropped client {}: {}", c.peer, e.what());
+  }
+}
+
+void TcpStoreServer::Impl::serve_torch(Connection& c) {
+  if (!handshake.token.empty()) {
+    DTRAIN_LOG_WARN("store server: refused a torch TCPStore client from {}: the job has an "
+                    "authentication token (DTRAIN_AUTH_TOKEN), which torch's store protocol "
+                    "cannot present",
+                    c.peer);
+    return;
+  }
+  const std::string context = fmt::format("store server, torch client {}", c.peer);
+  try {
+    store::serve_torch_client(c.fd.get(), {[this](const Request& r) { return handle(r); }},
+                              context);
+  } catch (const std::exception& e) {
+    bool stopping_now;
+    {
+      std::lock_guard lock(data_mutex);
+      stopping_now = stopping;
+    }
+    if (!stopping_now) DTRAIN_LOG_WARN("store server: dropped torch client {}: {}", c.peer, e.what());
   }
 }
 

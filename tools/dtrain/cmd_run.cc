@@ -134,6 +134,8 @@ std::unique_ptr<TcpStoreServer> start_store(const RunArgs& a) {
   // A single-node job on loopback stays off the network; otherwise the other nodes must reach it.
   o.host = (a.nnodes == 1 && a.master_addr == "127.0.0.1") ? "127.0.0.1" : "";
   o.port = static_cast<uint16_t>(a.master_port);
+  // PyTorch scripts meet the same store, as under torchrun (TORCHELASTIC_USE_AGENT_STORE below).
+  o.torch_clients = true;
   // With the default port on one node, any port does as well: the workers learn it from
   // MASTER_PORT. With several nodes or a port asked for explicitly, a busy port is an error.
   if (a.port_given || a.nnodes > 1) return std::make_unique<TcpStoreServer>(o);
@@ -211,8 +213,13 @@ int run_job(const RunArgs& a) {
          {"GROUP_RANK", std::to_string(a.node_rank)},
          {"MASTER_ADDR", a.master_addr},
          {"MASTER_PORT", std::to_string(port)},
-         // The launcher of node 0 hosts the store, so rank 0 must not host another.
-         {"DTRAIN_AGENT_STORE", "1"}}});
+         // The launcher of node 0 hosts the store, so rank 0 must not host another; torch's
+         // init_process_group connects to it too, as under torchrun.
+         {"DTRAIN_AGENT_STORE", "1"},
+         {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+         {"TORCHELASTIC_RESTART_COUNT", "0"},
+         {"TORCHELASTIC_MAX_RESTARTS", "0"},
+         {"TORCHELASTIC_RUN_ID", env::get_string(env::kJobId)}}});
     options.workers.back().cpus = launch::cpu_share(local, a.nproc, cpus);
     if (a.servers > 0) {
       auto& env = options.workers.back().env;
