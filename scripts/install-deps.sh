@@ -2,17 +2,16 @@
 # Installs every Debian package dtrain needs to build, test and run its main job.
 # Idempotent: packages already present are skipped, so a second run takes a second.
 # Run as root (or with sudo available) on Debian 12.
-#   scripts/install-deps.sh           what the build, the tests and the backends need
-#   scripts/install-deps.sh --bench   also python3-torch, for the torch peer of `dtrain bench` (big)
+#   scripts/install-deps.sh   what the build, the tests, the backends and the Python package need
+# (--bench is accepted for older instructions: python3-torch, the torch peer of `dtrain bench`,
+# is always installed now, since the Python package needs it.)
 set -euo pipefail
 
-bench=0
 for arg in "$@"; do
   case "$arg" in
-    --bench) bench=1 ;;
+    --bench) ;;
     -h|--help)
-      echo "usage: scripts/install-deps.sh [--bench]"
-      echo "  --bench  also install python3-torch, for the torch peer of dtrain bench (large)"
+      echo "usage: scripts/install-deps.sh"
       exit 0 ;;
     *) echo "install-deps: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
@@ -31,14 +30,12 @@ packages=(
   libtorch-dev dataset-fashion-mnist libjemalloc-dev libopenblas0-pthread
   # the Gloo and MPI backends, and the gloo/mpi peers of `dtrain bench`
   libgloo-dev libopenmpi-dev openmpi-bin
+  # the Python package (torch.distributed backend): Debian's torch, pybind11, headers; its tests
+  python3-torch python3-dev pybind11-dev python3-pytest python3-numpy
   # tests/launch/engines_test: a throwaway single-node Slurm (slurmctld, slurmd, srun, munge)
   # and the Kubernetes manifests read with PyYAML
   slurm-wlm munge python3-yaml
 )
-if [ "$bench" -eq 1 ]; then
-  # the torch peer of `dtrain bench` (torch.distributed over gloo)
-  packages+=(python3-torch)
-fi
 
 missing=()
 for p in "${packages[@]}"; do

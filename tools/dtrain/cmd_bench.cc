@@ -691,7 +691,7 @@ std::optional<Outcome> run_peer(const std::string& name, const BenchArgs& a, con
         "torch", {ChildSpec{"import check", {kPythonPath, "-c", "import torch.distributed"}, {}}}, probe_args);
     if (!probe.failure.empty())
       return skip("python3 cannot import torch.distributed (install python3-torch, e.g. "
-                  "scripts/install-deps.sh --bench)");
+                  "with scripts/install-deps.sh)");
     uint16_t port = free_port();
     for (int r = 0; r < a.np; ++r) {
       auto env = rank_env(r, a.np, port);

@@ -1,0 +1,528 @@
+#include "python/torch/c10d_process_group.h"
+
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "dtrain/error.h"
+#include "python/torch/c10d_store.h"
+#include "python/torch/c10d_work.h"
+
+namespace dtrain::python {
+namespace {
+
+using std::chrono::milliseconds;
+
+DType dtype_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::kF32;
+    case at::kDouble: return DType::kF64;
+    case at::kHalf: return DType::kF16;
+    case at::kBFloat16: return DType::kBF16;
+    case at::kChar: return DType::kI8;
+    case at::kByte: return DType::kU8;
+    case at::kBool: return DType::kU8;  // 0 or 1 in a byte; reductions map to logical ones
+    case at::kInt: return DType::kI32;
+    case at::kLong: return DType::kI64;
+    default:
+      throw InvalidArgumentError(fmt::format(
+          "dtrain backend: tensors of dtype {} cannot be communicated (supported: float32, "
+          "float64, float16, bfloat16, int8, uint8, bool, int32, int64)",
+          c10::toString(t.scalar_type())));
+  }
+}
+
+// The view dtrain reads and writes: the tensor's own memory, which must be contiguous.
+TensorView view_of(const at::Tensor& t) {
+  TensorView v{t.data_ptr(), static_cast<size_t>(t.numel()), dtype_of(t)};
+  if (t.is_cuda()) {
+    v.device = Device::kCuda;
+    v.device_index = t.get_device();
+  } else if (!t.is_cpu()) {
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: tensors on {} cannot be communicated (CPU and CUDA only)",
+        t.device().str()));
+  }
+  return v;
+}
+
+// The one tensor torch passes per process (lists of several are for one process driving several
+// GPUs, which dtrain does not do: one process per GPU).
+at::Tensor& single(std::vector<at::Tensor>& tensors, const char* op) {
+  if (tensors.size() != 1)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: {} takes one tensor per process, got a list of {} (run one process "
+        "per device)",
+        op, tensors.size()));
+  return tensors[0];
+}
+
+ReduceOp reduce_op(const c10d::ReduceOp& op, const at::Tensor& t, const char* what) {
+  const bool boolean = t.scalar_type() == at::kBool;
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return boolean ? ReduceOp::kMax : ReduceOp::kSum;  // logical or
+    case c10d::ReduceOp::PREMUL_SUM: return ReduceOp::kSum;  // after scaling: see premultiply
+    case c10d::ReduceOp::AVG:
+      if (boolean) break;
+      return ReduceOp::kAvg;
+    case c10d::ReduceOp::PRODUCT: return boolean ? ReduceOp::kMin : ReduceOp::kProd;  // and
+    case c10d::ReduceOp::MIN: return ReduceOp::kMin;
+    case c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    case c10d::ReduceOp::BAND: return ReduceOp::kBand;
+    case c10d::ReduceOp::BOR: return ReduceOp::kBor;
+    case c10d::ReduceOp::BXOR: return ReduceOp::kBxor;
+    default: break;
+  }
+  throw InvalidArgumentError(fmt::format("dtrain backend: {} with reduce op {} on {} tensors is "
+                                         "not supported",
+                                         what, static_cast<int>(op.op_),
+                                         c10::toString(t.scalar_type())));
+}
+
+// PREMUL_SUM (torch.distributed._make_nccl_premul_sum): multiply by the factor, then sum.
+void premultiply(const c10d::ReduceOp& op, at::Tensor& t) {
+  if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return;
+  auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  if (s == nullptr)
+    throw InvalidArgumentError("dtrain backend: PREMUL_SUM without its factor");
+  if (!s->tensor_factors.empty())
+    t.mul_(s->tensor_factors.at(0).to(t.device()));
+  else
+    t.mul_(s->double_factor);
+}
+
+milliseconds timeout_of(milliseconds t) {
+  return t == c10d::kUnsetTimeout ? milliseconds(0) : t;
+}
+
+// A contiguous tensor the operation can use in place of `t`: `t` itself when it is contiguous,
+// else a copy (copied back by the caller once the operation succeeds, when `t` is an output).
+at::Tensor contiguous(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// One flat buffer of `tensors` laid end to end (same dtype and device as the first).
+at::Tensor flat_like(const std::vector<at::Tensor>& tensors, const at::Tensor& like) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += t.numel();
+  return at::empty({n}, like.options());
+}
+
+void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const char* what) {
+  if (a.scalar_type() != b.scalar_type() || a.device() != b.device())
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: {}: {} must have the input's dtype and device ({} on {}), got {} on {}",
+        op, what, c10::toString(b.scalar_type()), b.device().str(),
+        c10::toString(a.scalar_type()), a.device().str()));
+}
+
+void check_list(const std::vector<at::Tensor>& list, size_t n, int64_t numel,
+                const at::Tensor& like, const char* op, const char* what) {
+  if (list.size() != n)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: {}: {} has {} tensors; the group has {} ranks", op, what, list.size(), n));
+  for (size_t i = 0; i < list.size(); ++i) {
+    check_same(list[i], like, op, what);
+    if (list[i].numel() != numel)
+      throw InvalidArgumentError(fmt::format(
+          "dtrain backend: {}: tensor {} of {} has {} elements, the input {}", op, i, what,
+          list[i].numel(), numel));
+  }
+}
+
+// Copies block i of `flat` (blocks of each destination's size, in order) into each destination.
+void copy_out(const at::Tensor& flat, std::vector<at::Tensor>& dests) {
+  int64_t off = 0;
+  for (auto& d : dests) {
+    d.copy_(flat.narrow(0, off, d.numel()).view(d.sizes()));
+    off += d.numel();
+  }
+}
+
+void copy_in(at::Tensor& flat, const std::vector<at::Tensor>& sources) {
+  int64_t off = 0;
+  for (const auto& s : sources) {
+    flat.narrow(0, off, s.numel()).copy_(s.reshape({-1}));
+    off += s.numel();
+  }
+}
+
+}  // namespace
+
+C10dProcessGroup::C10dProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                   int size, const Options& options)
+    : c10d::ProcessGroup(rank, size), completer_(std::make_shared<FutureCompleter>()) {
+  ProcessGroupOptions o;
+  o.name = options.name;
+  o.timeout = options.timeout;
+  pg_ = dtrain::ProcessGroup::create(std::make_shared<C10dStore>(store), rank, size, o);
+  init();
+}
+
+C10dProcessGroup::~C10dProcessGroup() = default;
+
+c10::intrusive_ptr<C10dWork> C10dProcessGroup::make_work(c10d::OpType type, const char* title,
+                                                         bool collective) {
+  if (collective) seq_.fetch_add(1);
+  return c10::make_intrusive<C10dWork>(rank_, type, title,
+                                       collective ? completer_ : nullptr);
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
+                                                           const c10d::BroadcastOptions& opts) {
+  at::Tensor t = single(tensors, "broadcast");
+  at::Tensor buf = contiguous(t);
+  auto work = make_work(c10d::OpType::BROADCAST, "dtrain:broadcast", true);
+  work->add(pg_->broadcast(view_of(buf), {.root = static_cast<int>(opts.rootRank),
+                                          .timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(buf);
+  if (!buf.is_same(t)) work->then([t, buf]() mutable { t.copy_(buf); });
+  work->set_result({t});
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
+                                                           const c10d::AllreduceOptions& opts) {
+  at::Tensor t = single(tensors, "all_reduce");
+  const ReduceOp op = reduce_op(opts.reduceOp, t, "all_reduce");
+  at::Tensor buf = contiguous(t);
+  premultiply(opts.reduceOp, buf);
+  auto work = make_work(c10d::OpType::ALLREDUCE, "dtrain:all_reduce", true);
+  work->add(pg_->allreduce(view_of(buf), {.op = op, .timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(buf);
+  if (!buf.is_same(t)) work->then([t, buf]() mutable { t.copy_(buf); });
+  work->set_result({t});
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  if (tensors.empty())
+    throw InvalidArgumentError("dtrain backend: allreduce_coalesced of an empty list");
+  for (const auto& t : tensors) check_same(t, tensors[0], "allreduce_coalesced", "every tensor");
+  const ReduceOp op = reduce_op(opts.reduceOp, tensors[0], "allreduce_coalesced");
+  at::Tensor flat = flat_like(tensors, tensors[0]);
+  copy_in(flat, tensors);
+  premultiply(opts.reduceOp, flat);
+  auto work = make_work(c10d::OpType::ALLREDUCE_COALESCED, "dtrain:allreduce_coalesced", true);
+  work->add(pg_->allreduce(view_of(flat), {.op = op, .timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(flat);
+  work->then([tensors, flat]() mutable { copy_out(flat, tensors); });
+  work->set_result(tensors);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::reduce(std::vector<at::Tensor>& tensors,
+                                                        const c10d::ReduceOptions& opts) {
+  at::Tensor t = single(tensors, "reduce");
+  const ReduceOp op = reduce_op(opts.reduceOp, t, "reduce");
+  const bool root = opts.rootRank == rank_;
+  // dtrain's reduce leaves the other ranks' buffers undefined; torch users expect theirs intact.
+  at::Tensor buf = root ? contiguous(t) : t.contiguous().clone();
+  premultiply(opts.reduceOp, buf);
+  auto work = make_work(c10d::OpType::REDUCE, "dtrain:reduce", true);
+  work->add(pg_->reduce(view_of(buf), {.root = static_cast<int>(opts.rootRank), .op = op,
+                                       .timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(buf);
+  if (root && !buf.is_same(t)) work->then([t, buf]() mutable { t.copy_(buf); });
+  work->set_result({t});
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  at::Tensor in = contiguous(single(inputs, "all_gather"));
+  if (outputs.size() != 1)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: all_gather takes one output list per process, got {}", outputs.size()));
+  auto& outs = outputs[0];
+  check_list(outs, size_, in.numel(), in, "all_gather", "the output list");
+  at::Tensor flat = at::empty({in.numel() * size_}, in.options());
+  auto work = make_work(c10d::OpType::ALLGATHER, "dtrain:all_gather", true);
+  work->add(pg_->allgather(view_of(flat), view_of(in), {.timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(in);
+  work->keep_alive(flat);
+  work->then([outs, flat]() mutable { copy_out(flat, outs); });
+  work->set_result(outs);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  check_same(output, input, "all_gather_into_tensor", "the output");
+  if (output.numel() != input.numel() * size_)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: all_gather_into_tensor: the output has {} elements; it needs world "
+        "size x input = {} x {}",
+        output.numel(), size_, input.numel()));
+  at::Tensor in = contiguous(input), out = contiguous(output);
+  auto work = make_work(c10d::OpType::_ALLGATHER_BASE, "dtrain:all_gather_into_tensor", true);
+  work->add(pg_->allgather(view_of(out), view_of(in), {.timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(in);
+  work->keep_alive(out);
+  if (!out.is_same(output)) work->then([output, out]() mutable { output.copy_(out); });
+  work->set_result({output});
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  if (outputs.size() != inputs.size())
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: allgather_coalesced: {} output lists for {} inputs", outputs.size(),
+        inputs.size()));
+  if (inputs.empty())
+    throw InvalidArgumentError("dtrain backend: allgather_coalesced of an empty list");
+  // One all-gather of every input laid end to end: rank r's block is its inputs in order.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_same(inputs[i], inputs[0], "allgather_coalesced", "every input");
+    check_list(outputs[i], size_, inputs[i].numel(), inputs[i], "allgather_coalesced",
+               "an output list");
+  }
+  at::Tensor block = flat_like(inputs, inputs[0]);
+  copy_in(block, inputs);
+  at::Tensor flat = at::empty({block.numel() * size_}, block.options());
+  auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, "dtrain:allgather_coalesced", true);
+  work->add(pg_->allgather(view_of(flat), view_of(block), {.timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(block);
+  work->keep_alive(flat);
+  const int n = size_;
+  work->then([outputs, flat, n, per = block.numel()]() mutable {
+    for (int r = 0; r < n; ++r) {
+      int64_t off = r * per;
+      for (auto& list : outputs) {
+        auto& d = list[r];
+        d.copy_(flat.narrow(0, off, d.numel()).view(d.sizes()));
+        off += d.numel();
+      }
+    }
+  });
+  std::vector<at::Tensor> result;
+  for (auto& list : outputs) result.insert(result.end(), list.begin(), list.end());
+  work->set_result(result);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  at::Tensor in = contiguous(single(inputs, "gather"));
+  const int root = static_cast<int>(opts.rootRank);
+  at::Tensor flat;
+  std::vector<at::Tensor> outs;
+  if (rank_ == root) {
+    if (outputs.size() != 1)
+      throw InvalidArgumentError(fmt::format(
+          "dtrain backend: gather: the root takes one output list, got {}", outputs.size()));
+    outs = outputs[0];
+    check_list(outs, size_, in.numel(), in, "gather", "the root's output list");
+    flat = at::empty({in.numel() * size_}, in.options());
+  } else if (!outputs.empty() && !outputs[0].empty()) {
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: gather: rank {} is not the root ({}) and must pass no output list",
+        rank_, root));
+  }
+  auto work = make_work(c10d::OpType::GATHER, "dtrain:gather", true);
+  TensorView out_view = flat.defined() ? view_of(flat) : TensorView{nullptr, 0, dtype_of(in)};
+  work->add(pg_->gather(out_view, view_of(in), {.root = root, .timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(in);
+  if (flat.defined()) {
+    work->keep_alive(flat);
+    work->then([outs, flat]() mutable { copy_out(flat, outs); });
+  }
+  work->set_result(outs);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  at::Tensor output = single(outputs, "scatter");
+  at::Tensor out = contiguous(output);
+  const int root = static_cast<int>(opts.rootRank);
+  at::Tensor flat;
+  if (rank_ == root) {
+    if (inputs.size() != 1)
+      throw InvalidArgumentError(fmt::format(
+          "dtrain backend: scatter: the root takes one input list, got {}", inputs.size()));
+    check_list(inputs[0], size_, out.numel(), out, "scatter", "the root's input list");
+    flat = flat_like(inputs[0], out);
+    copy_in(flat, inputs[0]);
+  } else if (!inputs.empty() && !inputs[0].empty()) {
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: scatter: rank {} is not the root ({}) and must pass no input list",
+        rank_, root));
+  }
+  auto work = make_work(c10d::OpType::SCATTER, "dtrain:scatter", true);
+  TensorView in_view = flat.defined() ? view_of(flat) : TensorView{nullptr, 0, dtype_of(out)};
+  work->add(pg_->scatter(view_of(out), in_view, {.root = root, .timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(out);
+  if (flat.defined()) work->keep_alive(flat);
+  if (!out.is_same(output)) work->then([output, out]() mutable { output.copy_(out); });
+  work->set_result({output});
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  at::Tensor output = single(outputs, "reduce_scatter");
+  if (inputs.size() != 1)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: reduce_scatter takes one input list per process, got {}", inputs.size()));
+  check_list(inputs[0], size_, output.numel(), output, "reduce_scatter", "the input list");
+  const ReduceOp op = reduce_op(opts.reduceOp, output, "reduce_scatter");
+  at::Tensor flat = flat_like(inputs[0], output);
+  copy_in(flat, inputs[0]);
+  premultiply(opts.reduceOp, flat);
+  at::Tensor out = contiguous(output);
+  auto work = make_work(c10d::OpType::REDUCE_SCATTER, "dtrain:reduce_scatter", true);
+  work->add(pg_->reduce_scatter(view_of(out), view_of(flat),
+                                {.op = op, .timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(flat);
+  work->keep_alive(out);
+  if (!out.is_same(output)) work->then([output, out]() mutable { output.copy_(out); });
+  work->set_result({output});
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  check_same(output, input, "reduce_scatter_tensor", "the output");
+  if (input.numel() != output.numel() * size_)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: reduce_scatter_tensor: the input has {} elements; it needs world size "
+        "x output = {} x {}",
+        input.numel(), size_, output.numel()));
+  const ReduceOp op = reduce_op(opts.reduceOp, output, "reduce_scatter_tensor");
+  at::Tensor in = contiguous(input);
+  if (opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM) {
+    in = in.clone();  // the caller's input stays as it was
+    premultiply(opts.reduceOp, in);
+  }
+  at::Tensor out = contiguous(output);
+  auto work = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, "dtrain:reduce_scatter_tensor", true);
+  work->add(pg_->reduce_scatter(view_of(out), view_of(in),
+                                {.op = op, .timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(in);
+  work->keep_alive(out);
+  if (!out.is_same(output)) work->then([output, out]() mutable { output.copy_(out); });
+  work->set_result({output});
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
+  check_same(output, input, "all_to_all_single", "the output");
+  at::Tensor in = contiguous(input), out = contiguous(output);
+  auto work = make_work(c10d::OpType::ALLTOALL_BASE, "dtrain:all_to_all_single", true);
+  const milliseconds timeout = timeout_of(opts.timeout);
+  if (output_split_sizes.empty() && input_split_sizes.empty()) {
+    work->add(pg_->alltoall(view_of(out), view_of(in), {.timeout = timeout}));
+  } else {
+    // Split sizes count rows (the first dimension); dtrain counts elements.
+    auto counts = [&](const std::vector<int64_t>& splits, const at::Tensor& t, const char* what) {
+      const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+      const int64_t row = rows == 0 ? 0 : t.numel() / rows;
+      std::vector<size_t> c(size_);
+      if (splits.empty()) {
+        if (rows % size_ != 0)
+          throw InvalidArgumentError(fmt::format(
+              "dtrain backend: all_to_all_single: {} has {} rows, not a multiple of the world "
+              "size {}; pass its split sizes",
+              what, rows, size_));
+        std::fill(c.begin(), c.end(), static_cast<size_t>(rows / size_ * row));
+        return c;
+      }
+      if (splits.size() != static_cast<size_t>(size_))
+        throw InvalidArgumentError(fmt::format(
+            "dtrain backend: all_to_all_single: {} split sizes for {} ranks", splits.size(), size_));
+      int64_t total = 0;
+      for (int i = 0; i < size_; ++i) {
+        if (splits[i] < 0)
+          throw InvalidArgumentError(fmt::format(
+              "dtrain backend: all_to_all_single: split size {} of {} is negative", i, what));
+        c[i] = static_cast<size_t>(splits[i] * row);
+        total += splits[i];
+      }
+      if (total != rows)
+        throw InvalidArgumentError(fmt::format(
+            "dtrain backend: all_to_all_single: the split sizes of {} add up to {} rows; it has {}",
+            what, total, rows));
+      return c;
+    };
+    auto in_counts = counts(input_split_sizes, in, "the input");
+    auto out_counts = counts(output_split_sizes, out, "the output");
+    work->add(pg_->alltoallv(view_of(out), out_counts, view_of(in), in_counts, {.timeout = timeout}));
+  }
+  work->keep_alive(in);
+  work->keep_alive(out);
+  if (!out.is_same(output)) work->then([output, out]() mutable { output.copy_(out); });
+  work->set_result({output});
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::alltoall(std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllToAllOptions& opts) {
+  if (inputs.size() != static_cast<size_t>(size_) || outputs.size() != static_cast<size_t>(size_))
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: all_to_all: {} inputs and {} outputs; the group has {} ranks",
+        inputs.size(), outputs.size(), size_));
+  for (const auto& t : inputs) check_same(t, inputs[0], "all_to_all", "every input");
+  for (const auto& t : outputs) check_same(t, inputs[0], "all_to_all", "every output");
+  std::vector<size_t> in_counts, out_counts;
+  for (const auto& t : inputs) in_counts.push_back(static_cast<size_t>(t.numel()));
+  for (const auto& t : outputs) out_counts.push_back(static_cast<size_t>(t.numel()));
+  at::Tensor in = flat_like(inputs, inputs[0]), out = flat_like(outputs, inputs[0]);
+  copy_in(in, inputs);
+  auto work = make_work(c10d::OpType::ALLTOALL, "dtrain:all_to_all", true);
+  work->add(pg_->alltoallv(view_of(out), out_counts, view_of(in), in_counts,
+                           {.timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(in);
+  work->keep_alive(out);
+  work->then([outputs, out]() mutable { copy_out(out, outputs); });
+  work->set_result(outputs);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::send(std::vector<at::Tensor>& tensors, int dst,
+                                                      int tag) {
+  at::Tensor t = contiguous(single(tensors, "send"));
+  auto work = make_work(c10d::OpType::SEND, "dtrain:send", false);
+  work->add(pg_->isend(view_of(t), dst, tag));
+  work->keep_alive(t);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::recv(std::vector<at::Tensor>& tensors, int src,
+                                                      int tag) {
+  at::Tensor t = single(tensors, "recv");
+  at::Tensor buf = contiguous(t);
+  auto work = make_work(c10d::OpType::RECV, "dtrain:recv", false);
+  work->add(pg_->irecv(view_of(buf), src, tag));
+  work->keep_alive(buf);
+  if (!buf.is_same(t)) work->then([t, buf]() mutable { t.copy_(buf); });
+  work->set_result({t});
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                               int tag) {
+  throw InvalidArgumentError(
+      "dtrain backend: recv without a source (any source) is not supported: pass src=");
+}
+
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::barrier(const c10d::BarrierOptions& opts) {
+  auto work = make_work(c10d::OpType::BARRIER, "dtrain:barrier", true);
+  work->add(pg_->barrier({.timeout = timeout_of(opts.timeout)}));
+  return work;
+}
+
+void C10dProcessGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  seq_.fetch_add(1);
+  pg_->barrier({.timeout = timeout_of(opts.timeout)})->wait();
+}
+
+}  // namespace dtrain::python

@@ -1,0 +1,162 @@
+#include "python/torch/c10d_work.h"
+
+#include <ATen/core/jit_type.h>
+#include <fmt/format.h>
+
+#include "dtrain/error.h"
+
+namespace dtrain::python {
+
+C10dWork::C10dWork(int rank, c10d::OpType type, const char* profiling_title,
+                   std::shared_ptr<FutureCompleter> completer)
+    : c10d::Work(rank, type, profiling_title), completer_(std::move(completer)) {}
+
+bool C10dWork::settle(std::optional<std::chrono::milliseconds> timeout) {
+  std::unique_lock lock(settle_mu_, std::defer_lock);
+  if (timeout) {
+    if (!lock.try_lock_for(*timeout)) return false;
+  } else {
+    lock.lock();
+  }
+  {
+    std::lock_guard l(mutex_);
+    if (completed_) return true;
+  }
+  std::exception_ptr error;
+  for (auto& w : works_) {
+    try {
+      w->wait(timeout);
+    } catch (...) {
+      // The first error is the one to report; the other works are waited for all the same, so
+      // that no buffer is left being written once this work says it ended.
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (!error && on_success_) {
+    try {
+      on_success_();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  finish(error);
+  alive_.clear();
+  complete_future();
+  return true;
+}
+
+bool C10dWork::isCompleted() {
+  {
+    std::lock_guard l(mutex_);
+    if (completed_) return true;
+  }
+  for (auto& w : works_)
+    if (!w->is_completed()) return false;
+  // Every part is done: settle it here (copies back, if any) unless another thread is at it.
+  return settle(std::chrono::milliseconds(0)) && c10d::Work::isCompleted();
+}
+
+bool C10dWork::isSuccess() const {
+  std::lock_guard l(mutex_);
+  return completed_ && !exception_;
+}
+
+std::exception_ptr C10dWork::exception() const {
+  std::lock_guard l(mutex_);
+  return exception_;
+}
+
+bool C10dWork::wait(std::chrono::milliseconds timeout) {
+  std::optional<std::chrono::milliseconds> limit;
+  if (timeout > std::chrono::milliseconds(0)) limit = timeout;
+  if (!settle(limit))
+    throw TimeoutError(fmt::format(
+        "rank {}: wait on {} timed out after {} ms (another thread is still waiting for it)",
+        rank_, c10d::opTypeToString(opType_), timeout.count()));
+  std::lock_guard l(mutex_);
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> C10dWork::getFuture() {
+  if (!completer_)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: {} has no future (as with gloo, only collectives do); call wait() instead",
+        c10d::opTypeToString(opType_)));
+  bool queue = false;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard l(future_mu_);
+    if (!future_) {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()));
+      queue = true;
+    }
+    future = future_;
+  }
+  if (queue) {
+    bool done;
+    {
+      std::lock_guard l(mutex_);
+      done = completed_;
+    }
+    if (done)
+      complete_future();
+    else
+      completer_->add(c10::intrusive_ptr<C10dWork>::reclaim_copy(this));
+  }
+  return future;
+}
+
+void C10dWork::complete_future() {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard l(future_mu_);
+    if (!future_ || future_done_) return;
+    {
+      std::lock_guard l2(mutex_);
+      if (!completed_) return;
+    }
+    future_done_ = true;
+    future = future_;
+  }
+  std::exception_ptr error = exception();
+  // Outside the locks: markCompleted runs the callbacks chained on the future (DDP's hooks).
+  if (error)
+    future->setError(error);
+  else
+    future->markCompleted(c10::IValue(outputs_));
+}
+
+FutureCompleter::FutureCompleter()
+    : thread_([this](std::stop_token stop) { run(stop); }) {}
+
+FutureCompleter::~FutureCompleter() {
+  thread_.request_stop();
+  cv_.notify_all();
+}
+
+void FutureCompleter::add(c10::intrusive_ptr<C10dWork> work) {
+  {
+    std::lock_guard l(mu_);
+    queue_.push_back(std::move(work));
+  }
+  cv_.notify_one();
+}
+
+void FutureCompleter::run(std::stop_token stop) {
+  for (;;) {
+    c10::intrusive_ptr<C10dWork> work;
+    {
+      std::unique_lock l(mu_);
+      // Stops only once the queue is empty: a queued work always ends by its own deadline.
+      cv_.wait(l, stop, [&] { return !queue_.empty(); });
+      if (queue_.empty()) return;
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    work->settle(std::nullopt);
+  }
+}
+
+}  // namespace dtrain::python

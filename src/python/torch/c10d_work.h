@@ -1,0 +1,84 @@
+// C10dWork: the c10d::Work that the dtrain backend hands torch for every operation.
+//
+// It holds the dtrain Works the operation was split into, the tensors they read and write (alive
+// until it ends), and what to do once they succeed (copy a staging buffer back into the caller's
+// tensors, for example). Whoever sees it end first settles it: the thread in wait(), a poll of
+// isCompleted(), or the group's FutureCompleter once a future was asked for (DDP's buckets, comm
+// hooks). Errors keep dtrain's full text: rank, peer, operation, sequence number, elapsed time.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "dtrain/work.h"
+
+namespace dtrain::python {
+
+class FutureCompleter;
+
+class C10dWork : public c10d::Work {
+ public:
+  C10dWork(int rank, c10d::OpType type, const char* profiling_title,
+           std::shared_ptr<FutureCompleter> completer);
+
+  // Building it (before it is returned to torch; not thread-safe).
+  void add(std::shared_ptr<dtrain::Work> work) { works_.push_back(std::move(work)); }
+  void then(std::function<void()> on_success) { on_success_ = std::move(on_success); }
+  void set_result(std::vector<at::Tensor> outputs) { outputs_ = std::move(outputs); }
+  void keep_alive(at::Tensor t) { alive_.push_back(std::move(t)); }
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override {}
+  // timeout 0 (c10d's kNoTimeout): the operation's own deadline, which always comes.
+  bool wait(std::chrono::milliseconds timeout) override;
+  // Point-to-point works have no future, as with gloo; collectives do.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+  // Waits for every dtrain Work, runs on_success, completes the future. Never throws; the
+  // error is recorded. With a timeout, false when another thread is settling it and did not
+  // finish in time.
+  bool settle(std::optional<std::chrono::milliseconds> timeout);
+
+ private:
+  void complete_future();
+
+  std::vector<std::shared_ptr<dtrain::Work>> works_;
+  std::function<void()> on_success_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> alive_;
+  std::shared_ptr<FutureCompleter> completer_;  // null for point-to-point
+
+  std::timed_mutex settle_mu_;  // one thread settles; the others wait for it (bounded)
+  std::mutex future_mu_;        // guards future_ and future_done_
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  bool future_done_ = false;
+};
+
+// One thread per process group that settles the works whose future was asked for, in call
+// order (the order the group runs its collectives), so that DDP's bucket futures and the
+// callbacks chained on them run as soon as each all-reduce is done, while backward goes on.
+class FutureCompleter {
+ public:
+  FutureCompleter();
+  ~FutureCompleter();  // settles what is queued (each work ends by its own deadline), then joins
+  void add(c10::intrusive_ptr<C10dWork> work);
+
+ private:
+  void run(std::stop_token stop);
+
+  std::mutex mu_;  // guards queue_
+  std::condition_variable_any cv_;
+  std::deque<c10::intrusive_ptr<C10dWork>> queue_;
+  std::jthread thread_;
+};
+
+}  // namespace dtrain::python

@@ -1,0 +1,73 @@
+"""Runs a function of tests/python/workers.py in N real processes, as torchrun would start them.
+
+Each process gets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (a free port; rank 0 hosts
+torch's TCPStore, as under plain env://) and runs ``workers.<name>(backend, *args)``. The harness
+returns each rank's exit code and output, and fails the test on a timeout, so that a hang is a
+failure with the ranks' output, never a stuck CI.
+"""
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Rank:
+    rank: int
+    code: int
+    out: str
+
+
+def env_for(rank, world, port, extra=None):
+    env = dict(os.environ)
+    env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    env.pop("DTRAIN_AGENT_STORE", None)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [os.environ.get("DTRAIN_PYTHONPATH", ""), HERE, os.environ.get("PYTHONPATH", "")] if p)
+    env.update(extra or {})
+    return env
+
+
+def run(world, name, *args, backend="dtrain", timeout=120, env=None, kill_rank=None):
+    """Runs workers.<name> on `world` ranks; returns [Rank] in rank order."""
+    port = free_port()
+    procs = []
+    for r in range(world):
+        cmd = [PYTHON, os.path.join(HERE, "workers.py"), name, backend, *map(str, args)]
+        procs.append(subprocess.Popen(cmd, env=env_for(r, world, port, env), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + timeout
+    results = []
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            outs = []
+            for i, q in enumerate(procs):
+                o, _ = q.communicate()
+                outs.append(f"--- rank {i} ---\n{o}")
+            raise AssertionError(f"{name} on {world} ranks did not finish within {timeout} s:\n"
+                                 + "\n".join(outs))
+        results.append(Rank(r, p.returncode, out))
+    return results
+
+
+def check_ok(results):
+    bad = [r for r in results if r.code != 0]
+    assert not bad, "\n".join(f"--- rank {r.rank} exited {r.code} ---\n{r.out}" for r in bad)

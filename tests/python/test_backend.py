@@ -1,0 +1,59 @@
+"""The torch.distributed backend "dtrain" in real processes over real sockets (tests/python/harness.py):
+every operation against values computed locally, sub-groups, DDP against gloo, failures."""
+import json
+import os
+import re
+
+import pytest
+
+import harness
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_operation_every_dtype(world):
+    harness.check_ok(harness.run(world, "ops", timeout=240))
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_sub_groups(world):
+    harness.check_ok(harness.run(world, "subgroups", timeout=300))
+
+
+def test_a_killed_rank_fails_the_others_with_its_name():
+    results = harness.run(3, "killed", 2, timeout=90)
+    assert results[2].code != 0
+    for r in results[:2]:
+        assert r.code == 3, f"rank {r.rank} exited {r.code}:\n{r.out}"
+        # The error names the dead peer.
+        assert re.search(r"rank 2\b", r.out), r.out
+
+
+def test_a_mismatched_collective_fails_every_rank_naming_both_calls():
+    results = harness.run(3, "mismatch", timeout=90)
+    for r in results:
+        assert r.code == 3, f"rank {r.rank} exited {r.code}:\n{r.out}"
+        assert "all_reduce(f32, 64, max)" in r.out and "all_reduce(f32, 64, sum)" in r.out, r.out
+
+
+@pytest.mark.parametrize("variant", ["plain", "unused", "no_sync", "hook", "all"])
+def test_ddp_on_dtrain_trains_as_ddp_on_gloo(tmp_path, variant):
+    runs = {}
+    for backend in ("gloo", "dtrain"):
+        out = tmp_path / f"{backend}.json"
+        harness.check_ok(harness.run(2, "ddp", out, variant, backend=backend, timeout=180))
+        runs[backend] = json.loads(out.read_text())
+    gloo, ours = runs["gloo"], runs["dtrain"]
+    assert len(ours["losses"]) == len(gloo["losses"]) > 0
+    for step, (a, b) in enumerate(zip(ours["losses"], gloo["losses"])):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), f"step {step}: loss {a} on dtrain, {b} on gloo"
+    for name, want in gloo["state"].items():
+        got = ours["state"][name]
+        flat_w = want if isinstance(want, list) else [want]
+        flat_g = got if isinstance(got, list) else [got]
+        assert json.dumps(got) == json.dumps(want) or _close(flat_g, flat_w), name
+
+
+def _close(a, b, tol=1e-5):
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b))
+    return abs(a - b) <= tol * max(1.0, abs(b))

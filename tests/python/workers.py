@@ -1,0 +1,332 @@
+"""The per-rank bodies of the Python tests: `python3 workers.py NAME BACKEND [ARGS...]`.
+
+Each starts torch.distributed with BACKEND through env:// (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT from tests/python/harness.py or a launcher), runs its checks against values computed
+locally, and exits 0; any mismatch raises, which exits non-zero with the traceback.
+"""
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import dtrain.torch  # noqa: F401  registers "dtrain"
+
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
+
+
+def init(backend, timeout_s=60):
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def value(rank, n, dtype):
+    """Rank r's tensor: small values that every dtype holds exactly, reduced without overflow."""
+    return ((torch.arange(n) % 5) + rank + 1).to(dtype)
+
+
+def expect(got, want, what):
+    if got.dtype in (torch.float16, torch.bfloat16):
+        ok = torch.allclose(got.double(), want.double(), rtol=1e-2, atol=1e-2)
+    else:
+        ok = torch.equal(got, want.to(got.dtype))
+    if not ok:
+        raise AssertionError(f"rank {dist.get_rank()}: {what}: got {got.tolist()[:12]}, "
+                             f"want {want.tolist()[:12]}")
+
+
+def reduced(op, world, n, dtype):
+    vals = [value(r, n, torch.int64) for r in range(world)]
+    if op == dist.ReduceOp.SUM:
+        out = sum(vals)
+    elif op == dist.ReduceOp.PRODUCT:
+        out = vals[0].clone()
+        for v in vals[1:]:
+            out = out * v
+    elif op == dist.ReduceOp.MIN:
+        out = torch.stack(vals).min(0).values
+    elif op == dist.ReduceOp.MAX:
+        out = torch.stack(vals).max(0).values
+    elif op == dist.ReduceOp.AVG:
+        return sum(v.double() for v in vals) / world
+    elif op == dist.ReduceOp.BAND:
+        out = vals[0].clone()
+        for v in vals[1:]:
+            out = out & v
+    elif op == dist.ReduceOp.BOR:
+        out = vals[0].clone()
+        for v in vals[1:]:
+            out = out | v
+    elif op == dist.ReduceOp.BXOR:
+        out = vals[0].clone()
+        for v in vals[1:]:
+            out = out ^ v
+    return out
+
+
+def ops_for(dtype):
+    ops = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
+    if dtype.is_floating_point:
+        ops.append(dist.ReduceOp.AVG)
+    else:
+        ops += [dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR]
+    return ops
+
+
+def check_everything(rank, world, group=None, tag=""):
+    """Every operation of torch.distributed on `group` (ranks as the group numbers them)."""
+    if group is not None:
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+    g = {"group": group} if group is not None else {}
+
+    def global_rank(r):
+        return dist.distributed_c10d._get_global_rank(group, r) if group is not None else r
+
+    for dtype in FLOATS + INTS:
+        for n in (1, 7, 1000):
+            what = f"{tag}{dtype} x{n}"
+            for op in ops_for(dtype):
+                if op == dist.ReduceOp.PRODUCT and (n == 1000 or dtype == torch.int8):
+                    continue  # products overflow the small dtypes
+                t = value(rank, n, dtype)
+                dist.all_reduce(t, op=op, **g)
+                expect(t, reduced(op, world, n, dtype), f"all_reduce {op} {what}")
+                if n == 7:
+                    for root in range(world):
+                        t = value(rank, n, dtype)
+                        dist.reduce(t, global_rank(root), op=op, **g)
+                        if rank == root:
+                            expect(t, reduced(op, world, n, dtype), f"reduce {op} root {root} {what}")
+                        else:  # torch's users expect the other ranks' tensors untouched
+                            expect(t, value(rank, n, dtype), f"reduce {op} non-root {what}")
+            for root in range(world):
+                t = value(rank, n, dtype)
+                dist.broadcast(t, global_rank(root), **g)
+                expect(t, value(root, n, dtype), f"broadcast root {root} {what}")
+            outs = [torch.zeros(n, dtype=dtype) for _ in range(world)]
+            dist.all_gather(outs, value(rank, n, dtype), **g)
+            for r in range(world):
+                expect(outs[r], value(r, n, dtype), f"all_gather block {r} {what}")
+            flat = torch.zeros(n * world, dtype=dtype)
+            dist.all_gather_into_tensor(flat, value(rank, n, dtype), **g)
+            expect(flat, torch.cat([value(r, n, dtype) for r in range(world)]),
+                   f"all_gather_into_tensor {what}")
+            for root in range(world):
+                gl = [torch.zeros(n, dtype=dtype) for _ in range(world)] if rank == root else None
+                dist.gather(value(rank, n, dtype), gl, dst=global_rank(root), **g)
+                if rank == root:
+                    for r in range(world):
+                        expect(gl[r], value(r, n, dtype), f"gather root {root} block {r} {what}")
+                sl = [value(r, n, dtype) * 1 for r in range(world)] if rank == root else None
+                out = torch.zeros(n, dtype=dtype)
+                dist.scatter(out, sl, src=global_rank(root), **g)
+                expect(out, value(rank, n, dtype), f"scatter root {root} {what}")
+            ins = [value(rank, n, dtype) for _ in range(world)]
+            out = torch.zeros(n, dtype=dtype)
+            dist.reduce_scatter(out, ins, **g)
+            expect(out, reduced(dist.ReduceOp.SUM, world, n, dtype), f"reduce_scatter {what}")
+            out = torch.zeros(n, dtype=dtype)
+            dist.reduce_scatter_tensor(out, torch.cat(ins), **g)
+            expect(out, reduced(dist.ReduceOp.SUM, world, n, dtype), f"reduce_scatter_tensor {what}")
+            # all_to_all_single: block j of rank r holds r * 100 + j (every dtype holds < 128? no:
+            # keep it small) -> block i of the output came from rank i.
+            src = torch.cat([torch.full((n,), rank * 4 + j) for j in range(world)]).to(dtype)
+            out = torch.zeros(n * world, dtype=dtype)
+            dist.all_to_all_single(out, src, **g)
+            want = torch.cat([torch.full((n,), i * 4 + rank) for i in range(world)]).to(dtype)
+            expect(out, want, f"all_to_all_single {what}")
+            outs = [torch.zeros(n, dtype=dtype) for _ in range(world)]
+            dist.all_to_all(outs, list(src.chunk(world)), **g)
+            expect(torch.cat(outs), want, f"all_to_all {what}")
+    # all_to_all_single with split sizes: rank r sends j + 1 rows of width 3 to rank j.
+    rows_in = [j + 1 for j in range(world)]
+    rows_out = [rank + 1] * world
+    src = torch.cat([torch.full((j + 1, 3), float(rank * 10 + j)) for j in range(world)])
+    out = torch.zeros(sum(rows_out), 3)
+    dist.all_to_all_single(out, src, output_split_sizes=rows_out, input_split_sizes=rows_in, **g)
+    want = torch.cat([torch.full((rank + 1, 3), float(i * 10 + rank)) for i in range(world)])
+    expect(out, want, f"{tag}all_to_all_single with split sizes")
+    # Coalesced forms.
+    ts = [value(rank, 3, torch.float32), value(rank, 5, torch.float32)]
+    dist.all_reduce_coalesced(ts, **g)
+    expect(ts[0], reduced(dist.ReduceOp.SUM, world, 3, torch.float32), f"{tag}all_reduce_coalesced 0")
+    expect(ts[1], reduced(dist.ReduceOp.SUM, world, 5, torch.float32), f"{tag}all_reduce_coalesced 1")
+    outs = [[torch.zeros(3) for _ in range(world)], [torch.zeros(5) for _ in range(world)]]
+    dist.all_gather_coalesced(outs, [value(rank, 3, torch.float32), value(rank, 5, torch.float32)], **g)
+    for r in range(world):
+        expect(outs[0][r], value(r, 3, torch.float32), f"{tag}all_gather_coalesced 0 block {r}")
+        expect(outs[1][r], value(r, 5, torch.float32), f"{tag}all_gather_coalesced 1 block {r}")
+    # Non-contiguous tensors: results land in the caller's tensor.
+    t = value(rank, 12, torch.float32).view(3, 4).t()
+    dist.all_reduce(t, **g)
+    expect(t.contiguous(), reduced(dist.ReduceOp.SUM, world, 12, torch.float32).view(3, 4).t().contiguous(),
+           f"{tag}all_reduce of a transposed tensor")
+    # Booleans: SUM is a logical or, PRODUCT a logical and.
+    b = torch.tensor([rank == 0, False, True])
+    dist.all_reduce(b, **g)
+    expect(b, torch.tensor([True, False, True]), f"{tag}all_reduce of bools")
+    # Point to point around the ring, blocking and not.
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    if world > 1:
+        out = torch.zeros(5)
+        reqs = [dist.isend(value(rank, 5, torch.float32), global_rank(nxt), **g),
+                dist.irecv(out, global_rank(prv), **g)]
+        for q in reqs:
+            q.wait()
+        expect(out, value(prv, 5, torch.float32), f"{tag}isend/irecv ring")
+        if rank % 2 == 0:
+            dist.send(value(rank, 4, torch.int64), global_rank(nxt), tag=7, **g)
+            out = torch.zeros(4, dtype=torch.int64)
+            dist.recv(out, global_rank(prv), tag=7, **g)
+        else:
+            out = torch.zeros(4, dtype=torch.int64)
+            dist.recv(out, global_rank(prv), tag=7, **g)
+            dist.send(value(rank, 4, torch.int64), global_rank(nxt), tag=7, **g)
+        expect(out, value(prv, 4, torch.int64), f"{tag}send/recv with a tag")
+    # Objects (pickled through broadcast and all_gather).
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank}, **g)
+    assert objs == [{"rank": r} for r in range(world)], f"{tag}all_gather_object: {objs}"
+    lst = [f"from {rank}"] if rank == 0 else [None]
+    dist.broadcast_object_list(lst, src=global_rank(0), **g)
+    assert lst == ["from 0"], f"{tag}broadcast_object_list: {lst}"
+    # Asynchronous: several in flight, futures, then-callbacks.
+    ts = [value(rank, 100, torch.float32) for _ in range(4)]
+    works = [dist.all_reduce(t, async_op=True, **g) for t in ts]
+    futs = [w.get_future().then(lambda f: f.value()[0] * 2) for w in works]
+    for f in futs:
+        expect(f.wait(), reduced(dist.ReduceOp.SUM, world, 100, torch.float32) * 2,
+               f"{tag}future of an async all_reduce")
+    for w in works:
+        assert w.is_completed() and w.is_success(), f"{tag}a finished work says it is not"
+    dist.barrier(**g)
+
+
+def ops(backend):
+    rank, world = init(backend)
+    check_everything(rank, world)
+    print(f"rank {rank}: every operation checked", flush=True)
+
+
+def subgroups(backend):
+    rank, world = init(backend)
+    # Every rank calls new_group with the same list; the members use it.
+    odd = dist.new_group([r for r in range(world) if r % 2 == 1])
+    rev = dist.new_group(list(reversed(range(world))))
+    pair = dist.new_group([0, world - 1])
+    if rank % 2 == 1:
+        check_everything(rank, world, odd, "odd group: ")
+    check_everything(rank, world, rev, "reversed group: ")
+    if rank in (0, world - 1):
+        check_everything(rank, world, pair, "pair group: ")
+    # The world still works after the sub-groups were used.
+    t = value(rank, 9, torch.float32)
+    dist.all_reduce(t)
+    expect(t, reduced(dist.ReduceOp.SUM, world, 9, torch.float32), "world after sub-groups")
+    print(f"rank {rank}: sub-groups checked", flush=True)
+
+
+def killed(backend, victim):
+    """Rank `victim` dies in the middle; the others must fail naming it, quickly."""
+    victim = int(victim)
+    rank, world = init(backend, timeout_s=60)
+    t = torch.ones(1 << 16)
+    dist.all_reduce(t)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        for _ in range(3):
+            dist.all_reduce(t)
+    except RuntimeError as e:
+        took = time.monotonic() - start
+        print(f"rank {rank}: failed after {took:.2f} s: {e}", flush=True)
+        assert took < 20, f"took {took:.1f} s against a 60 s timeout"
+        sys.exit(3)
+    sys.exit(0)
+
+
+def mismatch(backend):
+    """Rank 1 calls all_reduce with MAX while the others call SUM: everyone fails, naming both."""
+    rank, world = init(backend, timeout_s=60)
+    dist.barrier()
+    start = time.monotonic()
+    try:
+        t = torch.ones(64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if rank == 1 else dist.ReduceOp.SUM)
+    except RuntimeError as e:
+        took = time.monotonic() - start
+        print(f"rank {rank}: failed after {took:.2f} s: {e}", flush=True)
+        assert took < 20, f"took {took:.1f} s against a 60 s timeout"
+        sys.exit(3)
+    sys.exit(0)
+
+
+def ddp(backend, out_path, variant):
+    """The same DDP training on `backend`; writes the losses and final weights to out_path."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = init(backend)
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 4, 3, padding=1)
+            self.bn = nn.BatchNorm2d(4)
+            self.fc = nn.Linear(4 * 8 * 8, 10)
+            if variant in ("unused", "all"):
+                self.unused = nn.Linear(3, 3)  # never used in forward
+
+        def forward(self, x):
+            return self.fc(F.relu(self.bn(self.conv(x))).flatten(1))
+
+    model = Net()
+    # Each rank starts from different weights: DDP's construction broadcasts rank 0's.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(rank)
+    kwargs = {"find_unused_parameters": True} if variant in ("unused", "all") else {}
+    net = DDP(model, **kwargs)
+    if variant in ("hook", "all"):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        net.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1234 + rank)
+    losses = []
+    opt.zero_grad()
+    for step in range(12):
+        x = torch.randn(16, 1, 8, 8, generator=g)
+        y = torch.randint(0, 10, (16,), generator=g)
+        if variant in ("no_sync", "all") and step % 2 == 0:
+            with net.no_sync():  # accumulate locally; the next backward reduces both
+                F.cross_entropy(net(x), y).backward()
+            continue
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    state = {k: v.tolist() for k, v in net.module.state_dict().items()}
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"losses": losses, "state": state}, f)
+    # Every rank holds the same weights (BatchNorm's running statistics differ: each forward
+    # updates them from local data after DDP broadcast rank 0's).
+    flat = torch.cat([p.detach().double().flatten() for p in net.module.parameters()])
+    gathered = [torch.zeros_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    for r in range(world):
+        assert torch.equal(gathered[r], flat), f"rank {rank}: weights differ from rank {r}'s"
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](*sys.argv[2:])
