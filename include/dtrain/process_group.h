@@ -120,6 +120,12 @@ class ProcessGroup {
                                       const SendOptions& options = {}) = 0;
   virtual std::shared_ptr<Work> irecv(const TensorView& tensor, int src, int tag = 0,
                                       const RecvOptions& options = {}) = 0;
+  // Receives the next message with `tag` from whichever rank sends one first (MPI_ANY_SOURCE);
+  // the Work's source_rank() says which, once it completed. The native backend only: the others
+  // refuse it. Receives posted for a specific source are matched first when both could take a
+  // message.
+  virtual std::shared_ptr<Work> irecv_any(const TensorView& tensor, int tag = 0,
+                                          const RecvOptions& options = {});
   void send(const TensorView& tensor, int dst, int tag = 0, const SendOptions& options = {}) {
     isend(tensor, dst, tag, options)->wait();
   }

@@ -23,6 +23,9 @@ class Work {
   virtual std::exception_ptr exception() const = 0;
 
   bool is_success() { return is_completed() && exception() == nullptr; }
+  // The rank a receive from any source (ProcessGroup::irecv_any) took its message from, once
+  // it completed; -1 for every other operation, and before then.
+  virtual int source_rank() const { return -1; }
 };
 
 }  // namespace dtrain

@@ -42,6 +42,8 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
                               const SendOptions& options) override;
   std::shared_ptr<Work> irecv(const TensorView& tensor, int src, int tag,
                               const RecvOptions& options) override;
+  std::shared_ptr<Work> irecv_any(const TensorView& tensor, int tag,
+                                  const RecvOptions& options) override;
 
   std::shared_ptr<Work> broadcast(const TensorView& tensor, const BroadcastOptions& options) override;
   std::shared_ptr<Work> allreduce(const TensorView& tensor, const AllreduceOptions& options) override;

@@ -11,6 +11,7 @@
 #include "backends/registry.h"
 #include "comm/algorithms/algorithms.h"
 #include "comm/arguments.h"
+#include "comm/any_source_work.h"
 #include "comm/cuda_staging.h"
 #include "comm/native_process_group.h"
 #include "comm/p2p_work.h"
@@ -28,6 +29,13 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(std::shared_ptr<Store> store,
   if (auto other = backends::create_registered(store, rank, size, options)) return other;
   auto pg = std::make_shared<comm::NativeProcessGroup>(std::move(store), rank, size, options);
   return pg;
+}
+
+std::shared_ptr<Work> ProcessGroup::irecv_any(const TensorView&, int tag, const RecvOptions&) {
+  throw InvalidArgumentError(fmt::format(
+      "rank {}: recv from any source (tag {}) is served by the native backend only; name the "
+      "source rank",
+      rank(), tag));
 }
 
 std::shared_ptr<Work> ProcessGroup::allreduce(const TensorView& input, const TensorView& output,
@@ -357,6 +365,24 @@ std::shared_ptr<Work> NativeProcessGroup::irecv(const TensorView& tensor, int sr
   uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
   return std::make_shared<PairWork>(
       pair_of(src).irecv(t, tensor.data, tensor.nbytes(), deadline_for(options.timeout)));
+}
+
+std::shared_ptr<Work> NativeProcessGroup::irecv_any(const TensorView& tensor, int tag,
+                                                    const RecvOptions& options) {
+  if (on_cuda(tensor))
+    return stage_cuda(info(), "recv", {{tensor, Staging::kOut}}, deadline_for(options.timeout),
+                      [&](auto h, auto left) {
+                        return irecv_any(h[0], tag, with_timeout(options, left));
+                      });
+  check_tensor(info(), tensor, "recv from any source", "the tensor");
+  std::vector<AnySourceWork::Peer> peers;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) peers.push_back({r, device_->pair(members_[r])});
+  uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
+  return std::make_shared<AnySourceWork>(
+      std::move(peers), t, tensor, deadline_for(options.timeout),
+      fmt::format("rank {}: recv from any source of group {}, tag {}, {} bytes", rank_, name_, tag,
+                  tensor.nbytes()));
 }
 
 // ---- collectives ----

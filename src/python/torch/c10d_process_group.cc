@@ -510,8 +510,14 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::recv(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> C10dProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors,
                                                                int tag) {
-  throw InvalidArgumentError(
-      "dtrain backend: recv without a source (any source) is not supported: pass src=");
+  at::Tensor t = single(tensors, "recv");
+  at::Tensor buf = contiguous(t);
+  auto work = make_work(c10d::OpType::RECVANYSOURCE, "dtrain:recv_anysource", false);
+  work->add(pg_->irecv_any(view_of(buf), tag));
+  work->keep_alive(buf);
+  if (!buf.is_same(t)) work->then([t, buf]() mutable { t.copy_(buf); });
+  work->set_result({t});
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> C10dProcessGroup::barrier(const c10d::BarrierOptions& opts) {

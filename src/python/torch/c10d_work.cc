@@ -8,8 +8,10 @@
 namespace dtrain::python {
 
 C10dWork::C10dWork(int rank, c10d::OpType type, const char* profiling_title,
-                   std::shared_ptr<FutureCompleter> completer)
-    : c10d::Work(rank, type, profiling_title), completer_(std::move(completer)) {}
+                   const std::shared_ptr<FutureCompleter>& completer)
+    : c10d::Work(rank, type, profiling_title),
+      completer_(completer),
+      has_future_(completer != nullptr) {}
 
 bool C10dWork::settle(std::optional<std::chrono::milliseconds> timeout) {
   std::unique_lock lock(settle_mu_, std::defer_lock);
@@ -66,6 +68,15 @@ std::exception_ptr C10dWork::exception() const {
   return exception_;
 }
 
+int C10dWork::sourceRank() const {
+  int source = works_.size() == 1 ? works_[0]->source_rank() : -1;
+  if (source < 0)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: {} has no source rank (only a completed recv from any source has one)",
+        c10d::opTypeToString(opType_)));
+  return source;
+}
+
 bool C10dWork::wait(std::chrono::milliseconds timeout) {
   std::optional<std::chrono::milliseconds> limit;
   if (timeout > std::chrono::milliseconds(0)) limit = timeout;
@@ -79,7 +90,7 @@ bool C10dWork::wait(std::chrono::milliseconds timeout) {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> C10dWork::getFuture() {
-  if (!completer_)
+  if (!has_future_)
     throw InvalidArgumentError(fmt::format(
         "dtrain: {} has no future (as with gloo, only collectives do); call wait() instead",
         c10d::opTypeToString(opType_)));
@@ -100,10 +111,14 @@ c10::intrusive_ptr<c10::ivalue::Future> C10dWork::getFuture() {
       std::lock_guard l(mutex_);
       done = completed_;
     }
-    if (done)
+    auto completer = completer_.lock();
+    if (done) {
       complete_future();
-    else
-      completer_->add(c10::intrusive_ptr<C10dWork>::reclaim_copy(this));
+    } else if (completer) {
+      completer->add(c10::intrusive_ptr<C10dWork>::reclaim_copy(this));
+    } else {
+      settle(std::nullopt);  // the group is gone: its completer too; ends by the deadline
+    }
   }
   return future;
 }

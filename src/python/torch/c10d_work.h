@@ -24,8 +24,9 @@ class FutureCompleter;
 
 class C10dWork : public c10d::Work {
  public:
+  // `completer` is the group's (null for point-to-point works, which have no future).
   C10dWork(int rank, c10d::OpType type, const char* profiling_title,
-           std::shared_ptr<FutureCompleter> completer);
+           const std::shared_ptr<FutureCompleter>& completer);
 
   // Building it (before it is returned to torch; not thread-safe).
   void add(std::shared_ptr<dtrain::Work> work) { works_.push_back(std::move(work)); }
@@ -37,6 +38,8 @@ class C10dWork : public c10d::Work {
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   std::vector<at::Tensor> result() override { return outputs_; }
+  // The sender of a receive from any source (torch's recv without src), once it completed.
+  int sourceRank() const override;
   void synchronize() override {}
   // timeout 0 (c10d's kNoTimeout): the operation's own deadline, which always comes.
   bool wait(std::chrono::milliseconds timeout) override;
@@ -55,7 +58,10 @@ class C10dWork : public c10d::Work {
   std::function<void()> on_success_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> alive_;
-  std::shared_ptr<FutureCompleter> completer_;  // null for point-to-point
+  // Weak: the completer's own thread may release the last reference to a work, which must not
+  // then destroy (and join) that thread. Expired once the group is gone.
+  std::weak_ptr<FutureCompleter> completer_;
+  bool has_future_ = false;  // a collective: getFuture() is allowed
 
   std::timed_mutex settle_mu_;  // one thread settles; the others wait for it (bounded)
   std::mutex future_mu_;        // guards future_ and future_done_

@@ -417,6 +417,12 @@ bool Pair::wants_to_write() {
   return !send_queue_.empty() && !broken_;
 }
 
+bool Pair::has_unexpected(uint64_t tag) {
+  std::lock_guard lock(mu_);
+  auto* early = unexpected_.front(tag);
+  return early != nullptr && !(*early)->claimant;
+}
+
 bool Pair::try_progress() {
   std::unique_lock lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return false;

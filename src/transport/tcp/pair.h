@@ -158,6 +158,10 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // Moves whatever bytes the socket allows now, without blocking; true if any moved (false
   // also when another thread holds the pair).
   bool try_progress();
+  // Whether a message with `tag` has arrived (in part at least) that no receive has claimed yet:
+  // a receive posted for it now is matched with it (a receive from any source picks its pair
+  // this way).
+  bool has_unexpected(uint64_t tag);
   // Whether sends are queued (the socket's writability matters to a poller).
   bool wants_to_write();
 
