@@ -188,6 +188,18 @@ def check_everything(rank, world, group=None, tag=""):
             dist.recv(out, global_rank(prv), tag=7, **g)
             dist.send(value(rank, 4, torch.int64), global_rank(nxt), tag=7, **g)
         expect(out, value(prv, 4, torch.int64), f"{tag}send/recv with a tag")
+    # Receive from any source: every other rank sends rank 0 its (global) rank; rank 0 takes
+    # them in whatever order they come, and each recv returns who sent it (a global rank).
+    if rank == 0:
+        seen = set()
+        for _ in range(world - 1):
+            t = torch.zeros(3, dtype=torch.int64)
+            src = dist.recv(t, tag=11, **g)  # no src: any source
+            expect(t, torch.full((3,), src), f"{tag}recv from any source")
+            seen.add(src)
+        assert seen == {global_rank(r) for r in range(1, world)}, f"{tag}any-source senders {seen}"
+    else:
+        dist.send(torch.full((3,), global_rank(rank)), global_rank(0), tag=11, **g)
     # Objects (pickled through broadcast and all_gather).
     objs = [None] * world
     dist.all_gather_object(objs, {"rank": rank}, **g)
@@ -195,6 +207,15 @@ def check_everything(rank, world, group=None, tag=""):
     lst = [f"from {rank}"] if rank == 0 else [None]
     dist.broadcast_object_list(lst, src=global_rank(0), **g)
     assert lst == ["from 0"], f"{tag}broadcast_object_list: {lst}"
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(("from", rank), gathered, dst=global_rank(0), **g)
+    if rank == 0:
+        assert gathered == [("from", r) for r in range(world)], f"{tag}gather_object: {gathered}"
+    if group is None:  # torch 1.13's scatter_object_list mixes group and global ranks
+        got = [None]
+        dist.scatter_object_list(got, [{"to": r} for r in range(world)] if rank == 0 else None,
+                                 src=0)
+        assert got == [{"to": rank}], f"scatter_object_list: {got}"
     # Asynchronous: several in flight, futures, then-callbacks.
     ts = [value(rank, 100, torch.float32) for _ in range(4)]
     works = [dist.all_reduce(t, async_op=True, **g) for t in ts]
@@ -325,6 +346,31 @@ def ddp(backend, out_path, variant):
     dist.all_gather(gathered, flat)
     for r in range(world):
         assert torch.equal(gathered[r], flat), f"rank {rank}: weights differ from rank {r}'s"
+    dist.destroy_process_group()
+
+
+def elastic_resume(backend, ckpt_dir):
+    """Counts to 8 with an all_reduce per step, saving after each; rank 1 dies at step 3 of the
+    first attempt. Under `dtrain run --max-restarts 1` the second attempt resumes from the
+    checkpoint (torch's variables say which attempt this is) and ends with the right total."""
+    rank, world = init(backend)
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    path = os.path.join(ckpt_dir, f"rank{rank}.pt")
+    state = torch.load(path) if os.path.exists(path) else {"step": 0, "total": torch.zeros(1)}
+    if attempt > 0:
+        assert state["step"] > 0, f"rank {rank}: attempt {attempt} found no checkpoint"
+    for step in range(state["step"], 8):
+        t = torch.ones(1) * (step + 1)
+        dist.all_reduce(t)
+        state["total"] += t
+        state["step"] = step + 1
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        if attempt == 0 and rank == 1 and step == 3:
+            os._exit(17)
+    want = world * sum(range(1, 9))
+    assert float(state["total"]) == want, f"rank {rank}: total {float(state['total'])}, want {want}"
+    print(f"rank {rank}: attempt {attempt} finished with total {float(state['total'])}", flush=True)
     dist.destroy_process_group()
 
 

@@ -10,7 +10,7 @@ word::
 
 and runs under ``dtrain run -n 2 -- python3 train.py`` (or torchrun, mpirun with the torch
 variables set, srun). Every collective and point-to-point operation of torch 1.13's
-ProcessGroup is served except ``recv`` without a source. Errors arrive as ``RuntimeError`` with
+ProcessGroup is served, ``recv`` from any source included. Errors arrive as ``RuntimeError`` with
 dtrain's full text: this rank, the peer and its address, the operation and its sequence number,
 the time waited against the limit.
 
@@ -19,6 +19,7 @@ means dtrain's default instead (``DTRAIN_TIMEOUT``, 300 s), so a dead peer is na
 not half an hour. ``DTRAIN_*`` variables (transport, algorithm, logging) keep their meaning.
 """
 
+import os as _os
 from datetime import timedelta
 
 import torch.distributed as _dist
@@ -49,6 +50,24 @@ def _create(options, pg_options=None):
     return _torch.ProcessGroup(options.store, options.group_rank, options.group_size, timeout,
                                name)
 
+
+def _adopt_launcher_variables():
+    """Under mpirun, srun or a Kubernetes Indexed Job, torch's env:// finds no RANK or
+    WORLD_SIZE: fill them (and LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, unless
+    set) from that launcher's own variables, as dtrain's C++ programs read them. Under dtrain run
+    and torchrun nothing changes."""
+    if "RANK" in _os.environ and "WORLD_SIZE" in _os.environ:
+        return
+    identity = _torch.launcher_identity()
+    if identity["source"] in ("single", "torchrun", "options"):
+        return
+    for var, key in (("RANK", "rank"), ("WORLD_SIZE", "world_size"), ("LOCAL_RANK", "local_rank"),
+                     ("LOCAL_WORLD_SIZE", "local_world_size"), ("MASTER_ADDR", "master_addr"),
+                     ("MASTER_PORT", "master_port")):
+        _os.environ.setdefault(var, str(identity[key]))
+
+
+_adopt_launcher_variables()
 
 if BACKEND.upper() not in _dist.Backend._plugins:
     _dist.Backend.register_backend(BACKEND, _create, extended_api=True)

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "dtrain/identity.h"
 #include "python/torch/c10d_process_group.h"
 
 namespace py = pybind11;
@@ -29,4 +30,21 @@ PYBIND11_MODULE(_torch, m) {
            py::arg("name") = "world",
            // Connecting waits for every member: other Python threads run meanwhile.
            py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "launcher_identity",
+      [] {
+        const dtrain::Identity id = dtrain::resolve_identity();
+        py::dict d;
+        d["rank"] = id.rank;
+        d["world_size"] = id.world_size;
+        d["local_rank"] = id.local_rank;
+        d["local_world_size"] = id.local_world_size;
+        d["node_rank"] = id.node_rank;
+        d["master_addr"] = id.master_addr;
+        d["master_port"] = id.master_port;
+        d["source"] = id.source;
+        return d;
+      },
+      "This process's place in the job, from whichever launcher started it (dtrain run, "
+      "torchrun, mpirun, srun, a Kubernetes Indexed Job): dtrain's resolve_identity().");
 }
