@@ -35,6 +35,11 @@ struct ProcessGroupOptions {
   std::string job_id;          // "" = DTRAIN_JOB_ID
   std::string token;           // "" = DTRAIN_AUTH_TOKEN
   std::string backend;         // native, gloo, mpi or nccl; "" = DTRAIN_BACKEND, else native
+  // How long the group's worker leaves an asynchronous collective before starting it, so that
+  // a caller that waits for it at once runs it on its own thread (native backend): for blocking
+  // APIs built on asynchronous calls, such as torch.distributed's (whose backend sets 200 us).
+  // 0 = the worker starts it at once.
+  std::chrono::microseconds async_grace{0};
 };
 
 struct SendOptions {

@@ -1,6 +1,13 @@
 #include "comm/executor.h"
 
 #include <fmt/format.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "dtrain/error.h"
 
@@ -54,7 +61,30 @@ void CollectiveWork::wait(std::optional<std::chrono::milliseconds> timeout) {
 }
 
 Executor::Executor(std::function<void(std::exception_ptr)> on_failure)
-    : on_failure_(std::move(on_failure)) {}
+    : on_failure_(std::move(on_failure)),
+      wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+      timer_(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)) {
+  if (!wake_.valid() || !timer_.valid())
+    throw InternalError(fmt::format("cannot create the executor's eventfd or timerfd: {}",
+                                    std::strerror(errno)));
+}
+
+void Executor::wake_worker() {
+  uint64_t one = 1;
+  // Fails only when the counter is full, and then the worker is awake anyway.
+  [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
+}
+
+void Executor::arm_timer_locked(Clock::time_point when) {
+  // steady_clock is CLOCK_MONOTONIC on Linux; a zero time would disarm, so at least 1 ns.
+  const int64_t ns = std::max<int64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count(), 1);
+  itimerspec t{};
+  t.it_value.tv_sec = ns / 1'000'000'000;
+  t.it_value.tv_nsec = ns % 1'000'000'000;
+  ::timerfd_settime(timer_.get(), TFD_TIMER_ABSTIME, &t, nullptr);
+  timer_set_ = true;
+}
 
 void Executor::start() {
   thread_ = std::jthread([this](std::stop_token st) { worker(st); });
@@ -64,25 +94,32 @@ Executor::~Executor() {
   shutdown(std::make_exception_ptr(AbortedError("the process group was destroyed")));
 }
 
-void Executor::submit(std::shared_ptr<CollectiveWork> work) {
-  {
-    std::lock_guard lock(queue_mu_);
-    queue_.push_back(std::move(work));
+void Executor::submit(std::shared_ptr<CollectiveWork> work, std::chrono::microseconds grace) {
+  if (grace.count() <= 0) {
+    {
+      std::lock_guard lock(queue_mu_);
+      queue_.push_back({std::move(work), Clock::time_point{}});
+    }
+    wake_worker();
+    return;
   }
-  queue_cv_.notify_one();
+  std::lock_guard lock(queue_mu_);
+  const Clock::time_point due = Clock::now() + grace;
+  queue_.push_back({std::move(work), due});
+  if (!timer_set_) arm_timer_locked(due);
 }
 
 void Executor::run_here(std::shared_ptr<CollectiveWork> work) {
   {
     std::lock_guard lock(queue_mu_);
-    queue_.push_back(work);
+    queue_.push_back({work, Clock::time_point{}});
   }
   help(work.get());
   if (work->is_completed()) return;
   // The worker holds the queue (an earlier asynchronous collective runs): it runs this one
   // next, in order. The wake-up covers the moment it was between its last one and its sleep.
   // Waiting here keeps the promise of a finished Work; its error stays in it for wait().
-  queue_cv_.notify_one();
+  wake_worker();
   try {
     work->wait(std::nullopt);
   } catch (...) {
@@ -94,7 +131,7 @@ bool Executor::run_next() {
   {
     std::lock_guard lock(queue_mu_);
     if (queue_.empty()) return false;
-    work = std::move(queue_.front());
+    work = std::move(queue_.front().work);
     queue_.pop_front();
   }
   work->run();
@@ -106,7 +143,7 @@ void Executor::help(const CollectiveWork* work) {
     {
       std::lock_guard lock(queue_mu_);
       bool queued = false;
-      for (const auto& w : queue_) queued |= w.get() == work;
+      for (const auto& q : queue_) queued |= q.work.get() == work;
       if (!queued) return;
     }
     std::unique_lock run(run_mu_, std::try_to_lock);
@@ -117,10 +154,23 @@ void Executor::help(const CollectiveWork* work) {
 
 void Executor::worker(std::stop_token stop) {
   while (!stop.stop_requested()) {
+    pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {timer_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0 && errno != EINTR) {
+      // Cannot happen with two valid descriptors; never spin on it.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    uint64_t drained;
+    [[maybe_unused]] ssize_t n = ::read(wake_.get(), &drained, sizeof(drained));
+    n = ::read(timer_.get(), &drained, sizeof(drained));
+    if (stop.stop_requested()) return;
     {
-      std::unique_lock lock(queue_mu_);
-      queue_cv_.wait(lock, stop, [&] { return !queue_.empty(); });
-      if (stop.stop_requested()) return;
+      std::lock_guard lock(queue_mu_);
+      timer_set_ = false;  // it fired, or the worker runs the queue now anyway
+      if (queue_.empty()) continue;  // waiting callers ran them within their grace
+      if (queue_.front().not_before > Clock::now()) {
+        arm_timer_locked(queue_.front().not_before);
+        continue;
+      }
     }
     std::lock_guard run(run_mu_);
     while (run_next()) {
@@ -129,15 +179,15 @@ void Executor::worker(std::stop_token stop) {
 }
 
 void Executor::shutdown(std::exception_ptr error) {
-  std::deque<std::shared_ptr<CollectiveWork>> left;
+  std::deque<Queued> left;
   {
     std::lock_guard lock(queue_mu_);
     left.swap(queue_);
   }
-  for (auto& w : left) w->fail(error);
+  for (auto& q : left) q.work->fail(error);
   if (thread_.joinable()) {
     thread_.request_stop();
-    queue_cv_.notify_all();
+    wake_worker();
     thread_.join();
   }
 }

@@ -1,9 +1,17 @@
 // Executor: runs a group's collectives one at a time, in call order, on the group's worker
 // thread. A thread that waits on a collective nobody has started yet runs the queue itself
 // (the worker is busy or asleep): a synchronous call then costs no hand-off between threads.
+//
+// The worker sleeps in poll(2) on an eventfd (a collective to start now) and a timerfd (one to
+// start once its grace is over). A collective submitted with a grace wakes nobody, and a caller
+// that waits for it within the grace runs it itself: a blocking call built on an asynchronous one
+// costs no context switch of another thread (on 2 cores with 2 ranks that switch lands on the
+// core of the other rank, mid-collective). The timer is set by the first such submit and then
+// left alone until it fires, since setting one costs tens of microseconds in a VM
+// (docs/performance.md, "PyTorch on dtrain"): a collective nobody waits for starts within one
+// to two graces.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -15,6 +23,7 @@
 #include "comm/collective.h"
 #include "common/completion.h"
 #include "common/deadline.h"
+#include "common/socket.h"
 #include "dtrain/work.h"
 
 namespace dtrain::comm {
@@ -69,7 +78,11 @@ class Executor : public std::enable_shared_from_this<Executor> {
   ~Executor();
   void start();
 
-  void submit(std::shared_ptr<CollectiveWork> work);
+  // Queues `work` for the worker. With a grace, the worker leaves it that long first: a thread
+  // that waits for it meanwhile runs it itself (help), with no hand-off between threads, as a
+  // caller of a blocking API built on asynchronous calls does (torch's dist.all_reduce).
+  void submit(std::shared_ptr<CollectiveWork> work,
+              std::chrono::microseconds grace = std::chrono::microseconds(0));
   // Queues `work` and runs the queue on this thread until it has run, without waking the
   // worker (a synchronous call); if the worker is busy with an earlier collective, the worker
   // runs it next, in order, and this waits for it. Returns with `work` finished.
@@ -84,11 +97,20 @@ class Executor : public std::enable_shared_from_this<Executor> {
   void worker(std::stop_token stop);
   // Pops and runs the next collective; false when the queue is empty.
   bool run_next();
+  void wake_worker();
+  // Sets the timer to fire at `when` (queue_mu_ held).
+  void arm_timer_locked(Clock::time_point when);
 
   std::function<void(std::exception_ptr)> on_failure_;
-  std::mutex queue_mu_;  // guards queue_
-  std::condition_variable_any queue_cv_;
-  std::deque<std::shared_ptr<CollectiveWork>> queue_;
+  net::Fd wake_;   // eventfd: a collective to start now, or stop
+  net::Fd timer_;  // timerfd: the first queued collective's grace is over
+  std::mutex queue_mu_;  // guards queue_ and timer_set_
+  bool timer_set_ = false;  // the timer will fire (and clear this)
+  struct Queued {
+    std::shared_ptr<CollectiveWork> work;
+    Clock::time_point not_before;  // the worker's earliest start (see submit's grace)
+  };
+  std::deque<Queued> queue_;
   std::mutex run_mu_;  // held while a collective runs: one at a time, in queue order
   std::jthread thread_;
 };

@@ -97,6 +97,7 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   std::vector<int> members_;  // world rank of each group rank
   uint32_t group_id_ = 0;
   std::chrono::milliseconds timeout_;
+  std::chrono::microseconds async_grace_{0};  // ProcessGroupOptions::async_grace
   CostModel cost_model_;
   double oversubscription_ = 1.0;  // ranks on this host per core (the cost model's view)
   // The cost model's choice, remembered per (kind, bytes) for the latest few.

@@ -113,6 +113,7 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
   check_rank_and_size(rank, size);
   if (!store_) throw InvalidArgumentError("ProcessGroup::create needs a store; got null");
   timeout_ = options.timeout.count() > 0 ? options.timeout : env::get_seconds(env::kTimeout);
+  async_grace_ = options.async_grace;
   members_.resize(size);
   for (int i = 0; i < size; ++i) members_[i] = i;
 
@@ -155,6 +156,7 @@ NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::ve
       members_(std::move(members)),
       group_id_(group_id),
       timeout_(parent.timeout_),
+      async_grace_(parent.async_grace_),
       cost_model_(parent.cost_model_),
       oversubscription_(parent.oversubscription_),
       internal_(internal) {
@@ -463,7 +465,7 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
     return work;
   }
   if (async_op)
-    executor_->submit(work);
+    executor_->submit(work, async_grace_);
   else
     executor_->run_here(work);
   return work;

@@ -153,6 +153,10 @@ C10dProcessGroup::C10dProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
   ProcessGroupOptions o;
   o.name = options.name;
   o.timeout = options.timeout;
+  // torch's blocking calls wait right after the asynchronous call: let them run the collective
+  // on their own thread (docs/performance.md, "PyTorch on dtrain"). DDP's all-reduces start
+  // within the grace, still overlapping backward.
+  o.async_grace = std::chrono::microseconds(200);
   pg_ = dtrain::ProcessGroup::create(std::make_shared<C10dStore>(store), rank, size, o);
   init();
 }
