@@ -28,8 +28,9 @@ struct Var {
   X(kGroupWorldSize, "GROUP_WORLD_SIZE", "", "Number of nodes in the job (set by elastic `dtrain run`, as torchrun does).") \
   X(kRestartCount, "DTRAIN_RESTART_COUNT", "0", "Restarts after failures so far, set for the workers by elastic `dtrain run` (0 in the first round); resume from your checkpoint when above 0.") \
   X(kTorchelasticRestartCount, "TORCHELASTIC_RESTART_COUNT", "0", "torchrun's name for DTRAIN_RESTART_COUNT, set alongside it.") \
-  X(kTorchelasticMaxRestarts, "TORCHELASTIC_MAX_RESTARTS", "", "The job's --max-restarts, set for the workers by elastic `dtrain run`.") \
-  X(kTorchelasticRunId, "TORCHELASTIC_RUN_ID", "", "The job's --rdzv-id, set for the workers by elastic `dtrain run`.") \
+  X(kTorchelasticMaxRestarts, "TORCHELASTIC_MAX_RESTARTS", "", "The job's --max-restarts (0 when not elastic), set for the workers by `dtrain run`.") \
+  X(kTorchelasticRunId, "TORCHELASTIC_RUN_ID", "", "The job's --rdzv-id (DTRAIN_JOB_ID when not elastic), set for the workers by `dtrain run`.") \
+  X(kTorchelasticUseAgentStore, "TORCHELASTIC_USE_AGENT_STORE", "", "True for the workers of `dtrain run`: torch's init_process_group then connects to the launcher's store on MASTER_PORT (which speaks torch's protocol too), as under torchrun, instead of hosting its own.") \
   X(kCommitDir, "DTRAIN_COMMIT_DIR", "", "A node-local directory in memory (/dev/shm) for in-memory commits, created for its workers by elastic `dtrain run` and removed when it exits; the node's lowest local rank commits there (train_fashion_mnist --commit-every).") \
   X(kMasterAddr, "MASTER_ADDR", "", "Host of the rendezvous store. Unset under mpirun: rank 0 publishes its store through MPI when the program links the MPI backend, 127.0.0.1 on one node otherwise (docs/deploy.md).") \
   X(kMasterPort, "MASTER_PORT", "29500", "Port of the rendezvous store.")                         \

@@ -68,6 +68,29 @@ def run(world, name, *args, backend="dtrain", timeout=120, env=None, kill_rank=N
     return results
 
 
+def run_with_envs(envs, name, *args, backend="dtrain", timeout=180, drop=()):
+    """Like run(), with each rank's own extra variables and some of the usual ones left out (a
+    launcher other than torchrun's convention)."""
+    procs = []
+    for r, extra in enumerate(envs):
+        env = env_for(r, len(envs), 0, extra)
+        for k in drop:
+            env.pop(k, None)
+        cmd = [PYTHON, os.path.join(HERE, "workers.py"), name, backend, *map(str, args)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    results = []
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"{name} did not finish within {timeout} s")
+        results.append(Rank(r, p.returncode, out))
+    return results
+
+
 def check_ok(results):
     bad = [r for r in results if r.code != 0]
     assert not bad, "\n".join(f"--- rank {r.rank} exited {r.code} ---\n{r.out}" for r in bad)

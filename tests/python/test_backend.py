@@ -19,6 +19,25 @@ def test_sub_groups(world):
     harness.check_ok(harness.run(world, "subgroups", timeout=300))
 
 
+@pytest.mark.parametrize("method", ["tcp", "file", "store"])
+def test_init_methods(tmp_path, method):
+    harness.check_ok(harness.run(3, "init_methods", method, tmp_path, timeout=120))
+
+
+def test_under_srun_the_slurm_variables_are_enough(tmp_path):
+    # What srun gives each task (no RANK, WORLD_SIZE or MASTER_*): import dtrain.torch fills
+    # torch's env:// variables from them.
+    port = harness.free_port()
+    envs = [{"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r),
+             "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+             "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_NODELIST": "localhost",
+             "MASTER_PORT": str(port)} for r in range(2)]
+    results = harness.run_with_envs(envs, "ddp", tmp_path / "out.json", "plain",
+                                    drop=("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                          "MASTER_ADDR"))
+    harness.check_ok(results)
+
+
 def test_a_killed_rank_fails_the_others_with_its_name():
     results = harness.run(3, "killed", 2, timeout=90)
     assert results[2].code != 0
@@ -35,7 +54,7 @@ def test_a_mismatched_collective_fails_every_rank_naming_both_calls():
         assert "all_reduce(f32, 64, max)" in r.out and "all_reduce(f32, 64, sum)" in r.out, r.out
 
 
-@pytest.mark.parametrize("variant", ["plain", "unused", "no_sync", "hook", "all"])
+@pytest.mark.parametrize("variant", ["plain", "unused", "no_sync", "hook", "powersgd", "all"])
 def test_ddp_on_dtrain_trains_as_ddp_on_gloo(tmp_path, variant):
     runs = {}
     for backend in ("gloo", "dtrain"):

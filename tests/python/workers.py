@@ -252,6 +252,34 @@ def subgroups(backend):
     print(f"rank {rank}: sub-groups checked", flush=True)
 
 
+def init_methods(backend, method, shared_dir):
+    """init_process_group through tcp://, file:// or a store passed in, then an all_reduce."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    timeout = timedelta(seconds=60)
+    if method == "tcp":
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+                                world_size=world, timeout=timeout)
+    elif method == "file":
+        dist.init_process_group(backend, init_method=f"file://{shared_dir}/rendezvous",
+                                rank=rank, world_size=world, timeout=timeout)
+    elif method == "store":
+        store = dist.TCPStore(addr, port, world, rank == 0, timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        raise SystemExit(f"unknown init method {method}")
+    t = value(rank, 33, torch.float32)
+    dist.all_reduce(t)
+    expect(t, reduced(dist.ReduceOp.SUM, world, 33, torch.float32), f"all_reduce after {method}://")
+    g = dist.new_group([0, world - 1])
+    if rank in (0, world - 1):
+        t = torch.ones(4)
+        dist.all_reduce(t, group=g)
+        expect(t, torch.full((4,), 2.0), f"sub-group after {method}://")
+    dist.barrier()  # rank 0 hosts the store: it stays until everyone is past new_group
+    dist.destroy_process_group()
+
+
 def killed(backend, victim):
     """Rank `victim` dies in the middle; the others must fail naming it, quickly."""
     victim = int(victim)
@@ -319,6 +347,11 @@ def ddp(backend, out_path, variant):
     if variant in ("hook", "all"):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         net.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    if variant == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+        state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                       start_powerSGD_iter=3, random_seed=0)
+        net.register_comm_hook(state, powersgd.powerSGD_hook)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(1234 + rank)
     losses = []

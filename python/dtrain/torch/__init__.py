@@ -19,6 +19,7 @@ means dtrain's default instead (``DTRAIN_TIMEOUT``, 300 s), so a dead peer is na
 not half an hour. ``DTRAIN_*`` variables (transport, algorithm, logging) keep their meaning.
 """
 
+import atexit as _atexit
 import os as _os
 from datetime import timedelta
 
@@ -68,6 +69,10 @@ def _adopt_launcher_variables():
 
 
 _adopt_launcher_variables()
+
+# Before the interpreter finalizes, let the backend's threads finish running futures' Python
+# callbacks: Python ends a thread that asks for the GIL after that, which aborts the process.
+_atexit.register(_torch._quiesce)
 
 if BACKEND.upper() not in _dist.Backend._plugins:
     _dist.Backend.register_backend(BACKEND, _create, extended_api=True)

@@ -3,6 +3,8 @@
 #include <ATen/core/jit_type.h>
 #include <fmt/format.h>
 
+#include <set>
+
 #include "dtrain/error.h"
 
 namespace dtrain::python {
@@ -143,20 +145,55 @@ void C10dWork::complete_future() {
     future->markCompleted(c10::IValue(outputs_));
 }
 
-FutureCompleter::FutureCompleter()
-    : thread_([this](std::stop_token stop) { run(stop); }) {}
+namespace {
+// Every live completer, for quiesce_all().
+std::mutex& registry_mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::set<FutureCompleter*>& registry() {
+  static std::set<FutureCompleter*> all;
+  return all;
+}
+}  // namespace
+
+FutureCompleter::FutureCompleter() {
+  std::lock_guard l(registry_mu());
+  registry().insert(this);
+}
+
+void FutureCompleter::quiesce_all(std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  std::lock_guard r(registry_mu());
+  for (FutureCompleter* c : registry()) {
+    std::unique_lock l(c->mu_);
+    c->idle_cv_.wait_until(l, until, [&] { return c->quiet_locked(); });
+  }
+}
 
 FutureCompleter::~FutureCompleter() {
-  thread_.request_stop();
+  {
+    std::lock_guard l(registry_mu());
+    registry().erase(this);
+  }
+  std::vector<std::jthread> threads;
+  {
+    std::lock_guard l(mu_);
+    threads.swap(threads_);
+  }
+  for (auto& t : threads) t.request_stop();
   cv_.notify_all();
+  // The jthreads join here.
 }
 
 void FutureCompleter::add(c10::intrusive_ptr<C10dWork> work) {
-  {
-    std::lock_guard l(mu_);
-    queue_.push_back(std::move(work));
+  std::lock_guard l(mu_);
+  queue_.push_back(std::move(work));
+  if (idle_ > 0 || static_cast<int>(threads_.size()) >= kMaxThreads) {
+    cv_.notify_one();
+    return;
   }
-  cv_.notify_one();
+  threads_.emplace_back([this](std::stop_token stop) { run(stop); });
 }
 
 void FutureCompleter::run(std::stop_token stop) {
@@ -164,13 +201,17 @@ void FutureCompleter::run(std::stop_token stop) {
     c10::intrusive_ptr<C10dWork> work;
     {
       std::unique_lock l(mu_);
+      ++idle_;
+      idle_cv_.notify_all();
       // Stops only once the queue is empty: a queued work always ends by its own deadline.
       cv_.wait(l, stop, [&] { return !queue_.empty(); });
+      --idle_;
       if (queue_.empty()) return;
       work = std::move(queue_.front());
       queue_.pop_front();
     }
-    work->settle(std::nullopt);
+    work->settle(std::nullopt);  // runs the future's callbacks, which may block
+    work.reset();  // before this thread counts as idle: the last reference may hold callbacks
   }
 }
 

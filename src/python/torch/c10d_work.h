@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "dtrain/work.h"
@@ -69,22 +70,37 @@ class C10dWork : public c10d::Work {
   bool future_done_ = false;
 };
 
-// One thread per process group that settles the works whose future was asked for, in call
+// The threads of a process group that settle the works whose future was asked for, in call
 // order (the order the group runs its collectives), so that DDP's bucket futures and the
 // callbacks chained on them run as soon as each all-reduce is done, while backward goes on.
+//
+// One thread, unless a callback blocks: a callback runs on the thread that completes its future,
+// and some wait there for the future of another collective (PowerSGD's hook waits for its second
+// all-reduce), which only a free thread can settle. So a work queued while no thread is free
+// starts another (at most kMaxThreads), as gloo runs its callbacks on a pool of two.
 class FutureCompleter {
  public:
+  static constexpr int kMaxThreads = 8;
   FutureCompleter();
   ~FutureCompleter();  // settles what is queued (each work ends by its own deadline), then joins
   void add(c10::intrusive_ptr<C10dWork> work);
 
+  // Waits (up to `limit`) until every completer of the process has nothing queued and no thread
+  // running a work. Called at Python's exit, before the interpreter finalizes: a thread that
+  // then still ran a future's Python callback, or dropped the last reference to one, would be
+  // ended by Python inside a destructor, which aborts the process.
+  static void quiesce_all(std::chrono::milliseconds limit);
+
  private:
   void run(std::stop_token stop);
+  bool quiet_locked() const { return queue_.empty() && idle_ == static_cast<int>(threads_.size()); }
 
-  std::mutex mu_;  // guards queue_
+  std::mutex mu_;  // guards queue_, idle_ and threads_
   std::condition_variable_any cv_;
+  std::condition_variable_any idle_cv_;  // notified when a thread becomes idle
   std::deque<c10::intrusive_ptr<C10dWork>> queue_;
-  std::jthread thread_;
+  int idle_ = 0;  // threads waiting for a work
+  std::vector<std::jthread> threads_;
 };
 
 }  // namespace dtrain::python

@@ -7,6 +7,7 @@
 
 #include "dtrain/identity.h"
 #include "python/torch/c10d_process_group.h"
+#include "python/torch/c10d_work.h"
 
 namespace py = pybind11;
 using dtrain::python::C10dProcessGroup;
@@ -30,6 +31,11 @@ PYBIND11_MODULE(_torch, m) {
            py::arg("name") = "world",
            // Connecting waits for every member: other Python threads run meanwhile.
            py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_quiesce",
+      [] { dtrain::python::FutureCompleter::quiesce_all(std::chrono::seconds(10)); },
+      "Waits until no thread of the backend runs a future's callbacks (registered with atexit).",
+      py::call_guard<py::gil_scoped_release>());
   m.def(
       "launcher_identity",
       [] {
