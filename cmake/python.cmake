@@ -39,10 +39,17 @@ pybind11_add_module(dtrain_python_torch MODULE NO_EXTRAS
   src/python/torch/c10d_store.cc)
 set_target_properties(dtrain_python_torch PROPERTIES
   OUTPUT_NAME _torch
-  LIBRARY_OUTPUT_DIRECTORY ${DTRAIN_PYTHON_DIR}/dtrain)
+  LIBRARY_OUTPUT_DIRECTORY ${DTRAIN_PYTHON_DIR}/dtrain
+  # Installed, it still finds libraries outside the system's paths (CUDA's runtime).
+  INSTALL_RPATH_USE_LINK_PATH TRUE)
 target_include_directories(dtrain_python_torch PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_python_torch PRIVATE
   dtrain_core ${TORCH_LIBRARIES} ${TORCH_PYTHON_LIBRARY} fmt::fmt)
+if(TARGET dtrain_cuda)
+  # CUDA tensors (a CUDA build of torch) staged through pinned host memory, as from C++; the
+  # library registers itself, so it is linked whole.
+  target_link_libraries(dtrain_python_torch PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,dtrain_cuda>")
+endif()
 
 # The pure-Python files, copied beside the extension at every build (a copy, not a link, so that
 # build/python is what gets installed).
