@@ -2,7 +2,12 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <cctype>
+#include <string>
+#include <utility>
+
 #include "common/env.h"
+#include "common/log_level.h"
 
 namespace dtrain::log {
 namespace {
@@ -10,11 +15,32 @@ namespace {
 std::shared_ptr<spdlog::logger> make_logger() {
   auto logger = spdlog::stderr_color_mt("dtrain");
   logger->set_pattern("[%H:%M:%S.%e] [dtrain %^%l%$] %v");
-  logger->set_level(spdlog::level::from_str(env::get_string(env::kLogLevel)));
+  const std::string wanted = env::get_string(env::kLogLevel);
+  if (auto level = parse_level(wanted)) {
+    logger->set_level(*level);
+  } else {
+    logger->set_level(spdlog::level::info);
+    logger->warn("{} is '{}', which names no level: logging at info (use trace, debug, info, "
+                 "warn, error or off, in any case)",
+                 env::kLogLevel.name, wanted);
+  }
   return logger;
 }
 
 }  // namespace
+
+std::optional<spdlog::level::level_enum> parse_level(std::string_view name) {
+  std::string lower;
+  for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  using L = spdlog::level::level_enum;
+  static constexpr std::pair<std::string_view, L> kNames[] = {
+      {"trace", L::trace}, {"debug", L::debug}, {"info", L::info},         {"warn", L::warn},
+      {"warning", L::warn}, {"error", L::err},  {"err", L::err},           {"critical", L::critical},
+      {"off", L::off}};
+  for (const auto& [text, level] : kNames)
+    if (lower == text) return level;
+  return std::nullopt;
+}
 
 spdlog::logger& logger() {
   static std::shared_ptr<spdlog::logger> instance = make_logger();

@@ -5,7 +5,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "common/env.h"
+#include "common/log_level.h"
 #include "dtrain/error.h"
 #include "dtrain/tensor.h"
 
@@ -44,6 +47,33 @@ TEST(Env, EveryVariableIsDocumented) {
     EXPECT_NE(doc.find("`" + std::string(v.name) + "`"), std::string::npos)
         << v.name << " is read by dtrain but not listed in docs/env.md (regenerate it with "
         << "`dtrain env --markdown`)";
+}
+
+TEST(Env, LogLevelsInAnyCaseAndUnknownOnesRefused) {
+  EXPECT_EQ(log::parse_level("INFO"), spdlog::level::info);
+  EXPECT_EQ(log::parse_level("Debug"), spdlog::level::debug);
+  EXPECT_EQ(log::parse_level("warning"), spdlog::level::warn);
+  EXPECT_EQ(log::parse_level("WARN"), spdlog::level::warn);
+  EXPECT_EQ(log::parse_level("error"), spdlog::level::err);
+  EXPECT_EQ(log::parse_level("off"), spdlog::level::off);
+  EXPECT_FALSE(log::parse_level("verbose").has_value());
+  EXPECT_FALSE(log::parse_level("").has_value());
+}
+
+// `dtrain env` shows that the token is set, never its value; an unknown log level is named.
+TEST(Env, TheEnvCommandHidesTheTokenAndNamesABadLogLevel) {
+  const std::string cmd = fmt::format(
+      "DTRAIN_AUTH_TOKEN=s3cr3t-value DTRAIN_LOG_LEVEL=Chatty {}/dtrain env 2>&1", DTRAIN_BIN_DIR);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  EXPECT_EQ(::pclose(p), 0) << out;
+  EXPECT_EQ(out.find("s3cr3t"), std::string::npos) << out;
+  EXPECT_NE(out.find("(set, 12 characters)"), std::string::npos) << out;
+  EXPECT_NE(out.find("DTRAIN_LOG_LEVEL is 'Chatty', which names no level"), std::string::npos)
+      << out;
 }
 
 TEST(DType, SizesAndNames) {

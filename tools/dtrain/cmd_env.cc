@@ -2,6 +2,7 @@
 // value, as the Markdown table docs/env.md holds (`dtrain env --markdown`).
 #include <cstdio>
 #include <memory>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -26,6 +27,9 @@ CLI::App* add_env_command(CLI::App& app) {
     }
     for (const auto& v : env::all()) {
       auto value = env::raw(v);
+      // A secret is shown as set, never its value: `dtrain env` output lands in logs and issues.
+      if (value && std::string_view(v.name).ends_with("_TOKEN"))
+        value = fmt::format("(set, {} characters)", value->size());
       fmt::print("{:<28} {:<10} {}\n", v.name,
                  value ? *value : fmt::format("({})", v.default_value.empty() ? "unset" : v.default_value),
                  v.help);

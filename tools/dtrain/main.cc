@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <exception>
 
+#include "common/log.h"
 #include "dtrain/error.h"
 #include "tools/dtrain/commands.h"
 
 int main(int argc, char** argv) {
+  dtrain::log::logger();  // a DTRAIN_LOG_LEVEL that names no level is reported now, not later
   CLI::App app{"dtrain: distributed training, launched and debugged"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "dtrain 0.1.0");
