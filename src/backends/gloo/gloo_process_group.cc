@@ -1,5 +1,6 @@
 #include "backends/gloo/gloo_process_group.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -36,6 +37,18 @@
 
 namespace dtrain::backends {
 namespace {
+
+// Gloo's TCP transport writes with writev, which raises SIGPIPE when the peer has gone: its
+// default action kills this process before the failed collective can name the peer (a race with
+// the peer's close, seen in GlooBackend.PeerDeathFailsTheCollective). Ignored, the write fails
+// with EPIPE and gloo reports it. A handler the program installed itself is left alone (Python
+// ignores SIGPIPE already).
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+      !(current.sa_flags & SA_SIGINFO))
+    ::signal(SIGPIPE, SIG_IGN);
+}
 
 // Gloo slot prefix of point-to-point messages; gloo's collectives use 0x01..0x08.
 constexpr uint8_t kP2pSlotPrefix = 0x7f;
@@ -162,6 +175,7 @@ GlooProcessGroup::GlooProcessGroup(const GlooProcessGroup& parent, int rank, int
 
 void GlooProcessGroup::connect(gloo::rendezvous::Store& store,
                                std::chrono::milliseconds connect_timeout) {
+  ignore_sigpipe_unless_handled();
   const Deadline deadline = Deadline::after(connect_timeout);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
   context->setTimeout(connect_timeout);
