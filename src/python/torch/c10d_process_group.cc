@@ -7,6 +7,7 @@
 #include "dtrain/error.h"
 #include "python/torch/c10d_store.h"
 #include "python/torch/c10d_work.h"
+#include "torch/tensor_view.h"
 
 namespace dtrain::python {
 namespace {
@@ -14,22 +15,8 @@ namespace {
 using std::chrono::milliseconds;
 
 DType dtype_of(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return DType::kF32;
-    case at::kDouble: return DType::kF64;
-    case at::kHalf: return DType::kF16;
-    case at::kBFloat16: return DType::kBF16;
-    case at::kChar: return DType::kI8;
-    case at::kByte: return DType::kU8;
-    case at::kBool: return DType::kU8;  // 0 or 1 in a byte; reductions map to logical ones
-    case at::kInt: return DType::kI32;
-    case at::kLong: return DType::kI64;
-    default:
-      throw InvalidArgumentError(fmt::format(
-          "dtrain backend: tensors of dtype {} cannot be communicated (supported: float32, "
-          "float64, float16, bfloat16, int8, uint8, bool, int32, int64)",
-          c10::toString(t.scalar_type())));
-  }
+  // bool travels as a byte (0 or 1); reductions map to logical ones (reduce_op below).
+  return t.scalar_type() == at::kBool ? DType::kU8 : torch_detail::to_dtype(t.scalar_type());
 }
 
 // The view dtrain reads and writes: the tensor's own memory, which must be contiguous.
