@@ -7,10 +7,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/reduce.h"
 #include "dtrain/error.h"
 
 namespace dtrain {
@@ -22,6 +25,7 @@ namespace {
 constexpr uint8_t kFlagNewTensors = 1;  // has tensors to negotiate
 constexpr uint8_t kFlagStopping = 2;    // its coordinator is being destroyed
 constexpr uint8_t kFlagReport = 4;      // rank 0 has an error to report
+constexpr uint8_t kFlagJoined = 8;      // joined: zeros for whatever the others reduce
 
 constexpr uint8_t kAnswerOk = 0;
 constexpr uint8_t kAnswerStall = 1;
@@ -86,13 +90,26 @@ std::vector<int> ranks_where(const std::vector<uint8_t>& flags, bool value) {
 
 }  // namespace
 
-void Coordinator::Handle::finish(std::exception_ptr error) {
+void Coordinator::Handle::finish(std::exception_ptr error, int last_joined) {
   {
     std::lock_guard lock(mutex_);
     done_ = true;
     error_ = std::move(error);
+    last_joined_ = last_joined;
   }
   cv_.notify_all();
+}
+
+int Coordinator::Handle::last_joined() const {
+  std::lock_guard lock(mutex_);
+  return last_joined_;
+}
+
+bool Coordinator::Handle::wait_for(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (!cv_.wait_for(lock, timeout, [&] { return done_; })) return false;
+  if (error_) std::rethrow_exception(error_);
+  return true;
 }
 
 bool Coordinator::Handle::done() const {
@@ -125,7 +142,7 @@ Coordinator::~Coordinator() {
 }
 
 std::shared_ptr<Coordinator::Handle> Coordinator::submit(const std::string& name,
-                                                         const TensorView& tensor) {
+                                                         const TensorView& tensor, ReduceOp op) {
   auto handle = std::make_shared<Handle>();
   handle->name_ = name;
   std::lock_guard lock(mutex_);
@@ -134,12 +151,34 @@ std::shared_ptr<Coordinator::Handle> Coordinator::submit(const std::string& name
     throw InvalidArgumentError(fmt::format(
         "rank {}: DistributedOptimizer: tensor '{}' submitted while the coordinator is stopping",
         group_->rank(), name));
+  if (join_ != nullptr)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: DistributedOptimizer: tensor '{}' submitted after this rank joined; a rank "
+        "that called join() submits nothing until every rank has joined",
+        group_->rank(), name));
   if (!inflight_.insert(name).second)
     throw InvalidArgumentError(fmt::format(
         "rank {}: DistributedOptimizer: tensor '{}' submitted again before its previous "
         "all-reduce finished; names must be unique and each submitted once per step",
         group_->rank(), name));
-  incoming_.push_back(Entry{name, tensor, handle, false});
+  incoming_.push_back(Entry{name, tensor, op, handle, false});
+  return handle;
+}
+
+std::shared_ptr<Coordinator::Handle> Coordinator::join() {
+  auto handle = std::make_shared<Handle>();
+  handle->name_ = "join";
+  std::lock_guard lock(mutex_);
+  if (error_) std::rethrow_exception(error_);
+  if (join_ != nullptr)
+    throw InvalidArgumentError(fmt::format("rank {}: join() called again before every rank joined",
+                                           group_->rank()));
+  if (!inflight_.empty())
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: join() called while {} submitted tensors are not reduced yet; wait for them "
+        "(synchronize) first",
+        group_->rank(), inflight_.size()));
+  join_ = handle;
   return handle;
 }
 
@@ -161,8 +200,14 @@ void Coordinator::fail(std::exception_ptr error) {
     incoming.swap(incoming_);
     inflight_.clear();
   }
+  std::shared_ptr<Handle> join;
+  {
+    std::lock_guard lock(mutex_);
+    join.swap(join_);
+  }
   for (auto& e : pending_) e.handle->finish(error);
   for (auto& e : incoming) e.handle->finish(error);
+  if (join != nullptr) join->finish(error);
   pending_.clear();
 }
 
@@ -205,19 +250,30 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
   const int me = group_->rank();
   const size_t bit_bytes = (options_.cache_capacity + 7) / 8;
   const size_t state_bytes = 1 + bit_bytes;
+  auto cached_id = [&](const Entry& e) -> std::optional<size_t> {
+    auto it = cache_id_.find(e.name);
+    if (it == cache_id_.end() || !(cache_[it->second] == Request{e.name, e.tensor.dtype,
+                                                                 e.tensor.numel, e.op}))
+      return std::nullopt;
+    return it->second;
+  };
 
+  std::shared_ptr<Handle> join;
+  {
+    std::lock_guard lock(mutex_);
+    join = join_;
+  }
   std::vector<uint8_t> state(state_bytes, 0);
   for (const auto& e : pending_) {
-    auto it = cache_id_.find(e.name);
-    if (it != cache_id_.end() && cache_[it->second].dtype == e.tensor.dtype &&
-        cache_[it->second].numel == e.tensor.numel) {
-      state[1 + it->second / 8] |= static_cast<uint8_t>(1u << (it->second % 8));
+    if (auto id = cached_id(e)) {
+      state[1 + *id / 8] |= static_cast<uint8_t>(1u << (*id % 8));
     } else if (!e.sent) {
       state[0] |= kFlagNewTensors;
     }
   }
   if (stopping) state[0] |= kFlagStopping;
   if (me == 0 && !stall_error_.empty()) state[0] |= kFlagReport;
+  if (join != nullptr) state[0] |= kFlagJoined;
 
   std::vector<uint8_t> all(state_bytes * static_cast<size_t>(n));
   AllgatherOptions ao;
@@ -227,11 +283,15 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
   bool negotiate_now = false;
   all_stopping = true;
   std::vector<uint8_t> stopping_ranks(n, 0);
+  std::vector<uint8_t> joined(n, 0);
+  int joined_count = 0;
   for (int r = 0; r < n; ++r) {
     uint8_t f = all[r * state_bytes];
     negotiate_now |= (f & (kFlagNewTensors | kFlagReport)) != 0;
     stopping_ranks[r] = (f & kFlagStopping) != 0;
     all_stopping &= stopping_ranks[r] != 0;
+    joined[r] = (f & kFlagJoined) != 0;
+    joined_count += joined[r];
   }
   if (stopping) {
     if (stop_seen_ == Clock::time_point{}) stop_seen_ = Clock::now();
@@ -241,20 +301,40 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
           "ms; destroy it on every rank at the same point",
           me, fmt::join(ranks_where(stopping_ranks, false), ", "), options_.timeout.count()));
   }
+  if (joined_count == n) {
+    // Every rank joined (so none has anything pending): the one that came last is the highest
+    // rank among those that joined since the previous cycle, the same answer on every rank.
+    int last = n - 1;
+    for (int r = n - 1; r >= 0; --r)
+      if (joined_before_.empty() || joined_before_[r] == 0) {
+        last = r;
+        break;
+      }
+    joined_before_.clear();
+    {
+      std::lock_guard lock(mutex_);
+      join_ = nullptr;
+    }
+    join->finish(nullptr, last);
+    return;
+  }
+  // A rank that just joined may complete tensors rank 0 holds as not ready everywhere.
+  if (joined_count > 0 && joined != joined_before_) negotiate_now = true;
+  joined_before_ = joined;
 
-  // Cached tensors ready on every rank, in cache order.
-  std::vector<std::string> run;
+  // Cached tensors ready on every rank (a joined rank counts as ready), in cache order.
+  std::vector<Request> run;
   std::vector<std::vector<uint8_t>> holders(cache_.size());
   for (size_t id = 0; id < cache_.size(); ++id) {
     std::vector<uint8_t> has(n, 0);
     int count = 0;
     for (int r = 0; r < n; ++r) {
-      has[r] = (all[r * state_bytes + 1 + id / 8] >> (id % 8)) & 1;
+      has[r] = ((all[r * state_bytes + 1 + id / 8] >> (id % 8)) & 1) | joined[r];
       count += has[r];
     }
-    if (count == n) run.push_back(cache_[id].name);
+    if (count == n) run.push_back(cache_[id]);
     if (me == 0) {
-      if (count > 0 && count < n) {
+      if (count > joined_count && count < n) {
         partial_since_.emplace(id, Clock::now());
       } else {
         partial_since_.erase(id);
@@ -267,24 +347,19 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
   if (negotiate_now) {
     std::vector<Request> mine;
     for (auto& e : pending_) {
-      auto it = cache_id_.find(e.name);
-      const bool cached = it != cache_id_.end() && cache_[it->second].dtype == e.tensor.dtype &&
-                          cache_[it->second].numel == e.tensor.numel;
-      if (e.sent || cached) continue;
+      if (e.sent || cached_id(e)) continue;
       e.sent = true;
-      mine.push_back(Request{e.name, e.tensor.dtype, e.tensor.numel});
+      mine.push_back(Request{e.name, e.tensor.dtype, e.tensor.numel, e.op});
     }
     std::string error;
-    std::vector<std::string> agreed = negotiate(mine, error);
+    std::vector<Request> agreed = negotiate(mine, joined, error);
     if (!error.empty()) throw TimeoutError(fmt::format("rank {}: {}", me, error));
-    for (const auto& name : agreed) {
-      run.push_back(name);
-      if (cache_.size() < options_.cache_capacity && cache_id_.count(name) == 0) {
-        auto it = std::find_if(pending_.begin(), pending_.end(),
-                               [&](const Entry& e) { return e.name == name; });
-        cache_id_[name] = cache_.size();
-        cache_.push_back(CacheEntry{name, it->tensor.dtype, it->tensor.numel});
+    for (auto& q : agreed) {
+      if (cache_.size() < options_.cache_capacity && cache_id_.count(q.name) == 0) {
+        cache_id_[q.name] = cache_.size();
+        cache_.push_back(q);
       }
+      run.push_back(std::move(q));
     }
   }
   {
@@ -294,18 +369,20 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
     stats_.cached_tensors += cached_count;
     stats_.tensors += run.size();
   }
-  execute(run);
+  execute(run, n - joined_count, join != nullptr);
   if (me == 0) stall_error_ = rank0_stall_error(holders);
 }
 
-std::vector<std::string> Coordinator::negotiate(const std::vector<Request>& mine,
-                                                std::string& error) {
+std::vector<Coordinator::Request> Coordinator::negotiate(const std::vector<Request>& mine,
+                                                         const std::vector<uint8_t>& joined,
+                                                         std::string& error) {
   const int n = group_->size();
   Writer w;
   for (const auto& r : mine) {
     w.str(r.name);
     w.u8(static_cast<uint8_t>(r.dtype));
     w.u64(r.numel);
+    w.u8(static_cast<uint8_t>(r.op));
   }
   std::vector<uint8_t>& payload = w.bytes();
   std::vector<int64_t> size = {static_cast<int64_t>(payload.size())};
@@ -321,6 +398,14 @@ std::vector<std::string> Coordinator::negotiate(const std::vector<Request>& mine
   group_->allgatherv(TensorView{gathered.data(), total, DType::kU8},
                      TensorView{input.data(), payload.size(), DType::kU8}, counts, ao)
       ->wait();
+  auto read_request = [](Reader& rd) {
+    Request q;
+    q.name = rd.str();
+    q.dtype = static_cast<DType>(rd.u8());
+    q.numel = rd.u64();
+    q.op = static_cast<ReduceOp>(rd.u8());
+    return q;
+  };
 
   Writer answer;
   if (group_->rank() == 0) {
@@ -328,17 +413,11 @@ std::vector<std::string> Coordinator::negotiate(const std::vector<Request>& mine
     size_t at = 0;
     for (int r = 0; r < n; ++r) {
       Reader rd(gathered.data() + at, counts[r]);
-      while (!rd.done()) {
-        Request q;
-        q.name = rd.str();
-        q.dtype = static_cast<DType>(rd.u8());
-        q.numel = rd.u64();
-        requests[r].push_back(std::move(q));
-      }
+      while (!rd.done()) requests[r].push_back(read_request(rd));
       at += counts[r];
     }
     std::vector<Request> ready;
-    std::string mismatch = rank0_update(requests, ready);
+    std::string mismatch = rank0_update(requests, joined, ready);
     if (!mismatch.empty()) {
       answer.u8(kAnswerMismatch);
       answer.str(mismatch);
@@ -349,8 +428,13 @@ std::vector<std::string> Coordinator::negotiate(const std::vector<Request>& mine
       answer.u8(kAnswerOk);
       answer.str("");
     }
-    answer.u64(ready.size());
-    for (const auto& q : ready) answer.str(q.name);
+    // The whole request, not just the name: a joined rank never saw it and needs its size.
+    for (const auto& q : ready) {
+      answer.str(q.name);
+      answer.u8(static_cast<uint8_t>(q.dtype));
+      answer.u64(q.numel);
+      answer.u8(static_cast<uint8_t>(q.op));
+    }
   }
   std::vector<int64_t> answer_size = {static_cast<int64_t>(answer.bytes().size())};
   BroadcastOptions bo;
@@ -366,12 +450,13 @@ std::vector<std::string> Coordinator::negotiate(const std::vector<Request>& mine
   std::string message = rd.str();
   if (kind == kAnswerMismatch) throw InvalidArgumentError(fmt::format("rank {}: {}", group_->rank(), message));
   if (kind == kAnswerStall) error = message;
-  std::vector<std::string> names(rd.u64());
-  for (auto& name : names) name = rd.str();
-  return names;
+  std::vector<Request> agreed;
+  while (!rd.done()) agreed.push_back(read_request(rd));
+  return agreed;
 }
 
 std::string Coordinator::rank0_update(const std::vector<std::vector<Request>>& all,
+                                      const std::vector<uint8_t>& joined,
                                       std::vector<Request>& ready) {
   const size_t n = all.size();
   const auto now = Clock::now();
@@ -381,15 +466,17 @@ std::string Coordinator::rank0_update(const std::vector<std::vector<Request>>& a
       Pending& p = it->second;
       if (inserted) {
         p.request = q;
+        p.first_rank = static_cast<int>(r);
         p.ranks.assign(n, 0);
         p.since = now;
         table_order_.push_back(q.name);
-      } else if (p.request.dtype != q.dtype || p.request.numel != q.numel) {
+      } else if (!(p.request == q)) {
         p.mismatch = fmt::format(
-            "DistributedOptimizer: tensor '{}' differs between ranks: {} elements of {} on the "
-            "first rank that submitted it, {} elements of {} on rank {}; every rank must submit "
-            "the same tensors under the same names",
-            q.name, p.request.numel, to_string(p.request.dtype), q.numel, to_string(q.dtype), r);
+            "DistributedOptimizer: tensor '{}' differs between ranks: rank {} submitted {} "
+            "elements of {} reduced with {}, rank {} submitted {} elements of {} reduced with {}; "
+            "every rank must submit the same tensors under the same names",
+            q.name, p.first_rank, p.request.numel, to_string(p.request.dtype),
+            to_string(p.request.op), r, q.numel, to_string(q.dtype), to_string(q.op));
       }
       p.ranks[r] = 1;
     }
@@ -397,7 +484,9 @@ std::string Coordinator::rank0_update(const std::vector<std::vector<Request>>& a
   std::vector<std::string> still;
   for (const auto& name : table_order_) {
     Pending& p = table_.at(name);
-    if (std::count(p.ranks.begin(), p.ranks.end(), 1) == static_cast<long>(n)) {
+    size_t count = 0;
+    for (size_t r = 0; r < n; ++r) count += (p.ranks[r] | joined[r]) != 0;
+    if (count == n) {
       if (!p.mismatch.empty()) return p.mismatch;
       ready.push_back(p.request);
       table_.erase(name);
@@ -430,56 +519,81 @@ std::string Coordinator::rank0_stall_error(const std::vector<std::vector<uint8_t
   return "";
 }
 
-void Coordinator::execute(const std::vector<std::string>& names) {
-  if (names.empty()) return;
+void Coordinator::execute(const std::vector<Request>& tensors, int contributing,
+                          bool joined) {
+  if (tensors.empty()) return;
+  const int n = group_->size();
   std::unordered_map<std::string, size_t> index;
   for (size_t i = 0; i < pending_.size(); ++i) index[pending_[i].name] = i;
-  std::vector<size_t> order;
-  for (const auto& name : names) {
-    auto it = index.find(name);
-    if (it == index.end())
+  // What this rank reduces for each agreed tensor: its own buffer, or zeros when it has joined.
+  std::vector<TensorView> views;
+  std::vector<std::vector<std::byte>> zeros;
+  zeros.reserve(tensors.size());
+  std::vector<uint8_t> finished(pending_.size(), 0);
+  for (const auto& q : tensors) {
+    auto it = index.find(q.name);
+    if (it != index.end()) {
+      views.push_back(pending_[it->second].tensor);
+      finished[it->second] = 1;
+    } else if (joined) {
+      zeros.emplace_back(q.numel * element_size(q.dtype));
+      views.push_back(TensorView{zeros.back().data(), q.numel, q.dtype});
+    } else {
       throw InternalError(fmt::format("coordinator: rank {} was told to reduce '{}', which it "
                                       "never submitted",
-                                      group_->rank(), name));
-    order.push_back(it->second);
+                                      group_->rank(), q.name));
+    }
   }
-  // Group by dtype (first appearance first, order kept within a dtype), then cut into fusion
-  // buffers of at most fusion_threshold_bytes.
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    auto first = [&](DType t) {
-      for (size_t k = 0; k < order.size(); ++k)
-        if (pending_[order[k]].tensor.dtype == t) return k;
-      return order.size();
-    };
-    return first(pending_[a].tensor.dtype) < first(pending_[b].tensor.dtype);
-  });
+  // Group by (dtype, op), first appearance first and order kept within a group, then cut into
+  // fusion buffers of at most fusion_threshold_bytes.
+  std::vector<size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto same_kind = [&](size_t a, size_t b) {
+    return tensors[a].dtype == tensors[b].dtype && tensors[a].op == tensors[b].op;
+  };
+  std::vector<size_t> first(tensors.size());
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    first[k] = k;
+    for (size_t j = 0; j < k; ++j)
+      if (same_kind(j, k)) {
+        first[k] = first[j];
+        break;
+      }
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return first[a] < first[b]; });
   AllreduceOptions ro;
-  ro.op = options_.op;
   ro.timeout = options_.timeout;
   uint64_t collectives = 0;
   for (size_t i = 0; i < order.size();) {
-    const DType dtype = pending_[order[i]].tensor.dtype;
+    const Request& kind = tensors[order[i]];
     size_t j = i;
     size_t bytes = 0;
-    while (j < order.size() && pending_[order[j]].tensor.dtype == dtype &&
-           (j == i || bytes + pending_[order[j]].tensor.nbytes() <= options_.fusion_threshold_bytes)) {
-      bytes += pending_[order[j]].tensor.nbytes();
+    while (j < order.size() && same_kind(order[i], order[j]) &&
+           (j == i || bytes + views[order[j]].nbytes() <= options_.fusion_threshold_bytes)) {
+      bytes += views[order[j]].nbytes();
       ++j;
     }
-    if (j == i + 1) {
-      group_->allreduce(pending_[order[i]].tensor, ro)->wait();
-    } else {
+    // With ranks joined, an average is over the ranks that contributed.
+    const bool partial_average = kind.op == ReduceOp::kAvg && contributing < n;
+    ro.op = partial_average ? ReduceOp::kSum : kind.op;
+    TensorView whole = views[order[i]];
+    if (j > i + 1) {
       if (fusion_.size() < bytes) fusion_.resize(bytes);
       size_t at = 0;
       for (size_t k = i; k < j; ++k) {
-        const TensorView& t = pending_[order[k]].tensor;
+        const TensorView& t = views[order[k]];
         std::memcpy(fusion_.data() + at, t.data, t.nbytes());
         at += t.nbytes();
       }
-      group_->allreduce(TensorView{fusion_.data(), bytes / element_size(dtype), dtype}, ro)->wait();
-      at = 0;
+      whole = TensorView{fusion_.data(), bytes / element_size(kind.dtype), kind.dtype};
+    }
+    group_->allreduce(whole, ro)->wait();
+    if (partial_average)
+      scale_down(whole.data, whole.numel, whole.dtype, static_cast<size_t>(contributing));
+    if (j > i + 1) {
+      size_t at = 0;
       for (size_t k = i; k < j; ++k) {
-        const TensorView& t = pending_[order[k]].tensor;
+        const TensorView& t = views[order[k]];
         std::memcpy(t.data, fusion_.data() + at, t.nbytes());
         at += t.nbytes();
       }
@@ -487,8 +601,6 @@ void Coordinator::execute(const std::vector<std::string>& names) {
     ++collectives;
     i = j;
   }
-  std::vector<uint8_t> finished(pending_.size(), 0);
-  for (size_t k : order) finished[k] = 1;
   std::vector<Entry> rest;
   std::vector<std::shared_ptr<Handle>> done;
   for (size_t k = 0; k < pending_.size(); ++k) {

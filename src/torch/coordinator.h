@@ -30,7 +30,6 @@
 namespace dtrain {
 
 struct CoordinatorOptions {
-  ReduceOp op = ReduceOp::kAvg;
   size_t fusion_threshold_bytes = size_t{64} << 20;
   std::chrono::microseconds cycle_time{1000};
   std::chrono::milliseconds stall_timeout{60000};
@@ -45,7 +44,12 @@ class Coordinator {
     // Waits until the tensor holds the reduction; throws the coordinator's error, or
     // TimeoutError naming the tensor after `timeout`.
     void wait(std::chrono::milliseconds timeout);
+    // Waits up to `timeout`; false if not done by then (nothing is cancelled), true once done.
+    // Throws the coordinator's error.
+    bool wait_for(std::chrono::milliseconds timeout);
     bool done() const;
+    // For the handle of join(): the rank that joined last (every rank gets the same answer).
+    int last_joined() const;
 
    private:
     friend class Coordinator;
@@ -54,7 +58,8 @@ class Coordinator {
     std::condition_variable cv_;
     bool done_ = false;
     std::exception_ptr error_;
-    void finish(std::exception_ptr error);
+    int last_joined_ = -1;
+    void finish(std::exception_ptr error, int last_joined = -1);
   };
 
   struct Stats {
@@ -74,8 +79,13 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   // Queues an in-place all-reduce of `tensor` under `name`; the buffer must stay valid until the
-  // handle is done. Throws the coordinator's error once it failed.
-  std::shared_ptr<Handle> submit(const std::string& name, const TensorView& tensor);
+  // handle is done. Every rank submits a name with the same dtype, element count and op. Throws
+  // the coordinator's error once it failed.
+  std::shared_ptr<Handle> submit(const std::string& name, const TensorView& tensor,
+                                 ReduceOp op = ReduceOp::kAvg);
+  // This rank has no more tensors to submit: it takes part in the others' reductions with zeros
+  // until every rank has joined, then the handle is done (last_joined() says who came last).
+  std::shared_ptr<Handle> join();
   // The error that stopped the coordinator (a tensor missing on some ranks, a collective that
   // failed), or null.
   std::exception_ptr error() const;
@@ -85,40 +95,43 @@ class Coordinator {
   struct Entry {
     std::string name;
     TensorView tensor;
+    ReduceOp op;
     std::shared_ptr<Handle> handle;
     bool sent = false;  // request already sent to rank 0
   };
-  struct Request {
+  struct Request {  // also what every rank caches of a tensor once agreed
     std::string name;
     DType dtype;
     uint64_t numel;
+    ReduceOp op;
+    bool operator==(const Request&) const = default;
   };
   struct Pending {  // rank 0's table of tensors not yet ready everywhere
     Request request;
+    int first_rank = 0;          // the rank whose request is `request`
     std::vector<uint8_t> ranks;  // ranks that submitted it
     std::chrono::steady_clock::time_point since;
     std::string mismatch;
   };
-  struct CacheEntry {
-    std::string name;
-    DType dtype;
-    uint64_t numel;
-  };
 
   void loop(std::stop_token stop);
   void cycle(bool stopping, bool& all_stopping);
-  std::vector<std::string> negotiate(const std::vector<Request>& mine, std::string& error);
+  std::vector<Request> negotiate(const std::vector<Request>& mine,
+                                 const std::vector<uint8_t>& joined, std::string& error);
   std::string rank0_update(const std::vector<std::vector<Request>>& all,
-                           std::vector<Request>& ready);
+                           const std::vector<uint8_t>& joined, std::vector<Request>& ready);
   std::string rank0_stall_error(const std::vector<std::vector<uint8_t>>& cached_bits);
-  void execute(const std::vector<std::string>& names);
+  // contributing: ranks that have not joined; joined: whether this rank has.
+  void execute(const std::vector<Request>& tensors, int contributing, bool joined);
   void fail(std::exception_ptr error);
 
   std::shared_ptr<ProcessGroup> group_;
   CoordinatorOptions options_;
 
-  mutable std::mutex mutex_;  // guards incoming_, inflight_, error_, stats_, stop_requested_
+  mutable std::mutex mutex_;  // guards incoming_, inflight_, error_, stats_, stop_requested_,
+                              // join_
   std::vector<Entry> incoming_;
+  std::shared_ptr<Handle> join_;  // set while this rank has joined
   std::unordered_set<std::string> inflight_;
   std::exception_ptr error_;
   Stats stats_;
@@ -126,7 +139,7 @@ class Coordinator {
 
   // Background thread only:
   std::vector<Entry> pending_;                       // submitted here, not yet reduced
-  std::vector<CacheEntry> cache_;                    // index = cache id, same on every rank
+  std::vector<Request> cache_;                       // index = cache id, same on every rank
   std::unordered_map<std::string, size_t> cache_id_;
   std::map<std::string, Pending> table_;             // rank 0
   std::vector<std::string> table_order_;             // rank 0: first-seen order
@@ -134,6 +147,7 @@ class Coordinator {
   std::vector<std::byte> fusion_;
   std::string stall_error_;  // rank 0: to report at the next negotiation
   std::chrono::steady_clock::time_point stop_seen_{};
+  std::vector<uint8_t> joined_before_;  // which ranks had joined at the previous cycle
 
   std::jthread thread_;
 };

@@ -1,6 +1,7 @@
 // The DistributedOptimizer's coordinator over real processes: tensors submitted in different
-// orders still reduce together (fused, then from the cache), and a tensor missing on one rank
-// fails everywhere with an error naming it and the ranks.
+// orders still reduce together (fused, then from the cache), each with its own op; a tensor
+// missing on one rank fails everywhere with an error naming it and the ranks; ranks that join
+// early contribute zeros until the last one joins.
 #include "torch/coordinator.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 #include <cmath>
 #include <string>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 #include "support/group.h"
@@ -91,6 +94,70 @@ TEST(Coordinator, TensorMissingOnOneRankGivesANamedError) {
     RANK_CHECK(message.find("ready on ranks [0]") != std::string::npos, "message: {}", message);
     RANK_CHECK(message.find("missing on ranks [1]") != std::string::npos, "message: {}", message);
     RANK_CHECK(message.find(fmt::format("rank {}", rank)) == 0, "message: {}", message);
+  }, 60s);
+  expect_all_ok(results);
+}
+
+TEST(Coordinator, EachTensorIsReducedWithItsOwnOp) {
+  const int port = testing::free_port();
+  const int n = 3;
+  auto results = run_ranks(n, [&](int rank) {
+    auto pg = make_group(rank, n, port);
+    Coordinator coordinator(pg, CoordinatorOptions{});
+    const std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kAvg,
+                                       ReduceOp::kMin, ReduceOp::kSum};
+    for (int step = 0; step < 3; ++step) {  // the first negotiates, the others run cached
+      std::vector<std::vector<double>> data(ops.size());
+      std::vector<std::shared_ptr<Coordinator::Handle>> handles;
+      for (size_t t = 0; t < ops.size(); ++t) {
+        data[t].assign(5, rank + 1.0 + static_cast<double>(t));
+        handles.push_back(coordinator.submit(fmt::format("t{}", t), TensorView::of(data[t]), ops[t]));
+      }
+      for (size_t t = 0; t < ops.size(); ++t) {
+        handles[t]->wait(20s);
+        const double lo = 1.0 + t, hi = n + static_cast<double>(t);
+        double want = 0;
+        switch (ops[t]) {
+          case ReduceOp::kSum: want = (lo + hi) * n / 2; break;
+          case ReduceOp::kAvg: want = (lo + hi) / 2; break;
+          case ReduceOp::kMax: want = hi; break;
+          default: want = lo; break;
+        }
+        for (double v : data[t]) RANK_CHECK(v == want, "t{} step {}: {} != {}", t, step, v, want);
+      }
+    }
+  }, 60s);
+  expect_all_ok(results);
+}
+
+TEST(Coordinator, JoinedRanksContributeZerosUntilTheLastJoins) {
+  const int port = testing::free_port();
+  const int n = 3;
+  auto results = run_ranks(n, [&](int rank) {
+    auto pg = make_group(rank, n, port);
+    Coordinator coordinator(pg, CoordinatorOptions{});
+    // Rank r has r + 1 batches: rank 0 joins after one step, rank 1 after two, rank 2 after three.
+    for (int step = 0; step <= rank; ++step) {
+      std::vector<float> grad(4, static_cast<float>(rank + 1));
+      std::vector<float> sum(2, static_cast<float>(rank + 1));
+      auto a = coordinator.submit("grad", TensorView::of(grad), ReduceOp::kAvg);
+      auto s = coordinator.submit(fmt::format("sum{}", step), TensorView::of(sum), ReduceOp::kSum);
+      a->wait(20s);
+      s->wait(20s);
+      // Ranks step..n-1 still have data at this step: their values are step+1..n.
+      float contributing = static_cast<float>(n - step);
+      float total = 0;
+      for (int r = step; r < n; ++r) total += static_cast<float>(r + 1);
+      for (float v : grad) RANK_CHECK(v == total / contributing, "step {}: average {} != {}", step, v, total / contributing);
+      for (float v : sum) RANK_CHECK(v == total, "step {}: sum {} != {}", step, v, total);
+    }
+    auto join = coordinator.join();
+    RANK_CHECK(join->wait_for(30s), "join did not finish");
+    RANK_CHECK(join->last_joined() == n - 1, "last joined {} != {}", join->last_joined(), n - 1);
+    // After everyone joined, the coordinator runs as before.
+    std::vector<float> after(3, static_cast<float>(rank));
+    coordinator.submit("after", TensorView::of(after), ReduceOp::kSum)->wait(20s);
+    for (float v : after) RANK_CHECK(v == 3.0f, "after join: {} != 3", v);
   }, 60s);
   expect_all_ok(results);
 }

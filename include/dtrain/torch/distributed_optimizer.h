@@ -35,6 +35,7 @@ class Optimizer;
 namespace dtrain {
 
 class Coordinator;
+class GradientHooks;
 
 enum class Compression { kNone, kFp16 };
 
@@ -43,6 +44,7 @@ struct DistributedOptimizerOptions {
   // call step() once per that many backward passes.
   int backward_passes_per_step = 1;
   Compression compression = Compression::kNone;      // kFp16: half the bytes on the wire
+  ReduceOp op = ReduceOp::kAvg;                      // kSum adds the gradients up instead
   size_t fusion_threshold_bytes = size_t{64} << 20;  // per fused all-reduce
   std::chrono::microseconds cycle_time{1000};
   std::chrono::milliseconds stall_timeout{60000};  // a tensor missing on some ranks
@@ -75,15 +77,9 @@ class DistributedOptimizer {
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
 
  private:
-  struct Slot;
-  void on_grad_ready(size_t index);
-  void submit(size_t index);
-
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
-  std::shared_ptr<ProcessGroup> group_;
-  DistributedOptimizerOptions options_;
-  std::vector<std::unique_ptr<Slot>> slots_;
-  std::unique_ptr<Coordinator> coordinator_;
+  std::shared_ptr<Coordinator> coordinator_;
+  std::unique_ptr<GradientHooks> hooks_;  // destroyed before the coordinator
 };
 
 }  // namespace dtrain
