@@ -36,7 +36,8 @@ pybind11_add_module(dtrain_python_torch MODULE NO_EXTRAS
   src/python/torch/module.cc
   src/python/torch/c10d_process_group.cc
   src/python/torch/c10d_work.cc
-  src/python/torch/c10d_store.cc)
+  src/python/torch/c10d_store.cc
+  src/python/torch/session.cc)
 set_target_properties(dtrain_python_torch PROPERTIES
   OUTPUT_NAME _torch
   LIBRARY_OUTPUT_DIRECTORY ${DTRAIN_PYTHON_DIR}/dtrain
@@ -44,7 +45,7 @@ set_target_properties(dtrain_python_torch PROPERTIES
   INSTALL_RPATH_USE_LINK_PATH TRUE)
 target_include_directories(dtrain_python_torch PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_python_torch PRIVATE
-  dtrain_core ${TORCH_LIBRARIES} ${TORCH_PYTHON_LIBRARY} fmt::fmt)
+  dtrain_torch_coordinator dtrain_core ${TORCH_LIBRARIES} ${TORCH_PYTHON_LIBRARY} fmt::fmt)
 if(TARGET dtrain_cuda)
   # CUDA tensors (a CUDA build of torch) staged through pinned host memory, as from C++; the
   # library registers itself, so it is linked whole.

@@ -42,12 +42,19 @@ def env_for(rank, world, port, extra=None):
     return env
 
 
-def run(world, name, *args, backend="dtrain", timeout=120, env=None, kill_rank=None):
-    """Runs workers.<name> on `world` ranks; returns [Rank] in rank order."""
+def command(script, name, backend, args):
+    """`python3 SCRIPT NAME [BACKEND] ARGS...` (hvd_workers.py takes no backend: backend=None)."""
+    return [PYTHON, os.path.join(HERE, script), name, *([backend] if backend else []),
+            *map(str, args)]
+
+
+def run(world, name, *args, backend="dtrain", timeout=120, env=None, kill_rank=None,
+        script="workers.py"):
+    """Runs <script>'s <name> on `world` ranks; returns [Rank] in rank order."""
     port = free_port()
     procs = []
     for r in range(world):
-        cmd = [PYTHON, os.path.join(HERE, "workers.py"), name, backend, *map(str, args)]
+        cmd = command(script, name, backend, args)
         procs.append(subprocess.Popen(cmd, env=env_for(r, world, port, env), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     deadline = time.monotonic() + timeout
@@ -68,7 +75,7 @@ def run(world, name, *args, backend="dtrain", timeout=120, env=None, kill_rank=N
     return results
 
 
-def run_with_envs(envs, name, *args, backend="dtrain", timeout=180, drop=()):
+def run_with_envs(envs, name, *args, backend="dtrain", timeout=180, drop=(), script="workers.py"):
     """Like run(), with each rank's own extra variables and some of the usual ones left out (a
     launcher other than torchrun's convention)."""
     procs = []
@@ -76,7 +83,7 @@ def run_with_envs(envs, name, *args, backend="dtrain", timeout=180, drop=()):
         env = env_for(r, len(envs), 0, extra)
         for k in drop:
             env.pop(k, None)
-        cmd = [PYTHON, os.path.join(HERE, "workers.py"), name, backend, *map(str, args)]
+        cmd = command(script, name, backend, args)
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     results = []

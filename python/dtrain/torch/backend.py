@@ -1,7 +1,7 @@
 """The ``torch.distributed`` backend ``"dtrain"``: dtrain's native process group under PyTorch.
 
-Importing this module registers the backend; a script written for torchrun and gloo changes one
-word::
+Importing ``dtrain.torch`` registers the backend; a script written for torchrun and gloo changes
+one word::
 
     import torch.distributed as dist
     import dtrain.torch  # noqa: F401
@@ -28,7 +28,6 @@ import torch.distributed as _dist
 from dtrain import _torch
 
 BACKEND = "dtrain"
-__all__ = ["BACKEND", "ProcessGroup"]
 
 ProcessGroup = _torch.ProcessGroup
 

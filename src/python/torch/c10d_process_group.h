@@ -41,6 +41,7 @@ class C10dProcessGroup : public c10d::ProcessGroup {
   const std::string getBackendName() const override { return "dtrain"; }
   // The dtrain group underneath (its own tests and tools use it directly).
   dtrain::ProcessGroup& group() { return *pg_; }
+  const std::shared_ptr<dtrain::ProcessGroup>& shared_group() const { return pg_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;

@@ -1,16 +1,102 @@
-// dtrain._torch: the torch.distributed backend "dtrain" (python/dtrain/torch/__init__.py
-// registers it). Only the constructor is bound: torch's own bindings of ProcessGroup and Work
-// call the rest through their virtual functions, releasing the GIL as they do for gloo.
+// dtrain._torch: the torch.distributed backend "dtrain" (python/dtrain/torch/backend.py registers
+// it), and the Session under the Horovod-compatible API (python/dtrain/torch/collectives.py).
+// Of the backend only the constructor is bound: torch's own bindings of ProcessGroup and Work
+// call the rest through their virtual functions, releasing the GIL as they do for gloo. Every
+// blocking call of the Session releases the GIL; waits on the coordinator come back every slice
+// so that Python can deliver Ctrl-C between them.
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "dtrain/identity.h"
+#include "dtrain/reduce_op.h"
 #include "python/torch/c10d_process_group.h"
 #include "python/torch/c10d_work.h"
+#include "python/torch/session.h"
 
 namespace py = pybind11;
+using dtrain::python::AsyncAllreduce;
 using dtrain::python::C10dProcessGroup;
+using dtrain::python::Session;
+using release = py::call_guard<py::gil_scoped_release>;
+
+namespace {
+
+void bind_session(py::module_& m) {
+  py::class_<AsyncAllreduce, std::shared_ptr<AsyncAllreduce>>(
+      m, "AsyncAllreduce", "An all-reduce queued on the coordinator (or a join).")
+      .def("wait_some", &AsyncAllreduce::wait_some, py::arg("slice"), release(),
+           "Waits up to `slice`; True once done. Raises the reduction's error.")
+      .def("done", &AsyncAllreduce::done)
+      .def_property_readonly("tensor", &AsyncAllreduce::tensor)
+      .def("last_joined", &AsyncAllreduce::last_joined);
+
+  py::class_<dtrain::GradientHooks>(
+      m, "GradientHooks",
+      "Post hooks on the parameters' gradient accumulators that queue each gradient on the\n"
+      "session's coordinator as soon as autograd has it (DistributedOptimizer's engine).")
+      .def("submit_missing", &dtrain::GradientHooks::submit_missing, release())
+      .def("wait_some", &dtrain::GradientHooks::wait_some, py::arg("slice"), release())
+      .def("pending", &dtrain::GradientHooks::pending)
+      .def("set_backward_passes_per_step", &dtrain::GradientHooks::set_backward_passes_per_step)
+      .def("__len__", &dtrain::GradientHooks::size);
+
+  py::class_<Session>(m, "Session",
+                      "What hvd.init() sets up: a group for blocking collectives and a\n"
+                      "coordinator for named asynchronous all-reduces.")
+      .def(py::init([](const c10::intrusive_ptr<C10dProcessGroup>& pg,
+                       std::chrono::microseconds cycle_time, size_t fusion_threshold,
+                       std::chrono::milliseconds stall_timeout) {
+             dtrain::python::SessionOptions o;
+             o.cycle_time = cycle_time;
+             o.fusion_threshold_bytes = fusion_threshold;
+             o.stall_timeout = stall_timeout;
+             return std::make_unique<Session>(pg->shared_group(), o);
+           }),
+           py::arg("group"), py::arg("cycle_time"), py::arg("fusion_threshold"),
+           py::arg("stall_timeout"), release())
+      .def("close", &Session::close, release(),
+           "Collective: stops the coordinator (hvd.shutdown()); the session is unusable after.")
+      .def_property_readonly("rank", &Session::rank)
+      .def_property_readonly("size", &Session::size)
+      .def(
+          "allreduce_",
+          [](Session& s, const at::Tensor& t, const std::string& op, double pre, double post) {
+            s.allreduce_(t, dtrain::parse_reduce_op(op), pre, post);
+          },
+          py::arg("tensor"), py::arg("op"), py::arg("prescale"), py::arg("postscale"), release())
+      .def("broadcast_", &Session::broadcast_, py::arg("tensor"), py::arg("root"), release())
+      .def("allgather", &Session::allgather, py::arg("tensor"), release())
+      .def("alltoall", &Session::alltoall, py::arg("tensor"), py::arg("splits"), release())
+      .def("barrier", &Session::barrier, release())
+      .def(
+          "allreduce_async_",
+          [](Session& s, const at::Tensor& t, const std::string& name, const std::string& op,
+             double pre, double post) {
+            return s.allreduce_async_(t, name, dtrain::parse_reduce_op(op), pre, post);
+          },
+          py::arg("tensor"), py::arg("name"), py::arg("op"), py::arg("prescale"),
+          py::arg("postscale"), release())
+      .def("join", &Session::join, release())
+      .def(
+          "gradient_hooks",
+          [](Session& s, std::vector<std::pair<std::string, at::Tensor>> named,
+             const std::string& compression, const std::string& op, int passes, double pre,
+             double post) {
+            dtrain::GradientHooksOptions o;
+            o.compression = compression == "fp16" ? dtrain::Compression::kFp16
+                                                  : dtrain::Compression::kNone;
+            o.op = dtrain::parse_reduce_op(op);
+            o.backward_passes_per_step = passes;
+            o.prescale = pre;
+            o.postscale = post;
+            return s.gradient_hooks(std::move(named), o);
+          },
+          py::arg("named_parameters"), py::arg("compression"), py::arg("op"),
+          py::arg("backward_passes_per_step"), py::arg("prescale"), py::arg("postscale"));
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_torch, m) {
   m.doc() = "dtrain's native process group as a torch.distributed backend (torch 1.13)";
@@ -53,4 +139,5 @@ PYBIND11_MODULE(_torch, m) {
       },
       "This process's place in the job, from whichever launcher started it (dtrain run, "
       "torchrun, mpirun, srun, a Kubernetes Indexed Job): dtrain's resolve_identity().");
+  bind_session(m);
 }

@@ -1,0 +1,35 @@
+"""dtrain for PyTorch: the ``torch.distributed`` backend ``"dtrain"``, and Horovod's API.
+
+Importing this module registers the backend (see :mod:`dtrain.torch.backend`)::
+
+    import torch.distributed as dist
+    import dtrain.torch  # noqa: F401
+    dist.init_process_group("dtrain")          # was "gloo"
+
+It is also a drop-in for ``horovod.torch``: a Horovod script changes its import line only::
+
+    import dtrain.torch as hvd                 # was: import horovod.torch as hvd
+    hvd.init()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+and runs under ``dtrain run -n 4 -- python3 train.py`` (or mpirun, srun, torchrun). Gradients
+are negotiated, fused and reduced by dtrain's C++ coordinator, the engine of its C++
+DistributedOptimizer; errors arrive as exceptions with dtrain's full text. docs/pytorch.md lists
+what is supported and how it differs from Horovod.
+"""
+
+from dtrain.torch.backend import BACKEND, ProcessGroup
+from dtrain.torch.collectives import (Adasum, Average, Max, Min, Product, Sum, allgather,
+                                      allgather_async, allreduce, allreduce_, allreduce_async,
+                                      allreduce_async_, alltoall, barrier, broadcast, broadcast_,
+                                      broadcast_async, broadcast_async_, cross_rank, cross_size,
+                                      grouped_allreduce, grouped_allreduce_,
+                                      grouped_allreduce_async, grouped_allreduce_async_, gloo_built,
+                                      gloo_enabled, init, is_initialized, join, local_rank,
+                                      local_size, mpi_built, mpi_enabled, mpi_threads_supported,
+                                      nccl_built, poll, rank, shutdown, size, synchronize)
+from dtrain.torch.compression import Compression
+from dtrain.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                                    broadcast_parameters)
+from dtrain.torch.optimizer import DistributedOptimizer

@@ -1,0 +1,454 @@
+"""Horovod's collective API (``hvd.init``, ``hvd.allreduce``, ...) on dtrain.
+
+``init()`` starts torch.distributed with the backend ``"dtrain"`` (unless the script already did)
+and opens a session on that group: blocking collectives run on a dtrain group of their own, on
+the calling thread with the GIL released; asynchronous all-reduces (``allreduce_async_``,
+``grouped_allreduce``, the DistributedOptimizer's gradients) go to dtrain's C++ coordinator,
+which matches them across ranks by name, fuses them and reduces them in one order everywhere.
+Waits on the coordinator come back to Python every 100 ms, so Ctrl-C interrupts them.
+
+Ops: ``Average`` (the default), ``Sum``, ``Min``, ``Max``, ``Product``. ``Adasum`` is not
+implemented and says so.
+"""
+import atexit
+import itertools
+import os
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from dtrain import _torch
+from dtrain.torch.backend import BACKEND, ProcessGroup
+from dtrain.torch.compression import Compression
+
+# Horovod's values, so that code passing the numbers keeps working.
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+_OPS = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
+
+_SLICE = timedelta(milliseconds=100)  # how often a wait lets Python look for Ctrl-C
+
+
+class _State:
+    def __init__(self, session, identity):
+        self.session = session
+        self.identity = identity
+        self.handles = {}  # handle -> (_torch.AsyncAllreduce | None, result, finish)
+        self.next_handle = itertools.count(1)
+        self.names = itertools.count()
+
+
+_state = None
+
+
+def _number(names, default, kind, minimum):
+    """The first of the environment variables `names` that is set, checked; else `default`."""
+    for name in names:
+        text = os.environ.get(name)
+        if text is None or text == "":
+            continue
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"{name}={text!r} is not a number; unset it or give a "
+                             f"{kind.__name__} of at least {minimum}") from None
+        if not (value >= minimum) or value in (float("inf"),):
+            raise ValueError(f"{name}={text!r} is out of range: give a finite {kind.__name__} "
+                             f"of at least {minimum}")
+        return value
+    return default
+
+
+def init(comm=None, process_sets=None):
+    """Joins the job: this process's rank and size come from whichever launcher started it
+    (dtrain run, torchrun, mpirun, srun); a process started alone is a world of one. Calling it
+    again does nothing. Collective: every rank calls it."""
+    global _state
+    if comm is not None or process_sets is not None:
+        raise ValueError("dtrain.torch.init(): comm and process_sets are not supported; every "
+                         "process of the job takes part (use torch.distributed.new_group with the "
+                         "backend 'dtrain' for sub-groups)")
+    if _state is not None:
+        return
+    identity = _torch.launcher_identity()
+    if not dist.is_initialized():
+        if identity["source"] == "single" and "MASTER_ADDR" not in os.environ:
+            dist.init_process_group(BACKEND, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group(BACKEND)
+    group = dist.distributed_c10d._get_default_group()
+    if not isinstance(group, ProcessGroup):
+        raise RuntimeError(
+            f"dtrain.torch.init(): torch.distributed was initialized with the backend "
+            f"{dist.get_backend()!r}; Horovod's API on dtrain needs the backend 'dtrain': call "
+            f"dist.init_process_group('dtrain') instead, or let init() do it")
+    cycle_ms = _number(["DTRAIN_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME"], 1.0, float, 0.0)
+    fusion = _number(["DTRAIN_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"], 64 << 20, int, 0)
+    stall_s = _number(["DTRAIN_STALL_TIMEOUT", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"], 60.0,
+                      float, 0.001)
+    session = _torch.Session(group, timedelta(milliseconds=cycle_ms), fusion,
+                             timedelta(seconds=stall_s))
+    _state = _State(session, identity)
+
+
+def shutdown():
+    """Stops the session (collective); init() may be called again afterwards. torch.distributed's
+    group stays up until the process ends: the script may use it, and a second init() reuses it
+    (a new env:// rendezvous on the same port could meet the old store)."""
+    global _state
+    state, _state = _state, None
+    if state is not None:
+        state.session.close()
+
+
+atexit.register(shutdown)
+
+
+def is_initialized():
+    return _state is not None
+
+
+def _session():
+    if _state is None:
+        raise ValueError("dtrain.torch has not been initialized; call dtrain.torch.init() (as "
+                         "hvd.init()) first")
+    return _state.session
+
+
+def _identity(key):
+    _session()
+    return _state.identity[key]
+
+
+def rank():
+    return _session().rank
+
+
+def size():
+    return _session().size
+
+
+def local_rank():
+    return _identity("local_rank")
+
+
+def local_size():
+    return _identity("local_world_size")
+
+
+def cross_rank():
+    """The index of this process's node."""
+    return _identity("node_rank")
+
+
+def cross_size():
+    """The number of nodes (processes per node being equal, as launchers start them)."""
+    return max(1, size() // max(1, local_size()))
+
+
+def mpi_threads_supported():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def nccl_built():
+    return False
+
+
+def _op(op, average):
+    if average is not None:
+        warnings.warn("the 'average' argument is deprecated (as in Horovod); pass op=Average or "
+                      "op=Sum", DeprecationWarning, stacklevel=3)
+        if op is not None:
+            raise ValueError("give op or average, not both")
+        op = Average if average else Sum
+    if op is None:
+        op = Average
+    if op == Adasum:
+        raise NotImplementedError("op=Adasum is not implemented by dtrain; use op=Average (the "
+                                  "default) or op=Sum")
+    if op not in _OPS:
+        raise ValueError(f"unknown reduction op {op!r}; use Average, Sum, Min, Max or Product")
+    return _OPS[op]
+
+
+def _name(kind, name):
+    return name if name is not None else f"{kind}.noname.{next(_state.names)}"
+
+
+def _new_handle(async_op, result, finish=None):
+    handle = next(_state.next_handle)
+    _state.handles[handle] = (async_op, result, finish)
+    return handle
+
+
+def _wait(async_op):
+    while not async_op.wait_some(_SLICE):
+        pass
+
+
+def synchronize(handle):
+    """Waits for an asynchronous operation; returns its output."""
+    _session()
+    if handle not in _state.handles:
+        raise ValueError(f"handle {handle!r} is unknown or was already synchronized")
+    async_op, result, finish = _state.handles[handle]
+    try:
+        if async_op is not None:
+            _wait(async_op)
+    finally:
+        if async_op is None or async_op.done():
+            del _state.handles[handle]
+    return finish(result) if finish is not None else result
+
+
+def poll(handle):
+    """True once the operation of `handle` finished (synchronize() then returns at once)."""
+    _session()
+    if handle not in _state.handles:
+        raise ValueError(f"handle {handle!r} is unknown or was already synchronized")
+    async_op = _state.handles[handle][0]
+    return async_op is None or async_op.done()
+
+
+def _dense(tensor):
+    if tensor.device.type != "cpu":
+        raise ValueError(f"dtrain.torch: tensors on {tensor.device} are not supported by this "
+                         f"API yet; move them to the CPU")
+    return tensor
+
+
+# --- all-reduce -----------------------------------------------------------------------------
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=None):
+    """Queues an in-place all-reduce of `tensor` on the coordinator; returns a handle. Ranks
+    match it by `name` (an automatic one when None, counted in call order)."""
+    op_name = _op(op, average)
+    _session()
+    if not tensor.is_contiguous():
+        raise ValueError("allreduce_async_: the tensor must be contiguous")
+    async_op = _state.session.allreduce_async_(_dense(tensor), _name("allreduce", name), op_name,
+                                               float(prescale_factor), float(postscale_factor))
+    return _new_handle(async_op, tensor)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=None):
+    """Like allreduce_async_, into a new tensor; `tensor` is left as it is."""
+    output = tensor.detach().clone(memory_format=torch.contiguous_format)
+    return allreduce_async_(output, average, name, op, prescale_factor, postscale_factor)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=None):
+    """In place; returns `tensor`."""
+    op_name = _op(op, average)
+    target = tensor if tensor.is_contiguous() else tensor.contiguous()
+    with torch.no_grad():
+        _session().allreduce_(_dense(target), op_name, float(prescale_factor),
+                              float(postscale_factor))
+        if target is not tensor:
+            tensor.copy_(target)
+    return tensor
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, op_name, prescale, postscale):
+        ctx.args = (op_name, prescale, postscale)
+        output = tensor.detach().clone(memory_format=torch.contiguous_format)
+        _session().allreduce_(_dense(output), op_name, prescale, postscale)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        op_name, prescale, postscale = ctx.args
+        grad = grad_output.detach().clone(memory_format=torch.contiguous_format)
+        _session().allreduce_(grad, op_name, prescale, postscale)
+        return grad, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    """The reduction of `tensor` over every rank, as a new tensor (differentiable)."""
+    op_name = _op(op, average)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _Allreduce.apply(compressed, op_name, float(prescale_factor),
+                               float(postscale_factor))
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=None):
+    """Queues in-place all-reduces of every tensor of the list together (fused by the
+    coordinator); one handle, whose result is the list."""
+    op_name = _op(op, average)
+    _session()
+    base = _name("grouped_allreduce", name)
+    ops = []
+    for i, t in enumerate(tensors):
+        if not t.is_contiguous():
+            raise ValueError(f"grouped_allreduce_async_: tensor {i} must be contiguous")
+        ops.append(_state.session.allreduce_async_(_dense(t), f"{base}.{i}", op_name,
+                                                   float(prescale_factor),
+                                                   float(postscale_factor)))
+
+    class _All:  # waits for every member
+        def wait_some(self, slice_):
+            return all(o.wait_some(slice_) for o in ops)
+
+        def done(self):
+            return all(o.done() for o in ops)
+
+    return _new_handle(_All(), list(tensors))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=None):
+    outputs = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
+    return grouped_allreduce_async_(outputs, average, name, op, prescale_factor,
+                                    postscale_factor)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=None):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor))
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+    """The reductions of a list of tensors, reduced together; new tensors."""
+    compressed = [compression.compress(t) for t in tensors]
+    outputs = synchronize(grouped_allreduce_async([c for c, _ in compressed], average, name, op,
+                                                  prescale_factor, postscale_factor))
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outputs, compressed)]
+
+
+# --- allgather, broadcast, alltoall -----------------------------------------------------------
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor):
+        ctx.rows = tensor.shape[0] if tensor.dim() > 0 else 1
+        return _session().allgather(_dense(tensor.detach()))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = grad_output.detach().clone(memory_format=torch.contiguous_format)
+        _session().allreduce_(grad, "sum", 1.0, 1.0)
+        rows = _session().allgather(torch.tensor([ctx.rows], dtype=torch.int64))
+        offset = int(rows[:rank()].sum())
+        return grad.narrow(0, offset, ctx.rows)
+
+
+def allgather(tensor, name=None, process_set=None):
+    """Every rank's tensor concatenated along dimension 0, in rank order; the first dimension
+    may differ between ranks (differentiable)."""
+    return _Allgather.apply(tensor)
+
+
+def allgather_async(tensor, name=None, process_set=None):
+    return _new_handle(None, allgather(tensor, name))
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    """root_rank's tensor, in place on every rank; returns `tensor`."""
+    target = tensor if tensor.is_contiguous() else tensor.contiguous()
+    with torch.no_grad():
+        _session().broadcast_(_dense(target), int(root_rank))
+        if target is not tensor:
+            tensor.copy_(target)
+    return tensor
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank):
+        ctx.root_rank = root_rank
+        output = tensor.detach().clone(memory_format=torch.contiguous_format)
+        _session().broadcast_(_dense(output), root_rank)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = grad_output.detach().clone(memory_format=torch.contiguous_format)
+        _session().allreduce_(grad, "sum", 1.0, 1.0)
+        if rank() != ctx.root_rank:
+            grad.zero_()
+        return grad, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    """root_rank's tensor, as a new tensor on every rank (differentiable)."""
+    return _Broadcast.apply(tensor, int(root_rank))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    return _new_handle(None, broadcast(tensor, root_rank, name))
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+    return _new_handle(None, broadcast_(tensor, root_rank, name))
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits):
+        output, received = _session().alltoall(_dense(tensor.detach()), splits)
+        ctx.received = received.tolist()
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, _):
+        grad, _ = _session().alltoall(grad_output.contiguous(), ctx.received)
+        return grad, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    """Slices of dimension 0 go to the ranks in order (splits[j] rows to rank j; equal slices
+    when splits is None); returns what arrived, and with splits given also the rows received
+    from each rank (as Horovod does)."""
+    split_list = [] if splits is None else [int(s) for s in torch.as_tensor(splits).tolist()]
+    output, received = _Alltoall.apply(tensor, split_list)
+    return output if splits is None else (output, received)
+
+
+# --- synchronization --------------------------------------------------------------------------
+
+def barrier(process_set=None):
+    _session().barrier()
+
+
+def join(device=-1):
+    """This rank has run out of data: it takes part in the other ranks' asynchronous
+    all-reduces (the DistributedOptimizer's included) with zeros until every rank has joined,
+    and an Average divides by the ranks that contributed. Returns the rank that joined last.
+    Blocking collectives (allreduce, allgather, broadcast) are not covered: call them only after
+    every rank has joined."""
+    waiting = _session().join()
+    _wait(waiting)
+    return waiting.last_joined()

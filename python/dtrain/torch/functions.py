@@ -1,0 +1,59 @@
+"""Horovod's helpers for starting every rank from the same state: parameters, optimizer state,
+and any picklable object."""
+import io
+import pickle
+
+import torch
+
+from dtrain.torch import collectives
+
+
+def broadcast_parameters(params, root_rank=0):
+    """Overwrites every rank's tensors with root_rank's, in place. `params`: a state_dict, or an
+    iterable of (name, tensor) pairs such as model.named_parameters()."""
+    items = sorted(params.items()) if isinstance(params, dict) else list(params)
+    if items and not isinstance(items[0], tuple):
+        raise ValueError("broadcast_parameters: expected a state_dict or (name, tensor) pairs, "
+                         f"got a sequence of {type(items[0]).__name__}")
+    with torch.no_grad():
+        for _, p in items:
+            if p is not None:
+                collectives.broadcast_(p.data if isinstance(p, torch.nn.Parameter) else p,
+                                       root_rank)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """root_rank's `obj` (pickled), on every rank."""
+    if collectives.rank() == root_rank:
+        payload = pickle.dumps(obj)
+        length = torch.tensor([len(payload)], dtype=torch.int64)
+    else:
+        payload = None
+        length = torch.zeros(1, dtype=torch.int64)
+    collectives.broadcast_(length, root_rank)
+    buffer = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload is not None
+              else torch.empty(int(length[0]), dtype=torch.uint8))
+    collectives.broadcast_(buffer, root_rank)
+    if payload is not None:
+        return obj
+    return pickle.load(io.BytesIO(buffer.numpy().tobytes()))
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Every rank's `obj` (pickled), as a list in rank order."""
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    lengths = collectives.allgather(torch.tensor([payload.numel()], dtype=torch.int64)).tolist()
+    gathered = collectives.allgather(payload)
+    out, at = [], 0
+    for n in lengths:
+        out.append(pickle.loads(gathered[at:at + n].numpy().tobytes()))
+        at += n
+    return out
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0):
+    """Overwrites every rank's optimizer state (and hyperparameters such as the learning rate)
+    with root_rank's."""
+    state = broadcast_object(optimizer.state_dict(), root_rank)
+    if collectives.rank() != root_rank:
+        optimizer.load_state_dict(state)

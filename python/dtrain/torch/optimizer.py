@@ -1,0 +1,120 @@
+"""Horovod's DistributedOptimizer: any torch optimizer, with the gradients reduced over the ranks
+before each step.
+
+The gradients are handed to dtrain's C++ gradient hooks (src/torch/gradient_hooks.h), the engine
+of the C++ DistributedOptimizer: a post hook on each parameter's gradient accumulator queues the
+gradient on the coordinator as soon as autograd has it, so the reduction of the last layers
+overlaps the backward pass of the first; step() waits for them and runs the wrapped optimizer.
+"""
+import warnings
+from contextlib import contextmanager
+from datetime import timedelta
+
+from dtrain.torch import collectives
+from dtrain.torch.compression import Compression
+
+_SLICE = timedelta(milliseconds=100)
+
+
+class _DistributedOptimizer:
+    """Mixed into the wrapped optimizer's class (see DistributedOptimizer)."""
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor):
+        super(self.__class__, self).__init__(params)
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+            if any(not isinstance(p, tuple) for p in named_parameters):
+                raise ValueError("named_parameters must be (name, parameter) pairs, such as "
+                                 "model.named_parameters()")
+            names = [n for n, _ in named_parameters]
+            duplicates = sorted({n for n in names if names.count(n) > 1})
+            if duplicates:
+                raise ValueError(f"named_parameters has duplicate names: {duplicates}")
+            named_ids = {id(p) for _, p in named_parameters}
+            unnamed = [i for i, p in enumerate(all_params) if id(p) not in named_ids]
+            if unnamed:
+                raise ValueError(f"named_parameters was given, but {len(unnamed)} parameters of "
+                                 f"the optimizer are not in it (indices {unnamed[:8]})")
+            in_optimizer = {id(p) for p in all_params}
+            named = [(f"allreduce.{n}", p) for n, p in named_parameters if id(p) in in_optimizer]
+        else:
+            named = [(f"allreduce.noname.{i}", p) for i, p in enumerate(all_params)]
+
+        if compression not in (Compression.none, Compression.fp16):
+            raise ValueError("DistributedOptimizer: compression must be Compression.none or "
+                             "Compression.fp16 (the gradients are compressed in C++)")
+        op_name = collectives._op(op, None)
+        prescale = postscale = 1.0
+        if gradient_predivide_factor != 1.0:
+            if op_name != "avg":
+                raise ValueError("gradient_predivide_factor applies to op=Average only")
+            # As Horovod: divide by the factor before the sum, by size/factor after it.
+            op_name = "sum"
+            prescale = 1.0 / gradient_predivide_factor
+            postscale = gradient_predivide_factor / collectives.size()
+        self._dtrain_hooks = collectives._session().gradient_hooks(
+            named, compression.name, op_name, int(backward_passes_per_step), prescale, postscale)
+        self._should_synchronize = True
+        self._synchronized = False
+
+    def set_backward_passes_per_step(self, passes):
+        self._dtrain_hooks.set_backward_passes_per_step(int(passes))
+
+    def synchronize(self):
+        """Waits until every gradient holds the reduction over the ranks (gradients no backward
+        pass produced reduce as zeros)."""
+        self._dtrain_hooks.submit_missing()
+        while not self._dtrain_hooks.wait_some(_SLICE):
+            pass
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """For step() after an explicit synchronize() (e.g. to clip the reduced gradients)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
+                              "optimizer.skip_synchronize(): the gradients are reduced again; "
+                              "wrap step() in `with optimizer.skip_synchronize():`")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._dtrain_hooks.pending():
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize(): the "
+                                 "gradients are still being reduced")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=collectives.Average,
+                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=None):
+    """Wraps `optimizer` (any torch.optim.Optimizer) so that step() applies the gradients
+    averaged (op=Average) or summed (op=Sum) over every rank. The result is an instance of the
+    optimizer's own class (state_dict, param_groups and LR schedulers work as before).
+
+    named_parameters: model.named_parameters(), so that errors name the parameters; without it
+    they are numbered. backward_passes_per_step: backward passes whose gradients accumulate
+    locally before one reduction. compression: Compression.fp16 sends half the bytes."""
+    if num_groups or groups:
+        warnings.warn("DistributedOptimizer: num_groups and groups are ignored; dtrain's "
+                      "coordinator fuses ready gradients by size (DTRAIN_FUSION_THRESHOLD)")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               {k: v for k, v in _DistributedOptimizer.__dict__.items()
+                if k not in ("__dict__", "__weakref__")})
+    wrapped = cls(optimizer.param_groups, named_parameters, compression,
+                  backward_passes_per_step, op, gradient_predivide_factor)
+    wrapped.state.update(optimizer.state)
+    return wrapped

@@ -1,0 +1,338 @@
+"""The per-rank bodies of the Horovod-compatible API's tests: `python3 hvd_workers.py NAME [ARGS]`.
+
+Each imports dtrain.torch as hvd (as a Horovod script would), runs under the variables
+tests/python/harness.py or a launcher sets, checks every result against values computed locally
+and exits 0; a mismatch raises, which exits non-zero with the traceback.
+"""
+import os
+import sys
+import time
+
+import torch
+
+import dtrain.torch as hvd
+
+
+def expect(got, want, what):
+    want = torch.as_tensor(want).to(got.dtype)
+    if got.dtype in (torch.float16, torch.bfloat16):
+        ok = got.shape == want.shape and torch.allclose(got.double(), want.double(), rtol=1e-2)
+    elif got.dtype.is_floating_point:
+        ok = got.shape == want.shape and torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+    else:
+        ok = torch.equal(got, want)
+    if not ok:
+        raise AssertionError(f"rank {hvd.rank()}: {what}: got {got.tolist()}, want {want.tolist()}")
+
+
+def value(r, shape=(3, 4), dtype=torch.float32):
+    """Rank r's tensor: small integers that every dtype holds exactly."""
+    n = 1
+    for d in shape:
+        n *= d
+    return ((torch.arange(n) % 7) + r + 1).reshape(shape).to(dtype)
+
+
+def collectives():
+    hvd.init()
+    hvd.init()  # a second call does nothing
+    r, n = hvd.rank(), hvd.size()
+    assert hvd.is_initialized()
+    assert n == int(os.environ.get("WORLD_SIZE", "1")), (n, os.environ.get("WORLD_SIZE"))
+    assert hvd.local_rank() == r and hvd.local_size() == n, (hvd.local_rank(), hvd.local_size())
+    assert hvd.cross_rank() == 0 and hvd.cross_size() == 1
+    everyone = [value(q) for q in range(n)]
+    total = sum(everyone)
+
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64, torch.float16):
+        mine = value(r, dtype=dtype)
+        sums = sum(value(q, dtype=torch.float64) for q in range(n))
+        expect(hvd.allreduce(mine, op=hvd.Sum), sums, f"allreduce Sum {dtype}")
+        if dtype.is_floating_point:
+            expect(hvd.allreduce(mine), sums / n, f"allreduce Average {dtype}")
+        expect(hvd.allreduce(mine, op=hvd.Max), value(n - 1, dtype=dtype), f"Max {dtype}")
+        expect(hvd.allreduce(mine, op=hvd.Min), value(0, dtype=dtype), f"Min {dtype}")
+        expect(mine, value(r, dtype=dtype), f"allreduce leaves its input alone ({dtype})")
+    product = torch.ones(3, 4, dtype=torch.float64)
+    for q in range(n):
+        product *= value(q, dtype=torch.float64)
+    expect(hvd.allreduce(value(r, dtype=torch.float64), op=hvd.Product), product, "Product")
+    expect(hvd.allreduce(value(r), average=False), total, "average=False (deprecated)")
+    expect(hvd.allreduce(value(r), op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5),
+           total, "pre- and postscale")
+    expect(hvd.allreduce(value(r), compression=hvd.Compression.fp16), total / n, "fp16")
+
+    t = value(r)
+    assert hvd.allreduce_(t, op=hvd.Sum) is t
+    expect(t, total, "allreduce_ in place")
+    strided = value(r, (4, 3)).t()  # not contiguous
+    hvd.allreduce_(strided, op=hvd.Sum)
+    expect(strided, sum(value(q, (4, 3)) for q in range(n)).t(), "allreduce_ of a transposed view")
+
+    # Asynchronous: out of order across ranks, matched by name.
+    names = ["a", "b", "c", "d"]
+    order = names[r % 4:] + names[:r % 4]
+    handles = {}
+    for k in order:
+        handles[k] = hvd.allreduce_async(value(r, (5,)) * (names.index(k) + 1), name=k,
+                                         op=hvd.Sum)
+    for k in names:
+        want = sum(value(q, (5,)) for q in range(n)) * (names.index(k) + 1)
+        expect(hvd.synchronize(handles[k]), want, f"allreduce_async {k}")
+    t = value(r, (6,))
+    h = hvd.allreduce_async_(t, op=hvd.Average)
+    while not hvd.poll(h):
+        time.sleep(0.001)
+    assert hvd.synchronize(h) is t
+    expect(t, sum(value(q, (6,)) for q in range(n)) / n, "allreduce_async_ Average")
+    try:
+        hvd.synchronize(h)
+        raise AssertionError("synchronize of a finished handle did not raise")
+    except ValueError as e:
+        assert "already synchronized" in str(e), e
+
+    grouped = hvd.grouped_allreduce([value(r, (2,)), value(r, (3, 3), torch.float64)], op=hvd.Sum)
+    expect(grouped[0], sum(value(q, (2,)) for q in range(n)), "grouped 0")
+    expect(grouped[1], sum(value(q, (3, 3), torch.float64) for q in range(n)), "grouped 1")
+    ts = [value(r, (2,)), value(r, (4,))]
+    hvd.grouped_allreduce_(ts)
+    expect(ts[1], sum(value(q, (4,)) for q in range(n)) / n, "grouped_allreduce_")
+
+    # allgather: the first dimension differs by rank.
+    got = hvd.allgather(value(r, (r + 1, 2)))
+    expect(got, torch.cat([value(q, (q + 1, 2)) for q in range(n)]), "allgather")
+    expect(hvd.synchronize(hvd.allgather_async(torch.tensor([r]))), torch.arange(n),
+           "allgather_async")
+
+    for root in range(n):
+        expect(hvd.broadcast(value(r), root), value(root), f"broadcast from {root}")
+        t = value(r, (7,), torch.int64)
+        hvd.broadcast_(t, root)
+        expect(t, value(root, (7,), torch.int64), f"broadcast_ from {root}")
+
+    # alltoall: equal slices, then rank r sends q + 1 rows to rank q.
+    rows = torch.arange(n * 2 * 3).reshape(n * 2, 3) + 100 * r
+    want = torch.cat([(torch.arange(n * 2 * 3).reshape(n * 2, 3) + 100 * q)[2 * r:2 * r + 2]
+                      for q in range(n)])
+    expect(hvd.alltoall(rows), want, "alltoall")
+    splits = [q + 1 for q in range(n)]
+    mine = torch.arange(sum(splits)) + 1000 * r
+    out, received = hvd.alltoall(mine, splits=splits)
+    start = sum(splits[:r])
+    expect(out, torch.cat([torch.arange(sum(splits))[start:start + r + 1] + 1000 * q
+                           for q in range(n)]), "alltoall with splits")
+    expect(received, [r + 1] * n, "alltoall received splits")
+
+    # Gradients flow through allreduce, allgather and broadcast as in Horovod.
+    x = value(r, (4,)).requires_grad_()
+    (hvd.allreduce(x, op=hvd.Sum) * (r + 1)).sum().backward()
+    expect(x.grad, torch.full((4,), float(sum(q + 1 for q in range(n)))), "grad of allreduce")
+    x = value(r, (r + 1,)).requires_grad_()
+    (hvd.allgather(x) * 2).sum().backward()
+    expect(x.grad, torch.full((r + 1,), 2.0 * n), "grad of allgather")
+    x = value(r, (3,)).requires_grad_()
+    hvd.broadcast(x, 0).sum().backward()
+    expect(x.grad, torch.full((3,), float(n) if r == 0 else 0.0), "grad of broadcast")
+
+    assert hvd.broadcast_object({"from": r, "list": [r] * 3}, root_rank=n - 1) == \
+        {"from": n - 1, "list": [n - 1] * 3}
+    assert hvd.allgather_object(("rank", r, "x" * r)) == [("rank", q, "x" * q) for q in range(n)]
+
+    torch.manual_seed(r)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    for p in model.parameters():
+        torch.nn.init.normal_(p)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    for p in reference.parameters():
+        torch.nn.init.normal_(p)
+    for (k, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+        expect(a, b, f"broadcast_parameters {k}")
+
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (r + 1))
+    model(torch.randn(5, 3)).sum().backward()
+    opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.param_groups[0]["lr"] == 0.01, opt.param_groups[0]["lr"]
+
+    hvd.barrier()
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    hvd.init()  # again, after a shutdown
+    expect(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)), "after re-init")
+    hvd.shutdown()
+    print(f"rank {r}: every collective checked")
+
+
+def _data(q, step, batch=6):
+    g = torch.Generator().manual_seed(1000 * q + step)
+    return torch.randn(batch, 5, generator=g), torch.randn(batch, 2, generator=g)
+
+
+def _model():
+    torch.manual_seed(7)
+    return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def _grads(model, q, steps):
+    """The gradients rank q's batches give `model` (summed over `steps`)."""
+    model.zero_grad()
+    for step in steps:
+        x, y = _data(q, step)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def optimizer(variant):
+    """A DistributedOptimizer's steps equal plain SGD on the gradients combined locally."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    passes = 2 if variant == "accumulate" else 1
+    kwargs = {}
+    if variant == "sum":
+        kwargs["op"] = hvd.Sum
+    if variant == "fp16":
+        kwargs["compression"] = hvd.Compression.fp16
+    if variant == "predivide":
+        kwargs["gradient_predivide_factor"] = 2.0
+    model, reference = _model(), _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=passes, **kwargs)
+    assert isinstance(opt, torch.optim.SGD)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for step in range(4):
+        opt.zero_grad()
+        for k in range(passes):
+            x, y = _data(r, step * passes + k)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        # The same step, locally: every rank's gradients, combined as the op says.
+        per_rank = [_grads(reference, q, range(step * passes, step * passes + passes))
+                    for q in range(n)]
+        combined = [sum(g) for g in zip(*per_rank)]
+        if variant != "sum":
+            combined = [g / n for g in combined]
+        ref_opt.zero_grad()
+        for p, g in zip(reference.parameters(), combined):
+            p.grad = g
+        ref_opt.step()
+        tolerance = 2e-3 if variant == "fp16" else 1e-5
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            if not torch.allclose(p, q, rtol=tolerance, atol=tolerance):
+                raise AssertionError(f"rank {r} step {step} {variant}: {name} differs by "
+                                     f"{(p - q).abs().max().item()}")
+    # Explicit synchronize, then step inside skip_synchronize (as for gradient clipping).
+    x, y = _data(r, 99)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    if variant == "accumulate":
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    try:
+        opt.zero_grad()
+        raise AssertionError("zero_grad() with reductions in flight did not raise")
+    except AssertionError as e:
+        assert "before optimizer.step() or optimizer.synchronize()" in str(e), e
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    with opt.skip_synchronize():
+        opt.step()
+    opt.zero_grad()
+    hvd.shutdown()
+    print(f"rank {r}: optimizer {variant} matches the local computation")
+
+
+def join():
+    """Rank r has r + 1 batches; the ranks that ran out join, and the others' averages are
+    over the ranks still training."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    model, reference = _model(), _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(n):
+        if step <= r:
+            opt.zero_grad()
+            x, y = _data(r, step)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        per_rank = [_grads(reference, q, [step]) for q in range(step, n)]
+        ref_opt.zero_grad()
+        for p, g in zip(reference.parameters(), zip(*per_rank)):
+            p.grad = sum(g) / len(g)
+        ref_opt.step()
+        if step == r:  # out of data: wait for the others, contributing zeros
+            last = hvd.join()
+            assert last == n - 1, f"rank {r}: join() says {last} joined last, not {n - 1}"
+    # Ranks that joined early stopped updating; they get the final model from the last rank.
+    hvd.broadcast_parameters(model.state_dict(), root_rank=n - 1)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        if not torch.allclose(p, q, rtol=1e-5, atol=1e-6):
+            raise AssertionError(f"rank {r}: {name} differs by {(p - q).abs().max().item()}")
+    hvd.shutdown()
+    print(f"rank {r}: join checked")
+
+
+def errors():
+    """Wrong use fails with the cause in the text, on every rank, and nothing hangs."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for call, text in [
+        (lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum), "Adasum is not implemented"),
+        (lambda: hvd.allreduce(torch.ones(2), op=42), "unknown reduction op"),
+        (lambda: hvd.alltoall(torch.ones(n + 1)) if n > 1 else hvd.alltoall(torch.ones(2),
+                                                                            splits=[1]),
+         "alltoall"),
+        (lambda: hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Sum, prescale_factor=2.0),
+         "floating-point tensors only"),
+        (lambda: hvd.DistributedOptimizer(torch.optim.SGD(_model().parameters(), lr=0.1),
+                                          named_parameters=[("a", torch.nn.Parameter(
+                                              torch.ones(1)))]),
+         "are not in it"),
+    ]:
+        try:
+            call()
+        except (ValueError, NotImplementedError, RuntimeError) as e:
+            assert text in str(e), f"expected {text!r} in: {e}"
+        else:
+            raise AssertionError(f"no error; expected {text!r}")
+    if n > 1:
+        # Shapes that differ under one name: every rank fails, naming the tensor and both shapes.
+        try:
+            hvd.synchronize(hvd.allreduce_async(torch.ones(2 + (r == 1)), name="shape"))
+        except (ValueError, RuntimeError) as e:
+            text = str(e)
+            assert "'shape' differs between ranks" in text, text
+            assert "rank 1 submitted 3 elements of f32" in text, text
+        else:
+            raise AssertionError("mismatched shapes did not fail")
+    hvd.shutdown()  # also after the coordinator failed
+    try:
+        hvd.allreduce(torch.ones(2))
+    except ValueError as e:
+        assert "has not been initialized" in str(e), e
+    else:
+        raise AssertionError("allreduce after shutdown did not raise")
+    print(f"rank {r}: every error checked")
+
+
+def stall():
+    """Each rank waits for a tensor no other rank submits: after the stall timeout
+    (DTRAIN_STALL_TIMEOUT) every rank fails with an error naming a tensor and the ranks."""
+    hvd.init()
+    r = hvd.rank()
+    try:
+        hvd.synchronize(hvd.allreduce_async(torch.ones(3), name=f"only.on.rank{r}"))
+    except RuntimeError as e:
+        text = str(e)
+    else:
+        raise AssertionError("no error")
+    assert ("'only.on.rank0'" in text and "missing on ranks [1]" in text) or \
+        ("'only.on.rank1'" in text and "missing on ranks [0]" in text), text
+    print(f"rank {r}: stall named: {text.splitlines()[0]}")
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](*sys.argv[2:])

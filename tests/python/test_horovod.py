@@ -1,0 +1,110 @@
+"""The Horovod-compatible API (`import dtrain.torch as hvd`) in real processes over real sockets
+(tests/python/harness.py): every function against values computed locally at world sizes 1-4,
+the DistributedOptimizer against plain SGD on locally combined gradients, join, errors, and a
+Horovod-style training script under dtrain run and mpirun."""
+import os
+import re
+import subprocess
+
+import pytest
+
+import harness
+
+ROOT = os.path.normpath(os.path.join(harness.HERE, "..", ".."))
+DTRAIN = os.environ.get("DTRAIN_BIN", os.path.join(ROOT, "build/bin/dtrain"))
+EXAMPLE = os.path.join(ROOT, "examples/python/horovod_fashion_mnist.py")
+
+
+def hvd(world, name, *args, timeout=180, env=None):
+    return harness.run(world, name, *args, backend=None, script="hvd_workers.py",
+                       timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_collective_matches_local_values(world):
+    results = hvd(world, "collectives")
+    harness.check_ok(results)
+    assert all("every collective checked" in r.out for r in results)
+
+
+@pytest.mark.parametrize("variant", ["average", "sum", "accumulate", "fp16", "predivide"])
+def test_distributed_optimizer_steps_as_sgd_on_the_combined_gradients(variant):
+    harness.check_ok(hvd(3, "optimizer", variant))
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_distributed_optimizer_at_other_world_sizes(world):
+    harness.check_ok(hvd(world, "optimizer", "average"))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_that_run_out_of_data_join(world):
+    harness.check_ok(hvd(world, "join"))
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_wrong_use_fails_with_the_cause(world):
+    harness.check_ok(hvd(world, "errors"))
+
+
+def test_a_tensor_missing_on_other_ranks_fails_every_rank_naming_it():
+    harness.check_ok(hvd(2, "stall", env={"DTRAIN_STALL_TIMEOUT": "1"}, timeout=60))
+
+
+def test_bad_tuning_variables_are_refused_by_name():
+    results = hvd(1, "collectives", env={"DTRAIN_CYCLE_TIME_MS": "nan"}, timeout=60)
+    assert results[0].code != 0
+    assert "DTRAIN_CYCLE_TIME_MS='nan' is out of range" in results[0].out, results[0].out
+
+
+def _launcher_env():
+    env = harness.env_for(0, 1, 0)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+def _accuracy(text):
+    found = re.findall(r"test accuracy ([0-9.]+)", text)
+    assert found, text
+    return float(found[-1])
+
+
+def test_the_horovod_example_trains_under_dtrain_run():
+    p = subprocess.run([DTRAIN, "run", "-n", "2", "--", harness.PYTHON, EXAMPLE, "--epochs", "1"],
+                       env=_launcher_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", p.stdout)]
+    assert len(losses) >= 3 and losses[-1] < losses[0], p.stdout
+    assert _accuracy(p.stdout) > 0.85, p.stdout
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/mpirun"), reason="OpenMPI's mpirun is not installed")
+def test_the_horovod_example_runs_under_mpirun():
+    env = _launcher_env()
+    env["MASTER_PORT"] = str(harness.free_port())
+    p = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                        "-x", "MASTER_PORT", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
+                        harness.PYTHON, EXAMPLE, "--epochs", "1", "--limit", "6000"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "test accuracy" in p.stdout, p.stdout
+
+
+def test_the_horovod_example_runs_under_srun_variables():
+    port = str(harness.free_port())
+    envs = []
+    for r in range(2):
+        env = _launcher_env()
+        env.update({"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r),
+                    "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+                    "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_NODELIST": "localhost",
+                    "MASTER_PORT": port})
+        envs.append(env)
+    procs = [subprocess.Popen([harness.PYTHON, EXAMPLE, "--epochs", "1", "--limit", "6000"],
+                              env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for e in envs]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+    assert "test accuracy" in outs[0], outs[0]
