@@ -7,10 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$(nproc)" --target dtrain train_fashion_mnist
-# The Python package (import dtrain.torch: the torch.distributed backend), when it was configured,
-# installed for /usr/bin/python3 (/usr/local/lib/python3.11/dist-packages).
-if ninja -C build -t targets all 2>/dev/null | grep -q '^dtrain_python_torch:'; then
-  cmake --build build -j"$(nproc)" --target dtrain_python_torch
+# The Python package (import dtrain; import dtrain.torch: the torch.distributed backend and
+# Horovod's API), when it was configured, installed for /usr/bin/python3
+# (/usr/local/lib/python3.11/dist-packages).
+targets=$(ninja -C build -t targets all 2>/dev/null | grep -o '^dtrain_python_[a-z]*' || true)
+if [ -n "$targets" ]; then
+  cmake --build build -j"$(nproc)" --target $targets
   cmake --install build --component python >/dev/null
 fi
 build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --epochs 1 "$@"

@@ -92,7 +92,12 @@ class Handle {
   // Waits up to the client's request timeout.
   void wait();
   void wait(std::chrono::milliseconds timeout);
+  // Waits up to `slice` without giving up on the call: false if it has not completed by then,
+  // true once it has (throwing its error). For callers that look up between waits (Python).
+  bool wait_for(std::chrono::milliseconds slice);
   bool done() const;
+  // What wait() without an argument allows: the client's request timeout.
+  std::chrono::milliseconds timeout() const;
 
  private:
   std::shared_ptr<State> state_;

@@ -1,13 +1,40 @@
 """dtrain: distributed training whose errors say which rank, which peer and which operation.
 
-``import dtrain.torch`` registers the ``torch.distributed`` backend ``"dtrain"``::
+Without torch, on NumPy arrays (anything with the buffer protocol)::
 
-    import torch.distributed as dist
-    import dtrain.torch  # noqa: F401  (registers the backend)
-    dist.init_process_group("dtrain")
+    import numpy as np
+    import dtrain
+    pg = dtrain.init()                    # rank and size from dtrain run, torchrun, mpirun, srun
+    x = np.full(4, pg.rank, np.float32)
+    pg.allreduce(x)                       # in place; op="sum" by default
+    pg.send(x, dst=1) / pg.recv(x, src=0) / pg.isend(...).wait()
 
-This module itself imports nothing heavy (in particular not torch).
+The parameter server: :mod:`dtrain.ps`. With PyTorch: ``import dtrain.torch`` registers the
+``torch.distributed`` backend ``"dtrain"`` and is a drop-in for ``horovod.torch``.
+
+Blocking calls release the GIL, and Ctrl-C interrupts them (KeyboardInterrupt naming what was
+waited for). Errors are ``dtrain.Error`` (a RuntimeError) or one of its kinds:
+``InvalidArgumentError`` (also a ValueError), ``TimeoutError`` (also the built-in TimeoutError),
+``PeerFailureError``, ``AbortedError``. Importing this module does not import torch.
 """
+from datetime import timedelta
+
+from dtrain._core import (AbortedError, Error, InvalidArgumentError, PeerFailureError,
+                          ProcessGroup, TimeoutError, Work)
+from dtrain._core import init_process_group as _init_process_group
 
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = ["__version__", "init", "ProcessGroup", "Work", "Error", "InvalidArgumentError",
+           "TimeoutError", "PeerFailureError", "AbortedError"]
+
+
+def init(rank=None, world_size=None, init_method=None, timeout=None, name=None):
+    """Joins the job and returns its world ProcessGroup (collective).
+
+    rank, world_size: default to the launcher's (dtrain run, torchrun, mpirun, srun, a
+    Kubernetes Indexed Job); a process started alone is a world of one. init_method: "env://"
+    (MASTER_ADDR, MASTER_PORT), "tcp://host:port" or "file:///path". timeout: seconds or a
+    timedelta for every operation (default DTRAIN_TIMEOUT, 300 s)."""
+    if timeout is not None and not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    return _init_process_group(rank, world_size, init_method, timeout, name)

@@ -633,6 +633,18 @@ void Handle::wait(milliseconds timeout) {
   }
 }
 
+bool Handle::wait_for(milliseconds slice) {
+  if (!state_) return true;
+  {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    if (!state_->cv.wait_for(lock, slice, [&] { return state_->complete(); })) return false;
+  }
+  wait(milliseconds(0));  // complete: returns, or throws the call's error
+  return true;
+}
+
+milliseconds Handle::timeout() const { return state_ ? state_->timeout : milliseconds(0); }
+
 bool Handle::done() const {
   if (!state_) return true;
   std::lock_guard<std::mutex> lock(state_->mu);

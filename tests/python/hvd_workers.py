@@ -334,5 +334,26 @@ def stall():
     hvd.shutdown()
 
 
+def interrupted(kind):
+    """Rank 0 waits in a blocking allreduce (kind "blocking") or for an asynchronous one
+    ("async") that rank 1 never joins; the test sends rank 0 SIGINT."""
+    hvd.init()
+    if hvd.rank() == 0:
+        print("waiting", flush=True)
+        try:
+            if kind == "blocking":
+                hvd.allreduce(torch.ones(4))
+            else:
+                hvd.synchronize(hvd.allreduce_async(torch.ones(4), name="never"))
+        except KeyboardInterrupt as e:
+            if kind == "blocking":
+                assert "interrupted by Ctrl-C while waiting for allreduce" in str(e), str(e)
+            print(f"interrupted: {e}", flush=True)
+            os._exit(0)
+        raise AssertionError("the wait returned")
+    time.sleep(20)
+    os._exit(0)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])

@@ -4,7 +4,9 @@ the DistributedOptimizer against plain SGD on locally combined gradients, join, 
 Horovod-style training script under dtrain run and mpirun."""
 import os
 import re
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -49,6 +51,29 @@ def test_wrong_use_fails_with_the_cause(world):
 
 def test_a_tensor_missing_on_other_ranks_fails_every_rank_naming_it():
     harness.check_ok(hvd(2, "stall", env={"DTRAIN_STALL_TIMEOUT": "1"}, timeout=60))
+
+
+@pytest.mark.parametrize("kind", ["blocking", "async"])
+def test_ctrl_c_interrupts_a_wait(kind):
+    port = harness.free_port()
+    procs = [subprocess.Popen(harness.command("hvd_workers.py", "interrupted", None, [kind]),
+                              env=harness.env_for(r, 2, port), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    try:
+        line = procs[0].stdout.readline()
+        while line and "waiting" not in line:
+            line = procs[0].stdout.readline()
+        assert "waiting" in line, line
+        time.sleep(0.5)
+        sent = time.monotonic()
+        procs[0].send_signal(signal.SIGINT)
+        out = procs[0].communicate(timeout=30)[0]
+        assert time.monotonic() - sent < 5, out
+        assert procs[0].returncode == 0 and "interrupted" in out, out
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
 
 
 def test_bad_tuning_variables_are_refused_by_name():

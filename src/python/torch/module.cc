@@ -8,10 +8,13 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <fmt/format.h>
+
 #include "dtrain/identity.h"
 #include "dtrain/reduce_op.h"
 #include "python/torch/c10d_process_group.h"
 #include "python/torch/c10d_work.h"
+#include "python/interrupt.h"
 #include "python/torch/session.h"
 
 namespace py = pybind11;
@@ -21,6 +24,16 @@ using dtrain::python::Session;
 using release = py::call_guard<py::gil_scoped_release>;
 
 namespace {
+
+// A blocking call of the session: GIL released, Ctrl-C aborting it (python/interrupt.h).
+template <typename Call>
+auto blocking(Session& s, const char* op, const at::Tensor& t, Call&& call) {
+  return dtrain::python::run_interruptibly(
+      s.group(),
+      fmt::format("{} of a {} tensor of {} elements (rank {})", op, c10::toString(t.scalar_type()),
+                  t.numel(), s.rank()),
+      std::forward<Call>(call));
+}
 
 void bind_session(py::module_& m) {
   py::class_<AsyncAllreduce, std::shared_ptr<AsyncAllreduce>>(
@@ -62,13 +75,32 @@ void bind_session(py::module_& m) {
       .def(
           "allreduce_",
           [](Session& s, const at::Tensor& t, const std::string& op, double pre, double post) {
-            s.allreduce_(t, dtrain::parse_reduce_op(op), pre, post);
+            blocking(s, "allreduce", t, [&] { s.allreduce_(t, dtrain::parse_reduce_op(op), pre, post); });
           },
-          py::arg("tensor"), py::arg("op"), py::arg("prescale"), py::arg("postscale"), release())
-      .def("broadcast_", &Session::broadcast_, py::arg("tensor"), py::arg("root"), release())
-      .def("allgather", &Session::allgather, py::arg("tensor"), release())
-      .def("alltoall", &Session::alltoall, py::arg("tensor"), py::arg("splits"), release())
-      .def("barrier", &Session::barrier, release())
+          py::arg("tensor"), py::arg("op"), py::arg("prescale"), py::arg("postscale"))
+      .def(
+          "broadcast_",
+          [](Session& s, const at::Tensor& t, int root) {
+            blocking(s, "broadcast", t, [&] { s.broadcast_(t, root); });
+          },
+          py::arg("tensor"), py::arg("root"))
+      .def(
+          "allgather",
+          [](Session& s, const at::Tensor& t) {
+            return blocking(s, "allgather", t, [&] { return s.allgather(t); });
+          },
+          py::arg("tensor"))
+      .def(
+          "alltoall",
+          [](Session& s, const at::Tensor& t, const std::vector<int64_t>& splits) {
+            return blocking(s, "alltoall", t, [&] { return s.alltoall(t, splits); });
+          },
+          py::arg("tensor"), py::arg("splits"))
+      .def("barrier",
+           [](Session& s) {
+             dtrain::python::run_interruptibly(
+                 s.group(), fmt::format("barrier (rank {})", s.rank()), [&] { s.barrier(); });
+           })
       .def(
           "allreduce_async_",
           [](Session& s, const at::Tensor& t, const std::string& name, const std::string& op,

@@ -62,6 +62,8 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   int rank() const { return ops_->rank(); }
+  // The group of the blocking collectives (what Ctrl-C aborts).
+  const std::shared_ptr<ProcessGroup>& group() const { return ops_; }
   int size() const { return ops_->size(); }
 
   // Blocking collectives on contiguous CPU tensors, in place where the name ends in _.

@@ -1,0 +1,105 @@
+"""The parameter server from Python: dtrain's C++ client on NumPy arrays or torch tensors.
+
+    dtrain run --servers 1 -n 2 -- python3 train.py
+
+    import numpy as np
+    import dtrain.ps
+    client = dtrain.ps.Client()                       # finds the job's servers
+    w = np.zeros(10, np.float32)
+    client.create_dense("w", w, optimizer="sgd", lr=0.1)
+    for step in range(100):
+        g = gradient(w)
+        client.push_pull("w", g, w).wait()            # sync: the average of every worker's push
+
+Every call returns a Handle; the arrays passed stay referenced (and must stay unchanged) until
+it completed. ``wait(timeout=None)`` releases the GIL and stops on Ctrl-C. Dense tables hold
+float32; sparse tables hold rows of ``width`` float32 keyed by uint64 ids. Consistency "sync",
+"async" or "bounded" (staleness s), as in C++ (include/dtrain/ps.h, docs/parameter_server.md).
+torch tensors are used in place, as NumPy views of their memory (CPU, contiguous).
+"""
+from dtrain import _core
+
+__all__ = ["Client", "Handle"]
+
+Handle = _core.PsHandle
+
+_OPTIMIZER_DEFAULTS = dict(lr=0.01, momentum=0.9, beta1=0.9, beta2=0.999, eps=1e-8,
+                           weight_decay=0.0, initial_accumulator=0.0)
+
+
+def _array(x, name):
+    """NumPy arrays and buffers as they are; a torch tensor as a NumPy view of its memory."""
+    if type(x).__module__.startswith("torch"):
+        if x.device.type != "cpu" or not x.is_contiguous():
+            raise ValueError(f"{name}: the tensor must be a contiguous CPU tensor")
+        return x.detach().numpy()
+    return x
+
+
+def _optimizer(kwargs):
+    unknown = set(kwargs) - set(_OPTIMIZER_DEFAULTS)
+    if unknown:
+        raise TypeError(f"unknown optimizer options {sorted(unknown)}; known: "
+                        f"{sorted(_OPTIMIZER_DEFAULTS)}")
+    return {**_OPTIMIZER_DEFAULTS, **kwargs}
+
+
+class Client:
+    """A worker's connection to the job's parameter servers (started by
+    ``dtrain run --servers S``, or described by TF_CONFIG or DMLC_* variables)."""
+
+    def __init__(self):
+        self._client = _core.PsClient()
+
+    @property
+    def worker(self):
+        return self._client.worker
+
+    @property
+    def num_servers(self):
+        return self._client.num_servers
+
+    def create_dense(self, name, init, optimizer="sgd", consistency="sync", staleness=0,
+                     **optimizer_options):
+        """Creates (or attaches to) a dense float32 table initialised from `init`; every worker
+        creates the same tables in the same order. optimizer: sgd, momentum, adam, adagrad or
+        sum (the servers only add the gradients up); its options: lr, momentum, beta1, beta2,
+        eps, weight_decay, initial_accumulator."""
+        self._client.create_dense(name, _array(init, "create_dense"), optimizer,
+                                  consistency=consistency, staleness=staleness,
+                                  **_optimizer(optimizer_options))
+
+    def create_sparse(self, name, width, init="zeros", a=0.0, b=0.0, seed=0, optimizer="sgd",
+                      consistency="sync", staleness=0, evict_after_s=0, **optimizer_options):
+        """Creates a sparse table of rows of `width` float32, each created on first touch:
+        init "zeros", "uniform" (between a and b) or "normal" (mean a, deviation b), derived
+        from the row's id and `seed`."""
+        self._client.create_sparse(name, width, init, a, b, seed, optimizer,
+                                   consistency=consistency, staleness=staleness,
+                                   evict_after_s=evict_after_s, **_optimizer(optimizer_options))
+
+    def push(self, name, grad):
+        return self._client.push(name, _array(grad, "push"))
+
+    def pull(self, name, out):
+        return self._client.pull(name, _array(out, "pull"))
+
+    def push_pull(self, name, grad, out):
+        """A push, then a pull of values that include it (one round trip)."""
+        return self._client.push_pull(name, _array(grad, "push_pull"), _array(out, "push_pull"))
+
+    def pull_rows(self, table, ids, out):
+        """Rows `ids` (uint64 or int64) of a sparse table into `out` (len(ids) x width)."""
+        return self._client.pull_rows(table, _array(ids, "pull_rows"), _array(out, "pull_rows"))
+
+    def push_rows(self, table, ids, grads):
+        return self._client.push_rows(table, _array(ids, "push_rows"),
+                                      _array(grads, "push_rows"))
+
+    def checkpoint(self):
+        """Asks every server to write a checkpoint of its tables now; returns the directories."""
+        return self._client.checkpoint()
+
+    def close(self):
+        """Says goodbye to the servers (a departed worker no longer holds the others back)."""
+        self._client = None

@@ -1,0 +1,12 @@
+// The parts of the extension dtrain._core (src/python/core/module.cc binds them in this order).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace dtrain::python {
+
+void bind_errors(pybind11::module_& m);
+void bind_process_group(pybind11::module_& m);
+void bind_ps(pybind11::module_& m);
+
+}  // namespace dtrain::python

@@ -1,0 +1,56 @@
+// dtrain._core: dtrain for Python without torch (python/dtrain/__init__.py and ps.py wrap it).
+// Errors arrive as exceptions of dtrain's own classes, which also derive from the built-in class
+// a Python programmer would catch: dtrain.InvalidArgumentError is a ValueError,
+// dtrain.TimeoutError a TimeoutError, and every one a dtrain.Error (a RuntimeError).
+#include <pybind11/pybind11.h>
+
+#include "dtrain/error.h"
+#include "python/core/bindings.h"
+
+namespace py = pybind11;
+
+namespace dtrain::python {
+
+void bind_errors(py::module_& m) {
+  auto make = [&](const char* name, PyObject* bases, const char* doc) {
+    std::string qualified = std::string("dtrain.") + name;
+    PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases, nullptr);
+    if (type == nullptr) throw py::error_already_set();
+    m.add_object(name, py::handle(type));
+    return type;
+  };
+  static PyObject* error = make("Error", PyExc_RuntimeError, "Every error dtrain raises.");
+  auto with = [](PyObject* a, PyObject* b) {
+    return py::make_tuple(py::handle(a), py::handle(b)).release().ptr();
+  };
+  static PyObject* invalid = make("InvalidArgumentError", with(error, PyExc_ValueError),
+                                  "Wrong arguments, or arguments that differ between ranks.");
+  static PyObject* timeout = make("TimeoutError", with(error, PyExc_TimeoutError),
+                                  "An operation did not finish within its limit.");
+  static PyObject* peer = make("PeerFailureError", error, "A peer died or broke its connection.");
+  static PyObject* aborted = make("AbortedError", error, "The group was aborted.");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvalidArgumentError& e) {
+      PyErr_SetString(invalid, e.what());
+    } catch (const TimeoutError& e) {
+      PyErr_SetString(timeout, e.what());
+    } catch (const PeerFailureError& e) {
+      PyErr_SetString(peer, e.what());
+    } catch (const AbortedError& e) {
+      PyErr_SetString(aborted, e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(error, e.what());
+    }
+  });
+}
+
+}  // namespace dtrain::python
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "dtrain for Python without torch: process groups on NumPy arrays, the parameter server";
+  dtrain::python::bind_errors(m);
+  dtrain::python::bind_process_group(m);
+  dtrain::python::bind_ps(m);
+}
