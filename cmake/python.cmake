@@ -73,6 +73,7 @@ pybind11_add_module(dtrain_python_torch MODULE NO_EXTRAS
   src/python/torch/c10d_work.cc
   src/python/torch/c10d_store.cc
   src/python/torch/session.cc
+  src/python/torch/checkpoint_bindings.cc
   src/python/interrupt.cc)
 set_target_properties(dtrain_python_torch PROPERTIES
   OUTPUT_NAME _torch
@@ -81,7 +82,7 @@ set_target_properties(dtrain_python_torch PROPERTIES
   INSTALL_RPATH_USE_LINK_PATH TRUE)
 target_include_directories(dtrain_python_torch PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_python_torch PRIVATE
-  dtrain_torch_coordinator dtrain_core ${TORCH_LIBRARIES} ${TORCH_PYTHON_LIBRARY} fmt::fmt)
+  dtrain_torch_objects dtrain_core dtrain_ps ${TORCH_LIBRARIES} ${TORCH_PYTHON_LIBRARY} fmt::fmt)
 if(TARGET dtrain_cuda)
   # CUDA tensors (a CUDA build of torch) staged through pinned host memory, as from C++; the
   # library registers itself, so it is linked whole.

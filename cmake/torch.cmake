@@ -16,37 +16,38 @@ message(STATUS "LibTorch: ${TORCH_INSTALL_PREFIX}")
 
 find_package(ZLIB REQUIRED)
 
-# The coordinator, the gradient hooks that feed it and the timeline they write to: a part of
-# dtrain_torch that the Python module (cmake/python.cmake) links as well, without the allocator
-# below (jemalloc has no place in a module loaded by dlopen into a running interpreter).
-add_library(dtrain_torch_coordinator OBJECT
-  src/torch/timeline.cc
-  src/torch/coordinator.cc
-  src/torch/gradient_hooks.cc)
-target_include_directories(dtrain_torch_coordinator
-  PUBLIC ${PROJECT_SOURCE_DIR}/include
-  PRIVATE ${PROJECT_SOURCE_DIR}/src)
-target_link_libraries(dtrain_torch_coordinator PUBLIC dtrain_core ${TORCH_LIBRARIES} fmt::fmt)
-
-add_library(dtrain_torch STATIC
-  src/torch/runtime.cc
+# Everything but the allocator (runtime.cc and jemalloc, below) is an object library that the
+# Python module dtrain._torch (cmake/python.cmake) links as well: jemalloc has no place in a module
+# loaded by dlopen into a running interpreter.
+add_library(dtrain_torch_objects OBJECT
   src/torch/distributed_sampler.cc
   src/torch/fashion_mnist.cc
   src/torch/safetensors.cc
+  src/torch/timeline.cc
   src/torch/broadcast.cc
   src/torch/comm_hook.cc
   src/torch/reducer.cc
   src/torch/distributed_data_parallel.cc
+  src/torch/coordinator.cc
+  src/torch/gradient_hooks.cc
   src/torch/distributed_optimizer.cc
   src/torch/parameter_server.cc
   src/torch/checkpoint.cc
   src/torch/commit.cc
 )
+target_include_directories(dtrain_torch_objects
+  PUBLIC ${PROJECT_SOURCE_DIR}/include
+  PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(dtrain_torch_objects
+  PUBLIC dtrain_core dtrain_ps ${TORCH_LIBRARIES}
+  PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
+
+add_library(dtrain_torch STATIC src/torch/runtime.cc)
 target_include_directories(dtrain_torch
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch
-  PUBLIC dtrain_torch_coordinator dtrain_core dtrain_ps ${TORCH_LIBRARIES}
+  PUBLIC dtrain_torch_objects dtrain_core dtrain_ps ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 
 # The allocator: glibc malloc makes LibTorch return and re-fault its big buffers every step

@@ -15,6 +15,7 @@
 
 #include "common/reduce.h"
 #include "dtrain/error.h"
+#include "dtrain/torch/timeline.h"
 
 namespace dtrain {
 
@@ -587,7 +588,12 @@ void Coordinator::execute(const std::vector<Request>& tensors, int contributing,
       }
       whole = TensorView{fusion_.data(), bytes / element_size(kind.dtype), kind.dtype};
     }
+    const auto started = Clock::now();
     group_->allreduce(whole, ro)->wait();
+    if (Timeline* t = Timeline::get())
+      t->add(fmt::format("allreduce of {} tensor(s)", j - i), "coordinator", started, Clock::now(),
+             fmt::format(R"({{"bytes": {}, "dtype": "{}", "op": "{}"}})", bytes,
+                         to_string(kind.dtype), to_string(kind.op)));
     if (partial_average)
       scale_down(whole.data, whole.numel, whole.dtype, static_cast<size_t>(contributing));
     if (j > i + 1) {

@@ -1,6 +1,7 @@
 // Coordinator: Horovod's negotiation of which named tensors to all-reduce, in which order, and
-// fused into which buffers. Internal to dtrain_torch (DistributedOptimizer owns one); free of
-// LibTorch so that it compiles fast and can be tested alone.
+// fused into which buffers. Internal to dtrain_torch (DistributedOptimizer owns one, and so does
+// the Python session of dtrain.torch); free of LibTorch so that it compiles fast and can be
+// tested alone.
 //
 // Every cycle (cycle_time) the background thread of every rank takes part in one allgather of a
 // flag byte and one bit per cached tensor. Tensors whose bit is set on every rank run at once,

@@ -129,6 +129,8 @@ bool GradientHooks::wait_some(std::chrono::milliseconds slice) {
     }
     finish(s);
   }
+  if (Timeline* t = Timeline::get())
+    t->add("synchronize gradients", "comm", submitted_at_, std::chrono::steady_clock::now());
   return true;
 }
 

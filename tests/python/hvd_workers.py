@@ -58,6 +58,8 @@ def collectives():
         product *= value(q, dtype=torch.float64)
     expect(hvd.allreduce(value(r, dtype=torch.float64), op=hvd.Product), product, "Product")
     expect(hvd.allreduce(value(r), average=False), total, "average=False (deprecated)")
+    expect(hvd.allreduce(value(r), op=hvd.Sum, process_set=hvd.global_process_set), total,
+           "the whole job's process set")
     expect(hvd.allreduce(value(r), op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5),
            total, "pre- and postscale")
     expect(hvd.allreduce(value(r), compression=hvd.Compression.fp16), total / n, "fp16")
@@ -281,6 +283,7 @@ def errors():
     for call, text in [
         (lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum), "Adasum is not implemented"),
         (lambda: hvd.allreduce(torch.ones(2), op=42), "unknown reduction op"),
+        (lambda: hvd.allreduce(torch.ones(2), process_set=object()), "process sets are not"),
         (lambda: hvd.alltoall(torch.ones(n + 1)) if n > 1 else hvd.alltoall(torch.ones(2),
                                                                             splits=[1]),
          "alltoall"),

@@ -2,6 +2,7 @@
 (tests/python/harness.py): every function against values computed locally at world sizes 1-4,
 the DistributedOptimizer against plain SGD on locally combined gradients, join, errors, and a
 Horovod-style training script under dtrain run and mpirun."""
+import json
 import os
 import re
 import signal
@@ -37,6 +38,17 @@ def test_distributed_optimizer_steps_as_sgd_on_the_combined_gradients(variant):
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_distributed_optimizer_at_other_world_sizes(world):
     harness.check_ok(hvd(world, "optimizer", "average"))
+
+
+def test_the_timeline_records_the_coordinator_and_the_optimizer(tmp_path):
+    trace = tmp_path / "trace.json"
+    harness.check_ok(hvd(2, "optimizer", "average", env={"DTRAIN_TIMELINE": str(trace)}))
+    for r in range(2):
+        events = json.loads((tmp_path / f"trace.rank{r}.json").read_text())
+        names = {e.get("name") for e in (events["traceEvents"] if isinstance(events, dict)
+                                          else events)}
+        assert "synchronize gradients" in names, names
+        assert any(n and n.startswith("allreduce of") for n in names), names
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -17,6 +17,9 @@ and runs under ``dtrain run -n 4 -- python3 train.py`` (or mpirun, srun, torchru
 are negotiated, fused and reduced by dtrain's C++ coordinator, the engine of its C++
 DistributedOptimizer; errors arrive as exceptions with dtrain's full text. docs/pytorch.md lists
 what is supported and how it differs from Horovod.
+
+``CheckpointManager`` and ``DistributedSampler`` bring dtrain's exact resume (atomic,
+CRC-checked checkpoints in the C++ format; mid-epoch, on any number of ranks) to Python.
 """
 
 from dtrain.torch.backend import BACKEND, ProcessGroup
@@ -24,11 +27,13 @@ from dtrain.torch.collectives import (Adasum, Average, Max, Min, Product, Sum, a
                                       allgather_async, allreduce, allreduce_, allreduce_async,
                                       allreduce_async_, alltoall, barrier, broadcast, broadcast_,
                                       broadcast_async, broadcast_async_, cross_rank, cross_size,
+                                      global_process_set,
                                       grouped_allreduce, grouped_allreduce_,
                                       grouped_allreduce_async, grouped_allreduce_async_, gloo_built,
                                       gloo_enabled, init, is_initialized, join, local_rank,
                                       local_size, mpi_built, mpi_enabled, mpi_threads_supported,
                                       nccl_built, poll, rank, shutdown, size, synchronize)
+from dtrain.torch.checkpoint import Checkpoint, CheckpointManager, DistributedSampler
 from dtrain.torch.compression import Compression
 from dtrain.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                     broadcast_parameters)

@@ -11,6 +11,7 @@ Ops: ``Average`` (the default), ``Sum``, ``Min``, ``Max``, ``Product``. ``Adasum
 implemented and says so.
 """
 import atexit
+import functools
 import itertools
 import os
 import warnings
@@ -33,6 +34,22 @@ Product = 5
 _OPS = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
 
 _SLICE = timedelta(milliseconds=100)  # how often a wait lets Python look for Ctrl-C
+
+# Horovod's process sets are not supported: every call spans the whole job. Passing this one (or
+# None) is accepted, as Horovod's default.
+global_process_set = None
+
+
+def _whole_job(function):
+    """Refuses a process_set other than the whole job's, instead of silently ignoring it."""
+    @functools.wraps(function)
+    def checked(*args, **kwargs):
+        if kwargs.get("process_set") is not None:
+            raise ValueError(f"{function.__name__}: process sets are not supported by "
+                             f"dtrain.torch; every call spans the whole job (for sub-groups use "
+                             f"torch.distributed.new_group with the backend 'dtrain')")
+        return function(*args, **kwargs)
+    return checked
 
 
 class _State:
@@ -241,6 +258,7 @@ def _dense(tensor):
 
 # --- all-reduce -----------------------------------------------------------------------------
 
+@_whole_job
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=None):
     """Queues an in-place all-reduce of `tensor` on the coordinator; returns a handle. Ranks
@@ -254,6 +272,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     return _new_handle(async_op, tensor)
 
 
+@_whole_job
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=None):
     """Like allreduce_async_, into a new tensor; `tensor` is left as it is."""
@@ -261,6 +280,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     return allreduce_async_(output, average, name, op, prescale_factor, postscale_factor)
 
 
+@_whole_job
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=None):
     """In place; returns `tensor`."""
@@ -290,6 +310,7 @@ class _Allreduce(torch.autograd.Function):
         return grad, None, None, None
 
 
+@_whole_job
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """The reduction of `tensor` over every rank, as a new tensor (differentiable)."""
@@ -300,6 +321,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     return compression.decompress(reduced, ctx)
 
 
+@_whole_job
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=None):
     """Queues in-place all-reduces of every tensor of the list together (fused by the
@@ -325,6 +347,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     return _new_handle(_All(), list(tensors))
 
 
+@_whole_job
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=None):
     outputs = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
@@ -332,12 +355,14 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                                     postscale_factor)
 
 
+@_whole_job
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=None):
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor))
 
 
+@_whole_job
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=None):
     """The reductions of a list of tensors, reduced together; new tensors."""
@@ -364,16 +389,19 @@ class _Allgather(torch.autograd.Function):
         return grad.narrow(0, offset, ctx.rows)
 
 
+@_whole_job
 def allgather(tensor, name=None, process_set=None):
     """Every rank's tensor concatenated along dimension 0, in rank order; the first dimension
     may differ between ranks (differentiable)."""
     return _Allgather.apply(tensor)
 
 
+@_whole_job
 def allgather_async(tensor, name=None, process_set=None):
     return _new_handle(None, allgather(tensor, name))
 
 
+@_whole_job
 def broadcast_(tensor, root_rank, name=None, process_set=None):
     """root_rank's tensor, in place on every rank; returns `tensor`."""
     target = tensor if tensor.is_contiguous() else tensor.contiguous()
@@ -401,15 +429,18 @@ class _Broadcast(torch.autograd.Function):
         return grad, None
 
 
+@_whole_job
 def broadcast(tensor, root_rank, name=None, process_set=None):
     """root_rank's tensor, as a new tensor on every rank (differentiable)."""
     return _Broadcast.apply(tensor, int(root_rank))
 
 
+@_whole_job
 def broadcast_async(tensor, root_rank, name=None, process_set=None):
     return _new_handle(None, broadcast(tensor, root_rank, name))
 
 
+@_whole_job
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
     return _new_handle(None, broadcast_(tensor, root_rank, name))
 
@@ -428,6 +459,7 @@ class _Alltoall(torch.autograd.Function):
         return grad, None
 
 
+@_whole_job
 def alltoall(tensor, splits=None, name=None, process_set=None):
     """Slices of dimension 0 go to the ranks in order (splits[j] rows to rank j; equal slices
     when splits is None); returns what arrived, and with splits given also the rows received
@@ -439,6 +471,7 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 # --- synchronization --------------------------------------------------------------------------
 
+@_whole_job
 def barrier(process_set=None):
     _session().barrier()
 

@@ -22,6 +22,7 @@ def broadcast_parameters(params, root_rank=0):
                                        root_rank)
 
 
+@collectives._whole_job
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """root_rank's `obj` (pickled), on every rank."""
     if collectives.rank() == root_rank:
@@ -39,6 +40,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     return pickle.load(io.BytesIO(buffer.numpy().tobytes()))
 
 
+@collectives._whole_job
 def allgather_object(obj, name=None, process_set=None):
     """Every rank's `obj` (pickled), as a list in rank order."""
     payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)

@@ -97,6 +97,7 @@ class _DistributedOptimizer:
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
+@collectives._whole_job
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=collectives.Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,

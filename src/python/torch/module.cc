@@ -1,5 +1,6 @@
 // dtrain._torch: the torch.distributed backend "dtrain" (python/dtrain/torch/backend.py registers
-// it), and the Session under the Horovod-compatible API (python/dtrain/torch/collectives.py).
+// it), the Session under the Horovod-compatible API (python/dtrain/torch/collectives.py), and the
+// checkpoints and sampler (checkpoint_bindings.cc).
 // Of the backend only the constructor is bound: torch's own bindings of ProcessGroup and Work
 // call the rest through their virtual functions, releasing the GIL as they do for gloo. Every
 // blocking call of the Session releases the GIL; waits on the coordinator come back every slice
@@ -15,6 +16,7 @@
 #include "python/torch/c10d_process_group.h"
 #include "python/torch/c10d_work.h"
 #include "python/interrupt.h"
+#include "python/torch/bindings.h"
 #include "python/torch/session.h"
 
 namespace py = pybind11;
@@ -172,4 +174,5 @@ PYBIND11_MODULE(_torch, m) {
       "This process's place in the job, from whichever launcher started it (dtrain run, "
       "torchrun, mpirun, srun, a Kubernetes Indexed Job): dtrain's resolve_identity().");
   bind_session(m);
+  dtrain::python::bind_checkpoints(m);
 }
