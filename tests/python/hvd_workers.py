@@ -337,6 +337,43 @@ def stall():
     hvd.shutdown()
 
 
+def elastic(out, crash_step):
+    """hvd.elastic under `dtrain run`: 12 steps of a DistributedOptimizer, a commit after each;
+    in the first round rank 1 dies after step `crash_step` (0: never). Rank 0 saves the final
+    weights to `out`."""
+    crash_step = int(crash_step)
+    hvd.init()
+    r = hvd.rank()
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(state.step)])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < 12:
+            opt.zero_grad()
+            x, y = _data(r, state.step)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            state.step += 1
+            state.commit()
+            if state.step == crash_step and r == 1 and \
+                    os.environ.get("DTRAIN_RESTART_COUNT", "0") == "0":
+                os._exit(3)
+
+    train(state)
+    if os.environ.get("DTRAIN_RESTART_COUNT", "0") != "0":
+        assert resets and 1 <= resets[0] <= 12, f"rank {r}: reset callbacks saw {resets}"
+    if r == 0:
+        torch.save({k: v.clone() for k, v in model.state_dict().items()}, out)
+    print(f"rank {r}: elastic training finished at step {state.step} (resets {resets})",
+          flush=True)
+    hvd.shutdown()
+
+
 def interrupted(kind):
     """Rank 0 waits in a blocking allreduce (kind "blocking") or for an asynchronous one
     ("async") that rank 1 never joins; the test sends rank 0 SIGINT."""

@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+import torch
 
 import harness
 
@@ -105,6 +106,26 @@ def _accuracy(text):
     found = re.findall(r"test accuracy ([0-9.]+)", text)
     assert found, text
     return float(found[-1])
+
+
+def test_elastic_state_resumes_a_restarted_job_from_its_commit(tmp_path):
+    # Uninterrupted: no elastic launcher, commits stay in the process.
+    p = subprocess.run([DTRAIN, "run", "-n", "2", "--", harness.PYTHON,
+                        os.path.join(harness.HERE, "hvd_workers.py"), "elastic",
+                        str(tmp_path / "straight.pt"), "0"],
+                       env=_launcher_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    # Rank 1 dies after step 7; dtrain run restarts both, which resume from the newest commit.
+    p = subprocess.run([DTRAIN, "run", "-n", "2", "--max-restarts", "1", "--", harness.PYTHON,
+                        os.path.join(harness.HERE, "hvd_workers.py"), "elastic",
+                        str(tmp_path / "restarted.pt"), "7"],
+                       env=_launcher_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "resumed from commit" in p.stdout, p.stdout + p.stderr
+    a = torch.load(tmp_path / "straight.pt")
+    b = torch.load(tmp_path / "restarted.pt")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
 
 
 def test_the_horovod_example_trains_under_dtrain_run():

@@ -35,6 +35,7 @@ from dtrain.torch.collectives import (Adasum, Average, Max, Min, Product, Sum, a
                                       nccl_built, poll, rank, shutdown, size, synchronize)
 from dtrain.torch.checkpoint import Checkpoint, CheckpointManager, DistributedSampler
 from dtrain.torch.compression import Compression
+from dtrain.torch import elastic
 from dtrain.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                     broadcast_parameters)
 from dtrain.torch.optimizer import DistributedOptimizer

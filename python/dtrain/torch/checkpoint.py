@@ -74,6 +74,28 @@ def _model(model):
                                             if b is not None]
 
 
+def _finish_load(loaded, optimizer):
+    """The optimizer's hyper-parameters and state as the C++ load left them, into the Python
+    optimizer; the rest as a Checkpoint."""
+    if loaded is None:
+        return None
+    if optimizer is not None:
+        groups, states = loaded.pop("optimizer")
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        for group, options in zip(optimizer.param_groups, groups):
+            group.update(options)
+        for p, state in zip(params, states):
+            if state is None:
+                optimizer.state.pop(p, None)
+                continue
+            if "step" in state:  # torch 1.13's Adam keeps the step as a float tensor
+                state["step"] = torch.tensor(float(state["step"]))
+            optimizer.state[p] = state
+    loaded.pop("kind", None)
+    loaded.pop("root", None)
+    return Checkpoint(**loaded)
+
+
 class CheckpointManager:
     """Saves and loads checkpoints in `dir` (see the module's documentation).
 
@@ -115,21 +137,7 @@ class CheckpointManager:
         kind = _optimizer_type(optimizer)
         loaded = self._manager.load_latest(parameters, buffers, kind,
                                            optimizer.param_groups if optimizer is not None else [])
-        if loaded is None:
-            return None
-        if optimizer is not None:
-            groups, states = loaded.pop("optimizer")
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-            for group, options in zip(optimizer.param_groups, groups):
-                group.update(options)
-            for p, state in zip(params, states):
-                if state is None:
-                    optimizer.state.pop(p, None)
-                    continue
-                if "step" in state:  # torch 1.13's Adam keeps the step as a float tensor
-                    state["step"] = torch.tensor(float(state["step"]))
-                optimizer.state[p] = state
-        return Checkpoint(**loaded)
+        return _finish_load(loaded, optimizer)
 
     def wait(self):
         """Waits for the write in flight and raises its error, if it failed."""

@@ -20,6 +20,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/torch/checkpoint.h"
+#include "dtrain/torch/commit.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "python/torch/bindings.h"
 #include "python/torch/c10d_process_group.h"
@@ -307,6 +308,45 @@ void bind_checkpoints(py::module_& m) {
         d["bytes"] = s.bytes;
         return d;
       });
+
+  m.def(
+      "commit_manager",
+      [](const c10::intrusive_ptr<C10dProcessGroup>& group) -> std::unique_ptr<CheckpointManager> {
+        auto pg = group ? group->shared_group() : std::shared_ptr<ProcessGroup>();
+        auto options = commit_options_from_env(pg.get());
+        if (!options) return nullptr;
+        return std::make_unique<CheckpointManager>(*options, pg);
+      },
+      py::arg("group"),
+      "The manager of this node's in-memory commits (DTRAIN_COMMIT_DIR, set by an elastic\n"
+      "`dtrain run`), written by the node's lowest rank; None when the variable is unset.");
+  m.def(
+      "resume_newest",
+      [](const std::vector<std::pair<CheckpointManager*, std::string>>& sources,
+         const c10::intrusive_ptr<C10dProcessGroup>& group, const Named& parameters,
+         const Named& buffers, const std::string& type, const py::list& groups) -> py::object {
+        auto module = shell(parameters, buffers);
+        std::optional<OptimizerTwin> opt;
+        if (!type.empty()) opt = twin(type, groups, py::dict());
+        std::vector<ResumeSource> list;
+        for (const auto& [manager, kind] : sources) list.push_back({manager, kind});
+        std::optional<Resumed> resumed;
+        {
+          py::gil_scoped_release release;
+          resumed = resume_newest(list, *module, opt ? opt->optimizer.get() : nullptr,
+                                  group ? &group->group() : nullptr);
+        }
+        if (!resumed) return py::none();
+        py::dict d = loaded_dict(resumed->checkpoint);
+        d["kind"] = resumed->kind;
+        d["root"] = resumed->root;
+        if (opt) d["optimizer"] = restored(*opt);
+        return d;
+      },
+      py::arg("sources"), py::arg("group"), py::arg("parameters"), py::arg("buffers"),
+      py::arg("optimizer_type"), py::arg("param_groups"),
+      "Collective: the newest state any rank holds among `sources` (managers and what they\n"
+      "are), loaded by the lowest rank holding it and broadcast to all (C++ resume_newest).");
 
   py::class_<DistributedSampler>(m, "DistributedSampler",
                                  "dtrain's C++ DistributedSampler (python/dtrain/torch/checkpoint.py).")

@@ -1,0 +1,169 @@
+"""Horovod's elastic API (``hvd.elastic.TorchState``, ``@hvd.elastic.run``) on dtrain's elastic
+launcher.
+
+    import dtrain.torch as hvd
+    hvd.init()
+    state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            for state.batch in range(state.batch, batches_per_epoch):
+                ...
+                state.commit()
+            state.batch = 0
+
+    train(state)
+
+```dtrain run -n 4 --max-restarts 3 -- python3 train.py```
+
+Horovod recovers inside the process: a failed collective raises, the survivors roll back to the
+last commit and go on with fewer workers. dtrain's elasticity is its launcher's: when a worker
+fails, `dtrain run` stops the round and starts every worker again (on the nodes there are, between
+--nnodes MIN and MAX), and they resume from the newest commit any of them holds. So here:
+
+- ``commit()`` saves the model, the optimizer and the state's numbers (epoch, batch, ...) as an
+  in-memory commit (DTRAIN_COMMIT_DIR on tmpfs, kept by the launcher across restarts; the C++
+  checkpoint format, written in the background by each node's lowest rank) and as the in-process
+  copy that ``restore()`` returns to;
+- ``@run`` starts the function from the newest commit any rank holds (after a restart), then
+  ``sync()`` makes every rank start from rank 0's state;
+- without an elastic launcher (no DTRAIN_COMMIT_DIR) commits stay in the process.
+
+The state's other attributes must be numbers (they are stored as the checkpoint's values).
+"""
+import copy
+import functools
+import numbers
+
+import torch.distributed as dist
+
+from dtrain import _torch
+from dtrain.torch import collectives
+from dtrain.torch.checkpoint import _finish_load, _model, _optimizer_type
+from dtrain.torch.functions import (broadcast_object, broadcast_optimizer_state,
+                                    broadcast_parameters)
+
+__all__ = ["TorchState", "run"]
+
+
+class TorchState:
+    """The model, the optimizer and named numbers (epoch, batch, ...) that training resumes
+    from. Set and read the numbers as attributes."""
+
+    def __init__(self, model=None, optimizer=None, **numbers_):
+        object.__setattr__(self, "_names", [])
+        self.model = model
+        self.optimizer = optimizer
+        for name, value in numbers_.items():
+            setattr(self, name, value)
+        self._commits = None
+        self._commit_count = 0
+        self._saved = None
+        self._reset_callbacks = []
+
+    def __setattr__(self, name, value):
+        if not name.startswith("_") and name not in ("model", "optimizer"):
+            if not isinstance(value, numbers.Number):
+                raise TypeError(f"TorchState.{name} = {value!r}: the state's attributes other than "
+                                f"model and optimizer must be numbers (they are checkpointed as "
+                                f"such)")
+            if name not in self._names:
+                self._names.append(name)
+        object.__setattr__(self, name, value)
+
+    def _values(self):
+        return {name: float(getattr(self, name)) for name in self._names}
+
+    def _set_values(self, values):
+        for name in self._names:
+            if name in values:
+                old = getattr(self, name)
+                setattr(self, name, type(old)(values[name]) if isinstance(old, int) else values[name])
+
+    def save(self):
+        """The in-process copy that restore() returns to."""
+        self._saved = (copy.deepcopy(self.model.state_dict()) if self.model is not None else None,
+                       copy.deepcopy(self.optimizer.state_dict())
+                       if self.optimizer is not None else None,
+                       self._values())
+
+    def restore(self):
+        """Back to the last commit (in this process)."""
+        if self._saved is None:
+            return
+        model_state, optimizer_state, values = self._saved
+        if model_state is not None:
+            self.model.load_state_dict(model_state)
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
+        self._set_values(values)
+
+    def commit(self):
+        """Saves the state: in this process, and as an in-memory commit that a restarted job
+        resumes from."""
+        self.save()
+        self._commit_count += 1
+        if self._manager() is not None:
+            parameters, buffers = _model(self.model)
+            self._commits.save(parameters, buffers, _optimizer_type(self.optimizer),
+                               self.optimizer.param_groups if self.optimizer is not None else [],
+                               self.optimizer.state if self.optimizer is not None else {},
+                               dict(step=self._commit_count, epoch=0, epoch_consumed=0,
+                                    epoch_size=0, values=self._values()))
+
+    def sync(self):
+        """Collective: every rank takes rank 0's state."""
+        if self.model is not None:
+            broadcast_parameters(self.model.state_dict(), root_rank=0)
+        if self.optimizer is not None:
+            broadcast_optimizer_state(self.optimizer, root_rank=0)
+        self._set_values(broadcast_object(self._values(), root_rank=0))
+        self._commit_count = broadcast_object(self._commit_count, root_rank=0)
+
+    def register_reset_callbacks(self, callbacks):
+        """Called after the state was restored from a commit (as Horovod calls them after a
+        reset), e.g. to scale the learning rate to the new number of workers."""
+        self._reset_callbacks.extend(callbacks)
+
+    def _manager(self):
+        if self._commits is None and self.model is not None:
+            group = dist.distributed_c10d._get_default_group()
+            self._commits = _torch.commit_manager(group) or False
+        return self._commits or None
+
+    def _resume(self):
+        """Collective: the newest commit any rank holds, if any. True when one was loaded."""
+        if self._manager() is None:
+            return False
+        parameters, buffers = _model(self.model)
+        loaded = _torch.resume_newest([(self._commits, "in-memory commit")],
+                                      dist.distributed_c10d._get_default_group(), parameters,
+                                      buffers, _optimizer_type(self.optimizer),
+                                      self.optimizer.param_groups
+                                      if self.optimizer is not None else [])
+        checkpoint = _finish_load(loaded, self.optimizer)
+        if checkpoint is None:
+            return False
+        self._commit_count = checkpoint.step
+        self._set_values(checkpoint.values)
+        self.save()
+        print(f"rank {collectives.rank()}: resumed from commit {checkpoint.step} "
+              f"({checkpoint.path}, saved at world size {checkpoint.world_size})", flush=True)
+        return True
+
+
+def run(function):
+    """Runs `function(state, ...)` from the newest commit of the job, if a restart left one,
+    with every rank starting from rank 0's state."""
+    @functools.wraps(function)
+    def wrapper(state, *args, **kwargs):
+        if not collectives.is_initialized():
+            collectives.init()
+        resumed = state._resume()
+        state.sync()
+        if resumed:
+            for callback in state._reset_callbacks:
+                callback()
+        return function(state, *args, **kwargs)
+    return wrapper
