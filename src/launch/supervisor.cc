@@ -80,6 +80,7 @@ struct Worker {
   std::string prefix;  // "[rank 3] ", or empty with prefixing off
   pid_t pid = -1;
   bool running = false;
+  bool service = false;  // WorkerSpec::service
   int exit_code = 0;  // when it exited
   int signal = 0;     // when a signal ended it
   Stream out, err;
@@ -190,6 +191,7 @@ class Run {
     const WorkerSpec& spec = options_.workers[i];
     w.rank = spec.rank;
     w.label = spec.label.empty() ? fmt::format("rank {}", w.rank) : spec.label;
+    w.service = spec.service;
     if (options_.prefix_output) w.prefix = fmt::format("[{}] ", w.label);
     const std::string own_path = spec.command.empty() ? path : find_executable(spec.command.at(0));
     auto [out_r, out_w] = make_pipe();
@@ -236,6 +238,12 @@ class Run {
     for (;;) {
       auto now = Clock::now();
       if (stopping_ && !killed_ && now >= kill_at_) kill_all();
+      if (!stopping_ && services_stop_at_ && now >= *services_stop_at_) {
+        DTRAIN_LOG_INFO("dtrain run: every worker has exited; stopping the {} service(s) still "
+                        "running (SIGTERM, SIGKILL in {:g} s)",
+                        running_count(), options_.grace_period.count() / 1000.0);
+        stop(SIGTERM);
+      }
       bool all_exited = running_count() == 0;
       if (all_exited && !all_exited_at_) all_exited_at_ = now;
       bool streams_open = false;
@@ -286,6 +294,7 @@ class Run {
     std::optional<Clock::time_point> next;
     auto earliest = [&](Clock::time_point t) { next = next ? std::min(*next, t) : t; };
     if (stopping_ && !killed_) earliest(kill_at_);
+    if (!stopping_ && services_stop_at_) earliest(*services_stop_at_);
     if (killed_) earliest(killed_at_ + kReapAfterKillTime);
     if (all_exited_at_) earliest(*all_exited_at_ + kDrainTime);
     if (!next) return -1;
@@ -339,7 +348,18 @@ class Run {
       if (failed && !stopping_ && (culprit == nullptr || more_likely_first(w, *culprit)))
         culprit = &w;
     }
-    if (culprit == nullptr) return;
+    if (culprit == nullptr) {
+      // The workers are done and only services remain: they get the grace period to leave on
+      // their own (a parameter server ends once every worker said goodbye), then are stopped.
+      bool services_left = false, workers_left = false;
+      for (const auto& w : workers_) {
+        services_left = services_left || (w.running && w.service);
+        workers_left = workers_left || (w.running && !w.service);
+      }
+      if (services_left && !workers_left && !stopping_ && !services_stop_at_)
+        services_stop_at_ = Clock::now() + options_.grace_period;
+      return;
+    }
     first_failure_ = culprit;
     stop(SIGTERM);
     if (options_.on_failure) {
@@ -482,6 +502,8 @@ class Run {
   Worker* first_failure_ = nullptr;
   int interrupted_by_ = 0;           // the signal that told the launcher to stop, if any
   bool stopping_ = false;            // SIGTERM (or the forwarded signal) was sent to every worker
+  // When the services still running after every worker exited are stopped.
+  std::optional<Clock::time_point> services_stop_at_;
   bool stopped_by_request_ = false;  // through options_.stop_fd
   bool killed_ = false;              // SIGKILL was sent
   Clock::time_point kill_at_{};

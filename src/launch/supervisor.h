@@ -34,6 +34,11 @@ struct WorkerSpec {
   std::string label;
   // The CPUs it may run on (sched_setaffinity before exec); empty = the launcher's.
   std::vector<int> cpus;
+  // A service beside the workers (a parameter server). Once every other process has exited
+  // successfully, the services still running get the grace period to end on their own, then
+  // SIGTERM (and SIGKILL after another grace period); that stop is not a failure, and the job
+  // ends with the workers' status.
+  bool service = false;
 };
 
 // How a worker ended.

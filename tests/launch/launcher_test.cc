@@ -227,6 +227,24 @@ TEST_F(LauncherTest, FailingRankStopsTheJobAndIsNamed) {
   EXPECT_TRUE(gone_soon(rank0)) << "rank 0 (pid " << rank0 << ") outlived the job";
 }
 
+// Workers that exit without a word to the parameter servers (never created a client): the
+// servers are stopped after the grace period and the job ends with the workers' status.
+TEST_F(LauncherTest, ServersEndWhenEveryWorkerHasExited) {
+  for (int code : {0, 3}) {
+    Launched run({"run", "--servers", "1", "-n", "2", "--master-port", "0", "--grace-period",
+                  "1", "--", "sh", "-c", "exit " + std::to_string(code)});
+    auto status = run.wait(seconds(20));
+    EXPECT_EQ(exit_code(status), code) << run.err();
+    if (code == 0) {
+      EXPECT_TRUE(contains(run.err(), "every worker has exited; stopping the 1 service(s)"))
+          << run.err();
+      EXPECT_FALSE(contains(run.err(), "server 0 (pid")) << run.err();  // no failure summary
+    } else {
+      EXPECT_TRUE(contains(run.err(), "exit code 3")) << run.err();
+    }
+  }
+}
+
 TEST_F(LauncherTest, RankKilledBySignalIsReportedByName) {
   Launched run({"run", "-n", "2", "--master-port", "0", "sh", "-c",
                 "if [ $RANK = 0 ]; then kill -KILL $$; fi; sleep 30"});

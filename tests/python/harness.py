@@ -6,6 +6,7 @@ returns each rank's exit code and output, and fails the test on a timeout, so th
 failure with the ranks' output, never a stuck CI.
 """
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -101,3 +102,27 @@ def run_with_envs(envs, name, *args, backend="dtrain", timeout=180, drop=(), scr
 def check_ok(results):
     bad = [r for r in results if r.code != 0]
     assert not bad, "\n".join(f"--- rank {r.rank} exited {r.code} ---\n{r.out}" for r in bad)
+
+
+def interrupt_rank0(script, name, *args, world=2):
+    """Starts <script>'s <name> on `world` ranks, sends rank 0 SIGINT (Ctrl-C) once it printed
+    "waiting" and half a second more passed, and returns (rank 0's exit code, its output, the
+    seconds from the signal to its exit). The other ranks are killed."""
+    port = free_port()
+    procs = [subprocess.Popen(command(script, name, None, args), env=env_for(r, world, port),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    try:
+        line = procs[0].stdout.readline()
+        while line and "waiting" not in line:
+            line = procs[0].stdout.readline()
+        assert "waiting" in line, f"rank 0 never waited: {line!r}"
+        time.sleep(0.5)  # inside the wait
+        sent = time.monotonic()
+        procs[0].send_signal(signal.SIGINT)
+        out = procs[0].communicate(timeout=30)[0]
+        return procs[0].returncode, out, time.monotonic() - sent
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()

@@ -5,9 +5,7 @@ Horovod-style training script under dtrain run and mpirun."""
 import json
 import os
 import re
-import signal
 import subprocess
-import time
 
 import pytest
 import torch
@@ -68,31 +66,21 @@ def test_a_tensor_missing_on_other_ranks_fails_every_rank_naming_it():
 
 @pytest.mark.parametrize("kind", ["blocking", "async"])
 def test_ctrl_c_interrupts_a_wait(kind):
-    port = harness.free_port()
-    procs = [subprocess.Popen(harness.command("hvd_workers.py", "interrupted", None, [kind]),
-                              env=harness.env_for(r, 2, port), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    try:
-        line = procs[0].stdout.readline()
-        while line and "waiting" not in line:
-            line = procs[0].stdout.readline()
-        assert "waiting" in line, line
-        time.sleep(0.5)
-        sent = time.monotonic()
-        procs[0].send_signal(signal.SIGINT)
-        out = procs[0].communicate(timeout=30)[0]
-        assert time.monotonic() - sent < 5, out
-        assert procs[0].returncode == 0 and "interrupted" in out, out
-    finally:
-        for p in procs:
-            p.kill()
-            p.communicate()
+    code, out, seconds = harness.interrupt_rank0("hvd_workers.py", "interrupted", kind)
+    assert code == 0 and "interrupted" in out, out
+    assert seconds < 5, out
 
 
-def test_bad_tuning_variables_are_refused_by_name():
-    results = hvd(1, "collectives", env={"DTRAIN_CYCLE_TIME_MS": "nan"}, timeout=60)
+@pytest.mark.parametrize("variable,value,says", [
+    ("DTRAIN_CYCLE_TIME_MS", "nan", "out of range"),
+    ("DTRAIN_CYCLE_TIME_MS", "1e300", "out of range"),
+    ("HOROVOD_FUSION_THRESHOLD", "64M", "is not a number"),
+    ("DTRAIN_STALL_TIMEOUT", "-1", "out of range"),
+])
+def test_bad_tuning_variables_are_refused_by_name(variable, value, says):
+    results = hvd(1, "collectives", env={variable: value}, timeout=60)
     assert results[0].code != 0
-    assert "DTRAIN_CYCLE_TIME_MS='nan' is out of range" in results[0].out, results[0].out
+    assert f"{variable}={value!r} {says}" in results[0].out, results[0].out
 
 
 def _launcher_env():

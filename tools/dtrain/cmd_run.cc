@@ -229,8 +229,9 @@ int run_job(const RunArgs& a) {
     }
   }
   // Parameter servers (node 0): `dtrain ps-server`, or the worker command in the server role.
-  // They publish their addresses in the store and exit once every worker has left; one that dies
-  // fails the job like a worker would.
+  // They publish their addresses in the store and exit once every worker has left (or are
+  // stopped once every worker has exited, goodbye or not); one that dies fails the job like a
+  // worker would.
   if (a.node_rank == 0) {
     for (int i = 0; i < a.servers; ++i) {
       launch::WorkerSpec spec{
@@ -245,6 +246,7 @@ int run_job(const RunArgs& a) {
            {"DTRAIN_AGENT_STORE", "1"}},
           {},
           fmt::format("server {}", i)};
+      spec.service = true;  // stopped once every worker has exited, whatever they said
       if (!a.server_program) spec.command = {self_executable(), "ps-server"};
       options.workers.push_back(std::move(spec));
     }
