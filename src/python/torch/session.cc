@@ -17,13 +17,17 @@ using torch_detail::view_of;
 
 namespace {
 
-void scale(const at::Tensor& tensor, double factor, const char* what) {
-  if (factor == 1.0) return;
-  if (!tensor.is_floating_point())
+// A scaling factor other than 1 needs a floating-point tensor.
+void check_scale(const at::Tensor& tensor, double factor, const char* what) {
+  if (factor != 1.0 && !tensor.is_floating_point())
     throw InvalidArgumentError(fmt::format(
         "{} {} applies to floating-point tensors only; this one holds {}", what, factor,
         c10::toString(tensor.scalar_type())));
-  tensor.mul_(factor);
+}
+
+void scale(const at::Tensor& tensor, double factor, const char* what) {
+  check_scale(tensor, factor, what);
+  if (factor != 1.0) tensor.mul_(factor);
 }
 
 // The rows of dimension 0 and the number of elements in one row.
@@ -174,9 +178,7 @@ std::pair<at::Tensor, at::Tensor> Session::alltoall(const at::Tensor& tensor,
   }
   at::Tensor out = at::empty(shape_with_rows(t, total), t.options());
   ops_->alltoallv(view_of(out), recv_counts, view_of(t), send_counts, ao)->wait();
-  at::Tensor received = at::empty({n}, at::kInt);
-  for (int r = 0; r < n; ++r) received[r] = static_cast<int>(recv[r]);
-  return {out, received};
+  return {out, at::tensor(at::ArrayRef<int64_t>(recv)).to(at::kInt)};  // Horovod's are int32
 }
 
 void Session::barrier() {
@@ -190,8 +192,7 @@ std::shared_ptr<AsyncAllreduce> Session::allreduce_async_(const at::Tensor& tens
                                                           double prescale, double postscale) {
   open();
   TensorView view = view_of(tensor);
-  if (postscale != 1.0 && !tensor.is_floating_point())
-    scale(tensor, postscale, "postscale_factor");  // throws the error for integer tensors
+  check_scale(tensor, postscale, "postscale_factor");  // applied by the first wait that sees it done
   scale(tensor, prescale, "prescale_factor");
   return std::make_shared<AsyncAllreduce>(coordinator_->submit(name, view, op), tensor,
                                           postscale, wait_limit());
