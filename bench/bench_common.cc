@@ -5,6 +5,7 @@
 #include <thread>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -112,7 +113,14 @@ size_t parse_one_size(std::string_view s) {
   if (t.empty() || !std::all_of(t.begin(), t.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
     throw std::invalid_argument("bad size '" + std::string(s) +
                                 "': use bytes with an optional K, M or G suffix, e.g. 64K");
-  return std::stoull(t) * mult;
+  // Each rank holds a few buffers of the size, and so does every peer implementation: 1 GiB
+  // each is already more than most machines that run several ranks have.
+  constexpr size_t kMax = size_t{1} << 30;
+  size_t n = 0;
+  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
+  if (ec != std::errc() || end != t.data() + t.size() || n > kMax / mult)
+    throw std::invalid_argument("size '" + std::string(s) + "' is too large: at most 1G");
+  return n * mult;
 }
 
 }  // namespace

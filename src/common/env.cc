@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 
 #include "dtrain/error.h"
@@ -49,6 +50,9 @@ double get_double(const Var& var) {
   if (v.empty() || end != v.c_str() + v.size())
     throw InvalidArgumentError(
         fmt::format("{} is '{}', which is not a number: set it to a number", var.name, v));
+  if (!std::isfinite(d))
+    throw InvalidArgumentError(
+        fmt::format("{} is '{}', which is not a finite number: set it to a number", var.name, v));
   return d;
 }
 
@@ -59,11 +63,16 @@ bool get_bool(const Var& var) {
   throw InvalidArgumentError(fmt::format("{} is '{}': set it to 1 or 0", var.name, v));
 }
 
-std::chrono::milliseconds get_seconds(const Var& var) {
-  double s = get_double(var);
-  if (s < 0)
-    throw InvalidArgumentError(fmt::format("{} is {}: a timeout cannot be negative", var.name, s));
+std::chrono::milliseconds seconds(std::string_view source, double s) {
+  // A year: longer than any wait means, short enough that deadlines computed from it (now +
+  // timeout, in nanoseconds) cannot overflow.
+  constexpr double kMax = 365.0 * 24 * 3600;
+  if (!(s >= 0 && s <= kMax))
+    throw InvalidArgumentError(fmt::format(
+        "{} is {}: a time in seconds must be from 0 to {:g} (a year)", source, s, kMax));
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
 }
+
+std::chrono::milliseconds get_seconds(const Var& var) { return seconds(var.name, get_double(var)); }
 
 }  // namespace dtrain::env

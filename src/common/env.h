@@ -71,6 +71,9 @@ struct Var {
   X(kCostGammaGbps, "DTRAIN_COST_GAMMA_GBPS", "", "Cost model: GB/s of reduction (overrides the file).") \
   X(kStragglerSeconds, "DTRAIN_STRAGGLER_SECONDS", "30", "A collective waiting longer than this logs which ranks have not arrived.") \
   X(kTimeline, "DTRAIN_TIMELINE", "", "File for Chrome-trace events of DDP and the distributed optimizer (rank r writes FILE.rank<r>.json).") \
+  X(kCycleTimeMs, "DTRAIN_CYCLE_TIME_MS", "1", "Python, `dtrain.torch` (Horovod's API): how often the coordinator looks for ready tensors, 0.01 to 1000 ms (`HOROVOD_CYCLE_TIME` when unset).") \
+  X(kFusionThreshold, "DTRAIN_FUSION_THRESHOLD", "67108864", "Python, `dtrain.torch`: bytes per fused all-reduce buffer, up to 1 TiB (`HOROVOD_FUSION_THRESHOLD` when unset).") \
+  X(kStallTimeout, "DTRAIN_STALL_TIMEOUT", "60", "Python, `dtrain.torch`: seconds (0.001 to a day) a tensor may be ready on some ranks and missing on others before every rank fails naming it (`HOROVOD_STALL_SHUTDOWN_TIME_SECONDS` when unset).") \
   X(kRole, "DTRAIN_ROLE", "", "Parameter-server jobs: worker, server or scheduler (set by `dtrain run --servers`).") \
   X(kNumServers, "DTRAIN_NUM_SERVERS", "", "Parameter-server jobs: number of server processes.") \
   X(kNumWorkers, "DTRAIN_NUM_WORKERS", "", "Parameter-server jobs: number of workers (default WORLD_SIZE).") \
@@ -104,5 +107,8 @@ std::chrono::milliseconds get_seconds(const Var& var);
 
 // Parses an integer from a named source; used for environment values and flags alike.
 int64_t parse_int(std::string_view source, std::string_view text);
+// `s` seconds from a named source (a variable or a flag) as a duration: InvalidArgumentError
+// naming the source unless it is finite and from 0 to a year.
+std::chrono::milliseconds seconds(std::string_view source, double s);
 
 }  // namespace dtrain::env

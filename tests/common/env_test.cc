@@ -28,6 +28,18 @@ TEST(Env, DefaultsAndParsing) {
     EXPECT_NE(std::string(e.what()).find("DTRAIN_TIMEOUT"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("soon"), std::string::npos) << e.what();
   }
+  // Numbers that would overflow into "timed out after 0.0 s" or an instant deadline.
+  for (const char* bad : {"inf", "nan", "-inf", "1e300", "-1"}) {
+    ::setenv("DTRAIN_TIMEOUT", bad, 1);
+    try {
+      env::get_seconds(env::kTimeout);
+      ADD_FAILURE() << "DTRAIN_TIMEOUT=" << bad << " was accepted";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("DTRAIN_TIMEOUT"), std::string::npos) << e.what();
+    }
+  }
+  ::setenv("DTRAIN_TIMEOUT", "31536000", 1);  // a year is the most
+  EXPECT_EQ(env::get_seconds(env::kTimeout).count(), int64_t{31536000} * 1000);
   ::unsetenv("DTRAIN_TIMEOUT");
   ::setenv("RANK", "12x", 1);
   EXPECT_THROW(env::get_int(env::kRank), InvalidArgumentError);

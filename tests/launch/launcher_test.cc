@@ -336,5 +336,23 @@ TEST_F(LauncherTest, BadArgumentsAreRejected) {
   }
 }
 
+// Numbers that used to overflow: into instant SIGKILLs, WORLD_SIZE=-2147483648, bad_alloc.
+TEST_F(LauncherTest, HugeOrNonFiniteNumbersAreRefusedNamingTheFlag) {
+  for (const auto& [args, says] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"run", "-n", "1", "--grace-period", "inf", "true"}, "--grace-period is inf"},
+           {{"run", "-n", "1", "--grace-period", "nan", "true"}, "--grace-period is nan"},
+           {{"run", "-n", "2000000000", "true"}, "-n is 2000000000: at most 4096"},
+           {{"run", "--nnodes", "1073741824", "-n", "2", "true"}, "makes 2147483648 ranks"},
+           {{"bench", "allreduce", "--np", "2", "--deadline", "1e300"}, "--deadline is 1e+300"},
+           {{"bench", "allreduce", "--np", "2", "--sizes", "99999999999999999999"},
+            "is too large: at most 1G"},
+           {{"bench", "allreduce", "--np", "2", "--sizes", "4G"}, "is too large: at most 1G"}}) {
+    Launched run(args);
+    EXPECT_EQ(exit_code(run.wait(seconds(20))), 2) << args[1] << ": " << run.err();
+    EXPECT_TRUE(contains(run.err(), says)) << says << " not in: " << run.err();
+  }
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -131,6 +131,8 @@ Plan make_plan(const BenchArgs& a) {
     throw InvalidArgumentError(fmt::format("dtrain bench: --rounds {}: run at least one round", a.rounds));
   if (a.timeout_s <= 0 || a.deadline_s <= 0)
     throw InvalidArgumentError("dtrain bench: --timeout and --deadline must be positive seconds");
+  env::seconds("dtrain bench: --timeout", a.timeout_s);  // finite, at most a year
+  env::seconds("dtrain bench: --deadline", a.deadline_s);
   if (a.transport != "auto" && a.transport != "tcp" && a.transport != "shm")
     throw InvalidArgumentError(fmt::format(
         "dtrain bench: --transport {}: use tcp, shm or auto (shared memory between ranks of one "

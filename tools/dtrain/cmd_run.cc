@@ -90,17 +90,28 @@ std::pair<int, int> parse_nnodes(const std::string& text) {
   return {number(text.substr(0, colon)), number(text.substr(colon + 1))};
 }
 
+// Bounds that keep the arithmetic on ranks and counts far from overflow.
+constexpr int kMaxLocalWorkers = 4096;
+constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
+
 std::chrono::milliseconds seconds_flag(double s, const char* flag) {
-  if (s < 0) throw InvalidArgumentError(fmt::format("{} is {}: it cannot be negative", flag, s));
-  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  return env::seconds(flag, s);  // finite, from 0 to a year
 }
 
 void validate(const RunArgs& a) {
   if (a.nproc < 1)
     throw InvalidArgumentError(fmt::format("-n is {}: start at least one worker", a.nproc));
+  if (a.nproc > kMaxLocalWorkers)
+    throw InvalidArgumentError(fmt::format(
+        "-n is {}: at most {} workers per node (each is a process with its own connections)",
+        a.nproc, kMaxLocalWorkers));
   if (a.nnodes < 1)
     throw InvalidArgumentError(
         fmt::format("--nnodes is {}: a job has at least one node", a.nnodes));
+  if (static_cast<int64_t>(a.nnodes) * a.nproc > kMaxWorldSize)
+    throw InvalidArgumentError(fmt::format(
+        "--nnodes {} with -n {} makes {} ranks: at most {} (ranks are int32 everywhere)",
+        a.nnodes, a.nproc, static_cast<int64_t>(a.nnodes) * a.nproc, kMaxWorldSize));
   if (a.node_rank < 0 || a.node_rank >= a.nnodes)
     throw InvalidArgumentError(
         fmt::format("--node-rank is {} but --nnodes is {}: the node rank must be between 0 and {}",
@@ -111,9 +122,7 @@ void validate(const RunArgs& a) {
   if (a.master_port == 0 && a.nnodes > 1)
     throw InvalidArgumentError(
         "--master-port 0 needs --nnodes 1: the other nodes must know the store's port in advance");
-  if (a.grace_period_s < 0)
-    throw InvalidArgumentError(
-        fmt::format("--grace-period is {}: it cannot be negative", a.grace_period_s));
+  seconds_flag(a.grace_period_s, "--grace-period");  // finite, from 0 to a year
   if (a.command.empty())
     throw InvalidArgumentError("dtrain run needs a worker command: dtrain run -n 2 -- ./train");
   if (a.servers < 0)
@@ -156,9 +165,7 @@ int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given
     throw InvalidArgumentError(
         "--node-rank cannot be given to an elastic run (--max-restarts, --nnodes MIN:MAX, "
         "--rdzv-*): the rendezvous assigns node ranks, in the order the agents arrive");
-  if (a.grace_period_s < 0)
-    throw InvalidArgumentError(
-        fmt::format("--grace-period is {}: it cannot be negative", a.grace_period_s));
+  seconds_flag(a.grace_period_s, "--grace-period");  // finite, from 0 to a year
   launch::ElasticOptions o;
   o.command = a.command;
   o.nproc = a.nproc;
@@ -197,7 +204,7 @@ int run_job(const RunArgs& a) {
   launch::SupervisorOptions options;
   options.command = a.command;
   options.prefix_output = !a.no_prefix;
-  options.grace_period = std::chrono::milliseconds(static_cast<int64_t>(a.grace_period_s * 1000));
+  options.grace_period = seconds_flag(a.grace_period_s, "--grace-period");
   int world_size = a.nnodes * a.nproc;
   // Parameter servers beside the workers share the CPUs with them: no binding then.
   const auto cpus = a.bind == "auto" && a.servers == 0 ? launch::allowed_cpus() : std::vector<int>{};
