@@ -3,9 +3,11 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
+
+#include <sys/random.h>
 
 #include <array>
+#include <cerrno>
 #include <cstring>
 #include <vector>
 
@@ -54,10 +56,21 @@ struct VerdictWire {
 };
 #pragma pack(pop)
 
+// From the kernel (getrandom), not OpenSSL's generator: a process forked while another of its
+// threads was inside RAND_bytes inherits that generator's lock held, and its first handshake
+// would wait on it forever (seen with the forked ranks of the tests, and a fork-based data
+// loader would do the same).
 Nonce random_nonce() {
   Nonce n{};
-  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1)
-    throw InternalError("OpenSSL RAND_bytes failed to produce a handshake nonce");
+  size_t got = 0;
+  while (got < n.size()) {
+    ssize_t r = ::getrandom(n.data() + got, n.size() - got, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      throw InternalError(fmt::format("getrandom failed to produce a handshake nonce: {}",
+                                      std::strerror(errno)));
+    got += static_cast<size_t>(r);
+  }
   return n;
 }
 
