@@ -5,7 +5,6 @@
 #include <numeric>
 
 #include <ATen/ATen.h>
-#include <fmt/format.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
