@@ -135,6 +135,7 @@ struct Model {
 
 int main(int argc, char** argv) {
   CLI::App app{"ctr_sparse: a sparse CTR model trained through the parameter server"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   int steps = 1500, batch = 256, fields = 8, vocab = 200'000, dim = 8, eval = 20'000;
   double zipf = 1.1, lr = 0.05;
   uint64_t seed = 1;

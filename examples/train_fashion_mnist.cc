@@ -559,6 +559,7 @@ int run(const Flags& flags) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Train the Fashion-MNIST ConvNet, data parallel over the ranks of a dtrain job"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   Flags flags;
   app.add_option("--strategy", flags.strategy,
                  "ddp, optimizer (Horovod-style) or ps (parameter server: dtrain run --servers)")

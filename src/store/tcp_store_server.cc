@@ -396,7 +396,7 @@ TcpStoreServer::TcpStoreServer(const TcpStoreServerOptions& options)
     throw StoreError(
         fmt::format("store server: cannot create an eventfd: {}", std::strerror(errno)));
   impl_->acceptor = std::jthread([impl = impl_.get()] { impl->accept_loop(); });
-  DTRAIN_LOG_INFO("store server: listening on {}:{} (job '{}', authentication {})",
+  DTRAIN_LOG_DEBUG("store server: listening on {}:{} (job '{}', authentication {})",
                   options.host.empty() ? "*" : options.host, impl_->port, impl_->handshake.job_id,
                   impl_->handshake.token.empty() ? "off" : "on");
 }

@@ -354,5 +354,32 @@ TEST_F(LauncherTest, HugeOrNonFiniteNumbersAreRefusedNamingTheFlag) {
   }
 }
 
+// What a torchrun or mpirun user types: torchrun's spellings work, mpirun's -np and typos are
+// answered with the fix, a bare `dtrain` shows the help, and no message says "dtrain:" twice.
+TEST_F(LauncherTest, TorchrunSpellingsWorkAndTyposGetTheFix) {
+  Launched torchrun({"run", "--nproc_per_node", "2", "--nnodes", "1", "--node_rank", "0",
+                     "--master_addr", "127.0.0.1", "--master_port", "0", "--", "sh", "-c",
+                     "echo world $WORLD_SIZE"});
+  ASSERT_EQ(exit_code(torchrun.wait(seconds(20))), 0) << torchrun.err();
+  EXPECT_EQ(count_of(torchrun.out(), "world 2"), 2) << torchrun.out();
+  EXPECT_FALSE(contains(torchrun.err(), "store server: listening")) << torchrun.err();
+
+  for (const auto& [args, says] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"run", "-np", "2", "true"}, "dtrain run: -np is mpirun's spelling; dtrain run takes -n"},
+           {{"rn", "-n", "2", "true"}, "dtrain: unknown command 'rn' (did you mean 'run'?)"},
+           {{"run", "--nprc-per-node", "2", "true"},
+            "dtrain run: unknown option '--nprc-per-node': did you mean --nproc-per-node?"}}) {
+    Launched run(args);
+    EXPECT_EQ(exit_code(run.wait(seconds(20))), 2) << args[0] << ": " << run.err();
+    EXPECT_TRUE(contains(run.err(), says)) << says << " not in: " << run.err();
+    EXPECT_FALSE(contains(run.err(), "dtrain: dtrain")) << run.err();
+  }
+  Launched bare(std::vector<std::string>{});
+  EXPECT_EQ(exit_code(bare.wait(seconds(20))), 0) << bare.err();
+  EXPECT_TRUE(contains(bare.out(), "Subcommands:")) << bare.out();
+  EXPECT_TRUE(contains(bare.out(), "run")) << bare.out();
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -29,6 +29,7 @@
 #include "launch/elastic_agent.h"
 #include "launch/supervisor.h"
 #include "tools/dtrain/commands.h"
+#include "tools/dtrain/spelling.h"
 
 namespace dtrain::tools {
 namespace {
@@ -276,17 +277,17 @@ CLI::App* add_run_command(CLI::App& app) {
       "Each worker gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR\n"
       "and MASTER_PORT, as under torchrun; elastic runs add DTRAIN_RESTART_COUNT\n"
       "(TORCHELASTIC_RESTART_COUNT). See docs/fault_tolerance.md.");
-  cmd->add_option("-n,--nproc-per-node", args->nproc, "Worker processes on this node")
+  cmd->add_option("-n,--nproc-per-node,--nproc_per_node", args->nproc, "Worker processes on this node")
       ->capture_default_str();
   cmd->add_option("--nnodes", elastic->nnodes, "Nodes in the job: N, or MIN:MAX for an elastic run")
       ->capture_default_str();
-  auto* node_rank = cmd->add_option("--node-rank", args->node_rank,
+  auto* node_rank = cmd->add_option("--node-rank,--node_rank", args->node_rank,
                                     "Index of this node (0 hosts the store); static runs only")
                         ->capture_default_str();
   auto* master_addr =
-      cmd->add_option("--master-addr", args->master_addr, "Host of node 0, where the store runs")
+      cmd->add_option("--master-addr,--master_addr", args->master_addr, "Host of node 0, where the store runs")
           ->capture_default_str();
-  auto* port = cmd->add_option("--master-port", args->master_port,
+  auto* port = cmd->add_option("--master-port,--master_port", args->master_port,
                                "Port of the store (0: any free one; the default moves to a free "
                                "one when busy on a single node)")
                    ->capture_default_str();
@@ -308,19 +309,19 @@ CLI::App* add_run_command(CLI::App& app) {
       ->capture_default_str();
   const std::string group = "Elastic (any of these runs the elastic agent)";
   auto* max_restarts =
-      cmd->add_option("--max-restarts", elastic->max_restarts,
+      cmd->add_option("--max-restarts,--max_restarts", elastic->max_restarts,
                       "Failures the job survives: the workers restart (from their checkpoint) "
                       "after each")
           ->capture_default_str()
           ->group(group);
-  auto* endpoint = cmd->add_option("--rdzv-endpoint", elastic->rdzv_endpoint,
+  auto* endpoint = cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", elastic->rdzv_endpoint,
                                    "HOST:PORT of the rendezvous store; the agent on HOST (or the "
                                    "first to bind it) hosts it")
                        ->group(group);
   auto* rdzv_id =
-      cmd->add_option("--rdzv-id", elastic->rdzv_id, "Job id: agents with the same id form a job")
+      cmd->add_option("--rdzv-id,--rdzv_id", elastic->rdzv_id, "Job id: agents with the same id form a job")
           ->group(group);
-  cmd->add_option("--rdzv-timeout", elastic->rdzv_timeout_s,
+  cmd->add_option("--rdzv-timeout,--rdzv_timeout", elastic->rdzv_timeout_s,
                   "Seconds for a round to form (MIN agents) before the agents give up")
       ->capture_default_str()
       ->group(group);
@@ -355,12 +356,14 @@ CLI::App* add_run_command(CLI::App& app) {
   cmd->allow_extras();
   cmd->callback([args, elastic, cmd, port, node_rank, master_addr, max_restarts, endpoint,
                  rdzv_id] {
-    for (const auto& extra : cmd->remaining())
-      if (extra != "--")
-        throw InvalidArgumentError(fmt::format(
-            "dtrain run: unknown option '{}' (see dtrain run --help; put the worker command "
-            "after --)",
-            extra));
+    for (const auto& extra : cmd->remaining()) {
+      if (extra == "--") continue;
+      auto near = closest(extra.substr(0, extra.find('=')), option_spellings(*cmd));
+      throw InvalidArgumentError(fmt::format(
+          "dtrain run: unknown option '{}'{} (see dtrain run --help; put the worker command "
+          "after --)",
+          extra, near ? fmt::format(": did you mean {}?", *near) : std::string()));
+    }
     RunArgs a = *args;
     a.port_given = port->count() > 0;
     const bool is_elastic = max_restarts->count() > 0 || endpoint->count() > 0 ||

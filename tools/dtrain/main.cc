@@ -6,14 +6,19 @@
 //   dtrain ps-server                   a parameter server (started by `dtrain run --servers S`)
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <string_view>
 
 #include "common/log.h"
 #include "dtrain/error.h"
 #include "tools/dtrain/commands.h"
+#include "tools/dtrain/spelling.h"
 
 int main(int argc, char** argv) {
   dtrain::log::logger();  // a DTRAIN_LOG_LEVEL that names no level is reported now, not later
   CLI::App app{"dtrain: distributed training, launched and debugged"};
+  app.name("dtrain");
+  app.option_defaults()->always_capture_default();  // every --help shows the defaults
   app.require_subcommand(1);
   app.set_version_flag("--version", "dtrain 0.1.0");
   dtrain::tools::add_run_command(app);
@@ -21,15 +26,19 @@ int main(int argc, char** argv) {
   dtrain::tools::add_env_command(app);
   dtrain::tools::add_bench_command(app);
   dtrain::tools::add_ps_server_command(app);
+  if (argc == 1) {  // a bare `dtrain` shows what it can do
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  }
   try {
+    dtrain::tools::check_spelling(app, argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const dtrain::Error& e) {
-    std::fprintf(stderr, "dtrain: %s\n", e.what());
-    return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtrain: %s\n", e.what());
+    // Messages of the subcommands name themselves ("dtrain run: ..."); others get the prefix.
+    std::string_view what = e.what();
+    std::fprintf(stderr, "%s%s\n", what.starts_with("dtrain") ? "" : "dtrain: ", e.what());
     return 2;
   }
   return 0;
