@@ -429,7 +429,7 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
     ctx.set_persistent(&persistent_);
     device_->expect(group_id_, seq, call.fingerprint());
     DTRAIN_LOG_DEBUG("{} via {}", label.describe(), algorithm);
-    watchdog_->enter(seq, call);
+    watchdog_->enter(seq, call, deadline.limit());
     try {
       if (mismatched) std::rethrow_exception(mismatched);
       const Agreement agreement = size_ > 1 ? agreement_of(call.kind) : Agreement::kNone;

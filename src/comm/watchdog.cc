@@ -1,5 +1,6 @@
 #include "comm/watchdog.h"
 
+#include <algorithm>
 #include <ctime>
 #include <vector>
 
@@ -35,11 +36,13 @@ Watchdog::~Watchdog() {
   }
 }
 
-void Watchdog::enter(uint32_t seq, const CollectiveCall& call) {
+void Watchdog::enter(uint32_t seq, const CollectiveCall& call, std::chrono::milliseconds limit) {
   std::lock_guard lock(mu_);
   seq_ = seq;
   call_ = call;
+  limit_ = limit;
   since_ = std::chrono::steady_clock::now();
+  next_report_ = threshold_;
 }
 
 int64_t Watchdog::arrived_ms_locked() const {
@@ -55,7 +58,9 @@ void Watchdog::leave() {
   seq_ = 0;
 }
 
-std::string Watchdog::arrivals(uint32_t seq) {
+std::string Watchdog::arrivals(uint32_t seq) { return read_arrivals(seq).text; }
+
+Watchdog::Arrivals Watchdog::read_arrivals(uint32_t seq) {
   int64_t mine;
   {
     std::lock_guard lock(mu_);
@@ -79,13 +84,16 @@ std::string Watchdog::arrivals(uint32_t seq) {
                                     (now - at) / 1000.0));
     }
   } catch (const std::exception& e) {
-    return fmt::format("(arrivals unknown: the store is unreachable: {})", e.what());
+    return {fmt::format("(arrivals unknown: the store is unreachable: {})", e.what()), true};
   }
-  std::string text = fmt::format("arrived: {}", fmt::join(arrived, ", "));
+  Arrivals a;
+  a.text = fmt::format("arrived: {}", fmt::join(arrived, ", "));
   if (!absent.empty())
-    text += fmt::format("; not arrived: {} {}", absent.size() == 1 ? "rank" : "ranks",
-                        fmt::join(absent, ", "));
-  return text;
+    a.text += fmt::format("; not arrived: {} {}", absent.size() == 1 ? "rank" : "ranks",
+                          fmt::join(absent, ", "));
+  a.lowest_waiting =
+      std::count_if(absent.begin(), absent.end(), [&](int r) { return r < rank_; }) == rank_;
+  return a;
 }
 
 void Watchdog::publish(uint32_t seq, int64_t arrived_ms) {
@@ -97,9 +105,20 @@ void Watchdog::publish(uint32_t seq, int64_t arrived_ms) {
 }
 
 void Watchdog::report(uint32_t seq, const std::string& what,
-                      std::chrono::steady_clock::duration waited) {
-  DTRAIN_LOG_WARN("rank {}: collective #{} of group {}, {}, has waited {:.1f} s: {}", rank_, seq,
-                  group_, what, std::chrono::duration<double>(waited).count(), arrivals(seq));
+                      std::chrono::steady_clock::duration waited, std::chrono::milliseconds limit) {
+  const Arrivals a = read_arrivals(seq);
+  const std::string of_limit = limit == std::chrono::milliseconds::max()
+                                  ? std::string("(no limit)")
+                                  : fmt::format("of its {:g} s limit", limit.count() / 1000.0);
+  const std::string text =
+      fmt::format("rank {}: collective #{} of group {}, {}, has waited {:.1f} s {}: {}", rank_,
+                  seq, group_, what, std::chrono::duration<double>(waited).count(), of_limit,
+                  a.text);
+  if (a.lowest_waiting) {
+    DTRAIN_LOG_INFO("{}", text);
+  } else {
+    DTRAIN_LOG_DEBUG("{}", text);
+  }
 }
 
 void Watchdog::run(std::stop_token stop) {
@@ -107,7 +126,7 @@ void Watchdog::run(std::stop_token stop) {
   while (!stop.stop_requested()) {
     cv_.wait_for(lock, stop, std::chrono::milliseconds(std::min<int64_t>(threshold_.count() / 4 + 1, 1000)),
                  [] { return false; });
-    if (stop.stop_requested() || seq_ == 0 || reported_ == seq_) continue;
+    if (stop.stop_requested() || seq_ == 0) continue;
     auto waited = std::chrono::steady_clock::now() - since_;
     // Every rank stuck this long says when it arrived, well before anyone reports, so that the
     // report finds every waiting rank's entry.
@@ -120,12 +139,13 @@ void Watchdog::run(std::stop_token stop) {
       lock.lock();
       continue;
     }
-    if (waited < threshold_) continue;
-    reported_ = seq_;
+    if (waited < next_report_) continue;
+    next_report_ = waited + threshold_;  // and again one interval later, until it ends
     const uint32_t seq = seq_;
     const std::string what = call_.describe();
+    const auto limit = limit_;
     lock.unlock();
-    report(seq, what, waited);
+    report(seq, what, waited, limit);
     lock.lock();
   }
 }

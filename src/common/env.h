@@ -23,6 +23,7 @@ struct Var {
   X(kWorldSize, "WORLD_SIZE", "", "Number of processes in the job.")                              \
   X(kLocalRank, "LOCAL_RANK", "", "Rank of this process on its node.")                            \
   X(kLocalWorldSize, "LOCAL_WORLD_SIZE", "", "Number of processes on this node.")                 \
+  X(kOmpNumThreads, "OMP_NUM_THREADS", "", "LibTorch and OpenBLAS threads per process; unset: the CPUs it is bound to, else cores / local ranks.") \
   X(kNodeRank, "NODE_RANK", "", "Index of this node in the job.")                                 \
   X(kGroupRank, "GROUP_RANK", "", "Index of this node in the job as torchrun names it (NODE_RANK wins when both are set).") \
   X(kGroupWorldSize, "GROUP_WORLD_SIZE", "", "Number of nodes in the job (set by elastic `dtrain run`, as torchrun does).") \
@@ -69,8 +70,8 @@ struct Var {
   X(kCostAlphaUs, "DTRAIN_COST_ALPHA_US", "", "Cost model: microseconds per message (overrides the file).") \
   X(kCostBetaGbps, "DTRAIN_COST_BETA_GBPS", "", "Cost model: GB/s on the wire (overrides the file).") \
   X(kCostGammaGbps, "DTRAIN_COST_GAMMA_GBPS", "", "Cost model: GB/s of reduction (overrides the file).") \
-  X(kStragglerSeconds, "DTRAIN_STRAGGLER_SECONDS", "30", "A collective waiting longer than this logs which ranks have not arrived.") \
-  X(kTimeline, "DTRAIN_TIMELINE", "", "File for Chrome-trace events of DDP and the distributed optimizer (rank r writes FILE.rank<r>.json).") \
+  X(kStragglerSeconds, "DTRAIN_STRAGGLER_SECONDS", "10", "Report interval of waits: a collective (lowest waiting rank: who has not arrived), the rendezvous (rank 0: who has not registered), reaching the store. 0 = silent.") \
+  X(kTimeline, "DTRAIN_TIMELINE", "", "Chrome-trace events of DDP and the distributed optimizer: trace.json makes rank r write trace.rank<r>.json.") \
   X(kCycleTimeMs, "DTRAIN_CYCLE_TIME_MS", "1", "Python, `dtrain.torch` (Horovod's API): how often the coordinator looks for ready tensors, 0.01 to 1000 ms (`HOROVOD_CYCLE_TIME` when unset).") \
   X(kFusionThreshold, "DTRAIN_FUSION_THRESHOLD", "67108864", "Python, `dtrain.torch`: bytes per fused all-reduce buffer, up to 1 TiB (`HOROVOD_FUSION_THRESHOLD` when unset).") \
   X(kStallTimeout, "DTRAIN_STALL_TIMEOUT", "60", "Python, `dtrain.torch`: seconds (0.001 to a day) a tensor may be ready on some ranks and missing on others before every rank fails naming it (`HOROVOD_STALL_SHUTDOWN_TIME_SECONDS` when unset).") \

@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "common/env.h"
+#include "common/log.h"
 #include "dtrain/error.h"
 
 namespace dtrain::net {
@@ -118,15 +120,26 @@ Fd listen_tcp(const std::string& host, uint16_t port, int backlog) {
       return fd;
     }
   }
-  throw InvalidArgumentError(fmt::format(
-      "cannot listen on {}:{}: {}; choose another port or free this one", host.empty() ? "*" : host,
-      port, errno_text(last_err)));
+  const std::string text =
+      fmt::format("cannot listen on {}:{}: {}; choose another port or free this one",
+                  host.empty() ? "*" : host, port, errno_text(last_err));
+  if (last_err == EADDRINUSE) throw AddressInUseError(text);
+  throw InvalidArgumentError(text);
 }
 
 Fd connect_tcp(const HostPort& to, const Deadline& deadline, std::string_view context) {
   std::string last_error = "no attempt made";
   auto backoff = std::chrono::milliseconds(1);
+  // A process that cannot reach its peer (the store not started yet, or never) says so every
+  // report interval instead of waiting in silence until its deadline.
+  const auto report_every = env::get_seconds(env::kStragglerSeconds);
+  auto next_report = Deadline::after(report_every);
   for (;;) {
+    if (report_every.count() > 0 && next_report.expired()) {
+      next_report = Deadline::after(report_every);
+      DTRAIN_LOG_INFO("{}: still trying to reach {} after {} (last error: {})", context,
+                      to.to_string(), deadline.describe(), last_error);
+    }
     AddrInfo ai;
     if (int rc = resolve(to.host, to.port, false, ai); rc != 0) {
       last_error = fmt::format("cannot resolve host '{}': {}", to.host, gai_strerror(rc));

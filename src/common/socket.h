@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "common/deadline.h"
+#include "dtrain/error.h"
 
 namespace dtrain::net {
 
@@ -46,6 +47,14 @@ struct HostPort {
 HostPort parse_host_port(std::string_view text, std::string_view what);
 
 // Listens on host:port (host "" or "0.0.0.0" = every interface, port 0 = any free port).
+// Another process listens on the port already (EADDRINUSE): callers that know who that may be
+// say what to do about it.
+class AddressInUseError : public InvalidArgumentError {
+ public:
+  using InvalidArgumentError::InvalidArgumentError;
+};
+
+// Throws AddressInUseError when the port is taken, InvalidArgumentError for other failures.
 Fd listen_tcp(const std::string& host, uint16_t port, int backlog = 1024);
 // Connects to host:port, retrying refused or unreachable attempts until the deadline.
 // Throws TimeoutError (with `context` and the last errno) when the deadline passes.

@@ -114,7 +114,16 @@ TcpStore::TcpStore(const TcpStoreOptions& options) : impl_(std::make_unique<Impl
     server_options.port = options.port;
     server_options.job_id = config.job_id;
     server_options.token = config.token;
-    s.server = std::make_unique<TcpStoreServer>(server_options);
+    try {
+      s.server = std::make_unique<TcpStoreServer>(server_options);
+    } catch (const net::AddressInUseError& e) {
+      // Typically workers started by hand against `dtrain store`, or a job still running there.
+      throw net::AddressInUseError(fmt::format(
+          "{}: cannot host the job's store: {}. If a `dtrain store` (or a launcher) serves that "
+          "port, set DTRAIN_AGENT_STORE=1 on every rank so that rank 0 uses it instead of "
+          "hosting one; otherwise set MASTER_PORT to a free port",
+          s.me, e.what()));
+    }
     port = s.server->port();
   }
   s.address = net::HostPort{options.host, port};

@@ -1,16 +1,23 @@
 // init_process_group from the environment, as `dtrain run`, torchrun and mpirun leave it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "dtrain/dtrain.h"
+#include "dtrain/store.h"
 #include "support/group.h"
 #include "support/multiproc.h"
 
 namespace dtrain::testing {
 namespace {
+
+using namespace std::chrono_literals;
 
 TEST(Init, FromTorchrunEnvironment) {
   const int port = free_port();
@@ -66,6 +73,84 @@ TEST(Init, WorldOfOneNeedsNothing) {
     RANK_CHECK(pg->size() == 1 && pg->rank() == 0, "{} of {}", pg->rank(), pg->size());
   });
   EXPECT_TRUE(results[0].ok());
+}
+
+// What stderr said, for checks on the log (each rank child writes its own file).
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Workers started by hand against a standalone store (`dtrain store`) without
+// DTRAIN_AGENT_STORE: rank 0 cannot host the store and says what to set; rank 1, waiting for rank
+// 0, says so every report interval instead of waiting in silence, then times out.
+TEST(Init, HandStartedWorkersBesideAStoreAreToldWhatToSet) {
+  TcpStoreServer store({.port = 0});  // what `dtrain store` runs
+  const std::string log = ::testing::TempDir() + "/dtrain_init_hand_" + std::to_string(::getpid());
+  auto results = run_ranks(2, [&](int rank) {
+    ::setenv("RANK", std::to_string(rank).c_str(), 1);
+    ::setenv("WORLD_SIZE", "2", 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(store.port()).c_str(), 1);
+    ::unsetenv("DTRAIN_AGENT_STORE");
+    ::setenv("DTRAIN_STRAGGLER_SECONDS", "1", 1);
+    ::setenv("DTRAIN_CONNECT_TIMEOUT", "3", 1);
+    RANK_CHECK(std::freopen((log + std::to_string(rank)).c_str(), "w", stderr) != nullptr,
+               "cannot redirect stderr");
+    try {
+      init_process_group();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "threw: %s\n", e.what());
+      std::fflush(stderr);
+      ::_exit(3);
+    }
+  }, 60s);
+  for (auto& r : results) EXPECT_EQ(r.exit_code, 3);
+  const std::string rank0 = slurp(log + "0"), rank1 = slurp(log + "1");
+  EXPECT_NE(rank0.find("rank 0: cannot host the job's store"), std::string::npos) << rank0;
+  EXPECT_NE(rank0.find("Address already in use"), std::string::npos) << rank0;
+  EXPECT_NE(rank0.find("set DTRAIN_AGENT_STORE=1 on every rank"), std::string::npos) << rank0;
+  EXPECT_NE(rank1.find("rank 1: group world rendezvous has waited 1."), std::string::npos) << rank1;
+  EXPECT_NE(rank1.find("rank 0 has not registered yet"), std::string::npos) << rank1;
+  EXPECT_NE(rank1.find("threw: "), std::string::npos) << rank1;
+  std::remove((log + "0").c_str());
+  std::remove((log + "1").c_str());
+}
+
+// A rank that never comes: rank 0 reports every interval who has not registered, against the
+// limit, and the others stay quiet at the default level.
+TEST(Init, RankZeroReportsWhoTheRendezvousWaitsFor) {
+  const int port = free_port();
+  const std::string log = ::testing::TempDir() + "/dtrain_init_wait_" + std::to_string(::getpid());
+  auto results = run_ranks(2, [&](int rank) {  // of a world of 3: rank 2 never starts
+    ::setenv("RANK", std::to_string(rank).c_str(), 1);
+    ::setenv("WORLD_SIZE", "3", 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    ::unsetenv("DTRAIN_AGENT_STORE");
+    ::setenv("DTRAIN_STRAGGLER_SECONDS", "1", 1);
+    ::setenv("DTRAIN_CONNECT_TIMEOUT", "3.5", 1);
+    RANK_CHECK(std::freopen((log + std::to_string(rank)).c_str(), "w", stderr) != nullptr,
+               "cannot redirect stderr");
+    try {
+      init_process_group();
+    } catch (const TimeoutError& e) {
+      std::fflush(stderr);
+      ::_exit(3);
+    }
+  }, 60s);
+  for (auto& r : results) EXPECT_EQ(r.exit_code, 3);
+  const std::string rank0 = slurp(log + "0"), rank1 = slurp(log + "1");
+  EXPECT_NE(rank0.find("rank 0: group world rendezvous has waited 1."), std::string::npos) << rank0;
+  EXPECT_NE(rank0.find("of a 3.5 s limit: 2 of 3 ranks have registered"), std::string::npos)
+      << rank0;
+  EXPECT_NE(rank0.find("not registered: rank 2 "), std::string::npos) << rank0;
+  EXPECT_GE(std::count(rank0.begin(), rank0.end(), '\n'), 3) << rank0;  // 1 s, 2 s, 3 s
+  EXPECT_EQ(rank1.find("rendezvous has waited"), std::string::npos) << rank1;
+  std::remove((log + "0").c_str());
+  std::remove((log + "1").c_str());
 }
 
 }  // namespace

@@ -2,11 +2,16 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/deadline.h"
+#include "common/env.h"
 #include "common/log.h"
 #include "common/socket.h"
 #include "dtrain/error.h"
@@ -44,13 +49,54 @@ Device::Device(Store& store, const DeviceOptions& options)
   // Higher ranks dial us while we dial lower ranks.
   std::vector<net::Fd> accepted(size);
   std::string accept_failure;
-  std::jthread acceptor([&] { accept_higher_ranks(listener.get(), deadline, accepted, accept_failure); });
+  std::mutex accept_mu;
+  std::condition_variable accept_cv;
+  bool accept_done = false;
+  std::jthread acceptor([&] {
+    accept_higher_ranks(listener.get(), deadline, accepted, accept_failure);
+    std::lock_guard lock(accept_mu);
+    accept_done = true;
+    accept_cv.notify_all();
+  });
+  // Rank 0 says what the rendezvous waits for, every report interval, so that no minute passes
+  // in silence; the other ranks wait for it (or for a lower rank) and stay quiet.
+  const auto report_every = env::get_seconds(env::kStragglerSeconds);
+  auto next_report = Deadline::after(report_every);
+  const std::string joined = fmt::format("{}/connected", options_.group_name);
+  auto report = [&] {
+    if (rank != 0 || report_every.count() <= 0 || !next_report.expired()) return;
+    next_report = Deadline::after(report_every);
+    DTRAIN_LOG_INFO("rank 0: group {} rendezvous has waited {}: {}", options_.group_name,
+                    deadline.describe(), rendezvous_progress(store, joined));
+  };
 
   std::vector<net::Fd> dialled(size);
   try {
   for (int peer = 0; peer < rank; ++peer) {
     std::vector<std::string> key{address_key(options_.group_name, peer)};
-    store.wait(key, deadline.remaining());
+    // Rank 0 reports the rendezvous; while it has not even registered, nobody would, so each
+    // rank says what it waits for (workers started by hand, rank 0 failed or not started).
+    for (;;) {
+      const bool speak = peer == 0 && report_every.count() > 0;
+      try {
+        store.wait(key, speak ? std::max(std::chrono::milliseconds(1),
+                                         std::min(deadline.remaining(), report_every))
+                              : deadline.remaining());
+        break;
+      } catch (const TimeoutError& e) {
+        if (!speak) throw;
+        if (deadline.expired())
+          throw TimeoutError(fmt::format(
+              "rank {}: group {} rendezvous: rank 0 has not registered after {} "
+              "(DTRAIN_CONNECT_TIMEOUT); it must start, and reach the store, before the others "
+              "can connect: see its log ({})",
+              rank, options_.group_name, deadline.describe(), e.what()));
+        DTRAIN_LOG_INFO("rank {}: group {} rendezvous has waited {}: rank 0 has not registered "
+                        "yet (it must start, and reach the store, before the others can connect; "
+                        "see its log)",
+                        rank, options_.group_name, deadline.describe());
+      }
+    }
     const std::string addr = store.get_string(key[0]);
     const std::string context =
         fmt::format("rank {}: connecting group {} to rank {} at {}", rank, options_.group_name,
@@ -63,6 +109,14 @@ Device::Device(Store& store, const DeviceOptions& options)
   } catch (...) {
     ::shutdown(listener.get(), SHUT_RDWR);  // wakes the acceptor so the error is not delayed
     throw;
+  }
+  {
+    std::unique_lock lock(accept_mu);
+    while (!accept_cv.wait_for(lock, std::chrono::milliseconds(250), [&] { return accept_done; })) {
+      lock.unlock();
+      report();
+      lock.lock();
+    }
   }
   acceptor.join();
   if (!accept_failure.empty()) throw TimeoutError(accept_failure);
@@ -98,10 +152,22 @@ Device::Device(Store& store, const DeviceOptions& options)
                    fmt::join(via, ", rank "));
   // Nobody starts before everybody is connected: a fast rank must not run ahead, fail, and take
   // the store (or itself) away from ranks still connecting.
-  const std::string joined = fmt::format("{}/connected", options_.group_name);
   if (store.add(joined, 1) == size) store.set(joined + "/all", std::string_view("1"));
   try {
-    store.wait({joined + "/all"}, deadline.remaining());
+    // In slices, so that rank 0 can report between them (a wait that times out leaves the
+    // store's connection as it was).
+    for (;;) {
+      const auto slice = rank == 0 && report_every.count() > 0
+                             ? std::min(deadline.remaining(), next_report.remaining())
+                             : deadline.remaining();
+      try {
+        store.wait({joined + "/all"}, std::max(slice, std::chrono::milliseconds(1)));
+        break;
+      } catch (const TimeoutError&) {
+        if (deadline.expired()) throw;
+        report();
+      }
+    }
   } catch (const TimeoutError&) {
     throw TimeoutError(fmt::format(
         "rank {}: group {} rendezvous: only {} of {} ranks finished connecting after {}; the "
@@ -110,6 +176,28 @@ Device::Device(Store& store, const DeviceOptions& options)
   }
   DTRAIN_LOG_DEBUG("rank {}: group {} connected to {} peers in {:.1f} ms", rank,
                    options_.group_name, size - 1, deadline.elapsed().count() * 1.0);
+}
+
+std::string Device::rendezvous_progress(Store& store, const std::string& joined) {
+  const int size = options_.size;
+  std::vector<int> missing;
+  try {
+    for (int r = 0; r < size; ++r)
+      if (!store.check({address_key(options_.group_name, r)})) missing.push_back(r);
+    const int64_t connected = store.add(joined, 0);
+    std::string text = fmt::format("{} of {} ranks have registered, {} have finished connecting",
+                                   size - static_cast<int>(missing.size()), size, connected);
+    if (!missing.empty()) {
+      const size_t shown = std::min<size_t>(missing.size(), 16);
+      text += fmt::format("; not registered: {} {}{} (slow to start, or failed: see their logs)",
+                          missing.size() == 1 ? "rank" : "ranks",
+                          fmt::join(missing.begin(), missing.begin() + shown, ", "),
+                          shown < missing.size() ? ", ..." : "");
+    }
+    return text;
+  } catch (const std::exception& e) {
+    return fmt::format("(progress unknown: the store did not answer: {})", e.what());
+  }
 }
 
 std::vector<shm::Segment> Device::share_memory(Store& store, std::vector<net::Fd>& fds,

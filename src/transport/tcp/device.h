@@ -95,6 +95,8 @@ class Device {
   void on_notice(uint64_t tag, int peer, std::string text);
   void process_notices();
 
+  // "3 of 4 ranks have registered, 2 have finished connecting; not registered: rank 3 (...)"
+  std::string rendezvous_progress(Store& store, const std::string& joined);
   void accept_higher_ranks(int listen_fd, const Deadline& deadline,
                            std::vector<net::Fd>& accepted, std::string& failure);
   // Sets up a shared segment with every connected peer on this host (see shm/segment.h).
