@@ -12,7 +12,7 @@
 #include <torch/serialize.h>
 
 #include "dtrain/error.h"
-#include "torch/tensor_view.h"
+#include "dtrain/torch/tensor_view.h"
 
 namespace dtrain {
 
@@ -34,7 +34,7 @@ void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tenso
   BroadcastOptions o;
   o.root = root;
   o.timeout = timeout;
-  group.broadcast(torch_detail::view_of(flat), o)->wait();
+  group.broadcast(dtrain::view_of(flat), o)->wait();
   if (group.rank() == root) return;
   c10::NoGradGuard no_grad;
   int64_t at_byte = 0;

@@ -3,7 +3,7 @@
 
 #include <ATen/ATen.h>
 
-#include "torch/tensor_view.h"
+#include "dtrain/torch/tensor_view.h"
 
 namespace dtrain {
 
@@ -17,7 +17,7 @@ class AllreduceHook : public CommHook {
     AllreduceOptions options;
     options.op = ReduceOp::kAvg;
     options.timeout = timeout;
-    return group.allreduce(torch_detail::view_of(bucket.buffer), options);
+    return group.allreduce(dtrain::view_of(bucket.buffer), options);
   }
 };
 
@@ -36,7 +36,7 @@ class CompressHook : public CommHook {
     AllreduceOptions options;
     options.op = ReduceOp::kAvg;
     options.timeout = timeout;
-    return group.allreduce(torch_detail::view_of(bucket.scratch), options);
+    return group.allreduce(dtrain::view_of(bucket.scratch), options);
   }
   void finish(GradBucket& bucket) override { bucket.buffer.copy_(bucket.scratch); }
 

@@ -13,7 +13,7 @@
 #include "dtrain/torch/broadcast.h"
 #include "dtrain/torch/timeline.h"
 #include "torch/reducer.h"
-#include "torch/tensor_view.h"
+#include "dtrain/torch/tensor_view.h"
 
 namespace dtrain {
 

@@ -11,7 +11,7 @@
 #include "dtrain/error.h"
 #include "dtrain/torch/timeline.h"
 #include "torch/coordinator.h"
-#include "torch/tensor_view.h"
+#include "dtrain/torch/tensor_view.h"
 
 namespace dtrain {
 
@@ -93,10 +93,10 @@ void GradientHooks::submit(size_t index) {
   if (options_.compression == Compression::kFp16 && grad.is_floating_point() &&
       grad.scalar_type() != at::kHalf) {
     s.compressed = grad.to(at::kHalf);
-    view = torch_detail::view_of(s.compressed);
+    view = dtrain::view_of(s.compressed);
   } else {
     s.compressed = at::Tensor();
-    view = torch_detail::view_of(grad);
+    view = dtrain::view_of(grad);
   }
   s.handle = coordinator_->submit(s.name, view, options_.op);
 }

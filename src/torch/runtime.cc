@@ -6,12 +6,16 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <cstdlib>
 #include <thread>
 
 #include <ATen/Parallel.h>
 
 #include "common/env.h"
+#include "dtrain/error.h"
+#include "dtrain/identity.h"
 
 // jemalloc's start-up options, read when it initialises (before main); MALLOC_CONF, read after
 // it, wins. Its defaults purge freed pages back to the kernel within seconds, and at once for
@@ -27,14 +31,23 @@ namespace dtrain {
 namespace {
 
 int default_threads() {
+  // OMP_NUM_THREADS is the user's word, as in PyTorch.
+  if (auto omp = env::get_int(env::kOmpNumThreads); omp && *omp > 0) return static_cast<int>(*omp);
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // Bound to fewer CPUs (by `dtrain run`, which gives each worker its share, by taskset or a
-  // cpuset): exactly those. Otherwise the local ranks share the machine.
+  // cpuset): exactly those. Otherwise the local ranks share the machine, counted by whichever
+  // launcher started them (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, Slurm's tasks per node):
+  // under mpirun -np 4 every rank used to take every core, 11x slower than 4 ranks that share.
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
   if (::sched_getaffinity(0, sizeof(allowed), &allowed) == 0 && CPU_COUNT(&allowed) < cores)
     return std::max(1, CPU_COUNT(&allowed));
-  int local = static_cast<int>(env::get_int(env::kLocalWorldSize).value_or(1));
+  int local = 1;
+  try {
+    local = resolve_identity().local_world_size;
+  } catch (const Error&) {
+    // Contradictory launcher variables: init_process_group reports them, naming each.
+  }
   return std::max(1, cores / std::max(1, local));
 }
 
@@ -58,9 +71,8 @@ std::string configure_allocator() {
   return "glibc (mallopt tuned; install libjemalloc-dev and rebuild for jemalloc)";
 }
 
-}  // namespace
-
-RuntimeInfo configure_runtime(int threads) {
+// Threads of LibTorch and OpenBLAS, the allocator, and what is in use.
+RuntimeInfo apply(int threads) {
   RuntimeInfo info;
   info.threads = threads > 0 ? threads : default_threads();
   info.allocator = configure_allocator();
@@ -80,6 +92,24 @@ RuntimeInfo configure_runtime(int threads) {
   }
 
   at::set_num_threads(info.threads);
+  return info;
+}
+
+// Every program linked with dtrain_torch starts with the fast defaults, before main, whether or
+// not it calls configure_runtime(). Nothing here may throw out of a static initializer.
+const bool kDefaultsApplied = [] {
+  try {
+    apply(0);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dtrain: could not apply LibTorch's thread defaults: %s\n", e.what());
+  }
+  return true;
+}();
+
+}  // namespace
+
+RuntimeInfo configure_runtime(int threads) {
+  RuntimeInfo info = apply(threads);
   // Inter-op threads can be set once per process only; a second call throws.
   static const bool interop_set = [&] {
     at::set_num_interop_threads(1);

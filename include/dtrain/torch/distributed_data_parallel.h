@@ -35,6 +35,8 @@
 
 namespace torch::nn {
 class Module;
+template <typename Contained>
+class ModuleHolder;
 }
 
 namespace dtrain {
@@ -57,6 +59,11 @@ class DistributedDataParallel {
   // same parameters (names, shapes, dtypes), then copies rank 0's parameters and buffers.
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                           std::shared_ptr<ProcessGroup> group, DdpOptions options = {});
+  // A TORCH_MODULE holder (torch::nn::Linear, or your own Net) is taken as it is.
+  template <typename Impl>
+  DistributedDataParallel(const torch::nn::ModuleHolder<Impl>& module,
+                          std::shared_ptr<ProcessGroup> group, DdpOptions options = {})
+      : DistributedDataParallel(module.ptr(), std::move(group), std::move(options)) {}
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;

@@ -1,14 +1,20 @@
-// TensorView of a LibTorch tensor: how dtrain_torch hands tensors to the process group.
+// A LibTorch tensor as a TensorView, to hand it to a process group yourself:
+//
+//   auto loss_sum = torch::tensor({batch_loss}, torch::kDouble);
+//   pg->allreduce(dtrain::view_of(loss_sum))->wait();   // loss_sum now holds every rank's sum
+//
+// The view aliases the tensor's storage: keep the tensor alive until the work completes.
 #pragma once
 
 #include <ATen/ATen.h>
-#include <fmt/format.h>
+#include <string>
 
 #include "dtrain/error.h"
 #include "dtrain/tensor.h"
 
-namespace dtrain::torch_detail {
+namespace dtrain {
 
+// The dtype of a tensor's scalar type; other types throw InvalidArgumentError naming them.
 inline DType to_dtype(at::ScalarType type) {
   switch (type) {
     case at::kFloat: return DType::kF32;
@@ -20,21 +26,21 @@ inline DType to_dtype(at::ScalarType type) {
     case at::kInt: return DType::kI32;
     case at::kLong: return DType::kI64;
     default:
-      throw InvalidArgumentError(fmt::format(
-          "dtrain: tensors of dtype {} cannot be communicated (supported: float, double, half, "
-          "bfloat16, int8, uint8, int32, int64)",
-          c10::toString(type)));
+      throw InvalidArgumentError(std::string("dtrain: tensors of dtype ") + c10::toString(type) +
+                                 " cannot be communicated (supported: float, double, half, "
+                                 "bfloat16, int8, uint8, int32, int64)");
   }
 }
 
-// The tensor must be a contiguous CPU tensor; the view aliases its storage.
+// The tensor must be contiguous and on the CPU (CUDA tensors go through the backends' own
+// paths); anything else throws InvalidArgumentError saying what to call first.
 inline TensorView view_of(const at::Tensor& t) {
   if (!t.is_contiguous() || t.device().type() != c10::DeviceType::CPU)
-    throw InvalidArgumentError(fmt::format(
-        "dtrain: expected a contiguous CPU tensor, got one on {} (contiguous: {}); call "
-        ".contiguous() or .cpu() first",
-        t.device().str(), t.is_contiguous()));
+    throw InvalidArgumentError("dtrain: expected a contiguous CPU tensor, got one on " +
+                               t.device().str() + " (contiguous: " +
+                               (t.is_contiguous() ? "true" : "false") +
+                               "); call .contiguous() or .cpu() first");
   return TensorView{t.data_ptr(), static_cast<size_t>(t.numel()), to_dtype(t.scalar_type())};
 }
 
-}  // namespace dtrain::torch_detail
+}  // namespace dtrain

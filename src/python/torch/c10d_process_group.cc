@@ -7,7 +7,7 @@
 #include "dtrain/error.h"
 #include "python/torch/c10d_store.h"
 #include "python/torch/c10d_work.h"
-#include "torch/tensor_view.h"
+#include "dtrain/torch/tensor_view.h"
 
 namespace dtrain::python {
 namespace {
@@ -16,7 +16,7 @@ using std::chrono::milliseconds;
 
 DType dtype_of(const at::Tensor& t) {
   // bool travels as a byte (0 or 1); reductions map to logical ones (reduce_op below).
-  return t.scalar_type() == at::kBool ? DType::kU8 : torch_detail::to_dtype(t.scalar_type());
+  return t.scalar_type() == at::kBool ? DType::kU8 : dtrain::to_dtype(t.scalar_type());
 }
 
 // The view dtrain reads and writes: the tensor's own memory, which must be contiguous.

@@ -9,11 +9,11 @@
 
 #include "dtrain/error.h"
 #include "dtrain/torch/timeline.h"
-#include "torch/tensor_view.h"
+#include "dtrain/torch/tensor_view.h"
 
 namespace dtrain::python {
 
-using torch_detail::view_of;
+using dtrain::view_of;
 
 namespace {
 
