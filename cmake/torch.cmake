@@ -63,5 +63,7 @@ else()
   message(STATUS "dtrain_torch: jemalloc not found (libjemalloc-dev); glibc malloc is tuned with mallopt")
 endif()
 
-add_executable(train_fashion_mnist examples/train_fashion_mnist.cc)
-target_link_libraries(train_fashion_mnist PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt nlohmann_json::nlohmann_json)
+if(DTRAIN_BUILD_EXAMPLES)  # the main job's trainer
+  add_executable(train_fashion_mnist examples/train_fashion_mnist.cc)
+  target_link_libraries(train_fashion_mnist PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt nlohmann_json::nlohmann_json)
+endif()
