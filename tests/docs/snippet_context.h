@@ -1,0 +1,16 @@
+// What the documentation's C++ snippets use without declaring it: they are fragments of a
+// program (tools/docs_snippets.py compiles each as a function body after this header).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dtrain/dtrain.h"
+#include "dtrain/ps.h"
+
+namespace snippets {
+extern std::shared_ptr<dtrain::ProcessGroup> pg;
+extern std::vector<float> weights, grads, rows, row_grads;
+extern std::vector<uint64_t> ids;
+}  // namespace snippets
