@@ -83,7 +83,7 @@ RuntimeInfo apply(int threads) {
   auto blas_config = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
   if (set_blas_threads != nullptr) set_blas_threads(info.threads);
   if (blas_config != nullptr) {
-    info.blas = std::string("OpenBLAS ") + blas_config();
+    info.blas = blas_config();  // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ..."
     info.fast_blas = true;
   } else {
     info.blas =
