@@ -67,17 +67,17 @@ void publish_postmortem(Store& store, const std::string& group, int rank, uint32
 }
 
 std::string collect_postmortem(Store& store, const std::string& group, int size, uint32_t seq,
-                               std::chrono::milliseconds wait,
-                               const std::function<bool(int rank)>& gone) {
+                               std::chrono::milliseconds wait, const LostConnection& lost) {
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(key(group, seq, r));
   const Deadline deadline = Deadline::after(wait);
   std::map<std::string, std::vector<int>> by_entry;
-  std::vector<int> silent, dead;
+  std::vector<int> silent;
+  std::map<std::string, std::vector<int>> down;  // why their connection is down -> ranks
   // Whether some rank that may still write has not written yet.
   auto waiting = [&] {
     for (int r = 0; r < size; ++r)
-      if (!store.check({keys[r]}) && !(gone && gone(r))) return true;
+      if (!store.check({keys[r]}) && !(lost && lost(r))) return true;
     return false;
   };
   try {
@@ -90,8 +90,8 @@ std::string collect_postmortem(Store& store, const std::string& group, int size,
         by_entry[fmt::format("has no entry for #{}; its latest: {}", seq,
                              store.get_string(latest_key(group, r)))]
             .push_back(r);
-      else if (gone && gone(r))
-        dead.push_back(r);
+      else if (auto why = lost ? lost(r) : std::nullopt)
+        down[*why].push_back(r);
       else
         silent.push_back(r);
     }
@@ -103,7 +103,7 @@ std::string collect_postmortem(Store& store, const std::string& group, int size,
     return fmt::format("{} {}", v.size() == 1 ? "rank" : "ranks", fmt::join(v, ", "));
   };
   for (const auto& [entry, rs] : by_entry) parts.push_back(fmt::format("{} {}", ranks(rs), entry));
-  if (!dead.empty()) parts.push_back(fmt::format("{}: gone (its connection broke)", ranks(dead)));
+  for (const auto& [why, rs] : down) parts.push_back(fmt::format("{}: {}", ranks(rs), why));
   if (!silent.empty())
     parts.push_back(fmt::format("{}: no word within {} (stuck elsewhere, or gone)", ranks(silent),
                                 deadline.describe()));

@@ -44,11 +44,13 @@ class CallHistory {
 // Writes this rank's entry for collective `seq` of `group`.
 void publish_postmortem(Store& store, const std::string& group, int rank, uint32_t seq,
                         const std::string& entry);
-// Reads every rank's entry (waiting at most `wait` for missing ones, but not for ranks `gone`
-// says are dead: they will never write) and groups the ranks by what they did:
-// "ranks 0, 2: called ...; rank 1: called ...; rank 3: gone (its connection broke)".
+// Reads every rank's entry (waiting at most `wait` for missing ones, but not for ranks whose
+// connection `lost` describes: they will never write) and groups the ranks by what they did:
+// "ranks 0, 2: called ...; rank 1: called ...; rank 3: gone (its connection broke)". `lost(r)`
+// says why rank r's connection is down ("gone (its connection broke)", or that it did not
+// answer within the limit), or nothing while it is up.
+using LostConnection = std::function<std::optional<std::string>(int rank)>;
 std::string collect_postmortem(Store& store, const std::string& group, int size, uint32_t seq,
-                               std::chrono::milliseconds wait,
-                               const std::function<bool(int rank)>& gone = {});
+                               std::chrono::milliseconds wait, const LostConnection& lost = {});
 
 }  // namespace dtrain::comm

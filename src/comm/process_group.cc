@@ -289,9 +289,21 @@ void NativeProcessGroup::build_hierarchy() {
 std::string NativeProcessGroup::postmortem(uint32_t seq, const std::string& entry) {
   publish_postmortem(*store_, name_, rank_, seq, entry);
   // Ranks whose connection broke will never write: the wait is for the live ones only.
-  return collect_postmortem(*store_, name_, size_, seq, std::chrono::seconds(3), [this](int r) {
-    return r != rank_ && device_->pair(members_[r])->broken();
-  });
+  return collect_postmortem(
+      *store_, name_, size_, seq, std::chrono::seconds(3),
+      [this](int r) -> std::optional<std::string> {
+        if (r == rank_) return std::nullopt;
+        switch (device_->pair(members_[r])->broken_by()) {
+          case transport::tcp::Pair::BrokenBy::kNothing: return std::nullopt;
+          case transport::tcp::Pair::BrokenBy::kPeer: return "gone (its connection broke)";
+          case transport::tcp::Pair::BrokenBy::kTimeout:
+            // A stopped (SIGSTOP) or stuck rank: alive, silent, its connection closed by us.
+            return "did not answer within the limit (stopped or stuck: the connection was "
+                   "closed here when a message to or from it was cut short)";
+          case transport::tcp::Pair::BrokenBy::kUs: return "its connection was closed here";
+        }
+        return std::nullopt;
+      });
 }
 
 NativeProcessGroup::~NativeProcessGroup() {

@@ -661,5 +661,62 @@ TEST(Collectives, StragglerIsNamedInTheLog) {
   EXPECT_EQ(rank1.find("has waited"), std::string::npos) << "rank 1 reported too: " << rank1;
 }
 
+// Over TCP a stopped rank (SIGSTOP: alive, its connections open, silent) is named as one that
+// did not answer within the limit, not as one whose connection broke, even when it stopped in
+// the middle of a message (the connection is then closed here, by the timeout). The store is
+// the test's, so that it outlives the ranks; the last of ranks 0 and 1 to fail kills rank 2.
+TEST(Collectives, AStoppedRankIsNamedAsSilentNotAsGone) {
+  TcpStoreServer server({.host = "127.0.0.1", .port = 0});
+  const std::string pid_file =
+      ::testing::TempDir() + "/dtrain_stopped_" + std::to_string(::getpid());
+  auto results = run_ranks(3, [&](int rank) {
+    TcpStoreOptions so;
+    so.host = "127.0.0.1";
+    so.port = server.port();
+    so.rank = rank;
+    auto store = std::make_shared<TcpStore>(so);
+    ProcessGroupOptions o;
+    o.transport = "tcp";
+    o.timeout = 1500ms;
+    auto pg = ProcessGroup::create(store, rank, 3, o);
+    std::vector<float> v(1 << 22, 1.0f);  // 16 MiB: rank 2 stops in the middle of it
+    if (rank == 2) {
+      std::ofstream(pid_file) << ::getpid() << "\n";
+      pg->barrier()->wait();
+      std::thread stop([] {
+        std::this_thread::sleep_for(20ms);
+        ::raise(SIGSTOP);
+      });
+      try {
+        pg->allreduce(TensorView::of(v))->wait();
+      } catch (const Error&) {
+      }
+      stop.join();
+      ::_exit(4);
+    }
+    pg->barrier()->wait();
+    try {
+      pg->allreduce(TensorView::of(v))->wait();
+    } catch (const Error& e) {
+      const std::string text = e.what();
+      if (store->add("failed", 1) == 2) {
+        pid_t stopped = 0;
+        std::ifstream(pid_file) >> stopped;
+        if (stopped > 0) ::kill(stopped, SIGKILL);
+      }
+      RANK_CHECK(text.find("rank 2: gone") == std::string::npos, "called gone: {}", text);
+      RANK_CHECK(text.find("rank 2: no word within") != std::string::npos ||
+                     text.find("rank 2: did not answer within the limit") != std::string::npos,
+                 "not named as silent: {}", text);
+      ::_exit(3);
+    }
+    RANK_CHECK(false, "the all-reduce succeeded without rank 2");
+  }, 60s);
+  EXPECT_EQ(results[0].exit_code, 3);
+  EXPECT_EQ(results[1].exit_code, 3);
+  EXPECT_EQ(results[2].signal, SIGKILL);
+  std::remove(pid_file.c_str());
+}
+
 }  // namespace
 }  // namespace dtrain::testing

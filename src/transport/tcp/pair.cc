@@ -1023,6 +1023,16 @@ bool Pair::broken() {
   return broken_ != nullptr;
 }
 
+Pair::BrokenBy Pair::broken_by() {
+  std::lock_guard lock(mu_);
+  if (!broken_) return BrokenBy::kNothing;
+  switch (kind_of(broken_)) {
+    case ErrorKind::kTimeout: return BrokenBy::kTimeout;
+    case ErrorKind::kAborted: return BrokenBy::kUs;
+    default: return BrokenBy::kPeer;
+  }
+}
+
 void Pair::poison(std::exception_ptr error) {
   std::lock_guard lock(mu_);
   fail_locked(std::move(error));

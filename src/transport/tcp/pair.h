@@ -179,6 +179,10 @@ class Pair : public std::enable_shared_from_this<Pair> {
   bool can_read_peer() const;
   // Whether the connection itself broke (the peer died, the link was cut, or it was closed).
   bool broken();
+  // Why the pair is down: the peer closed or reset it (or died), a timed-out message left the
+  // stream out of step (the peer may be alive but stopped), or this process closed it.
+  enum class BrokenBy { kNothing, kPeer, kTimeout, kUs };
+  BrokenBy broken_by();
   void read_peer(std::byte* out, uint64_t address, size_t size);
   void write_peer(uint64_t address, const std::byte* in, size_t size);
   const char* transport() const { return shm_ ? "shm" : "tcp"; }
