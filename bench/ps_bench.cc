@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -221,15 +222,8 @@ std::pair<double, double> wire_bytes(bool ps, int workers, int servers, size_t b
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  CLI::App app{"ps_bench: the parameter server against a loopback stream and ring all-reduce"};
-  int mib = 64, iters = 10, workers = 4, servers = 2, wire_mib = 16;
-  app.add_option("--mib", mib, "Dense table size for push_pull, MiB");
-  app.add_option("--iters", iters, "Timed iterations");
-  app.add_option("--workers", workers, "Workers for the wire-bytes comparison");
-  app.add_option("--servers", servers, "Servers for the wire-bytes comparison");
-  app.add_option("--wire-mib", wire_mib, "Model size for the wire-bytes comparison, MiB");
-  CLI11_PARSE(app, argc, argv);
+// The measurements, printed as two tables.
+void run(int mib, int iters, int workers, int servers, int wire_mib) {
   const size_t bytes = static_cast<size_t>(mib) << 20;
 
   const double stream = stream_gbs(bytes, iters);
@@ -254,5 +248,22 @@ int main(int argc, char** argv) {
               1.0);
   std::printf("%-22s %14.3f %14.3f %14.3f %14.3f\n", "ring all-reduce", ring_out / m, ring_in / m,
               ring_theory / m, ring_theory / m);
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"ps_bench: the parameter server against a loopback stream and ring all-reduce"};
+  int mib = 64, iters = 10, workers = 4, servers = 2, wire_mib = 16;
+  app.add_option("--mib", mib, "Dense table size for push_pull, MiB");
+  app.add_option("--iters", iters, "Timed iterations");
+  app.add_option("--workers", workers, "Workers for the wire-bytes comparison");
+  app.add_option("--servers", servers, "Servers for the wire-bytes comparison");
+  app.add_option("--wire-mib", wire_mib, "Model size for the wire-bytes comparison, MiB");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    run(mib, iters, workers, servers, wire_mib);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ps_bench: %s\n", e.what());
+    return 1;
+  }
   return 0;
 }

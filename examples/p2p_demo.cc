@@ -9,8 +9,9 @@
 //      prints the round-trip time and bandwidth of each size;
 //   3. rank 0 prints "p2p_demo: OK" (any error exits non-zero, and `dtrain run` stops the job).
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <vector>
 
 #include "dtrain/dtrain.h"
@@ -31,7 +32,7 @@ size_t count_wrong(const std::vector<uint8_t>& v, uint8_t seed) {
 
 }  // namespace
 
-int main() {
+int main() try {
   auto pg = dtrain::init_process_group();
   const int rank = pg->rank();
   const int size = pg->size();
@@ -96,4 +97,7 @@ int main() {
     pg->send(dtrain::TensorView::of(done), 0, 2);
   }
   return 0;
+} catch (const std::exception& e) {  // dtrain errors say who, what and how long
+  std::fprintf(stderr, "p2p_demo: %s\n", e.what());
+  return 1;
 }
