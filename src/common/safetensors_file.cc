@@ -76,7 +76,8 @@ void write_safetensors_file(const std::string& path, const std::vector<Safetenso
 std::vector<SafetensorsEntry> read_safetensors_file(const std::string& path,
                                                     std::map<std::string, std::string>* metadata) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidArgumentError(fmt::format("safetensors: cannot open {}", path));
+  if (!in) throw InvalidArgumentError(
+      fmt::format("safetensors: cannot open {}: {}", path, std::strerror(errno)));
   in.seekg(0, std::ios::end);
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
@@ -121,7 +122,8 @@ std::vector<SafetensorsEntry> read_safetensors_file(const std::string& path,
       in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
       in.read(reinterpret_cast<char*>(e.data.data()), static_cast<std::streamsize>(e.data.size()));
       if (!in)
-        throw InvalidArgumentError(fmt::format("safetensors: {}: reading '{}' failed", path, name));
+        throw InvalidArgumentError(fmt::format("safetensors: {}: reading '{}' failed: {}", path,
+                                               name, std::strerror(errno)));
       out.push_back(std::move(e));
     }
   } catch (const nlohmann::json::exception& ex) {

@@ -5,6 +5,8 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -23,7 +25,8 @@ constexpr const char* kPrefix = "ckpt-";
 
 uint32_t file_crc(const fs::path& path, uint64_t* size) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidArgumentError(fmt::format("cannot read {}", path.string()));
+  if (!in) throw InvalidArgumentError(
+      fmt::format("cannot read {}: {}", path.string(), std::strerror(errno)));
   std::vector<char> buf(1 << 20);
   uLong crc = crc32(0L, Z_NULL, 0);
   *size = 0;
@@ -93,7 +96,8 @@ std::string write_checkpoint(const std::string& dir_text, CheckpointData data, i
     out << data.manifest.dump(2) << "\n";
     out.close();
     if (!out)
-      throw InvalidArgumentError(fmt::format("checkpoint: writing {} failed", manifest.string()));
+      throw InvalidArgumentError(fmt::format("checkpoint: writing {} failed: {}",
+                                             manifest.string(), std::strerror(errno)));
     fsync_path(manifest, O_RDONLY);
   }
   fsync_path(tmp, O_RDONLY | O_DIRECTORY);

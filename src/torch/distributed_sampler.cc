@@ -29,6 +29,11 @@ DistributedSampler::DistributedSampler(size_t dataset_size, int num_replicas, in
         "DistributedSampler: rank {} is not in [0, num_replicas={}); pass the process group's "
         "rank() and size()",
         rank, num_replicas));
+  // An empty dataset would "train" zero steps and exit 0, which looks like success.
+  if (dataset_size == 0)
+    throw InvalidArgumentError(
+        "DistributedSampler: the dataset is empty (0 samples): there is nothing to train; check "
+        "the data path and any filter or limit on the number of samples");
   if (drop_last && dataset_size < static_cast<size_t>(num_replicas))
     throw InvalidArgumentError(fmt::format(
         "DistributedSampler (rank {}): drop_last with {} samples and {} replicas leaves every "

@@ -3,7 +3,9 @@
 
 #include <zlib.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -32,7 +34,8 @@ std::vector<uint8_t> read_gz(const std::string& dir, const std::string& stem) {
         gz.string(), plain.string(), kFashionMnistDir));
   gzFile f = gzopen(path.c_str(), "rb");
   if (f == nullptr)
-    throw InvalidArgumentError(fmt::format("Fashion-MNIST: cannot open {}", path.string()));
+    throw InvalidArgumentError(
+        fmt::format("Fashion-MNIST: cannot open {}: {}", path.string(), std::strerror(errno)));
   std::vector<uint8_t> out;
   std::vector<uint8_t> chunk(1 << 20);
   for (;;) {
@@ -83,6 +86,10 @@ FashionMnist load_fashion_mnist(const std::string& dir, bool train) {
         "Fashion-MNIST: {}: {} images of {}x{} ({} bytes) and {} labels ({} bytes) do not match; "
         "reinstall dataset-fashion-mnist",
         dir, n, rows, cols, images.size(), n_labels, labels.size()));
+
+  if (n == 0)
+    throw InvalidArgumentError(fmt::format(
+        "Fashion-MNIST: {}/{} holds no images: there is nothing to train on", dir, image_stem));
 
   FashionMnist data;
   data.images = at::from_blob(images.data() + 16, {n, 1, rows, cols}, at::kByte)

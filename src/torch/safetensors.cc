@@ -1,6 +1,7 @@
 // safetensors reader and writer (format in dtrain/torch/safetensors.h).
 #include "dtrain/torch/safetensors.h"
 
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <vector>
@@ -71,7 +72,8 @@ void save_safetensors(const std::string& path, const std::map<std::string, at::T
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');  // the format pads the header to 8 bytes
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw InvalidArgumentError(fmt::format("safetensors: cannot write {}", path));
+  if (!out) throw InvalidArgumentError(
+      fmt::format("safetensors: cannot write {}: {}", path, std::strerror(errno)));
   uint64_t n = text.size();
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
@@ -79,12 +81,15 @@ void save_safetensors(const std::string& path, const std::map<std::string, at::T
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
   for (const auto& t : data)
     out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
-  if (!out) throw InvalidArgumentError(fmt::format("safetensors: writing {} failed", path));
+  out.close();  // the buffered tail reaches the disk here: a full disk fails now, not silently
+  if (!out) throw InvalidArgumentError(
+      fmt::format("safetensors: writing {} failed: {}", path, std::strerror(errno)));
 }
 
 std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidArgumentError(fmt::format("safetensors: cannot open {}", path));
+  if (!in) throw InvalidArgumentError(
+      fmt::format("safetensors: cannot open {}: {}", path, std::strerror(errno)));
   in.seekg(0, std::ios::end);
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
@@ -118,7 +123,8 @@ std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
     in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
     in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
     if (!in)
-      throw InvalidArgumentError(fmt::format("safetensors: {}: reading '{}' failed", path, name));
+      throw InvalidArgumentError(fmt::format("safetensors: {}: reading '{}' failed: {}", path,
+                                             name, std::strerror(errno)));
     out.emplace(name, std::move(t));
   }
   return out;

@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <vector>
@@ -98,14 +100,21 @@ void Timeline::flush() {
   std::lock_guard lock(state_->mutex);
   FILE* f = std::fopen(state_->path.c_str(), "w");
   if (f == nullptr) {
-    DTRAIN_LOG_WARN("timeline: cannot write {} (DTRAIN_TIMELINE)", state_->path);
+    DTRAIN_LOG_WARN("timeline: cannot write {} (DTRAIN_TIMELINE): {}", state_->path,
+                    std::strerror(errno));
     return;
   }
   std::fprintf(f, "[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
                state_->rank, state_->rank);
   for (const auto& e : state_->events) std::fprintf(f, ",\n%s", e.c_str());
   std::fprintf(f, "\n]\n");
-  std::fclose(f);
+  // The buffered tail is written by fclose: a full disk shows up there.
+  const bool failed = std::ferror(f) != 0;
+  if (std::fclose(f) != 0 || failed) {
+    DTRAIN_LOG_WARN("timeline: writing {} (DTRAIN_TIMELINE) failed: {}", state_->path,
+                    std::strerror(errno));
+    return;
+  }
   state_->written = true;
 }
 

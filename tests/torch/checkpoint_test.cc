@@ -19,6 +19,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/torch/distributed_sampler.h"
+#include "dtrain/torch/safetensors.h"
 #include "support/expect.h"
 #include "support/multiproc.h"
 #include "torch/torch_test_support.h"
@@ -277,6 +278,19 @@ TEST(Checkpoint, EditedManifestFallsBackToThePreviousCheckpoint) {
         std::ofstream(d + "/manifest.json", std::ios::trunc) << text;
       },
       "manifest.json is corrupt: CRC-32");
+}
+
+// A full disk names the file and the cause, not only "failed" (/dev/full: every write is ENOSPC).
+TEST(Checkpoint, AFullDiskNamesTheFileAndTheCause) {
+  torch::nn::Linear model(4, 2);
+  try {
+    save_module_state(*model, "/dev/full");
+    FAIL() << "writing to /dev/full succeeded";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("writing /dev/full failed: No space left on device"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Checkpoint, NoUsableCheckpointIsAClearError) {

@@ -1,11 +1,21 @@
-// DistributedSampler: disjoint and complete coverage, reshuffling, agreement, padding, drop_last.
+// DistributedSampler: disjoint and complete coverage, reshuffling, agreement, padding, drop_last;
+// empty datasets refused.
 #include "dtrain/torch/distributed_sampler.h"
+
+#include <unistd.h>
+#include <zlib.h>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <set>
+#include <string>
+#include <vector>
+
+#include "dtrain/error.h"
+#include "dtrain/torch/fashion_mnist.h"
 
 namespace dtrain {
 namespace {
@@ -94,6 +104,43 @@ TEST(DistributedSampler, BatchesThroughTheSamplerInterface) {
 TEST(DistributedSampler, RejectsABadRank) {
   EXPECT_THROW(DistributedSampler(10, 2, 2), std::exception);
   EXPECT_THROW(DistributedSampler(1, 2, 0, true, 0, true), std::exception);
+}
+
+// An empty dataset used to "train" zero steps and exit 0: it is refused, saying so.
+TEST(DistributedSampler, RefusesAnEmptyDataset) {
+  try {
+    DistributedSampler(0, 2, 0);
+    FAIL() << "an empty dataset was accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("the dataset is empty (0 samples)"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Fashion-MNIST files that hold no images: refused, naming the file.
+TEST(FashionMnist, FilesWithNoImagesAreRefused) {
+  const std::filesystem::path dir = ::testing::TempDir() + "/dtrain_empty_mnist_" +
+                                    std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, std::vector<uint8_t> header) {
+    gzFile f = gzopen((dir / (name + ".gz")).c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    gzwrite(f, header.data(), static_cast<unsigned>(header.size()));
+    gzclose(f);
+  };
+  for (const std::string prefix : {"train", "t10k"}) {
+    write(prefix + "-images-idx3-ubyte", {0, 0, 8, 3, 0, 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 28});
+    write(prefix + "-labels-idx1-ubyte", {0, 0, 8, 1, 0, 0, 0, 0});
+  }
+  try {
+    load_fashion_mnist(dir.string(), /*train=*/true);
+    FAIL() << "an empty training set was accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("train-images-idx3-ubyte holds no images"),
+              std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
