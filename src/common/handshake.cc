@@ -47,11 +47,11 @@ struct ReplyWire {
   uint8_t auth_required;
   int32_t rank;
   uint8_t nonce[kNonceBytes];
-  uint8_t mac[kMacBytes];
   uint16_t reason_len;
 };
 struct VerdictWire {
   uint8_t accepted;
+  uint8_t mac[kMacBytes];  // the server's proof, on accept only
   uint16_t reason_len;
 };
 #pragma pack(pop)
@@ -96,7 +96,7 @@ std::string read_string(int fd, size_t len, const Deadline& deadline, std::strin
   return s;
 }
 
-void send_reply(int fd, bool accepted, bool auth, int32_t rank, const Nonce& nonce, const Mac& mac,
+void send_reply(int fd, bool accepted, bool auth, int32_t rank, const Nonce& nonce,
                 std::string_view reason, const Deadline& deadline) {
   ReplyWire r{};
   r.magic = kMagic;
@@ -105,7 +105,6 @@ void send_reply(int fd, bool accepted, bool auth, int32_t rank, const Nonce& non
   r.auth_required = auth ? 1 : 0;
   r.rank = rank;
   std::memcpy(r.nonce, nonce.data(), kNonceBytes);
-  std::memcpy(r.mac, mac.data(), kMacBytes);
   reason = reason.substr(0, kMaxReason);
   r.reason_len = static_cast<uint16_t>(reason.size());
   std::string buf(reinterpret_cast<const char*>(&r), sizeof(r));
@@ -113,9 +112,11 @@ void send_reply(int fd, bool accepted, bool auth, int32_t rank, const Nonce& non
   write_all(fd, buf.data(), buf.size(), deadline, "handshake reply");
 }
 
-void send_verdict(int fd, bool accepted, std::string_view reason, const Deadline& deadline) {
+void send_verdict(int fd, bool accepted, const Mac& mac, std::string_view reason,
+                  const Deadline& deadline) {
   VerdictWire v{};
   v.accepted = accepted ? 1 : 0;
+  std::memcpy(v.mac, mac.data(), kMacBytes);
   reason = reason.substr(0, kMaxReason);
   v.reason_len = static_cast<uint16_t>(reason.size());
   std::string buf(reinterpret_cast<const char*>(&v), sizeof(v));
@@ -183,11 +184,6 @@ int32_t handshake_connect(int fd, const HandshakeConfig& config, const Hello& mi
         "{}: DTRAIN_AUTH_TOKEN is set but the other side does not authenticate; refusing to talk "
         "to an endpoint that cannot prove it knows the token", ctx));
   if (!config.token.empty()) {
-    Mac expected = compute_mac(config.token, "dtrain-server", client_nonce.data(), r.nonce,
-                               config.job_id);
-    if (!mac_equal(expected.data(), r.mac))
-      throw PeerFailureError(fmt::format(
-          "{}: the other side does not know DTRAIN_AUTH_TOKEN (bad proof); check the token", ctx));
     Mac proof = compute_mac(config.token, "dtrain-client", r.nonce, client_nonce.data(),
                             config.job_id);
     write_all(fd, proof.data(), proof.size(), deadline, ctx);
@@ -195,6 +191,11 @@ int32_t handshake_connect(int fd, const HandshakeConfig& config, const Hello& mi
     read_all(fd, &v, sizeof(v), deadline, ctx);
     std::string why = read_string(fd, std::min<size_t>(v.reason_len, kMaxReason), deadline, ctx);
     if (!v.accepted) throw PeerFailureError(fmt::format("{}: refused: {}", ctx, why));
+    Mac expected = compute_mac(config.token, "dtrain-server", client_nonce.data(), r.nonce,
+                               config.job_id);
+    if (!mac_equal(expected.data(), v.mac))
+      throw PeerFailureError(fmt::format(
+          "{}: the other side does not know DTRAIN_AUTH_TOKEN (bad proof); check the token", ctx));
   }
   return r.rank;
 }
@@ -216,7 +217,7 @@ Hello handshake_accept(int fd, const HandshakeConfig& config, Role expected_role
   Nonce server_nonce = random_nonce();
   auto refuse = [&](std::string reason) -> HandshakeRefused {
     try {
-      send_reply(fd, false, auth, server_rank, server_nonce, Mac{}, reason, deadline);
+      send_reply(fd, false, auth, server_rank, server_nonce, reason, deadline);
     } catch (const Error&) {
       // The client may already be gone; the refusal is logged either way.
     }
@@ -242,10 +243,7 @@ Hello handshake_accept(int fd, const HandshakeConfig& config, Role expected_role
   if (auth && !h.has_token)
     throw refuse("authentication required: set DTRAIN_AUTH_TOKEN to the job's token");
 
-  Mac server_mac{};
-  if (auth) server_mac = compute_mac(config.token, "dtrain-server", h.nonce, server_nonce.data(),
-                                     config.job_id);
-  send_reply(fd, true, auth, server_rank, server_nonce, server_mac, "", deadline);
+  send_reply(fd, true, auth, server_rank, server_nonce, "", deadline);
   if (auth) {
     Mac proof{};
     try {
@@ -257,12 +255,19 @@ Hello handshake_accept(int fd, const HandshakeConfig& config, Role expected_role
                                config.job_id);
     if (!mac_equal(expected.data(), proof.data())) {
       try {
-        send_verdict(fd, false, "wrong DTRAIN_AUTH_TOKEN", deadline);
+        send_verdict(fd, false, Mac{},
+                     "wrong DTRAIN_AUTH_TOKEN: this process's token is not the job's; check the "
+                     "token where each process is started",
+                     deadline);
       } catch (const Error&) {
       }
       throw HandshakeRefused{fmt::format("{}: wrong auth token", from)};
     }
-    send_verdict(fd, true, "", deadline);
+    // Only now, to a client that proved it knows the token, the server's own proof.
+    send_verdict(fd, true,
+                 compute_mac(config.token, "dtrain-server", h.nonce, server_nonce.data(),
+                             config.job_id),
+                 "", deadline);
   }
   return Hello{static_cast<Role>(h.role), h.rank, h.peer_rank, h.tag};
 }

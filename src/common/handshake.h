@@ -1,9 +1,11 @@
 // The handshake every dtrain connection opens with (store and data alike):
 //   client -> server  Hello   magic, version, role, job id, ranks, tag, client nonce
-//   server -> client  Reply   magic, version, accept/reject + reason, server rank, server nonce,
-//                             and, when a token is set, HMAC(token, server|nonces|job)
-//   client -> server  Proof   HMAC(token, client|nonces|job)            (only with a token)
-//   server -> client  Verdict accept/reject + reason                    (only with a token)
+//   server -> client  Reply   magic, version, accept/reject + reason, server rank, server nonce
+//   client -> server  Proof   HMAC(token, client|nonces|job)                 (only with a token)
+//   server -> client  Verdict accept/reject + reason, and on accept HMAC(token, server|nonces|job)
+// The client proves it knows the token first: the server answers nothing derived from the token
+// until then, so connecting gives an attacker nothing to guess the token against offline (the
+// server's proof, checked by the client, keeps the client from talking to an impostor).
 // Random bytes, another job, another protocol version or a wrong token are refused with a
 // reason the refused side can print; the listening side logs it and keeps serving.
 #pragma once
@@ -17,7 +19,7 @@
 namespace dtrain::net {
 
 inline constexpr uint32_t kMagic = 0x4e525444;  // "DTRN" on the wire
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;  // 2: the server proves itself last
 
 enum class Role : uint8_t { kStoreClient = 1, kPair = 2, kPsClient = 3 };
 

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <thread>
+#include <vector>
 
 #include "common/handshake.h"
 #include "common/socket.h"
@@ -94,6 +95,55 @@ TEST(Handshake, GarbageIsRefused) {
   write_all(fd.get(), junk.data(), junk.size(), Deadline::after(5s), "garbage");
   srv.join();
   EXPECT_NE(reason.find("not a dtrain hello"), std::string::npos) << reason;
+}
+
+// The server proves it knows the token only to a client that proved it first: a client that
+// does not know the token receives nothing computed from it (before, the reply carried the
+// server's HMAC of a nonce the client chose, and a short token fell to an offline search).
+TEST(Handshake, AClientWithoutTheTokenLearnsNothingDerivedFromIt) {
+  Fd listener = listen_tcp("127.0.0.1", 0);
+  uint16_t port = local_port(listener.get());
+  std::string reason;
+  std::thread srv([&] {
+    Fd fd = accept_tcp(listener.get(), Deadline::after(5s), "test accept");
+    try {
+      handshake_accept(fd.get(), {"job", "secret"}, Role::kPair, 0, Deadline::after(5s));
+    } catch (const HandshakeRefused& r) {
+      reason = r.reason;
+    }
+  });
+  Fd fd = connect_tcp({"127.0.0.1", port}, Deadline::after(5s), "guessing client");
+  // A hello as handshake.cc lays it out (packed), claiming to have a token; then the job id.
+  std::vector<uint8_t> hello;
+  auto put = [&](const void* p, size_t n) {
+    auto* b = static_cast<const uint8_t*>(p);
+    hello.insert(hello.end(), b, b + n);
+  };
+  uint32_t magic = kMagic;
+  uint16_t version = kProtocolVersion, job_len = 3;
+  uint8_t role = static_cast<uint8_t>(Role::kPair), has_token = 1;
+  int32_t rank = 1, peer_rank = 0;
+  uint64_t tag = 0;
+  uint8_t nonce[16] = {1, 2, 3};
+  put(&magic, 4), put(&version, 2), put(&role, 1), put(&has_token, 1), put(&rank, 4);
+  put(&peer_rank, 4), put(&tag, 8), put(&job_len, 2), put(nonce, 16), put("job", 3);
+  write_all(fd.get(), hello.data(), hello.size(), Deadline::after(5s), "guess");
+  // The reply is exactly magic, version, accepted, auth, rank, nonce and an empty reason: 30
+  // bytes, no MAC in it.
+  uint8_t reply[30];
+  read_all(fd.get(), reply, sizeof(reply), Deadline::after(5s), "guess");
+  EXPECT_EQ(reply[6], 1) << "accepted so far";
+  EXPECT_EQ(reply[7], 1) << "authentication required";
+  EXPECT_EQ(reply[28] | reply[29], 0) << "no reason text after an acceptance";
+  // A guessed proof: refused, and the verdict's MAC field is all zeros.
+  std::vector<uint8_t> proof(32, 0x5a);
+  write_all(fd.get(), proof.data(), proof.size(), Deadline::after(5s), "guess");
+  uint8_t verdict[35];
+  read_all(fd.get(), verdict, sizeof(verdict), Deadline::after(5s), "guess");
+  EXPECT_EQ(verdict[0], 0) << "a guessed proof was accepted";
+  for (int i = 1; i < 33; ++i) EXPECT_EQ(verdict[i], 0) << "byte " << i << " of the verdict's MAC";
+  srv.join();
+  EXPECT_NE(reason.find("wrong auth token"), std::string::npos) << reason;
 }
 
 }  // namespace

@@ -201,16 +201,16 @@ TEST(TcpStoreHandshake, RefusesAnotherProtocolVersion) {
   put(&peer_rank, 4), put(&tag, 8), put(&job_len, 2), put(nonce, 16), put(job.data(), job.size());
   ASSERT_EQ(hello.size(), 42u + job.size());
   net::write_all(fd.get(), hello.data(), hello.size(), Deadline::after(5s), "test");
-  // The reply: magic u32, version u16, accepted u8, auth u8, rank i32, nonce[16], mac[32],
-  // reason length u16, then the reason.
-  uint8_t reply[62];
+  // The reply: magic u32, version u16, accepted u8, auth u8, rank i32, nonce[16], reason
+  // length u16, then the reason.
+  uint8_t reply[30];
   net::read_all(fd.get(), reply, sizeof(reply), Deadline::after(5s), "test");
   uint32_t reply_magic;
   std::memcpy(&reply_magic, reply, 4);
   EXPECT_EQ(reply_magic, net::kMagic);
   EXPECT_EQ(reply[6], 0) << "a hello of protocol version 99 was accepted";
   uint16_t reason_len;
-  std::memcpy(&reason_len, reply + 60, 2);
+  std::memcpy(&reason_len, reply + 28, 2);
   std::string reason(reason_len, '\0');
   net::read_all(fd.get(), reason.data(), reason.size(), Deadline::after(5s), "test");
   EXPECT_TRUE(contains(reason, "protocol version 99")) << reason;
