@@ -97,6 +97,10 @@ HostPort parse_host_port(std::string_view text, std::string_view what) {
   return HostPort{std::string(host), static_cast<uint16_t>(value)};
 }
 
+bool is_loopback(std::string_view host) {
+  return host.starts_with("127.") || host == "::1" || host == "localhost";
+}
+
 Fd listen_tcp(const std::string& host, uint16_t port, int backlog) {
   AddrInfo ai;
   std::string bind_host = (host == "0.0.0.0") ? std::string() : host;

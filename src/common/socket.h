@@ -54,6 +54,9 @@ class AddressInUseError : public InvalidArgumentError {
   using InvalidArgumentError::InvalidArgumentError;
 };
 
+// Whether `host` is a loopback address (127.0.0.0/8, ::1) or "localhost".
+bool is_loopback(std::string_view host);
+
 // Throws AddressInUseError when the port is taken, InvalidArgumentError for other failures.
 Fd listen_tcp(const std::string& host, uint16_t port, int backlog = 1024);
 // Connects to host:port, retrying refused or unreachable attempts until the deadline.

@@ -1,5 +1,8 @@
 // init_process_group from the environment, as `dtrain run`, torchrun and mpirun leave it.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -9,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "common/deadline.h"
+#include "common/socket.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/store.h"
 #include "support/group.h"
@@ -151,6 +156,61 @@ TEST(Init, RankZeroReportsWhoTheRendezvousWaitsFor) {
   EXPECT_EQ(rank1.find("rendezvous has waited"), std::string::npos) << rank1;
   std::remove((log + "0").c_str());
   std::remove((log + "1").c_str());
+}
+
+// This machine's first IPv4 address that is not loopback, or "" when it has none.
+std::string non_loopback_ipv4() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN] = {0};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                sizeof(text));
+    if (!std::string_view(text).starts_with("127.")) found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// A job on one machine, its store on 127.0.0.1: the ranks' own ports listen on loopback only,
+// so that other machines cannot reach them (they listened on every interface).
+TEST(Init, RankPortsOfALoopbackJobListenOnLoopbackOnly) {
+  const std::string outside = non_loopback_ipv4();
+  if (outside.empty()) GTEST_SKIP() << "this machine has no address but loopback";
+  const int port = free_port();
+  auto results = run_ranks(2, [&](int rank) {
+    ::setenv("RANK", std::to_string(rank).c_str(), 1);
+    ::setenv("WORLD_SIZE", "2", 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    ::unsetenv("DTRAIN_AGENT_STORE");
+    ::unsetenv("DTRAIN_SOCKET_ADDR");
+    if (rank == 1) {
+      // Before joining: rank 0's rank port, as it advertises it, tried through the other address.
+      TcpStoreOptions so;
+      so.host = "127.0.0.1";
+      so.port = static_cast<uint16_t>(port);
+      so.rank = 1;
+      so.connect_timeout = 20s;
+      TcpStore store(so);
+      store.wait({"world/addr/0"}, 20s);
+      const std::string addr = store.get_string("world/addr/0");
+      RANK_CHECK(addr.starts_with("127.0.0.1:"), "rank 0 advertises {}", addr);
+      const auto rank_port = static_cast<uint16_t>(std::stoi(addr.substr(addr.find(':') + 1)));
+      bool reached = true;
+      try {
+        net::connect_tcp({outside, rank_port}, Deadline::after(300ms), "probe");
+      } catch (const Error&) {
+        reached = false;
+      }
+      RANK_CHECK(!reached, "rank 0's port {} answered on {}", rank_port, outside);
+    }
+    auto pg = init_process_group();
+    pg->barrier()->wait();
+  }, 60s);
+  for (auto& r : results) EXPECT_TRUE(r.ok());
 }
 
 }  // namespace

@@ -40,7 +40,12 @@ Device::Device(Store& store, const DeviceOptions& options)
   if (size == 1) return;
 
   const auto deadline = Deadline::after(options_.connect_timeout);
-  net::Fd listener = net::listen_tcp(options_.listen_host, 0);
+  // Listen where the peers dial and no wider: a job on loopback addresses (one machine, its
+  // store on 127.0.0.1) is not reachable from other machines.
+  std::string listen_host = options_.listen_host;
+  if (listen_host.empty() && net::is_loopback(options_.advertise_addr))
+    listen_host = options_.advertise_addr;
+  net::Fd listener = net::listen_tcp(listen_host, 0);
   address_ = net::HostPort{options_.advertise_addr, net::local_port(listener.get())}.to_string();
   store.set(address_key(options_.group_name, rank), address_);
   store.set(fmt::format("{}/host/{}", options_.group_name, rank), host_identity());
