@@ -16,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <regex>
 #include <thread>
 
 #include "common/log.h"
@@ -32,6 +33,10 @@ using std::chrono::milliseconds;
 // Time left to read what the workers wrote once they have all exited; a background process they
 // left behind that holds a pipe open must not keep the launcher alive.
 constexpr milliseconds kDrainTime{1000};
+// After the first failure, how long the other workers may fail on their own before they are
+// stopped: peers of a failed rank learn of it within milliseconds, and their own errors (or the
+// absence of one) are what tells the cause from its consequences.
+constexpr milliseconds kSettleTime{250};
 // After SIGKILL a process normally vanishes at once; this bounds the wait for one stuck in the
 // kernel (uninterruptible I/O), after which the launcher gives up on reaping it.
 constexpr milliseconds kReapAfterKillTime{5000};
@@ -238,6 +243,7 @@ class Run {
     for (;;) {
       auto now = Clock::now();
       if (stopping_ && !killed_ && now >= kill_at_) kill_all();
+      if (!stopping_ && settle_until_ && now >= *settle_until_) stop_after_failure();
       if (!stopping_ && services_stop_at_ && now >= *services_stop_at_) {
         DTRAIN_LOG_INFO("dtrain run: every worker has exited; stopping the {} service(s) still "
                         "running (SIGTERM, SIGKILL in {:g} s)",
@@ -294,6 +300,7 @@ class Run {
     std::optional<Clock::time_point> next;
     auto earliest = [&](Clock::time_point t) { next = next ? std::min(*next, t) : t; };
     if (stopping_ && !killed_) earliest(kill_at_);
+    if (!stopping_ && settle_until_) earliest(*settle_until_);
     if (!stopping_ && services_stop_at_) earliest(*services_stop_at_);
     if (killed_) earliest(killed_at_ + kReapAfterKillTime);
     if (all_exited_at_) earliest(*all_exited_at_ + kDrainTime);
@@ -345,8 +352,10 @@ class Run {
       DTRAIN_LOG_DEBUG("dtrain run: {} (pid {}) exited: code {} signal {}", w.label, w.pid,
                        w.exit_code, w.signal);
       // Exits after we began stopping the job are our doing, not failures of their own.
-      if (failed && !stopping_ && (culprit == nullptr || more_likely_first(w, *culprit)))
-        culprit = &w;
+      if (failed && !stopping_) {
+        failed_.push_back(&w);
+        if (culprit == nullptr || more_likely_first(w, *culprit)) culprit = &w;
+      }
     }
     if (culprit == nullptr) {
       // The workers are done and only services remain: they get the grace period to leave on
@@ -360,13 +369,66 @@ class Run {
         services_stop_at_ = Clock::now() + options_.grace_period;
       return;
     }
-    first_failure_ = culprit;
-    stop(SIGTERM);
-    if (options_.on_failure) {
-      // Its last words are in its pipe already: read them before reporting.
-      drain(culprit->err);
-      options_.on_failure(exit_of(*culprit));
+    if (first_failure_ == nullptr) {
+      first_failure_ = culprit;
+      settle_until_ = Clock::now() + kSettleTime;
     }
+    if (running_count() == 0) stop_after_failure();
+  }
+
+  // The settle time is over (or nobody is left running): stop the others, name the cause.
+  void stop_after_failure() {
+    settle_until_.reset();
+    // Their last words are in their pipes already: read them before choosing and reporting.
+    for (Worker* w : failed_) drain(w->err);
+    root_cause_ = choose_root_cause();
+    stop(SIGTERM);
+    if (options_.on_failure) options_.on_failure(exit_of(*root_cause_));
+  }
+
+  // Whether a failed worker's last words blame another rank (it failed because of a peer).
+  static bool blames_a_peer(const Worker& w) {
+    for (const auto& line : w.stderr_tail)
+      for (std::string_view mark : {" reports: ", "its connection broke", "connection closed by",
+                                    "disconnected", "Connection reset by peer"})
+        if (line.find(mark) != std::string::npos) return true;
+    return false;
+  }
+
+  // A rank that a failed worker's post-mortem names as silent ("rank 2: did not answer within
+  // the limit", "rank 2: no word within ...", "not arrived: rank 2"), when exactly one is named.
+  std::optional<int> named_silent(const Worker& w) const {
+    static const std::regex kSilent(
+        R"(rank (\d+): (did not answer within|no word within)|not arrived: rank (\d+)(;|$|\s))");
+    std::optional<int> named;
+    for (const auto& line : w.stderr_tail) {
+      for (std::sregex_iterator m(line.begin(), line.end(), kSilent), end; m != end; ++m) {
+        const int rank = std::stoi((*m)[1].matched ? (*m)[1].str() : (*m)[3].str());
+        if (named && *named != rank) return std::nullopt;  // several: no single culprit
+        named = rank;
+      }
+    }
+    return named;
+  }
+
+  // Of the workers that failed on their own, the likeliest cause: a rank their post-mortems
+  // name as silent that did not fail itself (stopped, stuck: still running), else one whose
+  // error does not blame a peer, else the first seen.
+  Worker* choose_root_cause() {
+    for (Worker* f : failed_) {
+      auto silent = named_silent(*f);
+      if (!silent) continue;
+      for (auto& w : workers_)
+        if (w.rank == *silent && !w.service && w.running) {
+          silent_root_ = true;
+          named_by_ = f;
+          return &w;
+        }
+    }
+    if (blames_a_peer(*first_failure_))
+      for (Worker* f : failed_)
+        if (!blames_a_peer(*f) && !more_likely_first(*first_failure_, *f)) return f;
+    return first_failure_;
   }
 
   // Of two workers found failed in one pass (in rank order, not the order they ended), which
@@ -466,13 +528,28 @@ class Run {
     SupervisorResult result;
     result.interrupted_by = interrupted_by_;
     if (first_failure_ != nullptr) {
-      const Worker& w = *first_failure_;
+      if (root_cause_ == nullptr) root_cause_ = choose_root_cause();
+      // The job's exit status is the first failure's; the report names the likeliest cause.
+      const Worker& first = *first_failure_;
       result.outcome = Outcome::kFailed;
+      result.exit_code = first.signal != 0 ? 128 + first.signal : first.exit_code;
+      const Worker& w = silent_root_ ? *named_by_ : *root_cause_;
       result.first_failure = exit_of(w);
-      result.exit_code = w.signal != 0 ? 128 + w.signal : w.exit_code;
       if (!options_.report_failure) return result;
-      std::string text = fmt::format("dtrain run: {} (pid {}) {}", w.label, w.pid,
-                                     result.first_failure->how());
+      std::string text;
+      if (silent_root_) {
+        text = fmt::format(
+            "dtrain run: {} (pid {}) did not answer its peers (stopped or stuck: it was still "
+            "running, and was stopped); {} names it in its post-mortem and {}",
+            root_cause_->label, root_cause_->pid, w.label, result.first_failure->how());
+      } else {
+        text = fmt::format("dtrain run: {} (pid {}) {}", w.label, w.pid,
+                           result.first_failure->how());
+        if (&w != &first)
+          text += fmt::format(" (the likeliest cause: {} failed first, but its error blames a "
+                              "peer)",
+                              first.label);
+      }
       if (n > 1) text += fmt::format("; stopped the other {} worker(s)", n - 1);
       if (w.stderr_tail.empty()) {
         text += fmt::format(". {} wrote nothing to stderr.\n", w.label);
@@ -500,6 +577,11 @@ class Run {
   const sigset_t& child_mask_;
   std::vector<Worker> workers_;
   Worker* first_failure_ = nullptr;
+  std::vector<Worker*> failed_;  // every worker that failed on its own, in the order seen
+  std::optional<Clock::time_point> settle_until_;  // stop the others then
+  Worker* root_cause_ = nullptr;  // the likeliest cause, once chosen
+  bool silent_root_ = false;      // root_cause_ did not fail: a post-mortem names it as silent
+  Worker* named_by_ = nullptr;    // the failed worker whose post-mortem named it
   int interrupted_by_ = 0;           // the signal that told the launcher to stop, if any
   bool stopping_ = false;            // SIGTERM (or the forwarded signal) was sent to every worker
   // When the services still running after every worker exited are stopped.

@@ -381,5 +381,34 @@ TEST_F(LauncherTest, TorchrunSpellingsWorkAndTyposGetTheFix) {
   EXPECT_TRUE(contains(bare.out(), "run")) << bare.out();
 }
 
+// Several workers fail together: the summary names the cause, not the first exit seen. A rank
+// whose error blames a peer ("rank 1 ... reports: ...") yields to the peer it blames; a rank the
+// others' post-mortems name as silent, still running (stopped, stuck), is named itself.
+TEST_F(LauncherTest, TheCauseIsNamedNotTheFirstRankToExit) {
+  Launched disk_full(
+      {"run", "-n", "2", "--master-port", "0", "--", "sh", "-c",
+       "if [ $RANK = 0 ]; then echo 'rank 0: all_reduce failed: rank 1 (world rank 1) reports: "
+       "writing ckpt failed' >&2; exit 1; fi; sleep 0.05; "
+       "echo 'rank 1: writing ckpt/step-5/model.safetensors failed: No space left on device' >&2; "
+       "exit 1"});
+  EXPECT_EQ(exit_code(disk_full.wait(seconds(20))), 1) << disk_full.err();
+  EXPECT_TRUE(contains(disk_full.err(), "dtrain run: rank 1 (pid ")) << disk_full.err();
+  EXPECT_TRUE(contains(disk_full.err(), "the likeliest cause: rank 0 failed first, but its error "
+                                        "blames a peer"))
+      << disk_full.err();
+  EXPECT_TRUE(contains(disk_full.err(), "Last stderr lines of rank 1:\n    rank 1: writing"))
+      << disk_full.err();
+
+  Launched stopped(
+      {"run", "-n", "3", "--master-port", "0", "--grace-period", "0.5", "--", "sh", "-c",
+       "if [ $RANK = 2 ]; then exec sleep 30; fi; sleep 0.05; echo \"rank $RANK: all_reduce "
+       "failed: recv timed out. Post-mortem: collective #2 of group world, rank by rank: ranks "
+       "0, 1 called all_reduce(f32, 16, sum) and failed; rank 2: did not answer within the "
+       "limit (stopped or stuck)\" >&2; exit 1"});
+  EXPECT_EQ(exit_code(stopped.wait(seconds(20))), 1) << stopped.err();
+  EXPECT_TRUE(contains(stopped.err(), "dtrain run: rank 2 (pid ")) << stopped.err();
+  EXPECT_TRUE(contains(stopped.err(), "did not answer its peers (stopped or stuck")) << stopped.err();
+}
+
 }  // namespace
 }  // namespace dtrain
