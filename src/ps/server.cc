@@ -6,6 +6,8 @@
 // ahead) are parked on their table and answered by whichever thread changes the table so that
 // they can proceed, so a connection keeps reading while one of its requests waits: a worker may
 // push table B while its pull of table A is parked.
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -46,8 +48,30 @@ struct Connection {
   std::string peer;         // host:port of the worker
   std::mutex write_mu;      // one response at a time on fd; guards closing fd
   std::atomic<bool> said_bye{false};
+  std::atomic<bool> finished{false};  // its thread is done: join it, drop it
+  std::atomic<bool> handshaking{true};  // not yet admitted or refused
+  std::string source;                   // the peer's host
   std::thread thread;
 };
+
+// Connections still in their handshake, per source host and in all: beyond these, the oldest
+// such connection (of that host) is closed to make room, so that silent sockets cannot occupy
+// the server, while a real client, whose handshake takes a millisecond, gets through (each
+// handshake is bounded by kHandshakeTime too).
+constexpr int kMaxPendingPerSource = 16;
+constexpr int kMaxPending = 256;
+constexpr std::chrono::milliseconds kHandshakeTime{10'000};
+// How long a connection claiming a worker index that a live connection holds waits for the
+// holder to go (a restarted worker's old process is usually gone at once; a dead machine is
+// found by TCP keepalive within ~5 s) before it is refused.
+constexpr std::chrono::milliseconds kHolderGrace{6'000};
+
+// "10.0.0.7" of "10.0.0.7:41235", "::1" of "[::1]:41235".
+std::string host_of(const std::string& peer) {
+  std::string host = peer.substr(0, peer.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return host;
+}
 
 struct Waiter {
   std::shared_ptr<Connection> conn;
@@ -97,6 +121,8 @@ struct Server::Impl {
   std::condition_variable cv;
   std::map<uint64_t, std::shared_ptr<TableEntry>> tables;
   std::vector<std::shared_ptr<Connection>> connections;
+  std::map<std::string, int> pending_by_source;  // connections in their handshake, per host
+  int pending_total = 0;
   std::map<int, WorkerClocks::Presence> presence;  // workers that left or failed
   std::map<int, std::string> worker_address;
   std::map<int, std::shared_ptr<Connection>> current;  // each worker's live connection
@@ -111,72 +137,167 @@ struct Server::Impl {
 
   // ---- connections -------------------------------------------------------------------------
 
+  // Accepts, and hands each connection to a thread of its own at once: a slow or silent
+  // client delays nobody else.
   void accept_loop() {
     while (!stopping) {
       net::Fd fd;
       try {
         fd = net::accept_tcp(listen_fd.get(), Deadline::after(milliseconds(200)), "ps server");
       } catch (const TimeoutError&) {
+        prune_finished();
         continue;
       } catch (const std::exception& e) {
         if (!stopping) DTRAIN_LOG_WARN("{}: accept failed: {}", who(), e.what());
         continue;
       }
+      prune_finished();
       auto conn = std::make_shared<Connection>();
       conn->peer = net::peer_name(fd.get());
       conn->fd = std::move(fd);
-      try {
-        net::set_nodelay(conn->fd.get());
-        net::set_keepalive(conn->fd.get(), 2, 1, 3);
-        if (net::peer_is_on_this_host(conn->fd.get()))  // as the client does
-          net::use_loopback_congestion_control(conn->fd.get());
-        net::Hello hello = net::handshake_accept(conn->fd.get(), handshake(),
-                                                 net::Role::kPsClient, options.index,
-                                                 Deadline::after(milliseconds(10'000)));
-        conn->worker = hello.rank;
-        if (hello.tag < 1 || hello.tag > (1 << 20) || conn->worker < 0 ||
-            static_cast<uint64_t>(conn->worker) >= hello.tag)
-          throw InvalidArgumentError(fmt::format("worker index {} of {} is out of range",
-                                                 conn->worker, hello.tag));
-        const int total = static_cast<int>(hello.tag);
-        std::lock_guard<std::mutex> lock(mu);
-        if (workers_total != 0 && workers_total != total)
-          throw InvalidArgumentError(fmt::format(
-              "worker {} at {} says the job has {} workers, earlier workers said {}", conn->worker,
-              conn->peer, total, workers_total));
-        workers_total = total;
-        worker_address[conn->worker] = conn->peer;
-      } catch (const net::HandshakeRefused& r) {
-        DTRAIN_LOG_WARN("{}: refused a connection from {}: {}", who(), conn->peer, r.reason);
-        continue;
-      } catch (const std::exception& e) {
-        // The worker passed the handshake, so it reads our frames: tell it why before closing.
-        DTRAIN_LOG_WARN("{}: refused worker {} at {}: {}", who(), conn->worker, conn->peer,
-                        e.what());
-        refuse(*conn, fmt::format("{} refused this worker: {}", who(), e.what()));
-        continue;
-      }
-      // A worker that connects again (restarted elsewhere, or a second process with the same
-      // index) retires its earlier connection, whose late errors must not mark it failed.
-      std::shared_ptr<Connection> retired;
+      const std::string source = host_of(conn->peer);
+      conn->source = source;
       {
         std::lock_guard<std::mutex> lock(mu);
-        auto& slot = current[conn->worker];
-        retired = std::exchange(slot, conn);
+        int& from_source = pending_by_source[source];
+        if (from_source >= kMaxPendingPerSource || pending_total >= kMaxPending)
+          close_oldest_handshake(from_source >= kMaxPendingPerSource ? source : "");
+        ++from_source;
+        ++pending_total;
+        connections.push_back(conn);
       }
-      if (retired && !retired->said_bye) {
-        DTRAIN_LOG_WARN("{}: worker {} connected again from {}; retiring its connection from {}",
-                        who(), conn->worker, conn->peer, retired->peer);
-        refuse(*retired, fmt::format("{}: worker {} connected again from {}; this connection (from "
-                                     "{}) is retired: two processes share one worker index?",
-                                     who(), conn->worker, conn->peer, retired->peer));
-      }
-      rejoin(conn->worker);
-      DTRAIN_LOG_DEBUG("{}: worker {} connected from {}", who(), conn->worker, conn->peer);
-      std::lock_guard<std::mutex> lock(mu);
-      connections.push_back(conn);
-      conn->thread = std::thread([this, conn] { serve(conn); });
+      conn->thread = std::thread([this, conn, source] {
+        const bool admitted = admit(conn);
+        conn->handshaking = false;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (--pending_by_source[source] == 0) pending_by_source.erase(source);
+          --pending_total;
+        }
+        if (admitted) serve(conn);
+        conn->finished = true;
+      });
     }
+  }
+
+  // Closes the longest-waiting connection still in its handshake (from `source`, or from
+  // anywhere when it is empty); its thread then ends and frees its place. mu held.
+  void close_oldest_handshake(const std::string& source) {
+    for (auto& c : connections) {  // in the order they were accepted
+      if (!c->handshaking || c->finished || (!source.empty() && c->source != source)) continue;
+      std::lock_guard<std::mutex> conn_lock(c->write_mu);
+      if (!c->fd.valid()) continue;
+      DTRAIN_LOG_WARN("{}: closed the connection from {}, still in its handshake, to make room: "
+                      "at most {} connections per host and {} in all may be in their handshake",
+                      who(), c->peer, kMaxPendingPerSource, kMaxPending);
+      ::shutdown(c->fd.get(), SHUT_RDWR);
+      c->handshaking = false;  // counted out once, even if a later call comes first
+      return;
+    }
+  }
+
+  // Joins and drops the threads of connections that are over.
+  void prune_finished() {
+    std::vector<std::shared_ptr<Connection>> over;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = std::stable_partition(connections.begin(), connections.end(),
+                                      [](const auto& c) { return !c->finished; });
+      over.assign(it, connections.end());
+      connections.erase(it, connections.end());
+    }
+    for (auto& c : over)
+      if (c->thread.joinable()) c->thread.join();
+  }
+
+  // The handshake, the worker's identity and its place: whether the connection may serve.
+  bool admit(const std::shared_ptr<Connection>& conn) {
+    try {
+      net::set_nodelay(conn->fd.get());
+      net::set_keepalive(conn->fd.get(), 2, 1, 3);
+      if (net::peer_is_on_this_host(conn->fd.get()))  // as the client does
+        net::use_loopback_congestion_control(conn->fd.get());
+      net::Hello hello = net::handshake_accept(conn->fd.get(), handshake(), net::Role::kPsClient,
+                                               options.index, Deadline::after(kHandshakeTime));
+      conn->worker = hello.rank;
+      if (hello.tag < 1 || hello.tag > (1 << 20) || conn->worker < 0 ||
+          static_cast<uint64_t>(conn->worker) >= hello.tag)
+        throw InvalidArgumentError(fmt::format("worker index {} of {} is out of range",
+                                               conn->worker, hello.tag));
+      const int total = static_cast<int>(hello.tag);
+      std::lock_guard<std::mutex> lock(mu);
+      if (workers_total != 0 && workers_total != total)
+        throw InvalidArgumentError(fmt::format(
+            "worker {} at {} says the job has {} workers, earlier workers said {}", conn->worker,
+            conn->peer, total, workers_total));
+      workers_total = total;
+    } catch (const net::HandshakeRefused& r) {
+      DTRAIN_LOG_WARN("{}: refused a connection from {}: {}", who(), conn->peer, r.reason);
+      return false;
+    } catch (const std::exception& e) {
+      // The worker passed the handshake, so it reads our frames: tell it why before closing.
+      DTRAIN_LOG_WARN("{}: refused worker {} at {}: {}", who(), conn->worker, conn->peer,
+                      e.what());
+      refuse(*conn, fmt::format("{} refused this worker: {}", who(), e.what()));
+      return false;
+    }
+    // A connection claiming an index that a live connection holds does not displace it: that
+    // would let any process that knows the job id (without DTRAIN_AUTH_TOKEN, anyone) retire a
+    // real worker and fail the job. A restarted worker's old connection is gone, or soon found
+    // dead; until then the newcomer waits.
+    std::shared_ptr<Connection> holder;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = current.find(conn->worker);
+      if (it != current.end()) holder = it->second;
+    }
+    if (holder && !holder->said_bye && still_alive(*holder, kHolderGrace)) {
+      const std::string why = fmt::format(
+          "worker {} is connected from {} and alive; a second connection claiming worker {} "
+          "from {} is refused (two processes with one worker index, or a forged hello)",
+          conn->worker, holder->peer, conn->worker, conn->peer);
+      DTRAIN_LOG_WARN("{}: {}", who(), why);
+      refuse(*conn, fmt::format("{}: {}", who(), why));
+      return false;
+    }
+    std::shared_ptr<Connection> retired;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      worker_address[conn->worker] = conn->peer;
+      retired = std::exchange(current[conn->worker], conn);
+    }
+    if (retired && !retired->said_bye) {
+      // Its late errors must not mark the worker failed (leave() checks it is current).
+      DTRAIN_LOG_WARN("{}: worker {} connected again from {}; its connection from {} was dead",
+                      who(), conn->worker, conn->peer, retired->peer);
+      refuse(*retired, fmt::format("{}: worker {} connected again from {}; this connection (from "
+                                   "{}) is retired",
+                                   who(), conn->worker, conn->peer, retired->peer));
+    }
+    rejoin(conn->worker);
+    DTRAIN_LOG_DEBUG("{}: worker {} connected from {}", who(), conn->worker, conn->peer);
+    return true;
+  }
+
+  // Whether a connection's peer is still there: its socket shows no hang-up or error within
+  // `wait` (a dead machine's is found by TCP keepalive).
+  static bool still_alive(Connection& c, std::chrono::milliseconds wait) {
+    net::Fd probe;
+    {
+      std::lock_guard<std::mutex> lock(c.write_mu);
+      if (!c.fd.valid()) return false;
+      probe = net::Fd(::fcntl(c.fd.get(), F_DUPFD_CLOEXEC, 0));  // not closed under our poll
+    }
+    if (!probe.valid()) return false;
+    const Deadline deadline = Deadline::after(wait);
+    while (!deadline.expired()) {
+      pollfd p{probe.get(), POLLRDHUP, 0};
+      int rc = ::poll(&p, 1, std::min(deadline.poll_ms(), 200));
+      if (rc > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) return false;
+      std::lock_guard<std::mutex> lock(c.write_mu);
+      if (!c.fd.valid()) return false;  // its thread saw it end
+    }
+    return true;
   }
 
   net::HandshakeConfig handshake() const { return {options.job_id, options.token}; }

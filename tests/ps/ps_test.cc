@@ -1,6 +1,7 @@
 // The parameter server over real processes and sockets: servers and workers are forked processes
 // that meet through a store; values are checked against references computed here.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/handshake.h"
 #include "common/socket.h"
 #include "dtrain/error.h"
 #include "ps/sparse_table.h"
@@ -515,6 +517,66 @@ TEST(PsTest, ServerCheckpointRestoresTablesAndOptimizerState) {
       server);
   expect_all_ok(check);
   std::filesystem::remove_all(dir);
+}
+
+// Without a token, one forged hello claiming worker 0 used to retire the real worker 0 and fail
+// the job. A connection claiming an index that a live connection holds is refused instead, and
+// the real worker goes on.
+TEST(PsTest, AForgedHelloDoesNotDisplaceALiveWorker) {
+  ps::ServerOptions so;
+  so.listen_host = "127.0.0.1";
+  ps::Server server(so);
+  ps::ClientOptions co;
+  co.servers = {server.address()};
+  co.timeout = std::chrono::seconds(20);
+  ps::Client real(co);
+  std::vector<float> w(8, 1.0f), g(8, 0.5f);
+  real.create_dense("w", TensorView::of(w), {});
+  real.push_pull("w", TensorView::of(g), TensorView::of(w)).wait();
+
+  const auto colon = server.address().rfind(':');
+  const auto port = static_cast<uint16_t>(std::stoi(server.address().substr(colon + 1)));
+  net::Fd forged = net::connect_tcp({"127.0.0.1", port}, Deadline::after(5s), "forger");
+  net::handshake_connect(forged.get(), {"dtrain", ""},
+                         net::Hello{net::Role::kPsClient, /*rank=*/0, /*peer_rank=*/0, /*tag=*/1},
+                         0, Deadline::after(5s), "forger");
+  // The server answers the forger with an error frame and closes: read until the end.
+  std::string answer;
+  char buf[4096];
+  for (;;) {
+    pollfd p{forged.get(), POLLIN, 0};
+    if (::poll(&p, 1, 20'000) <= 0) break;
+    ssize_t n = ::read(forged.get(), buf, sizeof(buf));
+    if (n <= 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_NE(answer.find("a second connection claiming worker 0"), std::string::npos) << answer;
+  // The real worker still works.
+  for (int k = 0; k < 3; ++k) real.push_pull("w", TensorView::of(g), TensorView::of(w)).wait();
+}
+
+// Silent connections (port scanners, a stuck client) do not delay a real worker: each
+// connection has its handshake on a thread of its own (they used to be served one by one, up to
+// 10 s each), and beyond a cap per source host new ones are closed at once.
+TEST(PsTest, SilentConnectionsDoNotDelayARealWorker) {
+  ps::ServerOptions so;
+  so.listen_host = "127.0.0.1";
+  ps::Server server(so);
+  const auto colon = server.address().rfind(':');
+  const auto port = static_cast<uint16_t>(std::stoi(server.address().substr(colon + 1)));
+  std::vector<net::Fd> silent;
+  for (int i = 0; i < 40; ++i)
+    silent.push_back(net::connect_tcp({"127.0.0.1", port}, Deadline::after(5s), "silent"));
+  ps::ClientOptions co;
+  co.servers = {server.address()};
+  co.connect_timeout = std::chrono::seconds(20);
+  const auto start = std::chrono::steady_clock::now();
+  ps::Client real(co);
+  std::vector<float> w(4, 1.0f);
+  real.create_dense("w", TensorView::of(w), {});
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, 3s) << "40 silent connections delayed a real worker by "
+                      << std::chrono::duration<double>(took).count() << " s";
 }
 
 }  // namespace
