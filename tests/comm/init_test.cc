@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/deadline.h"
@@ -209,6 +210,42 @@ TEST(Init, RankPortsOfALoopbackJobListenOnLoopbackOnly) {
     }
     auto pg = init_process_group();
     pg->barrier()->wait();
+  }, 60s);
+  for (auto& r : results) EXPECT_TRUE(r.ok());
+}
+
+// Silent sockets at a rank's port during rendezvous (a port scanner, a stuck client) delay and
+// fail no real peer: handshakes run side by side, each bounded, the oldest closed when too many
+// come from one host. (They were taken one at a time, 10 s each: six of them failed a job.)
+TEST(Init, SilentConnectionsDoNotHoldUpTheRendezvous) {
+  const int port = free_port();
+  auto results = run_ranks(3, [&](int rank) {
+    ::setenv("RANK", std::to_string(rank).c_str(), 1);
+    ::setenv("WORLD_SIZE", "3", 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    ::setenv("DTRAIN_CONNECT_TIMEOUT", "8", 1);
+    ::unsetenv("DTRAIN_AGENT_STORE");
+    std::vector<net::Fd> silent;
+    if (rank == 2) {  // opens 40 silent connections to rank 0's port, then joins 1 s late
+      TcpStoreOptions so;
+      so.host = "127.0.0.1";
+      so.port = static_cast<uint16_t>(port);
+      so.rank = 2;
+      so.connect_timeout = 20s;
+      TcpStore store(so);
+      store.wait({"world/addr/0"}, 20s);
+      const std::string addr = store.get_string("world/addr/0");
+      const auto rank_port = static_cast<uint16_t>(std::stoi(addr.substr(addr.find(':') + 1)));
+      for (int i = 0; i < 40; ++i)
+        silent.push_back(net::connect_tcp({"127.0.0.1", rank_port}, Deadline::after(5s), "silent"));
+      std::this_thread::sleep_for(1s);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    auto pg = init_process_group();
+    pg->barrier()->wait();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    RANK_CHECK(took < 6.0, "the rendezvous took {:.1f} s", took);
   }, 60s);
   for (auto& r : results) EXPECT_TRUE(r.ok());
 }

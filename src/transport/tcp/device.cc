@@ -1,10 +1,18 @@
 #include "transport/tcp/device.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
+#include <cstring>
+#include <list>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -272,44 +280,136 @@ std::vector<shm::Segment> Device::share_memory(Store& store, std::vector<net::Fd
   return segments;
 }
 
+namespace {
+
+// A connection to our rank port whose handshake runs on its own thread.
+struct Incoming {
+  net::Fd fd;
+  std::string peer;    // host:port
+  std::string source;  // host
+  std::atomic<bool> done{false};
+  bool evicted = false;             // closed by us to make room (and logged then)
+  std::optional<net::Hello> hello;  // set when it passed the handshake
+  std::string refused;              // why not, otherwise
+};
+
+// Connections in their handshake, per source host and in all; beyond these the oldest (of that
+// host) is closed to make room, so that silent sockets cannot hold the rendezvous up while a
+// real peer, whose handshake takes a millisecond, gets through. Each handshake also ends after
+// kHandshakeTime.
+constexpr size_t kMaxHandshakesPerSource = 16;
+constexpr size_t kMaxHandshakes = 64;
+constexpr std::chrono::milliseconds kHandshakeTime{10'000};
+
+}  // namespace
+
 void Device::accept_higher_ranks(int listen_fd, const Deadline& deadline,
                                  std::vector<net::Fd>& accepted, std::string& failure) {
   const int rank = options_.rank;
   int missing = options_.size - 1 - rank;
+  int turned_away = 0;  // connections refused, dropped or closed to make room
+  std::list<std::shared_ptr<Incoming>> pending;  // in the order they arrived
+  net::Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));  // a handshake ended
+  if (!wake.valid())
+    throw InternalError(fmt::format("rank {}: eventfd: {}", rank, std::strerror(errno)));
+  std::vector<std::jthread> handshakes;  // declared last: joined first
+  net::set_nonblocking(listen_fd, true);
+  auto close_oldest = [&](const std::string& source) {
+    for (auto& in : pending)
+      if (!in->done && !in->evicted && (source.empty() || in->source == source)) {
+        DTRAIN_LOG_WARN("rank {}: closed the connection from {}, still in its handshake, to make "
+                        "room (at most {} per host and {} in all)",
+                        rank, in->peer, kMaxHandshakesPerSource, kMaxHandshakes);
+        ::shutdown(in->fd.get(), SHUT_RDWR);
+        in->evicted = true;
+        return;
+      }
+  };
   while (missing > 0) {
-    net::Fd fd;
-    try {
-      fd = net::accept_tcp(listen_fd, deadline, "accepting peers");
-    } catch (const Error&) {
+    // Handshakes that ended: peers join, the rest are turned away.
+    for (auto it = pending.begin(); it != pending.end();) {
+      auto& in = **it;
+      if (!in.done) {
+        ++it;
+        continue;
+      }
+      const auto& h = in.hello;
+      if (h && h->peer_rank == rank && h->rank > rank && h->rank < options_.size &&
+          h->tag == options_.group_tag && !accepted[h->rank].valid()) {
+        accepted[h->rank] = std::move(in.fd);
+        --missing;
+      } else {
+        ++turned_away;
+        if (h)
+          DTRAIN_LOG_WARN("rank {}: refused a connection from {} claiming rank {} (to rank {}, "
+                          "group tag {:x}): not a peer this rank expects",
+                          rank, in.peer, h->rank, h->peer_rank, h->tag);
+        else if (!in.evicted)
+          DTRAIN_LOG_WARN("rank {}: refused a connection: {}", rank, in.refused);
+      }
+      it = pending.erase(it);
+    }
+    if (missing == 0) break;
+    if (deadline.expired()) {
       std::vector<int> absent;
       for (int r = rank + 1; r < options_.size; ++r)
         if (!accepted[r].valid()) absent.push_back(r);
       failure = fmt::format(
           "rank {}: group {} rendezvous: rank(s) {} did not connect to {} after {}; check that "
-          "they are running, use the same DTRAIN_JOB_ID, and can reach this address",
-          rank, options_.group_name, fmt::join(absent, ", "), address_, deadline.describe());
-      return;
+          "they are running, use the same DTRAIN_JOB_ID, and can reach this address{}",
+          rank, options_.group_name, fmt::join(absent, ", "), address_, deadline.describe(),
+          turned_away > 0 ? fmt::format(" ({} other connection(s) were turned away: see the log "
+                                        "above)",
+                                        turned_away)
+                          : std::string());
+      break;
     }
-    try {
-      auto handshake_deadline = Deadline::after(std::min(deadline.remaining(),
-                                                         std::chrono::milliseconds(10'000)));
-      net::Hello h = net::handshake_accept(fd.get(), options_.handshake, net::Role::kPair, rank,
-                                           handshake_deadline);
-      if (h.peer_rank != rank || h.rank <= rank || h.rank >= options_.size ||
-          h.tag != options_.group_tag || accepted[h.rank].valid()) {
-        DTRAIN_LOG_WARN("rank {}: refused a connection from {} claiming rank {} (to rank {}, "
-                        "group tag {:x}): not a peer this rank expects",
-                        rank, net::peer_name(fd.get()), h.rank, h.peer_rank, h.tag);
-        continue;
+    pollfd p[2] = {{listen_fd, POLLIN, 0}, {wake.get(), POLLIN, 0}};
+    const int rc = ::poll(p, 2, deadline.poll_ms());
+    if (rc <= 0) continue;
+    if ((p[1].revents & POLLIN) != 0) {
+      uint64_t count;
+      [[maybe_unused]] ssize_t n = ::read(wake.get(), &count, sizeof(count));
+    }
+    if ((p[0].revents & (POLLHUP | POLLERR | POLLNVAL)) != 0) break;  // shut: we are failing
+    if ((p[0].revents & POLLIN) == 0) continue;
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+      break;  // the listener was shut down (the dialling side failed) or broke
+    }
+    auto in = std::make_shared<Incoming>();
+    in->fd = net::Fd(fd);
+    in->peer = net::peer_name(fd);
+    in->source = in->peer.substr(0, in->peer.rfind(':'));
+    size_t from_source = 0, in_handshake = 0;
+    for (const auto& q : pending) {
+      if (q->done || q->evicted) continue;
+      ++in_handshake;
+      from_source += q->source == in->source ? 1 : 0;
+    }
+    if (from_source >= kMaxHandshakesPerSource) close_oldest(in->source);
+    else if (in_handshake >= kMaxHandshakes) close_oldest("");
+    pending.push_back(in);
+    const auto limit = std::min(deadline.remaining(), kHandshakeTime);
+    handshakes.emplace_back([this, in, rank, limit, wake_fd = wake.get()] {
+      try {
+        in->hello = net::handshake_accept(in->fd.get(), options_.handshake, net::Role::kPair,
+                                          rank, Deadline::after(limit));
+      } catch (const net::HandshakeRefused& refused) {
+        in->refused = refused.reason;
+      } catch (const std::exception& e) {
+        in->refused = fmt::format("dropped a connection from {} during its handshake: {}",
+                                  in->peer, e.what());
       }
-      accepted[h.rank] = std::move(fd);
-      --missing;
-    } catch (const net::HandshakeRefused& refused) {
-      DTRAIN_LOG_WARN("rank {}: refused a connection: {}", rank, refused.reason);
-    } catch (const Error& e) {
-      DTRAIN_LOG_WARN("rank {}: dropped a connection during its handshake: {}", rank, e.what());
-    }
+      in->done = true;
+      const uint64_t one = 1;
+      [[maybe_unused]] ssize_t n = ::write(wake_fd, &one, sizeof(one));
+    });
   }
+  // Handshakes still running end now (their sockets shut), and their threads are joined.
+  for (auto& in : pending)
+    if (!in->done) ::shutdown(in->fd.get(), SHUT_RDWR);
 }
 
 void Device::register_group(uint32_t group_id, GroupHandlers handlers) {
