@@ -8,9 +8,11 @@
 #include <fmt/format.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -46,6 +48,8 @@ constexpr std::chrono::milliseconds kResponseTimeout{300'000};
 struct Connection {
   net::Fd fd;  // written (closed) only under connections_mutex
   std::string peer;
+  std::string source;                  // the peer's host
+  std::atomic<bool> unproven{true};   // has not passed the handshake (or spoken torch's protocol)
   std::atomic<bool> finished{false};
   std::jthread thread;  // last: destroyed (joined) before fd closes
 };
@@ -71,6 +75,9 @@ struct TcpStoreServer::Impl {
   std::jthread acceptor;  // last: joined first when Impl is destroyed without stop()
 
   void accept_loop();
+  void make_room_for(const std::string& source);
+  // Connections that may be silent or in their handshake at once (make_room_for).
+  size_t max_unproven = 512;
   void serve(Connection& c);
   bool first_byte(Connection& c, uint8_t& byte);
   void serve_torch(Connection& c);
@@ -234,12 +241,14 @@ void TcpStoreServer::Impl::serve(Connection& c) {
   uint8_t first = 0;
   if (!first_byte(c, first)) return;
   if (options.torch_clients && store::is_torch_query(first)) {
+    c.unproven = false;
     serve_torch(c);
     return;
   }
   try {
     net::handshake_accept(fd, handshake, net::Role::kStoreClient, -1,
                           Deadline::after(options.handshake_timeout));
+    c.unproven = false;
   } catch (const net::HandshakeRefused& r) {
     DTRAIN_LOG_WARN("store server: refused a connection: {}", r.reason);
     return;
@@ -302,6 +311,31 @@ void TcpStoreServer::Impl::reap_finished() {
   // Joined outside the lock; their threads have returned already.
 }
 
+// At most max_unproven connections may be silent or in their handshake: beyond that, the oldest
+// of them (from the newcomer's host if it has any there, else from anywhere) is closed. Silent
+// sockets then hold a bounded share of the descriptors, and a real client, whose handshake takes
+// a millisecond, gets in. (With torch clients served, a silent connection is held without a
+// limit of time, so this is their only bound.) connections_mutex held.
+void TcpStoreServer::Impl::make_room_for(const std::string& source) {
+  size_t unproven = 0;
+  Connection* oldest = nullptr;
+  Connection* oldest_from_source = nullptr;
+  for (auto& c : connections) {
+    if (c->finished || !c->unproven || !c->fd.valid()) continue;
+    ++unproven;
+    if (oldest == nullptr) oldest = c.get();
+    if (oldest_from_source == nullptr && c->source == source) oldest_from_source = c.get();
+  }
+  if (unproven < max_unproven) return;
+  Connection* victim = oldest_from_source != nullptr ? oldest_from_source : oldest;
+  DTRAIN_LOG_WARN("store server: closed the connection from {}, which has not completed a "
+                  "handshake, to make room: at most {} connections may be silent or in their "
+                  "handshake (a quarter of this process's file descriptors, at most 512)",
+                  victim->peer, max_unproven);
+  victim->unproven = false;  // counted out now; its thread ends and closes it
+  ::shutdown(victim->fd.get(), SHUT_RDWR);
+}
+
 void TcpStoreServer::Impl::accept_loop() {
   for (;;) {
     pollfd fds[2] = {{listener.get(), POLLIN, 0}, {wake.get(), POLLIN, 0}};
@@ -327,10 +361,12 @@ void TcpStoreServer::Impl::accept_loop() {
     auto conn = std::make_unique<Connection>();
     conn->fd = net::Fd(raw);
     conn->peer = net::peer_name(raw);
+    conn->source = conn->peer.substr(0, conn->peer.rfind(':'));
     net::set_nodelay(raw);
     net::set_keepalive(raw, 30, 5, 3);
     Connection& c = *conn;
     std::lock_guard lock(connections_mutex);
+    make_room_for(c.source);
     connections.push_back(std::move(conn));
     c.thread = std::jthread([this, &c] {
       serve(c);
@@ -389,6 +425,10 @@ TcpStoreServer::TcpStoreServer(const TcpStoreServerOptions& options)
   if (!options.job_id.empty()) impl_->handshake.job_id = options.job_id;
   if (!options.token.empty()) impl_->handshake.token = options.token;
   impl_->listener = net::listen_tcp(options.host, options.port);
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY)
+    impl_->max_unproven =
+        std::clamp<size_t>(static_cast<size_t>(files.rlim_cur) / 4, 16, impl_->max_unproven);
   net::set_nonblocking(impl_->listener.get(), true);
   impl_->port = net::local_port(impl_->listener.get());
   impl_->wake = net::Fd(::eventfd(0, EFD_CLOEXEC));

@@ -49,7 +49,8 @@ std::unique_ptr<TcpStoreServer> start_server(const std::string& token, const std
   return std::make_unique<TcpStoreServer>(options);
 }
 
-ServerProcess::ServerProcess(const std::string& token, const std::string& job_id) {
+ServerProcess::ServerProcess(const std::string& token, const std::string& job_id,
+                             rlim_t max_files, bool torch_clients) {
   int port_pipe[2], control_pipe[2];
   if (::pipe2(port_pipe, O_CLOEXEC) != 0 || ::pipe2(control_pipe, O_CLOEXEC) != 0)
     throw std::runtime_error("pipe2 failed");
@@ -61,7 +62,17 @@ ServerProcess::ServerProcess(const std::string& token, const std::string& job_id
     ::close(control_pipe[1]);
     int code = 0;
     try {
-      auto server = start_server(token, job_id);
+      if (max_files > 0) {
+        rlimit files{max_files, max_files};
+        if (::setrlimit(RLIMIT_NOFILE, &files) != 0) throw std::runtime_error("setrlimit failed");
+      }
+      TcpStoreServerOptions options;
+      options.host = "127.0.0.1";
+      options.port = 0;
+      options.job_id = job_id;
+      options.token = token;
+      options.torch_clients = torch_clients;
+      auto server = std::make_unique<TcpStoreServer>(options);
       uint16_t port = server->port();
       if (::write(port_pipe[1], &port, sizeof(port)) != sizeof(port)) ::_exit(2);
       char c;

@@ -2,6 +2,8 @@
 // free port and client options with short limits, so a broken store fails a test in seconds.
 #pragma once
 
+#include <sys/resource.h>
+
 #include <gtest/gtest.h>
 #include <sys/types.h>
 
@@ -45,7 +47,10 @@ std::unique_ptr<TcpStoreServer> start_server(
 // handshake) into a child, which would then hang on it forever.
 class ServerProcess {
  public:
-  explicit ServerProcess(const std::string& token = "", const std::string& job_id = kTestJob);
+  // max_files: the child's RLIMIT_NOFILE (0 = inherited); torch_clients: TcpStoreServerOptions's,
+  // as `dtrain run` sets it (silent connections are then held without a time limit).
+  explicit ServerProcess(const std::string& token = "", const std::string& job_id = kTestJob,
+                         rlim_t max_files = 0, bool torch_clients = false);
   // Closes the control pipe; the child stops its server and exits (killed if it has not in 10 s).
   ~ServerProcess();
   ServerProcess(const ServerProcess&) = delete;

@@ -352,5 +352,28 @@ TEST(TcpStoreAuth, ClientTokenWithoutServerTokenIsRefused) {
   expect_serving(server->port());
 }
 
+// Silent connections cannot keep a real client out: with 128 file descriptors and torch
+// clients served (as under `dtrain run`, where a silent socket is held without a time limit),
+// 300 silent connections used to take every descriptor; now the oldest of them are closed to
+// make room and a real client connects at once.
+TEST(TcpStoreHandshake, SilentConnectionsDoNotKeepARealClientOut) {
+  ServerProcess server("", kTestJob, /*max_files=*/128, /*torch_clients=*/true);
+  std::vector<net::Fd> silent;
+  for (int i = 0; i < 300; ++i) {
+    try {
+      silent.push_back(raw_connect(server.port()));
+    } catch (const std::exception&) {
+      // The kernel's backlog may refuse some while the server closes others: fine.
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  TcpStore client(client_options(server.port(), 1));
+  client.set("k", std::string_view("v"));
+  EXPECT_EQ(client.get_string("k"), "v");
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 2.0) << "300 silent connections kept a real client out for " << took << " s";
+}
+
 }  // namespace
 }  // namespace dtrain::testing
