@@ -22,8 +22,8 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   # libraries used by every target
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libssl-dev zlib1g-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # tests and benchmarks; clang with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh)
+  libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-dev
   # process tools used by the tests (ps, kill, ip)
   procps iproute2
   # dtrain_torch and the Fashion-MNIST job: LibTorch, the data, jemalloc, OpenBLAS as libblas.so.3

@@ -11,3 +11,7 @@ cmake --build build -j"$jobs"
 if [ -f build/python/dtrain/__init__.py ]; then cmake --install build --component python >/dev/null; fi
 # Tests spawn several processes each: one test at a time keeps them from starving on 2 cores.
 ctest --test-dir build --output-on-failure --timeout 300 -j1 "$@"
+# Every parser of outside bytes under libFuzzer (clang, ASan, UBSan; its own build-fuzz/), for a
+# short budget per target; longer runs and the sanitizer suites: scripts/fuzz.sh SECONDS,
+# scripts/sanitize.sh asan|tsan. Only when the whole suite ran (no ctest arguments).
+if [ $# -eq 0 ]; then bash scripts/fuzz.sh "${FUZZ_SECONDS:-15}"; fi

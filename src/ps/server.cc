@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "common/error_message.h"
 #include "common/handshake.h"
@@ -65,6 +66,8 @@ constexpr std::chrono::milliseconds kHandshakeTime{10'000};
 // holder to go (a restarted worker's old process is usually gone at once; a dead machine is
 // found by TCP keepalive within ~5 s) before it is refused.
 constexpr std::chrono::milliseconds kHolderGrace{6'000};
+// A request's payload is read (and its buffer grown) this much at a time.
+constexpr size_t kPayloadSlice = size_t{1} << 20;
 
 // "10.0.0.7" of "10.0.0.7:41235", "::1" of "[::1]:41235".
 std::string host_of(const std::string& peer) {
@@ -340,11 +343,18 @@ struct Server::Impl {
           leave(conn, WorkerClocks::Presence::kLeft, "");
           return;
         }
-        payload.resize(h.bytes);
-        // The payload follows at once: a worker that stops mid-message is failing.
-        net::read_all(conn->fd.get(), payload.data(), payload.size(),
-                      Deadline::after(milliseconds(std::max<uint32_t>(h.timeout_ms, 10'000))),
-                      context);
+        // The payload follows at once: a worker that stops mid-message is failing. It is
+        // read in slices, the buffer growing as bytes arrive: a header that announces a large
+        // payload costs memory only once the payload is really sent.
+        const Deadline body =
+            Deadline::after(milliseconds(std::max<uint32_t>(h.timeout_ms, 10'000)));
+        payload.clear();
+        for (size_t got = 0; got < h.bytes;) {
+          const size_t slice = std::min<uint64_t>(h.bytes - got, kPayloadSlice);
+          payload.resize(got + slice);
+          net::read_all(conn->fd.get(), payload.data() + got, slice, body, context);
+          got += slice;
+        }
         std::vector<Reply> replies;
         try {
           handle(conn, h, payload, replies);
@@ -788,8 +798,13 @@ struct Server::Impl {
       return;
     }
     auto& [path, data] = *found;
-    const int saved_index = data.manifest.value("server", -1);
-    const int saved_servers = data.manifest.value("num_servers", -1);
+    int saved_index = -1, saved_servers = -1;
+    try {
+      saved_index = data.manifest.value("server", -1);
+      saved_servers = data.manifest.value("num_servers", -1);
+    } catch (const nlohmann::json::exception&) {
+      // Not numbers: reported below as a checkpoint of another server.
+    }
     if (saved_index != options.index || saved_servers != options.num_servers)
       throw InvalidArgumentError(fmt::format(
           "{}: {} was written by server {} of {}, this is server {} of {}: sparse rows and dense "
@@ -798,18 +813,27 @@ struct Server::Impl {
     std::map<std::string, const SafetensorsEntry*> by_name;
     for (const auto& e : data.tensors) by_name[e.name] = &e;
     std::lock_guard<std::mutex> lock(mu);
-    for (const auto& meta : data.manifest.at("tables")) {
-      TableSpec spec = spec_from_json(meta.at("spec"));
-      const std::string prefix = meta.at("prefix").get<std::string>();
-      auto entry = std::make_shared<TableEntry>();
-      if (spec.sparse) {
-        entry->sparse = std::make_unique<SparseTable>(spec);
-        entry->sparse->restore(meta, prefix, by_name);
-      } else {
-        entry->dense = std::make_unique<DenseTable>(spec, std::span<const float>{});
-        entry->dense->restore(meta, prefix, by_name);
+    // Only the tables file has a CRC: a manifest edited by hand, or damaged, is refused naming
+    // the checkpoint rather than escaping as a JSON library's exception.
+    try {
+      for (const auto& meta : data.manifest.at("tables")) {
+        TableSpec spec = spec_from_json(meta.at("spec"));
+        const std::string prefix = meta.at("prefix").get<std::string>();
+        auto entry = std::make_shared<TableEntry>();
+        if (spec.sparse) {
+          entry->sparse = std::make_unique<SparseTable>(spec);
+          entry->sparse->restore(meta, prefix, by_name);
+        } else {
+          entry->dense = std::make_unique<DenseTable>(spec, std::span<const float>{});
+          entry->dense->restore(meta, prefix, by_name);
+        }
+        tables[table_key(spec.name)] = std::move(entry);
       }
-      tables[table_key(spec.name)] = std::move(entry);
+    } catch (const nlohmann::json::exception& e) {
+      throw InvalidArgumentError(fmt::format(
+          "{}: {}/manifest.json does not describe its tables ({}); restore another checkpoint "
+          "(delete this one) or start without restoring",
+          who(), path, e.what()));
     }
     DTRAIN_LOG_INFO("{}: restored {} tables from {}", who(), tables.size(), path);
   }

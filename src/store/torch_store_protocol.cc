@@ -117,6 +117,13 @@ bool ok(const Response& r, const Connection& c) {
   return false;
 }
 
+// The value an answer must carry; a store that answered without one broke its own contract.
+const Bytes& first_value(const Response& r, std::string_view what, std::string_view context) {
+  if (r.values.empty())
+    throw InternalError(fmt::format("{}: the store answered {} without a value", context, what));
+  return r.values.front();
+}
+
 }  // namespace
 
 void serve_torch_client(int fd, const TorchClientHooks& hooks, std::string_view context) {
@@ -139,7 +146,7 @@ void serve_torch_client(int fd, const TorchClientHooks& hooks, std::string_view 
         Response r = hooks.handle(req);
         if (!ok(r, c)) return;
         // torch answers a missing key with `expected` when that is not empty; dtrain with empty.
-        Bytes out = r.values.at(0);
+        Bytes out = first_value(r, "compare_set", context);
         if (out.empty() && !expected.empty()) out = expected;
         c.reply_bytes(out);
         break;
@@ -154,7 +161,7 @@ void serve_torch_client(int fd, const TorchClientHooks& hooks, std::string_view 
           return;
         }
         if (!ok(r, c)) return;
-        c.reply_bytes(r.values.at(0));
+        c.reply_bytes(first_value(r, "get", context));
         break;
       }
       case Query::kAdd: {

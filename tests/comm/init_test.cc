@@ -25,14 +25,20 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// The variables torchrun (and `dtrain run`) set, for rank `rank` of `world` on this machine with
+// rank 0 hosting the store on `port`.
+void set_torchrun_env(int rank, int world, int port) {
+  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  ::unsetenv("DTRAIN_AGENT_STORE");
+}
+
 TEST(Init, FromTorchrunEnvironment) {
   const int port = free_port();
   auto results = run_ranks(3, [&](int rank) {
-    ::setenv("RANK", std::to_string(rank).c_str(), 1);
-    ::setenv("WORLD_SIZE", "3", 1);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-    ::unsetenv("DTRAIN_AGENT_STORE");
+    set_torchrun_env(rank, 3, port);
     auto pg = init_process_group();
     RANK_CHECK(pg->rank() == rank && pg->size() == 3, "identity {} of {}", pg->rank(), pg->size());
     std::vector<int32_t> v(1, rank * 10);
@@ -96,11 +102,7 @@ TEST(Init, HandStartedWorkersBesideAStoreAreToldWhatToSet) {
   TcpStoreServer store({.port = 0});  // what `dtrain store` runs
   const std::string log = ::testing::TempDir() + "/dtrain_init_hand_" + std::to_string(::getpid());
   auto results = run_ranks(2, [&](int rank) {
-    ::setenv("RANK", std::to_string(rank).c_str(), 1);
-    ::setenv("WORLD_SIZE", "2", 1);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(store.port()).c_str(), 1);
-    ::unsetenv("DTRAIN_AGENT_STORE");
+    set_torchrun_env(rank, 2, store.port());
     ::setenv("DTRAIN_STRAGGLER_SECONDS", "1", 1);
     ::setenv("DTRAIN_CONNECT_TIMEOUT", "3", 1);
     RANK_CHECK(std::freopen((log + std::to_string(rank)).c_str(), "w", stderr) != nullptr,
@@ -131,11 +133,7 @@ TEST(Init, RankZeroReportsWhoTheRendezvousWaitsFor) {
   const int port = free_port();
   const std::string log = ::testing::TempDir() + "/dtrain_init_wait_" + std::to_string(::getpid());
   auto results = run_ranks(2, [&](int rank) {  // of a world of 3: rank 2 never starts
-    ::setenv("RANK", std::to_string(rank).c_str(), 1);
-    ::setenv("WORLD_SIZE", "3", 1);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-    ::unsetenv("DTRAIN_AGENT_STORE");
+    set_torchrun_env(rank, 3, port);
     ::setenv("DTRAIN_STRAGGLER_SECONDS", "1", 1);
     ::setenv("DTRAIN_CONNECT_TIMEOUT", "3.5", 1);
     RANK_CHECK(std::freopen((log + std::to_string(rank)).c_str(), "w", stderr) != nullptr,
@@ -182,11 +180,7 @@ TEST(Init, RankPortsOfALoopbackJobListenOnLoopbackOnly) {
   if (outside.empty()) GTEST_SKIP() << "this machine has no address but loopback";
   const int port = free_port();
   auto results = run_ranks(2, [&](int rank) {
-    ::setenv("RANK", std::to_string(rank).c_str(), 1);
-    ::setenv("WORLD_SIZE", "2", 1);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-    ::unsetenv("DTRAIN_AGENT_STORE");
+    set_torchrun_env(rank, 2, port);
     ::unsetenv("DTRAIN_SOCKET_ADDR");
     if (rank == 1) {
       // Before joining: rank 0's rank port, as it advertises it, tried through the other address.
@@ -220,12 +214,8 @@ TEST(Init, RankPortsOfALoopbackJobListenOnLoopbackOnly) {
 TEST(Init, SilentConnectionsDoNotHoldUpTheRendezvous) {
   const int port = free_port();
   auto results = run_ranks(3, [&](int rank) {
-    ::setenv("RANK", std::to_string(rank).c_str(), 1);
-    ::setenv("WORLD_SIZE", "3", 1);
-    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-    ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    set_torchrun_env(rank, 3, port);
     ::setenv("DTRAIN_CONNECT_TIMEOUT", "8", 1);
-    ::unsetenv("DTRAIN_AGENT_STORE");
     std::vector<net::Fd> silent;
     if (rank == 2) {  // opens 40 silent connections to rank 0's port, then joins 1 s late
       TcpStoreOptions so;

@@ -78,22 +78,42 @@ TEST(Handshake, TokenMustMatch) {
       << unauth_server.client_error;
 }
 
+// The listening side on a thread of its own: accepts one connection, runs handshake_accept with
+// `config` and keeps the refusal's reason, for tests that play the client byte by byte.
+class ListeningSide {
+ public:
+  explicit ListeningSide(HandshakeConfig config) : listener_(listen_tcp("127.0.0.1", 0)) {
+    thread_ = std::thread([this, config] {
+      Fd fd = accept_tcp(listener_.get(), Deadline::after(5s), "test accept");
+      try {
+        handshake_accept(fd.get(), config, Role::kPair, 0, Deadline::after(5s));
+      } catch (const HandshakeRefused& r) {
+        reason_ = r.reason;
+      }
+    });
+  }
+  ~ListeningSide() {
+    if (thread_.joinable()) thread_.join();
+  }
+  uint16_t port() const { return local_port(listener_.get()); }
+  // Waits for the handshake to end.
+  std::string reason() {
+    thread_.join();
+    return reason_;
+  }
+
+ private:
+  Fd listener_;
+  std::string reason_;
+  std::thread thread_;
+};
+
 TEST(Handshake, GarbageIsRefused) {
-  Fd listener = listen_tcp("127.0.0.1", 0);
-  uint16_t port = local_port(listener.get());
-  std::string reason;
-  std::thread srv([&] {
-    Fd fd = accept_tcp(listener.get(), Deadline::after(5s), "test accept");
-    try {
-      handshake_accept(fd.get(), {"job", ""}, Role::kPair, 0, Deadline::after(5s));
-    } catch (const HandshakeRefused& r) {
-      reason = r.reason;
-    }
-  });
-  Fd fd = connect_tcp({"127.0.0.1", port}, Deadline::after(5s), "garbage client");
+  ListeningSide server({"job", ""});
+  Fd fd = connect_tcp({"127.0.0.1", server.port()}, Deadline::after(5s), "garbage client");
   std::string junk = "GET / HTTP/1.1\r\nHost: x\r\n\r\n and more bytes to fill a hello";
   write_all(fd.get(), junk.data(), junk.size(), Deadline::after(5s), "garbage");
-  srv.join();
+  const std::string reason = server.reason();
   EXPECT_NE(reason.find("not a dtrain hello"), std::string::npos) << reason;
 }
 
@@ -101,18 +121,8 @@ TEST(Handshake, GarbageIsRefused) {
 // does not know the token receives nothing computed from it (before, the reply carried the
 // server's HMAC of a nonce the client chose, and a short token fell to an offline search).
 TEST(Handshake, AClientWithoutTheTokenLearnsNothingDerivedFromIt) {
-  Fd listener = listen_tcp("127.0.0.1", 0);
-  uint16_t port = local_port(listener.get());
-  std::string reason;
-  std::thread srv([&] {
-    Fd fd = accept_tcp(listener.get(), Deadline::after(5s), "test accept");
-    try {
-      handshake_accept(fd.get(), {"job", "secret"}, Role::kPair, 0, Deadline::after(5s));
-    } catch (const HandshakeRefused& r) {
-      reason = r.reason;
-    }
-  });
-  Fd fd = connect_tcp({"127.0.0.1", port}, Deadline::after(5s), "guessing client");
+  ListeningSide server({"job", "secret"});
+  Fd fd = connect_tcp({"127.0.0.1", server.port()}, Deadline::after(5s), "guessing client");
   // A hello as handshake.cc lays it out (packed), claiming to have a token; then the job id.
   std::vector<uint8_t> hello;
   auto put = [&](const void* p, size_t n) {
@@ -142,7 +152,7 @@ TEST(Handshake, AClientWithoutTheTokenLearnsNothingDerivedFromIt) {
   read_all(fd.get(), verdict, sizeof(verdict), Deadline::after(5s), "guess");
   EXPECT_EQ(verdict[0], 0) << "a guessed proof was accepted";
   for (int i = 1; i < 33; ++i) EXPECT_EQ(verdict[i], 0) << "byte " << i << " of the verdict's MAC";
-  srv.join();
+  const std::string reason = server.reason();
   EXPECT_NE(reason.find("wrong auth token"), std::string::npos) << reason;
 }
 

@@ -39,13 +39,15 @@ TempDir::~TempDir() {
 }
 
 std::unique_ptr<TcpStoreServer> start_server(const std::string& token, const std::string& job_id,
-                                             std::chrono::milliseconds handshake_timeout) {
+                                             std::chrono::milliseconds handshake_timeout,
+                                             bool torch_clients) {
   TcpStoreServerOptions options;
   options.host = "127.0.0.1";
   options.port = 0;
   options.job_id = job_id;
   options.token = token;
   options.handshake_timeout = handshake_timeout;
+  options.torch_clients = torch_clients;
   return std::make_unique<TcpStoreServer>(options);
 }
 
@@ -66,13 +68,7 @@ ServerProcess::ServerProcess(const std::string& token, const std::string& job_id
         rlimit files{max_files, max_files};
         if (::setrlimit(RLIMIT_NOFILE, &files) != 0) throw std::runtime_error("setrlimit failed");
       }
-      TcpStoreServerOptions options;
-      options.host = "127.0.0.1";
-      options.port = 0;
-      options.job_id = job_id;
-      options.token = token;
-      options.torch_clients = torch_clients;
-      auto server = std::make_unique<TcpStoreServer>(options);
+      auto server = start_server(token, job_id, std::chrono::seconds(5), torch_clients);
       uint16_t port = server->port();
       if (::write(port_pipe[1], &port, sizeof(port)) != sizeof(port)) ::_exit(2);
       char c;

@@ -40,7 +40,8 @@ class TempDir {
 inline constexpr const char* kTestJob = "store-test";
 std::unique_ptr<TcpStoreServer> start_server(
     const std::string& token = "", const std::string& job_id = kTestJob,
-    std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5));
+    std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5),
+    bool torch_clients = false);
 
 // A TcpStoreServer in a child process of its own, for tests that fork ranks: forking while this
 // process runs server threads could copy a lock held mid-call (OpenSSL's random generator, in a
