@@ -371,9 +371,15 @@ class Run {
     }
     if (first_failure_ == nullptr) {
       first_failure_ = culprit;
+      // Under the elastic agent, the agents of every machine agree on the cause through the
+      // store as soon as one reports it: it reports at once, what its own machine saw first.
+      if (options_.on_failure) {
+        stop_after_failure();
+        return;
+      }
       settle_until_ = Clock::now() + kSettleTime;
     }
-    if (running_count() == 0) stop_after_failure();
+    if (running_count() == 0 && settle_until_) stop_after_failure();
   }
 
   // The settle time is over (or nobody is left running): stop the others, name the cause.

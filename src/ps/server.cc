@@ -348,13 +348,13 @@ struct Server::Impl {
         // payload costs memory only once the payload is really sent.
         const Deadline body =
             Deadline::after(milliseconds(std::max<uint32_t>(h.timeout_ms, 10'000)));
-        payload.clear();
         for (size_t got = 0; got < h.bytes;) {
           const size_t slice = std::min<uint64_t>(h.bytes - got, kPayloadSlice);
-          payload.resize(got + slice);
+          if (payload.size() < got + slice) payload.resize(got + slice);  // reused when it fits
           net::read_all(conn->fd.get(), payload.data() + got, slice, body, context);
           got += slice;
         }
+        payload.resize(h.bytes);
         std::vector<Reply> replies;
         try {
           handle(conn, h, payload, replies);
