@@ -37,7 +37,7 @@ int default_threads() {
   // Bound to fewer CPUs (by `dtrain run`, which gives each worker its share, by taskset or a
   // cpuset): exactly those. Otherwise the local ranks share the machine, counted by whichever
   // launcher started them (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, Slurm's tasks per node):
-  // under mpirun -np 4 every rank used to take every core, 11x slower than 4 ranks that share.
+  // without it, each rank under mpirun took every core and they all fought over them.
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
   if (::sched_getaffinity(0, sizeof(allowed), &allowed) == 0 && CPU_COUNT(&allowed) < cores)

@@ -157,6 +157,18 @@ TEST(Init, RankZeroReportsWhoTheRendezvousWaitsFor) {
   std::remove((log + "1").c_str());
 }
 
+// Rank 0's rank port as it advertises it in the job's store (host:port), read as rank `rank`.
+std::string rank0_address(int store_port, int rank) {
+  TcpStoreOptions so;
+  so.host = "127.0.0.1";
+  so.port = static_cast<uint16_t>(store_port);
+  so.rank = rank;
+  so.connect_timeout = std::chrono::seconds(20);
+  TcpStore store(so);
+  store.wait({"world/addr/0"}, std::chrono::seconds(20));
+  return store.get_string("world/addr/0");
+}
+
 // This machine's first IPv4 address that is not loopback, or "" when it has none.
 std::string non_loopback_ipv4() {
   ifaddrs* list = nullptr;
@@ -184,14 +196,7 @@ TEST(Init, RankPortsOfALoopbackJobListenOnLoopbackOnly) {
     ::unsetenv("DTRAIN_SOCKET_ADDR");
     if (rank == 1) {
       // Before joining: rank 0's rank port, as it advertises it, tried through the other address.
-      TcpStoreOptions so;
-      so.host = "127.0.0.1";
-      so.port = static_cast<uint16_t>(port);
-      so.rank = 1;
-      so.connect_timeout = 20s;
-      TcpStore store(so);
-      store.wait({"world/addr/0"}, 20s);
-      const std::string addr = store.get_string("world/addr/0");
+      const std::string addr = rank0_address(port, 1);
       RANK_CHECK(addr.starts_with("127.0.0.1:"), "rank 0 advertises {}", addr);
       const auto rank_port = static_cast<uint16_t>(std::stoi(addr.substr(addr.find(':') + 1)));
       bool reached = true;
@@ -218,14 +223,7 @@ TEST(Init, SilentConnectionsDoNotHoldUpTheRendezvous) {
     ::setenv("DTRAIN_CONNECT_TIMEOUT", "8", 1);
     std::vector<net::Fd> silent;
     if (rank == 2) {  // opens 40 silent connections to rank 0's port, then joins 1 s late
-      TcpStoreOptions so;
-      so.host = "127.0.0.1";
-      so.port = static_cast<uint16_t>(port);
-      so.rank = 2;
-      so.connect_timeout = 20s;
-      TcpStore store(so);
-      store.wait({"world/addr/0"}, 20s);
-      const std::string addr = store.get_string("world/addr/0");
+      const std::string addr = rank0_address(port, 2);
       const auto rank_port = static_cast<uint16_t>(std::stoi(addr.substr(addr.find(':') + 1)));
       for (int i = 0; i < 40; ++i)
         silent.push_back(net::connect_tcp({"127.0.0.1", rank_port}, Deadline::after(5s), "silent"));
