@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/crash_report.h"
+
 namespace dtrain::testing {
 
 struct ChildResult {
@@ -36,6 +38,7 @@ inline std::vector<ChildResult> run_ranks(int n, const std::function<void(int)>&
   for (int r = 0; r < n; ++r) {
     pid_t pid = ::fork();
     if (pid == 0) {
+      report_crashes(r);
       int code = 0;
       try {
         fn(r);

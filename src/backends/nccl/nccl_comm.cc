@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <thread>
 
 #include "comm/cuda/cuda_runtime.h"
@@ -115,17 +116,41 @@ std::shared_ptr<NcclComm> NcclComm::split(int color, int key, const std::string&
   config.blocking = 0;
   config.commName = name.c_str();
   cuda::DeviceGuard guard(device_);
-  ncclComm_t sub = nullptr;
-  const ncclResult_t rc = ncclCommSplit(comm_, color, key, &sub, &config);
+  // A non-blocking split returns before the new communicator exists: NCCL's job writes its
+  // handle into *slot when it completes, which polling this communicator drives. So the slot
+  // must stay put until then, and the handle is read only after.
+  auto slot = std::make_unique<ncclComm_t>(nullptr);
+  const ncclResult_t rc = ncclCommSplit(comm_, color, key, slot.get(), &config);
   if (rc != ncclSuccess && rc != ncclInProgress) {
-    if (sub) ncclCommAbort(sub);
+    if (*slot) ncclCommAbort(*slot);
     auto e = error_of(rc, what + ": ncclCommSplit");
     fail_locked(e);
     std::rethrow_exception(e);
   }
-  // Owned at once, so that a failure below aborts it.
-  std::shared_ptr<NcclComm> child(sub ? new NcclComm(sub, device_) : nullptr);
-  settle_locked(lock, deadline, what);
+  const auto handle = [&] { return std::atomic_ref<ncclComm_t>(*slot).load(std::memory_order_acquire); };
+  try {
+    for (int spins = 0;; ++spins) {
+      settle_locked(lock, deadline, what);  // polling drives the split's job to its end
+      if (color == NCCL_SPLIT_NOCOLOR || handle()) break;
+      if (deadline.expired()) {
+        auto e = std::make_exception_ptr(TimeoutError(fmt::format(
+            "{}: ncclCommSplit gave no communicator within {} although NCCL reports no error; "
+            "the NCCL communicator was aborted",
+            what, deadline.describe())));
+        fail_locked(e);
+        std::rethrow_exception(e);
+      }
+      lock.unlock();
+      back_off(spins);
+      lock.lock();
+    }
+  } catch (...) {
+    // This communicator is aborted, but the abandoned job might still write the slot: it is
+    // left to it (8 bytes, once per failed split).
+    (void)slot.release();
+    throw;
+  }
+  std::shared_ptr<NcclComm> child(handle() ? new NcclComm(handle(), device_) : nullptr);
   if (child) {
     std::unique_lock child_lock(child->mu_);
     child->settle_locked(child_lock, deadline, what);
