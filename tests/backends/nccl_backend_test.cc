@@ -126,6 +126,14 @@ std::string versions() {
   return text;
 }
 
+// "1 GPU (NVIDIA H200)": called in a child that uses the GPU.
+std::string which_gpus() {
+  cudaDeviceProp prop{};
+  const std::string name =
+      cudaGetDeviceProperties(&prop, 0) == cudaSuccess ? prop.name : "name unknown";
+  return fmt::format("{} GPU{} ({})", gpus().count, gpus().count == 1 ? "" : "s", name);
+}
+
 // ---- DeviceMirror: the suite's host buffers, as GPU memory ----
 
 void cuda_ok(cudaError_t e, const std::string& what) {
@@ -365,8 +373,8 @@ TEST(NcclBackend, WithoutAGpuCreatingTheGroupFailsAtOnce) {
               fmt::format(
                   "compiled and linked ({}), but no GPU was visible to the tests ({}): they "
                   "checked that DTRAIN_BACKEND=nccl fails at once with \"backend nccl needs a "
-                  "CUDA device\"; no GPU path ran (collectives, send/recv, sub-groups, "
-                  "timeouts), hence no nccl cell is filled in",
+                  "CUDA device\"; no GPU path ran here (collectives, send/recv, sub-groups, "
+                  "timeouts)",
                   versions(), gpus().why_none));
       },
       60s));
@@ -427,7 +435,7 @@ TEST(NcclBackend, SuiteOnTheGpuAtWorldSizeOne) {
         suite.reductions(counts_for(1));
         suite.movement(counts_for(1));
         suite.subgroups();
-        record_note("nccl", fmt::format("ran on {} GPUs ({})", gpus().count, versions()));
+        record_note("nccl", fmt::format("ran on {}, {}", which_gpus(), versions()));
       },
       240s));
 }
@@ -528,7 +536,7 @@ TEST(NativeBackend, CudaTensorWithoutAGpuFailsAndSendsNothing) {
                                   "to the tests: they checked that a CUDA tensor fails with a "
                                   "message naming the rank, the operation and the cause, before "
                                   "anything is sent; the staging through pinned host memory did "
-                                  "not run, hence no native CUDA cell is filled in",
+                                  "not run here",
                                   versions()));
       },
       60s));
@@ -552,9 +560,9 @@ TEST(NativeBackend, CudaTensorsThroughHostMemory) {
         w->wait();
         for (int x : v) RANK_CHECK(x == 6, "mixed all_reduce gave {}", x);
         if (rank == 0)
-          record_note("native", fmt::format("CUDA tensors ran on {} GPUs ({}), three ranks sharing "
+          record_note("native", fmt::format("CUDA tensors ran on {}, {}, three ranks sharing "
                                             "one GPU",
-                                            gpus().count, versions()));
+                                            which_gpus(), versions()));
       },
       240s));
 }

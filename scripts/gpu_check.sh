@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU checks of dtrain, for a machine with a GPU but without Debian's libraries (a lent GPU
+# machine runs another distribution, where nothing can be installed). Two steps:
+#
+#   scripts/gpu_check.sh pack [BUILD]   here: strips the GPU test and benchmark of BUILD
+#                                       (default build/) into .gpu/, with the shared libraries
+#                                       they need that a CUDA machine may lack (NCCL excepted: the
+#                                       GPU machine's own is used, it is too large to carry)
+#   scripts/gpu_check.sh run OUT        there: runs them from .gpu/ and writes logs and the
+#                                       backend records into OUT
+#
+# `run` executes nccl_backend_test (the nccl backend at world size 1 and the native backend's
+# CUDA tensors with three ranks on one GPU, each through the shared collectives suite) and
+# gpu_bench (dtrain's nccl all_reduce against NCCL itself, the staging against plain copies),
+# then, where python3 has a CUDA build of torch, bench/peers/torch_nccl_peer.py (PyTorch's own
+# NCCL backend on the same sizes).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+case "${1:-}" in
+pack)
+  build=${2:-build}
+  for b in nccl_backend_test gpu_bench; do
+    [[ -x $build/bin/$b ]] || { echo "gpu_check: $build/bin/$b is missing: build it (ninja -C $build $b)" >&2; exit 1; }
+  done
+  rm -rf .gpu && mkdir -p .gpu/lib
+  for b in nccl_backend_test gpu_bench; do strip -o .gpu/$b "$build/bin/$b"; done
+  # Everything they link but the C and C++ runtimes (newer on any CUDA machine) and NCCL.
+  for lib in $(ldd .gpu/nccl_backend_test .gpu/gpu_bench | awk '/=>/ {print $3}' | sort -u); do
+    case $(basename "$lib") in
+      libc.so* | libm.so* | libstdc++* | libgcc_s* | libpthread* | libdl.so* | librt.so* | libnccl*) ;;
+      *) cp -L "$lib" .gpu/lib/ ;;
+    esac
+  done
+  # The test records its results under its build directory's path (DTRAIN_BIN_DIR).
+  readlink -f "$build/bin" > .gpu/bin_dir
+  grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+  du -sh .gpu
+  ;;
+run)
+  out=${2:?usage: scripts/gpu_check.sh run OUT}
+  mkdir -p "$out"
+  [[ -x .gpu/nccl_backend_test ]] || { echo "gpu_check: no .gpu/ here: run 'scripts/gpu_check.sh pack' first and carry .gpu" >&2; exit 1; }
+  nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null ||
+             dirname "$(find /usr /opt -name 'libnccl.so.2' 2>/dev/null | head -1)")
+  export LD_LIBRARY_PATH=$PWD/.gpu/lib:$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  {
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    echo "NCCL from: $nccl_dir"
+    ldd .gpu/nccl_backend_test | grep -E 'not found|nccl|cudart'
+  } 2>&1 | tee "$out/machine.txt"
+  bin_dir=$(cat .gpu/bin_dir)
+  mkdir -p "$bin_dir" && rm -rf "$bin_dir/../backend_support"
+  status=0
+  timeout 300 .gpu/nccl_backend_test --gtest_brief=0 2>&1 | tee "$out/nccl_backend_test.txt" || status=1
+  cp "$bin_dir"/../backend_support/*.jsonl "$out"/ 2>/dev/null
+  timeout 200 .gpu/gpu_bench --rounds 5 --iters 20 --json "$out/gpu_bench.jsonl" 2>&1 |
+    tee "$out/gpu_bench.txt" || status=1
+  # PyTorch's own NCCL backend, where the machine's python3 has a CUDA build of torch.
+  if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    PYTHONUNBUFFERED=1 timeout 200 python3 bench/peers/torch_nccl_peer.py --rounds 5 --iters 20 \
+      --json "$out/torch_nccl.jsonl" 2>&1 | tee "$out/torch_nccl.txt" || status=1
+  fi
+  exit $status
+  ;;
+*)
+  sed -n '2,16p' "$0" >&2
+  exit 2
+  ;;
+esac
