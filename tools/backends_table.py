@@ -9,6 +9,11 @@ GPU, say); the latest note of each backend is printed under "What ran where".
 
     tools/backends_table.py build/backend_support docs/backends.md          # (re)write the doc
     tools/backends_table.py --check build/backend_support docs/backends.md  # fail if stale
+
+Several folders may be given before the doc: their records are read in that order, a later one
+winning. docs/backend_records/gpu/ holds the records of the last run on a GPU machine
+(scripts/gpu_check.sh), which CI's machines cannot make, so that the CUDA columns survive a
+rebuild of the table on a machine without a GPU; each folder's latest note of a backend is kept.
 """
 import json
 import pathlib
@@ -21,17 +26,31 @@ OPS = ["all_reduce", "reduce", "reduce_scatter", "broadcast", "all_gather", "all
 DTYPES = ["f32", "f64", "f16", "bf16", "i32", "i64", "u8"]
 
 
-def load(folder):
-    # The last record of a key wins: files only grow, and a later run knows better.
+def where(folder):
+    """The folder as the doc names it: relative to the repository when inside it."""
+    path = pathlib.Path(folder).resolve()
+    try:
+        return str(path.relative_to(pathlib.Path(__file__).resolve().parent.parent))
+    except ValueError:
+        return str(path)
+
+
+def load(folders):
+    # The last record of a key wins: files only grow, and a later run (or folder) knows better.
+    # Notes: the latest of each backend in each folder, in folder order.
     records, notes = {}, {}
-    for path in sorted(pathlib.Path(folder).glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                if "note" in r:
-                    notes[r["backend"]] = r["note"]
-                else:
-                    records[(r["backend"], r["op"], r["device"], r["dtype"])] = r["supported"]
+    for folder in folders:
+        latest = {}
+        for path in sorted(pathlib.Path(folder).glob("*.jsonl")):
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    r = json.loads(line)
+                    if "note" in r:
+                        latest[r["backend"]] = r["note"]
+                    else:
+                        records[(r["backend"], r["op"], r["device"], r["dtype"])] = r["supported"]
+        for backend, note in latest.items():
+            notes.setdefault(backend, []).append((where(folder), note))
     return records, notes
 
 
@@ -55,6 +74,8 @@ def render(records, notes):
            "`mpirun -np 3`, nccl and the native backend's CUDA tensors in",
            "`tests/backends/nccl_backend_test.cc`); do not edit by hand. Rebuild it with",
            "`ninja -C build backends_table` after running `ctest -R '[Bb]ackend|GlooWorld'`.",
+           "The CUDA columns come from `docs/backend_records/gpu/`, the records of the last run on a",
+           "GPU machine (`scripts/gpu_check.sh`; docs/performance.md, \"On a GPU\").",
            "",
            "yes: the tests ran it and checked the result; no: the tests checked that it fails with",
            "\"backend X does not support Y on Z\"; yes, not T: every dtype tried but T works;",
@@ -91,8 +112,8 @@ def render(records, notes):
     if not notes:
         out.append("The tests left no note: every backend above ran where its tests ran.")
     for b in BACKENDS:
-        if b in notes:
-            out.append(f"- {b}: {notes[b]}")
+        for folder, note in notes.get(b, []):
+            out.append(f"- {b} ({folder}): {note}")
     out += GPU_SUPPORT
     return "\n".join(out) + "\n"
 
@@ -141,18 +162,18 @@ GPU_SUPPORT = [
 def main(argv):
     check = "--check" in argv
     args = [a for a in argv if a != "--check"]
-    if len(args) != 2:
+    if len(args) < 2:
         print(__doc__)
         return 2
-    records, notes = load(args[0])
+    folders, doc = args[:-1], pathlib.Path(args[-1])
+    records, notes = load(folders)
     if not records:
-        print(f"no records in {args[0]}: run the backend tests first")
+        print(f"no records in {', '.join(folders)}: run the backend tests first")
         return 77 if check else 1
     text = render(records, notes)
-    doc = pathlib.Path(args[1])
     if check:
         if not doc.exists() or doc.read_text() != text:
-            print(f"{doc} is stale: run tools/backends_table.py {args[0]} {doc}")
+            print(f"{doc} is stale: run tools/backends_table.py {' '.join(folders)} {doc}")
             return 1
         return 0
     doc.write_text(text)
