@@ -866,7 +866,12 @@ Server::Server(const ServerOptions& options) : impl_(std::make_unique<Impl>(opti
   if (options.num_servers < 1 || options.index < 0 || options.index >= options.num_servers)
     throw InvalidArgumentError(fmt::format("ps server index {} of {} is out of range",
                                            options.index, options.num_servers));
-  s.listen_fd = net::listen_tcp(options.listen_host, options.port);
+  // A server that advertises a loopback address (its job's store is on loopback: one machine)
+  // listens there only, so that no other machine can reach it.
+  std::string listen_host = options.listen_host;
+  if (listen_host.empty() && net::is_loopback(options.advertise_host))
+    listen_host = options.advertise_host;
+  s.listen_fd = net::listen_tcp(listen_host, options.port);
   std::string host = options.advertise_host;
   if (host.empty())
     host = (options.listen_host.empty() || options.listen_host == "0.0.0.0") ? "127.0.0.1"

@@ -1,8 +1,5 @@
 // init_process_group from the environment, as `dtrain run`, torchrun and mpirun leave it.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -17,6 +14,7 @@
 #include "common/socket.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/store.h"
+#include "support/addresses.h"
 #include "support/group.h"
 #include "support/multiproc.h"
 
@@ -167,22 +165,6 @@ std::string rank0_address(int store_port, int rank) {
   TcpStore store(so);
   store.wait({"world/addr/0"}, std::chrono::seconds(20));
   return store.get_string("world/addr/0");
-}
-
-// This machine's first IPv4 address that is not loopback, or "" when it has none.
-std::string non_loopback_ipv4() {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return "";
-  std::string found;
-  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
-    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
-    char text[INET_ADDRSTRLEN] = {0};
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text,
-                sizeof(text));
-    if (!std::string_view(text).starts_with("127.")) found = text;
-  }
-  ::freeifaddrs(list);
-  return found;
 }
 
 // A job on one machine, its store on 127.0.0.1: the ranks' own ports listen on loopback only,

@@ -1,17 +1,14 @@
 // net:: socket options on real connections: congestion control over loopback, and telling a peer
 // on this host from one elsewhere.
 #include <gtest/gtest.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <arpa/inet.h>
 
-#include <optional>
 #include <string>
 #include <thread>
 
 #include "common/socket.h"
+#include "support/addresses.h"
 
 namespace dtrain::net {
 namespace {
@@ -39,22 +36,6 @@ std::string congestion_control(int fd) {
   return std::string(name, strnlen(name, len));
 }
 
-// An IPv4 address of this host other than loopback, if it has one.
-std::optional<std::string> non_loopback_ipv4() {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return std::nullopt;
-  std::optional<std::string> found;
-  for (ifaddrs* i = list; i != nullptr && !found; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
-    if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) continue;
-    char text[INET_ADDRSTRLEN];
-    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) found = text;
-  }
-  ::freeifaddrs(list);
-  return found;
-}
-
 TEST(Socket, LoopbackConnectionsUseReno) {
   Connection c = connect_over("127.0.0.1");
   EXPECT_TRUE(peer_is_on_this_host(c.client.get()));
@@ -72,11 +53,11 @@ TEST(Socket, LoopbackConnectionsUseReno) {
 }
 
 TEST(Socket, ThisHostsOwnAddressIsThisHost) {
-  const auto address = non_loopback_ipv4();
-  if (!address) GTEST_SKIP() << "this host has no IPv4 address besides loopback";
-  Connection c = connect_over(*address);
-  EXPECT_TRUE(peer_is_on_this_host(c.client.get())) << *address;
-  EXPECT_TRUE(peer_is_on_this_host(c.server.get())) << *address;
+  const std::string address = testing::non_loopback_ipv4();
+  if (address.empty()) GTEST_SKIP() << "this host has no IPv4 address besides loopback";
+  Connection c = connect_over(address);
+  EXPECT_TRUE(peer_is_on_this_host(c.client.get())) << address;
+  EXPECT_TRUE(peer_is_on_this_host(c.server.get())) << address;
 }
 
 TEST(Socket, AnUnconnectedSocketHasNoPeerOnThisHost) {

@@ -18,6 +18,7 @@
 #include "ps/sparse_table.h"
 #include "ps/table_spec.h"
 #include "ps/ps_job.h"
+#include "support/addresses.h"
 
 namespace dtrain::testing {
 namespace {
@@ -577,6 +578,30 @@ TEST(PsTest, SilentConnectionsDoNotDelayARealWorker) {
   const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_LT(took, 3s) << "40 silent connections delayed a real worker by "
                       << std::chrono::duration<double>(took).count() << " s";
+}
+
+// A server that advertises a loopback address, as one started by `dtrain run` for a job whose
+// store is on 127.0.0.1, listens on loopback only (it listened on every interface); one told
+// nothing listens on every interface, as `dtrain ps-server --host` documents.
+TEST(PsTest, AServerAdvertisingLoopbackListensOnLoopbackOnly) {
+  const std::string outside = non_loopback_ipv4();
+  if (outside.empty()) GTEST_SKIP() << "this machine has no address but loopback";
+  auto reachable = [](const std::string& host, const std::string& address) {
+    const auto port = static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+    try {
+      net::connect_tcp({host, port}, Deadline::after(300ms), "probe");
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  ps::ServerOptions local;
+  local.advertise_host = "127.0.0.1";
+  ps::Server loopback_only(local);
+  EXPECT_TRUE(reachable("127.0.0.1", loopback_only.address()));
+  EXPECT_FALSE(reachable(outside, loopback_only.address())) << "answered on " << outside;
+  ps::Server everywhere(ps::ServerOptions{});
+  EXPECT_TRUE(reachable(outside, everywhere.address())) << "silent on " << outside;
 }
 
 }  // namespace
