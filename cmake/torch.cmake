@@ -39,7 +39,7 @@ target_include_directories(dtrain_torch_objects
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch_objects
-  PUBLIC dtrain_core dtrain_ps ${TORCH_LIBRARIES}
+  PUBLIC dtrain_core dtrain_ps dtrain_data ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 
 add_library(dtrain_torch STATIC src/torch/runtime.cc)
@@ -47,7 +47,7 @@ target_include_directories(dtrain_torch
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch
-  PUBLIC dtrain_torch_objects dtrain_core dtrain_ps ${TORCH_LIBRARIES}
+  PUBLIC dtrain_torch_objects dtrain_core dtrain_ps dtrain_data ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 
 # The allocator: glibc malloc makes LibTorch return and re-fault its big buffers every step

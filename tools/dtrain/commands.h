@@ -11,5 +11,6 @@ CLI::App* add_store_command(CLI::App& app);  // cmd_store.cc: a standalone store
 CLI::App* add_env_command(CLI::App& app);    // cmd_env.cc: the environment variable table
 CLI::App* add_bench_command(CLI::App& app);  // cmd_bench.cc: collectives, dtrain beside its peers
 CLI::App* add_ps_server_command(CLI::App& app);  // cmd_ps_server.cc: a parameter server
+CLI::App* add_data_command(CLI::App& app);   // cmd_data.cc: shard files for ShardedDataset
 
 }  // namespace dtrain::tools

@@ -10,9 +10,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "dtrain/data/fashion_mnist.h"
+
 namespace dtrain {
 
-inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+using data::kFashionMnistDir;
 
 struct FashionMnist {
   at::Tensor images;

@@ -1,0 +1,368 @@
+#include "dtrain/data/tfrecord.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "data/crc32c.h"
+#include "dtrain/error.h"
+
+namespace dtrain::data {
+namespace {
+
+constexpr char kIndexMagic[8] = {'D', 'T', 'R', 'I', 'D', 'X', '0', '1'};
+constexpr size_t kIndexHeader = 24;  // magic, record count, file size
+constexpr uint64_t kFraming = 16;    // length, its CRC, the data's CRC
+constexpr size_t kWriteBuffer = size_t{1} << 20;
+
+std::string index_path(const std::string& path) { return path + ".index"; }
+
+void put_u64(std::byte* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = std::byte(v >> (8 * i));
+}
+void put_u32(std::byte* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = std::byte(v >> (8 * i));
+}
+uint64_t get_u64(const std::byte* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | std::to_integer<uint64_t>(p[i]);
+  return v;
+}
+uint32_t get_u32(const std::byte* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | std::to_integer<uint32_t>(p[i]);
+  return v;
+}
+
+[[noreturn]] void io_error(const std::string& what, const std::string& path) {
+  throw InvalidArgumentError(fmt::format("{} {} failed: {}", what, path, std::strerror(errno)));
+}
+
+void write_all(int fd, const std::byte* data, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      io_error("writing", path);
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// Reads exactly n bytes at `offset`; false when the file ends first.
+bool pread_all(int fd, std::byte* data, size_t n, uint64_t offset, const std::string& path) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, data, n, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      io_error("reading", path);
+    }
+    if (r == 0) return false;
+    data += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+int open_for_reading(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) io_error("opening", path);
+  return fd;
+}
+
+uint64_t size_of(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) io_error("fstat of", path);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+[[noreturn]] void damaged(const std::string& path, size_t record, uint64_t offset,
+                          const std::string& what) {
+  throw InvalidArgumentError(fmt::format(
+      "TFRecord file {}: record {} at byte {}: {}: the file is damaged (write it again, or train "
+      "without its bad records with OnBadRecord::kSkip)",
+      path, record, offset, what));
+}
+
+// The offsets of every record, from the length fields (each checked against its CRC).
+std::vector<uint64_t> scan(int fd, uint64_t file_size, const std::string& path) {
+  std::vector<uint64_t> offsets;
+  uint64_t at = 0;
+  std::byte header[12];
+  while (at < file_size) {
+    const size_t i = offsets.size();
+    if (file_size - at < kFraming)
+      damaged(path, i, at, fmt::format("the file ends {} bytes into the record's framing of 16 "
+                                       "(truncated)", file_size - at));
+    pread_all(fd, header, sizeof header, at, path);
+    const uint64_t length = get_u64(header);
+    if (get_u32(header + 8) != masked_crc32c(header, 8))
+      damaged(path, i, at, "the checksum of the length field does not match (not a TFRecord file, "
+                           "or damaged here)");
+    if (length > file_size - at - kFraming)
+      damaged(path, i, at, fmt::format("the record claims {} bytes but the file ends {} bytes "
+                                       "later (truncated)",
+                                       length, file_size - at - kFraming));
+    offsets.push_back(at);
+    at += kFraming + length;
+  }
+  return offsets;
+}
+
+// The offsets from <path>.index when it exists and matches the file; empty optional otherwise
+// (no index). A present but damaged or stale index is an error: silently rescanning would hide
+// that the file changed under it.
+bool load_index(const std::string& path, uint64_t file_size, std::vector<uint64_t>& offsets,
+                uint64_t* count_only) {
+  const std::string ipath = index_path(path);
+  const int fd = ::open(ipath.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return false;
+    io_error("opening", ipath);
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const uint64_t index_size = size_of(fd, ipath);
+  std::byte header[kIndexHeader];
+  if (index_size < kIndexHeader || !pread_all(fd, header, kIndexHeader, 0, ipath) ||
+      std::memcmp(header, kIndexMagic, sizeof kIndexMagic) != 0)
+    throw InvalidArgumentError(fmt::format(
+        "{} is not a dtrain TFRecord index (no DTRIDX01 header): delete it, or rebuild it with "
+        "`dtrain data index {}`",
+        ipath, path));
+  const uint64_t n = get_u64(header + 8);
+  const uint64_t indexed_size = get_u64(header + 16);
+  if (indexed_size != file_size)
+    throw InvalidArgumentError(fmt::format(
+        "{} is stale: it describes a file of {} bytes, but {} has {}; rebuild it with `dtrain "
+        "data index {}`",
+        ipath, indexed_size, path, file_size, path));
+  if (n > (index_size - kIndexHeader) / 8 || index_size != kIndexHeader + 8 * n)
+    throw InvalidArgumentError(fmt::format(
+        "{} is damaged: it claims {} records but holds {} bytes; rebuild it with `dtrain data "
+        "index {}`",
+        ipath, n, index_size, path));
+  if (count_only) {
+    *count_only = n;
+    return true;
+  }
+  std::vector<std::byte> raw(8 * n);
+  if (!pread_all(fd, raw.data(), raw.size(), kIndexHeader, ipath))
+    throw InvalidArgumentError(fmt::format("{} ended while being read", ipath));
+  offsets.resize(n);
+  uint64_t previous = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    offsets[i] = get_u64(raw.data() + 8 * i);
+    const uint64_t end = i + 1 < n ? get_u64(raw.data() + 8 * (i + 1)) : file_size;
+    if ((i > 0 && offsets[i] < previous + kFraming) || end < offsets[i] + kFraming ||
+        (i == 0 && offsets[0] != 0))
+      throw InvalidArgumentError(fmt::format(
+          "{} is damaged: record {}'s offset {} is inconsistent; rebuild it with `dtrain data "
+          "index {}`",
+          ipath, i, offsets[i], path));
+    previous = offsets[i];
+  }
+  if (n == 0 && file_size != 0)
+    throw InvalidArgumentError(fmt::format(
+        "{} is damaged: no records for a file of {} bytes; rebuild it with `dtrain data index {}`",
+        ipath, file_size, path));
+  return true;
+}
+
+void write_index_file(const std::string& path, const std::vector<uint64_t>& offsets,
+                      uint64_t file_size, bool sync) {
+  const std::string ipath = index_path(path);
+  const std::string tmp = ipath + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_error("creating", tmp);
+  try {
+    std::vector<std::byte> raw(kIndexHeader + 8 * offsets.size());
+    std::memcpy(raw.data(), kIndexMagic, sizeof kIndexMagic);
+    put_u64(raw.data() + 8, offsets.size());
+    put_u64(raw.data() + 16, file_size);
+    for (size_t i = 0; i < offsets.size(); ++i) put_u64(raw.data() + kIndexHeader + 8 * i, offsets[i]);
+    write_all(fd, raw.data(), raw.size(), tmp);
+    if (sync && ::fsync(fd) != 0) io_error("fsync of", tmp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    io_error("closing", tmp);
+  }
+  if (::rename(tmp.c_str(), ipath.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    io_error("installing", ipath);
+  }
+}
+
+}  // namespace
+
+// ---- writer ----
+
+TfRecordWriter::TfRecordWriter(std::string path, TfRecordWriterOptions options)
+    : path_(std::move(path)), options_(options) {
+  const std::string tmp = path_ + ".tmp";
+  fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) io_error("creating", tmp);
+  buffer_.reserve(kWriteBuffer);
+}
+
+TfRecordWriter::~TfRecordWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink((path_ + ".tmp").c_str());
+  }
+}
+
+void TfRecordWriter::write(std::string_view record) {
+  write(std::span(reinterpret_cast<const std::byte*>(record.data()), record.size()));
+}
+
+void TfRecordWriter::write(std::span<const std::byte> record) {
+  if (fd_ < 0)
+    throw InvalidArgumentError(fmt::format("TfRecordWriter {}: write after close()", path_));
+  std::byte header[12], footer[4];
+  put_u64(header, record.size());
+  put_u32(header + 8, masked_crc32c(header, 8));
+  put_u32(footer, masked_crc32c(record.data(), record.size()));
+  offsets_.push_back(size_);
+  size_ += kFraming + record.size();
+  if (buffer_.size() + kFraming + record.size() > kWriteBuffer) flush();
+  if (record.size() >= kWriteBuffer) {  // large records go straight to the file
+    write_all(fd_, header, sizeof header, path_ + ".tmp");
+    write_all(fd_, record.data(), record.size(), path_ + ".tmp");
+    write_all(fd_, footer, sizeof footer, path_ + ".tmp");
+    return;
+  }
+  buffer_.insert(buffer_.end(), header, header + sizeof header);
+  buffer_.insert(buffer_.end(), record.begin(), record.end());
+  buffer_.insert(buffer_.end(), footer, footer + sizeof footer);
+}
+
+void TfRecordWriter::flush() {
+  write_all(fd_, buffer_.data(), buffer_.size(), path_ + ".tmp");
+  buffer_.clear();
+}
+
+void TfRecordWriter::close() {
+  if (fd_ < 0) return;
+  const std::string tmp = path_ + ".tmp";
+  try {
+    flush();
+    if (options_.sync && ::fsync(fd_) != 0) io_error("fsync of", tmp);
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  if (rc != 0) {
+    ::unlink(tmp.c_str());
+    io_error("closing", tmp);
+  }
+  // The index first: a file without its index is merely slower to open, an index that does
+  // not match its file is refused.
+  if (options_.write_index) write_index_file(path_, offsets_, size_, options_.sync);
+  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    io_error("installing", path_);
+  }
+}
+
+// ---- reader ----
+
+TfRecordFile::TfRecordFile(std::string path) : path_(std::move(path)) {
+  fd_ = open_for_reading(path_);
+  try {
+    file_size_ = size_of(fd_, path_);
+    indexed_ = load_index(path_, file_size_, offsets_, nullptr);
+    if (!indexed_) offsets_ = scan(fd_, file_size_, path_);
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+TfRecordFile::~TfRecordFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+uint64_t TfRecordFile::data_bytes(size_t i) const {
+  const uint64_t end = i + 1 < offsets_.size() ? offsets_[i + 1] : file_size_;
+  return end - offsets_.at(i) - kFraming;
+}
+
+void TfRecordFile::read(size_t i, std::vector<std::byte>& out) const {
+  if (i >= offsets_.size())
+    throw InvalidArgumentError(fmt::format("TFRecord file {}: no record {} (it has {})", path_, i,
+                                           offsets_.size()));
+  const uint64_t at = offsets_[i];
+  const uint64_t expected = data_bytes(i);
+  out.resize(expected + kFraming);
+  if (!pread_all(fd_, out.data(), out.size(), at, path_))
+    damaged(path_, i, at, "the file ends inside the record (truncated since it was indexed)");
+  const uint64_t length = get_u64(out.data());
+  if (get_u32(out.data() + 8) != masked_crc32c(out.data(), 8))
+    damaged(path_, i, at, "the checksum of the length field does not match");
+  if (length != expected)
+    damaged(path_, i, at, fmt::format("the record says {} bytes, the index {}", length, expected));
+  const std::byte* data = out.data() + 12;
+  if (get_u32(data + length) != masked_crc32c(data, length))
+    damaged(path_, i, at, fmt::format("the checksum of the record's {} bytes of data does not "
+                                      "match",
+                                      length));
+  std::memmove(out.data(), data, length);
+  out.resize(length);
+}
+
+uint64_t count_tfrecords(const std::string& path) {
+  const int fd = open_for_reading(path);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const uint64_t file_size = size_of(fd, path);
+  std::vector<uint64_t> unused;
+  uint64_t n = 0;
+  if (load_index(path, file_size, unused, &n)) return n;
+  return scan(fd, file_size, path).size();
+}
+
+uint64_t write_tfrecord_index(const std::string& path) {
+  const int fd = open_for_reading(path);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  const uint64_t file_size = size_of(fd, path);
+  const std::vector<uint64_t> offsets = scan(fd, file_size, path);
+  write_index_file(path, offsets, file_size, /*sync=*/true);
+  return offsets.size();
+}
+
+std::string verify_tfrecord_file(const std::string& path) {
+  try {
+    TfRecordFile file(path);
+    std::vector<std::byte> record;
+    for (size_t i = 0; i < file.size(); ++i) file.read(i, record);
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+}  // namespace dtrain::data

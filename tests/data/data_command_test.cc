@@ -1,0 +1,111 @@
+// `dtrain data`: shards written from a folder and from Fashion-MNIST, read back record for
+// record, checked by `inspect` (a damaged file named, exit 1), and indexed after the fact.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "dtrain/data/fashion_mnist.h"
+#include "dtrain/data/sharded_dataset.h"
+#include "dtrain/data/tfrecord.h"
+#include "launch/command.h"
+
+namespace dtrain::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kDtrain = std::string(DTRAIN_BIN_DIR) + "/dtrain";
+
+testing::CommandResult dtrain(std::vector<std::string> args) {
+  args.insert(args.begin(), kDtrain);
+  return testing::run_command(args);
+}
+
+std::string bytes_of(const Record& r) {
+  return std::string(reinterpret_cast<const char*>(r.bytes.data()), r.bytes.size());
+}
+
+TEST(DataCommand, WritesInspectsAndIndexesShardsOfAFolder) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("data_cmd_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "in" / "sub");
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"a.txt", "alpha"}, {"b.bin", std::string("\0\1\2", 3)}, {"sub/c", ""}, {"sub/d", "delta"},
+      {"z", std::string(5000, 'z')}};
+  for (const auto& [name, content] : files) std::ofstream(dir / "in" / name, std::ios::binary) << content;
+
+  auto r = dtrain({"data", "write", "--from", (dir / "in").string(), "--out",
+                   (dir / "out" / "files").string(), "--shards", "2"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  EXPECT_NE(r.output.find("wrote 5 records in 2 shards"), std::string::npos) << r.output;
+  const std::string pattern = (dir / "out" / "files-*.tfrecord").string();
+  ShardedDatasetOptions o;
+  o.shuffle = false;
+  ShardedDataset data({pattern}, o);
+  for (const auto& [name, content] : files) EXPECT_EQ(bytes_of(*data.next()), content) << name;
+
+  r = dtrain({"data", "inspect", pattern});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  EXPECT_NE(r.output.find("2 files, 5 records"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("every checksum matches"), std::string::npos) << r.output;
+
+  // One damaged byte: inspect names the file and the record, and fails.
+  const std::string second = (dir / "out" / "files-00001-of-00002.tfrecord").string();
+  {
+    std::fstream io(second, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(14);
+    io.put('#');
+  }
+  r = dtrain({"data", "inspect", pattern});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("TFRecord file " + second + ": record 0 at byte 0"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("1 damaged"), std::string::npos) << r.output;
+
+  // An index for a file without one.
+  const std::string first = (dir / "out" / "files-00000-of-00002.tfrecord").string();
+  fs::remove(first + ".index");
+  EXPECT_FALSE(TfRecordFile(first).indexed());
+  r = dtrain({"data", "index", first});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  EXPECT_TRUE(TfRecordFile(first).indexed());
+
+  // Mistakes, each one line and a non-zero exit.
+  r = dtrain({"data", "write", "--from", (dir / "in").string(), "--out", (dir / "x").string(),
+              "--shards", "9"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--shards 9 for 5 records"), std::string::npos) << r.output;
+  r = dtrain({"data", "write", "--out", (dir / "x").string()});
+  EXPECT_NE(r.output.find("give exactly one source"), std::string::npos) << r.output;
+  r = dtrain({"data", "inspect", (dir / "none-*").string()});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("no file matches"), std::string::npos) << r.output;
+}
+
+TEST(DataCommand, FashionMnistRecordsAreTheLabelThenThePixels) {
+  if (!fs::exists(std::string(kFashionMnistDir) + "/t10k-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const fs::path dir = fs::path(::testing::TempDir()) / ("data_fmnist_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto r = dtrain({"data", "write", "--fashion-mnist", "--split", "test", "--out",
+                   (dir / "t10k").string(), "--shards", "3"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  const FashionMnistBytes raw = read_fashion_mnist(kFashionMnistDir, /*train=*/false);
+  ShardedDatasetOptions o;
+  o.shuffle = false;
+  ShardedDataset data({(dir / "t10k-*.tfrecord").string()}, o);
+  ASSERT_EQ(data.size(), 10000u);
+  for (size_t i = 0; i < 10000; ++i) {
+    const Record rec = *data.next();
+    ASSERT_EQ(rec.bytes.size(), 785u);
+    ASSERT_EQ(std::to_integer<uint8_t>(rec.bytes[0]), raw.labels[i]) << "record " << i;
+    ASSERT_EQ(std::memcmp(rec.bytes.data() + 1, raw.images.data() + i * 784, 784), 0) << i;
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::data
