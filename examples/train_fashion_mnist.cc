@@ -8,7 +8,10 @@
 //   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --checkpoint-dir ckpt
 //       --checkpoint-every 100                  # (one line) run it again after a crash: it resumes
 //
-// Data: Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist, or --data DIR).
+// Data: Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist, or --data DIR), in
+// memory; or, with --data-shards 'DIR/train-*.tfrecord', TFRecord shards that
+// `dtrain data write --fashion-mnist --out DIR/train --shards 4` wrote, read by --readers
+// background threads per rank (docs/data.md); RESULT then adds input_wait_ms_per_step.
 // --batch-size is per rank. Rank 0 prints the runtime in use, progress (a bar on a terminal,
 // a line every few seconds otherwise: step, epoch, loss, images/s, time left), the test
 // accuracy, and last one machine-readable line:
@@ -51,6 +54,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "dtrain/data/sharded_dataset.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/ps.h"
 #include "dtrain/torch/broadcast.h"
@@ -103,6 +107,8 @@ struct Flags {
   std::string init;
   std::string save;
   std::string data = dtrain::kFashionMnistDir;
+  std::string data_shards;  // TFRecord shards (`dtrain data write --fashion-mnist`) instead
+  int readers = 2;          // background reader threads per rank, with --data-shards
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int keep_checkpoints = 3;
@@ -126,6 +132,97 @@ std::string format_duration(double seconds) {
   int s = static_cast<int>(std::lround(std::max(0.0, seconds)));
   return s >= 60 ? fmt::format("{}m{:02d}s", s / 60, s % 60) : fmt::format("{}s", s);
 }
+
+// Where the training images come from: Fashion-MNIST in memory, dealt out by
+// DistributedSampler, or (--data-shards) TFRecord shards written by `dtrain data write
+// --fashion-mnist` (a record: the label byte, then 784 pixels), read and decoded ahead of the
+// training loop by dtrain::data::ShardedDataset on --readers threads. Either deals each epoch
+// record by record and resumes from the same kind of position (an epoch and the samples of it
+// consumed), on any number of ranks.
+class TrainingInput {
+ public:
+  TrainingInput(dtrain::FashionMnist train, int world, int rank, bool shuffle, uint64_t seed)
+      : memory_(std::move(train)),
+        sampler_(std::make_unique<dtrain::DistributedSampler>(static_cast<size_t>(memory_->size()),
+                                                              world, rank, shuffle, seed)) {}
+
+  TrainingInput(const std::string& shards, int world, int rank, bool shuffle, uint64_t seed,
+                int readers) {
+    dtrain::data::ShardedDatasetOptions o;
+    o.rank = rank;
+    o.world_size = world;
+    o.seed = seed;
+    o.shuffle = shuffle;
+    o.readers = readers;
+    o.decode = [](dtrain::data::Record& r) {  // on the reader threads
+      if (r.bytes.size() != 1 + 28 * 28)
+        throw dtrain::InvalidArgumentError(fmt::format(
+            "a Fashion-MNIST record holds 785 bytes (a label, 28x28 pixels), this one {}",
+            r.bytes.size()));
+      auto pixels = torch::from_blob(r.bytes.data() + 1, {1, 28, 28}, torch::kUInt8);
+      r.value = std::make_pair(pixels.to(torch::kFloat).div_(255.0f),
+                               static_cast<int64_t>(std::to_integer<uint8_t>(r.bytes[0])));
+    };
+    shards_ = std::make_unique<dtrain::data::ShardedDataset>(std::vector<std::string>{shards}, o);
+  }
+
+  int64_t size() const {
+    return shards_ ? static_cast<int64_t>(shards_->size()) : memory_->size();
+  }
+  void set_epoch(uint64_t epoch, uint64_t consumed) {
+    taken_ = 0;
+    if (shards_)
+      shards_->set_epoch(epoch, consumed);
+    else
+      sampler_->set_epoch(epoch, static_cast<size_t>(consumed));
+  }
+  size_t num_samples() const {
+    return shards_ ? static_cast<size_t>(shards_->num_samples()) : sampler_->num_samples();
+  }
+  uint64_t consumed(size_t taken) const {
+    return shards_ ? shards_->consumed(taken) : sampler_->consumed(taken);
+  }
+  // The next (up to) n samples of this rank's epoch: images [b, 1, 28, 28], labels [b], and the
+  // samples' numbers in the training set (for --sample-log).
+  void next(size_t n, torch::Tensor& x, torch::Tensor& y, std::vector<int64_t>& ids) {
+    n = std::min(n, num_samples() - taken_);
+    ids.clear();
+    if (!shards_) {
+      const auto& indices = sampler_->indices();
+      ids.assign(indices.begin() + static_cast<ptrdiff_t>(taken_),
+                 indices.begin() + static_cast<ptrdiff_t>(taken_ + n));
+      auto idx = torch::from_blob(ids.data(), {static_cast<int64_t>(n)}, torch::kLong);
+      x = memory_->images.index_select(0, idx);
+      y = memory_->labels.index_select(0, idx);
+      taken_ += n;
+      return;
+    }
+    std::vector<torch::Tensor> images;
+    std::vector<int64_t> labels;
+    const auto start = Clock::now();
+    for (size_t i = 0; i < n; ++i) {
+      auto record = shards_->next();
+      auto& [image, label] = std::any_cast<std::pair<torch::Tensor, int64_t>&>(record->value);
+      images.push_back(std::move(image));
+      labels.push_back(label);
+      ids.push_back(static_cast<int64_t>(record->id));
+    }
+    waited_ += std::chrono::duration<double>(Clock::now() - start).count();
+    x = torch::stack(images);
+    y = torch::tensor(labels, torch::kLong);
+    taken_ += n;
+  }
+  // Seconds next() spent waiting for records from the shards (0 in memory).
+  double waited_seconds() const { return waited_; }
+  bool from_shards() const { return shards_ != nullptr; }
+
+ private:
+  std::optional<dtrain::FashionMnist> memory_;
+  std::unique_ptr<dtrain::DistributedSampler> sampler_;
+  std::unique_ptr<dtrain::data::ShardedDataset> shards_;
+  size_t taken_ = 0;
+  double waited_ = 0;
+};
 
 // Rank 0's progress: a redrawn bar on a terminal, a line every few seconds in a log.
 class Progress {
@@ -241,13 +338,25 @@ int run(const Flags& flags) {
   ConvNet model;
   if (!flags.init.empty()) dtrain::load_module_state(*model, flags.init);
 
-  auto train = dtrain::load_fashion_mnist(flags.data, /*train=*/true);
   auto test = dtrain::load_fashion_mnist(flags.data, /*train=*/false);
-  if (flags.train_samples > 0 && flags.train_samples < train.size()) {
-    train.images = train.images.slice(0, 0, flags.train_samples);
-    train.labels = train.labels.slice(0, 0, flags.train_samples);
+  std::unique_ptr<TrainingInput> input;
+  if (!flags.data_shards.empty()) {
+    if (flags.train_samples > 0)
+      throw dtrain::InvalidArgumentError(
+          "--train-samples applies to the data set in memory; with --data-shards, write shards "
+          "of fewer images instead");
+    input = std::make_unique<TrainingInput>(flags.data_shards, world, rank, !flags.no_shuffle,
+                                            flags.seed, flags.readers);
+  } else {
+    auto train = dtrain::load_fashion_mnist(flags.data, /*train=*/true);
+    if (flags.train_samples > 0 && flags.train_samples < train.size()) {
+      train.images = train.images.slice(0, 0, flags.train_samples);
+      train.labels = train.labels.slice(0, 0, flags.train_samples);
+    }
+    input = std::make_unique<TrainingInput>(std::move(train), world, rank, !flags.no_shuffle,
+                                            flags.seed);
   }
-  const int64_t train_size = train.size();
+  const int64_t train_size = input->size();
 
   auto sgd = std::make_shared<torch::optim::SGD>(
       model->parameters(), torch::optim::SGDOptions(flags.lr).momentum(flags.momentum));
@@ -288,14 +397,17 @@ int run(const Flags& flags) {
         auto it = position.values.find(key);
         return it == position.values.end() ? std::nan("") : it->second;
       };
+      const double shards = input->from_shards() ? 1.0 : 0.0;
       if (position.epoch_size != train_size || value("seed") != static_cast<double>(flags.seed) ||
-          value("shuffle") != (flags.no_shuffle ? 0.0 : 1.0))
+          value("shuffle") != (flags.no_shuffle ? 0.0 : 1.0) ||
+          (std::isnan(value("shards")) ? 0.0 : value("shards")) != shards)
         throw dtrain::InvalidArgumentError(fmt::format(
-            "{} was taken with {} training samples, seed {}, shuffle {}; this run has {}, seed {}, "
-            "shuffle {}: its position in the epoch means nothing here. Resume with the same "
-            "--train-samples, --seed and --no-shuffle, or use another --checkpoint-dir",
-            loaded->path, position.epoch_size, value("seed"), value("shuffle"), train_size, flags.seed,
-            flags.no_shuffle ? 0 : 1));
+            "{} was taken with {} training samples, seed {}, shuffle {}, shards {}; this run has "
+            "{}, seed {}, shuffle {}, shards {}: its position in the epoch means nothing here. "
+            "Resume with the same --train-samples, --seed, --no-shuffle and --data-shards, or use "
+            "another --checkpoint-dir",
+            loaded->path, position.epoch_size, value("seed"), value("shuffle"), value("shards"),
+            train_size, flags.seed, flags.no_shuffle ? 0 : 1, shards));
       if (lead) {
         // The step reached before the failure is unknown here; what may be trained again is
         // bounded by the interval of the kind resumed from.
@@ -316,6 +428,7 @@ int run(const Flags& flags) {
   position.epoch_size = train_size;
   position.values["seed"] = static_cast<double>(flags.seed);
   position.values["shuffle"] = flags.no_shuffle ? 0.0 : 1.0;
+  position.values["shards"] = input->from_shards() ? 1.0 : 0.0;
   std::unique_ptr<dtrain::DistributedDataParallel> ddp;
   std::unique_ptr<dtrain::DistributedOptimizer> dopt;
   std::unique_ptr<dtrain::ParameterServerTrainer> ps;
@@ -349,18 +462,16 @@ int run(const Flags& flags) {
     dopt = std::make_unique<dtrain::DistributedOptimizer>(sgd, *model, pg);
   }
 
-  dtrain::DistributedSampler sampler(static_cast<size_t>(train_size), world, rank,
-                                     !flags.no_shuffle, flags.seed);
   const int64_t batch_size = flags.batch_size;
   auto steps_for = [&](size_t samples) {
     return (static_cast<int64_t>(samples) + batch_size - 1) / batch_size;
   };
-  const int64_t per_epoch = steps_for(sampler.num_samples());
+  const int64_t per_epoch = steps_for(input->num_samples());
   // Steps to go: the rest of the (resumed) epoch, then whole epochs.
-  sampler.set_epoch(static_cast<uint64_t>(position.epoch), static_cast<size_t>(position.epoch_consumed));
+  input->set_epoch(static_cast<uint64_t>(position.epoch), static_cast<uint64_t>(position.epoch_consumed));
   int64_t total = position.step;
   if (position.epoch < flags.epochs)
-    total += steps_for(sampler.num_samples()) + per_epoch * (flags.epochs - position.epoch - 1);
+    total += steps_for(input->num_samples()) + per_epoch * (flags.epochs - position.epoch - 1);
   if (flags.max_steps > 0) total = std::min(total, flags.max_steps);
   Progress progress(lead, total);
   SampleLog sample_log(flags.sample_log);
@@ -408,15 +519,14 @@ int run(const Flags& flags) {
   };
   const auto start = Clock::now();
   for (int64_t epoch = position.epoch; epoch < flags.epochs && step < total && !stopped; ++epoch) {
-    sampler.set_epoch(static_cast<uint64_t>(epoch),
-                      epoch == position.epoch ? static_cast<size_t>(position.epoch_consumed) : 0);
-    const auto& indices = sampler.indices();
-    for (size_t from = 0; from < indices.size() && step < total; from += batch_size) {
-      size_t end = std::min(indices.size(), from + static_cast<size_t>(batch_size));
-      std::vector<int64_t> batch(indices.begin() + from, indices.begin() + end);
-      auto idx = torch::from_blob(batch.data(), {static_cast<int64_t>(batch.size())}, torch::kLong);
-      auto x = train.images.index_select(0, idx);
-      auto y = train.labels.index_select(0, idx);
+    input->set_epoch(static_cast<uint64_t>(epoch),
+                     epoch == position.epoch ? static_cast<uint64_t>(position.epoch_consumed) : 0);
+    const size_t samples = input->num_samples();
+    std::vector<int64_t> batch;
+    torch::Tensor x, y;
+    for (size_t from = 0; from < samples && step < total; from += batch_size) {
+      size_t end = std::min(samples, from + static_cast<size_t>(batch_size));
+      input->next(end - from, x, y, batch);
 
       if (rank == flags.straggler_rank)  // a slow worker, on purpose (--straggler-ms)
         std::this_thread::sleep_for(std::chrono::milliseconds(flags.straggler_ms));
@@ -458,9 +568,9 @@ int run(const Flags& flags) {
       images += static_cast<int64_t>(batch.size()) * world;
       own_images += static_cast<int64_t>(batch.size());
       // Where a run resumed from here starts: after this batch, or at the next epoch.
-      const bool epoch_done = end >= indices.size();
+      const bool epoch_done = end >= samples;
       position.epoch = epoch_done ? epoch + 1 : epoch;
-      position.epoch_consumed = epoch_done ? 0 : static_cast<int64_t>(sampler.consumed(end));
+      position.epoch_consumed = epoch_done ? 0 : static_cast<int64_t>(input->consumed(end));
       stopped = flags.stop_after_steps > 0 && step == flags.stop_after_steps;
       if (ckpt && (stopped || (flags.checkpoint_every > 0 && step % flags.checkpoint_every == 0)))
         checkpoint();
@@ -512,6 +622,8 @@ int run(const Flags& flags) {
   const double images_per_sec =
       allreduce_mean(pg.get(), static_cast<double>(own_images) / seconds) * world;
   double final_loss = allreduce_mean(pg.get(), mean_recent());
+  const double input_wait_ms =
+      allreduce_mean(pg.get(), input->waited_seconds() * 1e3 / std::max<int64_t>(1, steps_here));
   if (ps) ps->pull();  // the servers' latest values
 
   // Test accuracy: every rank scores its share of the test set with rank 0's batch statistics.
@@ -547,6 +659,8 @@ int run(const Flags& flags) {
         {"final_loss", final_loss},
         {"test_accuracy", accuracy},
     };
+    // With --data-shards: the time a step waited for its images, on average over the ranks.
+    if (input->from_shards()) result["input_wait_ms_per_step"] = input_wait_ms;
     std::printf("RESULT %s\n", result.dump().c_str());
     std::fflush(stdout);
   }
@@ -581,6 +695,11 @@ int main(int argc, char** argv) {
   app.add_option("--init", flags.init, "initial model state (safetensors)");
   app.add_option("--save", flags.save, "write the trained model state (safetensors, rank 0)");
   app.add_option("--data", flags.data, "folder with the Fashion-MNIST *-ubyte.gz files");
+  app.add_option("--data-shards", flags.data_shards,
+                 "train from TFRecord shards (a glob or @manifest) written by `dtrain data write "
+                 "--fashion-mnist`, read by background threads; the test set still comes from --data");
+  app.add_option("--readers", flags.readers, "with --data-shards: reader threads per rank")
+      ->check(CLI::Range(1, 64));
   app.add_option("--checkpoint-dir", flags.checkpoint_dir,
                  "save checkpoints here (rank 0) and resume from the newest good one");
   app.add_option("--checkpoint-every", flags.checkpoint_every,

@@ -1,6 +1,6 @@
 // `dtrain data`: shard files for dtrain::data::ShardedDataset (docs/data.md).
 //
-//   dtrain data write --fashion-mnist [--split train|test] --out DIR/fmnist --shards 4
+//   dtrain data write --fashion-mnist [--split train|test] [--limit N] --out DIR/fmnist --shards 4
 //   dtrain data write --from FOLDER --out DIR/files --shards 8   (one record per file)
 //   dtrain data inspect 'DIR/fmnist-*.tfrecord'                 (counts, sizes, every checksum)
 //   dtrain data index FILE...                                    (indexes for files made elsewhere)
@@ -34,6 +34,7 @@ struct WriteFlags {
   std::string fashion_mnist_dir = data::kFashionMnistDir;
   std::string split = "train";
   std::string from;
+  size_t limit = 0;  // 0 = every image or file
 };
 
 std::string human_bytes(double b) {
@@ -82,7 +83,8 @@ void run_write(const WriteFlags& f) {
     const data::FashionMnistBytes raw = data::read_fashion_mnist(f.fashion_mnist_dir, f.split == "train");
     const size_t pixels = static_cast<size_t>(raw.rows * raw.cols);
     std::string record(1 + pixels, '\0');
-    write_shards(f.out, f.shards, static_cast<size_t>(raw.n), [&](size_t i) {
+    const size_t n = f.limit > 0 ? std::min(f.limit, static_cast<size_t>(raw.n)) : static_cast<size_t>(raw.n);
+    write_shards(f.out, f.shards, n, [&](size_t i) {
       // One byte of label, then the image's pixels (docs/data.md, "Fashion-MNIST records").
       record[0] = static_cast<char>(raw.labels[i]);
       std::copy_n(raw.images.begin() + static_cast<ptrdiff_t>(i * pixels), pixels, record.begin() + 1);
@@ -100,6 +102,7 @@ void run_write(const WriteFlags& f) {
   if (files.empty())
     throw InvalidArgumentError(fmt::format("dtrain data write: {} holds no file", f.from));
   std::sort(files.begin(), files.end());
+  if (f.limit > 0 && files.size() > f.limit) files.resize(f.limit);
   std::string content;
   write_shards(f.out, f.shards, files.size(), [&](size_t i) {
     std::ifstream in(files[i], std::ios::binary);
@@ -169,6 +172,8 @@ CLI::App* add_data_command(CLI::App& app) {
   fmnist->expected(0, 1);
   write->add_option("--split", w->split, "Fashion-MNIST: train or test")->capture_default_str();
   write->add_option("--from", w->from, "From every file under FOLDER (one record per file, in path order)");
+  write->add_option("--limit", w->limit, "Only the first N images or files (0 = all)")
+      ->check(CLI::NonNegativeNumber);
   write->callback([w, fmnist] {
     w->fashion_mnist = fmnist->count() > 0;
     run_write(*w);
