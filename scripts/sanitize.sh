@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite under sanitizers, each in a build folder of its own:
 #   bash scripts/sanitize.sh asan [ctest args]   AddressSanitizer + UBSan, every C++ test (build-asan/)
-#   bash scripts/sanitize.sh tsan [ctest args]   ThreadSanitizer, the transport, store, comm and ps
+#   bash scripts/sanitize.sh tsan [ctest args]   ThreadSanitizer, the transport, store, comm, ps and data
 #                                               tests (build-tsan/; LibTorch is not instrumented)
 # Python's tests are left out: the interpreter would need the sanitizer runtime preloaded. Slow
 # on 2 cores (a full build each, tests 2-10x slower): run before resolving a change to threads,
@@ -19,7 +19,7 @@ case "$kind" in
     ;;
   tsan)
     dir=build-tsan
-    flags=(-DDTRAIN_SANITIZE=thread "-DDTRAIN_TEST_DIRS=common;store;transport;comm;ps"
+    flags=(-DDTRAIN_SANITIZE=thread "-DDTRAIN_TEST_DIRS=common;store;transport;comm;ps;data"
            -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON)
     export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
     ;;
