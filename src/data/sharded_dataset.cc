@@ -98,6 +98,9 @@ struct ShardedDataset::Impl {
   std::map<uint64_t, Result> ready;
   std::map<uint64_t, std::string> reading;  // slot -> "FILE record N", for timeouts
   std::vector<std::string> skipped;
+  // The slot next()/try_next() waits for, and since when: the timeout runs across slices.
+  uint64_t waiting_for = UINT64_MAX, waiting_generation = 0;
+  std::chrono::steady_clock::time_point waiting_since;
   bool stopping = false;
   std::vector<std::thread> threads;
 
@@ -314,17 +317,39 @@ void ShardedDataset::set_epoch(uint64_t epoch, uint64_t consumed) {
 }
 
 std::optional<Record> ShardedDataset::next() {
+  Record r;
+  for (;;) {
+    switch (try_next(impl_->timeout, r)) {
+      case Fetch::kRecord:
+        return r;
+      case Fetch::kEnd:
+        return std::nullopt;
+      case Fetch::kNotYet:
+        break;  // the slice ended just before the timeout: the next call throws
+    }
+  }
+}
+
+ShardedDataset::Fetch ShardedDataset::try_next(std::chrono::milliseconds slice, Record& out) {
   auto& d = *impl_;
   std::unique_lock lock(d.mu);
-  if (d.returned >= d.num_samples) return std::nullopt;
+  if (d.returned >= d.num_samples) return Fetch::kEnd;
   const uint64_t k = d.returned;
-  const auto limit = d.timeout;
-  if (!d.consumer_cv.wait_for(lock, limit, [&] { return d.ready.count(k) > 0; })) {
+  const auto now = std::chrono::steady_clock::now();
+  if (d.waiting_for != k || d.waiting_generation != d.generation) {
+    d.waiting_for = k;
+    d.waiting_generation = d.generation;
+    d.waiting_since = now;
+  }
+  const auto deadline = d.waiting_since + d.timeout;
+  const auto until = std::min(deadline, now + slice);
+  if (!d.consumer_cv.wait_until(lock, until, [&] { return d.ready.count(k) > 0; })) {
+    if (std::chrono::steady_clock::now() < deadline) return Fetch::kNotYet;
     const auto it = d.reading.find(k);
     throw TimeoutError(fmt::format(
         "{}: record {} of {} of epoch {} did not arrive within {} ms{}: is the file system slow "
         "or hung? (raise ShardedDatasetOptions::timeout or DTRAIN_TIMEOUT)",
-        d.who(), k, d.num_samples, d.epoch, limit.count(),
+        d.who(), k, d.num_samples, d.epoch, d.timeout.count(),
         it == d.reading.end() ? "" : fmt::format(" (reading {})", it->second)));
   }
   auto node = d.ready.extract(k);
@@ -335,7 +360,8 @@ std::optional<Record> ShardedDataset::next() {
   lock.unlock();
   d.readers_cv.notify_all();
   if (r.error) std::rethrow_exception(r.error);
-  return std::move(r.record);
+  out = std::move(r.record);
+  return Fetch::kRecord;
 }
 
 uint64_t ShardedDataset::epoch() const {

@@ -4,6 +4,7 @@
 //   dtrain data write --from FOLDER --out DIR/files --shards 8   (one record per file)
 //   dtrain data inspect 'DIR/fmnist-*.tfrecord'                 (counts, sizes, every checksum)
 //   dtrain data index FILE...                                    (indexes for files made elsewhere)
+//   dtrain data list --rank 1 --world-size 4 --epoch 2 FILES     (which records a rank takes)
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -114,6 +115,13 @@ void run_write(const WriteFlags& f) {
   });
 }
 
+struct ListFlags {
+  std::vector<std::string> files;
+  data::ShardedDatasetOptions o;
+  uint64_t epoch = 0, consumed = 0;
+  bool no_shuffle = false;
+};
+
 int run_inspect(const std::vector<std::string>& patterns) {
   const std::vector<std::string> files = data::expand_shards(patterns);
   std::printf("%-48s %10s %12s %24s %6s  %s\n", "file", "records", "bytes", "record min/mean/max",
@@ -196,6 +204,27 @@ CLI::App* add_data_command(CLI::App& app) {
       const uint64_t n = data::write_tfrecord_index(path);
       std::printf("%s.index: %llu records\n", path.c_str(), static_cast<unsigned long long>(n));
     }
+  });
+  auto list = std::make_shared<ListFlags>();
+  CLI::App* ls = cmd->add_subcommand(
+      "list", "Print the global ids of the records one rank takes in an epoch, one per line");
+  ls->add_option("files", list->files, "Files, glob patterns or @manifests")->required();
+  ls->add_option("--rank", list->o.rank, "The rank")->capture_default_str();
+  ls->add_option("--world-size", list->o.world_size, "Ranks in the job")->capture_default_str();
+  ls->add_option("--epoch", list->epoch, "The epoch")->capture_default_str();
+  ls->add_option("--consumed", list->consumed, "Start at this position of the epoch")
+      ->capture_default_str();
+  ls->add_option("--seed", list->o.seed, "The job's seed")->capture_default_str();
+  ls->add_option("--shuffle-window", list->o.shuffle_window, "Records shuffled together")
+      ->capture_default_str();
+  ls->add_flag("--no-shuffle", list->no_shuffle, "The files' order");
+  ls->add_flag("--drop-last", list->o.drop_last, "Cut the epoch to a multiple of the world size");
+  ls->callback([list] {
+    data::ShardedDatasetOptions o = list->o;
+    o.shuffle = !list->no_shuffle;
+    data::ShardedDataset dataset(list->files, o);
+    dataset.set_epoch(list->epoch, list->consumed);
+    while (auto r = dataset.next()) std::printf("%llu\n", static_cast<unsigned long long>(r->id));
   });
   return cmd;
 }

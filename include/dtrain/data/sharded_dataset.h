@@ -90,6 +90,11 @@ class ShardedDataset {
   // a bad record (OnBadRecord::kFail) or a failed decode, and TimeoutError when nothing arrives
   // within the timeout, naming the file being read.
   std::optional<Record> next();
+  // next() in slices, for callers that must look at something else while they wait (Python's
+  // Ctrl-C): waits at most `slice`; kNotYet means call again (the timeout runs from the first
+  // call for the record, and the TimeoutError comes from a call like next()'s).
+  enum class Fetch { kRecord, kNotYet, kEnd };
+  Fetch try_next(std::chrono::milliseconds slice, Record& out);
 
   uint64_t epoch() const;
   uint64_t size() const;         // records in all the files

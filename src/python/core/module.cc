@@ -49,8 +49,9 @@ void bind_errors(py::module_& m) {
 }  // namespace dtrain::python
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "dtrain for Python without torch: process groups on NumPy arrays, the parameter server";
+  m.doc() = "dtrain for Python without torch: process groups on NumPy arrays, the parameter server, sharded data";
   dtrain::python::bind_errors(m);
   dtrain::python::bind_process_group(m);
   dtrain::python::bind_ps(m);
+  dtrain::python::bind_data(m);
 }

@@ -1,0 +1,138 @@
+"""Training data in TFRecord shard files, read by each rank record by record (dtrain's C++ readers).
+
+    dtrain data write --fashion-mnist --out /data/fmnist/train --shards 4     # once
+
+    import dtrain.data
+    data = dtrain.data.ShardedDataset("/data/fmnist/train-*.tfrecord", seed=42, decode=parse)
+    for epoch in range(epochs):
+        data.set_epoch(epoch)
+        for sample in data:           # parse(record bytes), or the bytes without decode
+            ...
+
+Every epoch visits the records in an order drawn from (seed, epoch), the same on every rank, and
+rank r of W takes positions r, r + W, r + 2W, ...: equal shares whatever the files' sizes. Each
+rank reads only its own records, on ``readers`` background threads that stay ahead of the loop
+(at most ``prefetch_records`` records and ``prefetch_bytes`` bytes). To resume exactly once, on
+any number of ranks, save ``data.consumed(taken)`` (``taken``: the samples this rank trained in
+the epoch) with the epoch, and start with ``data.set_epoch(epoch, consumed)``. docs/data.md has
+the details; this is the C++ class dtrain::data::ShardedDataset.
+
+With PyTorch installed it is a ``torch.utils.data.IterableDataset``: wrap it in a DataLoader for
+batching. ``num_workers=0`` is the usual choice (the readers are threads already); with
+``num_workers=n`` each worker process reads its own part of this rank's records, which suits a
+heavy ``decode``, and a position from ``consumed()`` is exact at the end of an epoch or after a
+multiple of n batches.
+"""
+import os
+
+from dtrain import _core
+
+try:  # an IterableDataset when torch is there, so that DataLoader treats it as one
+    from torch.utils.data import IterableDataset as _Base
+    from torch.utils.data import get_worker_info as _worker_info
+except ImportError:
+    _Base = object
+
+    def _worker_info():
+        return None
+
+__all__ = ["ShardedDataset"]
+
+
+def _default_rank_and_size():
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class ShardedDataset(_Base):
+    """This rank's records of the files ``shards`` (a path, glob or "@manifest", or a list).
+
+    rank, world_size: default to torch.distributed's when it is initialised, else to RANK and
+    WORLD_SIZE (set by ``dtrain run`` and torchrun), else 0 and 1. decode: called on each
+    record's bytes; what it returns is yielded. on_bad_record: "fail" (raise, naming the file,
+    the record and its byte offset) or "skip" (replaced by another record of the epoch and
+    listed in ``skipped``). timeout: seconds a record may take to arrive (default DTRAIN_TIMEOUT).
+    """
+
+    def __init__(self, shards, rank=None, world_size=None, seed=0, shuffle=True,
+                 shuffle_window=8192, drop_last=False, readers=2, prefetch_records=256,
+                 prefetch_bytes=64 << 20, on_bad_record="fail", decode=None, timeout=None):
+        if isinstance(shards, (str, os.PathLike)):
+            shards = [shards]
+        default_rank, default_size = _default_rank_and_size()
+        self._options = dict(
+            shards=[os.fspath(s) for s in shards],
+            rank=default_rank if rank is None else int(rank),
+            world_size=default_size if world_size is None else int(world_size),
+            seed=int(seed), shuffle=bool(shuffle), shuffle_window=int(shuffle_window),
+            drop_last=bool(drop_last), readers=int(readers),
+            prefetch_records=int(prefetch_records), prefetch_bytes=int(prefetch_bytes),
+            on_bad_record=on_bad_record, timeout=timeout)
+        self._decode = decode
+        self._epoch, self._consumed = 0, 0
+        self._readers = {}  # (pid, workers, worker) -> the C++ dataset of that process and part
+        self._main = self._reader(1, 0)  # opened here: bad paths fail now, in the caller's process
+
+    def _reader(self, workers, worker):
+        key = (os.getpid(), workers, worker)
+        if key not in self._readers:  # after a fork, a worker needs its own reader threads
+            o = dict(self._options)
+            # Worker w of n reads as sub-rank rank * n + w of world_size * n: the sub-ranks of a
+            # rank together take its records, each reading only its own.
+            o["rank"], o["world_size"] = o["rank"] * workers + worker, o["world_size"] * workers
+            self._readers[key] = _core.ShardedDataset(**o)
+        return self._readers[key]
+
+    def set_epoch(self, epoch, consumed=0):
+        """The epoch the next iteration reads, from position ``consumed`` (0: all of it)."""
+        self._epoch, self._consumed = int(epoch), int(consumed)
+
+    def __iter__(self):
+        info = _worker_info()
+        reader = self._reader(info.num_workers, info.id) if info else self._main
+        reader.set_epoch(self._epoch, self._consumed)
+        decode = self._decode
+        while True:
+            record = reader.next()
+            if record is None:
+                return
+            yield decode(record[0]) if decode else record[0]
+
+    def records(self):
+        """This rank's records of the epoch as (bytes, file number, record number, global id)."""
+        self._main.set_epoch(self._epoch, self._consumed)
+        while True:
+            record = self._main.next()
+            if record is None:
+                return
+            yield record
+
+    def __len__(self):
+        """This rank's samples in the epoch (from the position set_epoch gave)."""
+        left = self.size - min(self._consumed, self.size)
+        world = self._options["world_size"]
+        return left // world if self._options["drop_last"] else -(-left // world)
+
+    def consumed(self, taken):
+        """The epoch's position once every rank has taken ``taken`` samples of it."""
+        taken = min(int(taken), len(self))
+        return min(self.size, min(self._consumed, self.size) + taken * self._options["world_size"])
+
+    @property
+    def size(self):
+        """Records in all the files."""
+        return self._main.size
+
+    @property
+    def shards(self):
+        return self._main.shards
+
+    @property
+    def skipped(self):
+        """The bad records replaced so far (on_bad_record="skip"), each described."""
+        return self._main.skipped

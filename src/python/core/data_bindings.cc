@@ -1,0 +1,87 @@
+// dtrain._core's ShardedDataset (python/dtrain/data.py wraps it): dtrain::data::ShardedDataset,
+// whose records reach Python as bytes. next() releases the GIL and comes back every 100 ms for
+// Ctrl-C; the reader threads never touch Python.
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+
+#include <fmt/format.h>
+
+#include "dtrain/data/sharded_dataset.h"
+#include "dtrain/error.h"
+#include "python/core/bindings.h"
+
+namespace py = pybind11;
+
+namespace dtrain::python {
+
+namespace {
+
+using data::ShardedDataset;
+
+// (bytes, shard, index, id), or None at the end of the epoch.
+py::object next_record(ShardedDataset& dataset) {
+  data::Record r;
+  for (;;) {
+    ShardedDataset::Fetch got;
+    {
+      py::gil_scoped_release release;
+      got = dataset.try_next(std::chrono::milliseconds(100), r);
+    }
+    if (got == ShardedDataset::Fetch::kEnd) return py::none();
+    if (got == ShardedDataset::Fetch::kRecord) break;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // Ctrl-C
+  }
+  py::bytes bytes(reinterpret_cast<const char*>(r.bytes.data()), r.bytes.size());
+  return py::make_tuple(bytes, r.shard, r.index, r.id);
+}
+
+}  // namespace
+
+void bind_data(py::module_& m) {
+  py::class_<ShardedDataset>(m, "ShardedDataset")
+      .def(py::init([](std::vector<std::string> shards, int rank, int world_size, uint64_t seed,
+                       bool shuffle, uint64_t shuffle_window, bool drop_last, int readers,
+                       size_t prefetch_records, size_t prefetch_bytes, const std::string& on_bad,
+                       std::optional<double> timeout) {
+             data::ShardedDatasetOptions o;
+             o.rank = rank;
+             o.world_size = world_size;
+             o.seed = seed;
+             o.shuffle = shuffle;
+             o.shuffle_window = shuffle_window;
+             o.drop_last = drop_last;
+             o.readers = readers;
+             o.prefetch_records = prefetch_records;
+             o.prefetch_bytes = prefetch_bytes;
+             if (on_bad == "fail")
+               o.on_bad_record = data::OnBadRecord::kFail;
+             else if (on_bad == "skip")
+               o.on_bad_record = data::OnBadRecord::kSkip;
+             else
+               throw InvalidArgumentError(fmt::format(
+                   "ShardedDataset: on_bad_record='{}': use 'fail' or 'skip'", on_bad));
+             if (timeout) {
+               if (!(*timeout > 0) || *timeout > 1e9)
+                 throw InvalidArgumentError(fmt::format(
+                     "ShardedDataset: timeout={} s: give a positive number of seconds", *timeout));
+               o.timeout = std::chrono::milliseconds(static_cast<int64_t>(*timeout * 1000));
+             }
+             py::gil_scoped_release release;  // counting the records of many files takes a while
+             return std::make_unique<ShardedDataset>(std::move(shards), std::move(o));
+           }),
+           py::arg("shards"), py::arg("rank"), py::arg("world_size"), py::arg("seed"),
+           py::arg("shuffle"), py::arg("shuffle_window"), py::arg("drop_last"), py::arg("readers"),
+           py::arg("prefetch_records"), py::arg("prefetch_bytes"), py::arg("on_bad_record"),
+           py::arg("timeout"))
+      .def("set_epoch", &ShardedDataset::set_epoch, py::arg("epoch"), py::arg("consumed") = 0)
+      .def("next", &next_record)
+      .def("consumed", py::overload_cast<uint64_t>(&ShardedDataset::consumed, py::const_),
+           py::arg("taken"))
+      .def_property_readonly("epoch", &ShardedDataset::epoch)
+      .def_property_readonly("size", &ShardedDataset::size)
+      .def_property_readonly("num_samples", &ShardedDataset::num_samples)
+      .def_property_readonly("shards", &ShardedDataset::shards)
+      .def_property_readonly("skipped", &ShardedDataset::skipped);
+}
+
+}  // namespace dtrain::python

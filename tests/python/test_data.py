@@ -1,0 +1,113 @@
+"""dtrain.data from Python: the records C++ deals (`dtrain data list`), a DataLoader whose workers
+split a rank's records, an exact resume at another world size, bad records named, and bad
+arguments refused."""
+import os
+import subprocess
+
+import pytest
+
+import harness
+import dtrain
+import dtrain.data
+
+DTRAIN = os.environ.get("DTRAIN_BIN", os.path.join(harness.HERE, "../../build/bin/dtrain"))
+N = 40
+
+
+@pytest.fixture
+def shards(tmp_path):
+    """N records "rec-000".."rec-039" (one file each) in 3 shard files, written by `dtrain data`."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(N):
+        (folder / f"{i:03d}").write_bytes(b"rec-%03d" % i)
+    subprocess.run([DTRAIN, "data", "write", "--from", str(folder), "--out",
+                    str(tmp_path / "out" / "recs"), "--shards", "3"], check=True,
+                   capture_output=True)
+    return str(tmp_path / "out" / "recs-*.tfrecord")
+
+
+def number(record):
+    return int(record[4:])
+
+
+def test_python_takes_the_records_cpp_deals(shards):
+    for epoch in (0, 1):
+        for rank in range(3):
+            data = dtrain.data.ShardedDataset(shards, rank=rank, world_size=3, seed=5)
+            data.set_epoch(epoch)
+            ids = [r[3] for r in data.records()]
+            listed = subprocess.run(
+                [DTRAIN, "data", "list", "--rank", str(rank), "--world-size", "3", "--seed", "5",
+                 "--epoch", str(epoch), shards], check=True, capture_output=True, text=True)
+            assert ids == [int(x) for x in listed.stdout.split()]
+            assert len(ids) == len(data) == 14  # ceil(40 / 3)
+            # The bytes are the records': record id i of the files in order is "rec-i".
+            data.set_epoch(epoch)
+            assert [number(b) for b in data] == ids
+
+
+def test_each_epoch_covers_every_record_once(shards):
+    seen = []
+    for rank in range(4):
+        data = dtrain.data.ShardedDataset(shards, rank=rank, world_size=4, seed=1, decode=number)
+        data.set_epoch(3)
+        seen += list(data)
+    assert sorted(seen) == list(range(N))
+
+
+def test_dataloader_workers_split_a_ranks_records(shards):
+    torch = pytest.importorskip("torch")
+    seen = []
+    for rank in range(2):
+        data = dtrain.data.ShardedDataset(shards, rank=rank, world_size=2, seed=9, decode=number)
+        data.set_epoch(1)
+        loader = torch.utils.data.DataLoader(data, batch_size=5, num_workers=2)
+        batches = [b.tolist() for b in loader]
+        assert all(len(b) == 5 for b in batches)
+        seen += [i for b in batches for i in b]
+    assert sorted(seen) == list(range(N)), "the workers read a record twice or missed one"
+
+
+def test_a_resumed_epoch_trains_every_record_once_on_fewer_ranks(shards):
+    trained, position = [], 0
+    for rank in range(4):  # 4 ranks take 6 records each, then stop
+        data = dtrain.data.ShardedDataset(shards, rank=rank, world_size=4, seed=2, decode=number)
+        data.set_epoch(0)
+        it = iter(data)
+        trained += [next(it) for _ in range(6)]
+        position = data.consumed(6)
+    assert position == 24
+    for rank in range(3):  # 3 ranks train the other 16: 6 each, the last 2 of them padding
+        data = dtrain.data.ShardedDataset(shards, rank=rank, world_size=3, seed=2, decode=number)
+        data.set_epoch(0, position)
+        trained += list(data)[:len(range(rank, N - position, 3))]
+    assert sorted(trained) == list(range(N))
+
+
+def test_bad_records_are_named_or_skipped(shards, tmp_path):
+    second = str(tmp_path / "out" / "recs-00001-of-00003.tfrecord")
+    with open(second, "r+b") as f:  # the data of the file's first record
+        f.seek(13)
+        f.write(b"#")
+    data = dtrain.data.ShardedDataset(shards, shuffle=False, decode=number)
+    with pytest.raises(dtrain.InvalidArgumentError) as err:
+        list(data)
+    assert f"TFRecord file {second}: record 0 at byte 0" in str(err.value)
+    assert isinstance(err.value, ValueError)
+    skipping = dtrain.data.ShardedDataset(shards, shuffle=False, decode=number,
+                                          on_bad_record="skip")
+    got = list(skipping)
+    assert len(got) == N and 13 not in got and got[13] == 14
+    assert len(skipping.skipped) == 1 and "record 0 at byte 0" in skipping.skipped[0]
+
+
+def test_bad_arguments_are_refused(shards, tmp_path):
+    with pytest.raises(dtrain.InvalidArgumentError, match="no file matches"):
+        dtrain.data.ShardedDataset(str(tmp_path / "none-*.tfrecord"))
+    with pytest.raises(dtrain.InvalidArgumentError, match="use 'fail' or 'skip'"):
+        dtrain.data.ShardedDataset(shards, on_bad_record="ignore")
+    with pytest.raises(dtrain.InvalidArgumentError, match=r"rank 2 is not in \[0, world_size=2\)"):
+        dtrain.data.ShardedDataset(shards, rank=2, world_size=2)
+    with pytest.raises(dtrain.InvalidArgumentError, match="positive number of seconds"):
+        dtrain.data.ShardedDataset(shards, timeout=float("nan"))
