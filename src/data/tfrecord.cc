@@ -96,6 +96,15 @@ std::vector<uint64_t> scan(int fd, uint64_t file_size, const std::string& path) 
   std::vector<uint64_t> offsets;
   uint64_t at = 0;
   std::byte header[12];
+  // TensorFlow can write TFRecord files through gzip; records in those cannot be reached
+  // without decompressing everything before them.
+  if (file_size >= 2 && pread_all(fd, header, 2, 0, path) && header[0] == std::byte{0x1f} &&
+      header[1] == std::byte{0x8b})
+    throw InvalidArgumentError(fmt::format(
+        "TFRecord file {} is gzip-compressed: dtrain reads each rank's records at random, which "
+        "compressed files do not allow; decompress it (gunzip -c {} > FILE.tfrecord) and use "
+        "that",
+        path, path));
   while (at < file_size) {
     const size_t i = offsets.size();
     if (file_size - at < kFraming)

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -207,6 +208,12 @@ TEST(TfRecord, DamageIsNamedWithTheFileTheRecordAndItsOffset) {
   std::ofstream(dir + "/text.tfrecord") << "hello, this is a text file and no TFRecord";
   text = refusal([&] { TfRecordFile f(dir + "/text.tfrecord"); });
   EXPECT_NE(text.find("record 0 at byte 0"), std::string::npos) << text;
+
+  // A gzip'd TFRecord file (TensorFlow's compression_type="GZIP"): refused, saying why.
+  fs::copy_file(path, dir + "/zipped.tfrecord");
+  ASSERT_EQ(std::system(("gzip -f " + dir + "/zipped.tfrecord").c_str()), 0);
+  text = refusal([&] { TfRecordFile f(dir + "/zipped.tfrecord.gz"); });
+  EXPECT_NE(text.find("zipped.tfrecord.gz is gzip-compressed"), std::string::npos) << text;
 
   // A missing file.
   text = refusal([&] { TfRecordFile f(dir + "/missing.tfrecord"); });

@@ -2,6 +2,7 @@
 // program (tools/docs_snippets.py compiles each as a function body after this header).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -13,4 +14,9 @@ namespace snippets {
 extern std::shared_ptr<dtrain::ProcessGroup> pg;
 extern std::vector<float> weights, grads, rows, row_grads;
 extern std::vector<uint64_t> ids;
+// docs/data.md: a training loop's own pieces.
+struct Sample {};
+Sample parse(const std::vector<std::byte>& bytes);
+void train(Sample& sample);
+extern uint64_t epochs;
 }  // namespace snippets
