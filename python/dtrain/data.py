@@ -1,4 +1,4 @@
-"""Training data in TFRecord shard files, read by each rank record by record (dtrain's C++ readers).
+"""Training data in shard files, read by each rank record by record (dtrain's C++ readers).
 
     dtrain data write --fashion-mnist --out /data/fmnist/train --shards 4     # once
 
@@ -8,6 +8,10 @@
         data.set_epoch(epoch)
         for sample in data:           # parse(record bytes), or the bytes without decode
             ...
+
+Files named *.tar are WebDataset shards: a sample is the run of members sharing a key, and comes
+as {"__key__": "train/0001", "jpg": b"...", "cls": b"3"}; other files are TFRecord, whose records
+come as bytes.
 
 Every epoch visits the records in an order drawn from (seed, epoch), the same on every rank, and
 rank r of W takes positions r, r + W, r + 2W, ...: equal shares whatever the files' sizes. Each
@@ -49,12 +53,24 @@ def _default_rank_and_size():
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def _sample(record):
+    """A TFRecord record's bytes; a tar sample as WebDataset gives it: {"__key__": key, part: bytes}."""
+    data, key, parts = record[0], record[4], record[5]
+    if not parts:
+        return data
+    sample = {"__key__": key}
+    view = memoryview(data)
+    for name, offset, size in parts:
+        sample[name] = bytes(view[offset:offset + size])
+    return sample
+
+
 class ShardedDataset(_Base):
     """This rank's records of the files ``shards`` (a path, glob or "@manifest", or a list).
 
     rank, world_size: default to torch.distributed's when it is initialised, else to RANK and
     WORLD_SIZE (set by ``dtrain run`` and torchrun), else 0 and 1. decode: called on each
-    record's bytes; what it returns is yielded. on_bad_record: "fail" (raise, naming the file,
+    sample (a record's bytes, or a tar sample's dict); what it returns is yielded. on_bad_record: "fail" (raise, naming the file,
     the record and its byte offset) or "skip" (replaced by another record of the epoch and
     listed in ``skipped``). timeout: seconds a record may take to arrive (default DTRAIN_TIMEOUT).
     """
@@ -101,16 +117,17 @@ class ShardedDataset(_Base):
             record = reader.next()
             if record is None:
                 return
-            yield decode(record[0]) if decode else record[0]
+            sample = _sample(record)
+            yield decode(sample) if decode else sample
 
     def records(self):
-        """This rank's records of the epoch as (bytes, file number, record number, global id)."""
+        """This rank's records of the epoch as (sample, file number, record number, global id)."""
         self._main.set_epoch(self._epoch, self._consumed)
         while True:
             record = self._main.next()
             if record is None:
                 return
-            yield record
+            yield _sample(record), record[1], record[2], record[3]
 
     def __len__(self):
         """This rank's samples in the epoch (from the position set_epoch gave)."""

@@ -16,7 +16,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "data/epoch_order.h"
-#include "dtrain/data/tfrecord.h"
+#include "data/shard_file.h"
 #include "dtrain/error.h"
 
 namespace dtrain::data {
@@ -105,7 +105,7 @@ struct ShardedDataset::Impl {
   std::vector<std::thread> threads;
 
   std::mutex files_mu;  // guards open_files
-  std::list<std::pair<size_t, std::shared_ptr<TfRecordFile>>> open_files;  // most recent first
+  std::list<std::pair<size_t, std::shared_ptr<ShardFile>>> open_files;  // most recent first
 
   std::string who() const { return fmt::format("rank {}: ShardedDataset", o.rank); }
 
@@ -129,7 +129,7 @@ struct ShardedDataset::Impl {
     return i < left ? start + i : (i - left) % total;
   }
 
-  std::shared_ptr<TfRecordFile> file(size_t s) {
+  std::shared_ptr<ShardFile> file(size_t s) {
     {
       std::lock_guard lock(files_mu);
       for (auto it = open_files.begin(); it != open_files.end(); ++it)
@@ -138,7 +138,7 @@ struct ShardedDataset::Impl {
           return it->second;
         }
     }
-    auto opened = std::make_shared<TfRecordFile>(files[s]);  // outside the lock: may be slow
+    std::shared_ptr<ShardFile> opened = open_shard(files[s]);  // outside the lock: may be slow
     if (opened->size() != counts[s])
       throw InvalidArgumentError(fmt::format(
           "{}: {} now holds {} records, {} when the dataset was opened: the file changed during "
@@ -156,7 +156,7 @@ struct ShardedDataset::Impl {
     r.shard = s;
     r.index = index;
     r.id = id;
-    file(s)->read(index, r.bytes);
+    file(s)->read(index, r);
   }
 
   void reader_loop() {
@@ -206,7 +206,7 @@ struct ShardedDataset::Impl {
         bytes_in_flight += bytes;
         r.bytes = bytes;
       }
-      f->read(index, r.record.bytes);
+      f->read(index, r.record);
     } catch (const InvalidArgumentError& bad) {  // a damaged or unreadable file
       if (o.on_bad_record == OnBadRecord::kFail)
         r.error = std::make_exception_ptr(
@@ -244,10 +244,7 @@ struct ShardedDataset::Impl {
       try {
         Record r;
         read(own.at(q), own, r);
-        result.record.bytes = std::move(r.bytes);
-        result.record.shard = r.shard;
-        result.record.index = r.index;
-        result.record.id = r.id;
+        result.record = std::move(r);
         return;
       } catch (const InvalidArgumentError& again) {
         std::lock_guard lock(mu);
@@ -280,7 +277,7 @@ ShardedDataset::ShardedDataset(std::vector<std::string> shards, ShardedDatasetOp
     throw InvalidArgumentError("ShardedDataset: no shard files given");
   d.counts.reserve(d.files.size());
   for (const auto& f : d.files) {
-    d.counts.push_back(count_tfrecords(f));
+    d.counts.push_back(count_shard_records(f));
     d.total += d.counts.back();
   }
   if (d.total == 0)

@@ -111,3 +111,24 @@ def test_bad_arguments_are_refused(shards, tmp_path):
         dtrain.data.ShardedDataset(shards, rank=2, world_size=2)
     with pytest.raises(dtrain.InvalidArgumentError, match="positive number of seconds"):
         dtrain.data.ShardedDataset(shards, timeout=float("nan"))
+
+
+def test_tar_shards_give_webdataset_samples(tmp_path):
+    src = tmp_path / "src"
+    (src / "train").mkdir(parents=True)
+    names = []
+    for i in range(6):
+        (src / "train" / f"{i:04d}.jpg").write_bytes(b"J" * (100 + i))
+        (src / "train" / f"{i:04d}.cls").write_bytes(str(i % 3).encode())
+        names += [f"train/{i:04d}.jpg", f"train/{i:04d}.cls"]
+    for part, chunk in enumerate((names[:6], names[6:])):
+        subprocess.run(["tar", "-cf", str(tmp_path / f"shard-{part}.tar"), "-C", str(src), *chunk],
+                       check=True)
+    data = dtrain.data.ShardedDataset(str(tmp_path / "shard-*.tar"), shuffle=False)
+    samples = list(data)
+    assert [s["__key__"] for s in samples] == [f"train/{i:04d}" for i in range(6)]
+    assert all(s["jpg"] == b"J" * (100 + i) and s["cls"] == str(i % 3).encode()
+               for i, s in enumerate(samples))
+    labels = dtrain.data.ShardedDataset(str(tmp_path / "shard-*.tar"), rank=1, world_size=2,
+                                        seed=3, decode=lambda s: int(s["cls"]))
+    assert len(list(labels)) == 3

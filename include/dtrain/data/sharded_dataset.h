@@ -1,5 +1,6 @@
-// ShardedDataset: a training set kept as many TFRecord shard files (on a shared file system, or
-// copied to every machine), dealt out to the ranks of a job record by record.
+// ShardedDataset: a training set kept as many shard files (on a shared file system, or copied to
+// every machine), dealt out to the ranks of a job record by record. Files named *.tar are
+// WebDataset shards (a record is a sample: the members that share a key); others are TFRecord.
 //
 //   dtrain::data::ShardedDatasetOptions o;
 //   o.rank = pg->rank(); o.world_size = pg->size(); o.seed = 42;
@@ -17,9 +18,10 @@
 // few files there are. As DistributedSampler does, the last positions are padded with the
 // epoch's first records (or cut, with drop_last) so that every rank gets the same count.
 //
-// Each rank reads only its own records (through each file's index: `<file>.index`), on
-// `readers` background threads that read and decode ahead of the training loop, never more than
-// `prefetch_records` records or `prefetch_bytes` bytes at a time; next() hands them out in order.
+// Each rank reads only its own records (through each TFRecord file's index, `<file>.index`, or a
+// tar file's headers, read when it is opened), on `readers` background threads that read and
+// decode ahead of the training loop, never more than `prefetch_records` records or
+// `prefetch_bytes` bytes at a time; next() hands them out in order.
 //
 // Exactly once across restarts: once every rank has taken t records, the job has consumed the
 // first t * W positions of the epoch's order, whoever took which. consumed(t) gives that
@@ -50,6 +52,15 @@ struct Record {
   size_t shard = 0;   // which file: an index into ShardedDataset::shards()
   uint64_t index = 0; // the record's number in that file
   uint64_t id = 0;    // global id: the files in the order of shards(), their records in turn
+  // Tar shards: the sample's key ("train/0001") and its files, one after the other in `bytes`
+  // ({"jpg", 0, 5123}, {"cls", 5123, 1}). Empty for TFRecord.
+  struct Part {
+    std::string name;
+    size_t offset = 0;
+    size_t size = 0;
+  };
+  std::string key;
+  std::vector<Part> parts;
   std::any value;     // what the decode function made of the record
 };
 

@@ -18,7 +18,8 @@ namespace {
 
 using data::ShardedDataset;
 
-// (bytes, shard, index, id), or None at the end of the epoch.
+// (bytes, shard, index, id, key, parts), or None at the end of the epoch; parts is a list of
+// (name, offset, size) for tar samples, empty for TFRecord records.
 py::object next_record(ShardedDataset& dataset) {
   data::Record r;
   for (;;) {
@@ -32,7 +33,9 @@ py::object next_record(ShardedDataset& dataset) {
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // Ctrl-C
   }
   py::bytes bytes(reinterpret_cast<const char*>(r.bytes.data()), r.bytes.size());
-  return py::make_tuple(bytes, r.shard, r.index, r.id);
+  py::list parts;
+  for (const auto& p : r.parts) parts.append(py::make_tuple(p.name, p.offset, p.size));
+  return py::make_tuple(bytes, r.shard, r.index, r.id, r.key, parts);
 }
 
 }  // namespace
