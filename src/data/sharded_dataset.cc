@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <list>
-#include <map>
 #include <mutex>
 #include <thread>
 
@@ -85,18 +84,26 @@ struct ShardedDataset::Impl {
     std::exception_ptr error;
     size_t bytes = 0;  // counted against prefetch_bytes
   };
+  // A claimed slot: where its record is read from (for a timeout's message), and its result.
+  struct Slot {
+    size_t shard = 0;
+    uint64_t index = 0;
+    bool done = false;
+    Result result;
+  };
 
   std::mutex mu;  // guards everything below, up to the files' cache
   std::condition_variable readers_cv;   // work or room for the readers
-  std::condition_variable consumer_cv;  // a result for next()
+  std::condition_variable consumer_cv;  // the slot next() waits for is done
   uint64_t generation = 0;  // set_epoch() bumps it: results of an older one are dropped
   uint64_t epoch = 0, start = 0, left = 0, num_samples = 0;
   std::unique_ptr<EpochOrder> order;
   uint64_t planned = 0;   // slots handed to readers
   uint64_t returned = 0;  // slots next() returned
-  size_t records_in_flight = 0, bytes_in_flight = 0;
-  std::map<uint64_t, Result> ready;
-  std::map<uint64_t, std::string> reading;  // slot -> "FILE record N", for timeouts
+  size_t bytes_in_flight = 0;
+  // Slot k lives at ring[k % prefetch_records]: the claimed slots are [returned, planned), never
+  // more than prefetch_records of them.
+  std::vector<Slot> ring;
   std::vector<std::string> skipped;
   // The slot next()/try_next() waits for, and since when: the timeout runs across slices.
   uint64_t waiting_for = UINT64_MAX, waiting_generation = 0;
@@ -109,6 +116,8 @@ struct ShardedDataset::Impl {
 
   std::string who() const { return fmt::format("rank {}: ShardedDataset", o.rank); }
 
+  Slot& slot(uint64_t k) { return ring[k % ring.size()]; }
+
   void reset_locked(uint64_t e, uint64_t consumed) {
     ++generation;
     epoch = e;
@@ -118,9 +127,8 @@ struct ShardedDataset::Impl {
     num_samples = o.drop_last ? left / w : (left + w - 1) / w;
     order = std::make_unique<EpochOrder>(counts, o.seed, epoch, o.shuffle, o.shuffle_window);
     planned = returned = 0;
-    records_in_flight = bytes_in_flight = 0;
-    ready.clear();
-    reading.clear();
+    bytes_in_flight = 0;
+    ring.assign(o.prefetch_records, Slot{});
   }
 
   // The epoch position of this rank's slot k: the sampler's dealing, padded from the start.
@@ -130,24 +138,36 @@ struct ShardedDataset::Impl {
   }
 
   std::shared_ptr<ShardFile> file(size_t s) {
+    // Consecutive records mostly come from one file: each reader keeps the last one it used.
+    thread_local const Impl* last_owner = nullptr;
+    thread_local size_t last_shard = 0;
+    thread_local std::shared_ptr<ShardFile> last;
+    if (last_owner == this && last_shard == s && last) return last;
+    std::shared_ptr<ShardFile> found;
     {
       std::lock_guard lock(files_mu);
       for (auto it = open_files.begin(); it != open_files.end(); ++it)
         if (it->first == s) {
           open_files.splice(open_files.begin(), open_files, it);
-          return it->second;
+          found = it->second;
+          break;
         }
     }
-    std::shared_ptr<ShardFile> opened = open_shard(files[s]);  // outside the lock: may be slow
-    if (opened->size() != counts[s])
-      throw InvalidArgumentError(fmt::format(
-          "{}: {} now holds {} records, {} when the dataset was opened: the file changed during "
-          "the job",
-          who(), files[s], opened->size(), counts[s]));
-    std::lock_guard lock(files_mu);
-    open_files.emplace_front(s, opened);
-    while (open_files.size() > std::max<size_t>(o.open_files, 1)) open_files.pop_back();
-    return opened;
+    if (!found) {
+      found = open_shard(files[s]);  // outside the lock: may be slow
+      if (found->size() != counts[s])
+        throw InvalidArgumentError(fmt::format(
+            "{}: {} now holds {} records, {} when the dataset was opened: the file changed "
+            "during the job",
+            who(), files[s], found->size(), counts[s]));
+      std::lock_guard lock(files_mu);
+      open_files.emplace_front(s, found);
+      while (open_files.size() > std::max<size_t>(o.open_files, 1)) open_files.pop_back();
+    }
+    last_owner = this;
+    last_shard = s;
+    last = found;
+    return found;
   }
 
   // Reads global record `id` into r (and decodes it).
@@ -163,23 +183,24 @@ struct ShardedDataset::Impl {
     std::unique_lock lock(mu);
     for (;;) {
       readers_cv.wait(lock, [&] {
-        return stopping || (planned < num_samples && records_in_flight < o.prefetch_records &&
+        return stopping || (planned < num_samples && planned - returned < o.prefetch_records &&
                             bytes_in_flight < o.prefetch_bytes);
       });
       if (stopping) return;
       const uint64_t gen = generation, k = planned++, p = position(k), id = order->at(p);
       const auto [s, index] = order->locate(id);
-      ++records_in_flight;
-      reading[k] = fmt::format("{} record {}", files[s], index);
+      Slot& claimed = slot(k);
+      claimed = Slot{s, index, false, {}};
       const uint64_t e = epoch;
       lock.unlock();
       Result result = fetch(gen, k, e, p, id, s, index);
       lock.lock();
       if (stopping) return;
       if (gen != generation) continue;  // set_epoch() dropped the slot
-      reading.erase(k);
-      ready.emplace(k, std::move(result));
-      consumer_cv.notify_all();
+      Slot& done = slot(k);
+      done.result = std::move(result);
+      done.done = true;
+      if (k == returned) consumer_cv.notify_one();
     }
   }
 
@@ -340,22 +361,37 @@ ShardedDataset::Fetch ShardedDataset::try_next(std::chrono::milliseconds slice, 
   }
   const auto deadline = d.waiting_since + d.timeout;
   const auto until = std::min(deadline, now + slice);
-  if (!d.consumer_cv.wait_until(lock, until, [&] { return d.ready.count(k) > 0; })) {
+  const auto arrived = [&] { return k < d.planned && d.slot(k).done; };
+  // A reader that is on it usually finishes within microseconds: yielding until then costs less
+  // than sleeping and being woken for every record.
+  for (int spins = 0; spins < 64 && !arrived() && k < d.planned; ++spins) {
+    lock.unlock();
+    std::this_thread::yield();
+    lock.lock();
+  }
+  if (!d.consumer_cv.wait_until(lock, until, arrived)) {
     if (std::chrono::steady_clock::now() < deadline) return Fetch::kNotYet;
-    const auto it = d.reading.find(k);
     throw TimeoutError(fmt::format(
         "{}: record {} of {} of epoch {} did not arrive within {} ms{}: is the file system slow "
         "or hung? (raise ShardedDatasetOptions::timeout or DTRAIN_TIMEOUT)",
         d.who(), k, d.num_samples, d.epoch, d.timeout.count(),
-        it == d.reading.end() ? "" : fmt::format(" (reading {})", it->second)));
+        k < d.planned ? fmt::format(" (reading {} record {})", d.files[d.slot(k).shard],
+                                    d.slot(k).index)
+                      : std::string(" (no reader has started it)")));
   }
-  auto node = d.ready.extract(k);
-  Impl::Result& r = node.mapped();
+  Impl::Slot& s = d.slot(k);
+  Impl::Result r = std::move(s.result);
+  s = Impl::Slot{};
   ++d.returned;
-  --d.records_in_flight;
   d.bytes_in_flight -= r.bytes;
+  // Readers that wait for room are woken once half of it is free, so that they then read many
+  // records per wake-up, not one; and at once when the slot now waited for is theirs (it may
+  // exceed the byte budget, and nothing else would wake them).
+  const bool wake = (d.returned < d.planned && !d.slot(d.returned).done) ||
+                    (d.planned - d.returned) * 2 <= d.o.prefetch_records ||
+                    d.bytes_in_flight * 2 <= d.o.prefetch_bytes;
   lock.unlock();
-  d.readers_cv.notify_all();
+  if (wake) d.readers_cv.notify_all();
   if (r.error) std::rethrow_exception(r.error);
   out = std::move(r.record);
   return Fetch::kRecord;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -321,21 +322,38 @@ void TfRecordFile::read(size_t i, std::vector<std::byte>& out) const {
                                            offsets_.size()));
   const uint64_t at = offsets_[i];
   const uint64_t expected = data_bytes(i);
-  out.resize(expected + kFraming);
-  if (!pread_all(fd_, out.data(), out.size(), at, path_))
-    damaged(path_, i, at, "the file ends inside the record (truncated since it was indexed)");
-  const uint64_t length = get_u64(out.data());
-  if (get_u32(out.data() + 8) != masked_crc32c(out.data(), 8))
+  out.resize(expected);
+  // One preadv: the framing into its own buffers, the data straight into `out`.
+  std::byte header[12], footer[4];
+  iovec parts[3] = {{header, sizeof header}, {out.data(), expected}, {footer, sizeof footer}};
+  size_t want = sizeof header + expected + sizeof footer, got = 0;
+  while (got < want) {
+    const ssize_t r = ::preadv(fd_, parts, 3, static_cast<off_t>(at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) io_error("reading", path_);
+    if (static_cast<size_t>(r) == want) break;
+    // Short (rare: a signal, a file system's limit): the rest one piece at a time.
+    got = static_cast<size_t>(r);
+    std::vector<std::byte> rest(want - got);
+    if (r == 0 || !pread_all(fd_, rest.data(), rest.size(), at + got, path_))
+      damaged(path_, i, at, "the file ends inside the record (truncated since it was indexed)");
+    for (size_t k = got; k < want; ++k) {
+      const std::byte b = rest[k - got];
+      if (k < 12) header[k] = b;
+      else if (k < 12 + expected) out[k - 12] = b;
+      else footer[k - 12 - expected] = b;
+    }
+    break;
+  }
+  const uint64_t length = get_u64(header);
+  if (get_u32(header + 8) != masked_crc32c(header, 8))
     damaged(path_, i, at, "the checksum of the length field does not match");
   if (length != expected)
     damaged(path_, i, at, fmt::format("the record says {} bytes, the index {}", length, expected));
-  const std::byte* data = out.data() + 12;
-  if (get_u32(data + length) != masked_crc32c(data, length))
+  if (get_u32(footer) != masked_crc32c(out.data(), length))
     damaged(path_, i, at, fmt::format("the checksum of the record's {} bytes of data does not "
                                       "match",
                                       length));
-  std::memmove(out.data(), data, length);
-  out.resize(length);
 }
 
 uint64_t count_tfrecords(const std::string& path) {
