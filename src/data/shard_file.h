@@ -21,7 +21,8 @@ class ShardFile {
   virtual void read(size_t i, Record& out) const = 0;
 };
 
-// Opens `path` by its name: *.tar as a WebDataset tar shard, anything else as TFRecord.
+// Opens `path` by its name and first bytes: *.tar as a WebDataset tar shard, a gzip'd file as
+// TFRecord decompressed into a temporary file (in TMPDIR), anything else as TFRecord.
 std::unique_ptr<ShardFile> open_shard(const std::string& path);
 // Its number of records, as cheaply as the format allows.
 uint64_t count_shard_records(const std::string& path);

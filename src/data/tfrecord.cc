@@ -102,9 +102,9 @@ std::vector<uint64_t> scan(int fd, uint64_t file_size, const std::string& path) 
   if (file_size >= 2 && pread_all(fd, header, 2, 0, path) && header[0] == std::byte{0x1f} &&
       header[1] == std::byte{0x8b})
     throw InvalidArgumentError(fmt::format(
-        "TFRecord file {} is gzip-compressed: dtrain reads each rank's records at random, which "
-        "compressed files do not allow; decompress it (gunzip -c {} > FILE.tfrecord) and use "
-        "that",
+        "TFRecord file {} is gzip-compressed, and its records cannot be reached at random: read "
+        "it through ShardedDataset or `dtrain data`, which decompress it into a temporary file "
+        "first, or decompress it once (gunzip -c {} > FILE.tfrecord)",
         path, path));
   while (at < file_size) {
     const size_t i = offsets.size();
@@ -301,6 +301,16 @@ TfRecordFile::TfRecordFile(std::string path) : path_(std::move(path)) {
     file_size_ = size_of(fd_, path_);
     indexed_ = load_index(path_, file_size_, offsets_, nullptr);
     if (!indexed_) offsets_ = scan(fd_, file_size_, path_);
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+TfRecordFile::TfRecordFile(int fd, std::string name) : path_(std::move(name)), fd_(fd) {
+  try {
+    file_size_ = size_of(fd_, path_);
+    offsets_ = scan(fd_, file_size_, path_);
   } catch (...) {
     ::close(fd_);
     throw;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -317,6 +318,33 @@ TEST(ShardedDataset, DecodeErrorsAndSlowReadsAreNamed) {
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("did not arrive within 300 ms (reading " + shards[0] +
                                          " record 1)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// TensorFlow's gzip'd TFRecord files: decompressed into a temporary file when opened, then read
+// like any other; a damaged gzip stream is named.
+TEST(ShardedDataset, GzipCompressedShardsReadLikeOthers) {
+  const std::string dir = temp_dir();
+  const auto plain = write_shards(dir, {30, 12});
+  ASSERT_EQ(std::system(("gzip -k " + plain[1] + " && mv " + plain[1] + ".gz " + dir +
+                         "/zipped.tfrecord").c_str()),
+            0);
+  ShardedDatasetOptions o;
+  o.shuffle = false;
+  ShardedDataset mixed({plain[0], dir + "/zipped.tfrecord"}, o);
+  ASSERT_EQ(mixed.size(), 42u);
+  for (uint64_t i = 0; i < 42; ++i) {
+    const auto r = mixed.next();
+    ASSERT_EQ(text_of(*r), i < 30 ? "0:" + std::to_string(i) : "1:" + std::to_string(i - 30));
+  }
+  fs::resize_file(dir + "/zipped.tfrecord", fs::file_size(dir + "/zipped.tfrecord") - 9);
+  try {
+    ShardedDataset cut({dir + "/zipped.tfrecord"}, o);
+    FAIL() << "a cut gzip stream was read";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/zipped.tfrecord: the gzip stream ends early"),
               std::string::npos)
         << e.what();
   }

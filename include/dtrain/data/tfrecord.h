@@ -68,6 +68,9 @@ class TfRecordFile {
   // InvalidArgumentError naming the file when it cannot be read, or when it or its index is
   // damaged (a stale index: the file's size differs from the one the index was made for).
   explicit TfRecordFile(std::string path);
+  // An open file, owned from here on (closed with this object), named `name` in errors; without
+  // an index it is scanned. For files without a path of their own (a decompressed temporary).
+  TfRecordFile(int fd, std::string name);
   ~TfRecordFile();
   TfRecordFile(const TfRecordFile&) = delete;
   TfRecordFile& operator=(const TfRecordFile&) = delete;
