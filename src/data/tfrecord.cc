@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "common/socket.h"  // net::Fd
 #include "data/crc32c.h"
 #include "dtrain/error.h"
 
@@ -132,15 +133,12 @@ std::vector<uint64_t> scan(int fd, uint64_t file_size, const std::string& path) 
 bool load_index(const std::string& path, uint64_t file_size, std::vector<uint64_t>& offsets,
                 uint64_t* count_only) {
   const std::string ipath = index_path(path);
-  const int fd = ::open(ipath.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
+  const net::Fd owned(::open(ipath.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!owned.valid()) {
     if (errno == ENOENT) return false;
     io_error("opening", ipath);
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const int fd = owned.get();
   const uint64_t index_size = size_of(fd, ipath);
   std::byte header[kIndexHeader];
   if (index_size < kIndexHeader || !pread_all(fd, header, kIndexHeader, 0, ipath) ||
@@ -367,11 +365,8 @@ void TfRecordFile::read(size_t i, std::vector<std::byte>& out) const {
 }
 
 uint64_t count_tfrecords(const std::string& path) {
-  const int fd = open_for_reading(path);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const net::Fd owned(open_for_reading(path));
+  const int fd = owned.get();
   const uint64_t file_size = size_of(fd, path);
   std::vector<uint64_t> unused;
   uint64_t n = 0;
@@ -380,11 +375,8 @@ uint64_t count_tfrecords(const std::string& path) {
 }
 
 uint64_t write_tfrecord_index(const std::string& path) {
-  const int fd = open_for_reading(path);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const net::Fd owned(open_for_reading(path));
+  const int fd = owned.get();
   const uint64_t file_size = size_of(fd, path);
   const std::vector<uint64_t> offsets = scan(fd, file_size, path);
   write_index_file(path, offsets, file_size, /*sync=*/true);
