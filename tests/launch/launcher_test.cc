@@ -369,7 +369,11 @@ TEST_F(LauncherTest, TorchrunSpellingsWorkAndTyposGetTheFix) {
            {{"run", "-np", "2", "true"}, "dtrain run: -np is mpirun's spelling; dtrain run takes -n"},
            {{"rn", "-n", "2", "true"}, "dtrain: unknown command 'rn' (did you mean 'run'?)"},
            {{"run", "--nprc-per-node", "2", "true"},
-            "dtrain run: unknown option '--nprc-per-node': did you mean --nproc-per-node?"}}) {
+            "dtrain run: unknown option '--nprc-per-node': did you mean --nproc-per-node?"},
+           {{"data", "lst", "x"},
+            "dtrain: unknown command 'data lst' (did you mean 'list'?): the data commands are write, "
+            "inspect, index, list"},
+           {{"data"}, "dtrain data needs a command: write, inspect, index, list"}}) {
     Launched run(args);
     EXPECT_EQ(exit_code(run.wait(seconds(20))), 2) << args[0] << ": " << run.err();
     EXPECT_TRUE(contains(run.err(), says)) << says << " not in: " << run.err();

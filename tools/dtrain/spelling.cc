@@ -72,6 +72,26 @@ void check_spelling(const CLI::App& app, int argc, const char* const* argv) {
         near ? fmt::format(" (did you mean '{}'?)", *near) : std::string(),
         fmt::join(commands, ", ")));
   }
+  // A command of commands (`dtrain data write`): the same for its word.
+  if (!first.starts_with("-")) {
+    const CLI::App* command = app.get_subcommand(std::string(first));
+    std::vector<std::string> inner;
+    for (const CLI::App* sub : command->get_subcommands([](const CLI::App*) { return true; }))
+      inner.push_back(sub->get_name());
+    if (!inner.empty()) {
+      if (argc < 3)
+        throw InvalidArgumentError(fmt::format("dtrain {} needs a command: {} (dtrain {} --help)",
+                                               first, fmt::join(inner, ", "), first));
+      const std::string_view second = argv[2];
+      if (!second.starts_with("-") && std::find(inner.begin(), inner.end(), second) == inner.end()) {
+        auto near = closest(second, inner);
+        throw InvalidArgumentError(fmt::format(
+            "unknown command '{} {}'{}: the {} commands are {} (dtrain {} --help)", first,
+            second, near ? fmt::format(" (did you mean '{}'?)", *near) : std::string(), first,
+            fmt::join(inner, ", "), first));
+      }
+    }
+  }
   if (first != "run") return;
   const CLI::App& run = *app.get_subcommand("run");
   // Up to the worker command: "--", or a word that is not the value of an option.

@@ -17,9 +17,9 @@ std::optional<std::string> closest(std::string_view word, const std::vector<std:
 // Every spelling of the subcommand's options ("--nproc-per-node", "-n", ...).
 std::vector<std::string> option_spellings(const CLI::App& command);
 
-// Before CLI11 parses: an unknown subcommand ("dtrain rn": did you mean run?) and `-np` given to
-// `dtrain run` (mpirun's flag; CLI11 would read it as -n with the value "p") throw
-// InvalidArgumentError with the fix.
+// Before CLI11 parses: an unknown subcommand ("dtrain rn": did you mean run?), also one level
+// down ("dtrain data lst": did you mean list?), and `-np` given to `dtrain run` (mpirun's flag;
+// CLI11 would read it as -n with the value "p") throw InvalidArgumentError with the fix.
 void check_spelling(const CLI::App& app, int argc, const char* const* argv);
 
 }  // namespace dtrain::tools
