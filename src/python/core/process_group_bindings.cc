@@ -155,7 +155,7 @@ void bind_process_group(py::module_& m) {
             opt.root = root;
             opt.async_op = false;
             run_interruptibly(g, describe("gather", in, *g), [&] { g->gather(o, in, opt)->wait(); });
-            if (g->rank() == root) return std::move(out);
+            if (g->rank() == root) return out;
             return py::none();
           },
           py::arg("array"), py::arg("root") = 0,
