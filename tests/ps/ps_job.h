@@ -1,13 +1,18 @@
 // A parameter-server job inside a test: S server processes and W worker processes, forked, that
-// find each other through a store the test process hosts. Servers publish their address and pid.
+// find each other through a store in a process of its own. Servers publish their address and pid.
 #pragma once
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,16 +29,43 @@ namespace dtrain::testing {
 struct PsJob {
   int servers = 1;
   int workers = 1;
-  std::unique_ptr<TcpStoreServer> store_server;
+  pid_t store_pid = -1;
   uint16_t port = 0;
 
+  // The store runs in a process of its own: this one forks the job's processes, and forking from
+  // a process that runs threads (a store server's) into children that start threads is what
+  // ThreadSanitizer cannot follow (scripts/sanitize.sh tsan).
   PsJob(int s, int w) : servers(s), workers(w) {
-    TcpStoreServerOptions o;
-    o.host = "127.0.0.1";
-    o.port = 0;
-    store_server = std::make_unique<TcpStoreServer>(o);
-    port = store_server->port();
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("PsJob: pipe() failed");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    store_pid = ::fork();
+    if (store_pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the test
+      ::close(fds[0]);
+      TcpStoreServerOptions o;
+      o.host = "127.0.0.1";
+      o.port = 0;
+      TcpStoreServer server(o);
+      const uint16_t p = server.port();
+      [[maybe_unused]] auto n = ::write(fds[1], &p, sizeof p);
+      ::close(fds[1]);
+      for (;;) ::pause();  // until the test kills it
+    }
+    ::close(fds[1]);
+    pollfd ready{fds[0], POLLIN, 0};
+    const bool got =
+        ::poll(&ready, 1, 20'000) == 1 && ::read(fds[0], &port, sizeof port) == sizeof port;
+    ::close(fds[0]);
+    if (!got) throw std::runtime_error("PsJob: the store process did not report its port in 20 s");
   }
+  ~PsJob() {
+    ::kill(store_pid, SIGKILL);
+    ::waitpid(store_pid, nullptr, 0);
+  }
+  PsJob(const PsJob&) = delete;
+  PsJob& operator=(const PsJob&) = delete;
 
   std::unique_ptr<TcpStore> store() const {
     TcpStoreOptions o;
