@@ -11,7 +11,8 @@
 // Data: Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist, or --data DIR), in
 // memory; or, with --data-shards 'DIR/train-*.tfrecord', TFRecord shards that
 // `dtrain data write --fashion-mnist --out DIR/train --shards 4` wrote, read by --readers
-// background threads per rank (docs/data.md); RESULT then adds input_wait_ms_per_step.
+// background threads per rank (docs/data.md); RESULT then adds input_wait_ms_per_step and
+// bad_records_skipped (--skip-bad-records trains without damaged records instead of failing).
 // --batch-size is per rank. Rank 0 prints the runtime in use, progress (a bar on a terminal,
 // a line every few seconds otherwise: step, epoch, loss, images/s, time left), the test
 // accuracy, and last one machine-readable line:
@@ -109,6 +110,7 @@ struct Flags {
   std::string data = dtrain::kFashionMnistDir;
   std::string data_shards;  // TFRecord shards (`dtrain data write --fashion-mnist`) instead
   int readers = 2;          // background reader threads per rank, with --data-shards
+  bool skip_bad_records = false;  // with --data-shards: replace bad records instead of failing
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int keep_checkpoints = 3;
@@ -147,8 +149,10 @@ class TrainingInput {
                                                               world, rank, shuffle, seed)) {}
 
   TrainingInput(const std::string& shards, int world, int rank, bool shuffle, uint64_t seed,
-                int readers) {
+                int readers, bool skip_bad_records) {
     dtrain::data::ShardedDatasetOptions o;
+    o.on_bad_record = skip_bad_records ? dtrain::data::OnBadRecord::kSkip
+                                       : dtrain::data::OnBadRecord::kFail;
     o.rank = rank;
     o.world_size = world;
     o.seed = seed;
@@ -214,6 +218,10 @@ class TrainingInput {
   }
   // Seconds next() spent waiting for records from the shards (0 in memory).
   double waited_seconds() const { return waited_; }
+  // Bad records replaced so far (--skip-bad-records), each described.
+  std::vector<std::string> skipped() const {
+    return shards_ ? shards_->skipped() : std::vector<std::string>{};
+  }
   bool from_shards() const { return shards_ != nullptr; }
 
  private:
@@ -346,7 +354,7 @@ int run(const Flags& flags) {
           "--train-samples applies to the data set in memory; with --data-shards, write shards "
           "of fewer images instead");
     input = std::make_unique<TrainingInput>(flags.data_shards, world, rank, !flags.no_shuffle,
-                                            flags.seed, flags.readers);
+                                            flags.seed, flags.readers, flags.skip_bad_records);
   } else {
     auto train = dtrain::load_fashion_mnist(flags.data, /*train=*/true);
     if (flags.train_samples > 0 && flags.train_samples < train.size()) {
@@ -624,6 +632,11 @@ int run(const Flags& flags) {
   double final_loss = allreduce_mean(pg.get(), mean_recent());
   const double input_wait_ms =
       allreduce_mean(pg.get(), input->waited_seconds() * 1e3 / std::max<int64_t>(1, steps_here));
+  // Every rank names the bad records it replaced; the total goes into RESULT.
+  for (const auto& why : input->skipped())
+    std::fprintf(stderr, "rank %d: trained without a bad record: %s\n", rank, why.c_str());
+  const int64_t bad_records =
+      allreduce_sum(pg.get(), static_cast<int64_t>(input->skipped().size()));
   if (ps) ps->pull();  // the servers' latest values
 
   // Test accuracy: every rank scores its share of the test set with rank 0's batch statistics.
@@ -659,8 +672,12 @@ int run(const Flags& flags) {
         {"final_loss", final_loss},
         {"test_accuracy", accuracy},
     };
-    // With --data-shards: the time a step waited for its images, on average over the ranks.
-    if (input->from_shards()) result["input_wait_ms_per_step"] = input_wait_ms;
+    // With --data-shards: the time a step waited for its images, on average over the ranks,
+    // and the bad records the job trained without (--skip-bad-records).
+    if (input->from_shards()) {
+      result["input_wait_ms_per_step"] = input_wait_ms;
+      result["bad_records_skipped"] = bad_records;
+    }
     std::printf("RESULT %s\n", result.dump().c_str());
     std::fflush(stdout);
   }
@@ -700,6 +717,9 @@ int main(int argc, char** argv) {
                  "--fashion-mnist`, read by background threads; the test set still comes from --data");
   app.add_option("--readers", flags.readers, "with --data-shards: reader threads per rank")
       ->check(CLI::Range(1, 64));
+  app.add_flag("--skip-bad-records", flags.skip_bad_records,
+               "with --data-shards: train without damaged records (each replaced by another, "
+               "named at the end, counted in RESULT) instead of failing");
   app.add_option("--checkpoint-dir", flags.checkpoint_dir,
                  "save checkpoints here (rank 0) and resume from the newest good one");
   app.add_option("--checkpoint-every", flags.checkpoint_every,

@@ -83,6 +83,9 @@ struct ShardedDataset::Impl {
     Record record;
     std::exception_ptr error;
     size_t bytes = 0;  // counted against prefetch_bytes
+    // The bad records this one replaces (OnBadRecord::kSkip): listed once next() hands it out,
+    // so that records read ahead for an epoch set_epoch() then dropped are not counted.
+    std::vector<std::string> replaced;
   };
   // A claimed slot: where its record is read from (for a timeout's message), and its result.
   struct Slot {
@@ -254,11 +257,7 @@ struct ShardedDataset::Impl {
   // OnBadRecord::kSkip: notes the bad record and reads, in its place, the first record that
   // reads well after position p of the epoch's order (wrapping), as padding repeats records.
   void substitute(uint64_t e, uint64_t p, const std::string& why, Result& result) {
-    {
-      std::lock_guard lock(mu);
-      skipped.push_back(why);
-    }
-    DTRAIN_LOG_WARN("{}: skipping a bad record (OnBadRecord::kSkip): {}", who(), why);
+    result.replaced.push_back(why);
     EpochOrder own(counts, o.seed, e, o.shuffle, o.shuffle_window);
     for (uint64_t step = 1; step < total; ++step) {
       const uint64_t q = (p + step) % total;
@@ -268,8 +267,7 @@ struct ShardedDataset::Impl {
         result.record = std::move(r);
         return;
       } catch (const InvalidArgumentError& again) {
-        std::lock_guard lock(mu);
-        skipped.push_back(again.what());
+        result.replaced.push_back(again.what());
       }
     }
     result.error = std::make_exception_ptr(InvalidArgumentError(fmt::format(
@@ -329,7 +327,11 @@ ShardedDataset::~ShardedDataset() {
 void ShardedDataset::set_epoch(uint64_t epoch, uint64_t consumed) {
   {
     std::lock_guard lock(impl_->mu);
-    impl_->reset_locked(epoch, consumed);
+    auto& d = *impl_;
+    // The same start again before anything was taken (a loop that sets the epoch it is already
+    // in): what the readers got ahead is kept.
+    if (epoch == d.epoch && std::min(consumed, d.total) == d.start && d.returned == 0) return;
+    d.reset_locked(epoch, consumed);
   }
   impl_->readers_cv.notify_all();
 }
@@ -383,6 +385,10 @@ ShardedDataset::Fetch ShardedDataset::try_next(std::chrono::milliseconds slice, 
   Impl::Result r = std::move(s.result);
   s = Impl::Slot{};
   ++d.returned;
+  for (auto& why : r.replaced) {
+    DTRAIN_LOG_WARN("{}: skipping a bad record (OnBadRecord::kSkip): {}", d.who(), why);
+    d.skipped.push_back(std::move(why));
+  }
   d.bytes_in_flight -= r.bytes;
   // Readers that wait for room are woken once half of it is free, so that they then read many
   // records per wake-up, not one; and at once when the slot now waited for is theirs (it may

@@ -1,9 +1,10 @@
 // End to end: the example under `dtrain run -n 2` for a few dozen steps; the loss must fall, for
-// every strategy (DDP, the distributed optimizer, the parameter server).
+// every strategy (DDP, the distributed optimizer, the parameter server); and from damaged shards.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -58,6 +59,44 @@ TEST(TrainFashionMnist, DistributedOptimizerLossFallsUnderTwoRanks) { check_loss
 TEST(TrainFashionMnist, ParameterServerLossFallsWithAStraggler) {
   check_loss_falls("ps", "--servers 1",
                    "--ps-mode ssp --staleness 2 --straggler-rank 1 --straggler-ms 5");
+}
+
+// From TFRecord shards with one damaged record: by default the job fails naming the file and the
+// record; with --skip-bad-records it trains without it and says so, in the log and in RESULT.
+TEST(TrainFashionMnist, ADamagedShardFailsTheJobOrIsSkippedAndCounted) {
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const std::string bin = DTRAIN_BIN_DIR;
+  const std::string dir = ::testing::TempDir() + "/fmnist_bad_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  int status = -1;
+  std::string out = run_command(bin + "/dtrain data write --fashion-mnist --limit 600 --out " +
+                                    dir + "/train --shards 2 2>&1",
+                                status);
+  ASSERT_EQ(status, 0) << out;
+  const std::string damaged = dir + "/train-00001-of-00002.tfrecord";
+  {
+    std::fstream io(damaged, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(100);  // inside the data of the file's first record
+    io.put('#');
+  }
+  const std::string train = "timeout 200 " + bin + "/dtrain run -n 2 --no-prefix -- " + bin +
+                            "/train_fashion_mnist --batch-size 50 --threads 1 --data-shards '" +
+                            dir + "/train-*.tfrecord' ";
+  out = run_command(train + "2>&1", status);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("TFRecord file " + damaged + ": record 0 at byte 0"), std::string::npos)
+      << out;
+  out = run_command(train + "--skip-bad-records 2>&1", status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("trained without a bad record: TFRecord file " + damaged + ": record 0"),
+            std::string::npos)
+      << out;
+  auto result = result_of(out);
+  ASSERT_FALSE(result.is_null()) << out;
+  EXPECT_EQ(result["bad_records_skipped"], 1) << out;
+  EXPECT_EQ(result["steps"], 6);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
