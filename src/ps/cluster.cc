@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/env.h"
+#include "common/json_integer.h"
 #include "dtrain/error.h"
 #include "dtrain/ps_cluster.h"
 
@@ -93,7 +94,7 @@ Cluster from_tf_config(const std::string& text) {
     if (c.num_servers < 1) throw bad("lists no ps task");
     if (c.num_workers < 1) throw bad("lists no chief or worker task");
     const std::string type = task.at("type").get<std::string>();
-    const int index = task.at("index").get<int>();
+    const int index = json_integer<int>(task.at("index"));
     if (index < 0) throw bad("has a negative task.index");
     if (type == "ps") {
       c.role = Cluster::Role::kServer;

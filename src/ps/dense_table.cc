@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/json_integer.h"
 #include "common/reduce.h"
 #include "dtrain/error.h"
 #include "ps/optimizer.h"
@@ -189,15 +190,15 @@ void DenseTable::restore(const nlohmann::json& meta, const std::string& prefix,
   for (size_t i = 0; i < chunks_.size(); ++i) {
     auto& c = chunks_[i];
     const auto& j = chunks[i];
-    c.steps = j.at("steps").get<uint64_t>();
-    c.clocks.restore(j.at("version").get<uint64_t>(), j.at("clocks").get<std::vector<uint64_t>>());
+    c.steps = json_integer<uint64_t>(j.at("steps"));
+    c.clocks.restore(json_integer<uint64_t>(j.at("version")), j.at("clocks").get<std::vector<uint64_t>>());
     c.pending.clear();
     for (const auto& [v, contributors] : j.at("pending").items()) {
       const auto& t = tensor(fmt::format("{}chunk{}.pending{}", prefix, i, v), c.length);
       Pending p;
       p.sum.resize(c.length);
       std::memcpy(p.sum.data(), t.data.data(), t.data.size());
-      p.contributors = contributors.get<int>();
+      p.contributors = json_integer<int>(contributors);
       c.pending.emplace(std::stoull(v), std::move(p));
     }
   }

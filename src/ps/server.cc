@@ -27,6 +27,7 @@
 
 #include "common/error_message.h"
 #include "common/handshake.h"
+#include "common/json_integer.h"
 #include "common/log.h"
 #include "common/socket.h"
 #include "dtrain/error.h"
@@ -800,8 +801,8 @@ struct Server::Impl {
     auto& [path, data] = *found;
     int saved_index = -1, saved_servers = -1;
     try {
-      saved_index = data.manifest.value("server", -1);
-      saved_servers = data.manifest.value("num_servers", -1);
+      saved_index = json_integer<int>(data.manifest, "server", -1);
+      saved_servers = json_integer<int>(data.manifest, "num_servers", -1);
     } catch (const nlohmann::json::exception&) {
       // Not numbers: reported below as a checkpoint of another server.
     }

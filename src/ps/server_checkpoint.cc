@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "common/json_integer.h"
 #include "common/log.h"
 #include "dtrain/error.h"
 
@@ -137,11 +138,11 @@ std::optional<std::pair<std::string, CheckpointData>> read_latest_checkpoint(
       const auto& f = manifest.at("files").at("tables.safetensors");
       uint64_t size = 0;
       const uint32_t crc = file_crc(path / "tables.safetensors", &size);
-      if (size != f.at("bytes").get<uint64_t>() || crc != f.at("crc32").get<uint32_t>())
+      if (size != json_integer<uint64_t>(f.at("bytes")) || crc != json_integer<uint32_t>(f.at("crc32")))
         throw InvalidArgumentError(fmt::format(
             "tables.safetensors has {} bytes with CRC-32 {:08x}; the manifest says {} bytes, "
             "{:08x} (corrupt or truncated)",
-            size, crc, f.at("bytes").get<uint64_t>(), f.at("crc32").get<uint32_t>()));
+            size, crc, json_integer<uint64_t>(f.at("bytes")), json_integer<uint32_t>(f.at("crc32"))));
       CheckpointData data;
       data.manifest = std::move(manifest);
       data.tensors = read_safetensors_file((path / "tables.safetensors").string());

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/json_integer.h"
 #include "dtrain/error.h"
 #include "ps/optimizer.h"
 #include "ps/placement.h"
@@ -232,7 +233,7 @@ void SparseTable::restore(const nlohmann::json& meta, const std::string& prefix,
   std::memcpy(steps_.data(), steps_t.data.data(), steps_t.data.size());
   std::memcpy(arena_.data(), rows_t.data.data(), rows_t.data.size());
   for (uint32_t slot = 0; slot < n; ++slot) index_.emplace(ids_[slot], slot);
-  clocks_.restore(meta.at("version").get<uint64_t>(), meta.at("clocks").get<std::vector<uint64_t>>());
+  clocks_.restore(json_integer<uint64_t>(meta.at("version")), meta.at("clocks").get<std::vector<uint64_t>>());
   pending_.clear();
   for (const auto& [v, contributors] : meta.at("pending").items()) {
     Pending p;
@@ -247,7 +248,7 @@ void SparseTable::restore(const nlohmann::json& meta, const std::string& prefix,
     p.sums.resize(p.ids.size() * spec_.width);
     std::memcpy(p.sums.data(), ps.data.data(), ps.data.size());
     for (size_t i = 0; i < p.ids.size(); ++i) p.where.emplace(p.ids[i], i);
-    p.contributors = contributors.get<int>();
+    p.contributors = json_integer<int>(contributors);
     pending_.emplace(std::stoull(v), std::move(p));
   }
 }

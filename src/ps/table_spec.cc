@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "common/json_integer.h"
 #include "dtrain/error.h"
 #include "ps/optimizer.h"
 
@@ -75,13 +76,13 @@ TableSpec spec_from_json(const nlohmann::json& j) {
     TableSpec s;
     s.name = j.at("name").get<std::string>();
     s.sparse = j.at("sparse").get<bool>();
-    s.num_workers = j.at("workers").get<int>();
+    s.num_workers = json_integer<int>(j.at("workers"));
     s.options.consistency = parse_enum<Consistency>(
         j.at("consistency").get<std::string>(),
         {{"sync", Consistency::kSync}, {"async", Consistency::kAsync},
          {"ssp", Consistency::kBounded}},
         "consistency");
-    s.options.staleness = j.at("staleness").get<uint32_t>();
+    s.options.staleness = json_integer<uint32_t>(j.at("staleness"));
     const auto& jo = j.at("optimizer");
     auto& o = s.options.optimizer;
     o.kind = parse_enum<OptimizerOptions::Kind>(
@@ -100,7 +101,7 @@ TableSpec spec_from_json(const nlohmann::json& j) {
     o.weight_decay = jo.at("weight_decay").get<float>();
     o.initial_accumulator = jo.at("initial_accumulator").get<float>();
     if (s.sparse) {
-      s.width = j.at("width").get<uint64_t>();
+      s.width = json_integer<uint64_t>(j.at("width"));
       const auto& ji = j.at("init");
       s.init.kind = parse_enum<RowInit::Kind>(ji.at("kind").get<std::string>(),
                                               {{"zeros", RowInit::Kind::kZeros},
@@ -109,12 +110,12 @@ TableSpec spec_from_json(const nlohmann::json& j) {
                                               "init");
       s.init.a = ji.at("a").get<float>();
       s.init.b = ji.at("b").get<float>();
-      s.init.seed = ji.at("seed").get<uint64_t>();
-      s.evict_after_s = j.at("evict_after_s").get<int64_t>();
+      s.init.seed = json_integer<uint64_t>(ji.at("seed"));
+      s.evict_after_s = json_integer<int64_t>(j.at("evict_after_s"));
     } else {
-      s.numel = j.at("numel").get<uint64_t>();
-      s.slice_offset = j.at("slice_offset").get<uint64_t>();
-      s.slice_length = j.at("slice_length").get<uint64_t>();
+      s.numel = json_integer<uint64_t>(j.at("numel"));
+      s.slice_offset = json_integer<uint64_t>(j.at("slice_offset"));
+      s.slice_length = json_integer<uint64_t>(j.at("slice_length"));
     }
     // Bounds, so that no size from the wire can overflow the server's arithmetic.
     if (s.num_workers < 1 || s.num_workers > (1 << 20))

@@ -36,6 +36,7 @@
 #include <typeinfo>
 
 #include "common/deadline.h"
+#include "common/json_integer.h"
 #include "common/log.h"
 #include "common/socket.h"
 #include "dtrain/error.h"
@@ -503,7 +504,7 @@ Json verify(const std::string& path) {
 }
 
 Json verify_files(const std::string& path, const Json& manifest) {
-  if (manifest.value("format", "") != kFormat || manifest.value("version", 0) != kVersion)
+  if (manifest.value("format", "") != kFormat || json_integer<int>(manifest, "version", 0) != kVersion)
     throw CorruptCheckpoint(
         fmt::format("{}: {} is not a {} version {} manifest", path, kManifest, kFormat, kVersion));
   const Json& files = manifest.at("files");
@@ -511,7 +512,7 @@ Json verify_files(const std::string& path, const Json& manifest) {
     throw CorruptCheckpoint(fmt::format("{}: the manifest lists no {}", path, kModelFile));
   for (const auto& [name, entry] : files.items()) {
     const std::string file = path + "/" + name;
-    const uint64_t bytes = entry.at("bytes").get<uint64_t>();
+    const uint64_t bytes = json_integer<uint64_t>(entry.at("bytes"));
     const std::string crc = entry.at("crc32").get<std::string>();
     std::error_code ec;
     const uint64_t size = fs::file_size(file, ec);
@@ -540,11 +541,11 @@ Json verify_files(const std::string& path, const Json& manifest) {
 
 TrainingProgress progress_of(const Json& m) {
   TrainingProgress p;
-  p.step = m.at("step").get<int64_t>();
-  p.epoch = m.at("epoch").get<int64_t>();
-  p.epoch_consumed = m.at("epoch_consumed").get<int64_t>();
-  p.epoch_size = m.at("epoch_size").get<int64_t>();
-  p.world_size = m.at("world_size").get<int>();
+  p.step = json_integer<int64_t>(m.at("step"));
+  p.epoch = json_integer<int64_t>(m.at("epoch"));
+  p.epoch_consumed = json_integer<int64_t>(m.at("epoch_consumed"));
+  p.epoch_size = json_integer<int64_t>(m.at("epoch_size"));
+  p.world_size = json_integer<int>(m.at("world_size"));
   for (const auto& [k, v] : m.at("values").items())
     p.values[k] = v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>();
   return p;

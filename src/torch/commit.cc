@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/env.h"
+#include "common/json_integer.h"
 #include "common/log.h"
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
@@ -70,11 +71,11 @@ Json progress_json(const TrainingProgress& p) {
 
 TrainingProgress progress_from(const Json& j) {
   TrainingProgress p;
-  p.step = j.at("step").get<int64_t>();
-  p.epoch = j.at("epoch").get<int64_t>();
-  p.epoch_consumed = j.at("epoch_consumed").get<int64_t>();
-  p.epoch_size = j.at("epoch_size").get<int64_t>();
-  p.world_size = j.at("world_size").get<int>();
+  p.step = json_integer<int64_t>(j.at("step"));
+  p.epoch = json_integer<int64_t>(j.at("epoch"));
+  p.epoch_consumed = json_integer<int64_t>(j.at("epoch_consumed"));
+  p.epoch_size = json_integer<int64_t>(j.at("epoch_size"));
+  p.world_size = json_integer<int>(j.at("world_size"));
   for (const auto& [k, v] : j.at("values").items())
     p.values[k] = v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>();
   return p;
