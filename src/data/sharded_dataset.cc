@@ -173,7 +173,7 @@ struct ShardedDataset::Impl {
     return found;
   }
 
-  // Reads global record `id` into r (and decodes it).
+  // Reads global record `id` into r (for a substitute: not counted, not decoded here).
   void read(uint64_t id, EpochOrder& locator, Record& r) {
     const auto [s, index] = locator.locate(id);
     r.shard = s;

@@ -82,6 +82,8 @@ struct ShardedDatasetOptions {
   size_t open_files = 64;          // shard files kept open (with their indexes) at once
 };
 
+// next(), try_next() and set_epoch() belong to one thread (the training loop's); the readers
+// are the dataset's own threads.
 class ShardedDataset {
  public:
   // `shards`: paths, glob patterns ("data/train-*.tfrecord", expanded in sorted order) and
