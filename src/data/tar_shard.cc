@@ -66,7 +66,8 @@ std::optional<uint64_t> number(std::string_view field) {
 std::string c_string(std::string_view field) { return std::string(field.substr(0, field.find('\0'))); }
 
 // The values of a pax extended header ("LEN key=value\n" records) that matter here.
-void parse_pax(std::string_view data, std::string& path, std::optional<uint64_t>& size) {
+// `size` stays as it was when the header has no valid one.
+void parse_pax(std::string_view data, std::string& path, uint64_t& size, bool& has_size) {
   while (!data.empty()) {
     const size_t space = data.find(' ');
     if (space == std::string_view::npos) return;
@@ -81,10 +82,20 @@ void parse_pax(std::string_view data, std::string& path, std::optional<uint64_t>
     if (eq != std::string_view::npos) {
       const std::string_view key = record.substr(0, eq), value = record.substr(eq + 1);
       if (key == "path") path = std::string(value);
-      if (key == "size") {
+      if (key == "size") {  // decimal digits; anything else (or an overflow) is no size
         uint64_t v = 0;
-        for (char c : value) v = v * 10 + static_cast<uint64_t>(c - '0');
-        size = v;
+        bool ok = !value.empty();
+        for (char c : value) {
+          if (c < '0' || c > '9' || v > (UINT64_MAX - 9) / 10) {
+            ok = false;
+            break;
+          }
+          v = v * 10 + static_cast<uint64_t>(c - '0');
+        }
+        if (ok) {
+          size = v;
+          has_size = true;
+        }
       }
     }
     data.remove_prefix(length);
@@ -107,7 +118,8 @@ TarShard::TarShard(std::string path) : path_(std::move(path)) {
   try {
     char h[kBlock];
     std::string long_name;                 // from a GNU 'L' member or a pax header
-    std::optional<uint64_t> long_size;     // from a pax header
+    uint64_t pax_size = 0;                 // from a pax header, when has_pax_size
+    bool has_pax_size = false;
     uint64_t at = 0;
     uint64_t entry_header = 0;  // where the current entry's first header (pax, 'L') began
     bool pending = false;
@@ -127,7 +139,7 @@ TarShard::TarShard(std::string path) : path_(std::move(path)) {
       const char type = h[156];
       const uint64_t data = at + kBlock;
       const uint64_t padded = (*size + kBlock - 1) / kBlock * kBlock;
-      if (data + *size > file_size_)
+      if (*size > file_size_ - data)
         damaged(path_, at, fmt::format("it claims {} bytes but the file ends {} bytes later "
                                        "(truncated)",
                                        *size, file_size_ - data));
@@ -138,7 +150,7 @@ TarShard::TarShard(std::string path) : path_(std::move(path)) {
         if (type == 'L')
           long_name = c_string(content);
         else
-          parse_pax(content, long_name, long_size);
+          parse_pax(content, long_name, pax_size, has_pax_size);
         pending = true;
         at = data + padded;
         continue;
@@ -152,7 +164,11 @@ TarShard::TarShard(std::string path) : path_(std::move(path)) {
             if (!prefix.empty()) name = prefix + "/" + name;
           }
         }
-        const uint64_t member_size = long_size.value_or(*size);
+        const uint64_t member_size = has_pax_size ? pax_size : *size;
+        if (member_size > file_size_ - data)  // a pax size may differ from the header's own
+          damaged(path_, entry_header,
+                  fmt::format("it claims {} bytes but the file ends {} bytes later (truncated)",
+                              member_size, file_size_ - data));
         // The key: the name up to the first dot of its last component.
         const size_t slash = name.rfind('/');
         const size_t dot = name.find('.', slash == std::string::npos ? 0 : slash + 1);
@@ -167,7 +183,7 @@ TarShard::TarShard(std::string path) : path_(std::move(path)) {
         at = data + padded;  // directories, links, global headers: not samples
       }
       long_name.clear();
-      long_size.reset();
+      has_pax_size = false;
       pending = false;
     }
   } catch (...) {

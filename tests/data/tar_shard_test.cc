@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -139,6 +141,29 @@ TEST(TarShard, DamageIsNamedWithTheFileAndTheMembersOffset) {
             std::string::npos)
       << text;
   EXPECT_NE(refusal((f.dir / "missing.tar").string()).find("No such file"), std::string::npos);
+  // A pax header whose size is past the end of the file (the fuzzer's find: that size was
+  // trusted, and the sample's buffer sized from it).
+  auto header = [](char type, const std::string& name, size_t size) {
+    std::string h(512, '\0');
+    h.replace(0, name.size(), name);
+    std::snprintf(h.data() + 124, 12, "%011zo", size);
+    h[156] = type;
+    std::memcpy(h.data() + 257, "ustar", 5);
+    std::memset(h.data() + 148, ' ', 8);
+    unsigned sum = 0;
+    for (unsigned char c : h) sum += c;
+    std::snprintf(h.data() + 148, 8, "%06o", sum);
+    return h;
+  };
+  const std::string record = "19 size=1000000000\n";  // 19 bytes, as its length says
+  const std::string pax = (f.dir / "pax_size.tar").string();
+  std::ofstream(pax, std::ios::binary)
+      << header('x', "pax", record.size()) + record + std::string(512 - record.size(), '\0') +
+             header('0', "a.txt", 3) + "abc" + std::string(509 + 1024, '\0');
+  text = refusal(pax);
+  EXPECT_NE(text.find("the member at byte 0: it claims 1000000000 bytes but the file ends"),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace
