@@ -12,5 +12,6 @@ CLI::App* add_env_command(CLI::App& app);    // cmd_env.cc: the environment vari
 CLI::App* add_bench_command(CLI::App& app);  // cmd_bench.cc: collectives, dtrain beside its peers
 CLI::App* add_ps_server_command(CLI::App& app);  // cmd_ps_server.cc: a parameter server
 CLI::App* add_data_command(CLI::App& app);   // cmd_data.cc: shard files for ShardedDataset
+CLI::App* add_pipeline_plan_command(CLI::App& app);  // cmd_pipeline_plan.cc: schedules, verified
 
 }  // namespace dtrain::tools

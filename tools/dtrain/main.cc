@@ -5,6 +5,7 @@
 //   dtrain bench allreduce --np 4      time a collective, with --peers gloo,mpi,torch beside it
 //   dtrain ps-server                   a parameter server (started by `dtrain run --servers S`)
 //   dtrain data write|inspect|index    TFRecord shard files for dtrain::data::ShardedDataset
+//   dtrain pipeline-plan               a pipeline schedule, verified offline, drawn and measured
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   dtrain::tools::add_bench_command(app);
   dtrain::tools::add_ps_server_command(app);
   dtrain::tools::add_data_command(app);
+  dtrain::tools::add_pipeline_plan_command(app);
   if (argc == 1) {  // a bare `dtrain` shows what it can do
     std::fputs(app.help().c_str(), stdout);
     return 0;
