@@ -11,7 +11,8 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 find_package(ZLIB REQUIRED)  # the parameter server's and the data layer's checksums, gzip
 
-set(_core_objects $<TARGET_OBJECTS:dtrain_core> $<TARGET_OBJECTS:dtrain_ps> $<TARGET_OBJECTS:dtrain_data>)
+set(_core_objects $<TARGET_OBJECTS:dtrain_core> $<TARGET_OBJECTS:dtrain_ps> $<TARGET_OBJECTS:dtrain_data>
+                  $<TARGET_OBJECTS:dtrain_pipeline>)
 foreach(backend dtrain_gloo dtrain_backend_gloo dtrain_backend_mpi dtrain_cuda dtrain_backend_nccl)
   if(TARGET ${backend})
     list(APPEND _core_objects $<TARGET_OBJECTS:${backend}>)
@@ -29,7 +30,7 @@ target_include_directories(dtrain_core_shared PUBLIC
 target_compile_features(dtrain_core_shared PUBLIC cxx_std_20)
 target_link_libraries(dtrain_core_shared
   PUBLIC Threads::Threads
-  PRIVATE fmt::fmt spdlog::spdlog OpenSSL::Crypto ZLIB::ZLIB)
+  PRIVATE fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json OpenSSL::Crypto ZLIB::ZLIB)
 if(TARGET dtrain_gloo)
   target_link_libraries(dtrain_core_shared PRIVATE ${GLOO_LIBRARY})
 endif()

@@ -34,12 +34,13 @@ add_library(dtrain_torch_objects OBJECT
   src/torch/parameter_server.cc
   src/torch/checkpoint.cc
   src/torch/commit.cc
+  src/torch/pipeline.cc
 )
 target_include_directories(dtrain_torch_objects
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch_objects
-  PUBLIC dtrain_core dtrain_ps dtrain_data ${TORCH_LIBRARIES}
+  PUBLIC dtrain_core dtrain_ps dtrain_data dtrain_pipeline ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 
 add_library(dtrain_torch STATIC src/torch/runtime.cc)
