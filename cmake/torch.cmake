@@ -35,6 +35,7 @@ add_library(dtrain_torch_objects OBJECT
   src/torch/checkpoint.cc
   src/torch/commit.cc
   src/torch/pipeline.cc
+  src/torch/pipeline_checkpoint.cc
 )
 target_include_directories(dtrain_torch_objects
   PUBLIC ${PROJECT_SOURCE_DIR}/include
@@ -48,7 +49,7 @@ target_include_directories(dtrain_torch
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch
-  PUBLIC dtrain_torch_objects dtrain_core dtrain_ps dtrain_data ${TORCH_LIBRARIES}
+  PUBLIC dtrain_torch_objects dtrain_core dtrain_ps dtrain_data dtrain_pipeline ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 
 # The allocator: glibc malloc makes LibTorch return and re-fault its big buffers every step
@@ -67,4 +68,7 @@ endif()
 if(DTRAIN_BUILD_EXAMPLES)  # the main job's trainer
   add_executable(train_fashion_mnist examples/train_fashion_mnist.cc)
   target_link_libraries(train_fashion_mnist PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt nlohmann_json::nlohmann_json)
+  # Pipeline parallelism (x data parallelism) on a deep MLP.
+  add_executable(train_pipeline examples/train_pipeline.cc)
+  target_link_libraries(train_pipeline PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt nlohmann_json::nlohmann_json)
 endif()

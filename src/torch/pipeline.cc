@@ -388,10 +388,14 @@ struct Pipeline::Impl {
         }
         case Op::kBackward: {
           Slot& slot = slots.at({a.stage, a.microbatch});
-          if (a.stage == last)
+          if (!slot.output.requires_grad()) {
+            // Nothing before the output needs a gradient (a stage without parameters that got
+            // the model's input): no backward to run.
+          } else if (a.stage == last) {
             torch::autograd::backward({slot.output});
-          else
+          } else {
             torch::autograd::backward({slot.output}, {slot.grad_output});
+          }
           if (a.stage > 0) grads[{a.stage, a.microbatch}] = slot.input.grad();
           slots.erase({a.stage, a.microbatch});
           --held;
@@ -583,9 +587,19 @@ std::vector<size_t> balance(const std::vector<double>& costs, int parts) {
       }
     }
   }
-  std::vector<size_t> cuts(parts + 1);
+  // The least largest part is best[parts][n]; many cuts reach it. Fill each part from the left as
+  // far as that bound allows (leaving a module for each part after it), so modules that cost
+  // nothing (activations, Flatten) join the part before them instead of making parts of their own.
+  const double bound = best[parts][n] * (1 + 1e-12);
+  std::vector<size_t> cuts(parts + 1, 0);
+  size_t i = 0;
+  for (int k = 0; k < parts; ++k) {
+    cuts[k] = i;
+    double sum = costs[i++];  // at least one module
+    while (i < n && n - i > static_cast<size_t>(parts - k - 1) && sum + costs[i] <= bound)
+      sum += costs[i++];
+  }
   cuts[parts] = n;
-  for (int k = parts; k > 0; --k) cuts[k - 1] = from[k][cuts[k]];
   return cuts;
 }
 

@@ -7,10 +7,13 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <filesystem>
+
 #include <torch/torch.h>
 
 #include "dtrain/error.h"
 #include "dtrain/parallel_layout.h"
+#include "dtrain/torch/pipeline_checkpoint.h"
 #include "dtrain/torch/tensor_view.h"
 #include "support/expect.h"
 #include "support/group.h"
@@ -268,6 +271,58 @@ TEST(Pipeline, MismatchedOptionsAndBadInputAreNamed) {
     }
   }, 60s);
   expect_all_ok(results);
+}
+
+TEST(PipelineCheckpoint, AStageKilledMidSaveResumesEveryStageFromTheStepBefore) {
+  const std::string dir = ::testing::TempDir() + "/pipeline_kill_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  // Steps 10 and 20 saved by both stages; at step 30 rank 1 is killed in the middle of its save
+  // (after its first file), while rank 0's completes.
+  const int port = testing::free_port();
+  auto first = run_ranks(2, [&](int rank) {
+    at::set_num_threads(1);
+    auto world = make_group(rank, 2, port);
+    ParallelLayout layout(world, {.pipeline_stages = 2});
+    auto model = make_model();
+    auto stage = my_stages(model, 2, 1, rank)[0];
+    torch::optim::SGD opt(stage->parameters(), torch::optim::SGDOptions(0.1));
+    CheckpointOptions o{.dir = dir, .keep = 3, .async = false};
+    if (rank == 1)
+      o.after_file = [&](const std::string& path) {
+        if (path.find("step-000030") != std::string::npos) ::raise(SIGKILL);
+      };
+    PipelineCheckpoint ckpt(o, layout);
+    for (int64_t step : {10, 20, 30}) {
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : stage->parameters()) p.fill_(static_cast<double>(step));
+      }
+      world->barrier()->wait();
+      ckpt.save(*stage, &opt, {.step = step});
+    }
+  }, 60s);
+  EXPECT_TRUE(first[0].ok());
+  EXPECT_EQ(first[1].signal, SIGKILL);
+  ASSERT_TRUE(std::filesystem::exists(dir + "/pipeline-0-of-2/step-000030"));
+  ASSERT_FALSE(std::filesystem::exists(dir + "/pipeline-1-of-2/step-000030"));
+
+  const int port2 = testing::free_port();
+  auto second = run_ranks(2, [&](int rank) {
+    at::set_num_threads(1);
+    auto world = make_group(rank, 2, port2);
+    ParallelLayout layout(world, {.pipeline_stages = 2});
+    auto model = make_model();
+    auto stage = my_stages(model, 2, 1, rank)[0];
+    torch::optim::SGD opt(stage->parameters(), torch::optim::SGDOptions(0.1));
+    PipelineCheckpoint ckpt({.dir = dir, .keep = 3}, layout);
+    auto loaded = ckpt.load_latest(*stage, &opt);
+    RANK_CHECK(loaded.has_value(), "nothing loaded");
+    RANK_CHECK(loaded->progress.step == 20, "resumed from step {}", loaded->progress.step);
+    for (const auto& p : stage->parameters())
+      RANK_CHECK(p.eq(20).all().item<bool>(), "the parameters are not step 20's");
+  }, 60s);
+  expect_all_ok(second);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Pipeline, BalanceCutsTheLeastLargestPart) {
