@@ -45,12 +45,13 @@ pybind11_add_module(dtrain_python_core MODULE NO_EXTRAS
   src/python/core/process_group_bindings.cc
   src/python/core/ps_bindings.cc
   src/python/core/data_bindings.cc
+  src/python/core/pipeline_bindings.cc
   src/python/interrupt.cc)
 set_target_properties(dtrain_python_core PROPERTIES
   OUTPUT_NAME _core
   LIBRARY_OUTPUT_DIRECTORY ${DTRAIN_PYTHON_DIR}/dtrain)
 target_include_directories(dtrain_python_core PRIVATE ${PROJECT_SOURCE_DIR}/src)
-target_link_libraries(dtrain_python_core PRIVATE dtrain_core dtrain_ps dtrain_data fmt::fmt)
+target_link_libraries(dtrain_python_core PRIVATE dtrain_core dtrain_ps dtrain_data dtrain_pipeline fmt::fmt)
 add_dependencies(dtrain_python_core dtrain_python_files)
 install(TARGETS dtrain_python_core LIBRARY DESTINATION ${DTRAIN_PYTHON_INSTALL_DIR}/dtrain
         COMPONENT python)

@@ -9,7 +9,8 @@ Without torch, on NumPy arrays (anything with the buffer protocol)::
     pg.allreduce(x)                       # in place; op="sum" by default
     pg.send(x, dst=1) / pg.recv(x, src=0) / pg.isend(...).wait()
 
-The parameter server: :mod:`dtrain.ps`. With PyTorch: ``import dtrain.torch`` registers the
+The parameter server: :mod:`dtrain.ps`; sharded record files: :mod:`dtrain.data`; pipeline
+parallelism for torch modules: :mod:`dtrain.pipeline`. With PyTorch: ``import dtrain.torch`` registers the
 ``torch.distributed`` backend ``"dtrain"`` and is a drop-in for ``horovod.torch``.
 
 Blocking calls release the GIL, and Ctrl-C interrupts them (KeyboardInterrupt naming what was
@@ -19,13 +20,13 @@ waited for). Errors are ``dtrain.Error`` (a RuntimeError) or one of its kinds:
 """
 from datetime import timedelta
 
-from dtrain._core import (AbortedError, Error, InvalidArgumentError, PeerFailureError,
-                          ProcessGroup, TimeoutError, Work)
+from dtrain._core import (AbortedError, Error, InvalidArgumentError, ParallelLayout,
+                          PeerFailureError, ProcessGroup, TimeoutError, Work)
 from dtrain._core import init_process_group as _init_process_group
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "init", "ProcessGroup", "Work", "Error", "InvalidArgumentError",
-           "TimeoutError", "PeerFailureError", "AbortedError"]
+__all__ = ["__version__", "init", "ProcessGroup", "Work", "ParallelLayout", "Error",
+           "InvalidArgumentError", "TimeoutError", "PeerFailureError", "AbortedError"]
 
 
 def init(rank=None, world_size=None, init_method=None, timeout=None, name=None):

@@ -49,9 +49,10 @@ void bind_errors(py::module_& m) {
 }  // namespace dtrain::python
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "dtrain for Python without torch: process groups on NumPy arrays, the parameter server, sharded data";
+  m.doc() = "dtrain for Python without torch: process groups on NumPy arrays, the parameter server, sharded data, pipeline schedules";
   dtrain::python::bind_errors(m);
   dtrain::python::bind_process_group(m);
   dtrain::python::bind_ps(m);
   dtrain::python::bind_data(m);
+  dtrain::python::bind_pipeline(m);
 }
