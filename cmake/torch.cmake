@@ -72,3 +72,8 @@ if(DTRAIN_BUILD_EXAMPLES)  # the main job's trainer
   add_executable(train_pipeline examples/train_pipeline.cc)
   target_link_libraries(train_pipeline PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt nlohmann_json::nlohmann_json)
 endif()
+
+# pipeline_bench: the schedules on stages of calibrated cost, measured against the verifier
+# (docs/performance.md, "Pipeline schedules"); run it under `dtrain run -n 4`.
+add_executable(pipeline_bench bench/pipeline_bench.cc)
+target_link_libraries(pipeline_bench PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt)

@@ -17,8 +17,10 @@
 //   RESULT {"strategy":"pipeline","world_size":4,"stages":2,"replicas":2,"schedule":"1f1b",
 //           "microbatches":4,"steps":...,"images_per_sec":...,"initial_loss":...,
 //           "final_loss":...,"test_accuracy":...,"peak_microbatches":[...],
-//           "stage_parameters":[...],"step_ms":...,"compute_ms_per_step":...,
-//           "parameter_sum":...}
+//           "stage_parameters":[...],"training_memory_mib":[...],"step_ms":...,
+//           "compute_ms_per_step":...,"parameter_sum":...}
+// training_memory_mib: per stage, the most heap its training thread held at once (activations
+// the schedule keeps, gradients, optimizer state; jemalloc's thread.peak, -1 without jemalloc).
 // parameter_sum is the sum of every parameter of the model, in double: a resumed run and one
 // that never stopped end with the same value (exact resume). For tests: --stop-after-steps N
 // checkpoints and exits after step N, --train-samples N trains on the first N images only.
@@ -186,6 +188,10 @@ int run(const Flags& flags) {
   }
 
   const bool reporter = pipe.holds_last_stage() && layout.replica() == 0;
+  // Memory: the most heap training held at once on this rank's training thread (activations the
+  // schedule keeps, gradients, optimizer state), over what was allocated before it; jemalloc
+  // only (-1 otherwise).
+  dtrain::reset_thread_peak_memory();
   std::deque<double> recent;
   double initial_loss = -1;
   int64_t step = at.step, steps_here = 0, images = 0;
@@ -239,6 +245,8 @@ int run(const Flags& flags) {
       }
     }
   }
+  const int64_t peak_bytes = dtrain::thread_peak_memory();
+  const double training_mib = peak_bytes < 0 ? -1.0 : peak_bytes / 1048576.0;
   if (ckpt) ckpt->wait();
   if (stopped) {
     if (lead) std::printf("stopped after step %lld (--stop-after-steps)\n", static_cast<long long>(step));
@@ -272,8 +280,13 @@ int run(const Flags& flags) {
   }
   const double parameter_sum = allreduce_sum(*world, sum);
   auto peaks = torch::zeros({stages}, torch::kLong);
-  if (layout.replica() == 0) peaks[layout.stage()] = peak;
+  auto growth = torch::zeros({stages}, torch::kDouble);
+  if (layout.replica() == 0) {
+    peaks[layout.stage()] = peak;
+    growth[layout.stage()] = training_mib;
+  }
   world->allreduce(dtrain::view_of(peaks))->wait();
+  world->allreduce(dtrain::view_of(growth))->wait();
   const double images_per_sec = images / seconds;
   const double mean_step_ms = allreduce_max(*world, step_ms / std::max<int64_t>(1, steps_here));
   const double mean_compute_ms =
@@ -299,6 +312,8 @@ int run(const Flags& flags) {
                                                     peaks.data_ptr<int64_t>() + stages)},
         {"stage_parameters", std::vector<int64_t>(per_stage.data_ptr<int64_t>(),
                                                    per_stage.data_ptr<int64_t>() + stages)},
+        {"training_memory_mib", std::vector<double>(growth.data_ptr<double>(),
+                                                     growth.data_ptr<double>() + stages)},
         {"step_ms", mean_step_ms},
         {"compute_ms_per_step", mean_compute_ms},
         {"parameter_sum", parameter_sum},

@@ -51,10 +51,13 @@ int default_threads() {
   return std::max(1, cores / std::max(1, local));
 }
 
+using Mallctl = int (*)(const char*, void*, size_t*, void*, size_t);
+
+// jemalloc exports mallctl; when it resolves, jemalloc is the process's malloc.
+Mallctl find_mallctl() { return reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl")); }
+
 std::string configure_allocator() {
-  // jemalloc exports mallctl; when it resolves, jemalloc is the process's malloc.
-  using Mallctl = int (*)(const char*, void*, size_t*, void*, size_t);
-  if (auto mallctl = reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl"))) {
+  if (auto mallctl = find_mallctl()) {
     ssize_t decay = 0;
     size_t size = sizeof(decay);
     if (mallctl("opt.dirty_decay_ms", &decay, &size, nullptr, 0) == 0 && decay < 0)
@@ -117,6 +120,18 @@ RuntimeInfo configure_runtime(int threads) {
   }();
   (void)interop_set;
   return info;
+}
+
+int64_t thread_peak_memory() {
+  auto mallctl = find_mallctl();
+  uint64_t peak = 0;
+  size_t size = sizeof(peak);
+  if (mallctl == nullptr || mallctl("thread.peak.read", &peak, &size, nullptr, 0) != 0) return -1;
+  return static_cast<int64_t>(peak);
+}
+
+void reset_thread_peak_memory() {
+  if (auto mallctl = find_mallctl()) mallctl("thread.peak.reset", nullptr, nullptr, nullptr, 0);
 }
 
 }  // namespace dtrain

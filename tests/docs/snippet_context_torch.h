@@ -16,4 +16,6 @@ extern dtrain::DistributedSampler sampler;
 extern size_t dataset_size;
 extern int64_t step;
 extern size_t k;
+torch::nn::Sequential make_model();  // docs/pipeline.md: the model cut into stages
+extern at::Tensor test_x;
 }  // namespace snippets

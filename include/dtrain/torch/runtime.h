@@ -8,6 +8,7 @@
 // page faults). dtrain_torch links jemalloc when it is installed; otherwise this tunes glibc.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace dtrain {
@@ -23,5 +24,11 @@ struct RuntimeInfo {
 // machine's cores divided by LOCAL_WORLD_SIZE, at least 1), tunes glibc malloc when jemalloc is
 // not the allocator, and reports what is in use. Call it before the first tensor operation.
 RuntimeInfo configure_runtime(int threads = 0);
+
+// The most heap bytes the calling thread had allocated and not yet freed since the last
+// reset_thread_peak_memory() (jemalloc's thread.peak): what a stretch of training needed, unlike
+// the resident set, which an allocator keeps. -1 when the allocator cannot say (glibc malloc).
+int64_t thread_peak_memory();
+void reset_thread_peak_memory();
 
 }  // namespace dtrain
