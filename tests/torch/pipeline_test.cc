@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <thread>
 
 #include <torch/torch.h>
 
@@ -241,6 +242,40 @@ TEST(Pipeline, AKilledStageFailsEveryRankNamingIt) {
       EXPECT_EQ(results[r].exit_code, 3) << "rank " << r;
     }
   }
+}
+
+TEST(Pipeline, AStageThatStopsAnsweringFailsItsPeersWithinTheTimeout) {
+  const int port = testing::free_port();
+  auto results = run_ranks(3, [&](int rank) {
+    at::set_num_threads(1);
+    auto pg = make_group(rank, 3, port);
+    auto model = make_model();
+    auto stages = my_stages(model, 3, 1, rank);
+    Pipeline pipe(stages, pg, {.schedule = "1f1b", .microbatches = 3, .timeout = 2s});
+    const Batch b = make_batch(1, 12);
+    pipe.step(b.x, b.y, cross_entropy);
+    if (rank == 1) {  // alive, connected, silent: a hung stage
+      std::this_thread::sleep_for(6s);
+      ::_exit(4);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      pipe.step(b.x, b.y, cross_entropy);
+    } catch (const Error& e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string text = e.what();
+      RANK_CHECK(s > 1.5 && s < 4.5, "failed after {:.1f} s (limit 2 s): {}", s, text);
+      RANK_CHECK(text.find("from rank 1") != std::string::npos, "rank 1 is not named: {}", text);
+      RANK_CHECK(text.find("of 1f1b (recv ") != std::string::npos, "no action named: {}", text);
+      std::fprintf(stderr, "[rank %d] failed as expected after %.2f s: %s\n", rank, s, text.c_str());
+      std::fflush(stderr);
+      ::_exit(3);
+    }
+    throw std::runtime_error("the step with a silent stage succeeded");
+  }, 60s);
+  EXPECT_EQ(results[0].exit_code, 3);
+  EXPECT_EQ(results[1].exit_code, 4);
+  EXPECT_EQ(results[2].exit_code, 3);
 }
 
 TEST(Pipeline, MismatchedOptionsAndBadInputAreNamed) {
