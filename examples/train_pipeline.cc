@@ -135,7 +135,8 @@ int run(const Flags& flags) {
   }
   const int parts = stages * flags.virtual_stages;
   const auto cuts = flags.balance == "time"
-                        ? dtrain::balance_by_time(model, parts, train.images.slice(0, 0, flags.batch_size))
+                        ? dtrain::balance_by_time(model, parts, train.images.slice(0, 0, flags.batch_size),
+                                                  5, world.get())
                         : dtrain::balance_by_parameters(model, parts);
   // This rank's stages, registered in one module: what the optimizer steps and checkpoints hold.
   std::vector<torch::nn::Sequential> mine;

@@ -1,6 +1,7 @@
 // dtrain's error kinds. Each says whether retrying can help; docs/errors.md says what to do.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -54,5 +55,10 @@ class InternalError : public Error {
  public:
   explicit InternalError(const std::string& m) : Error(ErrorKind::kInternal, m) {}
 };
+
+// The error class of `kind` with `message`: for code that adds context to an error and throws it
+// on with its kind (its meaning for retrying) unchanged.
+std::exception_ptr make_error(ErrorKind kind, const std::string& message);
+[[noreturn]] void throw_error(ErrorKind kind, const std::string& message);
 
 }  // namespace dtrain

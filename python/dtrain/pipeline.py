@@ -127,30 +127,36 @@ class Pipeline:
                  data_group=None):
         stages = list(stages)
         self._rank, self._p = group.rank, group.size
-        self._sched = _core.pipeline_schedule(schedule, self._p, microbatches, virtual_stages)
-        self._last = self._p * virtual_stages - 1
-        self._stage_ids = list(range(self._rank, self._last + 1, self._p))
-        if len(stages) != virtual_stages:
-            raise InvalidArgumentError(
-                f"Pipeline: rank {self._rank} was given {len(stages)} stage modules for "
-                f"{virtual_stages} virtual stage(s) per rank; give one module per stage this rank "
-                f"holds ({', '.join(map(str, self._stage_ids))})")
-        self._stages = dict(zip(self._stage_ids, stages))
-        self._id = _core.pipeline_schedule_id(schedule, self._p, virtual_stages)
-        self._m = microbatches
-        self._data = data_group if data_group is not None and data_group.size > 1 else None
         self._group = group.new_group(list(range(self._p)))  # tags and abort of its own
-        # Every rank must run the same schedule: compare now, not at the first message.
-        mine = np.array([self._id, microbatches, virtual_stages], np.int64)
-        every = self._group.allgather(mine).reshape(self._p, 3)
+        self._data = data_group if data_group is not None and data_group.size > 1 else None
+        self._m = microbatches
+        # What this rank cannot accept is said on every rank (the others would otherwise wait
+        # for it until their timeout); then every rank must run the same schedule.
+        refusal, self._id = None, 0
+        try:
+            self._sched = _core.pipeline_schedule(schedule, self._p, microbatches, virtual_stages)
+            self._id = _core.pipeline_schedule_id(schedule, self._p, virtual_stages)
+            self._last = self._p * virtual_stages - 1
+            self._stage_ids = list(range(self._rank, self._last + 1, self._p))
+            refusal = _refuse_stages(stages, self._stage_ids, self._sched)
+        except Error as e:
+            refusal = str(e)
+        mine = np.array([0 if refusal else 1, self._id, microbatches, virtual_stages], np.int64)
+        every = self._group.allgather(mine).reshape(self._p, 4)
+        if refusal:
+            raise InvalidArgumentError(f"Pipeline: {refusal}")
         for r, theirs in enumerate(every):
+            if theirs[0] == 0:
+                raise InvalidArgumentError(f"Pipeline: rank {r} of the pipeline refused its "
+                                           f"stages or options (its error says why)")
             if not np.array_equal(theirs, mine):
                 raise InvalidArgumentError(
-                    f"Pipeline: rank {r} of the pipeline runs {theirs[1]} micro-batches, "
-                    f"{theirs[2]} virtual stage(s) and schedule id 0x{int(theirs[0]):08x}; rank "
+                    f"Pipeline: rank {r} of the pipeline runs {theirs[2]} micro-batches, "
+                    f"{theirs[3]} virtual stage(s) and schedule id 0x{int(theirs[1]):08x}; rank "
                     f"{self._rank} (this one) runs {microbatches} micro-batches of {schedule} with "
                     f"{virtual_stages} virtual stage(s) (id 0x{self._id:08x}): give every rank "
                     f"the same options")
+        self._stages = dict(zip(self._stage_ids, stages))
         self._steps = 0
         self.stats = {}
 
@@ -175,6 +181,10 @@ class Pipeline:
     def _send(self, direction, stage_from, mb, tensor):
         to = stage_from + 1 if direction == _ACTIVATION else stage_from - 1
         peer = to % self._p
+        if tensor.device.type != "cpu":
+            raise InvalidArgumentError(
+                f"stage {stage_from} produced a tensor on {tensor.device}: the pipeline's "
+                f"messages go through host memory, so its stages run on the CPU")
         t = tensor.detach().contiguous()
         if peer == self._rank:
             self._local[(direction, stage_from, mb)] = t
@@ -234,10 +244,14 @@ class Pipeline:
         stages = ", ".join(map(str, self._stage_ids))
         text = (f"rank {self._rank} of the pipeline (stage{'s' if len(self._stage_ids) > 1 else ''}"
                 f" {stages}), step {self._steps}, {self._where}: {e}")
-        try:
-            self._group.abort(text)  # every other rank fails at once with this text
-        except Error:
-            pass
+        # Every other rank of the pipeline fails at once with this text, and so do the stage's
+        # replicas, which would wait in the gradient all-reduce.
+        for g in (self._group, self._data):
+            if g is not None:
+                try:
+                    g.abort(text)
+                except Error:
+                    pass
         if isinstance(e, Error):
             return type(e)(text)
         return InvalidArgumentError(text)
@@ -389,6 +403,8 @@ class Pipeline:
                 self._backward_weight(self._slots.pop((s, mb)))
                 self._held -= 1
             self.stats["compute_ms"] += (time.perf_counter() - t0) * 1e3
+            # A tensor is needed no longer than its send: keep only the sends still running.
+            self._sends = [w for w in self._sends if not w.is_completed()]
         self._where = "waiting for this step's sends"
         for w in self._sends:
             w.wait()
@@ -453,6 +469,32 @@ class Pipeline:
         self.stats["step_ms"] = (time.perf_counter() - started) * 1e3
         self._steps += 1
         return torch.cat(outputs) if outputs else None
+
+
+def _refuse_stages(stages, ids, sched):
+    """What this rank's stages cannot do, or None."""
+    if len(stages) != len(ids):
+        return (f"rank {ids[0] % sched['ranks']} was given {len(stages)} stage modules for "
+                f"{sched['virtual_stages']} virtual stage(s) per rank; give one module per stage "
+                f"this rank holds ({', '.join(map(str, ids))})")
+    for s, stage in zip(ids, stages):
+        for p in stage.parameters():
+            if p.device.type != "cpu":
+                return (f"stage {s} has parameters on {p.device}: the pipeline's messages go "
+                        f"through host memory, so its stages run on the CPU (move them with "
+                        f".cpu())")
+        if sched["split_backward"] and isinstance(stage, torch.nn.Sequential):
+            # A split backward takes each module's weight gradient from that module's output
+            # alone; a parameter two modules share would get the other's part twice.
+            owner = {}
+            for k, module in enumerate(stage):
+                for p in module.parameters():
+                    if owner.setdefault(id(p), k) != k:
+                        return (f"stage {s} shares a parameter between its modules {owner[id(p)]} "
+                                f"and {k}: {sched['name']} splits the backward by module and "
+                                f"would count its gradient twice; use a schedule without the "
+                                f"split (1f1b)")
+    return None
 
 
 def _bytes_of(t):

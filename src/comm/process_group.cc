@@ -92,16 +92,7 @@ Options with_timeout(Options options, std::chrono::milliseconds left) {
   try {
     throw;
   } catch (const Error& e) {
-    std::string m = fmt::format("{} failed: {}. Post-mortem: {}", context, e.what(), after);
-    switch (e.kind()) {
-      case ErrorKind::kInvalidArgument: throw InvalidArgumentError(m);
-      case ErrorKind::kTimeout: throw TimeoutError(m);
-      case ErrorKind::kPeerFailure: throw PeerFailureError(m);
-      case ErrorKind::kStore: throw StoreError(m);
-      case ErrorKind::kAborted: throw AbortedError(m);
-      case ErrorKind::kInternal: throw InternalError(m);
-    }
-    throw;
+    throw_error(e.kind(), fmt::format("{} failed: {}. Post-mortem: {}", context, e.what(), after));
   }
 }
 

@@ -52,25 +52,6 @@ std::string published_host(const Identity& id) {
   return "127.0.0.1";
 }
 
-// Throws an error of `e`'s kind with message `m`.
-[[noreturn]] void rethrow_as(const Error& e, const std::string& m) {
-  switch (e.kind()) {
-    case ErrorKind::kInvalidArgument:
-      throw InvalidArgumentError(m);
-    case ErrorKind::kTimeout:
-      throw TimeoutError(m);
-    case ErrorKind::kPeerFailure:
-      throw PeerFailureError(m);
-    case ErrorKind::kStore:
-      throw StoreError(m);
-    case ErrorKind::kAborted:
-      throw AbortedError(m);
-    case ErrorKind::kInternal:
-      throw InternalError(m);
-  }
-  throw InternalError(m);
-}
-
 std::shared_ptr<TcpStore> host_and_publish(const Identity& id, const LauncherChannel& channel,
                                            TcpStoreOptions so, bool fixed_port) {
   // The server listens on every interface; rank 0's own client dials the published address, so
@@ -93,11 +74,12 @@ std::shared_ptr<TcpStore> host_and_publish(const Identity& id, const LauncherCha
     }
     const auto* error = dynamic_cast<const Error*>(&e);
     if (error == nullptr) throw;
-    rethrow_as(*error, fmt::format("rank 0 of {}: hosting the rendezvous store on {} failed: {}",
-                                   id.world_size,
-                                   fixed_port ? fmt::format("port {} (MASTER_PORT)", so.port)
-                                              : std::string("a free port"),
-                                   e.what()));
+    throw_error(error->kind(),
+                fmt::format("rank 0 of {}: hosting the rendezvous store on {} failed: {}",
+                            id.world_size,
+                            fixed_port ? fmt::format("port {} (MASTER_PORT)", so.port)
+                                       : std::string("a free port"),
+                            e.what()));
   }
   net::HostPort published{host, store->port()};
   channel.broadcast(id, std::string(kOk) + published.to_string(), so.connect_timeout);
@@ -126,8 +108,8 @@ std::shared_ptr<TcpStore> join_published(const Identity& id, const LauncherChann
   try {
     return std::make_shared<TcpStore>(so);
   } catch (const Error& e) {
-    rethrow_as(
-        e,
+    throw_error(
+        e.kind(),
         fmt::format(
             "{}; rank 0 published {} through {}: if this host cannot reach that address, set "
             "DTRAIN_SOCKET_ADDR for rank 0 to one it can, or MASTER_ADDR and MASTER_PORT for every "

@@ -23,6 +23,22 @@ bool Error::retryable() const {
   return kind_ == ErrorKind::kTimeout || kind_ == ErrorKind::kStore;
 }
 
+std::exception_ptr make_error(ErrorKind kind, const std::string& message) {
+  switch (kind) {
+    case ErrorKind::kInvalidArgument: return std::make_exception_ptr(InvalidArgumentError(message));
+    case ErrorKind::kTimeout: return std::make_exception_ptr(TimeoutError(message));
+    case ErrorKind::kPeerFailure: return std::make_exception_ptr(PeerFailureError(message));
+    case ErrorKind::kStore: return std::make_exception_ptr(StoreError(message));
+    case ErrorKind::kAborted: return std::make_exception_ptr(AbortedError(message));
+    case ErrorKind::kInternal: break;
+  }
+  return std::make_exception_ptr(InternalError(message));
+}
+
+void throw_error(ErrorKind kind, const std::string& message) {
+  std::rethrow_exception(make_error(kind, message));
+}
+
 std::string message_of(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "dtrain/error.h"
+
 namespace dtrain::pipeline {
 namespace {
 
@@ -48,9 +50,23 @@ std::string label(const Schedule& s, const Action& a) {
   return fmt::format("{}{}", letter, a.microbatch);
 }
 
+// Charts wider than this are refused: costs of very different sizes would ask for billions of
+// columns.
+constexpr double kMaxColumns = 100'000;
+
+double columns_of(const ScheduleReport& report, double unit) {
+  const double columns = std::ceil(report.makespan / unit - 1e-9);
+  if (!(columns <= kMaxColumns))
+    throw InvalidArgumentError(fmt::format(
+        "pipeline chart: the timeline is {:.3g} times its shortest pass, more than {:.0f} "
+        "columns; give costs of closer sizes, or print the figures only (--quiet)",
+        columns, kMaxColumns));
+  return columns;
+}
+
 std::string text_chart(const Schedule& s, const ScheduleReport& report) {
   const double unit = unit_of(report);
-  const auto columns = static_cast<size_t>(std::ceil(report.makespan / unit - 1e-9));
+  const auto columns = static_cast<size_t>(columns_of(report, unit));
   size_t width = 1;
   for (const auto& t : report.timeline) width = std::max(width, label(s, t.action).size());
   std::vector<std::vector<std::string>> cells(s.ranks, std::vector<std::string>(columns, "."));
@@ -72,6 +88,7 @@ std::string text_chart(const Schedule& s, const ScheduleReport& report) {
 
 std::string svg_chart(const Schedule& s, const ScheduleReport& report) {
   const double unit = unit_of(report);
+  columns_of(report, unit);
   const double cell = 28, row = 24, left = 60, top = 24;
   const double width = left + report.makespan / unit * cell + 10;
   const double height = top + s.ranks * row + 10;

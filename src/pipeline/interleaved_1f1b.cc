@@ -6,8 +6,8 @@
 // group, then chunk 1's, ...; backwards likewise with the chunks in reverse. The rank first runs
 // (p-r-1)*2 + (v-1)*p forwards (Megatron's warm-up), then alternates one forward and one
 // backward, then runs the backwards left. When m is not a multiple of p the last group is short
-// and that warm-up can leave two ranks waiting on each other: the generator then lengthens the
-// warm-up of each rank, one forward at a time, to the least that the verifier proves free of
+// and that warm-up can leave two ranks waiting on each other: the generator then lengthens every
+// rank's warm-up together, one forward at a time, until the verifier proves the schedule free of
 // deadlock (all forwards first, GPipe's order, always is).
 //
 // Bubble: (p-1)/(v*m+p-1) of the step with equal micro-batches, v times smaller than 1F1B's,

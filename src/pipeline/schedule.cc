@@ -38,8 +38,9 @@ Registry& registry() {
 }  // namespace
 
 // Receives go right before the pass that needs them and sends right after the pass that produced
-// them: the runners post every receive of a step early anyway, so where a receive stands only
-// says when its data is needed. Sends never wait for their receiver (a transport buffers them).
+// them. Sends never wait for their receiver, and a message that arrives before its receive is
+// kept by the transport until the receive takes it, so a receive placed late costs no waiting
+// on the sender's side.
 Schedule with_communication(Schedule s) {
   const int last = s.stages() - 1;
   for (auto& list : s.actions) {
@@ -151,6 +152,10 @@ Schedule make_schedule(const ScheduleOptions& o) {
   if (o.virtual_stages < 1 || o.virtual_stages > 1024)
     throw InvalidArgumentError(fmt::format(
         "pipeline schedule {}: {} virtual stages; give 1 to 1024", o.name, o.virtual_stages));
+  if (int64_t{o.ranks} * o.virtual_stages * o.microbatches > kMaxPasses)
+    throw InvalidArgumentError(fmt::format(
+        "pipeline schedule {}: {} stages x {} micro-batches is more than {} forward passes a step",
+        o.name, o.ranks * o.virtual_stages, o.microbatches, kMaxPasses));
   if (o.virtual_stages > 1 && !info->interleaved)
     throw InvalidArgumentError(fmt::format(
         "pipeline schedule {} puts one stage on each rank; {} virtual stages need an interleaved "
@@ -218,6 +223,10 @@ Schedule schedule_from_json(std::string_view text) {
   s.ranks = integer(j, "ranks", "the schedule", 1, 4096);
   s.virtual_stages = integer(j, "virtual_stages", "the schedule", 1, 1024);
   s.microbatches = integer(j, "microbatches", "the schedule", 1, 1 << 20);
+  if (int64_t{s.stages()} * s.microbatches > kMaxPasses)
+    throw InvalidArgumentError(fmt::format(
+        "pipeline schedule: {} stages x {} micro-batches is more than {} forward passes a step",
+        s.stages(), s.microbatches, kMaxPasses));
   const auto& ranks = field(j, "actions", "the schedule");
   if (!ranks.is_array() || static_cast<int>(ranks.size()) != s.ranks)
     throw InvalidArgumentError(fmt::format(

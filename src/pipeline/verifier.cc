@@ -68,6 +68,11 @@ ScheduleReport verify(const Schedule& s, const Costs& costs) {
                                p, m, s.virtual_stages, s.actions.size());
     return report;
   }
+  if (int64_t{stages} * m > kMaxPasses) {
+    report.error = fmt::format("{} stages x {} micro-batches is more than {} forward passes a step",
+                               stages, m, kMaxPasses);
+    return report;
+  }
   const bool split = s.split_backward();
   Events ev(stages, m);
   std::vector<size_t> pc(p, 0);

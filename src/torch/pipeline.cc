@@ -33,18 +33,6 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-[[noreturn]] void throw_kind(ErrorKind kind, const std::string& text) {
-  switch (kind) {
-    case ErrorKind::kTimeout: throw TimeoutError(text);
-    case ErrorKind::kPeerFailure: throw PeerFailureError(text);
-    case ErrorKind::kStore: throw StoreError(text);
-    case ErrorKind::kAborted: throw AbortedError(text);
-    case ErrorKind::kInternal: throw InternalError(text);
-    case ErrorKind::kInvalidArgument: break;
-  }
-  throw InvalidArgumentError(text);
-}
-
 bool has_parameters(const torch::nn::Module& m) {
   for (const auto& p : m.parameters())
     if (p.requires_grad()) return true;
@@ -112,14 +100,21 @@ struct Pipeline::Impl {
   [[noreturn]] void fail(ErrorKind kind, const std::string& what) {
     const std::string text = fmt::format("{}: {}", where(), what);
     // Every other rank of the pipeline fails at once with this text instead of waiting for a
-    // message this rank will not send.
+    // message this rank will not send, and so do the stage's replicas, which would wait in the
+    // gradient all-reduce.
     group->abort(text);
-    throw_kind(kind, text);
+    if (data_group && data_group->size() > 1) data_group->abort(text);
+    throw_error(kind, text);
   }
 
   void send(Direction d, int stage_from, int mb, const at::Tensor& t) {
     const int to = d == Direction::kActivation ? stage_from + 1 : stage_from - 1;
     const int peer = schedule.rank_of(to);
+    if (!t.device().is_cpu())
+      throw InvalidArgumentError(fmt::format(
+          "stage {} produced a tensor on {}: the pipeline's messages go through host memory, so "
+          "its stages run on the CPU",
+          stage_from, t.device().str()));
     at::Tensor c = t.detach().contiguous();
     if (peer == rank) {
       local[{static_cast<int>(d), stage_from, mb}] = c;
@@ -197,6 +192,16 @@ struct Pipeline::Impl {
       case DType::kI64: return at::kLong;
     }
     return at::kFloat;
+  }
+
+  // Frees what completed sends held (an activation or gradient is needed no longer than its
+  // send): otherwise every boundary tensor of the step would live until its end.
+  void release_sent() {
+    std::erase_if(sends, [](const Send& s) {
+      return s.header_work->is_completed() && (!s.tensor_work || s.tensor_work->is_completed()) &&
+             s.header_work->exception() == nullptr &&
+             (!s.tensor_work || s.tensor_work->exception() == nullptr);
+    });
   }
 
   void wait_sends() {
@@ -363,7 +368,7 @@ struct Pipeline::Impl {
           continue;
         case Op::kSendGradient: {
           auto it = grads.find({a.stage, a.microbatch});
-          if (it == grads.end())
+          if (it == grads.end() || !it->second.defined())
             throw InvalidArgumentError(fmt::format(
                 "stage {}'s input has no gradient (does its output depend on its input?)", a.stage));
           send(Direction::kGradient, a.stage, a.microbatch, it->second);
@@ -411,6 +416,7 @@ struct Pipeline::Impl {
           break;
       }
       stats.compute_ms += ms_since(t0);
+      release_sent();
     }
     action = nullptr;
     phase = "waiting for this step's sends";
@@ -465,6 +471,46 @@ struct Pipeline::Impl {
   bool holds_stage(int s) const { return schedule.rank_of(s) == rank; }
 };
 
+namespace {
+
+// What this rank's stages cannot do, or "" when they are fine.
+std::string refuse_stages(const std::vector<torch::nn::Sequential>& stages,
+                          const pipeline::Schedule& schedule, int rank) {
+  const auto ids = schedule.stages_of(rank);
+  if (stages.size() != ids.size())
+    return fmt::format("rank {} was given {} stage modules for {} virtual stage(s) per rank; give "
+                       "one Sequential per stage this rank holds ({})",
+                       rank, stages.size(), schedule.virtual_stages, fmt::join(ids, ", "));
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (stages[i].is_empty() || stages[i]->size() == 0)
+      return fmt::format("stage {} of rank {} is empty", ids[i], rank);
+    for (const auto& p : stages[i]->parameters())
+      if (!p.device().is_cpu())
+        return fmt::format("stage {} has parameters on {}: the pipeline's messages go through "
+                           "host memory, so its stages run on the CPU (move them with .to(kCPU))",
+                           ids[i], p.device().str());
+    if (!schedule.split_backward()) continue;
+    // A split backward takes each module's weight gradient from that module's output alone; a
+    // parameter two modules share would get the other module's part twice.
+    std::map<const void*, size_t> owner;
+    size_t k = 0;
+    for (const auto& module : stages[i]->children()) {
+      for (const auto& p : module->parameters()) {
+        auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), k);
+        if (!fresh && it->second != k)
+          return fmt::format("stage {} shares a parameter between its modules {} and {}: {} "
+                             "splits the backward by module and would count its gradient twice; "
+                             "use a schedule without the split (1f1b)",
+                             ids[i], it->second, k, schedule.name);
+      }
+      ++k;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, std::shared_ptr<ProcessGroup> group,
                    PipelineOptions options, std::shared_ptr<ProcessGroup> data_group)
     : impl_(std::make_unique<Impl>()) {
@@ -474,40 +520,45 @@ Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, std::shared_ptr<Pr
   d.p = group->size();
   d.options = options;
   d.data_group = std::move(data_group);
-  d.schedule = pipeline::make_schedule({.name = options.schedule,
-                                        .ranks = d.p,
-                                        .microbatches = options.microbatches,
-                                        .virtual_stages = options.virtual_stages});
-  pipeline::check(d.schedule);
-  d.schedule_id = pipeline::schedule_id(d.schedule.name, d.p, d.schedule.virtual_stages);
-  d.last = d.schedule.stages() - 1;
-  if (static_cast<int>(stages.size()) != options.virtual_stages)
-    throw InvalidArgumentError(fmt::format(
-        "Pipeline: rank {} was given {} stage modules for {} virtual stage(s) per rank; give one "
-        "Sequential per stage this rank holds ({})",
-        d.rank, stages.size(), options.virtual_stages, fmt::join(d.schedule.stages_of(d.rank), ", ")));
-  for (size_t i = 0; i < stages.size(); ++i)
-    if (stages[i].is_empty())
-      throw InvalidArgumentError(fmt::format("Pipeline: stage module {} of rank {} is empty", i, d.rank));
-  d.stages = std::move(stages);
   std::vector<int> all(d.p);
   std::iota(all.begin(), all.end(), 0);
   d.group = group->new_group(all);
-  // Every rank must run the same schedule: compare now, not at the first message.
-  std::array<int64_t, 3> mine{d.schedule_id, options.microbatches, options.virtual_stages};
-  std::vector<int64_t> every(3 * static_cast<size_t>(d.p));
+  // Whatever this rank cannot accept is said on every rank: the others would otherwise wait for
+  // it until their timeout. Then every rank must run the same schedule.
+  std::string refusal;
+  try {
+    d.schedule = pipeline::make_schedule({.name = options.schedule,
+                                          .ranks = d.p,
+                                          .microbatches = options.microbatches,
+                                          .virtual_stages = options.virtual_stages});
+    pipeline::check(d.schedule);
+    d.schedule_id = pipeline::schedule_id(d.schedule.name, d.p, d.schedule.virtual_stages);
+    d.last = d.schedule.stages() - 1;
+    refusal = refuse_stages(stages, d.schedule, d.rank);
+  } catch (const Error& e) {
+    refusal = e.what();
+  }
+  std::array<int64_t, 4> mine{refusal.empty() ? 1 : 0, d.schedule_id, options.microbatches,
+                              options.virtual_stages};
+  std::vector<int64_t> every(mine.size() * static_cast<size_t>(d.p));
   AllgatherOptions ao;
   ao.timeout = options.timeout;
   d.group->allgather(TensorView::of(every), TensorView::of(std::span<int64_t>(mine)), ao)->wait();
+  if (!refusal.empty()) throw InvalidArgumentError(fmt::format("Pipeline: {}", refusal));
   for (int r = 0; r < d.p; ++r) {
-    if (std::equal(mine.begin(), mine.end(), every.begin() + 3 * r)) continue;
+    const int64_t* theirs = every.data() + mine.size() * r;
+    if (theirs[0] == 0)
+      throw InvalidArgumentError(fmt::format(
+          "Pipeline: rank {} of the pipeline refused its stages or options (its error says why)", r));
+    if (std::equal(mine.begin(), mine.end(), theirs)) continue;
     throw InvalidArgumentError(fmt::format(
         "Pipeline: rank {} of the pipeline runs {} micro-batches, {} virtual stage(s) and schedule "
         "id 0x{:08x}; rank {} (this one) runs {} micro-batches of {} with {} virtual stage(s) (id "
         "0x{:08x}): give every rank the same PipelineOptions",
-        r, every[3 * r + 1], every[3 * r + 2], static_cast<uint32_t>(every[3 * r]), d.rank,
-        options.microbatches, options.schedule, options.virtual_stages, d.schedule_id));
+        r, theirs[2], theirs[3], static_cast<uint32_t>(theirs[1]), d.rank, options.microbatches,
+        options.schedule, options.virtual_stages, d.schedule_id));
   }
+  d.stages = std::move(stages);
 }
 
 Pipeline::~Pipeline() = default;
@@ -614,7 +665,7 @@ std::vector<size_t> balance_by_parameters(const torch::nn::Sequential& model, in
 }
 
 std::vector<size_t> balance_by_time(const torch::nn::Sequential& model, int parts,
-                                    const at::Tensor& sample, int repeats) {
+                                    const at::Tensor& sample, int repeats, ProcessGroup* group) {
   std::vector<double> costs;
   at::Tensor h = sample;
   for (auto module : *model) {  // AnyModule copies share the module
@@ -632,6 +683,12 @@ std::vector<size_t> balance_by_time(const torch::nn::Sequential& model, int part
     h = out.detach();
   }
   model.ptr()->zero_grad();
+  if (group != nullptr && group->size() > 1) {
+    AllreduceOptions o;
+    o.async_op = false;
+    group->allreduce(TensorView::of(costs), o)->wait();
+    for (double& c : costs) c /= group->size();
+  }
   return balance(costs, parts);
 }
 

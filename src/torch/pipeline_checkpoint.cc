@@ -31,6 +31,8 @@ std::vector<int> other_layouts(const std::string& root, int p) {
 
 PipelineCheckpoint::PipelineCheckpoint(CheckpointOptions options, const ParallelLayout& layout)
     : pipeline_group_(layout.pipeline_group()),
+      data_group_(layout.data_group()),
+      world_(layout.world()),
       root_(options.dir),
       pipeline_rank_(layout.stage()),
       pipeline_ranks_(layout.stages()) {
@@ -52,9 +54,17 @@ std::optional<LoadedCheckpoint> PipelineCheckpoint::load_latest(
         "rank {} of the pipeline: {} holds checkpoints of a pipeline of {} ranks; this job has {}: "
         "resume with that many stages, or give another --checkpoint-dir",
         pipeline_rank_, root_, fmt::join(others, ", "), pipeline_ranks_));
-  // The newest step each pipeline rank can load; every rank resumes from the least of them.
-  CheckpointManager::Found found = manager_->find_latest();
-  const int64_t newest = found.newest ? found.newest->progress.step : -1;
+  // The newest step each pipeline rank can load, as its writer sees it (its replicas may not
+  // see the same files: they load what the writer chose, or fail saying so); every rank
+  // resumes from the least of them.
+  std::array<int64_t, 1> chosen{-1};
+  if (manager_->is_writer()) {
+    CheckpointManager::Found found = manager_->find_latest();
+    if (found.newest) chosen[0] = found.newest->progress.step;
+  }
+  if (data_group_ && data_group_->size() > 1)
+    data_group_->broadcast(TensorView::of(std::span<int64_t>(chosen)), {.root = 0})->wait();
+  const int64_t newest = chosen[0];
   std::array<int64_t, 2> lo{newest, -newest};  // min and -max in one all-reduce
   g.allreduce(TensorView::of(std::span<int64_t>(lo)), {.op = ReduceOp::kMin})->wait();
   const int64_t least = lo[0], most = -lo[1];
@@ -78,8 +88,9 @@ std::optional<LoadedCheckpoint> PipelineCheckpoint::load_latest(
   } catch (const Error& e) {
     error = e.what();
   }
+  // Over the whole job: a replica that could not load must not leave the others training.
   std::array<int64_t, 1> failed{error.empty() ? -1 : pipeline_rank_};
-  g.allreduce(TensorView::of(std::span<int64_t>(failed)), {.op = ReduceOp::kMax})->wait();
+  world_->allreduce(TensorView::of(std::span<int64_t>(failed)), {.op = ReduceOp::kMax})->wait();
   if (!error.empty())
     throw InvalidArgumentError(fmt::format(
         "rank {} of the pipeline cannot load step {}, the newest every stage saved: {}",

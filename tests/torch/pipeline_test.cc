@@ -293,6 +293,30 @@ TEST(Pipeline, MismatchedOptionsAndBadInputAreNamed) {
                      std::string::npos,
                  "{}", e.what());
     }
+    // A rank that cannot accept its stages says why; the other is told at once, not at its timeout.
+    try {
+      std::vector<torch::nn::Sequential> two = {stages[0], stages[0]};
+      Pipeline bad(rank == 1 ? two : stages, pg, {.schedule = "1f1b", .microbatches = 4});
+      throw std::runtime_error("two stage modules for one stage were accepted");
+    } catch (const InvalidArgumentError& e) {
+      const std::string text = e.what();
+      RANK_CHECK(text.find(rank == 1 ? "rank 1 was given 2 stage modules for 1 virtual stage"
+                                     : "rank 1 of the pipeline refused its stages") !=
+                     std::string::npos,
+                 "{}", text);
+    }
+    // A parameter shared by two modules of a stage cannot have its weight gradient split.
+    torch::nn::Linear tied(6, 6);
+    torch::nn::Sequential shared(tied, torch::nn::Tanh(), tied);
+    try {
+      Pipeline bad({rank == 0 ? shared : stages[0]}, pg, {.schedule = "zb-h1", .microbatches = 4});
+      throw std::runtime_error("a tied parameter was accepted by zb-h1");
+    } catch (const InvalidArgumentError& e) {
+      const std::string text = e.what();
+      RANK_CHECK(text.find(rank == 0 ? "shares a parameter between its modules 0 and 2"
+                                     : "rank 0 of the pipeline refused") != std::string::npos,
+                 "{}", text);
+    }
     Pipeline pipe(stages, pg, {.schedule = "gpipe", .microbatches = 4});
     // Too few rows for the micro-batches: refused where the batch is read, and the other rank
     // is told at once.

@@ -42,8 +42,8 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
-// "F3" / "B3" / "W3" (split schedules call the input-gradient pass B), "send-act 3 -> stage 2",
-// with the stage after a dot when the schedule is interleaved ("F3.s5").
+// "F3 of stage 1", "B3 of stage 1" (also split schedules' input-gradient pass), "W3 of stage 1",
+// "send activation 3 from stage 1 to stage 2", "recv gradient 3 of stage 1 from stage 2".
 std::string describe(const Action& action);
 
 struct Schedule {
@@ -60,6 +60,10 @@ struct Schedule {
   // Whether backward is split into input- and weight-gradient passes.
   bool split_backward() const;
 };
+
+// The most forward passes (stages x micro-batches) a schedule may have: the verifier keeps a few
+// numbers per pass, and no pipeline needs more.
+constexpr int64_t kMaxPasses = int64_t{1} << 24;
 
 struct ScheduleOptions {
   std::string name = "1f1b";  // a registered schedule: gpipe, 1f1b, interleaved-1f1b, zb-h1

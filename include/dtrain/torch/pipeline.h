@@ -113,8 +113,10 @@ std::vector<size_t> balance(const std::vector<double>& costs, int parts);
 // By parameter count (modules without parameters cost nothing).
 std::vector<size_t> balance_by_parameters(const torch::nn::Sequential& model, int parts);
 // By measured time: each module's forward and backward on `sample` (the model's input), the
-// median of `repeats` runs.
+// median of `repeats` runs. Timings differ from rank to rank, and so would the cuts: with a
+// group (collective over it) the times are averaged over its ranks, so every rank cuts alike.
 std::vector<size_t> balance_by_time(const torch::nn::Sequential& model, int parts,
-                                    const at::Tensor& sample, int repeats = 5);
+                                    const at::Tensor& sample, int repeats = 5,
+                                    ProcessGroup* group = nullptr);
 
 }  // namespace dtrain

@@ -45,7 +45,7 @@ class PipelineCheckpoint {
 
  private:
   std::unique_ptr<CheckpointManager> manager_;
-  std::shared_ptr<ProcessGroup> pipeline_group_;
+  std::shared_ptr<ProcessGroup> pipeline_group_, data_group_, world_;
   std::string root_;
   int pipeline_rank_, pipeline_ranks_;
 };

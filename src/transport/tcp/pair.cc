@@ -79,16 +79,6 @@ inline void cpu_relax() {
 #endif
 }
 
-std::exception_ptr make_error(ErrorKind kind, const std::string& message) {
-  switch (kind) {
-    case ErrorKind::kAborted: return std::make_exception_ptr(AbortedError(message));
-    case ErrorKind::kTimeout: return std::make_exception_ptr(TimeoutError(message));
-    case ErrorKind::kInvalidArgument:
-      return std::make_exception_ptr(InvalidArgumentError(message));
-    default: return std::make_exception_ptr(PeerFailureError(message));
-  }
-}
-
 ErrorKind kind_of(std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
