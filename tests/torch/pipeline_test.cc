@@ -91,6 +91,27 @@ void check_grads(const std::vector<torch::nn::Sequential>& stages,
   RANK_CHECK(checked > 0, "{}: this rank holds no parameters", what);
 }
 
+// Runs a step that must fail: checks that it failed within [min_s, max_s] seconds with an error
+// holding every one of `names`, says so, and ends the rank with exit code 3.
+[[noreturn]] void step_must_fail(Pipeline& pipe, const Batch& b, int rank, double min_s,
+                                 double max_s, const std::vector<std::string>& names) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    pipe.step(b.x, b.y, cross_entropy);
+  } catch (const Error& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string text = e.what();
+    RANK_CHECK(s >= min_s && s <= max_s, "failed after {:.1f} s, not in [{}, {}] s: {}", s, min_s,
+               max_s, text);
+    for (const auto& name : names)
+      RANK_CHECK(text.find(name) != std::string::npos, "the error does not say '{}': {}", name, text);
+    std::fprintf(stderr, "[rank %d] failed as expected after %.2f s: %s\n", rank, s, text.c_str());
+    std::fflush(stderr);
+    ::_exit(3);
+  }
+  throw std::runtime_error("the step that had to fail succeeded");
+}
+
 void check_schedule(const std::string& name, int p, int v) {
   const int port = testing::free_port();
   auto results = run_ranks(p, [&](int rank) {
@@ -219,20 +240,7 @@ TEST(Pipeline, AKilledStageFailsEveryRankNamingIt) {
     const Batch b = make_batch(1, 16);
     pipe.step(b.x, b.y, cross_entropy);
     if (rank == 2) ::raise(SIGKILL);
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      pipe.step(b.x, b.y, cross_entropy);
-    } catch (const Error& e) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const std::string text = e.what();
-      RANK_CHECK(s < 15, "failed after {:.1f} s: {}", s, text);
-      RANK_CHECK(text.find("rank 2") != std::string::npos, "the error does not name rank 2: {}", text);
-      RANK_CHECK(text.find("step 1") != std::string::npos, "the error does not name the step: {}", text);
-      std::fprintf(stderr, "[rank %d] failed as expected after %.2f s: %s\n", rank, s, text.c_str());
-      std::fflush(stderr);
-      ::_exit(3);
-    }
-    throw std::runtime_error("the step after rank 2 died succeeded");
+    step_must_fail(pipe, b, rank, 0, 15, {"rank 2", "step 1"});
   }, 60s);
   for (int r = 0; r < p; ++r) {
     if (r == 2) {
@@ -258,20 +266,7 @@ TEST(Pipeline, AStageThatStopsAnsweringFailsItsPeersWithinTheTimeout) {
       std::this_thread::sleep_for(6s);
       ::_exit(4);
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      pipe.step(b.x, b.y, cross_entropy);
-    } catch (const Error& e) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const std::string text = e.what();
-      RANK_CHECK(s > 1.5 && s < 4.5, "failed after {:.1f} s (limit 2 s): {}", s, text);
-      RANK_CHECK(text.find("from rank 1") != std::string::npos, "rank 1 is not named: {}", text);
-      RANK_CHECK(text.find("of 1f1b (recv ") != std::string::npos, "no action named: {}", text);
-      std::fprintf(stderr, "[rank %d] failed as expected after %.2f s: %s\n", rank, s, text.c_str());
-      std::fflush(stderr);
-      ::_exit(3);
-    }
-    throw std::runtime_error("the step with a silent stage succeeded");
+    step_must_fail(pipe, b, rank, 1.5, 4.5, {"from rank 1", "of 1f1b (recv "});
   }, 60s);
   EXPECT_EQ(results[0].exit_code, 3);
   EXPECT_EQ(results[1].exit_code, 4);

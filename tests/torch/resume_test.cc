@@ -13,6 +13,8 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+
+#include "torch/example_run.h"
 #include <sstream>
 #include <string>
 
@@ -22,31 +24,13 @@ namespace fs = std::filesystem;
 
 const std::string kBin = DTRAIN_BIN_DIR;
 
-struct RunResult {
-  int status = -1;
-  std::string output;
-};
-
-RunResult run_command(const std::string& command) {
-  RunResult r;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p) != nullptr) r.output += buf;
-  r.status = pclose(p);
-  return r;
-}
+using dtrain::testing::result_of;
+using dtrain::testing::run_command;
+using dtrain::testing::RunResult;
 
 RunResult train(int ranks, const std::string& flags) {
   return run_command("timeout 120 " + kBin + "/dtrain run -n " + std::to_string(ranks) +
                      " --no-prefix -- " + kBin + "/train_fashion_mnist --threads 1 " + flags);
-}
-
-nlohmann::json result_of(const std::string& output) {
-  auto at = output.rfind("RESULT ");
-  if (at == std::string::npos) return nullptr;
-  auto end = output.find('\n', at);
-  return nlohmann::json::parse(output.substr(at + 7, end - at - 7));
 }
 
 std::string read_file(const std::string& path) {

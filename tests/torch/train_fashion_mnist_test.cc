@@ -9,23 +9,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "torch/example_run.h"
+
 namespace {
 
-std::string run_command(const std::string& command, int& status) {
-  std::string out;
-  FILE* p = popen(command.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p) != nullptr) out += buf;
-  status = pclose(p);
-  return out;
-}
+using dtrain::testing::result_of;
 
-nlohmann::json result_of(const std::string& output) {
-  auto at = output.rfind("RESULT ");
-  if (at == std::string::npos) return nullptr;
-  auto end = output.find('\n', at);
-  return nlohmann::json::parse(output.substr(at + 7, end - at - 7));
+// The output of `command`; its exit status in `status`.
+std::string run_command(const std::string& command, int& status) {
+  auto r = dtrain::testing::run_command(command);
+  status = r.status;
+  return r.output;
 }
 
 // `launch` goes between `dtrain run` and `-n 2` (e.g. "--servers 1"); `extra` after the strategy.
