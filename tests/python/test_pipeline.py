@@ -12,6 +12,7 @@ import dtrain
 import dtrain.pipeline
 
 DTRAIN = os.environ.get("DTRAIN_BIN", os.path.join(harness.HERE, "../../build/bin/dtrain"))
+EXAMPLE = os.path.join(harness.HERE, "../../examples/python/pipeline_fashion_mnist.py")
 
 
 def run(world, name, *args, timeout=120):
@@ -67,3 +68,29 @@ def test_the_schedules_are_the_ones_dtrain_pipeline_plan_prints(tmp_path):
     assert dtrain.pipeline.balance([0, 5, 0, 1, 1, 1, 1, 1, 0], 2) == [0, 3, 9]
     with pytest.raises(dtrain.InvalidArgumentError, match="unknown"):
         dtrain.pipeline.schedule("2f2b", 2, 4)
+
+
+def _result(argv):
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/share/datasets/fashion-mnist"),
+                    reason="dataset-fashion-mnist is not installed")
+def test_the_example_learns_as_two_stages_and_as_the_cpp_example_does():
+    flags = ["--stages", "2", "--train-samples", "6000"]
+    result = _result([DTRAIN, "run", "-n", "2", "--no-prefix", "--", harness.PYTHON, EXAMPLE,
+                      *flags])
+    assert result["stages"] == 2 and result["replicas"] == 1
+    assert result["test_accuracy"] > 0.65, result
+    assert result["final_loss"] < 1.2, result
+    # The same model, seed, data order and schedule in C++ (examples/train_pipeline.cc): LibTorch
+    # and torch draw the same numbers, so the two train alike, to rounding.
+    cpp = os.path.join(os.path.dirname(DTRAIN), "train_pipeline")
+    if os.path.exists(cpp):
+        theirs = _result([DTRAIN, "run", "-n", "2", "--no-prefix", "--", cpp, "--threads", "1",
+                          *flags])
+        assert abs(theirs["final_loss"] - result["final_loss"]) < 1e-4, (theirs, result)
+        assert abs(theirs["test_accuracy"] - result["test_accuracy"]) < 0.005, (theirs, result)
