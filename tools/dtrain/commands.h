@@ -13,5 +13,6 @@ CLI::App* add_bench_command(CLI::App& app);  // cmd_bench.cc: collectives, dtrai
 CLI::App* add_ps_server_command(CLI::App& app);  // cmd_ps_server.cc: a parameter server
 CLI::App* add_data_command(CLI::App& app);   // cmd_data.cc: shard files for ShardedDataset
 CLI::App* add_pipeline_plan_command(CLI::App& app);  // cmd_pipeline_plan.cc: schedules, verified
+CLI::App* add_estimate_command(CLI::App& app);  // cmd_estimate.cc: memory per rank, per layout
 
 }  // namespace dtrain::tools

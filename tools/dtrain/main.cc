@@ -6,6 +6,7 @@
 //   dtrain ps-server                   a parameter server (started by `dtrain run --servers S`)
 //   dtrain data write|inspect|index    TFRecord shard files for dtrain::data::ShardedDataset
 //   dtrain pipeline-plan               a pipeline schedule, verified offline, drawn and measured
+//   dtrain estimate                    memory per rank for DDP, ZeRO 1-3, tensor and pipeline layouts
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   dtrain::tools::add_ps_server_command(app);
   dtrain::tools::add_data_command(app);
   dtrain::tools::add_pipeline_plan_command(app);
+  dtrain::tools::add_estimate_command(app);
   if (argc == 1) {  // a bare `dtrain` shows what it can do
     std::fputs(app.help().c_str(), stdout);
     return 0;
