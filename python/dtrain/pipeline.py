@@ -403,8 +403,15 @@ class Pipeline:
                 self._backward_weight(self._slots.pop((s, mb)))
                 self._held -= 1
             self.stats["compute_ms"] += (time.perf_counter() - t0) * 1e3
-            # A tensor is needed no longer than its send: keep only the sends still running.
-            self._sends = [w for w in self._sends if not w.is_completed()]
+            # A tensor is needed no longer than its send: keep only the sends still running (a
+            # finished one's wait() returns at once, or raises its error now).
+            still = []
+            for w in self._sends:
+                if w.is_completed():
+                    w.wait()
+                else:
+                    still.append(w)
+            self._sends = still
         self._where = "waiting for this step's sends"
         for w in self._sends:
             w.wait()

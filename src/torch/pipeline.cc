@@ -197,11 +197,16 @@ struct Pipeline::Impl {
   // Frees what completed sends held (an activation or gradient is needed no longer than its
   // send): otherwise every boundary tensor of the step would live until its end.
   void release_sent() {
-    std::erase_if(sends, [](const Send& s) {
-      return s.header_work->is_completed() && (!s.tensor_work || s.tensor_work->is_completed()) &&
-             s.header_work->exception() == nullptr &&
-             (!s.tensor_work || s.tensor_work->exception() == nullptr);
-    });
+    for (auto it = sends.begin(); it != sends.end();) {
+      if (!it->header_work->is_completed() ||
+          (it->tensor_work && !it->tensor_work->is_completed())) {
+        ++it;
+        continue;
+      }
+      it->header_work->wait();  // a finished send's wait returns at once, or throws its error now
+      if (it->tensor_work) it->tensor_work->wait();
+      it = sends.erase(it);
+    }
   }
 
   void wait_sends() {
