@@ -34,7 +34,9 @@ def env_for(rank, world, port, extra=None):
     env = dict(os.environ)
     env.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                 "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+                "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                # A rank stopped with SIGABRT at the deadline prints where every thread was.
+                "PYTHONFAULTHANDLER": "1"})
     env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     env.pop("DTRAIN_AGENT_STORE", None)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -64,13 +66,17 @@ def run(world, name, *args, backend="dtrain", timeout=120, env=None, kill_rank=N
         try:
             out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            for q in procs:  # faulthandler prints each thread's stack, then the rank ends
+                q.send_signal(signal.SIGABRT)
+            time.sleep(2)
             for q in procs:
                 q.kill()
             outs = []
             for i, q in enumerate(procs):
                 o, _ = q.communicate()
                 outs.append(f"--- rank {i} ---\n{o}")
-            raise AssertionError(f"{name} on {world} ranks did not finish within {timeout} s:\n"
+            raise AssertionError(f"{name} on {world} ranks (backend {backend}) did not finish "
+                                 f"within {timeout} s:\n"
                                  + "\n".join(outs))
         results.append(Rank(r, p.returncode, out))
     return results
