@@ -134,4 +134,16 @@ void reset_thread_peak_memory() {
   if (auto mallctl = find_mallctl()) mallctl("thread.peak.reset", nullptr, nullptr, nullptr, 0);
 }
 
+int64_t heap_allocated_memory() {
+  auto mallctl = find_mallctl();
+  if (mallctl == nullptr) return -1;
+  uint64_t epoch = 1;  // jemalloc's statistics are a snapshot, refreshed by writing the epoch
+  size_t size = sizeof(epoch);
+  mallctl("epoch", &epoch, &size, &epoch, size);
+  size_t allocated = 0;
+  size = sizeof(allocated);
+  if (mallctl("stats.allocated", &allocated, &size, nullptr, 0) != 0) return -1;
+  return static_cast<int64_t>(allocated);
+}
+
 }  // namespace dtrain

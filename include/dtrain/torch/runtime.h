@@ -30,5 +30,9 @@ RuntimeInfo configure_runtime(int threads = 0);
 // the resident set, which an allocator keeps. -1 when the allocator cannot say (glibc malloc).
 int64_t thread_peak_memory();
 void reset_thread_peak_memory();
+// The heap bytes the process holds now, whichever thread allocated them (jemalloc's
+// stats.allocated): the difference of two readings is what a stretch of code kept, e.g. the
+// model states. -1 without jemalloc.
+int64_t heap_allocated_memory();
 
 }  // namespace dtrain
