@@ -10,11 +10,13 @@
 // The formulas (Rajbhandari et al., 2020, "ZeRO"), with P parameters over N ranks and b bytes
 // per parameter and per gradient (4 in fp32; 2 in bf16/fp16, which also keep a 4-byte master
 // copy in the optimizer state), k bytes of optimizer state per parameter (SGD 0, momentum 4,
-// Adam/AdamW 8, + 4 for the master copy in 16-bit precision):
+// Adam/AdamW 8, + 4 for the master copy in 16-bit precision), U the largest unit's parameters:
 //   ddp     P*b + P*b + P*k              (+ P*b for dtrain's gradient buckets)
-//   zero1   P*b + P*b + P*k/N
-//   zero2   P*b + (P*b + P*k)/N
-//   zero3   (P*b + P*b + P*k)/N + the largest unit gathered at once (x2 with prefetch)
+//   zero1   P*b + P*b + P*k/N            (fp32: + 4P/N master shard + 4P/N its gradient, as
+//   zero2   P*b + (P*b + P*k)/N           dtrain's ShardedDataParallel keeps them; + U*b
+//                                         gradients in backward, x3 at stage 2)
+//   zero3   (P*b + P*b + P*k)/N + U*b x 5 (4 without prefetch) + 4U/N: the units held in
+//           backward (two gathered, a whole gradient, autograd's new one, one in flight)
 //   tp      the model states / N (every layer cut N ways)
 //   pp      the model states / N (stages of equal parameter counts), activations of the
 //           micro-batches the schedule holds
@@ -34,7 +36,7 @@ struct MemoryEstimateOptions {
   std::string precision = "fp32";  // fp32, bf16, fp16 (16-bit parameters and gradients)
   int world_size = 1;
   std::string layout = "ddp";      // ddp, zero1, zero2, zero3, tp, pp
-  int64_t largest_unit = 0;        // zero3: parameters of the largest module gathered at once
+  int64_t largest_unit = 0;        // zero: parameters of the largest unit (gathered at stage 3)
   bool prefetch = true;            // zero3: the next unit is gathered while one computes
   int64_t batch = 0;               // samples per rank per step (0: no activations counted)
   int64_t activation_bytes_per_sample = 0;

@@ -71,29 +71,42 @@ MemoryEstimate estimate_memory(const MemoryEstimateOptions& o) {
     e.gathered = pb;
     e.notes = {fmt::format("P x {}", per), fmt::format("P x {}", per), fmt::format("P x {} B", k),
                fmt::format("gradient buckets: P x {}", per)};
-  } else if (o.layout == "zero1") {
-    e.parameters = pb;
-    e.gradients = pb;
+  } else if (o.layout == "zero1" || o.layout == "zero2") {
+    // The paper's figures; in fp32 dtrain's ShardedDataParallel also keeps each rank's shard as
+    // an fp32 master beside the whole parameters, and the shard's reduced gradient beside the
+    // whole gradients (stage 1) or instead of them (stage 2).
+    const bool two = o.layout == "zero2";
+    const int64_t shard = mixed ? 0 : ceil_div(times(P, 4, "the shards' bytes"), N);
+    e.parameters = pb + shard;
+    e.gradients = (two ? ceil_div(pb, N) : pb) + (mixed || two ? 0 : shard);
     e.optimizer = ceil_div(pk, N);
-    e.notes = {fmt::format("P x {}", per), fmt::format("P x {}", per),
-               fmt::format("P x {} B / {}", k, N), ""};
-  } else if (o.layout == "zero2") {
-    e.parameters = pb;
-    e.gradients = ceil_div(pb, N);
-    e.optimizer = ceil_div(pk, N);
-    e.notes = {fmt::format("P x {}", per), fmt::format("P x {} / {}", per, N),
-               fmt::format("P x {} B / {}", k, N), ""};
+    // Held during backward, per unit of the largest size: autograd's new gradient before it is
+    // added in (stage 1); at stage 2 also the unit's whole gradient and the one in flight.
+    const int64_t unit = o.largest_unit > 0 ? o.largest_unit : 0;
+    e.gathered = times(unit, b * (two ? 3 : 1), "the unit's gradient bytes");
+    const std::string plus = shard > 0 ? fmt::format(" + P x 4 B / {}", N) : "";
+    e.notes = {fmt::format("P x {}{}", per, plus),
+               two ? fmt::format("P x {} / {}", per, N) : fmt::format("P x {}{}", per, plus),
+               fmt::format("P x {} B / {}", k, N),
+               unit > 0 ? fmt::format("gradients of the largest unit ({} parameters) x {}{}", unit,
+                                      per, two ? " x 3 (whole, new, in flight)" : "")
+                        : "a unit's gradients in backward (unknown: give --largest-unit)"};
   } else if (o.layout == "zero3") {
     e.parameters = ceil_div(pb, N);
     e.gradients = ceil_div(pb, N);
     e.optimizer = ceil_div(pk, N);
+    // Held during backward (measured in tests/torch/sharded_data_parallel_test.cc): the unit
+    // computing and the next one prefetched, its whole gradient and autograd's new one, and one
+    // reduction in flight with its output (1/N of a unit).
     const int64_t unit = o.largest_unit > 0 ? o.largest_unit : 0;
-    e.gathered = times(unit, b * (o.prefetch ? 2 : 1), "the gathered unit's bytes");
+    const int64_t held = (o.prefetch ? 2 : 1) + 2 + 1;
+    e.gathered = times(unit, b * held, "the gathered units' bytes") + ceil_div(unit * 4, N);
     e.notes = {fmt::format("P x {} / {}", per, N), fmt::format("P x {} / {}", per, N),
                fmt::format("P x {} B / {}", k, N),
-               unit > 0 ? fmt::format("the largest unit ({} parameters) x {}{}", unit, per,
-                                      o.prefetch ? " x 2 (prefetch)" : "")
-                        : "the largest unit gathered (unknown: give --largest-unit)"};
+               unit > 0 ? fmt::format("the largest unit ({} parameters) x {} x {} (gathered{}, "
+                                      "gradient, new gradient, in flight) + its shard",
+                                      unit, per, held, o.prefetch ? " x 2 with prefetch" : "")
+                        : "the units gathered in backward (unknown: give --largest-unit)"};
   } else {  // tp, pp: the model's states cut N ways
     e.parameters = ceil_div(pb, N);
     e.gradients = ceil_div(pb, N);

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "dtrain/error.h"
+#include "dtrain/memory_estimate.h"
 #include "dtrain/torch/distributed_data_parallel.h"
 #include "dtrain/torch/runtime.h"
 #include "support/expect.h"
@@ -256,67 +257,83 @@ TEST(ShardedDataParallel, UnitsFollowTheSequentialsChildren) {
   expect_all_ok(results);
 }
 
-// The model states a counting allocator sees (jemalloc's per-thread counters) at stage 3 with
-// Adam: 16 bytes per parameter / N, plus, during a step, the units held at once (two gathered
-// for compute, the gradients of the one computing and two reductions in flight).
-TEST(ShardedDataParallel, Stage3ModelStatesAreSixteenBytesPerParameterOverN) {
-  for (int n : {1, 2, 4}) {
-    const int port = testing::free_port();
-    auto results = run_ranks(n, [&](int rank) {
-      at::set_num_threads(1);
-      if (heap_allocated_memory() < 0) ::_exit(5);  // no jemalloc: nothing to count with
-      auto pg = make_group(rank, n, port);
-      const int64_t width = 256, layers = 8;
-      const int64_t params = layers * width * width;
-      const int64_t unit = 4 * width * width;
-      const double bound = 16.0 * params / n;
-      // The transport keeps buffers of messages that came early (up to 16 MiB, as timing
-      // decides), and the allocator's counter sees them: the first round warms them, and of
-      // three more the least is taken (a leak of model states would show in every round).
-      int64_t best_states = INT64_MAX, best_peak = 0;
-      for (int round = 0; round < 4; ++round) {
-        const int64_t before = heap_allocated_memory();
-        torch::nn::Sequential model;
-        torch::manual_seed(3);
-        // No biases: every shard is then a power of two bytes, which jemalloc hands out exactly
-        // (it rounds other large sizes up to a quarter of a power of two, and counts that).
-        for (int i = 0; i < layers; ++i)
-          model->push_back(torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(false)));
-        ShardedDataParallel sdp(model, pg, {.stage = 3});
-        torch::optim::Adam opt(sdp.parameters(), 1e-3);
-        auto step = [&] {
-          auto x = torch::randn({2, width});
-          opt.zero_grad();
-          sdp.forward(x).pow(2).mean().backward();
-          opt.step();
-        };
-        step();
-        step();
-        const int64_t states = heap_allocated_memory() - before;
-        reset_thread_peak_memory();
-        step();
-        if (round > 0 && states < best_states) {
-          best_states = states;
-          best_peak = states + thread_peak_memory();
-        }
+// The model states a counting allocator sees (jemalloc's), against the formulas and against
+// `dtrain estimate`: at stage 3 with Adam, 16 bytes per parameter / N, plus during a step the
+// units held at once; stages 1 and 2 as the estimator says, within 10%.
+void check_memory(int stage, int n) {
+  const int port = testing::free_port();
+  auto results = run_ranks(n, [&](int rank) {
+    at::set_num_threads(1);
+    if (heap_allocated_memory() < 0) ::_exit(5);  // no jemalloc: nothing to count with
+    auto pg = make_group(rank, n, port);
+    const int64_t width = 256, layers = 8;
+    const int64_t params = layers * width * width;
+    const int64_t unit = 4 * width * width;
+    // The transport keeps buffers of messages that came early (up to 16 MiB, as timing decides),
+    // and the allocator's counter sees them: the first round warms them, and of three more the
+    // least is taken (a leak of model states would show in every round).
+    int64_t states = INT64_MAX, peak = 0;
+    for (int round = 0; round < 4; ++round) {
+      const int64_t before = heap_allocated_memory();
+      torch::nn::Sequential model;
+      torch::manual_seed(3);
+      // No biases: every shard is then a power of two bytes, which jemalloc hands out exactly
+      // (it rounds other large sizes up to a quarter of a power of two, and counts that).
+      for (int i = 0; i < layers; ++i)
+        model->push_back(torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(false)));
+      ShardedDataParallel sdp(model, pg, {.stage = stage});
+      torch::optim::Adam opt(sdp.parameters(), 1e-3);
+      auto step = [&] {
+        auto x = torch::randn({2, width});
+        opt.zero_grad();
+        sdp.forward(x).pow(2).mean().backward();
+        opt.step();
+      };
+      step();
+      step();
+      const int64_t kept = heap_allocated_memory() - before;
+      reset_thread_peak_memory();
+      step();
+      if (round > 0 && kept < states) {
+        states = kept;
+        peak = kept + thread_peak_memory();
       }
-      std::printf("rank %d of %d: model states %lld bytes (16P/N = %.0f), peak in a step %lld "
-                  "(+%.1f units)\n",
-                  rank, n, static_cast<long long>(best_states), bound,
-                  static_cast<long long>(best_peak), (best_peak - bound) / unit);
-      RANK_CHECK(best_states <= bound * 1.01 + 65536, "model states {} bytes > 16 x {} / {} = {}",
-                 best_states, params, n, bound);
+    }
+    const auto e = estimate_memory({.parameters = params, .optimizer = "adam", .world_size = n,
+                                    .layout = "zero" + std::to_string(stage),
+                                    .largest_unit = width * width});
+    const int64_t estimated_states = e.parameters + e.gradients + e.optimizer;
+    std::printf("stage %d, rank %d of %d: model states %lld bytes (estimate %lld), peak in a step "
+                "%lld (estimate %lld)\n",
+                stage, rank, n, static_cast<long long>(states),
+                static_cast<long long>(estimated_states), static_cast<long long>(peak),
+                static_cast<long long>(e.model_states()));
+    RANK_CHECK(std::abs(estimated_states - states) <= 0.1 * states,
+               "stage {}: model states {} bytes, estimated {}", stage, states, estimated_states);
+    RANK_CHECK(std::abs(e.model_states() - peak) <= 0.1 * peak,
+               "stage {}: peak {} bytes, estimated {}", stage, peak, e.model_states());
+    if (stage == 3) {
+      const double bound = 16.0 * params / n;
+      RANK_CHECK(states <= bound * 1.01 + 65536, "model states {} bytes > 16 x {} / {} = {}",
+                 states, params, n, bound);
       // Held at once in backward: the unit computing and the one prefetched (2), its whole
       // gradient and the new gradient autograd adds into it (2), and the reduction in flight
       // with its output (1.5 at N = 2); jemalloc's counter is accurate to ~100 KB.
-      RANK_CHECK(best_peak <= bound + 6 * unit + 200 * 1024,
-                 "peak {} bytes > {} + 6 units of {} bytes", best_peak, bound, unit);
-    }, 120s);
-    for (const auto& r : results) {
-      if (r.exit_code == 5) GTEST_SKIP() << "the tests were not linked with jemalloc";
+      RANK_CHECK(peak <= bound + 6 * unit + 200 * 1024, "peak {} bytes > {} + 6 units of {} bytes",
+                 peak, bound, unit);
     }
-    expect_all_ok(results);
-  }
+  }, 120s);
+  for (const auto& r : results)
+    if (r.exit_code == 5) GTEST_SKIP() << "the tests were not linked with jemalloc";
+  expect_all_ok(results);
+}
+
+TEST(ShardedDataParallel, Stage3ModelStatesAreSixteenBytesPerParameterOverN) {
+  for (int n : {1, 2, 4}) check_memory(3, n);
+}
+TEST(ShardedDataParallel, Stages1And2ModelStatesAreAsEstimated) {
+  check_memory(1, 2);
+  check_memory(2, 2);
 }
 
 TEST(ShardedDataParallel, DifferentModelsAndBadOptionsAreRefusedOnEveryRank) {
