@@ -78,3 +78,8 @@ endif()
 # (docs/performance.md, "Pipeline schedules"); run it under `dtrain run -n 4`.
 add_executable(pipeline_bench bench/pipeline_bench.cc)
 target_link_libraries(pipeline_bench PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt)
+
+# sharded_bench: DDP against ZeRO stages 1-3, throughput and model-state memory
+# (docs/performance.md, "Sharded data parallelism"); run it under `dtrain run -n 2`.
+add_executable(sharded_bench bench/sharded_bench.cc)
+target_link_libraries(sharded_bench PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt)
