@@ -85,6 +85,12 @@ class ShardedDataParallel {
   // Any module, as one unit; run it through forward(fn).
   ShardedDataParallel(std::shared_ptr<torch::nn::Module> module,
                       std::shared_ptr<ProcessGroup> group, ShardingOptions options = {});
+  // A TORCH_MODULE holder (your own Net) is taken as it is: one unit.
+  template <typename Impl>
+  ShardedDataParallel(const torch::nn::ModuleHolder<Impl>& module,
+                      std::shared_ptr<ProcessGroup> group, ShardingOptions options = {})
+      : ShardedDataParallel(std::static_pointer_cast<torch::nn::Module>(module.ptr()),
+                            std::move(group), std::move(options)) {}
   ~ShardedDataParallel();
   ShardedDataParallel(const ShardedDataParallel&) = delete;
   ShardedDataParallel& operator=(const ShardedDataParallel&) = delete;
