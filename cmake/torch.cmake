@@ -32,6 +32,8 @@ add_library(dtrain_torch_objects OBJECT
   src/torch/gradient_hooks.cc
   src/torch/distributed_optimizer.cc
   src/torch/parameter_server.cc
+  src/torch/checkpoint_files.cc
+  src/torch/optimizer_state.cc
   src/torch/checkpoint.cc
   src/torch/commit.cc
   src/torch/pipeline.cc
