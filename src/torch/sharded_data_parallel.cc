@@ -269,7 +269,8 @@ ShardedDataParallel::~ShardedDataParallel() {
 
 std::vector<ShardedUnit> ShardedDataParallel::units() const {
   std::vector<ShardedUnit> out;
-  for (const auto& u : units_) out.push_back({u->names, u->numel, u->shard_numel});
+  for (const auto& u : units_)
+    out.push_back({u->names, u->shapes, u->offsets, u->numel, u->shard_numel});
   return out;
 }
 
@@ -345,6 +346,13 @@ void ShardedDataParallel::release(size_t u) {
 void ShardedDataParallel::gather_parameters() {
   for (size_t u = 0; u < units_.size(); ++u) start_gather(u);
   for (size_t u = 0; u < units_.size(); ++u) finish_gather(u);
+}
+
+void ShardedDataParallel::shards_changed() {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (options_.stage == 3) release(u);
+    units_[u]->current = false;
+  }
 }
 
 std::map<std::string, at::Tensor> ShardedDataParallel::full_parameters() {

@@ -72,6 +72,8 @@ struct ShardingOptions {
 // One unit as the sharding sees it, for planning and tests.
 struct ShardedUnit {
   std::vector<std::string> parameter_names;  // qualified names in the model
+  std::vector<std::vector<int64_t>> shapes;  // of each parameter
+  std::vector<int64_t> offsets;              // of each parameter in the unit's flat buffer
   int64_t numel = 0;                         // parameters in the unit
   int64_t shard_numel = 0;                   // elements each rank owns (padded / N)
 };
@@ -119,6 +121,9 @@ class ShardedDataParallel {
   void gather_parameters();
   // Collective: every parameter's full value by qualified name (copies), on every rank.
   std::map<std::string, at::Tensor> full_parameters();
+  // After the shards were changed other than by a step (a checkpoint loaded into them): the
+  // module's parameters are gathered again before the next use. Not collective.
+  void shards_changed();
 
   // While a NoSync is alive, backward accumulates gradients whole on each rank without
   // communicating; the first backward after it reduces the accumulated sum.
