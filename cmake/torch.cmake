@@ -40,6 +40,7 @@ add_library(dtrain_torch_objects OBJECT
   src/torch/pipeline_checkpoint.cc
   src/torch/sharded_data_parallel.cc
   src/torch/sharded_checkpoint.cc
+  src/torch/tensor_parallel.cc
 )
 target_include_directories(dtrain_torch_objects
   PUBLIC ${PROJECT_SOURCE_DIR}/include

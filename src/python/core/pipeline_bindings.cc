@@ -124,13 +124,16 @@ void bind_pipeline(py::module_& m) {
 
   py::class_<ParallelLayout, std::shared_ptr<ParallelLayout>>(
       m, "ParallelLayout",
-      "The ranks as a grid of pipeline stages x data-parallel replicas (rank = stage x replicas +\n"
-      "replica). Collective over `world`.")
-      .def(py::init([](const std::shared_ptr<ProcessGroup>& world, int pipeline_stages) {
+      "The ranks as a grid of pipeline stages x data-parallel replicas x tensor-parallel ranks\n"
+      "(rank = (stage x replicas + replica) x tensor_parallel + t). Collective over `world`.")
+      .def(py::init([](const std::shared_ptr<ProcessGroup>& world, int pipeline_stages,
+                       int tensor_parallel) {
              return std::make_shared<ParallelLayout>(
-                 world, ParallelLayoutOptions{.pipeline_stages = pipeline_stages});
+                 world, ParallelLayoutOptions{.pipeline_stages = pipeline_stages,
+                                              .tensor_parallel = tensor_parallel});
            }),
-           py::arg("world"), py::arg("pipeline_stages"), py::call_guard<py::gil_scoped_release>())
+           py::arg("world"), py::arg("pipeline_stages") = 1, py::arg("tensor_parallel") = 1,
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("stage", &ParallelLayout::stage)
       .def_property_readonly("stages", &ParallelLayout::stages)
       .def_property_readonly("replica", &ParallelLayout::replica)
@@ -138,6 +141,9 @@ void bind_pipeline(py::module_& m) {
       .def_property_readonly("world", &ParallelLayout::world)
       .def_property_readonly("pipeline_group", &ParallelLayout::pipeline_group)
       .def_property_readonly("data_group", &ParallelLayout::data_group)
+      .def_property_readonly("tensor_rank", &ParallelLayout::tensor_rank)
+      .def_property_readonly("tensor_size", &ParallelLayout::tensor_size)
+      .def_property_readonly("tensor_group", &ParallelLayout::tensor_group)
       .def("__repr__", &ParallelLayout::describe);
 }
 
