@@ -592,6 +592,22 @@ void ShardedDataParallel::finish_backward() {
   }
 }
 
+void ShardedDataParallel::reduce_gradients() {
+  if (options_.stage == 3)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: ShardedDataParallel: reduce_gradients() serves runners that call the module "
+        "themselves, which need its parameters whole: use stage 1 or 2 (stage 3 gathers them in "
+        "its own forward)",
+        group_->rank()));
+  if (finish_queued_)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: ShardedDataParallel: reduce_gradients() called during a backward pass",
+        group_->rank()));
+  for (size_t u = units_.size(); u-- > 0;) launch_reduction(u);
+  for (size_t u = units_.size(); u-- > 0;)
+    if (units_[u]->reduce_work) complete_reduction(u);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Clipping
 

@@ -3,6 +3,7 @@
 // shapes that change; pipeline x data parallel; forward-only evaluation; a killed stage and
 // mismatched options named on every rank.
 #include "dtrain/torch/pipeline.h"
+#include "dtrain/torch/sharded_data_parallel.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -226,6 +227,46 @@ TEST(Pipeline, TimesDataParallelReplicasEqualsOneProcessOnTheWholeBatch) {
     }
   }, 90s);
   expect_all_ok(results);
+}
+
+// The same grid with ZeRO-1 over each stage's replicas instead of their all-reduce: Adam's
+// state is split between the replicas, the parameters are those of one process.
+TEST(Pipeline, TimesShardedReplicasEqualsOneProcessOnTheWholeBatch) {
+  for (int zero_stage : {1, 2}) {
+    const int port = testing::free_port();
+    auto results = run_ranks(4, [&](int rank) {
+      at::set_num_threads(1);
+      auto world = make_group(rank, 4, port);
+      ParallelLayout layout(world, {.pipeline_stages = 2});
+      auto model = make_model();
+      auto stages = my_stages(model, 2, 1, layout.stage());
+      Pipeline pipe(stages, layout.pipeline_group(), {.schedule = "1f1b", .microbatches = 4});
+      ShardedDataParallel zero(stages[0], layout.data_group(), {.stage = zero_stage});
+      torch::optim::Adam opt(zero.parameters(), 0.01);
+      auto ref = make_model();
+      torch::optim::Adam ref_opt(ref->parameters(), 0.01);
+      for (int step = 0; step < 3; ++step) {
+        const Batch whole = make_batch(200 + step, 16);
+        const int64_t half = 8 * layout.replica();
+        opt.zero_grad();
+        pipe.step(whole.x.slice(0, half, half + 8), whole.y.slice(0, half, half + 8),
+                  cross_entropy);
+        zero.reduce_gradients();
+        opt.step();
+        zero.gather_parameters();
+        ref_opt.zero_grad();
+        cross_entropy(ref->forward(whole.x), whole.y).backward();
+        ref_opt.step();
+      }
+      auto want = ref->named_parameters();
+      for (const auto& p : stages[0]->named_parameters()) {
+        const double diff = (p.value() - want[p.key()]).abs().max().item<double>();
+        RANK_CHECK(diff < 1e-5, "ZeRO-{}: after 3 steps {} differs from one process by {}",
+                   zero_stage, p.key(), diff);
+      }
+    }, 90s);
+    expect_all_ok(results);
+  }
 }
 
 TEST(Pipeline, AKilledStageFailsEveryRankNamingIt) {

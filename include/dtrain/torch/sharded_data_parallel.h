@@ -121,6 +121,16 @@ class ShardedDataParallel {
   void gather_parameters();
   // Collective: every parameter's full value by qualified name (copies), on every rank.
   std::map<std::string, at::Tensor> full_parameters();
+  // With a runner that calls the module itself rather than through forward() (the pipeline
+  // runner, dtrain/torch/pipeline.h), at stage 1 or 2: collective, reduce-scatters the gradients
+  // its backward passes accumulated in the parameters into the shards (call it after the
+  // runner's step, then opt.step(), then gather_parameters() before the next step).
+  //   dtrain::Pipeline pipe({stage}, layout.pipeline_group(), {...});        // no data group
+  //   dtrain::ShardedDataParallel zero(stage, layout.data_group(), {.stage = 1});
+  //   torch::optim::Adam opt(zero.parameters(), 1e-3);
+  //   opt.zero_grad(); pipe.step(x, y, loss_fn); zero.reduce_gradients(); opt.step();
+  //   zero.gather_parameters();
+  void reduce_gradients();
   // After the shards were changed other than by a step (a checkpoint loaded into them): the
   // module's parameters are gathered again before the next use. Not collective.
   void shards_changed();
