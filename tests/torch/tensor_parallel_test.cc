@@ -5,13 +5,16 @@
 
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cmath>
 
 #include <fmt/ranges.h>
 
 #include "dtrain/error.h"
+#include "dtrain/memory_estimate.h"
 #include "dtrain/parallel_layout.h"
 #include "dtrain/torch/distributed_data_parallel.h"
+#include "dtrain/torch/runtime.h"
 #include "support/expect.h"
 #include "support/multiproc.h"
 #include "torch/torch_test_support.h"
@@ -186,6 +189,45 @@ TEST(TensorParallel, TensorTimesDataParallelOnFourRanks) {
                diff(mlp->fc1->weight, block(ref->fc1->weight, 0, t, 2)));
     RANK_CHECK(diff(mlp->fc2->weight, block(ref->fc2->weight, 1, t, 2)) < 1e-5, "fc2 differs");
   }, 90s));
+}
+
+// What a rank holds of a tensor-parallel MLP with Adam, counted by jemalloc, against
+// `dtrain estimate --layout tp`: the model states cut N ways (the row layer's bias is whole on
+// every rank: 1 KiB here).
+TEST(TensorParallel, ModelStatesAreAsEstimated) {
+  const int n = 2;
+  const int port = testing::free_port();
+  auto results = run_ranks(n, [&](int rank) {
+    at::set_num_threads(1);
+    if (heap_allocated_memory() < 0) ::_exit(5);
+    auto pg = make_group(rank, n, port);
+    const int64_t hidden = 256, ffn = 1024;
+    const int64_t params = 2 * hidden * ffn + ffn + hidden;  // the whole MLP's
+    int64_t states = INT64_MAX;
+    for (int round = 0; round < 3; ++round) {  // the least of the last two (see sharding's test)
+      const int64_t before = heap_allocated_memory();
+      torch::manual_seed(1);
+      ParallelMLP mlp(hidden, ffn, pg);
+      torch::optim::Adam opt(mlp->parameters(), 1e-3);
+      for (int step = 0; step < 2; ++step) {
+        auto x = torch::randn({2, hidden});
+        opt.zero_grad();
+        mlp->forward(x).pow(2).mean().backward();
+        opt.step();
+      }
+      if (round > 0) states = std::min(states, heap_allocated_memory() - before);
+    }
+    const auto e = estimate_memory({.parameters = params, .optimizer = "adam", .world_size = n,
+                                    .layout = "tp"});
+    const int64_t estimated = e.parameters + e.gradients + e.optimizer;
+    std::printf("tp, rank %d of %d: model states %lld bytes, estimated %lld\n", rank, n,
+                static_cast<long long>(states), static_cast<long long>(estimated));
+    RANK_CHECK(std::abs(states - estimated) <= 0.1 * states, "model states {} bytes, estimated {}",
+               states, estimated);
+  }, 60s);
+  for (const auto& r : results)
+    if (r.exit_code == 5) GTEST_SKIP() << "the tests were not linked with jemalloc";
+  expect_all_ok(results);
 }
 
 TEST(TensorParallel, SizesTheGroupDoesNotDivideAreRefused) {
