@@ -46,7 +46,7 @@ target_include_directories(dtrain_torch_objects
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch_objects
-  PUBLIC dtrain_core dtrain_ps dtrain_data dtrain_pipeline ${TORCH_LIBRARIES}
+  PUBLIC dtrain_core dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 
 add_library(dtrain_torch STATIC src/torch/runtime.cc)
@@ -54,7 +54,8 @@ target_include_directories(dtrain_torch
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch
-  PUBLIC dtrain_torch_objects dtrain_core dtrain_ps dtrain_data dtrain_pipeline ${TORCH_LIBRARIES}
+  PUBLIC dtrain_torch_objects dtrain_core dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding
+         ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 
 # The allocator: glibc malloc makes LibTorch return and re-fault its big buffers every step

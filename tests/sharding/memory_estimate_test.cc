@@ -105,12 +105,18 @@ TEST(EstimateCommand, CountsASafetensorsModel) {
   std::filesystem::remove(path);
   ASSERT_TRUE(r.ok()) << r.output;
   EXPECT_NE(r.output.find("6100 parameters"), std::string::npos) << r.output;
-  // (6100 x 4 + 6100 x 4) / 2 sharded + the largest tensor (5000) x 4 B x 5 held in backward
-  // + its shard (5000 x 4 B / 2).
-  EXPECT_NE(r.output.find("\nmodel states 134400\n"), std::string::npos) << r.output;
+  // (6100 x 4 + 6100 x 4) / 2 sharded + the largest unit (fc1: 5000 + 100) x 4 B x 5 held in
+  // backward + its shard (5100 x 4 B / 2).
+  EXPECT_NE(r.output.find("\nmodel states 136600\n"), std::string::npos) << r.output;
+  // The same model as a list of layers.
+  auto layers = testing::run_command({kDtrain, "estimate", "--layers", "5100,1000", "--world-size",
+                                      "2", "--layout", "zero3", "--optimizer", "sgd"});
+  ASSERT_TRUE(layers.ok()) << layers.output;
+  EXPECT_NE(layers.output.find("\nmodel states 136600\n"), std::string::npos) << layers.output;
   auto none = testing::run_command({kDtrain, "estimate"});
   EXPECT_NE(none.exit_code, 0);
-  EXPECT_NE(none.output.find("give --params N or --model"), std::string::npos) << none.output;
+  EXPECT_NE(none.output.find("give --params N, --layers N,N,... or --model"), std::string::npos)
+      << none.output;
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "dtrain/error.h"
-#include "dtrain/memory_estimate.h"
+#include "dtrain/torch/memory_estimate.h"
 #include "dtrain/torch/distributed_data_parallel.h"
 #include "dtrain/torch/runtime.h"
 #include "support/expect.h"
@@ -317,9 +317,13 @@ void check_memory(int stage, int n) {
         peak = kept + thread_peak_memory();
       }
     }
-    const auto e = estimate_memory({.parameters = params, .optimizer = "adam", .world_size = n,
-                                    .layout = "zero" + std::to_string(stage),
-                                    .largest_unit = width * width});
+    torch::nn::Sequential twin;  // the model as a user would hand it to the estimator
+    for (int i = 0; i < layers; ++i)
+      twin->push_back(torch::nn::Linear(torch::nn::LinearOptions(width, width).bias(false)));
+    const auto e = estimate_memory(*twin, {.optimizer = "adam", .world_size = n,
+                                           .layout = "zero" + std::to_string(stage)});
+    RANK_CHECK(e.parameters > 0 && twin->parameters().size() == static_cast<size_t>(layers),
+               "estimated from {} parameters", params);
     const int64_t estimated_states = e.parameters + e.gradients + e.optimizer;
     std::printf("stage %d, rank %d of %d: model states %lld bytes (estimate %lld), peak in a step "
                 "%lld (estimate %lld)\n",

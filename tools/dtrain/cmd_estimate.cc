@@ -2,6 +2,7 @@
 //   dtrain estimate --params 100000000 --optimizer adam --precision fp32 --world-size 4 --layout zero3
 //   dtrain estimate --model weights.safetensors --world-size 4          # every layout
 #include <cstdio>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -17,6 +18,7 @@ namespace {
 struct EstimateFlags {
   MemoryEstimateOptions options;
   std::string model;
+  std::vector<int64_t> layers;
   std::string layout = "all";
 };
 
@@ -24,18 +26,31 @@ std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", bytes / 104857
 
 void run_estimate(EstimateFlags f) {
   if (!f.model.empty()) {
-    int64_t total = 0, largest = 0;
+    // A unit is a module: the tensors whose names share all but the last part ("3.weight" and
+    // "3.bias"), as ShardedDataParallel gathers a Sequential's children.
+    int64_t total = 0;
+    std::map<std::string, int64_t> units;
     for (const auto& e : read_safetensors_file(f.model)) {
       int64_t n = 1;
       for (int64_t d : e.shape) n *= d;
       total += n;
-      largest = std::max(largest, n);
+      const auto dot = e.name.rfind('.');
+      units[dot == std::string::npos ? e.name : e.name.substr(0, dot)] += n;
     }
     f.options.parameters = total;
-    if (f.options.largest_unit == 0) f.options.largest_unit = largest;
+    for (const auto& [unit, n] : units)
+      if (f.options.largest_unit == 0 || n > f.options.largest_unit) f.options.largest_unit = n;
+  }
+  if (!f.layers.empty()) {
+    f.options.parameters = 0;
+    for (int64_t n : f.layers) {
+      f.options.parameters += n;
+      f.options.largest_unit = std::max(f.options.largest_unit, n);
+    }
   }
   if (f.options.parameters <= 0)
-    throw std::runtime_error("dtrain estimate: give --params N or --model FILE.safetensors");
+    throw std::runtime_error(
+        "dtrain estimate: give --params N, --layers N,N,... or --model FILE.safetensors");
   const auto& all = memory_layouts();
   std::vector<std::string> layouts = f.layout == "all" ? all : std::vector<std::string>{f.layout};
   std::printf("%lld parameters, %s, %s, %d rank(s): bytes per rank\n",
@@ -106,9 +121,14 @@ CLI::App* add_estimate_command(CLI::App& app) {
   cmd->add_option("--layout", f->layout, "ddp, zero1, zero2, zero3, tp, pp or all")
       ->check(CLI::IsMember(choices))
       ->capture_default_str();
+  cmd->add_option("--layers", f->layers,
+                  "Parameters of each layer (unit), e.g. 1049600,1049600,10250: their sum is the "
+                  "model, the largest the largest unit")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
   cmd->add_option("--largest-unit", f->options.largest_unit,
-                  "zero3: parameters of the largest module gathered at once (--model: its largest "
-                  "tensor)")
+                  "zero: parameters of the largest unit (a Sequential child, gathered at once at "
+                  "stage 3; --model: its largest module's tensors together)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
   cmd->add_option("--batch", f->options.batch, "Samples per rank per step (for activations)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
