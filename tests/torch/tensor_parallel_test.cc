@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <csignal>
 #include <cmath>
 
 #include <fmt/ranges.h>
@@ -228,6 +229,35 @@ TEST(TensorParallel, ModelStatesAreAsEstimated) {
   for (const auto& r : results)
     if (r.exit_code == 5) GTEST_SKIP() << "the tests were not linked with jemalloc";
   expect_all_ok(results);
+}
+
+// A rank of the tensor-parallel group dies: the others fail in their next layer's all-reduce,
+// naming it, long before the group's timeout.
+TEST(TensorParallel, AKilledRankFailsTheOthersNamingIt) {
+  const int port = testing::free_port();
+  auto results = run_ranks(3, [&](int rank) {
+    at::set_num_threads(1);
+    auto pg = make_group(rank, 3, port, {}, 30s);
+    torch::manual_seed(1);
+    ParallelMLP mlp(6, 12, pg);
+    auto x = torch::randn({4, 6});
+    mlp->forward(x).sum().backward();
+    if (rank == 1) ::raise(SIGKILL);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      mlp->forward(x).sum().backward();
+    } catch (const std::exception& e) {
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      RANK_CHECK(std::string(e.what()).find("rank 1") != std::string::npos, "{}", e.what());
+      RANK_CHECK(s < 15, "failed after {:.1f} s", s);
+      ::_exit(3);
+    }
+    throw std::runtime_error("the layer ran without rank 1");
+  }, 60s);
+  EXPECT_EQ(results[0].exit_code, 3);
+  EXPECT_EQ(results[1].signal, SIGKILL);
+  EXPECT_EQ(results[2].exit_code, 3);
 }
 
 TEST(TensorParallel, SizesTheGroupDoesNotDivideAreRefused) {
