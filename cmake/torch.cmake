@@ -77,6 +77,9 @@ if(DTRAIN_BUILD_EXAMPLES)  # the main job's trainer
   # Pipeline parallelism (x data parallelism) on a deep MLP.
   add_executable(train_pipeline examples/train_pipeline.cc)
   target_link_libraries(train_pipeline PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt nlohmann_json::nlohmann_json)
+  # Sharded data parallelism (ZeRO 1-3) with checkpoints that reshard.
+  add_executable(train_sharded examples/train_sharded.cc)
+  target_link_libraries(train_sharded PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt nlohmann_json::nlohmann_json)
 endif()
 
 # pipeline_bench: the schedules on stages of calibrated cost, measured against the verifier
