@@ -80,19 +80,9 @@ class Copier {
 // and every file it lists has the recorded size and CRC-32. Throws CorruptCheckpoint saying
 // which file and what was expected and found.
 Json verify(const std::string& path) {
-  Json manifest = read_manifest(path, kManifest);
-  try {
-    if (manifest.value("format", "") != kFormat ||
-        json_integer<int>(manifest, "version", 0) != kVersion)
-      throw CorruptCheckpoint(fmt::format("{}: {} is not a {} version {} manifest", path,
-                                          kManifest, kFormat, kVersion));
-    if (!manifest.at("files").contains(kModelFile))
-      throw CorruptCheckpoint(fmt::format("{}: the manifest lists no {}", path, kModelFile));
-    verify_listed_files(path, manifest);
-  } catch (const nlohmann::json::exception& e) {
-    throw CorruptCheckpoint(fmt::format("{}: {} lacks an entry or has one of the wrong type: {}",
-                                        path, kManifest, e.what()));
-  }
+  Json manifest = verify_checkpoint(path, kManifest, kFormat, kVersion);
+  if (!manifest.at("files").contains(kModelFile))
+    throw CorruptCheckpoint(fmt::format("{}: the manifest lists no {}", path, kModelFile));
   return manifest;
 }
 

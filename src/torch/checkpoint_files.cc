@@ -248,6 +248,22 @@ void verify_listed_files(const std::string& path, const Json& manifest) {
   }
 }
 
+Json verify_checkpoint(const std::string& path, const char* manifest_name, const char* format,
+                       int version) {
+  Json manifest = read_manifest(path, manifest_name);
+  try {
+    if (manifest.value("format", "") != format ||
+        json_integer<int>(manifest, "version", 0) != version)
+      throw CorruptCheckpoint(fmt::format("{}: {} is not a {} version {} manifest", path,
+                                          manifest_name, format, version));
+    verify_listed_files(path, manifest);
+  } catch (const nlohmann::json::exception& e) {
+    throw CorruptCheckpoint(fmt::format("{}: {} lacks an entry or has one of the wrong type: {}",
+                                        path, manifest_name, e.what()));
+  }
+  return manifest;
+}
+
 TrainingProgress progress_of(const Json& m) {
   TrainingProgress p;
   p.step = json_integer<int64_t>(m.at("step"));

@@ -61,6 +61,10 @@ Json read_manifest(const std::string& path, const char* name);
 // Every file the manifest's "files" lists has the recorded size and CRC-32; throws
 // CorruptCheckpoint naming the file, what was expected and what was found.
 void verify_listed_files(const std::string& path, const Json& manifest);
+// read_manifest, its format and version, then verify_listed_files: the manifest of a complete
+// checkpoint, or CorruptCheckpoint saying what is wrong.
+Json verify_checkpoint(const std::string& path, const char* manifest_name, const char* format,
+                       int version);
 
 TrainingProgress progress_of(const Json& m);
 std::string utc_now();
