@@ -117,7 +117,9 @@ class ShardedDataParallel {
   double clip_grad_norm(double max_norm);
 
   // Collective: makes the module's parameters whole and current (after opt.step(), for
-  // evaluation or export outside forward). At stage 3 they stay whole until the next forward.
+  // evaluation or export outside forward). At stage 3 they stay whole until the next forward;
+  // call it before destroying a stage-3 ShardedDataParallel whose module is still wanted (its
+  // parameters are otherwise left empty).
   void gather_parameters();
   // Collective: every parameter's full value by qualified name (copies), on every rank.
   std::map<std::string, at::Tensor> full_parameters();
