@@ -13,7 +13,9 @@ namespace dtrain::comm::algo {
 
 void allgather_bruck(CollectiveContext& ctx, std::byte* out, size_t block) {
   const int n = ctx.size(), r = ctx.rank();
-  if (n == 1) return;
+  // Empty blocks: nothing to move, and `out` may be null (memcpy's arguments must not be, even
+  // for 0 bytes: UBSan stops the rank).
+  if (n == 1 || block == 0) return;
   std::byte* tmp = ctx.scratch(block * n);
   std::memcpy(tmp, out + r * block, block);
   for (int have = 1; have < n; have *= 2) {
