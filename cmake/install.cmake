@@ -78,6 +78,8 @@ install(TARGETS ${_exported} EXPORT dtrainTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS dtrain RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# Pollux's cluster traces, read by `dtrain sched-sim` (data/pollux/README.md).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/data/pollux/ DESTINATION ${CMAKE_INSTALL_DATADIR}/dtrain/pollux)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/dtrain DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT dtrainTargets NAMESPACE dtrain:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dtrain)
 

@@ -14,5 +14,6 @@ CLI::App* add_ps_server_command(CLI::App& app);  // cmd_ps_server.cc: a paramete
 CLI::App* add_data_command(CLI::App& app);   // cmd_data.cc: shard files for ShardedDataset
 CLI::App* add_pipeline_plan_command(CLI::App& app);  // cmd_pipeline_plan.cc: schedules, verified
 CLI::App* add_estimate_command(CLI::App& app);  // cmd_estimate.cc: memory per rank, per layout
+CLI::App* add_sched_sim_command(CLI::App& app);  // cmd_sched_sim.cc: cluster scheduling simulator
 
 }  // namespace dtrain::tools

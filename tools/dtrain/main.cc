@@ -7,6 +7,7 @@
 //   dtrain data write|inspect|index    TFRecord shard files for dtrain::data::ShardedDataset
 //   dtrain pipeline-plan               a pipeline schedule, verified offline, drawn and measured
 //   dtrain estimate                    memory per rank for DDP, ZeRO 1-3, tensor and pipeline layouts
+//   dtrain sched-sim                   a GPU cluster's job trace replayed under scheduling policies
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   dtrain::tools::add_data_command(app);
   dtrain::tools::add_pipeline_plan_command(app);
   dtrain::tools::add_estimate_command(app);
+  dtrain::tools::add_sched_sim_command(app);
   if (argc == 1) {  // a bare `dtrain` shows what it can do
     std::fputs(app.help().c_str(), stdout);
     return 0;

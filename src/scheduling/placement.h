@@ -1,0 +1,36 @@
+// Where a job's GPUs go on the cluster: the shape of the cluster, and the placement policies.
+//   pack:   best fit. A job that fits on one node goes to the fullest node it fits on; a larger
+//           one takes whole nodes and puts its remainder on the fullest node that holds it, in
+//           one rack when a rack can hold it all. Free GPUs stay together for large jobs, and
+//           jobs share nodes.
+//   spread: worst fit. Each GPU block goes to the emptiest node, so that jobs share nodes as
+//           little as they can (less interference while the cluster has room). This is the
+//           placement of the Tiresias baseline in Pollux's simulator.
+//   auto:   spread while the GPUs that active jobs ask for fit in the cluster (below
+//           `auto_load` of its GPUs), pack once they do not.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dtrain::scheduling {
+
+struct ClusterSpec {
+  int nodes = 16;          // Pollux's simulated cluster: 16 nodes
+  int gpus_per_node = 4;   // of 4 GPUs each
+  int nodes_per_rack = 0;  // nodes behind one top-of-rack switch; 0: all nodes in one rack
+  int total_gpus() const { return nodes * gpus_per_node; }
+  int rack_of(int node) const { return nodes_per_rack > 0 ? node / nodes_per_rack : 0; }
+};
+
+enum class Placement { kPack, kSpread, kAuto };
+Placement placement_from_string(std::string_view name);  // "pack", "spread", "auto"
+std::string_view to_string(Placement p);
+
+// The nodes of a job's `gpus` GPUs (one entry per GPU, in the order taken), taken from `free`
+// (free GPUs per node, updated). `how` is pack or spread (auto is resolved by the caller).
+// Empty, with `free` unchanged, when fewer than `gpus` GPUs are free.
+std::vector<int> place(const ClusterSpec& cluster, std::vector<int>& free, int gpus, Placement how);
+
+}  // namespace dtrain::scheduling
