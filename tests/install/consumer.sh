@@ -7,7 +7,8 @@
 #   3. pkg-config builds examples/allreduce.cc;
 #   4. each runs on 2 ranks under the installed `dtrain run`, and its answer is checked;
 #   5. a project that adds dtrain's tree with add_subdirectory configures with dtrain::core and
-#      dtrain::torch and without our tests and examples.
+#      dtrain::torch and without our tests and examples;
+#   6. the installed `dtrain sched-sim` finds the traces installed beside it (share/dtrain/pollux).
 # Usage: consumer.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -44,6 +45,9 @@ expect() {  # expect TEXT COMMAND...: runs it and checks that TEXT is in its out
 expect "sum 1 (expected 1)" "$prefix/bin/dtrain" run -n 2 --master-port 0 -- "$project/build/allreduce"
 expect "parameters identical on every rank: yes" \
   "$prefix/bin/dtrain" run -n 2 --master-port 0 -- "$project/build/train"
+expect "$prefix/share/dtrain/pollux" "$prefix/bin/dtrain" sched-sim --help
+expect "tiresias/spread" "$prefix/bin/dtrain" sched-sim \
+  "$prefix/share/dtrain/pollux/workloads/workload-6.csv"
 
 PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 export PKG_CONFIG_PATH
