@@ -14,7 +14,7 @@ cmake --build build-fuzz -j"$(nproc)" --target fuzz_all
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export DTRAIN_LOG_LEVEL=off  # the refusals are expected: their log lines would only slow the runs
 for target in store_request handshake torch_store safetensors identity ps_server ps_checkpoint \
-    tfrecord tar_shard pipeline_schedule; do
+    tfrecord tar_shard pipeline_schedule sched_trace; do
   work=build-fuzz/corpus/$target
   mkdir -p "$work"
   stamp=$(mktemp)  # failing inputs newer than this are this run's

@@ -31,6 +31,18 @@ std::string placement_id(const std::vector<int>& placement) {
 
 int ceil_div(double a, double b) { return static_cast<int>(std::ceil(a / b - 1e-8)); }
 
+// A measured step: a per-GPU batch that fits an int, a positive step time, a sync time within it.
+Application::Sample sample_at(const CsvTable& t, size_t row, size_t batch, size_t step,
+                              size_t sync) {
+  const Application::Sample s{t.number(row, batch), t.number(row, step), t.number(row, sync)};
+  if (!(s.local_bsz > 0 && s.local_bsz <= 1e7 && s.step > 0 && s.step <= 1e6 && s.sync >= 0 &&
+        s.sync <= s.step))
+    throw InvalidArgumentError(fmt::format(
+        "{}: needs 0 < local_bsz <= 1e7, 0 < step_time <= 1e6 s and 0 <= sync_time <= step_time",
+        t.where(row)));
+  return s;
+}
+
 }  // namespace
 
 Application Application::load(const std::string& dir, const Limits& limits) {
@@ -43,10 +55,9 @@ Application Application::load(const std::string& dir, const Limits& limits) {
     if (!file.starts_with("validation-") || !file.ends_with(".csv")) continue;
     const std::string digits = file.substr(11, file.size() - 15);
     int batch = 0;
-    try {
+    if (!digits.empty() && digits.size() <= 7 &&
+        digits.find_first_not_of("0123456789") == std::string::npos)
       batch = std::stoi(digits);
-    } catch (const std::exception&) {
-    }
     if (batch <= 0)
       throw InvalidArgumentError(fmt::format(
           "{}: the name should be validation-BATCH.csv with a batch size", entry.path().string()));
@@ -54,8 +65,16 @@ Application Application::load(const std::string& dir, const Limits& limits) {
     const size_t progress = t.column("progress"), sqr = t.column("grad_sqr"),
                  var = t.column("grad_var");
     auto& epochs = app.validation_[batch];
-    for (size_t r = 0; r < t.rows(); ++r)
-      epochs.push_back({t.number(r, progress), t.number(r, sqr), t.number(r, var)});
+    for (size_t r = 0; r < t.rows(); ++r) {
+      const Epoch e{t.number(r, progress), t.number(r, sqr), t.number(r, var)};
+      // Progress grows every epoch, and the gain's formula needs a gradient that is not all zero.
+      if (!(e.progress > (epochs.empty() ? 0 : epochs.back().progress) && e.grad_sqr >= 0 &&
+            e.grad_var >= 0 && e.grad_sqr + e.grad_var > 0))
+        throw InvalidArgumentError(fmt::format(
+            "{}: needs progress above the previous epoch's and grad_sqr, grad_var >= 0, not both 0",
+            t.where(r)));
+      epochs.push_back(e);
+    }
     if (epochs.empty()) throw InvalidArgumentError(fmt::format("{} has no epochs", t.path()));
   }
   if (app.validation_.empty())
@@ -75,10 +94,7 @@ Application Application::load(const std::string& dir, const Limits& limits) {
         throw InvalidArgumentError(fmt::format(
             "{}: placement '{}' should be GPUs per node as digits 1-9 (\"24\": 2 and 4)",
             t.where(r), id));
-      const Sample sample{t.number(r, b), t.number(r, s), t.number(r, y)};
-      if (sample.local_bsz <= 0 || sample.step <= 0 || sample.sync < 0 || sample.sync > sample.step)
-        throw InvalidArgumentError(
-            fmt::format("{}: needs local_bsz > 0 and 0 <= sync_time <= step_time", t.where(r)));
+      const Sample sample = sample_at(t, r, b, s, y);
       std::vector<int> counts;
       for (char c : id) counts.push_back(c - '0');
       app.placements_[placement_id(counts)].push_back(sample);
@@ -105,11 +121,11 @@ Application Application::load(const std::string& dir, const Limits& limits) {
                  s = t.column("step_time"), y = t.column("sync_time");
     for (size_t row = 0; row < t.rows(); ++row) {
       const auto nodes = t.integer(row, n), replicas = t.integer(row, r);
-      if (nodes <= 0 || replicas < nodes)
+      if (nodes <= 0 || replicas < nodes || replicas > 1'000'000)
         throw InvalidArgumentError(
-            fmt::format("{}: needs 0 < num_nodes <= num_replicas", t.where(row)));
+            fmt::format("{}: needs 0 < num_nodes <= num_replicas <= 1000000", t.where(row)));
       app.grid_[{static_cast<int>(nodes), static_cast<int>(replicas)}].push_back(
-          {t.number(row, b), t.number(row, s), t.number(row, y)});
+          sample_at(t, row, b, s, y));
     }
   }
   auto by_batch = [](const Sample& a, const Sample& b) { return a.local_bsz < b.local_bsz; };

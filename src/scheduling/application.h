@@ -70,10 +70,11 @@ class Application {
   // max_local_batch_size with gradient accumulation to make up the rest.
   BatchConfig batch_config(int replicas, int batch_size) const;
 
- private:
-  struct Sample {
+  struct Sample {  // one measured step
     double local_bsz, step, sync;
   };
+
+ private:
   using Curve = std::vector<Sample>;  // sorted by local_bsz
   static StepTime along(const Curve& c, double local_bsz);
   StepTime on_grid(int nodes, int replicas, double local_bsz) const;

@@ -118,7 +118,18 @@ TEST(SchedSimWorkload, BadTracesAreNamedByFile) {
   expect_load_error("placements.csv:2: placement '1x' should be GPUs per node as digits");
   std::ofstream(root + "/app/placements.csv")
       << "placement,local_bsz,step_time,sync_time\n1,32,0.5,0.9\n";
-  expect_load_error("placements.csv:2: needs local_bsz > 0 and 0 <= sync_time <= step_time");
+  expect_load_error(
+      "placements.csv:2: needs 0 < local_bsz <= 1e7, 0 < step_time <= 1e6 s and 0 <= sync_time <= "
+      "step_time");
+  // Found by the fuzzer: a batch beyond any int was cast to one.
+  std::ofstream(root + "/app/placements.csv")
+      << "placement,local_bsz,step_time,sync_time\n1,3.2e42,0.5,0\n";
+  expect_load_error("placements.csv:2: needs 0 < local_bsz <= 1e7");
+  std::ofstream(root + "/app/validation-32.csv")
+      << "progress,iteration,metric,grad_sqr,grad_var\n1,1,1,0,0\n";
+  expect_load_error("validation-32.csv:2: needs progress above the previous epoch's");
+  std::ofstream(root + "/app/validation-32.csv")
+      << "progress,iteration,metric,grad_sqr,grad_var\n1,1,1,1,1\n";
   std::ofstream(root + "/app/placements.csv")
       << "placement,local_bsz,step_time,sync_time\n1,32,0.5,0\n";
   expect_load_error("max_epochs 3 but its validation files have 1 epoch(s)");
