@@ -529,7 +529,7 @@ struct Client::Impl {
       auto body = std::make_shared<std::vector<std::byte>>();
       const size_t n = plan->ids[s].size();
       body->resize(n * sizeof(uint64_t) + (push ? n * width * sizeof(float) : 0));
-      std::memcpy(body->data(), plan->ids[s].data(), n * sizeof(uint64_t));
+      if (n > 0) std::memcpy(body->data(), plan->ids[s].data(), n * sizeof(uint64_t));
       if (push) {
         float* sum = reinterpret_cast<float*>(body->data() + n * sizeof(uint64_t));
         for (size_t r = 0; r < n; ++r) {
