@@ -389,7 +389,12 @@ class Run {
     for (Worker* w : failed_) drain(w->err);
     root_cause_ = choose_root_cause();
     stop(SIGTERM);
-    if (options_.on_failure) options_.on_failure(exit_of(*root_cause_));
+    if (options_.on_failure) {
+      // A silent root cause is still running: its exit code would say nothing (0).
+      WorkerExit cause = exit_of(*root_cause_);
+      if (silent_root_) cause.silent_per = named_by_->label;
+      options_.on_failure(cause);
+    }
   }
 
   // Whether a failed worker's last words blame another rank (it failed because of a peer).
@@ -684,6 +689,10 @@ int Supervisor::take_signal() {
 }
 
 std::string WorkerExit::how() const {
+  if (!silent_per.empty())
+    return fmt::format(
+        "did not answer its peers (stopped or stuck: still running when {} failed naming it)",
+        silent_per);
   return signal != 0
              ? fmt::format("was killed by {} ({})", signal_name(signal), ::strsignal(signal))
              : fmt::format("failed with exit code {}", exit_code);

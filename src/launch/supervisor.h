@@ -48,7 +48,11 @@ struct WorkerExit {
   int exit_code = 0;  // when it exited
   int signal = 0;     // when a signal ended it
   std::vector<std::string> stderr_tail;
-  // "was killed by SIGKILL (Killed)" or "failed with exit code 7".
+  // Set when this worker had not exited but another's post-mortem named it as the silent one
+  // (stopped or stuck): the label of the worker that named it ("rank 1").
+  std::string silent_per;
+  // "was killed by SIGKILL (Killed)", "failed with exit code 7", or "did not answer its peers
+  // (...)" for a silent one.
   std::string how() const;
 };
 

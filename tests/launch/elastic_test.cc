@@ -146,12 +146,17 @@ TEST_F(ElasticTest, FailuresBeyondMaxRestartsEndTheJobWithASummary) {
   EXPECT_TRUE(contains(err, "restart 1 of 2")) << dump(run);
   EXPECT_TRUE(contains(err, "restart 2 of 2")) << dump(run);
   EXPECT_TRUE(contains(err, "failure 3, more than --max-restarts 2: the job ends")) << dump(run);
-  // The summary names every round and its cause.
+  // The summary names every round and its cause. When rank 0 is slow to exit (it is, under
+  // AddressSanitizer), rank 1's post-mortem may name it as silent while it is still running: it
+  // is then named as one that did not answer, never with the exit code it has not had yet.
   auto summary = err.substr(err.find("job 'dtrain' failed"));
   for (int r = 0; r < 3; ++r) {
     std::regex line("round " + std::to_string(r) +
                     ": 1 node\\(s\\).*2 worker\\(s\\).*(rank 0 \\(pid [0-9]+\\) on node .* failed "
                     "with exit code 3; last stderr: \"elastic_worker: rank 0 failing on purpose|"
+                    "rank 0 \\(pid [0-9]+\\) on node .* did not answer its peers \\(stopped or "
+                    "stuck: still running when rank 1 failed naming it\\); last stderr: "
+                    "\"elastic_worker: rank 0 failing on purpose|"
                     "rank 1 \\(pid [0-9]+\\) on node .* failed with exit code 1; last stderr: "
                     "\".*rank 0 \\([0-9.:]+\\) closed its process group)");
     EXPECT_TRUE(std::regex_search(summary, line)) << "round " << r << "\n" << summary;
