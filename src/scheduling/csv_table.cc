@@ -94,15 +94,15 @@ int64_t CsvTable::integer(size_t row, size_t col) const {
   const std::string& s = rows_[row][col];
   int64_t v = 0;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec == std::errc() && end != s.data() + s.size()) {
-    // Pandas writes whole numbers of float columns as "6.0": accept a zero fraction.
-    double d = number(row, col);
-    if (d == std::floor(d) && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
-  }
-  if (s.empty() || ec != std::errc() || end != s.data() + s.size())
-    throw InvalidArgumentError(
-        fmt::format("{}: column '{}': '{}' is not a whole number", where(row), header_[col], s));
-  return v;
+  if (!s.empty() && ec == std::errc() && end == s.data() + s.size()) return v;
+  // Pandas writes whole numbers of float columns as "6.0": a zero fraction is accepted.
+  double d = 0;
+  auto [dend, dec] = std::from_chars(s.data(), s.data() + s.size(), d);
+  if (!s.empty() && dec == std::errc() && dend == s.data() + s.size() && d == std::floor(d) &&
+      std::fabs(d) < 9e15)
+    return static_cast<int64_t>(d);
+  throw InvalidArgumentError(
+      fmt::format("{}: column '{}': '{}' is not a whole number", where(row), header_[col], s));
 }
 
 }  // namespace dtrain::scheduling

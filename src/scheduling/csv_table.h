@@ -25,8 +25,9 @@ class CsvTable {
   const std::string& text(size_t row, size_t col) const { return rows_[row][col]; }
   double number(size_t row, size_t col) const;    // finite, or an error naming FILE:LINE
   int64_t integer(size_t row, size_t col) const;  // a whole number that fits, or an error
-  // "FILE:LINE" of a row, for the caller's own errors about it.
+  // "FILE:LINE" of a row, for the caller's own errors about it, and the line alone.
   std::string where(size_t row) const;
+  int line(size_t row) const { return lines_[row]; }
 
  private:
   std::string path_;

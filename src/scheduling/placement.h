@@ -1,11 +1,12 @@
 // Where a job's GPUs go on the cluster: the shape of the cluster, and the placement policies.
-//   pack:   best fit. A job that fits on one node goes to the fullest node it fits on; a larger
-//           one takes whole nodes and puts its remainder on the fullest node that holds it, in
-//           one rack when a rack can hold it all. Free GPUs stay together for large jobs, and
-//           jobs share nodes.
+//   pack:   best fit. A job that fits on one node goes to the fullest node that holds it; a
+//           larger one takes the emptiest nodes first and puts its remainder on the fullest node
+//           that holds it, within one rack when a rack can hold it all (the rack with the least
+//           to spare). Free GPUs stay together for large jobs, and small jobs share nodes.
 //   spread: worst fit. Each GPU block goes to the emptiest node, so that jobs share nodes as
-//           little as they can (less interference while the cluster has room). This is the
-//           placement of the Tiresias baseline in Pollux's simulator.
+//           little as they can (less interference while the cluster has room); a job that needs
+//           several nodes stays in the rack with the most free GPUs when one holds it. With one
+//           rack this is the placement of the Tiresias baseline in Pollux's simulator.
 //   auto:   spread while the GPUs that active jobs ask for fit in the cluster (below
 //           `auto_load` of its GPUs), pack once they do not.
 #pragma once

@@ -87,7 +87,7 @@ class Job {
       if (active(now + seconds)) result_.queued += now + seconds - std::max(now, spec_.submit);
       return;
     }
-    const double gpus = spec_.gpus;
+    const double gpus = spec_.gpus, end = now + seconds;
     const double delay = std::min(rescale_, seconds);
     double t = now + delay;
     rescale_ -= delay;
@@ -122,7 +122,7 @@ class Job {
         if (epoch_ >= app_->max_epochs()) result_.finish = t;
       }
     }
-    result_.gpu_seconds += (t + seconds - now) * gpus;
+    result_.gpu_seconds += ((finished() ? t : end) - now) * gpus;  // held until it ends
   }
 
  private:
@@ -170,22 +170,39 @@ double SimulationResult::average_queueing() const {
   return jobs.empty() ? 0 : sum / jobs.size();
 }
 
-SimulationResult simulate(const std::vector<JobSpec>& specs,
+SimulationResult simulate(const std::vector<JobSpec>& specs_in,
                           const std::map<std::string, Application>& applications,
                           const SimulationOptions& o) {
   const ClusterSpec& cluster = o.cluster;
-  if (cluster.nodes <= 0 || cluster.gpus_per_node <= 0 || cluster.nodes_per_rack < 0)
-    throw InvalidArgumentError(fmt::format("a cluster of {} node(s) of {} GPU(s) cannot run jobs",
-                                           cluster.nodes, cluster.gpus_per_node));
-  if (!(o.interval > 0) || !(o.restart_seconds >= 0) ||
-      !(o.interference >= 0 && o.interference < 1) ||
-      !(o.share_slowdown >= 0 && o.share_slowdown < 1) || !(o.cross_rack_slowdown >= 1) ||
-      !(o.auto_load > 0) || !(o.max_seconds > 0))
+  if (cluster.nodes <= 0 || cluster.gpus_per_node <= 0)
     throw InvalidArgumentError(
-        "needs interval > 0, restart >= 0, interference and share slowdown in [0, 1), cross-rack "
-        "slowdown >= 1, "
-        "auto load > 0");
-  if (specs.empty()) throw InvalidArgumentError("no jobs to simulate");
+        fmt::format("sched-sim: a cluster of {} node(s) of {} GPU(s) cannot run jobs",
+                    cluster.nodes, cluster.gpus_per_node));
+  if (cluster.nodes_per_rack < 0)
+    throw InvalidArgumentError(fmt::format(
+        "sched-sim: {} nodes per rack; give 0 (one rack) or more", cluster.nodes_per_rack));
+  auto refuse = [](const char* what, double v, const char* rule) {
+    throw InvalidArgumentError(fmt::format("sched-sim: {} is {}; it must be {}", what, v, rule));
+  };
+  // Epoch boundaries fall on whole seconds (as in Pollux): so must intervals and restarts.
+  auto whole = [](double v) { return v == std::floor(v); };
+  if (!(o.interval >= 1 && whole(o.interval)))
+    refuse("the interval", o.interval, "whole seconds >= 1");
+  if (!(o.restart_seconds >= 0 && whole(o.restart_seconds)))
+    refuse("the restart time", o.restart_seconds, "whole seconds >= 0");
+  if (!(o.interference >= 0 && o.interference < 1))
+    refuse("interference", o.interference, "in [0, 1)");
+  if (!(o.share_slowdown >= 0 && o.share_slowdown < 1))
+    refuse("the share slowdown", o.share_slowdown, "in [0, 1)");
+  if (!(o.cross_rack_slowdown >= 1))
+    refuse("the cross-rack slowdown", o.cross_rack_slowdown, ">= 1");
+  if (!(o.auto_load > 0)) refuse("the auto load", o.auto_load, "> 0");
+  if (!(o.max_seconds > 0)) refuse("the time limit", o.max_seconds, "> 0 seconds");
+  if (specs_in.empty()) throw InvalidArgumentError("sched-sim: no jobs to simulate");
+  // In submission order, whatever the caller's: fifo and tiresias rank by it.
+  std::vector<JobSpec> specs = specs_in;
+  std::stable_sort(specs.begin(), specs.end(),
+                   [](const JobSpec& a, const JobSpec& b) { return a.submit < b.submit; });
   std::vector<Job> jobs;
   jobs.reserve(specs.size());
   for (const auto& s : specs) {

@@ -50,7 +50,7 @@ struct JobResult {
   double submit = 0, start = -1, finish = -1;  // start: first time it held GPUs
   double queued = 0;                           // seconds active without GPUs
   double gpu_seconds = 0;                      // GPUs held, times seconds
-  int restarts = 0;                            // placements after the first (preemptions and moves)
+  int restarts = 0;  // placements after the first (each after a preemption)
   double jct() const { return finish - submit; }
 };
 
@@ -65,7 +65,9 @@ struct SimulationResult {
   double average_queueing() const;
 };
 
-// Replays `jobs` on the cluster. `applications` must hold every application the jobs name.
+// Replays `jobs` (in any order: they are taken by submission time) on the cluster.
+// `applications` must hold every application the jobs name. Intervals and restarts are whole
+// seconds.
 // Throws InvalidArgumentError for a job that can never run (more GPUs than the cluster, batch
 // sizes outside its traces) and when jobs are still unfinished after max_seconds.
 SimulationResult simulate(const std::vector<JobSpec>& jobs,

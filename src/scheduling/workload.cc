@@ -31,11 +31,11 @@ bool parse_timestamp(const std::string& text, double* seconds) {
   return true;
 }
 
-int positive_int(const CsvTable& t, size_t row, size_t col) {
+int positive_int(const CsvTable& t, size_t row, size_t col, const char* column) {
   const int64_t v = t.integer(row, col);
   if (v <= 0 || v > 1'000'000)
     throw InvalidArgumentError(
-        fmt::format("{}: {} must be between 1 and 1000000", t.where(row), v));
+        fmt::format("{}: {} {} must be between 1 and 1000000", t.where(row), column, v));
   return static_cast<int>(v);
 }
 
@@ -56,8 +56,8 @@ std::vector<JobSpec> read_workload(const std::string& path, const WorkloadOption
       j.application = t.text(r, app);
       if (j.application.empty())
         throw InvalidArgumentError(fmt::format("{}: no application", t.where(r)));
-      j.gpus = positive_int(t, r, replicas);
-      j.batch_size = positive_int(t, r, batch);
+      j.gpus = positive_int(t, r, replicas, "num_replicas");
+      j.batch_size = positive_int(t, r, batch, "batch_size");
       if (j.batch_size < j.gpus)
         throw InvalidArgumentError(fmt::format("{}: batch_size {} is smaller than num_replicas {}",
                                                t.where(r), j.batch_size, j.gpus));
@@ -89,23 +89,28 @@ std::vector<JobSpec> read_workload(const std::string& path, const WorkloadOption
         j.submit = t.number(r, when);
       }
       if (j.submit < start) continue;
-      if (options.hours > 0 && j.submit >= start + options.hours * 3600) continue;
       j.duration = t.number(r, duration);
       if (j.duration <= 0)
         throw InvalidArgumentError(
             fmt::format("{}: duration {} must be positive", t.where(r), j.duration));
       if (j.duration < options.min_duration) continue;
-      j.gpus = positive_int(t, r, gpus);
-      j.name = named ? t.text(r, t.column("name")) : fmt::format("job-{}", r + 2);
+      j.gpus = positive_int(t, r, gpus, "num_gpus");
+      j.name = named ? t.text(r, t.column("name")) : fmt::format("job-{}", t.line(r));
       jobs.push_back(std::move(j));
     }
+    // The window starts at --start, or at the first job selected.
+    double origin = start;
+    if (options.start.empty() && !jobs.empty())
+      origin = std::min_element(jobs.begin(), jobs.end(), [](auto& a, auto& b) {
+                 return a.submit < b.submit;
+               })->submit;
+    if (options.hours > 0)
+      std::erase_if(jobs,
+                    [&](const JobSpec& j) { return j.submit >= origin + options.hours * 3600; });
     if (jobs.empty())
       throw InvalidArgumentError(fmt::format("{}: no job is left after the selection", path));
-    const double first = std::min_element(jobs.begin(), jobs.end(), [](auto& a, auto& b) {
-                           return a.submit < b.submit;
-                         })->submit;
     if (stamped)
-      for (auto& j : jobs) j.submit -= options.start.empty() ? first : start;
+      for (auto& j : jobs) j.submit -= origin;
   } else {
     throw InvalidArgumentError(fmt::format(
         "{}: not a workload: needs the columns name,time,application,num_replicas,batch_size or "

@@ -55,6 +55,27 @@ TEST(SchedSim, FifoRunsInSubmissionOrderAndBlocksBehindTheHead) {
   EXPECT_NEAR(r.utilization, (400.0 + 20 + 40) / (4 * 130), 1e-12);
 }
 
+TEST(SchedSim, FifoBlocksWhereTheOthersSkipAhead) {
+  // A (2 GPUs, 100 s), B (4 GPUs, 50 s), C (1 GPU, 10 s), submitted at 0, 1 and 2 s on one node
+  // of 4. FIFO: A runs, B waits for the whole node and C waits behind B: A 10..110, B 110..160,
+  // C 160..170.
+  const std::vector<JobSpec> jobs{rigid("A", 0, 2, 100), rigid("B", 1, 4, 50),
+                                  rigid("C", 2, 1, 10)};
+  EXPECT_EQ(jcts(simulate(jobs, {}, small("fifo"))),
+            (std::map<std::string, double>{{"A", 110}, {"B", 159}, {"C", 168}}));
+  // Tiresias skips B, which does not fit, and runs C beside A: C 10..20.
+  EXPECT_EQ(jcts(simulate(jobs, {}, small("tiresias"))),
+            (std::map<std::string, double>{{"A", 110}, {"B", 159}, {"C", 18}}));
+  // SRTF runs C beside A at 10; at 20 B (50 s left) comes before A (90 s left) and preempts it:
+  // B 20..70, A again 70..160.
+  EXPECT_EQ(jcts(simulate(jobs, {}, small("srtf"))),
+            (std::map<std::string, double>{{"A", 160}, {"B", 69}, {"C", 18}}));
+  // Jobs may come in any order: they are taken by submission time.
+  const std::vector<JobSpec> reversed(jobs.rbegin(), jobs.rend());
+  EXPECT_EQ(jcts(simulate(reversed, {}, small("fifo"))),
+            (std::map<std::string, double>{{"A", 110}, {"B", 159}, {"C", 168}}));
+}
+
 TEST(SchedSim, SrtfRunsTheShortestFirst) {
   // B and C (10 s and 20 s left) before A: B 10..20, C 10..30; A waits for C, runs 30..130.
   const auto r = simulate(three_jobs(), {}, small("srtf"));
@@ -107,10 +128,19 @@ TEST(SchedSim, PackFillsTheFullestNodeAndSpreadTheEmptiest) {
   std::vector<int> big{4, 4, 3, 1};
   ClusterSpec four{.nodes = 4, .gpus_per_node = 4};
   EXPECT_EQ(place(four, big, 5, Placement::kPack), (std::vector<int>{0, 0, 0, 0, 3}));
-  // Racks of two nodes: the job stays in the rack that holds it with the least to spare.
-  std::vector<int> racked{4, 4, 2, 2};
+  // Racks of two nodes: a job that fits on one node takes it, in whichever rack; a larger one
+  // stays in the rack that holds it with the least to spare.
   ClusterSpec two_racks{.nodes = 4, .gpus_per_node = 4, .nodes_per_rack = 2};
-  EXPECT_EQ(place(two_racks, racked, 4, Placement::kPack), (std::vector<int>{2, 2, 3, 3}));
+  std::vector<int> racked{4, 4, 2, 2};
+  EXPECT_EQ(place(two_racks, racked, 4, Placement::kPack), (std::vector<int>{0, 0, 0, 0}));
+  racked = {3, 3, 4, 4};
+  EXPECT_EQ(place(two_racks, racked, 6, Placement::kPack), (std::vector<int>{0, 0, 0, 1, 1, 1}));
+  racked = {4, 2, 2, 2};
+  EXPECT_EQ(place(two_racks, racked, 6, Placement::kPack), (std::vector<int>{0, 0, 0, 0, 1, 1}));
+  // Spread keeps a multi-node job in the rack with the most free GPUs that holds it, not on the
+  // emptiest node of another rack.
+  racked = {3, 2, 3, 3};
+  EXPECT_EQ(place(two_racks, racked, 5, Placement::kSpread), (std::vector<int>{2, 2, 2, 3, 3}));
 }
 
 TEST(SchedSim, PackingKeepsANodeWholeForALargeJobThatSpreadingSplits) {
@@ -140,16 +170,24 @@ TEST(SchedSim, PackingKeepsANodeWholeForALargeJobThatSpreadingSplits) {
 }
 
 TEST(SchedSim, MultiNodeJobsSharingANodeInterfere) {
-  // Three nodes of 2: P and Q (3 GPUs each) are spread as 2+1 and 2+1, sharing node 1. Both span
-  // nodes and share one: interference 0.5 halves their speed, 100 s of work take 200 s.
-  std::vector<JobSpec> jobs{rigid("P", 0, 3, 100), rigid("Q", 0, 3, 100)};
+  // Three nodes of 4, spread: P (6 GPUs) takes 4 on node 0 and 2 on node 1, Q (5) 4 on node 2
+  // and 1 on node 1, S (1) the last GPU of node 1. P and Q span nodes and share node 1:
+  // interference 0.5 halves their speed (100 s of work in 200 s); S runs on one node and is not
+  // slowed by the network.
+  std::vector<JobSpec> jobs{rigid("P", 0, 6, 100), rigid("Q", 0, 5, 100), rigid("S", 0, 1, 100)};
   auto o = small("fifo");
-  o.cluster = {.nodes = 3, .gpus_per_node = 2};
+  o.cluster = {.nodes = 3, .gpus_per_node = 4};
   o.placement = Placement::kSpread;
   o.interference = 0.5;
-  EXPECT_EQ(jcts(simulate(jobs, {}, o)), (std::map<std::string, double>{{"P", 210}, {"Q", 210}}));
-  o.interference = 0;
-  EXPECT_EQ(jcts(simulate(jobs, {}, o)), (std::map<std::string, double>{{"P", 110}, {"Q", 110}}));
+  EXPECT_EQ(jcts(simulate(jobs, {}, o)),
+            (std::map<std::string, double>{{"P", 210}, {"Q", 210}, {"S", 110}}));
+  // Sharing a node slows everyone on it too: both together multiply, 0.5 x 0.5 for P and Q.
+  o.share_slowdown = 0.5;
+  EXPECT_EQ(jcts(simulate(jobs, {}, o)),
+            (std::map<std::string, double>{{"P", 410}, {"Q", 410}, {"S", 210}}));
+  o.interference = o.share_slowdown = 0;
+  EXPECT_EQ(jcts(simulate(jobs, {}, o)),
+            (std::map<std::string, double>{{"P", 110}, {"Q", 110}, {"S", 110}}));
 }
 
 // An application of one batch size whose gain is 1 and whose step takes 0.5 s on one GPU: each
@@ -161,7 +199,8 @@ std::string tiny_application(const std::string& root) {
   std::ofstream(root + "/traces/tiny/validation-32.csv")
       << "progress,iteration,metric,grad_sqr,grad_var\n100,10,0.5,1.0,1.0\n200,20,0.6,1.0,1.0\n";
   std::ofstream(root + "/traces/tiny/placements.csv")
-      << "placement,local_bsz,step_time,sync_time\n1,16,0.25,0\n1,32,0.5,0\n2,16,0.4,0.1\n";
+      << "placement,local_bsz,step_time,sync_time\n1,16,0.25,0\n1,32,0.5,0\n2,16,0.4,0.1\n"
+      << "11,16,0.6,0.2\n";
   std::ofstream(root + "/traces/tiny/scalability.csv")
       << "num_nodes,num_replicas,local_bsz,step_time,sync_time\n";
   return root;
@@ -180,11 +219,20 @@ TEST(SchedSim, AnApplicationJobTrainsItsEpochsAtTheMeasuredSpeed) {
   auto r = simulate({j}, apps, o);
   EXPECT_DOUBLE_EQ(r.jobs[0].jct(), 190);
   EXPECT_DOUBLE_EQ(r.jobs[0].start, 60);
+  // It held its GPU from 60 to its end at 190, not to the end of that interval (240).
+  EXPECT_DOUBLE_EQ(r.jobs[0].gpu_seconds, 130);
   // On 2 GPUs of one node, 16 examples each: the measured 0.4 s per step, 2.5 units/s, 40 s
   // per epoch.
   j.gpus = 2;
   r = simulate({j}, apps, o);
   EXPECT_DOUBLE_EQ(r.jobs[0].jct(), 90 + 2 * 100 / (1 / 0.4));
+  // Across two racks of one node each, its 0.2 s of synchronization take twice as long: 0.8 s
+  // per step, 80 s per epoch, against 0.6 s and 60 s in one rack.
+  o.cluster = {.nodes = 2, .gpus_per_node = 1};
+  EXPECT_DOUBLE_EQ(simulate({j}, apps, o).jobs[0].jct(), 90 + 2 * 60);
+  o.cluster.nodes_per_rack = 1;
+  o.cross_rack_slowdown = 2;
+  EXPECT_DOUBLE_EQ(simulate({j}, apps, o).jobs[0].jct(), 90 + 2 * 80);
   // A batch the traces never measured is refused before anything runs.
   j.batch_size = 64;
   EXPECT_THROW(simulate({j}, apps, o), InvalidArgumentError);
@@ -209,6 +257,9 @@ TEST(SchedSim, RefusesJobsThatCanNeverRun) {
     EXPECT_NE(std::string(e.what()).find("long"), std::string::npos) << e.what();
   }
   EXPECT_THROW(make_policy("lottery"), InvalidArgumentError);
+  o = small("fifo");
+  o.interval = 1.5;  // epochs end on whole seconds
+  EXPECT_THROW(simulate({rigid("j", 0, 1, 10)}, {}, o), InvalidArgumentError);
 }
 
 TEST(SchedSim, ReportsTheTableTheJsonAndTheChart) {
@@ -232,7 +283,7 @@ TEST(SchedSim, ReproducesPolluxsTiresiasBaseline) {
   o.placement = Placement::kSpread;
   const auto r = simulate(read_workload(data + "/workloads/workload-6.csv"), apps, o);
   EXPECT_EQ(r.jobs.size(), 160u);
-  EXPECT_NEAR(r.average_jct(), 3469.69375, 0.01 * 3469.69375);
+  EXPECT_NEAR(r.average_jct(), 3469.69375, 0.01);  // every job ends at the same second
 }
 
 }  // namespace

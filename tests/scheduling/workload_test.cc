@@ -49,7 +49,7 @@ TEST(SchedSimWorkload, MalformedRowsAreNamedByLineAndColumn) {
                "sched_time.csv:2: column 'time': 'soon' is not a finite number");
   expect_error(write("nan.csv", header + "a,nan,cifar10,2,256\n"), "'nan' is not a finite number");
   expect_error(write("gpus.csv", header + "a,0,cifar10,0,256\n"),
-               "sched_gpus.csv:2: 0 must be between 1");
+               "sched_gpus.csv:2: num_replicas 0 must be between 1");
   expect_error(write("frac.csv", header + "a,0,cifar10,2.5,256\n"),
                "column 'num_replicas': '2.5' is not a whole number");
   expect_error(write("negative.csv", header + "a,-5,cifar10,2,256\n"), "time -5 is negative");
@@ -82,8 +82,14 @@ TEST(SchedSimWorkload, JobTablesAreSelectedByClusterAndTimeAndRebased) {
   EXPECT_EQ(jobs[0].duration, 3000);
   EXPECT_EQ(jobs[1].submit, 3600);
   EXPECT_EQ(jobs[1].name, "job-2");  // named after its line
-  // Without a start, time counts from the first row selected.
+  // Without a start, time counts from the first row selected, and so does the window.
   EXPECT_EQ(read_workload(path, {}).front().submit, 0);
+  WorkloadOptions first_hour;
+  first_hour.cluster = "aa";
+  first_hour.hours = 1;
+  const auto early = read_workload(path, first_hour);  // 06:00 and 06:30 of cluster aa
+  ASSERT_EQ(early.size(), 2u);
+  EXPECT_EQ(early[1].submit, 1800);
   o.start = "9 October";
   expect_error(path, "start '9 October' should read YYYY-MM-DD", o);
   expect_error(write("stamp.csv", "timestamp,duration,num_gpus\nyesterday,10,1\n"),

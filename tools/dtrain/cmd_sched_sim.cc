@@ -1,9 +1,8 @@
 // `dtrain sched-sim`: replay a cluster's job trace under scheduling and placement policies
 // (docs/scheduling.md).
 //   dtrain sched-sim --policy tiresias data/pollux/workloads/workload-6.csv   # Pollux's baseline
-//   dtrain sched-sim --policy all --placement pack,spread,auto --interference 0.25 --svg jct.svg
-//   W.csv dtrain sched-sim --policy all --nodes 64 --cluster 6214e9 --start 2017-10-09 --hours 24
-//   philly.csv
+//   dtrain sched-sim --policy all --placement all --interference 0.25 --svg jct.svg W.csv
+//   dtrain sched-sim --policy all --nodes 64 --cluster 6214e9 --hours 24 philly.csv
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -91,6 +90,13 @@ void run_sim(SimFlags f) {
     workloads.push_back(read_workload(w, f.selection));
     for (const auto& j : workloads.back()) needs_apps |= !j.application.empty();
   }
+  bool rigid = false;
+  for (const auto& w : workloads)
+    for (const auto& j : w) rigid |= j.application.empty();
+  if (rigid && f.sim.cross_rack_slowdown != 1)
+    std::fprintf(stderr,
+                 "dtrain sched-sim: note: --cross-rack-slowdown slows application jobs only; the "
+                 "rigid jobs of a job table have no measured synchronization time\n");
   std::map<std::string, Application> apps;
   if (needs_apps) {
     if (f.traces.empty() || !fs::exists(fs::path(f.traces) / "applications.csv"))
