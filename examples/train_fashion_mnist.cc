@@ -32,6 +32,9 @@
 // resumes from the newest state any rank holds, commit or checkpoint, printing
 //   resumed from /dev/shm/dtrain-commit-dtrain-vm-4242/step-000041 (epoch 1, step 41, ...):
 //   in-memory commit, loaded by rank 0; the steps after 41 are trained again (at most 1)
+// Preemption: with --checkpoint-dir, SIGTERM or SIGUSR1 (Kubernetes', Slurm's warnings, or
+// `dtrain run` passing them on) stops every rank after the same step; rank 0 saves it and all
+// exit 75 (dtrain::Preemption::kRequeueExitCode); run again, it resumes from there.
 // For tests: --stop-after-steps N checkpoints and exits after step N (as a preempted job would),
 // --sample-log FILE appends "epoch index step restart" for every sample a rank trains,
 // --train-samples N trains on the first N images only.
@@ -59,6 +62,7 @@
 #include "dtrain/dtrain.h"
 #include "dtrain/ps.h"
 #include "dtrain/torch/broadcast.h"
+#include "dtrain/preemption.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/commit.h"
 #include "dtrain/torch/distributed_data_parallel.h"
@@ -488,7 +492,11 @@ int run(const Flags& flags) {
   int64_t step = position.step;
   int64_t steps_here = 0;  // by this process (the rest were restored)
   int64_t saved_step = position.step;
-  bool stopped = false;
+  bool stopped = false, preempted = false;
+  // With somewhere to save to, a preemption warning stops the ranks together at a step (not with
+  // a parameter server, whose asynchronous workers do not take steps together).
+  std::unique_ptr<dtrain::Preemption> preemption;
+  if (ckpt && pg && flags.strategy != "ps") preemption = std::make_unique<dtrain::Preemption>(pg);
   int64_t images = 0;      // of all ranks, assuming they keep in step (for the progress line)
   int64_t own_images = 0;  // of this rank
   auto restored = [&](const char* key) {
@@ -580,6 +588,8 @@ int run(const Flags& flags) {
       position.epoch = epoch_done ? epoch + 1 : epoch;
       position.epoch_consumed = epoch_done ? 0 : static_cast<int64_t>(input->consumed(end));
       stopped = flags.stop_after_steps > 0 && step == flags.stop_after_steps;
+      preempted = preemption && preemption->should_stop();
+      stopped = stopped || preempted;
       if (ckpt && (stopped || (flags.checkpoint_every > 0 && step % flags.checkpoint_every == 0)))
         checkpoint();
       if (commits && step % commit_every == 0) commit();
@@ -616,11 +626,13 @@ int run(const Flags& flags) {
   }
   if (stopped) {
     if (lead)
-      std::printf("stopped after step %lld (--stop-after-steps)%s\n", static_cast<long long>(step),
+      std::printf("stopped after step %lld (%s)%s\n", static_cast<long long>(step),
+                  preempted ? "preempted: run again to resume" : "--stop-after-steps",
                   ckpt ? fmt::format("; checkpoint {}", dtrain::checkpoint_path(ckpt->dir(), step)).c_str()
                        : "");
     std::fflush(stdout);
     dopt.reset();  // collective: every rank stops its coordinator together
+    if (preempted) return preemption->requeue();  // 75 once every rank is done
     if (pg) pg->barrier()->wait();
     return 0;
   }

@@ -4,6 +4,7 @@
 #include "dtrain/error.h"
 #include "dtrain/identity.h"
 #include "dtrain/parallel_layout.h"
+#include "dtrain/preemption.h"
 #include "dtrain/process_group.h"
 #include "dtrain/store.h"
 #include "dtrain/tensor.h"

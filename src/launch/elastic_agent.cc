@@ -294,7 +294,7 @@ class Agent {
       }
       const RoundPlan& plan = joined.plan;
       auto outcome = run_round(plan);
-      if (outcome.signal != 0) return finish(128 + outcome.signal, /*linger=*/false);
+      if (outcome.signal != 0 || outcome.requeue) return finish(outcome.exit_code, /*linger=*/false);
       if (!outcome.cause) {
         DTRAIN_LOG_INFO("{}: round {} finished: all {} worker(s) succeeded", prefix_, plan.round,
                         plan.world_size());
@@ -329,6 +329,8 @@ class Agent {
   struct RoundOutcome {
     std::optional<StopCause> cause;  // none: every worker of the round succeeded
     int signal = 0;                  // this agent was interrupted
+    int exit_code = 0;  // then: 128 + signal, or the requeue code if every worker saved its state
+    bool requeue = false;  // the workers saved their state for a requeue: the agent ends
   };
 
   StoreLink link(const net::HostPort& at, milliseconds connect_timeout) {
@@ -608,7 +610,24 @@ class Agent {
         DTRAIN_LOG_WARN("{}: cannot tell the other agents that this one leaves: {}", prefix_,
                         e.what());
       }
-      return {std::nullopt, result.interrupted_by};
+      return {std::nullopt, result.interrupted_by, result.exit_code};
+    }
+    if (result.outcome == Outcome::kRequeued) {
+      // Preempted: the workers agreed on a step, saved it and exited; the job resumes when the
+      // engine runs it again, not in a new round here (the machines are being taken away).
+      StopCause c;
+      c.kind = Kind::kAgentLeft;
+      c.counts = false;
+      c.agent = me_;
+      c.round_seconds = seconds_between(started, Clock::now());
+      c.text = fmt::format("the workers of {} saved their state for a requeue (preempted)",
+                           me_.describe());
+      try {
+        rdzv_->stop(plan.round, c);
+      } catch (const Error& e) {
+        DTRAIN_LOG_WARN("{}: cannot tell the other agents of the requeue: {}", prefix_, e.what());
+      }
+      return {std::nullopt, 0, result.exit_code, /*requeue=*/true};
     }
     if (result.outcome == Outcome::kSucceeded) {
       rdzv_->mark_done(plan);
@@ -626,7 +645,7 @@ class Agent {
           c.text = fmt::format("the agent of {} got {} and left the job", me_.describe(),
                                signal_name(sig));
           rdzv_->stop(plan.round, c);
-          return {std::nullopt, sig};
+          return {std::nullopt, sig, 128 + sig};
         }
       }
     } else if (result.outcome == Outcome::kFailed) {

@@ -21,6 +21,7 @@
 
 #include "common/log.h"
 #include "dtrain/error.h"
+#include "dtrain/preemption.h"
 #include "launch/cpu_binding.h"
 
 extern char** environ;
@@ -43,7 +44,9 @@ constexpr milliseconds kReapAfterKillTime{5000};
 // A worker that writes a line longer than this gets it split, keeping memory bounded.
 constexpr size_t kMaxLine = 64 * 1024;
 
-int forwarded_signals[] = {SIGINT, SIGTERM, SIGHUP};
+// SIGUSR1 is Slurm's usual early warning of a preemption (`--signal=USR1@90`): passed on like
+// SIGTERM, so that workers with a dtrain::Preemption checkpoint and exit for a requeue.
+int forwarded_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 
 sigset_t supervised_signals() {
   sigset_t set;
@@ -348,6 +351,11 @@ class Run {
       w.running = false;
       if (WIFEXITED(status)) w.exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) w.signal = WTERMSIG(status);
+      // A worker that saved its state for a requeue (dtrain::Preemption) did not fail.
+      if (w.signal == 0 && w.exit_code == Preemption::kRequeueExitCode && !stopping_) {
+        ++requeued_;
+        continue;
+      }
       bool failed = w.exit_code != 0 || w.signal != 0;
       DTRAIN_LOG_DEBUG("dtrain run: {} (pid {}) exited: code {} signal {}", w.label, w.pid,
                        w.exit_code, w.signal);
@@ -575,11 +583,39 @@ class Run {
       result.outcome = Outcome::kInterrupted;
       result.interrupted_by = interrupted_by_;
       result.exit_code = 128 + interrupted_by_;
-      write_out(options_.stderr_fd, fmt::format("dtrain run: stopped {} worker(s) after {}\n", n,
-                                                signal_name(interrupted_by_)));
+      // Workers that saved their state for a requeue (dtrain::Preemption) make the job's exit
+      // code the requeue code, when all of them did.
+      size_t requeue = 0, workers = 0;
+      for (const auto& w : workers_) {
+        if (w.service) continue;
+        ++workers;
+        if (w.signal == 0 && w.exit_code == Preemption::kRequeueExitCode) ++requeue;
+      }
+      if (workers > 0 && requeue == workers) {
+        result.exit_code = Preemption::kRequeueExitCode;
+        write_out(options_.stderr_fd,
+                  fmt::format("dtrain run: preempted ({}): every worker saved its state and exited "
+                              "{}; run the job again (requeue) to resume\n",
+                              signal_name(interrupted_by_), Preemption::kRequeueExitCode));
+        return result;
+      }
+      write_out(options_.stderr_fd,
+                fmt::format("dtrain run: stopped {} worker(s) after {}{}\n", n,
+                            signal_name(interrupted_by_),
+                            requeue > 0 ? fmt::format(" ({} of {} saved their state for a requeue)",
+                                                      requeue, workers)
+                                        : ""));
       return result;
     }
     if (stopped_by_request_) result.outcome = Outcome::kStopped;
+    if (requeued_ > 0 && !stopped_by_request_) {
+      result.outcome = Outcome::kRequeued;
+      result.exit_code = Preemption::kRequeueExitCode;
+      write_out(options_.stderr_fd,
+                fmt::format("dtrain run: {} of {} worker(s) saved their state for a requeue and "
+                            "exited {} (preempted); run the job again to resume\n",
+                            requeued_, n, Preemption::kRequeueExitCode));
+    }
     return result;
   }
 
@@ -594,6 +630,7 @@ class Run {
   bool silent_root_ = false;      // root_cause_ did not fail: a post-mortem names it as silent
   Worker* named_by_ = nullptr;    // the failed worker whose post-mortem named it
   int interrupted_by_ = 0;           // the signal that told the launcher to stop, if any
+  size_t requeued_ = 0;  // workers that exited for a requeue on their own (not stopped by us)
   bool stopping_ = false;            // SIGTERM (or the forwarded signal) was sent to every worker
   // When the services still running after every worker exited are stopped.
   std::optional<Clock::time_point> services_stop_at_;

@@ -83,6 +83,7 @@ struct SupervisorResult {
     kFailed,       // a worker failed; first_failure says which
     kInterrupted,  // a signal to the launcher stopped the job; interrupted_by says which
     kStopped,      // stop_fd asked for it
+    kRequeued,     // the workers exited with Preemption::kRequeueExitCode: run the job again
   };
   Outcome outcome = Outcome::kSucceeded;
   int exit_code = 0;  // as Supervisor::run returns it (0 when stopped through stop_fd)

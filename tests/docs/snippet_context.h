@@ -18,5 +18,7 @@ extern std::vector<uint64_t> ids;
 struct Sample {};
 Sample parse(const std::vector<std::byte>& bytes);
 void train(Sample& sample);
+void train_one_step(int64_t step);   // docs/fault_tolerance.md, preemption
+void save_checkpoint(int64_t step);
 extern uint64_t epochs;
 }  // namespace snippets

@@ -341,6 +341,68 @@ TEST(SlurmTest, TheSbatchExampleRuns) {
   }
 }
 
+// Preemption under Slurm, as the cluster does it: SIGUSR1 to every task of the job (what
+// `--signal=USR1@90` and a preempting scheduler send), the ranks stop after one step and save
+// it, train.sbatch requeues the job, and the requeued job resumes: every sample trained once.
+TEST(SlurmTest, APreemptedJobIsRequeuedAndResumesWithEverySampleOnce) {
+  START_SLURM(cluster);
+  const std::string dir = cluster.dir() + "/preempt", out = cluster.dir() + "/preempt.out";
+  std::filesystem::create_directories(dir);
+  CommandOptions o;
+  o.env = cluster.client_env();
+  o.env["DTRAIN_CONNECT_TIMEOUT"] = "60";
+  o.cwd = cluster.dir();
+  const int steps = 150;
+  CommandResult submit = run_command(
+      {"sbatch", "--parsable", "-N1", "--ntasks-per-node=3", "--output=" + out,
+       kSource + "/deploy/slurm/train.sbatch", std::string(DTRAIN_BIN_DIR) + "/preempt_worker",
+       "--dir", dir, "--steps", std::to_string(steps), "--step-ms", "20"},
+      o);
+  ASSERT_TRUE(submit.ok()) << submit.describe() << "\n" << submit.output;
+  const std::string id = submit.output.substr(0, submit.output.find_first_of(";\n"));
+  auto samples = [&] {
+    std::ifstream in(dir + "/samples");
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    return lines;
+  };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (samples().size() < 10 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_GE(samples().size(), 10u) << read_file(out) << cluster.logs();
+  CommandResult warn = run_command({"scancel", "--signal=USR1", id}, o);
+  ASSERT_TRUE(warn.ok()) << warn.output;
+  std::string state;
+  bool hurried = false;
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (std::chrono::steady_clock::now() < deadline) {
+    CommandResult show = run_command({"scontrol", "-o", "show", "job", id}, o);
+    // Slurm lets a requeued job start again only 2 minutes later (its begin time); the test
+    // moves that time to now rather than wait.
+    if (!hurried && show.output.find("Reason=BeginTime") != std::string::npos) {
+      hurried = run_command({"scontrol", "update", "JobId=" + id, "StartTime=now"}, o).ok();
+    }
+    std::smatch m;
+    static const std::regex kState("JobState=(\\w+) .*?Restarts=(\\d+)");
+    if (std::regex_search(show.output, m, kState) && m[1] == "COMPLETED") {
+      state = m[1].str() + " restarts " + m[2].str();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  const std::string job = read_file(out);
+  ASSERT_EQ(state, "COMPLETED restarts 1")
+      << job << "\n"
+      << run_command({"scontrol", "-o", "show", "job", id}, o).output << cluster.logs();
+  EXPECT_NE(job.find("saved its state for a requeue (restart 0); requeueing"), std::string::npos)
+      << job;
+  EXPECT_NE(job.find("resumed from step"), std::string::npos) << job;
+  std::map<std::string, int> count;
+  for (const auto& l : samples()) ++count[l];
+  EXPECT_EQ(count.size(), static_cast<size_t>(steps)) << job;
+  for (int s = 0; s < steps; ++s) EXPECT_EQ(count["sample " + std::to_string(s)], 1) << s;
+}
+
 // An srun step inside a bigger allocation (sbatch -N2, then srun -N1 -w node2): the step's own
 // node list and task counts describe where its ranks run, not the job's.
 TEST(SlurmIdentityTest, AStepOnPartOfTheAllocationUsesTheStepsNodes) {

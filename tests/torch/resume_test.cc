@@ -153,6 +153,39 @@ TEST(Resume, ThreeRanksStoppedMidEpochResumeOnTwoTrainingEverySampleOnce) {
   stop_on_three_resume_on_two(tmp, "--train-samples 1800");
 }
 
+// Preempted as a cluster does it: SIGTERM to `dtrain run` once 10 steps are trained. Every rank
+// stops after the same step, rank 0 saves it, the job exits 75 (requeue); run again, it resumes
+// there and the two runs' sample logs hold every sample exactly once.
+TEST(Resume, PreemptedBySigtermResumesTrainingEverySampleOnce) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TempDir tmp;
+  const std::string log = tmp.path + "/samples.log";
+  const std::string flags = "--threads 1 --epochs 1 --batch-size 50 --train-samples 12000 "
+                            "--checkpoint-dir " + tmp.path + "/ckpt --sample-log " + log;
+  const std::string launch = kBin + "/dtrain run -n 2 --no-prefix -- " + kBin +
+                             "/train_fashion_mnist " + flags;
+  // The launcher in the background; the shell waits for 1000 logged samples (10 steps), warns it
+  // and reports its exit status.
+  RunResult first = run_command(
+      "timeout 120 sh -c '" + launch + " & p=$!; n=0; while [ \"$n\" -lt 1000 ]; do sleep 0.05; "
+      "n=$(cat " + log + " 2>/dev/null | wc -l); done; kill -TERM $p; wait $p; "
+      "echo \"launcher exit $?\"'");
+  EXPECT_NE(first.output.find("launcher exit 75"), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find("(preempted: run again to resume)"), std::string::npos)
+      << first.output;
+  RunResult second = run_command("timeout 120 " + launch);
+  EXPECT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+  std::map<int64_t, int> count;
+  std::istringstream lines(read_file(log));
+  int64_t epoch = 0, index = 0, step = 0, restart = 0, total = 0;
+  while (lines >> epoch >> index >> step >> restart) ++count[index], ++total;
+  EXPECT_EQ(total, 12000);
+  EXPECT_EQ(count.size(), 12000u);
+  for (const auto& [i, c] : count)
+    EXPECT_EQ(c, 1) << "sample " << i << " trained " << c << " times";
+}
+
 // The same from TFRecord shards (`dtrain data write --fashion-mnist`, 1800 images in 3 files),
 // read by ShardedDataset; and a checkpoint of a run on shards does not resume one in memory.
 TEST(Resume, FromShardsThreeRanksStoppedMidEpochResumeOnTwoTrainingEveryRecordOnce) {
