@@ -403,6 +403,128 @@ TEST(SlurmTest, APreemptedJobIsRequeuedAndResumesWithEverySampleOnce) {
   for (int s = 0; s < steps; ++s) EXPECT_EQ(count["sample " + std::to_string(s)], 1) << s;
 }
 
+// `dtrain submit --engine slurm` on a throwaway Slurm: a short job runs to its end (its output
+// through `dtrain logs`, its start and end told to the notify command), a long one is listed by
+// `dtrain jobs` and ended by `dtrain cancel`; --placement auto spreads on an idle cluster.
+TEST(SlurmTest, SubmitListLogsAndCancelThroughDtrain) {
+  START_SLURM(cluster);
+  CommandOptions o;
+  o.env = cluster.client_env();
+  o.env["DTRAIN_CONNECT_TIMEOUT"] = "60";
+  o.cwd = cluster.dir();
+  const std::string dtrain = kBin + "/dtrain", worker = kBin + "/preempt_worker";
+  const std::string logs = cluster.dir() + "/logs", events = cluster.dir() + "/events";
+  auto submit = [&](const std::string& name, int steps) {
+    std::filesystem::create_directories(cluster.dir() + "/" + name);
+    CommandResult r = run_command(
+        {dtrain, "submit", "--engine", "slurm", "--name", name, "--procs-per-node", "2",
+         "--log-dir", logs, "--notify-command",
+         "echo \"$DTRAIN_JOB_NAME $DTRAIN_JOB_EVENT $DTRAIN_JOB_STATUS\" >> " + events, "--",
+         worker, "--dir", cluster.dir() + "/" + name, "--steps", std::to_string(steps)},
+        o);
+    EXPECT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(r.output, m, std::regex("submitted job (\\d+) to Slurm")))
+        << r.output;
+    EXPECT_NE(r.output.find("placement spread (100% of the cluster's CPUs idle)"),
+              std::string::npos)
+        << r.output;
+    return m.size() > 1 ? m[1].str() : std::string();
+  };
+  auto state_of = [&](const std::string& id, std::chrono::seconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    std::smatch m;
+    while (std::chrono::steady_clock::now() < end) {
+      CommandResult show = run_command({"scontrol", "-o", "show", "job", id}, o);
+      if (std::regex_search(show.output, m, std::regex("JobState=(\\w+)")) && m[1] != "PENDING" &&
+          m[1] != "RUNNING" && m[1] != "CONFIGURING" && m[1] != "COMPLETING")
+        return m[1].str();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return std::string("still running");
+  };
+  const std::string short_job = submit("short", 5);
+  ASSERT_FALSE(short_job.empty());
+  ASSERT_EQ(state_of(short_job, std::chrono::seconds(60)), "COMPLETED") << cluster.logs();
+  CommandResult out = run_command({dtrain, "logs", short_job}, o);
+  EXPECT_TRUE(out.ok()) << out.output;
+  EXPECT_NE(out.output.find("DONE step 5"), std::string::npos) << out.output;
+  EXPECT_TRUE(std::filesystem::exists(logs + "/short.sbatch"));
+
+  const std::string long_job = submit("long", 100000);
+  ASSERT_FALSE(long_job.empty());
+  CommandResult listed = run_command({dtrain, "jobs"}, o);
+  EXPECT_TRUE(listed.ok()) << listed.output;
+  EXPECT_TRUE(std::regex_search(listed.output,
+                                std::regex(long_job + " +long +(PENDING|RUNNING|CONFIGURING)")))
+      << listed.output;
+  CommandResult cancelled = run_command({dtrain, "cancel", long_job}, o);
+  EXPECT_TRUE(cancelled.ok()) << cancelled.output;
+  EXPECT_EQ(state_of(long_job, std::chrono::seconds(60)), "CANCELLED");
+  // The short job told of its start and of its end (a cancelled job's script is killed: no end).
+  const std::string told = read_file(events);
+  EXPECT_NE(told.find("short start 0"), std::string::npos) << told;
+  EXPECT_NE(told.find("short end 0"), std::string::npos) << told;
+  // Bad input is refused before anything is submitted.
+  CommandResult bad = run_command({dtrain, "logs", "42; rm -rf /"}, o);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("is not a Slurm job id"), std::string::npos) << bad.output;
+}
+
+// What `dtrain submit` asks of Slurm for GPUs, memory, packing, preemption and mail.
+TEST(SubmitTest, TheSlurmScriptAsksForWhatTheJobNeeds) {
+  CommandOptions o;
+  o.env["PATH"] = "/nonexistent";  // no sinfo: auto placement packs, and says why
+  CommandResult r = run_command({kBin + "/dtrain",
+                                 "submit",
+                                 "--dry-run",
+                                 "--nodes",
+                                 "2",
+                                 "--procs-per-node",
+                                 "8",
+                                 "--gpus-per-proc",
+                                 "1",
+                                 "--gpu-model",
+                                 "a100",
+                                 "--mem",
+                                 "512G",
+                                 "--time",
+                                 "1-00:00:00",
+                                 "--constraint",
+                                 "ib&a100",
+                                 "--mail",
+                                 "me@example.com",
+                                 "--max-restarts",
+                                 "5",
+                                 "--",
+                                 "python3",
+                                 "train.py",
+                                 "--name",
+                                 "it's"},
+                                o);
+  ASSERT_TRUE(r.ok()) << r.output;
+  for (const char* line :
+       {"#SBATCH --nodes=2\n", "#SBATCH --ntasks-per-node=8\n", "#SBATCH --gres=gpu:a100:8\n",
+        "#SBATCH --mem=512G\n", "#SBATCH --time=1-00:00:00\n", "#SBATCH --constraint='ib&a100'\n",
+        "#SBATCH --switches=1\n", "#SBATCH --signal=USR1@90\n", "#SBATCH --requeue\n",
+        "#SBATCH --mail-type=BEGIN,END,FAIL,REQUEUE\n", "placement pack (sinfo did not say",
+        "srun --kill-on-bad-exit=1 python3 train.py --name 'it'\\''s'", "-lt 5 ]; then"})
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--nodes", "0"},
+                                              {"--name", "Bad_Name"},
+                                              {"--mem", "lots"},
+                                              {"--gpu-model", "a100"},
+                                              {"--placement", "random"},
+                                              {"--stage-in", "nocolon"}}) {
+    std::vector<std::string> argv{kBin + "/dtrain", "submit", "--dry-run"};
+    argv.insert(argv.end(), bad.begin(), bad.end());
+    argv.insert(argv.end(), {"--", "true"});
+    CommandResult refused = run_command(argv, o);
+    EXPECT_EQ(refused.exit_code, 2) << bad[0] << ": " << refused.output;
+    EXPECT_NE(refused.output.find("dtrain submit: "), std::string::npos) << refused.output;
+  }
+}
+
 // An srun step inside a bigger allocation (sbatch -N2, then srun -N1 -w node2): the step's own
 // node list and task counts describe where its ranks run, not the job's.
 TEST(SlurmIdentityTest, AStepOnPartOfTheAllocationUsesTheStepsNodes) {

@@ -8,6 +8,7 @@
 //   dtrain pipeline-plan               a pipeline schedule, verified offline, drawn and measured
 //   dtrain estimate                    memory per rank for DDP, ZeRO 1-3, tensor and pipeline layouts
 //   dtrain sched-sim                   a GPU cluster's job trace replayed under scheduling policies
+//   dtrain submit|jobs|logs|cancel     a training job through the cluster's engine (Slurm)
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   dtrain::tools::add_pipeline_plan_command(app);
   dtrain::tools::add_estimate_command(app);
   dtrain::tools::add_sched_sim_command(app);
+  dtrain::tools::add_submit_commands(app);
   if (argc == 1) {  // a bare `dtrain` shows what it can do
     std::fputs(app.help().c_str(), stdout);
     return 0;

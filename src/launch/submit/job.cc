@@ -1,0 +1,89 @@
+#include "launch/submit/job.h"
+
+#include <fmt/format.h>
+
+#include <regex>
+
+#include "dtrain/error.h"
+
+namespace dtrain::submit {
+
+void Job::validate() const {
+  auto refuse = [](const std::string& what) {
+    throw InvalidArgumentError("dtrain submit: " + what);
+  };
+  if (command.empty()) refuse("no command: put it after --, e.g. -- python3 train.py");
+  if (!std::regex_match(name, std::regex("[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?")))
+    refuse(
+        fmt::format("job name '{}' must be 1-52 lowercase letters, digits or '-', starting "
+                    "and ending with a letter or digit (a Kubernetes name)",
+                    name));
+  if (nodes < 1 || nodes > 100000) refuse(fmt::format("--nodes {} must be 1 to 100000", nodes));
+  if (procs_per_node < 1 || procs_per_node > 1024)
+    refuse(fmt::format("--procs-per-node {} must be 1 to 1024", procs_per_node));
+  if (gpus_per_proc < 0 || gpus_per_proc > 64)
+    refuse(fmt::format("--gpus-per-proc {} must be 0 to 64", gpus_per_proc));
+  if (!gpu_model.empty() && gpus_per_proc == 0)
+    refuse(fmt::format("--gpu-model {} without --gpus-per-proc", gpu_model));
+  if (!gpu_model.empty() && !std::regex_match(gpu_model, std::regex("[A-Za-z0-9_.-]+")))
+    refuse(fmt::format("--gpu-model '{}' must be letters, digits, '.', '_' or '-'", gpu_model));
+  if (cpus_per_proc < 0 || cpus_per_proc > 1024)
+    refuse(fmt::format("--cpus-per-proc {} must be 0 to 1024", cpus_per_proc));
+  if (!memory.empty() && !std::regex_match(memory, std::regex("[0-9]+[KMGT]?")))
+    refuse(fmt::format("--mem '{}' must be a number with K, M, G or T (per node, as Slurm's)",
+                       memory));
+  if (!time_limit.empty() &&
+      !std::regex_match(time_limit, std::regex("([0-9]+-)?[0-9]+(:[0-5][0-9]){0,2}")))
+    refuse(fmt::format("--time '{}' must read MINUTES, HH:MM:SS or D-HH:MM:SS", time_limit));
+  for (const auto* list : {&stage_in, &stage_out})
+    for (const auto& s : *list)
+      if (s.find(':') == std::string::npos || s.front() == ':' || s.back() == ':')
+        refuse(fmt::format("'{}' must read SRC:DST", s));
+  if (max_restarts < 0 || max_restarts > 1000)
+    refuse(fmt::format("--max-restarts {} must be 0 to 1000", max_restarts));
+  if (placement != "pack" && placement != "spread" && placement != "auto")
+    refuse(fmt::format("--placement '{}' must be pack, spread or auto", placement));
+  if (!notify.webhook.empty() && !std::regex_match(notify.webhook, std::regex("https?://\\S+")))
+    refuse(fmt::format("--notify-webhook '{}' must be an http:// or https:// URL", notify.webhook));
+  for (const auto& [k, v] : env)
+    if (!std::regex_match(k, std::regex("[A-Za-z_][A-Za-z0-9_]*")))
+      refuse(fmt::format("--env '{}': not a variable name", k));
+}
+
+std::string shell_quote(const std::string& text) {
+  if (!text.empty() && std::regex_match(text, std::regex("[A-Za-z0-9_./:=@%+,-]+"))) return text;
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string shell_join(const std::vector<std::string>& words) {
+  std::string out;
+  for (const auto& w : words) out += (out.empty() ? "" : " ") + shell_quote(w);
+  return out;
+}
+
+std::string notify_function(const Job& job, const std::string& id_variable) {
+  if (job.notify.command.empty() && job.notify.webhook.empty()) return "";
+  std::string body = fmt::format(
+      "# Tells of the job's events; a notifier that fails never fails the job.\n"
+      "notify() {{\n"
+      "  local event=$1 status=${{2:-}}\n");
+  if (!job.notify.command.empty())
+    body += fmt::format(
+        "  DTRAIN_JOB_EVENT=$event DTRAIN_JOB_ID={} DTRAIN_JOB_NAME={} DTRAIN_JOB_STATUS=$status "
+        "\\\n"
+        "    bash -c {} || echo \"dtrain: the notify command failed ($?)\" >&2\n",
+        id_variable, shell_quote(job.name), shell_quote(job.notify.command));
+  if (!job.notify.webhook.empty())
+    body += fmt::format(
+        "  curl -fsS -m 10 -X POST -H 'Content-Type: application/json' \\\n"
+        "    -d \"{{\\\"job\\\": \\\"{}\\\", \\\"id\\\": \\\"{}\\\", \\\"event\\\": "
+        "\\\"$event\\\", "
+        "\\\"status\\\": \\\"$status\\\"}}\" {} >/dev/null || echo \"dtrain: the webhook failed\" "
+        ">&2\n",
+        job.name, id_variable, shell_quote(job.notify.webhook));
+  return body + "}\n";
+}
+
+}  // namespace dtrain::submit

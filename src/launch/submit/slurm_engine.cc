@@ -1,0 +1,208 @@
+#include "launch/submit/slurm_engine.h"
+
+#include <fmt/format.h>
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <sstream>
+
+#include "dtrain/error.h"
+#include "dtrain/preemption.h"
+
+namespace dtrain::submit {
+namespace {
+
+struct Output {
+  int status = -1;
+  std::string text;
+};
+
+// Runs a command line through the shell, stdout and stderr together.
+Output run(const std::string& command) {
+  Output o;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return o;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) o.text += buf;
+  const int status = ::pclose(p);
+  o.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return o;
+}
+
+void check_id(const std::string& id) {
+  if (!std::regex_match(id, std::regex("[0-9]+(_[0-9]+)?")))
+    throw InvalidArgumentError(fmt::format("dtrain: '{}' is not a Slurm job id", id));
+}
+
+}  // namespace
+
+std::string slurm_script(const Job& job, const std::string& placement) {
+  namespace fs = std::filesystem;
+  const std::string log = (fs::path(job.log_dir) / (job.name + "-%j.out")).string();
+  std::string s = "#!/bin/bash\n# Written by `dtrain submit --engine slurm` (docs/submit.md).\n";
+  auto sbatch = [&](const std::string& line) { s += "#SBATCH " + line + "\n"; };
+  sbatch("--job-name=" + job.name);
+  sbatch(fmt::format("--nodes={}", job.nodes));
+  sbatch(fmt::format("--ntasks-per-node={}", job.procs_per_node));
+  if (job.gpus_per_proc > 0)
+    sbatch(fmt::format("--gres=gpu:{}{}", job.gpu_model.empty() ? "" : job.gpu_model + ":",
+                       job.gpus_per_proc * job.procs_per_node));
+  if (job.cpus_per_proc > 0) sbatch(fmt::format("--cpus-per-task={}", job.cpus_per_proc));
+  if (!job.memory.empty()) sbatch("--mem=" + job.memory);
+  if (!job.time_limit.empty()) sbatch("--time=" + job.time_limit);
+  if (!job.partition.empty()) sbatch("--partition=" + job.partition);
+  if (!job.constraint.empty()) sbatch("--constraint=" + shell_quote(job.constraint));
+  if (placement == "pack" && job.nodes > 1) sbatch("--switches=1");  // one leaf switch
+  if (placement == "spread") sbatch("--spread-job");
+  sbatch("--output=" + log);
+  sbatch("--open-mode=append");  // a requeued job appends to the same file
+  if (job.preemptible) {
+    sbatch("--signal=USR1@90");  // the warning: dtrain::Preemption saves and exits 75
+    sbatch("--requeue");
+  } else {
+    sbatch("--no-requeue");
+  }
+  if (!job.notify.mail.empty()) {
+    sbatch("--mail-type=BEGIN,END,FAIL,REQUEUE");
+    sbatch("--mail-user=" + job.notify.mail);
+  }
+  s += "set -uo pipefail\n\n";
+  s += notify_function(job, "$SLURM_JOB_ID");
+  const bool notifying = !job.notify.command.empty() || !job.notify.webhook.empty();
+  auto event = [&](const std::string& e, const std::string& status = "") {
+    return notifying ? "notify " + e + (status.empty() ? "" : " " + status) + "\n" : "";
+  };
+  for (const auto& [k, v] : job.env) s += fmt::format("export {}={}\n", k, shell_quote(v));
+  s += "MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
+       "MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 10000))}\n"
+       "export MASTER_ADDR MASTER_PORT\n"
+       "restart=${SLURM_RESTART_COUNT:-0}\n"
+       "echo \"dtrain: job $SLURM_JOB_ID (restart $restart), $SLURM_NTASKS tasks on "
+       "$SLURM_JOB_NODELIST, store at $MASTER_ADDR:$MASTER_PORT\"\n";
+  s += event("start", "$restart");
+  for (const auto& in : job.stage_in) {
+    const auto colon = in.find(':');
+    s += fmt::format("cp -r {} {} || {{ echo \"dtrain: staging {} failed\" >&2; {}exit 1; }}\n",
+                     shell_quote(in.substr(0, colon)), shell_quote(in.substr(colon + 1)), in,
+                     notifying ? "notify failure 1; " : "");
+  }
+  std::string srun = "srun --kill-on-bad-exit=1";
+  if (!job.container.empty()) srun += " --container-image=" + shell_quote(job.container);
+  s += fmt::format("status=0\n{} {} || status=$?\n", srun, shell_join(job.command));
+  for (const auto& out : job.stage_out) {
+    const auto colon = out.find(':');
+    s += fmt::format("cp -r {} {} || echo \"dtrain: collecting {} failed\" >&2\n",
+                     shell_quote(out.substr(0, colon)), shell_quote(out.substr(colon + 1)), out);
+  }
+  if (job.preemptible)
+    s += fmt::format(
+        "if [ \"$status\" -eq {0} ] && [ \"$restart\" -lt {1} ]; then\n"
+        "  echo \"dtrain: job $SLURM_JOB_ID saved its state for a requeue (restart $restart of "
+        "{1}); requeueing\"\n"
+        "{2}"
+        "  scontrol requeue \"$SLURM_JOB_ID\"\n"
+        "  exit \"$status\"\n"
+        "fi\n",
+        Preemption::kRequeueExitCode, job.max_restarts,
+        notifying ? "  notify requeue \"$status\"\n" : "");
+  if (notifying)
+    s += "if [ \"$status\" -eq 0 ]; then notify end 0; else notify failure \"$status\"; fi\n";
+  s += "exit \"$status\"\n";
+  return s;
+}
+
+std::string slurm_auto_placement(std::string* why) {
+  const Output o = run("sinfo -h -o %C");
+  std::smatch m;
+  static const std::regex kCpus(R"((\d+)/(\d+)/(\d+)/(\d+))");  // allocated/idle/other/total
+  if (o.status != 0 || !std::regex_search(o.text, m, kCpus) || std::stod(m[4]) <= 0) {
+    *why = "sinfo did not say the cluster's load; packing";
+    return "pack";
+  }
+  const double idle = std::stod(m[2]) / std::stod(m[4]);
+  *why = fmt::format("{:.0f}% of the cluster's CPUs idle", 100 * idle);
+  return idle >= 0.5 ? "spread" : "pack";
+}
+
+std::string submit_slurm(const Job& job, bool dry_run) {
+  job.validate();
+  std::string placement = job.placement, why = "asked for";
+  if (placement == "auto") placement = slurm_auto_placement(&why);
+  const std::string script = slurm_script(job, placement);
+  if (dry_run) {
+    std::printf("# placement %s (%s)\n%s", placement.c_str(), why.c_str(), script.c_str());
+    return "";
+  }
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(job.log_dir, ec);
+  const std::string path = (fs::path(job.log_dir) / (job.name + ".sbatch")).string();
+  {
+    std::ofstream f(path, std::ios::trunc);
+    f << script;
+    f.flush();
+    if (!f)
+      throw InvalidArgumentError(
+          fmt::format("dtrain submit: cannot write {}: {}", path, std::strerror(errno)));
+  }
+  const Output o = run("sbatch --parsable " + shell_quote(path));
+  std::smatch m;
+  if (o.status != 0 || !std::regex_search(o.text, m, std::regex(R"(^(\d+))")))
+    throw InvalidArgumentError(
+        fmt::format("dtrain submit: sbatch refused {} (exit {}): {}", path, o.status, o.text));
+  const std::string id = m[1];
+  std::printf(
+      "submitted job %s to Slurm: %s, %d node(s) x %d rank(s), placement %s (%s); "
+      "script %s; output %s\n",
+      id.c_str(), job.name.c_str(), job.nodes, job.procs_per_node, placement.c_str(), why.c_str(),
+      path.c_str(), (fs::path(job.log_dir) / (job.name + "-" + id + ".out")).c_str());
+  return id;
+}
+
+void slurm_jobs() {
+  const Output o = run("squeue -h --me -o '%i %j %T %M %D %R'");
+  if (o.status != 0) throw InvalidArgumentError("dtrain jobs: squeue failed: " + o.text);
+  std::printf("%-10s %-24s %-12s %-10s %-5s %s\n", "JOB", "NAME", "STATE", "TIME", "NODES",
+              "WHERE/WHY");
+  std::istringstream lines(o.text);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream in(line);
+    std::string id, name, state, time, nodes, reason;
+    in >> id >> name >> state >> time >> nodes;
+    std::getline(in >> std::ws, reason);
+    std::printf("%-10s %-24s %-12s %-10s %-5s %s\n", id.c_str(), name.c_str(), state.c_str(),
+                time.c_str(), nodes.c_str(), reason.c_str());
+  }
+}
+
+void slurm_logs(const std::string& id) {
+  check_id(id);
+  const Output o = run("scontrol -o show job " + id);
+  std::smatch m;
+  if (o.status != 0 || !std::regex_search(o.text, m, std::regex(R"(StdOut=(\S+))")))
+    throw InvalidArgumentError(
+        fmt::format("dtrain logs: Slurm does not know job {}: {}", id, o.text));
+  std::ifstream in(m[1].str(), std::ios::binary);
+  if (!in)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain logs: job {} writes to {}, which cannot be read from here (not started yet, or "
+        "on another machine's disk)",
+        id, m[1].str()));
+  std::fputs(std::string(std::istreambuf_iterator<char>(in), {}).c_str(), stdout);
+}
+
+void slurm_cancel(const std::string& id) {
+  check_id(id);
+  const Output o = run("scancel " + id);
+  if (o.status != 0)
+    throw InvalidArgumentError(fmt::format("dtrain cancel: scancel {} failed: {}", id, o.text));
+  std::printf("cancelled Slurm job %s\n", id.c_str());
+}
+
+}  // namespace dtrain::submit
