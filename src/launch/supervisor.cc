@@ -44,8 +44,10 @@ constexpr milliseconds kReapAfterKillTime{5000};
 // A worker that writes a line longer than this gets it split, keeping memory bounded.
 constexpr size_t kMaxLine = 64 * 1024;
 
-// SIGUSR1 is Slurm's usual early warning of a preemption (`--signal=USR1@90`): passed on like
-// SIGTERM, so that workers with a dtrain::Preemption checkpoint and exit for a requeue.
+// SIGUSR1 is Slurm's usual early warning of a preemption (`--signal=USR1@90`): passed on as a
+// warning (no stop, no SIGKILL after it), so that workers with a dtrain::Preemption save and exit
+// for a requeue. SIGTERM, Kubernetes' warning, is passed on and stops the job: SIGKILL follows
+// after --grace-period, which must cover a step and a checkpoint.
 int forwarded_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 
 sigset_t supervised_signals() {
@@ -89,8 +91,8 @@ struct Worker {
   pid_t pid = -1;
   bool running = false;
   bool service = false;  // WorkerSpec::service
-  int exit_code = 0;  // when it exited
-  int signal = 0;     // when a signal ended it
+  int exit_code = 0;     // when it exited
+  int signal = 0;        // when a signal ended it
   Stream out, err;
   std::deque<std::string> stderr_tail;
 };
@@ -217,9 +219,11 @@ class Run {
     std::vector<std::string> env = build_environment(options_.workers[i]);
     std::vector<char*> envp = pointers(env);
     const cpu_set_t cpus = to_cpu_set(spec.cpus);
-    ChildSetup setup{own_path.c_str(), argv.data(),    envp.data(), devnull,     out_w.get(),
-                     err_w.get(),  status_w.get(), ::getpid(),  &child_mask_,
-                     spec.cpus.empty() ? nullptr : &cpus};
+    ChildSetup setup{own_path.c_str(), argv.data(),
+                     envp.data(),      devnull,
+                     out_w.get(),      err_w.get(),
+                     status_w.get(),   ::getpid(),
+                     &child_mask_,     spec.cpus.empty() ? nullptr : &cpus};
     pid_t pid = ::fork();
     if (pid < 0)
       throw InternalError(
@@ -248,9 +252,10 @@ class Run {
       if (stopping_ && !killed_ && now >= kill_at_) kill_all();
       if (!stopping_ && settle_until_ && now >= *settle_until_) stop_after_failure();
       if (!stopping_ && services_stop_at_ && now >= *services_stop_at_) {
-        DTRAIN_LOG_INFO("dtrain run: every worker has exited; stopping the {} service(s) still "
-                        "running (SIGTERM, SIGKILL in {:g} s)",
-                        running_count(), options_.grace_period.count() / 1000.0);
+        DTRAIN_LOG_INFO(
+            "dtrain run: every worker has exited; stopping the {} service(s) still "
+            "running (SIGTERM, SIGKILL in {:g} s)",
+            running_count(), options_.grace_period.count() / 1000.0);
         stop(SIGTERM);
       }
       bool all_exited = running_count() == 0;
@@ -324,6 +329,13 @@ class Run {
       int sig = static_cast<int>(info.ssi_signo);
       if (sig == SIGCHLD) {
         reap();
+      } else if (sig == SIGUSR1 && !stopping_) {
+        // A warning (Slurm's --signal before a preemption or the time limit): passed on, and the
+        // workers decide. Those with a dtrain::Preemption save and exit 75; no SIGKILL follows
+        // from here, since the engine kills the job itself when its time is up.
+        DTRAIN_LOG_INFO("dtrain run: got SIGUSR1; passing it to {} worker(s)", running_count());
+        warned_ = true;
+        signal_all(SIGUSR1);
       } else if (!stopping_) {
         interrupted_by_ = sig;
         DTRAIN_LOG_INFO("dtrain run: got {}; passing it to {} worker(s), SIGKILL in {:g} s",
@@ -351,8 +363,9 @@ class Run {
       w.running = false;
       if (WIFEXITED(status)) w.exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) w.signal = WTERMSIG(status);
-      // A worker that saved its state for a requeue (dtrain::Preemption) did not fail.
-      if (w.signal == 0 && w.exit_code == Preemption::kRequeueExitCode && !stopping_) {
+      // A worker that saved its state for a requeue (dtrain::Preemption) did not fail, whether
+      // it was warned through us or not.
+      if (w.signal == 0 && w.exit_code == Preemption::kRequeueExitCode) {
         ++requeued_;
         continue;
       }
@@ -562,12 +575,13 @@ class Run {
             "running, and was stopped); {} names it in its post-mortem and {}",
             root_cause_->label, root_cause_->pid, w.label, result.first_failure->how());
       } else {
-        text = fmt::format("dtrain run: {} (pid {}) {}", w.label, w.pid,
-                           result.first_failure->how());
+        text =
+            fmt::format("dtrain run: {} (pid {}) {}", w.label, w.pid, result.first_failure->how());
         if (&w != &first)
-          text += fmt::format(" (the likeliest cause: {} failed first, but its error blames a "
-                              "peer)",
-                              first.label);
+          text += fmt::format(
+              " (the likeliest cause: {} failed first, but its error blames a "
+              "peer)",
+              first.label);
       }
       if (n > 1) text += fmt::format("; stopped the other {} worker(s)", n - 1);
       if (w.stderr_tail.empty()) {
@@ -579,43 +593,42 @@ class Run {
       write_out(options_.stderr_fd, text);
       return result;
     }
+    size_t workers = 0;
+    for (const auto& w : workers_) workers += w.service ? 0 : 1;
+    if (requeued_ > 0 && requeued_ == workers) {
+      // Every worker saved its state for a requeue (dtrain::Preemption): warned through us
+      // (SIGTERM, SIGUSR1) or directly, the job is to run again, not a failure.
+      result.outcome = Outcome::kRequeued;
+      result.exit_code = Preemption::kRequeueExitCode;
+      result.interrupted_by = interrupted_by_;
+      write_out(
+          options_.stderr_fd,
+          fmt::format("dtrain run: preempted{}: every worker saved its state and exited {}; "
+                      "run the job again (requeue) to resume\n",
+                      interrupted_by_ != 0 ? fmt::format(" ({})", signal_name(interrupted_by_))
+                      : warned_            ? std::string(" (SIGUSR1)")
+                                           : std::string(),
+                      Preemption::kRequeueExitCode));
+      return result;
+    }
+    if (requeued_ > 0) {
+      result.outcome = Outcome::kFailed;
+      result.exit_code = 1;
+      write_out(options_.stderr_fd,
+                fmt::format("dtrain run: {} of {} worker(s) saved their state for a requeue (exit "
+                            "{}) and the others did not: the job's saved state may be incomplete\n",
+                            requeued_, workers, Preemption::kRequeueExitCode));
+      return result;
+    }
     if (interrupted_by_ != 0) {
       result.outcome = Outcome::kInterrupted;
       result.interrupted_by = interrupted_by_;
       result.exit_code = 128 + interrupted_by_;
-      // Workers that saved their state for a requeue (dtrain::Preemption) make the job's exit
-      // code the requeue code, when all of them did.
-      size_t requeue = 0, workers = 0;
-      for (const auto& w : workers_) {
-        if (w.service) continue;
-        ++workers;
-        if (w.signal == 0 && w.exit_code == Preemption::kRequeueExitCode) ++requeue;
-      }
-      if (workers > 0 && requeue == workers) {
-        result.exit_code = Preemption::kRequeueExitCode;
-        write_out(options_.stderr_fd,
-                  fmt::format("dtrain run: preempted ({}): every worker saved its state and exited "
-                              "{}; run the job again (requeue) to resume\n",
-                              signal_name(interrupted_by_), Preemption::kRequeueExitCode));
-        return result;
-      }
-      write_out(options_.stderr_fd,
-                fmt::format("dtrain run: stopped {} worker(s) after {}{}\n", n,
-                            signal_name(interrupted_by_),
-                            requeue > 0 ? fmt::format(" ({} of {} saved their state for a requeue)",
-                                                      requeue, workers)
-                                        : ""));
+      write_out(options_.stderr_fd, fmt::format("dtrain run: stopped {} worker(s) after {}\n", n,
+                                                signal_name(interrupted_by_)));
       return result;
     }
     if (stopped_by_request_) result.outcome = Outcome::kStopped;
-    if (requeued_ > 0 && !stopped_by_request_) {
-      result.outcome = Outcome::kRequeued;
-      result.exit_code = Preemption::kRequeueExitCode;
-      write_out(options_.stderr_fd,
-                fmt::format("dtrain run: {} of {} worker(s) saved their state for a requeue and "
-                            "exited {} (preempted); run the job again to resume\n",
-                            requeued_, n, Preemption::kRequeueExitCode));
-    }
     return result;
   }
 
@@ -626,12 +639,13 @@ class Run {
   Worker* first_failure_ = nullptr;
   std::vector<Worker*> failed_;  // every worker that failed on its own, in the order seen
   std::optional<Clock::time_point> settle_until_;  // stop the others then
-  Worker* root_cause_ = nullptr;  // the likeliest cause, once chosen
-  bool silent_root_ = false;      // root_cause_ did not fail: a post-mortem names it as silent
-  Worker* named_by_ = nullptr;    // the failed worker whose post-mortem named it
-  int interrupted_by_ = 0;           // the signal that told the launcher to stop, if any
-  size_t requeued_ = 0;  // workers that exited for a requeue on their own (not stopped by us)
-  bool stopping_ = false;            // SIGTERM (or the forwarded signal) was sent to every worker
+  Worker* root_cause_ = nullptr;                   // the likeliest cause, once chosen
+  bool silent_root_ = false;    // root_cause_ did not fail: a post-mortem names it as silent
+  Worker* named_by_ = nullptr;  // the failed worker whose post-mortem named it
+  int interrupted_by_ = 0;      // the signal that told the launcher to stop, if any
+  size_t requeued_ = 0;         // workers that exited 75: saved their state for a requeue
+  bool warned_ = false;         // SIGUSR1 was passed on (a warning, not a stop)
+  bool stopping_ = false;       // SIGTERM (or the forwarded signal) was sent to every worker
   // When the services still running after every worker exited are stopped.
   std::optional<Clock::time_point> services_stop_at_;
   bool stopped_by_request_ = false;  // through options_.stop_fd

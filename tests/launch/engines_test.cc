@@ -471,6 +471,74 @@ TEST(SlurmTest, SubmitListLogsAndCancelThroughDtrain) {
   EXPECT_NE(bad.output.find("is not a Slurm job id"), std::string::npos) << bad.output;
 }
 
+// The script `dtrain submit` writes, preempted: SIGUSR1 to the tasks, the ranks save and exit 75,
+// the script requeues the job and tells the notify command, and the requeued job resumes and ends.
+TEST(SlurmTest, ASubmittedJobPreemptedIsRequeuedAndToldOf) {
+  START_SLURM(cluster);
+  CommandOptions o;
+  o.env = cluster.client_env();
+  o.env["DTRAIN_CONNECT_TIMEOUT"] = "60";
+  o.cwd = cluster.dir();
+  const std::string dir = cluster.dir() + "/work", events = cluster.dir() + "/events";
+  std::filesystem::create_directories(dir);
+  const int steps = 150;
+  CommandResult r = run_command({kBin + "/dtrain",
+                                 "submit",
+                                 "--name",
+                                 "pre",
+                                 "--procs-per-node",
+                                 "3",
+                                 "--log-dir",
+                                 cluster.dir(),
+                                 "--max-restarts",
+                                 "1",
+                                 "--notify-command",
+                                 "echo \"$DTRAIN_JOB_EVENT $DTRAIN_JOB_STATUS\" >> " + events,
+                                 "--",
+                                 kBin + "/preempt_worker",
+                                 "--dir",
+                                 dir,
+                                 "--steps",
+                                 std::to_string(steps),
+                                 "--step-ms",
+                                 "20"},
+                                o);
+  ASSERT_TRUE(r.ok()) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("submitted job (\\d+)"))) << r.output;
+  const std::string id = m[1];
+  auto lines_of = [](const std::string& path) {
+    std::ifstream in(path);
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+    return lines;
+  };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (lines_of(dir + "/samples").size() < 10 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_GE(lines_of(dir + "/samples").size(), 10u) << cluster.logs();
+  ASSERT_TRUE(run_command({"scancel", "--signal=USR1", id}, o).ok());
+  std::string state;
+  bool hurried = false;
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (state.empty() && std::chrono::steady_clock::now() < deadline) {
+    CommandResult show = run_command({"scontrol", "-o", "show", "job", id}, o);
+    if (!hurried && show.output.find("Reason=BeginTime") != std::string::npos)  // see above
+      hurried = run_command({"scontrol", "update", "JobId=" + id, "StartTime=now"}, o).ok();
+    if (std::regex_search(show.output, m, std::regex("JobState=(\\w+) .*?Restarts=(\\d+)")) &&
+        (m[1] == "COMPLETED" || m[1] == "FAILED"))
+      state = m[1].str() + " restarts " + m[2].str();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  const std::string job = read_file(cluster.dir() + "/pre-" + id + ".out");
+  ASSERT_EQ(state, "COMPLETED restarts 1") << job << cluster.logs();
+  EXPECT_EQ(read_file(events), "start 0\nrequeue 75\nstart 1\nend 0\n") << job;
+  std::map<std::string, int> count;
+  for (const auto& l : lines_of(dir + "/samples")) ++count[l];
+  EXPECT_EQ(count.size(), static_cast<size_t>(steps));
+  for (int s = 0; s < steps; ++s) EXPECT_EQ(count["sample " + std::to_string(s)], 1) << s;
+}
+
 // What `dtrain submit` asks of Slurm for GPUs, memory, packing, preemption and mail.
 TEST(SubmitTest, TheSlurmScriptAsksForWhatTheJobNeeds) {
   CommandOptions o;
@@ -506,9 +574,9 @@ TEST(SubmitTest, TheSlurmScriptAsksForWhatTheJobNeeds) {
   for (const char* line :
        {"#SBATCH --nodes=2\n", "#SBATCH --ntasks-per-node=8\n", "#SBATCH --gres=gpu:a100:8\n",
         "#SBATCH --mem=512G\n", "#SBATCH --time=1-00:00:00\n", "#SBATCH --constraint='ib&a100'\n",
-        "#SBATCH --switches=1\n", "#SBATCH --signal=USR1@90\n", "#SBATCH --requeue\n",
+        "#SBATCH --switches=1@10:00\n", "#SBATCH --signal=USR1@90\n", "#SBATCH --requeue\n",
         "#SBATCH --mail-type=BEGIN,END,FAIL,REQUEUE\n", "placement pack (sinfo did not say",
-        "srun --kill-on-bad-exit=1 python3 train.py --name 'it'\\''s'", "-lt 5 ]; then"})
+        "\nsrun python3 train.py --name 'it'\\''s'", "-lt 5 ]; then"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
   for (const std::vector<std::string>& bad : {std::vector<std::string>{"--nodes", "0"},
                                               {"--name", "Bad_Name"},

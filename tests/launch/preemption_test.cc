@@ -99,8 +99,11 @@ TEST_F(PreemptionTest, SignalledLauncherStopsEveryRankAtOneStepAndTheRequeuedJob
   {
     Launched run(run_args(steps));  // requeued: Slurm's warning this time
     ASSERT_TRUE(trained(run, lines(dir_ + "/samples").size() + 10)) << run.err();
-    ::kill(run.pid(), SIGUSR1);
+    ::kill(run.pid(), SIGUSR1);  // a warning: passed on, no SIGKILL after it
     EXPECT_EQ(exit_code(run.wait(seconds(60))), Preemption::kRequeueExitCode) << run.err();
+    EXPECT_NE(run.err().find("dtrain run: preempted (SIGUSR1): every worker saved"),
+              std::string::npos)
+        << run.err();
     EXPECT_NE(run.out().find("resumed from step"), std::string::npos) << run.out();
   }
   Launched run(run_args(steps));
@@ -126,7 +129,7 @@ TEST_F(PreemptionTest, AWarningToOneRankStopsThemAllAtTheSameStep) {
   ASSERT_GT(rank2, 0);
   ::kill(rank2, SIGUSR1);
   EXPECT_EQ(exit_code(run.wait(seconds(60))), Preemption::kRequeueExitCode) << run.err();
-  EXPECT_NE(run.err().find("3 of 3 worker(s) saved their state for a requeue and exited 75"),
+  EXPECT_NE(run.err().find("dtrain run: preempted: every worker saved its state and exited 75"),
             std::string::npos)
       << run.err();
   Launched again(run_args(steps));

@@ -162,7 +162,8 @@ TEST(Resume, PreemptedBySigtermResumesTrainingEverySampleOnce) {
   const std::string log = tmp.path + "/samples.log";
   const std::string flags = "--threads 1 --epochs 1 --batch-size 50 --train-samples 12000 "
                             "--checkpoint-dir " + tmp.path + "/ckpt --sample-log " + log;
-  const std::string launch = kBin + "/dtrain run -n 2 --no-prefix -- " + kBin +
+  // --grace-period: time to finish the step and write the checkpoint before SIGKILL.
+  const std::string launch = kBin + "/dtrain run -n 2 --grace-period 60 --no-prefix -- " + kBin +
                              "/train_fashion_mnist " + flags;
   // The launcher in the background; the shell waits for 1000 logged samples (10 steps), warns it
   // and reports its exit status.

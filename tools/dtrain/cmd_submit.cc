@@ -107,11 +107,14 @@ CLI::App* add_submit_commands(CLI::App& app) {
     submit::slurm_jobs();
   });
   CLI::App* logs = app.add_subcommand("logs", "Print a submitted job's output");
+  auto log_dir = std::make_shared<std::string>(".");
   logs->add_option("--engine", *engine, "slurm")->capture_default_str();
+  logs->add_option("--log-dir", *log_dir, "Where to look once Slurm has forgotten the job")
+      ->capture_default_str();
   logs->add_option("job", *id, "The job's id")->required();
-  logs->callback([engine, id] {
+  logs->callback([engine, id, log_dir] {
     check_engine(*engine, "logs");
-    submit::slurm_logs(*id);
+    submit::slurm_logs(*id, *log_dir);
   });
   CLI::App* cancel = app.add_subcommand("cancel", "Cancel a submitted job");
   cancel->add_option("--engine", *engine, "slurm")->capture_default_str();

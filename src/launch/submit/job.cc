@@ -45,6 +45,21 @@ void Job::validate() const {
     refuse(fmt::format("--placement '{}' must be pack, spread or auto", placement));
   if (!notify.webhook.empty() && !std::regex_match(notify.webhook, std::regex("https?://\\S+")))
     refuse(fmt::format("--notify-webhook '{}' must be an http:// or https:// URL", notify.webhook));
+  // Values that go into #SBATCH lines and paths: no spaces, quotes, newlines or '%' (Slurm's
+  // file-name patterns), so that nothing can end a line or start a command.
+  auto plain = [&](const std::string& value, const char* flag, const char* allowed) {
+    if (!value.empty() && !std::regex_match(value, std::regex(allowed)))
+      refuse(
+          fmt::format("{} '{}' has characters it cannot take here (spaces, quotes, newlines, "
+                      "'%', '$' or '`')",
+                      flag, value));
+  };
+  plain(partition, "--partition", "[A-Za-z0-9_.,-]+");
+  plain(constraint, "--constraint", "[A-Za-z0-9_.,&|!*:()\\[\\]-]+");
+  plain(notify.mail, "--mail", "[A-Za-z0-9_.+@,-]+");
+  plain(log_dir, "--log-dir", "[A-Za-z0-9_./+,:=@-]+");
+  plain(container, "--container", "[A-Za-z0-9_./:@+#-]+");
+  if (log_dir.empty()) refuse("--log-dir is empty");
   for (const auto& [k, v] : env)
     if (!std::regex_match(k, std::regex("[A-Za-z_][A-Za-z0-9_]*")))
       refuse(fmt::format("--env '{}': not a variable name", k));

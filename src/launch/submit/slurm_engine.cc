@@ -58,8 +58,9 @@ std::string slurm_script(const Job& job, const std::string& placement) {
   if (!job.time_limit.empty()) sbatch("--time=" + job.time_limit);
   if (!job.partition.empty()) sbatch("--partition=" + job.partition);
   if (!job.constraint.empty()) sbatch("--constraint=" + shell_quote(job.constraint));
-  if (placement == "pack" && job.nodes > 1) sbatch("--switches=1");  // one leaf switch
-  if (placement == "spread") sbatch("--spread-job");
+  // Pack: every node under one leaf switch, waiting up to 10 minutes for such a set before
+  // taking any. Spread: no constraint (Slurm has no option to spread a fixed number of nodes).
+  if (placement == "pack" && job.nodes > 1) sbatch("--switches=1@10:00");
   sbatch("--output=" + log);
   sbatch("--open-mode=append");  // a requeued job appends to the same file
   if (job.preemptible) {
@@ -78,6 +79,26 @@ std::string slurm_script(const Job& job, const std::string& placement) {
   auto event = [&](const std::string& e, const std::string& status = "") {
     return notifying ? "notify " + e + (status.empty() ? "" : " " + status) + "\n" : "";
   };
+  std::string stage_out;  // one command per line
+  for (const auto& out : job.stage_out) {
+    const auto colon = out.find(':');
+    const std::string from = shell_quote(out.substr(0, colon));
+    const std::string to = shell_quote(out.substr(colon + 1));
+    stage_out +=
+        fmt::format("cp -r {0} {1} || echo 'dtrain: collecting failed:' {0} {1} >&2\n", from, to);
+  }
+  // Cancelled, or killed at the time limit, the script gets SIGTERM: the outputs are still
+  // collected and the end is still told (the trap's text is single-quoted: quotes escaped).
+  std::string on_term = "echo \"dtrain: job $SLURM_JOB_ID was stopped (SIGTERM)\" >&2; ";
+  for (size_t p = 0, q; p < stage_out.size(); p = q + 1) {
+    q = stage_out.find('\n', p);
+    on_term += stage_out.substr(p, q - p) + "; ";
+  }
+  if (notifying) on_term += "notify failure 143; ";
+  on_term += "exit 143";
+  std::string escaped;
+  for (char c : on_term) escaped += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  s += "trap '" + escaped + "' TERM\n";
   for (const auto& [k, v] : job.env) s += fmt::format("export {}={}\n", k, shell_quote(v));
   s += "MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
        "MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 10000))}\n"
@@ -88,18 +109,19 @@ std::string slurm_script(const Job& job, const std::string& placement) {
   s += event("start", "$restart");
   for (const auto& in : job.stage_in) {
     const auto colon = in.find(':');
-    s += fmt::format("cp -r {} {} || {{ echo \"dtrain: staging {} failed\" >&2; {}exit 1; }}\n",
-                     shell_quote(in.substr(0, colon)), shell_quote(in.substr(colon + 1)), in,
-                     notifying ? "notify failure 1; " : "");
+    const std::string from = shell_quote(in.substr(0, colon));
+    const std::string to = shell_quote(in.substr(colon + 1));
+    s += fmt::format(
+        "cp -r {0} {1} || {{ echo 'dtrain: staging failed:' {0} {1} >&2; {2}exit 1; }}\n", from, to,
+        notifying ? "notify failure 1; " : "");
   }
-  std::string srun = "srun --kill-on-bad-exit=1";
+  // No --kill-on-bad-exit for a preemptible job: its ranks exit 75 one after the other once all
+  // have saved, and srun would kill the last ones and report their signal instead of 75. A rank
+  // that fails ends the others anyway: dtrain fails every rank whose peer died.
+  std::string srun = job.preemptible ? "srun" : "srun --kill-on-bad-exit=1";
   if (!job.container.empty()) srun += " --container-image=" + shell_quote(job.container);
   s += fmt::format("status=0\n{} {} || status=$?\n", srun, shell_join(job.command));
-  for (const auto& out : job.stage_out) {
-    const auto colon = out.find(':');
-    s += fmt::format("cp -r {} {} || echo \"dtrain: collecting {} failed\" >&2\n",
-                     shell_quote(out.substr(0, colon)), shell_quote(out.substr(colon + 1)), out);
-  }
+  s += stage_out;
   if (job.preemptible)
     s += fmt::format(
         "if [ \"$status\" -eq {0} ] && [ \"$restart\" -lt {1} ]; then\n"
@@ -117,8 +139,9 @@ std::string slurm_script(const Job& job, const std::string& placement) {
   return s;
 }
 
-std::string slurm_auto_placement(std::string* why) {
-  const Output o = run("sinfo -h -o %C");
+std::string slurm_auto_placement(const std::string& partition, std::string* why) {
+  const Output o =
+      run(partition.empty() ? "sinfo -h -o %C" : "sinfo -h -o %C -p " + shell_quote(partition));
   std::smatch m;
   static const std::regex kCpus(R"((\d+)/(\d+)/(\d+)/(\d+))");  // allocated/idle/other/total
   if (o.status != 0 || !std::regex_search(o.text, m, kCpus) || std::stod(m[4]) <= 0) {
@@ -133,7 +156,7 @@ std::string slurm_auto_placement(std::string* why) {
 std::string submit_slurm(const Job& job, bool dry_run) {
   job.validate();
   std::string placement = job.placement, why = "asked for";
-  if (placement == "auto") placement = slurm_auto_placement(&why);
+  if (placement == "auto") placement = slurm_auto_placement(job.partition, &why);
   const std::string script = slurm_script(job, placement);
   if (dry_run) {
     std::printf("# placement %s (%s)\n%s", placement.c_str(), why.c_str(), script.c_str());
@@ -152,11 +175,16 @@ std::string submit_slurm(const Job& job, bool dry_run) {
           fmt::format("dtrain submit: cannot write {}: {}", path, std::strerror(errno)));
   }
   const Output o = run("sbatch --parsable " + shell_quote(path));
-  std::smatch m;
-  if (o.status != 0 || !std::regex_search(o.text, m, std::regex(R"(^(\d+))")))
+  // --parsable prints "ID" or "ID;CLUSTER" on a line of its own; warnings may come before it.
+  std::string id;
+  std::istringstream lines(o.text);
+  for (std::string line; id.empty() && std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_match(line, m, std::regex(R"((\d+)(;\S+)?\s*)"))) id = m[1];
+  }
+  if (o.status != 0 || id.empty())
     throw InvalidArgumentError(
         fmt::format("dtrain submit: sbatch refused {} (exit {}): {}", path, o.status, o.text));
-  const std::string id = m[1];
   std::printf(
       "submitted job %s to Slurm: %s, %d node(s) x %d rank(s), placement %s (%s); "
       "script %s; output %s\n",
@@ -166,7 +194,7 @@ std::string submit_slurm(const Job& job, bool dry_run) {
 }
 
 void slurm_jobs() {
-  const Output o = run("squeue -h --me -o '%i %j %T %M %D %R'");
+  const Output o = run("squeue -h -u \"$(id -un)\" -o '%i %j %T %M %D %R'");
   if (o.status != 0) throw InvalidArgumentError("dtrain jobs: squeue failed: " + o.text);
   std::printf("%-10s %-24s %-12s %-10s %-5s %s\n", "JOB", "NAME", "STATE", "TIME", "NODES",
               "WHERE/WHY");
@@ -181,19 +209,31 @@ void slurm_jobs() {
   }
 }
 
-void slurm_logs(const std::string& id) {
+void slurm_logs(const std::string& id, const std::string& log_dir) {
   check_id(id);
+  namespace fs = std::filesystem;
   const Output o = run("scontrol -o show job " + id);
   std::smatch m;
-  if (o.status != 0 || !std::regex_search(o.text, m, std::regex(R"(StdOut=(\S+))")))
-    throw InvalidArgumentError(
-        fmt::format("dtrain logs: Slurm does not know job {}: {}", id, o.text));
-  std::ifstream in(m[1].str(), std::ios::binary);
+  std::string path;
+  if (o.status == 0 && std::regex_search(o.text, m, std::regex(R"(StdOut=(\S+))"))) {
+    path = m[1];
+  } else {
+    // Slurm forgets finished jobs after a while (MinJobAge): the file dtrain submit named.
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(log_dir, ec))
+      if (e.path().filename().string().ends_with("-" + id + ".out")) path = e.path().string();
+    if (path.empty())
+      throw InvalidArgumentError(fmt::format(
+          "dtrain logs: Slurm does not know job {} any more and {} holds no *-{}.out; give "
+          "--log-dir as it was given to dtrain submit",
+          id, log_dir, id));
+  }
+  std::ifstream in(path, std::ios::binary);
   if (!in)
     throw InvalidArgumentError(fmt::format(
         "dtrain logs: job {} writes to {}, which cannot be read from here (not started yet, or "
         "on another machine's disk)",
-        id, m[1].str()));
+        id, path));
   std::fputs(std::string(std::istreambuf_iterator<char>(in), {}).c_str(), stdout);
 }
 
