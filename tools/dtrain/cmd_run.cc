@@ -11,8 +11,14 @@
 //   ./train
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +33,7 @@
 #include "dtrain/store.h"
 #include "launch/cpu_binding.h"
 #include "launch/elastic_agent.h"
+#include "launch/gpu_topology.h"
 #include "launch/supervisor.h"
 #include "tools/dtrain/commands.h"
 #include "tools/dtrain/spelling.h"
@@ -44,9 +51,10 @@ struct RunArgs {
   int master_port = kDefaultPort;
   bool port_given = false;
   bool no_prefix = false;
-  std::string bind = "auto";    // auto: a share of the CPUs each when they suffice; none
+  std::string bind = "auto";  // auto: a share of the CPUs each when they suffice; none
+  int gpus_per_proc = 0;      // > 0: GPU sets from the node's topology (CUDA_VISIBLE_DEVICES)
   double grace_period_s = 3.0;
-  int servers = 0;             // parameter servers, started by node 0's launcher
+  int servers = 0;              // parameter servers, started by node 0's launcher
   bool server_program = false;  // servers run the worker command (DTRAIN_ROLE=server)
   std::vector<std::string> command;
 };
@@ -111,8 +119,8 @@ void validate(const RunArgs& a) {
         fmt::format("--nnodes is {}: a job has at least one node", a.nnodes));
   if (static_cast<int64_t>(a.nnodes) * a.nproc > kMaxWorldSize)
     throw InvalidArgumentError(fmt::format(
-        "--nnodes {} with -n {} makes {} ranks: at most {} (ranks are int32 everywhere)",
-        a.nnodes, a.nproc, static_cast<int64_t>(a.nnodes) * a.nproc, kMaxWorldSize));
+        "--nnodes {} with -n {} makes {} ranks: at most {} (ranks are int32 everywhere)", a.nnodes,
+        a.nproc, static_cast<int64_t>(a.nnodes) * a.nproc, kMaxWorldSize));
   if (a.node_rank < 0 || a.node_rank >= a.nnodes)
     throw InvalidArgumentError(
         fmt::format("--node-rank is {} but --nnodes is {}: the node rank must be between 0 and {}",
@@ -191,6 +199,30 @@ int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given
   return launch::run_elastic(o);
 }
 
+// This node's GPU topology: DTRAIN_GPU_TOPOLOGY's file, else `nvidia-smi topo -m`.
+launch::GpuTopology read_gpu_topology() {
+  const std::string file = env::get_string(env::kGpuTopology);
+  std::string text;
+  if (!file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in)
+      throw InvalidArgumentError(fmt::format("dtrain run: cannot read DTRAIN_GPU_TOPOLOGY={}: {}",
+                                             file, std::strerror(errno)));
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  } else {
+    FILE* p = ::popen("nvidia-smi topo -m 2>&1", "r");
+    char buf[4096];
+    while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) text += buf;
+    const int status = p != nullptr ? ::pclose(p) : -1;
+    if (status != 0)
+      throw InvalidArgumentError(fmt::format(
+          "dtrain run --gpus-per-proc: `nvidia-smi topo -m` failed ({}): no NVIDIA driver here? "
+          "Point DTRAIN_GPU_TOPOLOGY at a file with its output, or leave --gpus-per-proc out",
+          text.empty() ? "not found" : text.substr(0, text.find('\n'))));
+  }
+  return launch::parse_nvidia_smi_topo(text);
+}
+
 int run_job(const RunArgs& a) {
   validate(a);
   // Before the store starts its threads, so that they inherit the blocked signals.
@@ -208,7 +240,35 @@ int run_job(const RunArgs& a) {
   options.grace_period = seconds_flag(a.grace_period_s, "--grace-period");
   int world_size = a.nnodes * a.nproc;
   // Parameter servers beside the workers share the CPUs with them: no binding then.
-  const auto cpus = a.bind == "auto" && a.servers == 0 ? launch::allowed_cpus() : std::vector<int>{};
+  const auto cpus =
+      a.bind == "auto" && a.servers == 0 ? launch::allowed_cpus() : std::vector<int>{};
+  // GPUs: each rank the closest set left, and its CPUs on those GPUs' NUMA node, shared with the
+  // other ranks whose GPUs sit there.
+  std::vector<std::vector<int>> gpu_sets, gpu_cpus;
+  if (a.gpus_per_proc > 0) {
+    const auto topology = read_gpu_topology();
+    gpu_sets = launch::pick_gpu_sets(topology, a.nproc, a.gpus_per_proc);
+    for (const auto& set : gpu_sets) {
+      std::vector<int> near;
+      for (int g : set)
+        for (int c : topology.cpus[g])
+          if (std::find(cpus.begin(), cpus.end(), c) != cpus.end() &&
+              std::find(near.begin(), near.end(), c) == near.end())
+            near.push_back(c);
+      std::sort(near.begin(), near.end());
+      gpu_cpus.push_back(near);
+    }
+    for (int local = 0; local < a.nproc; ++local) {
+      std::string links;
+      for (size_t i = 1; i < gpu_sets[local].size(); ++i)
+        links +=
+            (links.empty() ? " (" : ", ") + topology.link[gpu_sets[local][0]][gpu_sets[local][i]];
+      DTRAIN_LOG_INFO("dtrain run: local rank {}: GPUs {}{}{}", local,
+                      fmt::join(gpu_sets[local], ","), links.empty() ? "" : links + ")",
+                      gpu_cpus[local].empty() ? std::string()
+                                              : ", CPUs " + launch::describe_cpus(gpu_cpus[local]));
+    }
+  }
   for (int local = 0; local < a.nproc; ++local) {
     int rank = a.node_rank * a.nproc + local;
     options.workers.push_back(launch::WorkerSpec{
@@ -229,6 +289,19 @@ int run_job(const RunArgs& a) {
          {"TORCHELASTIC_MAX_RESTARTS", "0"},
          {"TORCHELASTIC_RUN_ID", env::get_string(env::kJobId)}}});
     options.workers.back().cpus = launch::cpu_share(local, a.nproc, cpus);
+    if (!gpu_sets.empty()) {
+      options.workers.back().env.emplace_back("CUDA_VISIBLE_DEVICES",
+                                              fmt::format("{}", fmt::join(gpu_sets[local], ",")));
+      if (!gpu_cpus[local].empty()) {
+        int index = 0, sharing = 0;  // this rank's place among those near the same CPUs
+        for (int other = 0; other < a.nproc; ++other) {
+          if (gpu_cpus[other] != gpu_cpus[local]) continue;
+          if (other < local) ++index;
+          ++sharing;
+        }
+        options.workers.back().cpus = launch::cpu_share(index, sharing, gpu_cpus[local]);
+      }
+    }
     if (a.servers > 0) {
       auto& env = options.workers.back().env;
       env.emplace_back("DTRAIN_ROLE", "worker");
@@ -242,18 +315,17 @@ int run_job(const RunArgs& a) {
   // worker would.
   if (a.node_rank == 0) {
     for (int i = 0; i < a.servers; ++i) {
-      launch::WorkerSpec spec{
-          world_size + i,
-          {{"DTRAIN_ROLE", "server"},
-           {"DTRAIN_PS_INDEX", std::to_string(i)},
-           {"DTRAIN_NUM_SERVERS", std::to_string(a.servers)},
-           {"DTRAIN_NUM_WORKERS", std::to_string(world_size)},
-           {"WORLD_SIZE", std::to_string(world_size)},
-           {"MASTER_ADDR", a.master_addr},
-           {"MASTER_PORT", std::to_string(port)},
-           {"DTRAIN_AGENT_STORE", "1"}},
-          {},
-          fmt::format("server {}", i)};
+      launch::WorkerSpec spec{world_size + i,
+                              {{"DTRAIN_ROLE", "server"},
+                               {"DTRAIN_PS_INDEX", std::to_string(i)},
+                               {"DTRAIN_NUM_SERVERS", std::to_string(a.servers)},
+                               {"DTRAIN_NUM_WORKERS", std::to_string(world_size)},
+                               {"WORLD_SIZE", std::to_string(world_size)},
+                               {"MASTER_ADDR", a.master_addr},
+                               {"MASTER_PORT", std::to_string(port)},
+                               {"DTRAIN_AGENT_STORE", "1"}},
+                              {},
+                              fmt::format("server {}", i)};
       spec.service = true;  // stopped once every worker has exited, whatever they said
       if (!a.server_program) spec.command = {self_executable(), "ps-server"};
       options.workers.push_back(std::move(spec));
@@ -277,16 +349,17 @@ CLI::App* add_run_command(CLI::App& app) {
       "Each worker gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR\n"
       "and MASTER_PORT, as under torchrun; elastic runs add DTRAIN_RESTART_COUNT\n"
       "(TORCHELASTIC_RESTART_COUNT). See docs/fault_tolerance.md.");
-  cmd->add_option("-n,--nproc-per-node,--nproc_per_node", args->nproc, "Worker processes on this node")
+  cmd->add_option("-n,--nproc-per-node,--nproc_per_node", args->nproc,
+                  "Worker processes on this node")
       ->capture_default_str();
   cmd->add_option("--nnodes", elastic->nnodes, "Nodes in the job: N, or MIN:MAX for an elastic run")
       ->capture_default_str();
   auto* node_rank = cmd->add_option("--node-rank,--node_rank", args->node_rank,
                                     "Index of this node (0 hosts the store); static runs only")
                         ->capture_default_str();
-  auto* master_addr =
-      cmd->add_option("--master-addr,--master_addr", args->master_addr, "Host of node 0, where the store runs")
-          ->capture_default_str();
+  auto* master_addr = cmd->add_option("--master-addr,--master_addr", args->master_addr,
+                                      "Host of node 0, where the store runs")
+                          ->capture_default_str();
   auto* port = cmd->add_option("--master-port,--master_port", args->master_port,
                                "Port of the store (0: any free one; the default moves to a free "
                                "one when busy on a single node)")
@@ -296,6 +369,12 @@ CLI::App* add_run_command(CLI::App& app) {
                   "auto: with no more workers than CPUs, bind each to its own equal share of them "
                   "(as mpirun does); none: leave placement to the scheduler")
       ->check(CLI::IsMember({"auto", "none"}))
+      ->capture_default_str();
+  cmd->add_option("--gpus-per-proc", args->gpus_per_proc,
+                  "GPUs per worker, chosen from the node's topology (nvidia-smi topo -m): each "
+                  "worker the closest set left (NVLink, PCIe switch, host bridge, NUMA node), "
+                  "CUDA_VISIBLE_DEVICES set and its CPUs on their NUMA node")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
   cmd->add_option("--servers", args->servers,
                   "Parameter servers to start beside the workers (node 0; see "
@@ -318,9 +397,9 @@ CLI::App* add_run_command(CLI::App& app) {
                                    "HOST:PORT of the rendezvous store; the agent on HOST (or the "
                                    "first to bind it) hosts it")
                        ->group(group);
-  auto* rdzv_id =
-      cmd->add_option("--rdzv-id,--rdzv_id", elastic->rdzv_id, "Job id: agents with the same id form a job")
-          ->group(group);
+  auto* rdzv_id = cmd->add_option("--rdzv-id,--rdzv_id", elastic->rdzv_id,
+                                  "Job id: agents with the same id form a job")
+                      ->group(group);
   cmd->add_option("--rdzv-timeout,--rdzv_timeout", elastic->rdzv_timeout_s,
                   "Seconds for a round to form (MIN agents) before the agents give up")
       ->capture_default_str()
@@ -370,6 +449,10 @@ CLI::App* add_run_command(CLI::App& app) {
                             rdzv_id->count() > 0 || elastic->nnodes.find(':') != std::string::npos;
     int code = 0;
     if (is_elastic) {
+      if (a.gpus_per_proc > 0)
+        throw InvalidArgumentError(
+            "dtrain run: --gpus-per-proc cannot be combined with an elastic run yet "
+            "(--max-restarts, --rdzv-endpoint, --nnodes MIN:MAX)");
       if (a.servers > 0)
         throw InvalidArgumentError(
             "dtrain run: --servers cannot be combined with an elastic run yet (--max-restarts, "
