@@ -21,7 +21,12 @@ struct ClusterSpec {
   int nodes = 16;          // Pollux's simulated cluster: 16 nodes
   int gpus_per_node = 4;   // of 4 GPUs each
   int nodes_per_rack = 0;  // nodes behind one top-of-rack switch; 0: all nodes in one rack
+  // GPU models, node by node: each node's model and its speed relative to the GPUs the traces
+  // were measured on (empty: every node 1.0). A job runs at the speed of its slowest node.
+  std::vector<std::string> node_model;
+  std::vector<double> node_speed;
   int total_gpus() const { return nodes * gpus_per_node; }
+  double speed_of(int node) const { return node_speed.empty() ? 1.0 : node_speed[node]; }
   int rack_of(int node) const { return nodes_per_rack > 0 ? node / nodes_per_rack : 0; }
 };
 

@@ -79,9 +79,9 @@ class Job {
       ++result_.restarts;
   }
 
-  // Runs from `now` for `seconds` where it is placed, slowed by `interference`, its
-  // synchronization by `sync_factor`.
-  void run(double now, double seconds, double interference, double sync_factor) {
+  // Runs from `now` for `seconds` where it is placed, at `speed` times its measured pace (GPU
+  // model and slowdowns), its synchronization `sync_factor` times slower.
+  void run(double now, double seconds, double speed, double sync_factor) {
     if (finished()) return;
     if (nodes_.empty()) {
       if (active(now + seconds)) result_.queued += now + seconds - std::max(now, spec_.submit);
@@ -94,7 +94,7 @@ class Job {
     seconds -= delay;
     while (seconds > 0 && !finished()) {
       if (!app_) {
-        const double speed = 1 - interference, need = (spec_.duration - progress_) / speed;
+        const double need = (spec_.duration - progress_) / speed;
         if (need > seconds) {
           progress_ += seconds * speed;
           t += seconds;
@@ -106,7 +106,7 @@ class Job {
         seconds = 0;
         break;
       }
-      const double rate = goodput(placement_, batch_, epoch_, sync_factor) * (1 - interference);
+      const double rate = goodput(placement_, batch_, epoch_, sync_factor) * speed;
       const double next = app_->progress_after(epoch_ + 1);
       if (progress_ + rate * seconds < next) {
         progress_ += rate * seconds;
@@ -170,6 +170,11 @@ double SimulationResult::average_queueing() const {
   return jobs.empty() ? 0 : sum / jobs.size();
 }
 
+[[noreturn]] static void refuse_speed(double v) {
+  throw InvalidArgumentError(
+      fmt::format("sched-sim: a GPU speed of {} (relative to the traces' GPUs) must be > 0", v));
+}
+
 SimulationResult simulate(const std::vector<JobSpec>& specs_in,
                           const std::map<std::string, Application>& applications,
                           const SimulationOptions& o) {
@@ -178,6 +183,12 @@ SimulationResult simulate(const std::vector<JobSpec>& specs_in,
     throw InvalidArgumentError(
         fmt::format("sched-sim: a cluster of {} node(s) of {} GPU(s) cannot run jobs",
                     cluster.nodes, cluster.gpus_per_node));
+  if (!cluster.node_speed.empty() &&
+      cluster.node_speed.size() != static_cast<size_t>(cluster.nodes))
+    throw InvalidArgumentError(fmt::format("sched-sim: {} node speeds for {} nodes",
+                                           cluster.node_speed.size(), cluster.nodes));
+  for (double v : cluster.node_speed)
+    if (!(v > 0 && v < 1000)) refuse_speed(v);
   if (cluster.nodes_per_rack < 0)
     throw InvalidArgumentError(fmt::format(
         "sched-sim: {} nodes per rack; give 0 (one rack) or more", cluster.nodes_per_rack));
@@ -238,13 +249,14 @@ SimulationResult simulate(const std::vector<JobSpec>& specs_in,
       if (!j.finished())
         for (int n : std::set<int>(j.nodes().begin(), j.nodes().end())) ++sharing[n];
     for (auto& j : jobs) {
-      double network = 0, shared = 0, sync = 1;
+      double network = 0, shared = 0, sync = 1, gpu = j.nodes().empty() ? 1 : INFINITY;
       for (int n : j.nodes()) {
         if (sharing[n] > 1) shared = o.share_slowdown;
         if (spans(j.nodes()) && spanning[n] > 1) network = o.interference;
         if (cluster.rack_of(n) != cluster.rack_of(j.nodes().front())) sync = o.cross_rack_slowdown;
+        gpu = std::min(gpu, cluster.speed_of(n));  // synchronous: the slowest GPU sets the pace
       }
-      j.run(now, o.interval, 1 - (1 - network) * (1 - shared), sync);
+      j.run(now, o.interval, gpu * (1 - network) * (1 - shared), sync);
     }
     now += o.interval;
     if (now > o.max_seconds) {

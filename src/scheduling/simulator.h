@@ -15,7 +15,8 @@
 //   contention; an assumption to explore, 0 by default: no published figure is taken as given),
 // - and application jobs spanning racks synchronize `cross_rack_slowdown` times slower (an
 //   oversubscribed uplink; also an assumption, 1 by default).
-// Both slowdowns together multiply: speed x (1 - interference) x (1 - share_slowdown).
+// A job's pace is also that of its slowest GPU model (ClusterSpec::node_speed). All together
+// multiply: pace x GPU speed x (1 - interference) x (1 - share_slowdown).
 #pragma once
 
 #include <map>

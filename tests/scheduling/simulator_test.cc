@@ -190,6 +190,22 @@ TEST(SchedSim, MultiNodeJobsSharingANodeInterfere) {
             (std::map<std::string, double>{{"P", 110}, {"Q", 110}, {"S", 110}}));
 }
 
+TEST(SchedSim, AJobRunsAtItsSlowestGpusPace) {
+  // Node 0 has the traces' GPUs, node 1 GPUs half as fast; one GPU each. Spread: the first job
+  // gets node 0 (100 s of work in 100 s), the second node 1 (in 200 s); a job on both runs at
+  // node 1's pace.
+  auto o = small("fifo");
+  o.cluster = {.nodes = 2, .gpus_per_node = 1};
+  o.cluster.node_model = {"fast", "slow"};
+  o.cluster.node_speed = {1.0, 0.5};
+  o.placement = Placement::kSpread;
+  EXPECT_EQ(jcts(simulate({rigid("a", 0, 1, 100), rigid("b", 0, 1, 100)}, {}, o)),
+            (std::map<std::string, double>{{"a", 110}, {"b", 210}}));
+  EXPECT_EQ(jcts(simulate({rigid("both", 0, 2, 100)}, {}, o))["both"], 210);
+  o.cluster.node_speed = {1.0, 0.0};
+  EXPECT_THROW(simulate({rigid("a", 0, 1, 100)}, {}, o), InvalidArgumentError);
+}
+
 // An application of one batch size whose gain is 1 and whose step takes 0.5 s on one GPU: each
 // epoch is 100 units of progress at 2 units/s, 50 s.
 std::string tiny_application(const std::string& root) {

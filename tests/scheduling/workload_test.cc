@@ -165,6 +165,12 @@ TEST(SchedSimCommand, ComparesPoliciesAndWritesJsonAndSvg) {
                             kData + "/traces/philly.csv"});
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   EXPECT_NE(r.output.find("srtf/auto"), std::string::npos) << r.output;
+  // A cluster of two GPU models: half the nodes half as fast.
+  r = testing::run_command({kDtrain, "sched-sim", "--gpu-models", "v100:8:1.0,p100:8:0.5",
+                            kData + "/workloads/workload-6.csv"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  EXPECT_NE(r.output.find("cluster: 16 nodes x 4 GPUs (v100:8:1.0,p100:8:0.5)"), std::string::npos)
+      << r.output;
 }
 
 TEST(SchedSimCommand, BadChoicesFailWithOneClearLine) {
@@ -178,6 +184,10 @@ TEST(SchedSimCommand, BadChoicesFailWithOneClearLine) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("asks for"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("the cluster has 8"), std::string::npos) << r.output;
+  r = testing::run_command(
+      {kDtrain, "sched-sim", "--gpu-models", "v100:8", kData + "/workloads/workload-6.csv"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("should read MODEL:NODES:SPEED"), std::string::npos) << r.output;
   r = testing::run_command(
       {kDtrain, "sched-sim", "--traces", "/nonexistent", kData + "/workloads/workload-6.csv"});
   EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -41,7 +42,30 @@ struct SimFlags {
   double demote_gpu_hours = 16, max_hours = 365 * 24;
   WorkloadOptions selection;
   std::string traces, json, svg;
+  std::string gpu_models;  // MODEL:NODES:SPEED,... (replaces --nodes)
 };
+
+// --gpu-models v100:8:1.0,k80:8:0.4: groups of nodes, fastest first (pack and spread take the
+// lowest-numbered node among equals, so the first group is tried first).
+void describe_models(const std::string& text, ClusterSpec& c) {
+  c.nodes = 0;
+  std::stringstream in(text);
+  for (std::string group; std::getline(in, group, ',');) {
+    std::smatch m;
+    if (!std::regex_match(group, m, std::regex(R"(([A-Za-z0-9_.-]+):(\d{1,6}):([0-9.]+))")))
+      throw std::runtime_error(fmt::format(
+          "dtrain sched-sim: --gpu-models '{}' should read MODEL:NODES:SPEED (v100:8:1.0)", group));
+    const int nodes = std::stoi(m[2]);
+    const double speed = std::stod(m[3]);
+    if (nodes < 1 || !(speed > 0))
+      throw std::runtime_error(fmt::format(
+          "dtrain sched-sim: --gpu-models '{}' needs at least one node and a speed above 0",
+          group));
+    c.nodes += nodes;
+    c.node_model.insert(c.node_model.end(), nodes, m[1]);
+    c.node_speed.insert(c.node_speed.end(), nodes, speed);
+  }
+}
 
 // Pollux's traces: installed beside the tool (share/dtrain/pollux), else the source tree's.
 std::string default_traces() {
@@ -74,6 +98,7 @@ void write_file(const std::string& path, const std::string& text) {
 }
 
 void run_sim(SimFlags f) {
+  if (!f.gpu_models.empty()) describe_models(f.gpu_models, f.sim.cluster);
   f.sim.policy_options.demote_gpu_seconds = f.demote_gpu_hours * 3600;
   f.sim.max_seconds = f.max_hours * 3600;
   const auto policies = split_list(f.policies, policy_names());
@@ -112,7 +137,9 @@ void run_sim(SimFlags f) {
       "cluster: %d nodes x %d GPUs%s; interval %g s, restart %g s, interference %g, "
       "share slowdown %g, cross-rack sync x%g\n",
       c.nodes, c.gpus_per_node,
-      c.nodes_per_rack > 0 ? fmt::format(", {} nodes per rack", c.nodes_per_rack).c_str() : "",
+      (c.nodes_per_rack > 0 ? fmt::format(", {} nodes per rack", c.nodes_per_rack) : "")
+          .append(f.gpu_models.empty() ? "" : " (" + f.gpu_models + ")")
+          .c_str(),
       f.sim.interval, f.sim.restart_seconds, f.sim.interference, f.sim.share_slowdown,
       f.sim.cross_rack_slowdown);
   std::vector<SimulationResult> all;
@@ -168,6 +195,9 @@ CLI::App* add_sched_sim_command(CLI::App& app) {
   cmd->add_option("--gpus-per-node", f->sim.cluster.gpus_per_node, "GPUs per node")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--gpu-models", f->gpu_models,
+                  "Groups of nodes by GPU model, MODEL:NODES:SPEED,... (speed relative to the "
+                  "traces' GPUs; a job runs at its slowest node's); replaces --nodes");
   cmd->add_option("--nodes-per-rack", f->sim.cluster.nodes_per_rack, "Nodes per rack (0: one rack)")
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));
