@@ -18,8 +18,9 @@
 namespace dtrain {
 namespace {
 
-// More hosts than any real job has: a typo like n[0-99999999] fails instead of eating memory.
-constexpr size_t kMaxHosts = 1 << 20;
+// More hosts than any Slurm cluster has: a typo like n[0-99999999] (or a product of ranges)
+// fails at once instead of eating memory and time.
+constexpr size_t kMaxHosts = 100'000;
 
 struct Value {
   int value = 0;
@@ -421,24 +422,16 @@ std::vector<std::string_view> split_top_level(std::string_view list) {
   return items;
 }
 
-// Expands the first bracket group of `pattern` and recurses on the rest, so that several groups
-// ("rack[1-2]-n[01-02]") give their cartesian product.
-void expand_pattern(std::string_view list, std::string_view pattern, const std::string& prefix,
-                    std::vector<std::string>& out) {
-  size_t open = pattern.find('[');
-  if (open == std::string_view::npos) {
-    if (out.size() >= kMaxHosts)
-      throw InvalidArgumentError(
-          fmt::format("host list '{}' names more than {} hosts", list, kMaxHosts));
-    out.push_back(prefix + std::string(pattern));
-    return;
-  }
-  size_t close = pattern.find(']', open);
-  std::string head = prefix + std::string(pattern.substr(0, open));
-  std::string_view body = pattern.substr(open + 1, close - open - 1);
-  std::string_view tail = pattern.substr(close + 1);
+struct HostRange {
+  int lo, hi;
+  size_t width;  // Slurm pads every number of a range to the width of its lower bound: n[001-010]
+};
+
+// The ranges of a bracket group's body ("1-3,5" -> [1,3] [5,5]).
+std::vector<HostRange> ranges_of(std::string_view list, std::string_view body) {
   if (body.empty())
     throw InvalidArgumentError(fmt::format("host list '{}' has an empty '[]'", list));
+  std::vector<HostRange> ranges;
   size_t pos = 0;
   while (pos <= body.size()) {
     size_t comma = body.find(',', pos);
@@ -455,17 +448,45 @@ void expand_pattern(std::string_view list, std::string_view pattern, const std::
             "host list '{}' has range '{}': use numbers like [1-3,5] or [001-010]", list, range));
       return std::stoi(std::string(t));
     };
-    int lo = number(lo_text), hi = number(hi_text);
-    if (hi < lo)
+    HostRange r{number(lo_text), number(hi_text), lo_text.size()};
+    if (r.hi < r.lo)
       throw InvalidArgumentError(
           fmt::format("host list '{}' has range '{}' that runs backwards", list, range));
-    // Slurm pads every number of a range to the width of its lower bound: n[001-010].
-    size_t width = lo_text.size();
-    for (int v = lo; v <= hi; ++v)
-      expand_pattern(list, tail, fmt::format("{}{:0{}}", head, v, width), out);
+    ranges.push_back(r);
     if (comma == std::string_view::npos) break;
     pos = comma + 1;
   }
+  return ranges;
+}
+
+// How many hosts `pattern` names, counted without building them and saturating above
+// kMaxHosts: a short list can name billions ("n[0-99999][0-99999]").
+size_t count_pattern(std::string_view list, std::string_view pattern) {
+  size_t open = pattern.find('[');
+  if (open == std::string_view::npos) return 1;
+  size_t close = pattern.find(']', open);
+  size_t in_group = 0;
+  for (const auto& r : ranges_of(list, pattern.substr(open + 1, close - open - 1)))
+    in_group = std::min(kMaxHosts + 1, in_group + static_cast<size_t>(r.hi - r.lo) + 1);
+  const size_t rest = count_pattern(list, pattern.substr(close + 1));
+  return rest > (kMaxHosts + 1) / in_group ? kMaxHosts + 1 : in_group * rest;
+}
+
+// Expands the first bracket group of `pattern` and recurses on the rest, so that several groups
+// ("rack[1-2]-n[01-02]") give their cartesian product.
+void expand_pattern(std::string_view list, std::string_view pattern, const std::string& prefix,
+                    std::vector<std::string>& out) {
+  size_t open = pattern.find('[');
+  if (open == std::string_view::npos) {
+    out.push_back(prefix + std::string(pattern));
+    return;
+  }
+  size_t close = pattern.find(']', open);
+  std::string head = prefix + std::string(pattern.substr(0, open));
+  std::string_view tail = pattern.substr(close + 1);
+  for (const auto& r : ranges_of(list, pattern.substr(open + 1, close - open - 1)))
+    for (int v = r.lo; v <= r.hi; ++v)
+      expand_pattern(list, tail, fmt::format("{}{:0{}}", head, v, r.width), out);
 }
 
 }  // namespace
@@ -476,6 +497,9 @@ std::vector<std::string> expand_slurm_nodelist(std::string_view list) {
     while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
     while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
     if (item.empty()) continue;
+    if (hosts.size() + count_pattern(list, item) > kMaxHosts)
+      throw InvalidArgumentError(
+          fmt::format("host list '{}' names more than {} hosts", list, kMaxHosts));
     expand_pattern(list, item, "", hosts);
   }
   return hosts;
