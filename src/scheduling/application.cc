@@ -35,10 +35,10 @@ int ceil_div(double a, double b) { return static_cast<int>(std::ceil(a / b - 1e-
 Application::Sample sample_at(const CsvTable& t, size_t row, size_t batch, size_t step,
                               size_t sync) {
   const Application::Sample s{t.number(row, batch), t.number(row, step), t.number(row, sync)};
-  if (!(s.local_bsz > 0 && s.local_bsz <= 1e7 && s.step > 0 && s.step <= 1e6 && s.sync >= 0 &&
+  if (!(s.local_bsz >= 1 && s.local_bsz <= 1e7 && s.step > 0 && s.step <= 1e6 && s.sync >= 0 &&
         s.sync <= s.step))
     throw InvalidArgumentError(fmt::format(
-        "{}: needs 0 < local_bsz <= 1e7, 0 < step_time <= 1e6 s and 0 <= sync_time <= step_time",
+        "{}: needs 1 <= local_bsz <= 1e7, 0 < step_time <= 1e6 s and 0 <= sync_time <= step_time",
         t.where(row)));
   return s;
 }

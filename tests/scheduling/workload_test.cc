@@ -125,12 +125,17 @@ TEST(SchedSimWorkload, BadTracesAreNamedByFile) {
   std::ofstream(root + "/app/placements.csv")
       << "placement,local_bsz,step_time,sync_time\n1,32,0.5,0.9\n";
   expect_load_error(
-      "placements.csv:2: needs 0 < local_bsz <= 1e7, 0 < step_time <= 1e6 s and 0 <= sync_time <= "
+      "placements.csv:2: needs 1 <= local_bsz <= 1e7, 0 < step_time <= 1e6 s and 0 <= sync_time <= "
       "step_time");
   // Found by the fuzzer: a batch beyond any int was cast to one.
   std::ofstream(root + "/app/placements.csv")
       << "placement,local_bsz,step_time,sync_time\n1,3.2e42,0.5,0\n";
-  expect_load_error("placements.csv:2: needs 0 < local_bsz <= 1e7");
+  expect_load_error("placements.csv:2: needs 1 <= local_bsz <= 1e7");
+  // Found by the fuzzer too: a per-GPU batch of 0.5 made the largest batch per GPU 0, and a
+  // division by it infinite.
+  std::ofstream(root + "/app/placements.csv")
+      << "placement,local_bsz,step_time,sync_time\n1,0.5,0.5,0\n";
+  expect_load_error("placements.csv:2: needs 1 <= local_bsz");
   std::ofstream(root + "/app/validation-32.csv")
       << "progress,iteration,metric,grad_sqr,grad_var\n1,1,1,0,0\n";
   expect_load_error("validation-32.csv:2: needs progress above the previous epoch's");
