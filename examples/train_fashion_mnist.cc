@@ -63,6 +63,7 @@
 #include "dtrain/ps.h"
 #include "dtrain/torch/broadcast.h"
 #include "dtrain/preemption.h"
+#include "dtrain/progress.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/commit.h"
 #include "dtrain/torch/distributed_data_parallel.h"
@@ -533,6 +534,9 @@ int run(const Flags& flags) {
       commits_failed(e);
     }
   };
+  // Steps, samples/s and compute against communication for `dtrain run --metrics-port`.
+  dtrain::ProgressReporter reporter(rank);
+  reporter.step(step, 0);  // starts the clock
   const auto start = Clock::now();
   for (int64_t epoch = position.epoch; epoch < flags.epochs && step < total && !stopped; ++epoch) {
     input->set_epoch(static_cast<uint64_t>(epoch),
@@ -583,6 +587,7 @@ int run(const Flags& flags) {
       ++steps_here;
       images += static_cast<int64_t>(batch.size()) * world;
       own_images += static_cast<int64_t>(batch.size());
+      reporter.step(step, static_cast<int64_t>(batch.size()));
       // Where a run resumed from here starts: after this batch, or at the next epoch.
       const bool epoch_done = end >= samples;
       position.epoch = epoch_done ? epoch + 1 : epoch;

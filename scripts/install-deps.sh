@@ -22,6 +22,8 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   # libraries used by every target
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libssl-dev zlib1g-dev
+  # the tool: dtrain run's Prometheus endpoint, dtrain submit's YAML job files
+  prometheus-cpp-dev libyaml-cpp-dev
   # tests and benchmarks; clang with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh)
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-dev
   # process tools used by the tests (ps, kill, ip)

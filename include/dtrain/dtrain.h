@@ -5,6 +5,7 @@
 #include "dtrain/identity.h"
 #include "dtrain/parallel_layout.h"
 #include "dtrain/preemption.h"
+#include "dtrain/progress.h"
 #include "dtrain/process_group.h"
 #include "dtrain/store.h"
 #include "dtrain/tensor.h"

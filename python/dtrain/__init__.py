@@ -21,11 +21,11 @@ waited for). Errors are ``dtrain.Error`` (a RuntimeError) or one of its kinds:
 from datetime import timedelta
 
 from dtrain._core import (AbortedError, Error, InvalidArgumentError, ParallelLayout,
-                          PeerFailureError, ProcessGroup, TimeoutError, Work)
+                          PeerFailureError, ProcessGroup, ProgressReporter, TimeoutError, Work)
 from dtrain._core import init_process_group as _init_process_group
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "init", "ProcessGroup", "Work", "ParallelLayout", "Error",
+__all__ = ["__version__", "init", "ProcessGroup", "Work", "ParallelLayout", "ProgressReporter", "Error",
            "InvalidArgumentError", "TimeoutError", "PeerFailureError", "AbortedError"]
 
 

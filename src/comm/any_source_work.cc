@@ -57,7 +57,7 @@ bool AnySourceWork::is_completed() {
   return r->completion.done();
 }
 
-void AnySourceWork::wait(std::optional<std::chrono::milliseconds> timeout) {
+void AnySourceWork::wait_until_done(std::optional<std::chrono::milliseconds> timeout) {
   const Deadline limit = timeout ? Deadline::after(*timeout) : deadline_;
   auto pause = std::chrono::microseconds(20);
   std::shared_ptr<transport::tcp::Request> r;

@@ -30,7 +30,7 @@ class AnySourceWork : public Work {
                 std::string what);
 
   bool is_completed() override;
-  void wait(std::optional<std::chrono::milliseconds> timeout) override;
+  void wait_until_done(std::optional<std::chrono::milliseconds> timeout) override;
   std::exception_ptr exception() const override;
   int source_rank() const override;
 

@@ -32,7 +32,7 @@ void CollectiveWork::run() {
   }
 }
 
-void CollectiveWork::wait(std::optional<std::chrono::milliseconds> timeout) {
+void CollectiveWork::wait_until_done(std::optional<std::chrono::milliseconds> timeout) {
   if (completion_.done()) {  // a synchronous call: nothing to wait for, no clock to read
     if (auto e = completion_.error()) std::rethrow_exception(e);
     return;

@@ -53,7 +53,7 @@ class CollectiveWork : public Work {
                        std::move(executor)) {}
 
   bool is_completed() override { return completion_.done(); }
-  void wait(std::optional<std::chrono::milliseconds> timeout) override;
+  void wait_until_done(std::optional<std::chrono::milliseconds> timeout) override;
   std::exception_ptr exception() const override { return completion_.error(); }
 
   // Runs the body once (on whichever thread gets there first) and records how it ended.

@@ -14,7 +14,7 @@ class PairWork : public Work {
       : request_(std::move(request)) {}
 
   bool is_completed() override;
-  void wait(std::optional<std::chrono::milliseconds> timeout) override;
+  void wait_until_done(std::optional<std::chrono::milliseconds> timeout) override;
   std::exception_ptr exception() const override { return request_->completion.error(); }
 
  private:

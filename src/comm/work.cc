@@ -1,4 +1,36 @@
+#include <atomic>
+
 #include "comm/p2p_work.h"
+#include "dtrain/work.h"
+
+namespace dtrain {
+namespace {
+
+std::atomic<int64_t> waited_ns{0};
+thread_local int wait_depth = 0;  // a wait inside a wait (a staged work's) counts once
+
+}  // namespace
+
+void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
+  if (wait_depth > 0) return wait_until_done(timeout);
+  using Clock = std::chrono::steady_clock;
+  struct Timed {
+    Clock::time_point start = Clock::now();
+    Timed() { ++wait_depth; }
+    ~Timed() {
+      --wait_depth;
+      waited_ns.fetch_add(std::chrono::nanoseconds(Clock::now() - start).count(),
+                          std::memory_order_relaxed);
+    }
+  } timed;
+  wait_until_done(timeout);
+}
+
+std::chrono::nanoseconds communication_wait_time() {
+  return std::chrono::nanoseconds(waited_ns.load(std::memory_order_relaxed));
+}
+
+}  // namespace dtrain
 
 namespace dtrain::comm {
 
@@ -15,7 +47,7 @@ bool PairWork::is_completed() {
   return r.completion.done();
 }
 
-void PairWork::wait(std::optional<std::chrono::milliseconds> timeout) {
+void PairWork::wait_until_done(std::optional<std::chrono::milliseconds> timeout) {
   auto& r = *request_;
   r.pair->wait(r, timeout ? Deadline::after(*timeout) : r.deadline);
 }

@@ -501,6 +501,7 @@ class Agent {
            {"TORCHELASTIC_RUN_ID", options_.run_id}}});
       if (!commit_dir_->path().empty())
         workers.back().env.emplace_back("DTRAIN_COMMIT_DIR", commit_dir_->path());
+      for (const auto& e : options_.env) workers.back().env.push_back(e);
       workers.back().cpus = cpu_share(local, options_.nproc, cpus);
     }
     return workers;
@@ -552,6 +553,7 @@ class Agent {
     SupervisorOptions so;
     so.command = options_.command;
     so.workers = worker_specs(plan, node_rank, zero.addr, *port);
+    if (options_.on_round) options_.on_round(static_cast<int>(plan.restarts), first);
     so.prefix_output = options_.prefix_output;
     so.grace_period = options_.grace_period;
     so.report_failure = false;

@@ -17,7 +17,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtrain::launch {
@@ -40,6 +42,11 @@ struct ElasticOptions {
   std::chrono::milliseconds exclude_for{60'000};
   std::chrono::milliseconds grace_period{3000};  // SIGTERM to SIGKILL when stopping workers
   bool prefix_output = true;
+  // Set on every worker, on top of the round's identity (DTRAIN_PROGRESS_DIR for the metrics).
+  std::vector<std::pair<std::string, std::string>> env;
+  // Called as each round's workers start on this machine: the job's restarts so far and this
+  // machine's first rank (the metrics endpoint names the ranks it serves).
+  std::function<void(int restarts, int first_rank)> on_round;
 };
 
 // Runs this machine's part of the job until the job ends; returns the exit code of `dtrain run`:

@@ -156,7 +156,7 @@ class MirrorWork : public Work {
     back();
     return true;
   }
-  void wait(std::optional<std::chrono::milliseconds> timeout) override {
+  void wait_until_done(std::optional<std::chrono::milliseconds> timeout) override {
     inner_->wait(timeout);
     back();
   }

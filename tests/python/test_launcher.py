@@ -82,3 +82,41 @@ def test_mpirun_with_the_dtrain_backend(tmp_path):
                        env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr
     assert len(json.loads(out.read_text())["losses"]) == 12
+
+
+def test_metrics_of_a_torch_script_scraped_during_the_run():
+    import re
+    import time
+    import urllib.request
+    env = harness.env_for(0, 1, 0)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    p = subprocess.Popen([DTRAIN, "run", "-n", "2", "--metrics-port", "0", "--", harness.PYTHON,
+                          os.path.join(harness.HERE, "workers.py"), "progress", "dtrain", "150"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in p.stderr:
+            m = re.search(r"metrics at http://0\.0\.0\.0:(\d+)/metrics", line)
+            if m:
+                port = int(m.group(1))
+                break
+        assert port, "dtrain run did not say where its metrics are"
+        values, deadline = {}, time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert p.poll() is None, "the job ended early:\n" + p.stderr.read()
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+            values = dict(l.rsplit(" ", 1) for l in body.decode().splitlines()
+                          if l and not l.startswith("#"))
+            if float(values.get('dtrain_step{rank="1"}', 0)) >= 20:
+                break
+            time.sleep(0.1)
+        assert float(values['dtrain_step{rank="1"}']) >= 20, values
+        step_s = float(values['dtrain_step_seconds{rank="0"}'])
+        assert 0.045 < step_s < 0.2, values
+        # Rank 0 waits for rank 1's extra 30 ms inside the backend's all_reduce.
+        assert float(values['dtrain_step_communication_seconds{rank="0"}']) > 0.015, values
+        assert float(values['dtrain_step_communication_seconds{rank="1"}']) < 0.015, values
+    finally:
+        rest = p.communicate(timeout=120)[1]
+    assert p.returncode == 0, rest

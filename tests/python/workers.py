@@ -407,5 +407,20 @@ def elastic_resume(backend, ckpt_dir):
     dist.destroy_process_group()
 
 
+def progress(backend, steps):
+    """Reports steps to `dtrain run --metrics-port` through dtrain.torch.ProgressReporter: rank 1
+    computes 30 ms longer per step, so rank 0 waits about that long in each all_reduce."""
+    rank, world = init(backend)
+    reporter = dtrain.torch.ProgressReporter(rank, interval=timedelta(milliseconds=100))
+    assert reporter.active, "DTRAIN_PROGRESS_DIR is not set: not under dtrain run --metrics-port"
+    reporter.step(0, 0)
+    for step in range(1, int(steps) + 1):
+        time.sleep(0.02 + (0.03 if rank == 1 else 0))
+        dist.all_reduce(torch.ones(1))
+        reporter.step(step, 16)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])

@@ -34,6 +34,7 @@
 #include "launch/cpu_binding.h"
 #include "launch/elastic_agent.h"
 #include "launch/gpu_topology.h"
+#include "launch/metrics/metrics_endpoint.h"
 #include "launch/supervisor.h"
 #include "tools/dtrain/commands.h"
 #include "tools/dtrain/spelling.h"
@@ -56,6 +57,7 @@ struct RunArgs {
   double grace_period_s = 3.0;
   int servers = 0;              // parameter servers, started by node 0's launcher
   bool server_program = false;  // servers run the worker command (DTRAIN_ROLE=server)
+  int metrics_port = -1;        // >= 0: serve Prometheus metrics there (0: any free port)
   std::vector<std::string> command;
 };
 
@@ -196,6 +198,15 @@ int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given
   o.grace_period = seconds_flag(a.grace_period_s, "--grace-period");
   o.prefix_output = !a.no_prefix;
   o.bind = a.bind == "auto";
+  std::unique_ptr<launch::MetricsEndpoint> metrics;
+  if (a.metrics_port >= 0) {
+    metrics = std::make_unique<launch::MetricsEndpoint>(a.metrics_port, "dtrain run");
+    o.env.emplace_back(env::kProgressDir.name, metrics->progress_dir());
+    o.on_round = [&metrics, nproc = a.nproc](int restarts, int first_rank) {
+      metrics->set_restarts(restarts);
+      metrics->set_ranks(first_rank, nproc);
+    };
+  }
   return launch::run_elastic(o);
 }
 
@@ -232,6 +243,12 @@ int run_job(const RunArgs& a) {
   if (a.node_rank == 0) {
     store = start_store(a);
     port = store->port();
+  }
+
+  std::unique_ptr<launch::MetricsEndpoint> metrics;
+  if (a.metrics_port >= 0) {
+    metrics = std::make_unique<launch::MetricsEndpoint>(a.metrics_port, "dtrain run");
+    metrics->set_ranks(a.node_rank * a.nproc, a.nproc);
   }
 
   launch::SupervisorOptions options;
@@ -289,6 +306,8 @@ int run_job(const RunArgs& a) {
          {"TORCHELASTIC_MAX_RESTARTS", "0"},
          {"TORCHELASTIC_RUN_ID", env::get_string(env::kJobId)}}});
     options.workers.back().cpus = launch::cpu_share(local, a.nproc, cpus);
+    if (metrics)
+      options.workers.back().env.emplace_back(env::kProgressDir.name, metrics->progress_dir());
     if (!gpu_sets.empty()) {
       options.workers.back().env.emplace_back("CUDA_VISIBLE_DEVICES",
                                               fmt::format("{}", fmt::join(gpu_sets[local], ",")));
@@ -383,6 +402,10 @@ CLI::App* add_run_command(CLI::App& app) {
   cmd->add_flag("--server-program", args->server_program,
                 "The servers run the worker command with DTRAIN_ROLE=server instead of `dtrain "
                 "ps-server`");
+  cmd->add_option("--metrics-port", args->metrics_port,
+                  "Serve the workers' progress (dtrain::ProgressReporter) and the restarts as "
+                  "Prometheus metrics at http://HOST:PORT/metrics (0: any free port; "
+                  "docs/metrics.md)");
   cmd->add_option("--grace-period", args->grace_period_s,
                   "Seconds between SIGTERM and SIGKILL when stopping the workers")
       ->capture_default_str();

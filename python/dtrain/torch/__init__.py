@@ -39,3 +39,4 @@ from dtrain.torch import elastic
 from dtrain.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                     broadcast_parameters)
 from dtrain.torch.optimizer import DistributedOptimizer
+from dtrain._torch import ProgressReporter  # steps for `dtrain run --metrics-port`

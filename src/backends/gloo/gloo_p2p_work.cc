@@ -69,7 +69,7 @@ void GlooP2pWork::cancel(std::exception_ptr error) {
     buffer_->abortWaitRecv();
 }
 
-void GlooP2pWork::wait(std::optional<std::chrono::milliseconds> timeout) {
+void GlooP2pWork::wait_until_done(std::optional<std::chrono::milliseconds> timeout) {
   // The waiter enforces the operation's own deadline; the slack covers noticing it.
   const Deadline limit =
       timeout ? Deadline::after(*timeout)

@@ -33,7 +33,7 @@ class GlooP2pWork : public Work {
   ~GlooP2pWork() override;
 
   bool is_completed() override { return completion_.done(); }
-  void wait(std::optional<std::chrono::milliseconds> timeout) override;
+  void wait_until_done(std::optional<std::chrono::milliseconds> timeout) override;
   std::exception_ptr exception() const override { return completion_.error(); }
 
   // Ends the operation now with `error` (if it has not ended yet).

@@ -98,7 +98,7 @@ bool MpiWork::is_completed() {
   return completion_.done();
 }
 
-void MpiWork::wait(std::optional<std::chrono::milliseconds> timeout) {
+void MpiWork::wait_until_done(std::optional<std::chrono::milliseconds> timeout) {
   const Deadline limit = timeout ? Deadline::after(*timeout) : deadline_;
   for (int spins = 0;; ++spins) {
     {

@@ -40,7 +40,7 @@ class MpiWork : public Work {
   void fail_start(std::exception_ptr error) { completion_.fail(std::move(error)); }
 
   bool is_completed() override;
-  void wait(std::optional<std::chrono::milliseconds> timeout) override;
+  void wait_until_done(std::optional<std::chrono::milliseconds> timeout) override;
   std::exception_ptr exception() const override { return completion_.error(); }
 
   // Ends the operation now with `error` (abort): cancels a receive, abandons the rest.

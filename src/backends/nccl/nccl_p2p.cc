@@ -31,7 +31,7 @@ class P2pWork : public Work, public std::enable_shared_from_this<P2pWork> {
     return step(deadline_);
   }
 
-  void wait(std::optional<std::chrono::milliseconds> timeout) override {
+  void wait_until_done(std::optional<std::chrono::milliseconds> timeout) override {
     const Deadline limit = timeout ? Deadline::after(*timeout) : deadline_;
     for (int spins = 0; !step(limit); ++spins) {
       if (auto owner = owner_.lock()) owner->progress();

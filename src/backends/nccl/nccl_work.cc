@@ -57,7 +57,7 @@ bool NcclWork::is_completed() {
   return completion_.done();
 }
 
-void NcclWork::wait(std::optional<std::chrono::milliseconds> timeout) {
+void NcclWork::wait_until_done(std::optional<std::chrono::milliseconds> timeout) {
   const Deadline limit = timeout ? Deadline::after(*timeout) : deadline_;
   for (int spins = 0;; ++spins) {
     {

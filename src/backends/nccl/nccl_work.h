@@ -33,7 +33,7 @@ class NcclWork : public Work {
   static std::shared_ptr<NcclWork> failed(std::exception_ptr error);
 
   bool is_completed() override;
-  void wait(std::optional<std::chrono::milliseconds> timeout) override;
+  void wait_until_done(std::optional<std::chrono::milliseconds> timeout) override;
   std::exception_ptr exception() const override { return completion_.error(); }
 
   // Fails it now with `error` (the group was aborted); the communicator is aborted by the caller.

@@ -120,7 +120,7 @@ class StagedWork : public Work {
   ~StagedWork() override;
 
   bool is_completed() override;
-  void wait(std::optional<std::chrono::milliseconds> timeout) override;
+  void wait_until_done(std::optional<std::chrono::milliseconds> timeout) override;
   std::exception_ptr exception() const override { return completion_.error(); }
 
  private:
@@ -359,7 +359,7 @@ bool StagedWork::is_completed() {
   return completion_.done();
 }
 
-void StagedWork::wait(std::optional<std::chrono::milliseconds> timeout) {
+void StagedWork::wait_until_done(std::optional<std::chrono::milliseconds> timeout) {
   const Deadline limit = timeout ? Deadline::after(*timeout) : deadline_;
   if (!completion_.done()) {
     try {

@@ -6,6 +6,7 @@
 
 #include "dtrain/error.h"
 #include "python/core/bindings.h"
+#include "python/progress_binding.h"
 
 namespace py = pybind11;
 
@@ -55,4 +56,5 @@ PYBIND11_MODULE(_core, m) {
   dtrain::python::bind_ps(m);
   dtrain::python::bind_data(m);
   dtrain::python::bind_pipeline(m);
+  dtrain::python::bind_progress(m);
 }

@@ -17,6 +17,7 @@
 #include "python/torch/c10d_work.h"
 #include "python/interrupt.h"
 #include "python/torch/bindings.h"
+#include "python/progress_binding.h"
 #include "python/torch/session.h"
 
 namespace py = pybind11;
@@ -136,6 +137,7 @@ PYBIND11_MODULE(_torch, m) {
   m.doc() = "dtrain's native process group as a torch.distributed backend (torch 1.13)";
   // c10d's ProcessGroup must be known to pybind11 before a class can derive from it.
   py::module_::import("torch.distributed");
+  dtrain::python::bind_progress(m);
   py::class_<C10dProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<C10dProcessGroup>>(
       m, "ProcessGroup",
       "A dtrain process group behind torch.distributed's ProcessGroup API. Made by\n"

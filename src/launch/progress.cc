@@ -1,0 +1,122 @@
+// ProgressReporter (include/dtrain/progress.h) and the launcher's reading of its file.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "common/env.h"
+#include "common/log.h"
+#include "dtrain/progress.h"
+#include "dtrain/work.h"
+#include "launch/progress_file.h"
+
+namespace dtrain {
+
+ProgressReporter::ProgressReporter(int rank, ProgressOptions options) : options_(options) {
+  const std::string dir = env::get_string(env::kProgressDir);
+  if (!dir.empty()) path_ = dir + "/" + launch::progress_file_name(rank);
+}
+
+ProgressReporter::~ProgressReporter() {
+  if (unwritten_) write();
+}
+
+void ProgressReporter::step(int64_t step, int64_t samples) {
+  if (!active()) return;
+  const auto now = Clock::now();
+  const auto waited = communication_wait_time();
+  if (last_step_ == Clock::time_point{}) {
+    // The first call: the step before it had no start we know of.
+    last_step_ = window_start_ = now;
+    last_waited_ = waited;
+    step_ = step;
+    return;
+  }
+  const double step_s = std::chrono::duration<double>(now - last_step_).count();
+  // Waits on other threads may overlap this thread's compute: a step is never more than all
+  // communication.
+  const double comm_s =
+      std::min(step_s, std::chrono::duration<double>(waited - last_waited_).count());
+  last_step_ = now;
+  last_waited_ = waited;
+  step_ = step;
+  samples_total_ += samples;
+  compute_total_s_ += step_s - comm_s;
+  communication_total_s_ += comm_s;
+  ++window_steps_;
+  window_samples_ += samples;
+  window_communication_s_ += comm_s;
+  unwritten_ = true;
+  if (now - window_start_ >= options_.interval) write();
+}
+
+void ProgressReporter::write() {
+  const double unix_now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string text = fmt::format(
+      "step {}\nsamples_total {}\ncompute_seconds_total {:.6f}\n"
+      "communication_seconds_total {:.6f}\nwindow_seconds {:.6f}\nwindow_steps {}\n"
+      "window_samples {}\nwindow_communication_seconds {:.6f}\ntime_unix {:.3f}\n",
+      step_, samples_total_, compute_total_s_, communication_total_s_,
+      std::chrono::duration<double>(last_step_ - window_start_).count(), window_steps_,
+      window_samples_, window_communication_s_, unix_now);
+  const std::string tmp = path_ + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const int saved = errno;
+  if (fd >= 0) ::close(fd);
+  ok = ok && ::rename(tmp.c_str(), path_.c_str()) == 0;
+  if (!ok) {
+    // Metrics are for watching the job, never a reason to stop it: report once and go quiet.
+    DTRAIN_LOG_WARN("progress report to {} failed ({}); no more reports from this process",
+                    path_, std::strerror(ok ? errno : saved));
+    path_.clear();
+  }
+  window_start_ = last_step_;
+  window_steps_ = window_samples_ = 0;
+  window_communication_s_ = 0;
+  unwritten_ = false;
+}
+
+}  // namespace dtrain
+
+namespace dtrain::launch {
+
+std::string progress_file_name(int rank) { return fmt::format("rank{}.progress", rank); }
+
+std::optional<ProgressReport> read_progress_file(const std::string& path, int rank) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  ProgressReport r;
+  r.rank = rank;
+  const std::pair<const char*, double*> fields[] = {
+      {"step", &r.step},
+      {"samples_total", &r.samples_total},
+      {"compute_seconds_total", &r.compute_seconds_total},
+      {"communication_seconds_total", &r.communication_seconds_total},
+      {"window_seconds", &r.window_seconds},
+      {"window_steps", &r.window_steps},
+      {"window_samples", &r.window_samples},
+      {"window_communication_seconds", &r.window_communication_seconds},
+      {"time_unix", &r.time_unix}};
+  size_t found = 0;
+  std::string name;
+  double value = 0;
+  while (in >> name >> value) {
+    for (const auto& [field, target] : fields)
+      if (name == field) {
+        *target = value;
+        ++found;
+      }
+  }
+  if (found != std::size(fields)) return std::nullopt;
+  return r;
+}
+
+}  // namespace dtrain::launch
