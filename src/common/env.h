@@ -56,6 +56,7 @@ struct Var {
   X(kTfConfig, "TF_CONFIG", "", "TensorFlow's cluster JSON; the task index in the worker list is the rank.") \
   X(kGpuTopology, "DTRAIN_GPU_TOPOLOGY", "", "A file holding this node's `nvidia-smi topo -m` output, read by `dtrain run --gpus-per-proc` instead of running nvidia-smi.") \
   X(kProgressDir, "DTRAIN_PROGRESS_DIR", "", "Set by `dtrain run --metrics-port`: where each rank's ProgressReporter leaves its latest step report (rank<r>.progress) for the launcher's Prometheus endpoint.") \
+  X(kQueueDir, "DTRAIN_QUEUE_DIR", "", "The queue of `dtrain submit --engine local` (default ~/.local/state/dtrain/queue).") \
   X(kJobId, "DTRAIN_JOB_ID", "dtrain", "Job identity checked in every handshake; connections of other jobs are refused.") \
   X(kAuthToken, "DTRAIN_AUTH_TOKEN", "", "Shared secret: when set, every store and data connection must prove it (HMAC-SHA256 challenge-response).") \
   X(kTimeout, "DTRAIN_TIMEOUT", "300", "Default timeout in seconds of every operation of a process group.") \

@@ -1,7 +1,13 @@
 #include "launch/submit/job.h"
 
 #include <fmt/format.h>
+#include <sys/wait.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "dtrain/error.h"
@@ -59,10 +65,37 @@ void Job::validate() const {
   plain(notify.mail, "--mail", "[A-Za-z0-9_.+@,-]+");
   plain(log_dir, "--log-dir", "[A-Za-z0-9_./+,:=@-]+");
   plain(container, "--container", "[A-Za-z0-9_./:@+#-]+");
+  plain(topology_key, "--topology-key", "[A-Za-z0-9_./-]+");
   if (log_dir.empty()) refuse("--log-dir is empty");
   for (const auto& [k, v] : env)
     if (!std::regex_match(k, std::regex("[A-Za-z_][A-Za-z0-9_]*")))
       refuse(fmt::format("--env '{}': not a variable name", k));
+}
+
+ShellOutput run_shell(const std::string& command) {
+  ShellOutput o;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr) return o;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) o.text += buf;
+  const int status = ::pclose(p);
+  o.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return o;
+}
+
+std::string write_job_file(const std::string& dir, const std::string& file,
+                           const std::string& text) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string path = (fs::path(dir) / file).string();
+  std::ofstream f(path, std::ios::trunc);
+  f << text;
+  f.flush();
+  if (!f)
+    throw InvalidArgumentError(
+        fmt::format("dtrain submit: cannot write {}: {}", path, std::strerror(errno)));
+  return path;
 }
 
 std::string shell_quote(const std::string& text) {

@@ -36,10 +36,26 @@ struct Job {
   bool preemptible = true;  // ask for a warning signal and requeue on exit 75
   std::string placement = "auto";  // pack | spread | auto (docs/scheduling.md)
   std::map<std::string, std::string> env;
+  // Kubernetes: the node label that names a rack or switch, for pack and spread, and whether to
+  // gang-schedule the pods with a Volcano PodGroup.
+  std::string topology_key = "topology.kubernetes.io/zone";
+  bool volcano = false;
 
   // Throws InvalidArgumentError naming the field and what it must be.
   void validate() const;
 };
+
+// A command line run through /bin/sh to its end: its exit status (-1 when it could not run or a
+// signal ended it) and its stdout and stderr together.
+struct ShellOutput {
+  int status = -1;
+  std::string text;
+};
+ShellOutput run_shell(const std::string& command);
+
+// Writes `text` to DIR/FILE (making DIR); returns the path. Throws naming the path and errno.
+std::string write_job_file(const std::string& dir, const std::string& file,
+                           const std::string& text);
 
 // `text` as one word for a POSIX shell: 'it'\''s'.
 std::string shell_quote(const std::string& text);

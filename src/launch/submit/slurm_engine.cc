@@ -1,7 +1,6 @@
 #include "launch/submit/slurm_engine.h"
 
 #include <fmt/format.h>
-#include <sys/wait.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -18,22 +17,8 @@
 namespace dtrain::submit {
 namespace {
 
-struct Output {
-  int status = -1;
-  std::string text;
-};
-
-// Runs a command line through the shell, stdout and stderr together.
-Output run(const std::string& command) {
-  Output o;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return o;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p) != nullptr) o.text += buf;
-  const int status = ::pclose(p);
-  o.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return o;
-}
+using Output = ShellOutput;
+Output run(const std::string& command) { return run_shell(command); }
 
 void check_id(const std::string& id) {
   if (!std::regex_match(id, std::regex("[0-9]+(_[0-9]+)?")))
@@ -163,17 +148,7 @@ std::string submit_slurm(const Job& job, bool dry_run) {
     return "";
   }
   namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::create_directories(job.log_dir, ec);
-  const std::string path = (fs::path(job.log_dir) / (job.name + ".sbatch")).string();
-  {
-    std::ofstream f(path, std::ios::trunc);
-    f << script;
-    f.flush();
-    if (!f)
-      throw InvalidArgumentError(
-          fmt::format("dtrain submit: cannot write {}: {}", path, std::strerror(errno)));
-  }
+  const std::string path = write_job_file(job.log_dir, job.name + ".sbatch", script);
   const Output o = run("sbatch --parsable " + shell_quote(path));
   // --parsable prints "ID" or "ID;CLUSTER" on a line of its own; warnings may come before it.
   std::string id;
