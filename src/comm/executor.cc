@@ -1,4 +1,5 @@
 #include "comm/executor.h"
+#include "comm/wait_time.h"
 
 #include <fmt/format.h>
 #include <poll.h>
@@ -153,6 +154,9 @@ void Executor::help(const CollectiveWork* work) {
 }
 
 void Executor::worker(std::stop_token stop) {
+  // Collectives run here while the caller computes: waiting for them is not its step's
+  // communication (the caller's own wait on the result is).
+  comm::exclude_thread_from_wait_time();
   while (!stop.stop_requested()) {
     pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {timer_.get(), POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0 && errno != EINTR) {

@@ -503,6 +503,11 @@ class Agent {
         workers.back().env.emplace_back("DTRAIN_COMMIT_DIR", commit_dir_->path());
       for (const auto& e : options_.env) workers.back().env.push_back(e);
       workers.back().cpus = cpu_share(local, options_.nproc, cpus);
+      if (static_cast<size_t>(local) < options_.local_ranks.size()) {
+        const auto& mine = options_.local_ranks[local];
+        workers.back().env.emplace_back("CUDA_VISIBLE_DEVICES", mine.visible_devices);
+        if (!mine.cpus.empty()) workers.back().cpus = mine.cpus;
+      }
     }
     return workers;
   }

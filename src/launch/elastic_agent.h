@@ -42,6 +42,13 @@ struct ElasticOptions {
   std::chrono::milliseconds exclude_for{60'000};
   std::chrono::milliseconds grace_period{3000};  // SIGTERM to SIGKILL when stopping workers
   bool prefix_output = true;
+  // Per local rank, when given (dtrain run --gpus-per-proc): its CUDA_VISIBLE_DEVICES and the
+  // CPUs it runs on (instead of an equal share), the same in every round.
+  struct LocalRank {
+    std::string visible_devices;
+    std::vector<int> cpus;
+  };
+  std::vector<LocalRank> local_ranks;
   // Set on every worker, on top of the round's identity (DTRAIN_PROGRESS_DIR for the metrics).
   std::vector<std::pair<std::string, std::string>> env;
   // Called as each round's workers start on this machine: the job's restarts so far and this

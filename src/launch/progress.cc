@@ -69,13 +69,16 @@ void ProgressReporter::write() {
   const std::string tmp = path_ + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  const int saved = errno;
+  int err = ok ? 0 : (errno != 0 ? errno : EIO);
   if (fd >= 0) ::close(fd);
-  ok = ok && ::rename(tmp.c_str(), path_.c_str()) == 0;
+  if (ok && ::rename(tmp.c_str(), path_.c_str()) != 0) {
+    ok = false;
+    err = errno;
+  }
   if (!ok) {
     // Metrics are for watching the job, never a reason to stop it: report once and go quiet.
     DTRAIN_LOG_WARN("progress report to {} failed ({}); no more reports from this process",
-                    path_, std::strerror(ok ? errno : saved));
+                    path_, std::strerror(err));
     path_.clear();
   }
   window_start_ = last_step_;

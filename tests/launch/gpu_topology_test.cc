@@ -107,5 +107,21 @@ TEST(GpuTopology, DtrainRunGivesEachWorkerItsSet) {
       << r.output;
 }
 
+// Under the elastic agent (--max-restarts): every round gives each local rank the same set.
+TEST(GpuTopology, AnElasticRunKeepsEachLocalRanksSetAcrossRestarts) {
+  testing::CommandOptions o;
+  o.env["DTRAIN_GPU_TOPOLOGY"] = kTopologies + "dgx1_v100.txt";
+  auto r = testing::run_command(
+      {std::string(DTRAIN_BIN_DIR) + "/dtrain", "run", "-n", "2", "--max-restarts", "1",
+       "--gpus-per-proc", "2", "--", "sh", "-c",
+       "echo \"round $DTRAIN_RESTART_COUNT devices $RANK=$CUDA_VISIBLE_DEVICES\"; "
+       "[ \"$DTRAIN_RESTART_COUNT$RANK\" = 01 ] && exit 3; exit 0"},
+      o);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  for (const char* line : {"round 0 devices 0=0,3", "round 0 devices 1=1,2",
+                           "round 1 devices 0=0,3", "round 1 devices 1=1,2"})
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+}
+
 }  // namespace
 }  // namespace dtrain::launch

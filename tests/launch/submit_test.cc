@@ -49,7 +49,8 @@ std::string read(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// Every YAML document of `text`, through PyYAML.
+// Every YAML document of `text`, through PyYAML. (The tests copy what they look into: a
+// missing key read through a const json& is undefined behaviour, not a failure.)
 json yaml_documents(const std::string& text, const std::string& dir) {
   const std::string path = dir + "/manifests.yaml";
   std::ofstream(path) << text;
@@ -79,9 +80,9 @@ TEST(K8sSubmit, TheManifestsAskForTheGpusAndEachPodRunsItsNodeOfTheJob) {
        "--partition", "team-a", "--notify-command", "echo \"$DTRAIN_JOB_EVENT\" >> " +
        dir.path() + "/events", "--", kWorker, "--steps", "30", "--slow-ms", "0"});
   ASSERT_TRUE(r.ok()) << r.output;
-  const json docs = yaml_documents(r.output, dir.path());
-  const json& service = kind(docs, "Service");
-  const json& job = kind(docs, "Job");
+  json docs = yaml_documents(r.output, dir.path());
+  json service = kind(docs, "Service");
+  json job = kind(docs, "Job");
   ASSERT_FALSE(service.is_null() || job.is_null());
   EXPECT_EQ(service["spec"]["clusterIP"], "None");
   EXPECT_EQ(job["spec"]["completionMode"], "Indexed");
@@ -89,18 +90,29 @@ TEST(K8sSubmit, TheManifestsAskForTheGpusAndEachPodRunsItsNodeOfTheJob) {
   EXPECT_EQ(job["spec"]["parallelism"], 2);
   EXPECT_EQ(job["spec"]["activeDeadlineSeconds"], 93600);
   EXPECT_EQ(job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], "team-a");
-  EXPECT_EQ(job["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"][0], 75);
-  const json& pod = job["spec"]["template"];
+  // Any failure but 75 fails the Job; 75 (saved for a requeue) counts, up to --max-restarts
+  // (3 by default) requeues of both pods; evictions never count.
+  json rules = job["spec"]["podFailurePolicy"]["rules"];
+  EXPECT_EQ(rules[0]["action"], "FailJob");
+  EXPECT_EQ(rules[0]["onExitCodes"]["operator"], "NotIn");
+  EXPECT_EQ(rules[0]["onExitCodes"]["values"][0], 75);
+  EXPECT_EQ(rules[1]["action"], "Count");
+  EXPECT_EQ(rules[2]["onPodConditions"][0]["type"], "DisruptionTarget");
+  EXPECT_EQ(job["spec"]["backoffLimit"], 6);
+  EXPECT_EQ(service["metadata"]["labels"].count("kueue.x-k8s.io/queue-name"), 0u)
+      << "the queue label belongs on the Job only";
+  json pod = job["spec"]["template"];
+  EXPECT_EQ(pod["metadata"]["labels"].count("kueue.x-k8s.io/queue-name"), 0u);
   EXPECT_EQ(pod["spec"]["subdomain"], "t1");
   for (const auto& [k, v] : service["spec"]["selector"].items())
     EXPECT_EQ(pod["metadata"]["labels"][k], v);
   EXPECT_EQ(pod["spec"]["nodeSelector"]["nvidia.com/gpu.product"], "NVIDIA-A100-SXM4-80GB");
-  const json& c = pod["spec"]["containers"][0];
+  json c = pod["spec"]["containers"][0];
   EXPECT_EQ(c["image"], "localhost/dtrain:latest");
   EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], 4);
   EXPECT_EQ(c["resources"]["limits"]["memory"], "64Gi");
   std::map<std::string, std::string> env;
-  for (const json& e : c["env"]) env[e["name"]] = e["value"];
+  for (json e : c["env"]) env[e["name"]] = e["value"];
   EXPECT_EQ(env["MASTER_ADDR"], "t1-0.t1");
   EXPECT_EQ(env["MASTER_PORT"], "29500");
   EXPECT_EQ(service["spec"]["ports"][0]["port"], 29500);
@@ -140,9 +152,9 @@ TEST(K8sSubmit, PackVolcanoAndWhatKubernetesCannotDo) {
                                  "example.com/rack", "--container", "img", "--", "true"});
   ASSERT_TRUE(r.ok()) << r.output;
   TempDir dir;
-  const json docs = yaml_documents(r.output, dir.path());
-  const json& pod = kind(docs, "Job")["spec"]["template"];
-  const json& term =
+  json docs = yaml_documents(r.output, dir.path());
+  json pod = kind(docs, "Job")["spec"]["template"];
+  json term =
       pod["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
   EXPECT_EQ(term["podAffinityTerm"]["topologyKey"], "example.com/rack");
   EXPECT_EQ(pod["spec"]["schedulerName"], "volcano");

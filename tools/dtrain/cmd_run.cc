@@ -170,6 +170,78 @@ std::unique_ptr<TcpStoreServer> start_store(const RunArgs& a) {
   }
 }
 
+// This node's GPU topology: DTRAIN_GPU_TOPOLOGY's file, else `nvidia-smi topo -m`.
+launch::GpuTopology read_gpu_topology() {
+  const std::string file = env::get_string(env::kGpuTopology);
+  std::string text;
+  if (!file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in)
+      throw InvalidArgumentError(fmt::format("dtrain run: cannot read DTRAIN_GPU_TOPOLOGY={}: {}",
+                                             file, std::strerror(errno)));
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  } else {
+    FILE* p = ::popen("nvidia-smi topo -m 2>&1", "r");
+    char buf[4096];
+    while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) text += buf;
+    const int status = p != nullptr ? ::pclose(p) : -1;
+    if (status != 0)
+      throw InvalidArgumentError(fmt::format(
+          "dtrain run --gpus-per-proc: `nvidia-smi topo -m` failed ({}): no NVIDIA driver here? "
+          "Point DTRAIN_GPU_TOPOLOGY at a file with its output, or leave --gpus-per-proc out",
+          text.empty() ? "not found" : text.substr(0, text.find('\n'))));
+  }
+  return launch::parse_nvidia_smi_topo(text);
+}
+
+// A local rank's GPUs and the CPUs it runs on.
+struct GpuShare {
+  std::string visible;  // CUDA_VISIBLE_DEVICES
+  std::vector<int> cpus;
+};
+
+// --gpus-per-proc: each local rank the closest GPU set left, and its CPUs on those GPUs' NUMA
+// node, shared with the other ranks whose GPUs sit there. Empty without the flag.
+std::vector<GpuShare> plan_gpus(const RunArgs& a, const std::vector<int>& cpus) {
+  if (a.gpus_per_proc <= 0) return {};
+  const auto topology = read_gpu_topology();
+  const auto sets = launch::pick_gpu_sets(topology, a.nproc, a.gpus_per_proc);
+  std::vector<std::vector<int>> near_cpus;
+  for (const auto& set : sets) {
+    std::vector<int> near;
+    for (int g : set)
+      for (int c : topology.cpus[g])
+        if (std::find(cpus.begin(), cpus.end(), c) != cpus.end() &&
+            std::find(near.begin(), near.end(), c) == near.end())
+          near.push_back(c);
+    std::sort(near.begin(), near.end());
+    near_cpus.push_back(near);
+  }
+  std::vector<GpuShare> shares(a.nproc);
+  for (int local = 0; local < a.nproc; ++local) {
+    const auto& set = sets[local];
+    shares[local].visible = fmt::format("{}", fmt::join(set, ","));
+    if (!near_cpus[local].empty()) {
+      int index = 0, sharing = 0;  // this rank's place among those near the same CPUs
+      for (int other = 0; other < a.nproc; ++other) {
+        if (near_cpus[other] != near_cpus[local]) continue;
+        if (other < local) ++index;
+        ++sharing;
+      }
+      shares[local].cpus = launch::cpu_share(index, sharing, near_cpus[local]);
+    }
+    std::string links;
+    for (size_t i = 1; i < set.size(); ++i)
+      links += (links.empty() ? " (" : ", ") + topology.link[set[0]][set[i]];
+    DTRAIN_LOG_INFO("dtrain run: local rank {}: GPUs {}{}{}", local, shares[local].visible,
+                    links.empty() ? "" : links + ")",
+                    near_cpus[local].empty()
+                        ? std::string()
+                        : ", CPUs " + launch::describe_cpus(near_cpus[local]));
+  }
+  return shares;
+}
+
 int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given,
                     bool master_given) {
   if (node_rank_given)
@@ -198,6 +270,9 @@ int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given
   o.grace_period = seconds_flag(a.grace_period_s, "--grace-period");
   o.prefix_output = !a.no_prefix;
   o.bind = a.bind == "auto";
+  // The machine's GPUs do not change between rounds: each local rank keeps its set.
+  for (const auto& share : plan_gpus(a, o.bind ? launch::allowed_cpus() : std::vector<int>{}))
+    o.local_ranks.push_back({share.visible, share.cpus});
   std::unique_ptr<launch::MetricsEndpoint> metrics;
   if (a.metrics_port >= 0) {
     metrics = std::make_unique<launch::MetricsEndpoint>(a.metrics_port, "dtrain run");
@@ -208,30 +283,6 @@ int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given
     };
   }
   return launch::run_elastic(o);
-}
-
-// This node's GPU topology: DTRAIN_GPU_TOPOLOGY's file, else `nvidia-smi topo -m`.
-launch::GpuTopology read_gpu_topology() {
-  const std::string file = env::get_string(env::kGpuTopology);
-  std::string text;
-  if (!file.empty()) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in)
-      throw InvalidArgumentError(fmt::format("dtrain run: cannot read DTRAIN_GPU_TOPOLOGY={}: {}",
-                                             file, std::strerror(errno)));
-    text.assign(std::istreambuf_iterator<char>(in), {});
-  } else {
-    FILE* p = ::popen("nvidia-smi topo -m 2>&1", "r");
-    char buf[4096];
-    while (p != nullptr && std::fgets(buf, sizeof buf, p) != nullptr) text += buf;
-    const int status = p != nullptr ? ::pclose(p) : -1;
-    if (status != 0)
-      throw InvalidArgumentError(fmt::format(
-          "dtrain run --gpus-per-proc: `nvidia-smi topo -m` failed ({}): no NVIDIA driver here? "
-          "Point DTRAIN_GPU_TOPOLOGY at a file with its output, or leave --gpus-per-proc out",
-          text.empty() ? "not found" : text.substr(0, text.find('\n'))));
-  }
-  return launch::parse_nvidia_smi_topo(text);
 }
 
 int run_job(const RunArgs& a) {
@@ -259,33 +310,7 @@ int run_job(const RunArgs& a) {
   // Parameter servers beside the workers share the CPUs with them: no binding then.
   const auto cpus =
       a.bind == "auto" && a.servers == 0 ? launch::allowed_cpus() : std::vector<int>{};
-  // GPUs: each rank the closest set left, and its CPUs on those GPUs' NUMA node, shared with the
-  // other ranks whose GPUs sit there.
-  std::vector<std::vector<int>> gpu_sets, gpu_cpus;
-  if (a.gpus_per_proc > 0) {
-    const auto topology = read_gpu_topology();
-    gpu_sets = launch::pick_gpu_sets(topology, a.nproc, a.gpus_per_proc);
-    for (const auto& set : gpu_sets) {
-      std::vector<int> near;
-      for (int g : set)
-        for (int c : topology.cpus[g])
-          if (std::find(cpus.begin(), cpus.end(), c) != cpus.end() &&
-              std::find(near.begin(), near.end(), c) == near.end())
-            near.push_back(c);
-      std::sort(near.begin(), near.end());
-      gpu_cpus.push_back(near);
-    }
-    for (int local = 0; local < a.nproc; ++local) {
-      std::string links;
-      for (size_t i = 1; i < gpu_sets[local].size(); ++i)
-        links +=
-            (links.empty() ? " (" : ", ") + topology.link[gpu_sets[local][0]][gpu_sets[local][i]];
-      DTRAIN_LOG_INFO("dtrain run: local rank {}: GPUs {}{}{}", local,
-                      fmt::join(gpu_sets[local], ","), links.empty() ? "" : links + ")",
-                      gpu_cpus[local].empty() ? std::string()
-                                              : ", CPUs " + launch::describe_cpus(gpu_cpus[local]));
-    }
-  }
+  const auto gpus = plan_gpus(a, cpus);
   for (int local = 0; local < a.nproc; ++local) {
     int rank = a.node_rank * a.nproc + local;
     options.workers.push_back(launch::WorkerSpec{
@@ -308,18 +333,9 @@ int run_job(const RunArgs& a) {
     options.workers.back().cpus = launch::cpu_share(local, a.nproc, cpus);
     if (metrics)
       options.workers.back().env.emplace_back(env::kProgressDir.name, metrics->progress_dir());
-    if (!gpu_sets.empty()) {
-      options.workers.back().env.emplace_back("CUDA_VISIBLE_DEVICES",
-                                              fmt::format("{}", fmt::join(gpu_sets[local], ",")));
-      if (!gpu_cpus[local].empty()) {
-        int index = 0, sharing = 0;  // this rank's place among those near the same CPUs
-        for (int other = 0; other < a.nproc; ++other) {
-          if (gpu_cpus[other] != gpu_cpus[local]) continue;
-          if (other < local) ++index;
-          ++sharing;
-        }
-        options.workers.back().cpus = launch::cpu_share(index, sharing, gpu_cpus[local]);
-      }
+    if (!gpus.empty()) {
+      options.workers.back().env.emplace_back("CUDA_VISIBLE_DEVICES", gpus[local].visible);
+      if (!gpus[local].cpus.empty()) options.workers.back().cpus = gpus[local].cpus;
     }
     if (a.servers > 0) {
       auto& env = options.workers.back().env;
@@ -472,10 +488,6 @@ CLI::App* add_run_command(CLI::App& app) {
                             rdzv_id->count() > 0 || elastic->nnodes.find(':') != std::string::npos;
     int code = 0;
     if (is_elastic) {
-      if (a.gpus_per_proc > 0)
-        throw InvalidArgumentError(
-            "dtrain run: --gpus-per-proc cannot be combined with an elastic run yet "
-            "(--max-restarts, --rdzv-endpoint, --nnodes MIN:MAX)");
       if (a.servers > 0)
         throw InvalidArgumentError(
             "dtrain run: --servers cannot be combined with an elastic run yet (--max-restarts, "

@@ -134,6 +134,9 @@ CLI::App* add_submit_commands(CLI::App& app) {
       if (f->probe_seconds < 1 || f->probe_seconds > 3600)
         throw std::runtime_error(
             fmt::format("--probe-seconds {} must be 1 to 3600", f->probe_seconds));
+      submit::Job checked = job;  // the rest of the description is right before probing
+      checked.memory.clear();
+      checked.validate();
       const auto probe = submit::probe_memory(job, std::chrono::seconds(f->probe_seconds));
       job.memory = probe.memory;
       std::printf("# --mem auto: %s per node\n", probe.describe().c_str());

@@ -19,10 +19,10 @@ void Job::validate() const {
     throw InvalidArgumentError("dtrain submit: " + what);
   };
   if (command.empty()) refuse("no command: put it after --, e.g. -- python3 train.py");
-  if (!std::regex_match(name, std::regex("[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?")))
+  if (!std::regex_match(name, std::regex("[a-z]([-a-z0-9]{0,50}[a-z0-9])?")))
     refuse(
         fmt::format("job name '{}' must be 1-52 lowercase letters, digits or '-', starting "
-                    "and ending with a letter or digit (a Kubernetes name)",
+                    "with a letter and ending with a letter or digit (a Kubernetes Service name)",
                     name));
   if (nodes < 1 || nodes > 100000) refuse(fmt::format("--nodes {} must be 1 to 100000", nodes));
   if (procs_per_node < 1 || procs_per_node > 1024)

@@ -71,6 +71,9 @@ std::string load_job_file(const std::string& path, Job& job,
        }},
   };
   for (const auto& entry : root) {
+    if (!entry.first.IsScalar())
+      throw InvalidArgumentError(fmt::format("dtrain submit: {}:{}: a key must be a name", path,
+                                             entry.first.Mark().line + 1));
     const std::string key = entry.first.as<std::string>();
     const auto it = keys.find(key);
     const auto line = entry.first.Mark().line + 1;
@@ -81,8 +84,12 @@ std::string load_job_file(const std::string& path, Job& job,
           fmt::format("dtrain submit: {}:{}: unknown key '{}'; the keys are {}", path, line, key,
                       known));
     }
-    // "preemptible" is set by the command line's --not-preemptible.
-    if (given(key == "preemptible" ? "not-preemptible" : key)) continue;
+    // "preemptible" is set by the command line's --not-preemptible; the file's env is merged
+    // with --env's (which win, name by name).
+    if (key != "env" && given(key == "preemptible" ? "not-preemptible" : key)) continue;
+    if (entry.second.IsNull())
+      throw InvalidArgumentError(
+          fmt::format("dtrain submit: {}:{}: '{}' has no value", path, line, key));
     try {
       it->second(entry.second);
     } catch (const YAML::Exception&) {

@@ -25,7 +25,8 @@ std::string k8s_memory(const std::string& slurm) {
 long long seconds_of(const std::string& limit) {
   long long days = 0;
   std::string rest = limit;
-  if (const auto dash = limit.find('-'); dash != std::string::npos) {
+  const auto dash = limit.find('-');
+  if (dash != std::string::npos) {
     days = std::stoll(limit.substr(0, dash));
     rest = limit.substr(dash + 1);
   }
@@ -33,7 +34,7 @@ long long seconds_of(const std::string& limit) {
   std::istringstream in(rest);
   for (std::string part; std::getline(in, part, ':');) f.push_back(std::stoll(part));
   long long s = 0;
-  if (days > 0) {  // D-HH, D-HH:MM, D-HH:MM:SS
+  if (dash != std::string::npos) {  // D-HH, D-HH:MM, D-HH:MM:SS
     const long long mult[] = {3600, 60, 1};
     for (size_t i = 0; i < f.size(); ++i) s += f[i] * mult[i];
   } else if (f.size() == 1) {
@@ -50,7 +51,11 @@ long long seconds_of(const std::string& limit) {
 // (bash as PID 1 would not), the inputs, the outputs and, from pod 0, the notifications.
 std::string pod_script(const Job& job) {
   const bool notifying = !job.notify.command.empty() || !job.notify.webhook.empty();
-  std::string s = "set -u\nindex=${JOB_COMPLETION_INDEX:?the Job controller sets it}\n";
+  // SIGTERM (the pod deleted, preempted) is passed on to `dtrain run`; before it runs, it stops
+  // the script (bash as PID 1 would ignore it).
+  std::string s =
+      "set -u\nchild=\nstop=\ntrap 'stop=1; [ -n \"$child\" ] && kill -TERM \"$child\" "
+      "2>/dev/null' TERM\nindex=${JOB_COMPLETION_INDEX:?the Job controller sets it}\n";
   s += notify_function(job, "${JOB_NAME}");
   auto event = [&](const std::string& e, const std::string& status) {
     return notifying ? fmt::format("[ \"$index\" = 0 ] && notify {} {}\n", e, status) : "";
@@ -63,6 +68,7 @@ std::string pod_script(const Job& job) {
         shell_quote(in.substr(0, colon)), shell_quote(in.substr(colon + 1)),
         notifying ? "notify failure 1; " : "");
   }
+  s += "[ -n \"$stop\" ] && exit 143\n";
   std::vector<std::string> run = {"dtrain",        "run",
                                   "-n",            std::to_string(job.procs_per_node),
                                   "--nnodes",      std::to_string(job.nodes)};
@@ -74,7 +80,7 @@ std::string pod_script(const Job& job) {
       "{} --node-rank \"$index\" --master-addr \"$MASTER_ADDR\" --master-port \"$MASTER_PORT\" "
       "-- {} &\n"
       "child=$!\n"
-      "trap 'kill -TERM \"$child\" 2>/dev/null' TERM\n"
+      "[ -n \"$stop\" ] && kill -TERM \"$child\"\n"
       "wait \"$child\"; status=$?\n"
       "while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; status=$?; done\n",
       shell_join(run), shell_join(job.command));
@@ -127,8 +133,11 @@ void emit(YAML::Emitter& out, const YAML::Node& n) {
     out << YAML::EndSeq;
   } else if (n.Tag() == "!plain") {
     out << n.Scalar();
+  } else if (const std::string& t = n.Scalar();
+             t.find('\n') != std::string::npos && t.back() == '\n' && t.front() != ' ') {
+    out << YAML::Literal << t;  // the pod's script: readable as it runs
   } else if (n.Scalar().find('\n') != std::string::npos) {
-    out << YAML::Literal << n.Scalar();
+    out << YAML::DoubleQuoted << n.Scalar();
   } else if (reads_as_non_string(n.Scalar())) {
     out << YAML::DoubleQuoted << n.Scalar();
   } else {
@@ -164,7 +173,7 @@ std::string k8s_manifests(const Job& job) {
   service["apiVersion"] = "v1";
   service["kind"] = "Service";
   service["metadata"]["name"] = name;
-  service["metadata"]["labels"] = labels;
+  service["metadata"]["labels"] = YAML::Clone(labels);
   service["spec"]["clusterIP"] = "None";  // headless: a DNS name per pod
   service["spec"]["publishNotReadyAddresses"] = plain(true);
   service["spec"]["selector"]["dtrain.job"] = name;
@@ -201,7 +210,7 @@ std::string k8s_manifests(const Job& job) {
   }
 
   YAML::Node pod;
-  pod["metadata"]["labels"] = labels;
+  pod["metadata"]["labels"] = YAML::Clone(labels);
   pod["spec"]["subdomain"] = name;  // pod i is NAME-i.NAME
   pod["spec"]["restartPolicy"] = "Never";
   // SIGTERM first, SIGKILL this long after: time to finish a step and write the checkpoint.
@@ -233,48 +242,65 @@ std::string k8s_manifests(const Job& job) {
   kjob["apiVersion"] = "batch/v1";
   kjob["kind"] = "Job";
   kjob["metadata"]["name"] = name;
-  kjob["metadata"]["labels"] = labels;
+  kjob["metadata"]["labels"] = YAML::Clone(labels);
   if (!job.partition.empty()) kjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = job.partition;
   kjob["spec"]["completionMode"] = "Indexed";
   kjob["spec"]["completions"] = plain(job.nodes);
   kjob["spec"]["parallelism"] = plain(job.nodes);  // every node at once: a collective waits for all
-  kjob["spec"]["backoffLimit"] = plain(0);  // a failed pod cannot rejoin a running group
-  if (!job.time_limit.empty())
-    kjob["spec"]["activeDeadlineSeconds"] = plain(seconds_of(job.time_limit));
+  if (!job.time_limit.empty()) {
+    long long seconds = 0;
+    try {
+      seconds = seconds_of(job.time_limit);
+    } catch (const std::exception&) {
+      throw InvalidArgumentError(
+          fmt::format("dtrain submit: --time '{}' is too large", job.time_limit));
+    }
+    kjob["spec"]["activeDeadlineSeconds"] = plain(seconds);
+  }
+  // A failure of any other kind fails the Job at once: a pod made again cannot rejoin a running
+  // group. Exit 75 (every rank saved at the same step for a requeue) makes the pods again, and
+  // resumes, up to --max-restarts times (each time every pod exits 75, so each counts `nodes`
+  // against the backoff limit). An eviction or preemption by the cluster never counts.
+  const int restarts = job.preemptible ? job.max_restarts : 0;
+  kjob["spec"]["backoffLimit"] = plain(restarts * job.nodes);
+  YAML::Node fail_other;
+  fail_other["action"] = "FailJob";
+  fail_other["onExitCodes"]["containerName"] = "trainer";
+  fail_other["onExitCodes"]["operator"] = "NotIn";
+  fail_other["onExitCodes"]["values"].push_back(plain(Preemption::kRequeueExitCode));
+  kjob["spec"]["podFailurePolicy"]["rules"].push_back(fail_other);
   if (job.preemptible) {
-    // Exit 75: every rank saved its state at the same step for a requeue; the pods are made
-    // again and resume. An eviction or preemption by the cluster is not a failure either.
-    YAML::Node on_exit;
-    on_exit["action"] = "Ignore";
-    on_exit["onExitCodes"]["containerName"] = "trainer";
-    on_exit["onExitCodes"]["operator"] = "In";
-    on_exit["onExitCodes"]["values"].push_back(plain(Preemption::kRequeueExitCode));
+    YAML::Node requeue;
+    requeue["action"] = "Count";
+    requeue["onExitCodes"]["containerName"] = "trainer";
+    requeue["onExitCodes"]["operator"] = "In";
+    requeue["onExitCodes"]["values"].push_back(plain(Preemption::kRequeueExitCode));
+    kjob["spec"]["podFailurePolicy"]["rules"].push_back(requeue);
     YAML::Node disruption;
     disruption["action"] = "Ignore";
     YAML::Node condition;
     condition["type"] = "DisruptionTarget";
     disruption["onPodConditions"].push_back(condition);
-    kjob["spec"]["podFailurePolicy"]["rules"].push_back(on_exit);
     kjob["spec"]["podFailurePolicy"]["rules"].push_back(disruption);
   }
   kjob["spec"]["template"] = pod;
 
   YAML::Emitter out;
-  out << YAML::BeginDoc;
-  emit(out, service);
-  out << YAML::BeginDoc;
-  emit(out, kjob);
-  if (job.volcano) {
+  if (job.volcano) {  // before the pods that name it
     YAML::Node group;
     group["apiVersion"] = "scheduling.volcano.sh/v1beta1";
     group["kind"] = "PodGroup";
     group["metadata"]["name"] = name;
-    group["metadata"]["labels"] = labels;
+    group["metadata"]["labels"] = YAML::Clone(labels);
     group["spec"]["minMember"] = plain(job.nodes);  // all pods or none: gang scheduling
     if (!job.partition.empty()) group["spec"]["queue"] = job.partition;
     out << YAML::BeginDoc;
     emit(out, group);
   }
+  out << YAML::BeginDoc;
+  emit(out, service);
+  out << YAML::BeginDoc;
+  emit(out, kjob);
   return std::string("# Written by `dtrain submit --engine k8s` (docs/submit.md).\n") +
          out.c_str() + "\n";
 }

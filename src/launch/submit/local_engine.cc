@@ -20,6 +20,7 @@
 #include <iterator>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -37,7 +38,10 @@ std::string local_script(const Job& job, int port, const std::string& dtrain) {
   };
   std::string s =
       "#!/bin/bash\n# Written by `dtrain submit --engine local` (docs/submit.md).\nset -u\n"
-      "restart=${DTRAIN_QUEUE_RESTART:-0}\n";
+      "restart=${DTRAIN_QUEUE_RESTART:-0}\n"
+      // SIGTERM (dtrain cancel) is passed on to what runs; before anything runs, it stops here.
+      "pids=()\nstop=\n"
+      "trap 'stop=1; [ ${#pids[@]} -gt 0 ] && kill -TERM \"${pids[@]}\" 2>/dev/null' TERM\n";
   s += notify_function(job, "$DTRAIN_QUEUE_JOB");
   for (const auto& [k, v] : job.env) s += fmt::format("export {}={}\n", k, shell_quote(v));
   s += "echo \"dtrain: job $DTRAIN_QUEUE_JOB (restart $restart) starts on $(hostname)\"\n";
@@ -49,9 +53,7 @@ std::string local_script(const Job& job, int port, const std::string& dtrain) {
         shell_quote(in.substr(0, colon)), shell_quote(in.substr(colon + 1)),
         notifying ? "notify failure 1; " : "");
   }
-  // Each process started here is stopped with SIGTERM when the job is cancelled; dtrain run
-  // passes it on to the ranks (a preemption warning: they save and exit 75).
-  s += "pids=()\ntrap 'kill -TERM \"${pids[@]}\" 2>/dev/null' TERM\n";
+  s += "[ -n \"$stop\" ] && exit 143\n";
   std::vector<std::string> gpus;
   if (job.gpus_per_proc > 0) gpus = {"--gpus-per-proc", std::to_string(job.gpus_per_proc)};
   if (job.container.empty()) {
@@ -82,8 +84,10 @@ std::string local_script(const Job& job, int port, const std::string& dtrain) {
           shell_join(job.command));
     }
   }
-  // The first failure is the job's status (a rank's peers fail soon after it, naming it).
-  s += "status=0\n"
+  // A SIGTERM that came while they started; then the first failure is the job's status (a
+  // rank's peers fail soon after it, naming it).
+  s += "[ -n \"$stop\" ] && kill -TERM \"${pids[@]}\" 2>/dev/null\n"
+       "status=0\n"
        "for p in \"${pids[@]}\"; do\n"
        "  wait \"$p\"; s=$?\n"
        "  while kill -0 \"$p\" 2>/dev/null; do wait \"$p\"; s=$?; done\n"
@@ -96,7 +100,8 @@ std::string local_script(const Job& job, int port, const std::string& dtrain) {
   }
   if (job.preemptible)
     s += fmt::format(
-        "if [ \"$status\" -eq {0} ] && [ \"$restart\" -lt {1} ]; then\n"
+        "if [ \"$status\" -eq {0} ] && [ \"$restart\" -lt {1} ] && "
+        "[ ! -e \"$DTRAIN_QUEUE_CANCEL\" ]; then\n"
         "  echo \"dtrain: job $DTRAIN_QUEUE_JOB saved its state for a requeue (restart $restart "
         "of {1}); requeueing\"\n{2}"
         "  exit \"$status\"\n"
@@ -190,7 +195,13 @@ void start_runner(const std::string& queue) {
   if (pid < 0) throw InvalidArgumentError("dtrain submit: cannot start the queue runner: fork");
   if (pid == 0) {
     ::setsid();
-    if (::fork() != 0) ::_exit(0);  // the grandchild is nobody's child: no zombie
+    const pid_t runner = ::fork();  // the grandchild is nobody's child: no zombie
+    if (runner < 0) {
+      std::fprintf(stderr, "dtrain submit: cannot start the queue runner: %s\n",
+                   std::strerror(errno));
+      ::_exit(1);
+    }
+    if (runner > 0) ::_exit(0);
     const int log = ::open((queue + "/runner.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     const int null = ::open("/dev/null", O_RDONLY);
     ::dup2(null, 0);
@@ -198,10 +209,38 @@ void start_runner(const std::string& queue) {
       ::dup2(log, 1);
       ::dup2(log, 2);
     }
+    if (log > 2) ::close(log);
+    if (null > 2) ::close(null);
     ::execl(exe.c_str(), exe.c_str(), "queue-runner", static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  ::waitpid(pid, nullptr, 0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain submit: the job is queued but no runner could be started; the next submit "
+        "starts one"));
+}
+
+// When the process started (field 22 of /proc/PID/stat, in clock ticks since boot): a pid and
+// this name one process, not whichever reuses the pid later. "" when it is gone.
+std::string process_start(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  const auto paren = stat.rfind(')');  // the name may hold spaces and parentheses
+  if (paren == std::string::npos) return "";
+  std::istringstream fields(stat.substr(paren + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+  }
+  return field;
+}
+
+// The submitter's environment, NUL-separated, for the job to run in (as sbatch exports it).
+std::string environment_text() {
+  std::string text;
+  for (char** e = environ; *e != nullptr; ++e) text += std::string(*e) + '\0';
+  return text;
 }
 
 }  // namespace
@@ -237,6 +276,10 @@ std::string submit_local(const Job& job, bool dry_run) {
   write_text(dir / "restarts", "0");
   write_text(dir / "max-restarts", std::to_string(job.preemptible ? job.max_restarts : 0));
   write_text(dir / "submitted", std::to_string(std::time(nullptr)));
+  {
+    std::ofstream env(dir / "environ", std::ios::binary | std::ios::trunc);
+    env << environment_text();
+  }
   write_text(dir / "state", "queued");  // last: the runner takes the job from here on
   std::printf("submitted job %d to this machine's queue (%s): %s, %d node(s) x %d rank(s)%s; "
               "output %s\n",
@@ -281,10 +324,11 @@ void local_cancel(const std::string& id) {
   write_text(dir / "cancel", "1");
   const std::string state = read_text(dir / "state");
   if (state == "running") {
-    const pid_t pgid = std::atoi(read_text(dir / "pid").c_str());
+    const pid_t pid = std::atoi(read_text(dir / "pid").c_str());
     // The job's shell only: it passes SIGTERM on to `dtrain run` (or podman) once, and they to
-    // the ranks; a second SIGTERM straight to the launcher would cut its grace short.
-    if (pgid > 1) ::kill(pgid, SIGTERM);
+    // the ranks; a second SIGTERM straight to the launcher would cut its grace short. Only
+    // while that pid is still the job's shell (not a process that took the number later).
+    if (pid > 1 && process_start(pid) == read_text(dir / "started")) ::kill(pid, SIGTERM);
     std::printf("stopping job %s (SIGTERM to its processes; they may save and exit)\n", id.c_str());
   } else if (state == "queued") {
     std::printf("cancelled job %s before it started\n", id.c_str());
@@ -305,7 +349,20 @@ int run_local_queue() {
   std::map<pid_t, Running> running;
   for (;;) {
     if (::flock(lock, LOCK_EX | LOCK_NB) != 0) return 0;  // another runner has the queue
-    for (;;) {
+    // Jobs a runner before this one started and never saw end (it was killed, the machine
+    // rebooted): nobody will record their end.
+    for (int id : job_ids(queue)) {
+      const fs::path dir = fs::path(queue) / std::to_string(id);
+      if (read_text(dir / "state") != "running") continue;
+      bool ours = false;
+      for (const auto& [pid, r] : running) ours = ours || r.id == id;
+      if (ours) continue;
+      std::fprintf(stderr, "dtrain queue: job %d was running under a runner that is gone; "
+                   "marked lost\n", id);
+      write_text(dir / "exit", "?");
+      write_text(dir / "state", "lost");
+    }
+    for (;;) try {
       // Reap the jobs that ended.
       int status = 0;
       for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
@@ -344,6 +401,18 @@ int run_local_queue() {
         const std::string log = read_text(dir / "log");
         const std::string cwd = read_text(dir / "cwd");
         const std::string script = (dir / "job.sh").string();
+        std::vector<std::string> env_strings;
+        {
+          std::ifstream in(dir / "environ", std::ios::binary);
+          for (std::string e; std::getline(in, e, '\0');)
+            if (!e.starts_with("DTRAIN_QUEUE_")) env_strings.push_back(e);
+        }
+        env_strings.push_back("DTRAIN_QUEUE_JOB=" + std::to_string(id));
+        env_strings.push_back("DTRAIN_QUEUE_RESTART=" + restarts);
+        env_strings.push_back("DTRAIN_QUEUE_CANCEL=" + (dir / "cancel").string());
+        std::vector<char*> envp;
+        for (auto& e : env_strings) envp.push_back(e.data());
+        envp.push_back(nullptr);
         const pid_t pid = ::fork();
         if (pid == 0) {
           ::setpgid(0, 0);  // cancel signals the job's whole group
@@ -352,15 +421,16 @@ int run_local_queue() {
             ::dup2(out, 1);
             ::dup2(out, 2);
           }
+          if (out > 2) ::close(out);
           if (::chdir(cwd.c_str()) != 0) ::_exit(126);
-          ::setenv("DTRAIN_QUEUE_JOB", std::to_string(id).c_str(), 1);
-          ::setenv("DTRAIN_QUEUE_RESTART", restarts.c_str(), 1);
-          ::execl("/bin/bash", "bash", script.c_str(), static_cast<char*>(nullptr));
+          char* argv[] = {const_cast<char*>("bash"), const_cast<char*>(script.c_str()), nullptr};
+          ::execve("/bin/bash", argv, envp.data());
           ::_exit(127);
         }
         if (pid < 0) break;
         ::setpgid(pid, pid);
         write_text(dir / "pid", std::to_string(pid));
+        write_text(dir / "started", process_start(pid));
         write_text(dir / "state", "running");
         running[pid] = {id, ranks};
         used += ranks;
@@ -369,6 +439,12 @@ int run_local_queue() {
       }
       if (running.empty() && !queued) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    } catch (const std::exception& e) {
+      // A full disk under the queue, a job folder removed by hand: say so, keep running the
+      // jobs that are running.
+      std::fprintf(stderr, "dtrain queue: %s\n", e.what());
+      std::fflush(stderr);
+      std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     // Let go of the queue, then look once more: a job submitted while this runner was deciding
     // to stop found the lock held and started no runner of its own.

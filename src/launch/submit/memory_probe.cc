@@ -49,9 +49,9 @@ MemoryProbe probe_memory(const Job& job, std::chrono::seconds limit) {
       ::dup2(out, 1);
       ::dup2(out, 2);
     }
-    // What the command writes with relative paths lands in the scratch directory, not over
-    // the job's own outputs.
-    if (::chdir(scratch.c_str()) != 0) ::_exit(126);
+    // In this directory, so that the command and its relative paths mean what they will in the
+    // job; its temporary files go to the scratch directory.
+    ::setenv("TMPDIR", scratch.c_str(), 1);
     for (const auto& [k, v] : job.env) ::setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -79,6 +79,13 @@ MemoryProbe probe_memory(const Job& job, std::chrono::seconds limit) {
   std::ifstream in(log);
   const std::string output(std::istreambuf_iterator<char>(in), {});
   fs::remove_all(scratch, ec);
+  if (WIFSIGNALED(status))
+    throw InvalidArgumentError(fmt::format(
+        "dtrain submit --mem auto: the probe run {} after {:.1f} s, so the memory its ranks "
+        "reached is unknown; give --mem instead",
+        stopped ? "did not stop within 15 s of SIGTERM and was killed"
+                : fmt::format("was ended by signal {}", WTERMSIG(status)),
+        p.seconds));
   const bool failed = !stopped && !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   if (failed)
     throw InvalidArgumentError(fmt::format(
