@@ -16,17 +16,20 @@ parallelism for torch modules: :mod:`dtrain.pipeline`. With PyTorch: ``import dt
 Blocking calls release the GIL, and Ctrl-C interrupts them (KeyboardInterrupt naming what was
 waited for). Errors are ``dtrain.Error`` (a RuntimeError) or one of its kinds:
 ``InvalidArgumentError`` (also a ValueError), ``TimeoutError`` (also the built-in TimeoutError),
-``PeerFailureError``, ``AbortedError``. Importing this module does not import torch.
+``PeerFailureError``, ``AbortedError``, and for storage ``DataLossError``,
+``ResourceExhaustedError``, ``UnavailableError``. Importing this module does not import torch.
 """
 from datetime import timedelta
 
-from dtrain._core import (AbortedError, Error, InvalidArgumentError, ParallelLayout,
-                          PeerFailureError, ProcessGroup, ProgressReporter, TimeoutError, Work)
+from dtrain._core import (AbortedError, DataLossError, Error, InvalidArgumentError, ParallelLayout,
+                          PeerFailureError, ProcessGroup, ProgressReporter,
+                          ResourceExhaustedError, TimeoutError, UnavailableError, Work)
 from dtrain._core import init_process_group as _init_process_group
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "init", "ProcessGroup", "Work", "ParallelLayout", "ProgressReporter", "Error",
-           "InvalidArgumentError", "TimeoutError", "PeerFailureError", "AbortedError"]
+           "InvalidArgumentError", "TimeoutError", "PeerFailureError", "AbortedError",
+           "DataLossError", "ResourceExhaustedError", "UnavailableError"]
 
 
 def init(rank=None, world_size=None, init_method=None, timeout=None, name=None):

@@ -20,7 +20,9 @@ struct CheckpointData {
   std::vector<SafetensorsEntry> tensors;
 };
 
-// Returns the directory written. Throws InvalidArgumentError naming the path on I/O errors.
+// Returns the directory written. Throws the I/O error's kind (a full disk:
+// ResourceExhaustedError; a failed fsync: DataLossError; common/durable.h) naming the path; a
+// failed save leaves the previous checkpoints as they were.
 std::string write_checkpoint(const std::string& dir, CheckpointData data, int keep);
 // The newest good checkpoint in dir, with its path; nullopt when there is none.
 std::optional<std::pair<std::string, CheckpointData>> read_latest_checkpoint(const std::string& dir);

@@ -123,11 +123,9 @@ uint64_t write_snapshot(Snapshot& s) {
     put(kRngFile, s.rng, {});
     s.manifest["files"] = files;
     const std::string text = manifest_text(s.manifest);
-    write_durable(tmp + "/" + kManifest, text);
+    durable::write_file(tmp + "/" + kManifest, text);
     bytes += text.size();
-    fsync_dir(tmp);
-    install(tmp, final_path, s.dir);
-    fsync_dir(s.dir);
+    install(tmp, final_path, s.dir);  // durable: both directories synced
     return bytes;
   } catch (...) {
     fs::remove_all(tmp, ec);
@@ -242,13 +240,10 @@ void CheckpointManager::wait() {
         rank_, shared_->in_flight, deadline.describe(), options_.dir));
   if (shared_->writer.joinable()) shared_->writer.join();
   if (shared_->error) {
-    auto error = std::exchange(shared_->error, nullptr);
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      throw InvalidArgumentError(fmt::format("rank {}: writing a checkpoint in {} failed: {}",
-                                             rank_, options_.dir, e.what()));
-    }
+    // Its kind stays: a full disk is a ResourceExhaustedError, a failed fsync a DataLossError.
+    rethrow_with_context(std::exchange(shared_->error, nullptr),
+                         fmt::format("rank {}: writing a checkpoint in {} failed", rank_,
+                                     options_.dir));
   }
 }
 
@@ -396,11 +391,11 @@ std::optional<LoadedCheckpoint> CheckpointManager::load_latest(torch::nn::Module
   if (chosen == kNone) return std::nullopt;
   if (chosen == kAllBroken) {
     if (is_writer())
-      throw InvalidArgumentError(fmt::format(
+      throw DataLossError(fmt::format(
           "rank {}: none of the {} checkpoints in {} is usable: {}. Move them away to start from "
           "the beginning, or restore one from a backup",
           rank_, steps.size(), options_.dir, fmt::join(loaded.skipped, "; ")));
-    throw InvalidArgumentError(fmt::format(
+    throw DataLossError(fmt::format(
         "rank {}: rank {} found no usable checkpoint in {} (its log says why each was skipped)",
         rank_, options_.writer_rank, options_.dir));
   }

@@ -3,11 +3,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,176 +16,23 @@
 
 #include "common/json_integer.h"
 #include "common/log.h"
-#include "common/socket.h"
 
 namespace dtrain::checkpoint_files {
 
 namespace fs = std::filesystem;
-using net::Fd;
 
 double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-std::string errno_text(int err) { return fmt::format("{} ({})", std::strerror(err), err); }
-
 std::string hex32(uint32_t v) { return fmt::format("{:08x}", v); }
 
-uint32_t crc_of(const std::string& text) {
-  return static_cast<uint32_t>(
-      crc32(0, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
-}
-
-FileSum sum_file(const std::string& path, bool sync) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid())
-    throw InvalidArgumentError(fmt::format("cannot open {}: {}", path, errno_text(errno)));
-  std::vector<unsigned char> buf(size_t{1} << 20);
-  FileSum sum;
-  uLong crc = crc32(0, nullptr, 0);
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      throw InvalidArgumentError(fmt::format("reading {} failed: {}", path, errno_text(errno)));
-    if (n == 0) break;
-    crc = crc32(crc, buf.data(), static_cast<uInt>(n));
-    sum.bytes += static_cast<uint64_t>(n);
-  }
-  if (sync && ::fsync(fd.get()) != 0)
-    throw InvalidArgumentError(fmt::format("fsync of {} failed: {}", path, errno_text(errno)));
-  sum.crc = static_cast<uint32_t>(crc);
-  return sum;
-}
-
-void write_durable(const std::string& path, const std::string& text) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd.valid())
-    throw InvalidArgumentError(fmt::format("cannot create {}: {}", path, errno_text(errno)));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      throw InvalidArgumentError(fmt::format("writing {} failed: {}", path, errno_text(errno)));
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd.get()) != 0)
-    throw InvalidArgumentError(fmt::format("fsync of {} failed: {}", path, errno_text(errno)));
-}
-
-void fsync_dir(const std::string& dir) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid() || ::fsync(fd.get()) != 0)
-    throw InvalidArgumentError(
-        fmt::format("fsync of directory {} failed: {}", dir, errno_text(errno)));
-}
-
-std::string read_text(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid())
-    throw InvalidArgumentError(fmt::format("cannot open {}: {}", path, errno_text(errno)));
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      throw InvalidArgumentError(fmt::format("reading {} failed: {}", path, errno_text(errno)));
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
-  return text;
-}
-
-std::string step_name(int64_t step) { return fmt::format("step-{:06d}", step); }
-
-// Steps of DIR's checkpoints (directories named step-<digits>), newest first.
-std::vector<int64_t> list_steps(const std::string& dir) {
-  std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() <= 5 || name.compare(0, 5, "step-") != 0) continue;
-    if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    if (name.size() > 5 + 18) continue;
-    if (e.is_directory(ec)) steps.push_back(std::stoll(name.substr(5)));
-  }
-  std::sort(steps.rbegin(), steps.rend());
-  return steps;
-}
-
-// Temporary directories of saves that never finished (their writer was killed), and directories
-// set aside while replacing a checkpoint of the same step. Not ours: ours may be in progress.
-void remove_stale_temporaries(const std::string& dir) {
-  const std::string mine = fmt::format("-{}", ::getpid());
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(".step-", 0) != 0) continue;
-    const bool temp =
-        name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos;
-    const bool ours = name.size() >= mine.size() &&
-                      name.compare(name.size() - mine.size(), mine.size(), mine) == 0;
-    if (!temp || ours) continue;
-    std::error_code rm;
-    fs::remove_all(e.path(), rm);
-    if (rm) {
-      DTRAIN_LOG_WARN("checkpoint: cannot remove the unfinished save {}: {}", e.path().string(),
-                      rm.message());
-    } else {
-      DTRAIN_LOG_INFO("checkpoint: removed {}, left by a save that did not finish",
-                      e.path().string());
-    }
-  }
-}
-
-// Puts `tmp` in place as `final`. A checkpoint of the same step may exist (a resumed run saving
-// a step again): the two are swapped atomically and the old one removed.
-void install(const std::string& tmp, const std::string& final_path, const std::string& dir) {
-  if (::rename(tmp.c_str(), final_path.c_str()) == 0) return;
-  const int err = errno;
-  if (err != ENOTEMPTY && err != EEXIST)
-    throw InvalidArgumentError(
-        fmt::format("renaming {} to {} failed: {}", tmp, final_path, errno_text(err)));
-  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) != 0) {
-    // A filesystem without RENAME_EXCHANGE: set the old one aside first (names starting with a
-    // dot are never taken for checkpoints, and a later writer removes them).
-    const std::string aside =
-        fmt::format("{}/.{}.old-{}", dir, fs::path(final_path).filename().string(), ::getpid());
-    if (::rename(final_path.c_str(), aside.c_str()) != 0 ||
-        ::rename(tmp.c_str(), final_path.c_str()) != 0)
-      throw InvalidArgumentError(
-          fmt::format("replacing {} failed: {}", final_path, errno_text(errno)));
-    fs::remove_all(aside);
-    return;
-  }
-  fs::remove_all(tmp);  // now the old checkpoint
-}
-
-// After writing step `written`: checkpoints of later steps belong to a history training has
-// abandoned (it resumed from an earlier state) and go; of the rest the newest `keep` stay, the one
-// just written always among them.
-void prune(const std::string& dir, int keep, int64_t written) {
-  int kept = 0;
-  for (int64_t step : list_steps(dir)) {
-    if (step <= written && kept < std::max(keep, 1)) {
-      ++kept;
-      continue;
-    }
-    std::error_code ec;
-    fs::remove_all(checkpoint_path(dir, step), ec);
-    if (ec)
-      DTRAIN_LOG_WARN("checkpoint: cannot remove the old checkpoint {}: {}",
-                      checkpoint_path(dir, step), ec.message());
-  }
-}
+std::string step_name(int64_t step) { return fmt::format("{}{:06d}", kStepPrefix, step); }
 
 // The manifest's own checksum: over its text without the checksum, as written (2-space indent).
 std::string manifest_text(Json manifest) {
   manifest.erase("manifest_crc32");
-  const uint32_t crc = crc_of(manifest.dump(2));
+  const uint32_t crc = durable::crc32_of(manifest.dump(2));
   manifest["manifest_crc32"] = hex32(crc);
   return manifest.dump(2) + "\n";
 }
@@ -197,7 +41,7 @@ Json read_manifest(const std::string& path, const char* name) {
   const std::string manifest_path = path + "/" + name;
   std::string text;
   try {
-    text = read_text(manifest_path);
+    text = durable::read_file(manifest_path);
   } catch (const std::exception& e) {
     throw CorruptCheckpoint(fmt::format("{}: no readable manifest: {}", path, e.what()));
   }
@@ -211,7 +55,7 @@ Json read_manifest(const std::string& path, const char* name) {
   const std::string recorded = manifest["manifest_crc32"].get<std::string>();
   Json body = manifest;
   body.erase("manifest_crc32");
-  const std::string found = hex32(crc_of(body.dump(2)));
+  const std::string found = hex32(durable::crc32_of(body.dump(2)));
   if (found != recorded)
     throw CorruptCheckpoint(
         fmt::format("{}: {} is corrupt: CRC-32 {} expected (recorded in it), {} found", path,

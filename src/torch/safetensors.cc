@@ -1,17 +1,15 @@
-// safetensors reader and writer (format in dtrain/torch/safetensors.h).
+// Tensors to and from safetensors files, through the one reader and writer of the format
+// (common/safetensors_file.h).
 #include "dtrain/torch/safetensors.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
+#include "common/safetensors_file.h"
 #include "dtrain/error.h"
 
 namespace dtrain {
@@ -56,76 +54,25 @@ std::map<std::string, at::Tensor> module_state(const torch::nn::Module& module) 
 
 void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> data;
-  uint64_t offset = 0;
+  std::vector<at::Tensor> held;  // contiguous CPU copies where needed, alive while writing
+  std::vector<SafetensorsView> views;
   for (const auto& [name, tensor] : tensors) {
-    at::Tensor t = tensor.detach().cpu().contiguous();
-    uint64_t bytes = static_cast<uint64_t>(t.nbytes());
-    header[name] = {{"dtype", dtype_name(t.scalar_type(), name)},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    data.push_back(t);
+    held.push_back(tensor.detach().cpu().contiguous());
+    const at::Tensor& t = held.back();
+    views.push_back({name, dtype_name(t.scalar_type(), name), t.sizes().vec(), t.data_ptr(),
+                     static_cast<size_t>(t.nbytes())});
   }
-  std::string text = header.dump();
-  while (text.size() % 8 != 0) text.push_back(' ');  // the format pads the header to 8 bytes
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw InvalidArgumentError(
-      fmt::format("safetensors: cannot write {}: {}", path, std::strerror(errno)));
-  uint64_t n = text.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const auto& t : data)
-    out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
-  out.close();  // the buffered tail reaches the disk here: a full disk fails now, not silently
-  if (!out) throw InvalidArgumentError(
-      fmt::format("safetensors: writing {} failed: {}", path, std::strerror(errno)));
+  write_safetensors_file(path, views, metadata);
 }
 
 std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidArgumentError(
-      fmt::format("safetensors: cannot open {}: {}", path, std::strerror(errno)));
-  in.seekg(0, std::ios::end);
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
-  unsigned char len[8] = {};
-  in.read(reinterpret_cast<char*>(len), 8);
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t{len[i]} << (8 * i);
-  if (!in || n > file_size - 8)
-    throw InvalidArgumentError(fmt::format(
-        "safetensors: {} is not a safetensors file (header length {} in a file of {} bytes)",
-        path, n, file_size));
-  std::string text(n, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(n));
-  nlohmann::json header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object())
-    throw InvalidArgumentError(fmt::format("safetensors: {}: the header is not a JSON object", path));
-  const uint64_t data_start = 8 + n;
+  SafetensorsReader reader(path);
   std::map<std::string, at::Tensor> out;
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") continue;
-    at::ScalarType type = parse_dtype_name(entry.at("dtype").get<std::string>(), name, path);
-    std::vector<int64_t> shape = entry.at("shape").get<std::vector<int64_t>>();
-    auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
-    if (offsets.size() != 2 || offsets[1] - offsets[0] != static_cast<uint64_t>(t.nbytes()) ||
-        data_start + offsets[1] > file_size)
-      throw InvalidArgumentError(fmt::format(
-          "safetensors: {}: tensor '{}' of shape {} and dtype {} needs {} bytes but its offsets "
-          "are {} (file of {} bytes)",
-          path, name, shape, c10::toString(type), t.nbytes(), offsets, file_size));
-    in.seekg(static_cast<std::streamoff>(data_start + offsets[0]));
-    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
-    if (!in)
-      throw InvalidArgumentError(fmt::format("safetensors: {}: reading '{}' failed: {}", path,
-                                             name, std::strerror(errno)));
-    out.emplace(name, std::move(t));
+  for (const auto& e : reader.entries()) {
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(parse_dtype_name(e.dtype, e.name,
+                                                                                 path)));
+    reader.read(e, t.data_ptr());  // the reader checked the bytes against dtype and shape
+    out.emplace(e.name, std::move(t));
   }
   return out;
 }

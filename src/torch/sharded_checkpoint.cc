@@ -407,10 +407,8 @@ void ShardedCheckpoint::save(ShardedDataParallel& sdp, const torch::optim::Optim
         m["optimizer"] = {{"type", optimizer_json.at("type")},
                           {"options", optimizer_json.at("param_groups").at(0).at("options")}};
       m["files"] = files;
-      write_durable(tmp + "/" + kManifest, manifest_text(m));
-      fsync_dir(tmp);
-      install(tmp, final_path, options_.dir);
-      fsync_dir(options_.dir);
+      durable::write_file(tmp + "/" + kManifest, manifest_text(m));
+      install(tmp, final_path, options_.dir);  // durable: both directories synced
       prune(options_.dir, options_.keep, progress.step);
     } catch (const std::exception& e) {
       error = fmt::format("rank 0: finishing the sharded checkpoint {} failed: {}", final_path,

@@ -1,13 +1,21 @@
 // The parameter server's pure parts: placement, the consistency rules, role resolution.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <numeric>
 
 #include "dtrain/error.h"
 #include "dtrain/ps_cluster.h"
 #include "ps/placement.h"
+#include "ps/server_checkpoint.h"
 #include "ps/table_spec.h"
 #include "ps/worker_clocks.h"
 
@@ -164,6 +172,64 @@ TEST(PsCluster, ReadsPsLiteVariables) {
   EXPECT_THROW(resolve_cluster(env_of({{"DMLC_ROLE", "worker"}, {"DMLC_NUM_SERVER", "1"},
                                        {"DMLC_NUM_WORKER", "1"}})),
                InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace dtrain::ps
+
+namespace dtrain::ps {
+namespace {
+
+// A save that runs out of space (RLIMIT_FSIZE in a child: every write past 4 KiB is EFBIG, as a
+// full disk's are ENOSPC) fails as ResourceExhaustedError naming the checkpoint, leaves nothing
+// half-written, and the previous checkpoint still loads.
+TEST(PsCheckpoint, AFullDiskFailsTheSaveAndKeepsThePreviousCheckpoint) {
+  namespace fs = std::filesystem;
+  std::string dir = (fs::temp_directory_path() / "dtrain-ps-ckpt-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  auto table = [](size_t floats, float value) {
+    CheckpointData d;
+    d.manifest = {{"server", 0}};
+    std::vector<float> v(floats, value);
+    SafetensorsEntry e{"t", "F32", {static_cast<int64_t>(floats)},
+                       std::vector<std::byte>(floats * sizeof(float))};
+    std::memcpy(e.data.data(), v.data(), e.data.size());
+    d.tensors.push_back(std::move(e));
+    return d;
+  };
+  const std::string first = write_checkpoint(dir, table(4, 7.0f), 3);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{4096, 4096};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      write_checkpoint(dir, table(1 << 18, 1.0f), 3);
+      ::_exit(2);
+    } catch (const ResourceExhaustedError& e) {
+      const std::string m = e.what();
+      ::_exit(m.find("ps checkpoint 2 in " + dir) != std::string::npos &&
+                      m.find("File too large") != std::string::npos
+                  ? 0
+                  : 3);
+    } catch (...) {
+      ::_exit(4);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: the save succeeded; 3: wrong message; 4: wrong kind";
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"ckpt-000001"}) << "a half-written save stayed";
+  const auto latest = read_latest_checkpoint(dir);
+  ASSERT_TRUE(latest);
+  EXPECT_EQ(latest->first, first);
+  float v = 0;
+  std::memcpy(&v, latest->second.tensors.at(0).data.data(), sizeof v);
+  EXPECT_EQ(v, 7.0f);
+  fs::remove_all(dir);
 }
 
 }  // namespace

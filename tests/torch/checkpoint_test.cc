@@ -286,7 +286,7 @@ TEST(Checkpoint, AFullDiskNamesTheFileAndTheCause) {
   try {
     save_module_state(*model, "/dev/full");
     FAIL() << "writing to /dev/full succeeded";
-  } catch (const InvalidArgumentError& e) {
+  } catch (const ResourceExhaustedError& e) {
     EXPECT_NE(std::string(e.what()).find("writing /dev/full failed: No space left on device"),
               std::string::npos)
         << e.what();
@@ -304,7 +304,7 @@ TEST(Checkpoint, NoUsableCheckpointIsAClearError) {
     try {
       ckpt.load_latest(*net, nullptr);
       RANK_CHECK(false, "a corrupt checkpoint loaded");
-    } catch (const InvalidArgumentError& e) {
+    } catch (const DataLossError& e) {
       const std::string m = e.what();
       RANK_CHECK(
           m.find("none of the 1 checkpoints in " + tmp.path + " is usable") != std::string::npos &&

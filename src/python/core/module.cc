@@ -30,6 +30,12 @@ void bind_errors(py::module_& m) {
                                   "An operation did not finish within its limit.");
   static PyObject* peer = make("PeerFailureError", error, "A peer died or broke its connection.");
   static PyObject* aborted = make("AbortedError", error, "The group was aborted.");
+  static PyObject* data_loss = make("DataLossError", error,
+                                    "Bytes were lost or are corrupt (a failed fsync, EIO, a checksum).");
+  static PyObject* exhausted = make("ResourceExhaustedError", error,
+                                    "Out of disk space, quota, descriptors or memory.");
+  static PyObject* unavailable =
+      make("UnavailableError", error, "Transient: the same call may succeed later.");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -41,6 +47,12 @@ void bind_errors(py::module_& m) {
       PyErr_SetString(peer, e.what());
     } catch (const AbortedError& e) {
       PyErr_SetString(aborted, e.what());
+    } catch (const DataLossError& e) {
+      PyErr_SetString(data_loss, e.what());
+    } catch (const ResourceExhaustedError& e) {
+      PyErr_SetString(exhausted, e.what());
+    } catch (const UnavailableError& e) {
+      PyErr_SetString(unavailable, e.what());
     } catch (const Error& e) {
       PyErr_SetString(error, e.what());
     }
