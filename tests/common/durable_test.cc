@@ -16,27 +16,14 @@
 
 #include "common/safetensors_file.h"
 #include "dtrain/error.h"
+#include "support/temp_dir.h"
 
 namespace dtrain::durable {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string p = (fs::temp_directory_path() / "dtrain-durable-XXXXXX").string();
-    path_ = ::mkdtemp(p.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 TEST(Durable, AFullDiskIsResourceExhaustedNamingTheFileAndWhatToDo) {
   try {
@@ -74,7 +61,7 @@ TEST(Durable, TheErrnoKindsAndContextKeepTheKind) {
 
 TEST(Durable, ChecksumsAreOfWhatTheFileHolds) {
   TempDir dir;
-  const std::string path = dir.path() + "/f";
+  const std::string path = dir.path + "/f";
   const std::string text = "the quick brown fox";
   write_file(path, text);
   EXPECT_EQ(read_file(path), text);
@@ -86,7 +73,7 @@ TEST(Durable, ChecksumsAreOfWhatTheFileHolds) {
 
 TEST(Durable, NumberedDirectoriesAreInstalledPrunedAndLeftoversRemoved) {
   TempDir d;
-  const std::string& dir = d.path();
+  const std::string& dir = d.path;
   for (int n : {1, 2, 3, 5}) fs::create_directories(numbered_path(dir, "ckpt-", n));
   fs::create_directories(dir + "/ckpt-abc");          // not a number: ignored
   std::ofstream(dir + "/ckpt-000009") << "a file";     // not a directory: ignored
@@ -121,7 +108,7 @@ TEST(Durable, NumberedDirectoriesAreInstalledPrunedAndLeftoversRemoved) {
 // more bytes than the file has is refused naming the tensor.
 TEST(Durable, SafetensorsRoundTripAndATruncatedFileIsNamed) {
   TempDir d;
-  const std::string path = d.path() + "/t.safetensors";
+  const std::string path = d.path + "/t.safetensors";
   std::vector<float> values{1.5f, -2.0f, 3.25f, 0.0f};
   write_safetensors_file(path, std::vector<SafetensorsView>{{"w", "F32", {2, 2}, values.data(),
                                                              values.size() * sizeof(float)}},

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "launch/command.h"
+#include "support/temp_dir.h"
 
 namespace dtrain::testing {
 namespace {
@@ -27,22 +28,6 @@ const std::string kBin = DTRAIN_BIN_DIR;
 const std::string kSource = DTRAIN_SOURCE_DIR;
 const std::string kDtrain = kBin + "/dtrain";
 const std::string kWorker = kBin + "/progress_worker";
-
-class TempDir {
- public:
-  TempDir() {
-    std::string p = (fs::temp_directory_path() / "dtrain-submit-XXXXXX").string();
-    path_ = ::mkdtemp(p.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 std::string read(const std::string& path) {
   std::ifstream in(path);
@@ -78,9 +63,9 @@ TEST(K8sSubmit, TheManifestsAskForTheGpusAndEachPodRunsItsNodeOfTheJob) {
        "--procs-per-node", "2", "--gpus-per-proc", "2", "--gpu-model", "NVIDIA-A100-SXM4-80GB",
        "--mem", "64G", "--time", "1-02:00:00", "--container", "localhost/dtrain:latest",
        "--partition", "team-a", "--notify-command", "echo \"$DTRAIN_JOB_EVENT\" >> " +
-       dir.path() + "/events", "--", kWorker, "--steps", "30", "--slow-ms", "0"});
+       dir.path + "/events", "--", kWorker, "--steps", "30", "--slow-ms", "0"});
   ASSERT_TRUE(r.ok()) << r.output;
-  json docs = yaml_documents(r.output, dir.path());
+  json docs = yaml_documents(r.output, dir.path);
   json service = kind(docs, "Service");
   json job = kind(docs, "Job");
   ASSERT_FALSE(service.is_null() || job.is_null());
@@ -143,7 +128,7 @@ TEST(K8sSubmit, TheManifestsAskForTheGpusAndEachPodRunsItsNodeOfTheJob) {
   for (int index = 0; index < 2; ++index)
     EXPECT_NE(results[index].output.find("local rank 1: GPUs 1,2 (NV2)"), std::string::npos)
         << results[index].output;
-  EXPECT_EQ(read(dir.path() + "/events"), "start\nend\n");  // from pod 0 only
+  EXPECT_EQ(read(dir.path + "/events"), "start\nend\n");  // from pod 0 only
 }
 
 TEST(K8sSubmit, PackVolcanoAndWhatKubernetesCannotDo) {
@@ -152,7 +137,7 @@ TEST(K8sSubmit, PackVolcanoAndWhatKubernetesCannotDo) {
                                  "example.com/rack", "--container", "img", "--", "true"});
   ASSERT_TRUE(r.ok()) << r.output;
   TempDir dir;
-  json docs = yaml_documents(r.output, dir.path());
+  json docs = yaml_documents(r.output, dir.path);
   json pod = kind(docs, "Job")["spec"]["template"];
   json term =
       pod["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
@@ -173,15 +158,15 @@ class LocalQueue : public ::testing::Test {
  protected:
   CommandResult dtrain(std::vector<std::string> args, seconds timeout = seconds(60)) {
     args.insert(args.begin(), kDtrain);
-    return run_command(args, {.env = {{"DTRAIN_QUEUE_DIR", queue_.path()}},
+    return run_command(args, {.env = {{"DTRAIN_QUEUE_DIR", queue_.path}},
                               .timeout = timeout,
-                              .cwd = work_.path()});
+                              .cwd = work_.path});
   }
   std::string submit(std::vector<std::string> args) {
-    args.insert(args.begin(), {"submit", "--engine", "local", "--log-dir", work_.path(),
+    args.insert(args.begin(), {"submit", "--engine", "local", "--log-dir", work_.path,
                                "--notify-command",
                                "echo \"$DTRAIN_JOB_ID $DTRAIN_JOB_EVENT $DTRAIN_JOB_STATUS\" >> " +
-                                   work_.path() + "/events"});
+                                   work_.path + "/events"});
     CommandResult r = dtrain(args);
     EXPECT_TRUE(r.ok()) << r.output;
     std::smatch m;
@@ -189,7 +174,7 @@ class LocalQueue : public ::testing::Test {
     return m[1];
   }
   std::string state(const std::string& id) {
-    std::string s = read(queue_.path() + "/" + id + "/state");
+    std::string s = read(queue_.path + "/" + id + "/state");
     return s.substr(0, s.find('\n'));
   }
   // Waits until the job is in `want` (at most 90 s).
@@ -197,7 +182,7 @@ class LocalQueue : public ::testing::Test {
     for (int i = 0; i < 900 && state(id) != want; ++i) std::this_thread::sleep_for(milliseconds(100));
     ASSERT_EQ(state(id), want) << "job " << id << "\n" << dtrain({"logs", "--engine", "local", id}).output;
   }
-  std::string events() { return read(work_.path() + "/events"); }
+  std::string events() { return read(work_.path + "/events"); }
   TempDir queue_, work_;
 };
 
@@ -220,12 +205,12 @@ TEST_F(LocalQueue, JobsRunInOrderAsTheCpusAllowAndTellTheirEvents) {
 
 TEST_F(LocalQueue, AJobThatSavedForARequeueRunsAgainAndACancelledOneStops) {
   // Exits 75 (as dtrain::Preemption::requeue() does) the first time, succeeds the second.
-  const std::string marker = work_.path() + "/first-run-done";
+  const std::string marker = work_.path + "/first-run-done";
   const std::string a = submit({"--max-restarts", "2", "--", "/bin/sh", "-c",
                                 "if [ -e " + marker + " ]; then echo second run; else touch " +
                                     marker + "; exit 75; fi"});
   wait_for(a, "succeeded");
-  EXPECT_EQ(read(queue_.path() + "/" + a + "/restarts"), "1\n");
+  EXPECT_EQ(read(queue_.path + "/" + a + "/restarts"), "1\n");
   EXPECT_EQ(events(), a + " start 0\n" + a + " requeue 75\n" + a + " start 1\n" + a + " end 0\n");
   EXPECT_NE(dtrain({"logs", "--engine", "local", a}).output.find("second run"), std::string::npos);
 
@@ -241,7 +226,7 @@ TEST_F(LocalQueue, AJobThatSavedForARequeueRunsAgainAndACancelledOneStops) {
 
 TEST(JobFile, KeysAreTheFlagsAndAFlagGivenWins) {
   TempDir dir;
-  const std::string file = dir.path() + "/job.yaml";
+  const std::string file = dir.path + "/job.yaml";
   std::ofstream(file) << "name: from-file\nengine: slurm\nnodes: 3\nprocs-per-node: 4\n"
                          "gpus-per-proc: 1\ngpu-model: h100\nenv: {A: b}\n"
                          "command: [./train, --epochs, \"2\"]\n";

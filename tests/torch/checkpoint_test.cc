@@ -21,6 +21,7 @@
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/safetensors.h"
 #include "support/expect.h"
+#include "support/temp_dir.h"
 #include "support/multiproc.h"
 #include "torch/torch_test_support.h"
 
@@ -33,18 +34,7 @@ using testing::expect_all_ok;
 using testing::make_group;
 using testing::run_ranks;
 
-// A fresh directory under the system's temporary folder, removed with the object.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain-ckpt-XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using testing::TempDir;
 
 std::vector<std::string> entries(const std::string& dir) {
   std::vector<std::string> out;

@@ -4,6 +4,8 @@
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -141,10 +143,17 @@ MetricsEndpoint::MetricsEndpoint(int port, std::string log_prefix) {
     throw InvalidArgumentError(
         fmt::format("--metrics-port is {}: use 1-65535, or 0 for any free port", port));
   collector_ = std::make_shared<Collector>(make_report_dir());
+  // The server's threads take no signals: SIGCHLD and the forwarded signals must reach the
+  // launcher's signalfd (launch/supervisor.h), whichever was made first.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
   try {
     // Every interface: Prometheus scrapes from another machine. One thread: scrapes are rare.
     exposer_ = std::make_unique<prometheus::Exposer>(fmt::format("0.0.0.0:{}", port), 1);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
   } catch (const std::exception& e) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
     std::error_code ec;
     std::filesystem::remove_all(collector_->dir(), ec);
     throw InvalidArgumentError(fmt::format(

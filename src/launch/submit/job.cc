@@ -111,6 +111,35 @@ std::string shell_join(const std::vector<std::string>& words) {
   return out;
 }
 
+namespace {
+
+std::pair<std::string, std::string> source_and_destination(const std::string& mapping) {
+  const auto colon = mapping.find(':');
+  return {shell_quote(mapping.substr(0, colon)), shell_quote(mapping.substr(colon + 1))};
+}
+
+}  // namespace
+
+std::string stage_in_commands(const Job& job, bool notifying) {
+  std::string s;
+  for (const auto& in : job.stage_in) {
+    const auto [from, to] = source_and_destination(in);
+    s += fmt::format(
+        "cp -r {0} {1} || {{ echo 'dtrain: staging failed:' {0} {1} >&2; {2}exit 1; }}\n", from, to,
+        notifying ? "notify failure 1; " : "");
+  }
+  return s;
+}
+
+std::string stage_out_commands(const Job& job) {
+  std::string s;
+  for (const auto& out : job.stage_out) {
+    const auto [from, to] = source_and_destination(out);
+    s += fmt::format("cp -r {0} {1} || echo 'dtrain: collecting failed:' {0} {1} >&2\n", from, to);
+  }
+  return s;
+}
+
 std::string notify_function(const Job& job, const std::string& id_variable) {
   if (job.notify.command.empty() && job.notify.webhook.empty()) return "";
   std::string body = fmt::format(

@@ -61,6 +61,12 @@ std::string write_job_file(const std::string& dir, const std::string& file,
 std::string shell_quote(const std::string& text);
 std::string shell_join(const std::vector<std::string>& words);
 
+// Shell lines that copy each --stage-in SRC:DST before the job (a failure ends the script with 1,
+// told as a failure when `notifying`), and each --stage-out after it (a failure is reported and
+// the job's status kept). One command per line.
+std::string stage_in_commands(const Job& job, bool notifying);
+std::string stage_out_commands(const Job& job);
+
 // A bash function `notify EVENT [STATUS]` for job scripts: runs notify.command and POSTs to
 // notify.webhook, never failing the job when either fails. Empty when there is nothing to tell.
 std::string notify_function(const Job& job, const std::string& id_variable);

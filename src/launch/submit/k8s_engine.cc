@@ -61,13 +61,7 @@ std::string pod_script(const Job& job) {
     return notifying ? fmt::format("[ \"$index\" = 0 ] && notify {} {}\n", e, status) : "";
   };
   s += event("start", "0");
-  for (const auto& in : job.stage_in) {
-    const auto colon = in.find(':');
-    s += fmt::format(
-        "cp -r {0} {1} || {{ echo 'dtrain: staging failed:' {0} {1} >&2; {2}exit 1; }}\n",
-        shell_quote(in.substr(0, colon)), shell_quote(in.substr(colon + 1)),
-        notifying ? "notify failure 1; " : "");
-  }
+  s += stage_in_commands(job, notifying);
   s += "[ -n \"$stop\" ] && exit 143\n";
   std::vector<std::string> run = {"dtrain",        "run",
                                   "-n",            std::to_string(job.procs_per_node),
@@ -84,11 +78,7 @@ std::string pod_script(const Job& job) {
       "wait \"$child\"; status=$?\n"
       "while kill -0 \"$child\" 2>/dev/null; do wait \"$child\"; status=$?; done\n",
       shell_join(run), shell_join(job.command));
-  for (const auto& out : job.stage_out) {
-    const auto colon = out.find(':');
-    s += fmt::format("cp -r {0} {1} || echo 'dtrain: collecting failed:' {0} {1} >&2\n",
-                     shell_quote(out.substr(0, colon)), shell_quote(out.substr(colon + 1)));
-  }
+  s += stage_out_commands(job);
   if (notifying)
     s += fmt::format(
         "if [ \"$index\" = 0 ]; then\n"

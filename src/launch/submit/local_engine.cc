@@ -46,13 +46,7 @@ std::string local_script(const Job& job, int port, const std::string& dtrain) {
   for (const auto& [k, v] : job.env) s += fmt::format("export {}={}\n", k, shell_quote(v));
   s += "echo \"dtrain: job $DTRAIN_QUEUE_JOB (restart $restart) starts on $(hostname)\"\n";
   s += event("start", "$restart");
-  for (const auto& in : job.stage_in) {
-    const auto colon = in.find(':');
-    s += fmt::format(
-        "cp -r {0} {1} || {{ echo 'dtrain: staging failed:' {0} {1} >&2; {2}exit 1; }}\n",
-        shell_quote(in.substr(0, colon)), shell_quote(in.substr(colon + 1)),
-        notifying ? "notify failure 1; " : "");
-  }
+  s += stage_in_commands(job, notifying);
   s += "[ -n \"$stop\" ] && exit 143\n";
   std::vector<std::string> gpus;
   if (job.gpus_per_proc > 0) gpus = {"--gpus-per-proc", std::to_string(job.gpus_per_proc)};
@@ -93,11 +87,7 @@ std::string local_script(const Job& job, int port, const std::string& dtrain) {
        "  while kill -0 \"$p\" 2>/dev/null; do wait \"$p\"; s=$?; done\n"
        "  [ \"$status\" -eq 0 ] && status=$s\n"
        "done\n";
-  for (const auto& out : job.stage_out) {
-    const auto colon = out.find(':');
-    s += fmt::format("cp -r {0} {1} || echo 'dtrain: collecting failed:' {0} {1} >&2\n",
-                     shell_quote(out.substr(0, colon)), shell_quote(out.substr(colon + 1)));
-  }
+  s += stage_out_commands(job);
   if (job.preemptible)
     s += fmt::format(
         "if [ \"$status\" -eq {0} ] && [ \"$restart\" -lt {1} ] && "

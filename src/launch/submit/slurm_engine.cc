@@ -64,14 +64,7 @@ std::string slurm_script(const Job& job, const std::string& placement) {
   auto event = [&](const std::string& e, const std::string& status = "") {
     return notifying ? "notify " + e + (status.empty() ? "" : " " + status) + "\n" : "";
   };
-  std::string stage_out;  // one command per line
-  for (const auto& out : job.stage_out) {
-    const auto colon = out.find(':');
-    const std::string from = shell_quote(out.substr(0, colon));
-    const std::string to = shell_quote(out.substr(colon + 1));
-    stage_out +=
-        fmt::format("cp -r {0} {1} || echo 'dtrain: collecting failed:' {0} {1} >&2\n", from, to);
-  }
+  const std::string stage_out = stage_out_commands(job);  // one command per line
   // Cancelled, or killed at the time limit, the script gets SIGTERM: the outputs are still
   // collected and the end is still told (the trap's text is single-quoted: quotes escaped).
   std::string on_term = "echo \"dtrain: job $SLURM_JOB_ID was stopped (SIGTERM)\" >&2; ";
@@ -92,14 +85,7 @@ std::string slurm_script(const Job& job, const std::string& placement) {
        "echo \"dtrain: job $SLURM_JOB_ID (restart $restart), $SLURM_NTASKS tasks on "
        "$SLURM_JOB_NODELIST, store at $MASTER_ADDR:$MASTER_PORT\"\n";
   s += event("start", "$restart");
-  for (const auto& in : job.stage_in) {
-    const auto colon = in.find(':');
-    const std::string from = shell_quote(in.substr(0, colon));
-    const std::string to = shell_quote(in.substr(colon + 1));
-    s += fmt::format(
-        "cp -r {0} {1} || {{ echo 'dtrain: staging failed:' {0} {1} >&2; {2}exit 1; }}\n", from, to,
-        notifying ? "notify failure 1; " : "");
-  }
+  s += stage_in_commands(job, notifying);
   // No --kill-on-bad-exit for a preemptible job: its ranks exit 75 one after the other once all
   // have saved, and srun would kill the last ones and report their signal instead of 75. A rank
   // that fails ends the others anyway: dtrain fails every rank whose peer died.
