@@ -4,7 +4,8 @@
 //
 // Unbound, two ranks that take turns (one sends, the other answers) tend to end up on one CPU:
 // the kernel places a task it wakes near the task that woke it, and a pair that alternates never
-// looks unbalanced. A 4 KiB all-reduce between two ranks then took 4.3 us instead of 1.5.
+// looks unbalanced, and a small all-reduce between them takes about three times as long
+// (docs/performance.md).
 #pragma once
 
 #include <sched.h>

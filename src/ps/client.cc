@@ -107,7 +107,8 @@ class ServerLink {
     fd_ = net::connect_tcp(net::parse_host_port(address_, "ps server address"), deadline, context);
     net::set_nodelay(fd_.get());
     net::set_keepalive(fd_.get(), 2, 1, 3);
-    // On one host, Reno rather than a pacing BBR: push_pull of 64 MiB took 40 ms against 51.
+    // On one host, Reno rather than a pacing BBR, which measured slower on loopback
+    // (docs/parameter_server.md).
     if (net::peer_is_on_this_host(fd_.get())) net::use_loopback_congestion_control(fd_.get());
     net::Hello hello{net::Role::kPsClient, o.worker, index_, static_cast<uint64_t>(o.num_workers)};
     net::handshake_connect(fd_.get(), net::HandshakeConfig{o.job_id, o.token}, hello, index_,

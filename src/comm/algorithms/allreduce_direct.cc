@@ -7,13 +7,11 @@
 // Who takes which chunk: the ranks draw tickets from a counter on a page they all map (a memfd
 // of the group's first rank; see shm/shared_page.h), so a rank that has a core to itself takes
 // more chunks than ranks that share one. Static slices leave the whole call waiting for the
-// slowest core: with four ranks on two cores the scheduler sometimes keeps three on one. Pinned
-// that way (taskset), static slices took 539-613 us at 1 MiB and 13.8-14.4 ms at 16 MiB, drawn
-// chunks 340-349 us and 8.6-10.1 ms; pinned two per core, both took about 320-360 us and
-// 8.5-9.6 ms. The counter only grows: a call's tickets start where the previous call's ended,
-// which every rank knows (each call draws its chunks plus one failed ticket per rank). Where the
-// page cannot be shared (or DTRAIN_DIRECT_CLAIMS=0), each rank takes the chunks of its own 1/N
-// slice.
+// slowest core: with four ranks on two cores the scheduler sometimes keeps three on one
+// (docs/algorithms.md has the measurements). The counter only grows: a call's tickets start
+// where the previous call's ended, which every rank knows (each call draws its chunks plus one
+// failed ticket per rank). Where the page cannot be shared (or DTRAIN_DIRECT_CLAIMS=0), each
+// rank takes the chunks of its own 1/N slice.
 //
 // Only the rank that took a chunk touches it in any buffer (it reads the chunk everywhere before
 // it overwrites it anywhere), so the ranks need no ordering among themselves while they work.
@@ -24,7 +22,7 @@
 // written its chunks. The first call of a group has one more round, to agree on the page.
 //
 // Cost: 2 alpha_shm + 2 (N-1)/N M beta_copy + (N-1)/N M gamma, where beta_copy is one memory
-// copy (about 15 GB/s here) rather than a trip through the kernel's socket buffers.
+// copy rather than a trip through the kernel's socket buffers (docs/algorithms.md).
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -40,13 +38,11 @@
 namespace dtrain::comm::algo {
 namespace {
 
-// A chunk, the accumulator and a peer's copy fit one core's L2 (1 MiB here). Medians of four
-// alternating runs at 4 ranks, against 512 KiB: 1 MiB 357 us (392), 16 MiB 8.8 ms (9.2), 64 MiB
-// 34.6 ms (34.6).
+// A chunk, the accumulator and a peer's copy fit one core's L2 cache (docs/algorithms.md has
+// the measurements behind both bounds).
 constexpr size_t kMaxChunkBytes = size_t{256} << 10;
 // Enough chunks for the fast ranks to take up the slack of the slow, each still worth its two
-// system calls per peer (4 ranks, 1 MiB: 64 KiB chunks 378 us, 128 KiB 349, static 316 when the
-// placement is even).
+// system calls per peer.
 constexpr size_t kMinChunkBytes = size_t{128} << 10;
 constexpr size_t kChunksPerRank = 2;
 

@@ -33,9 +33,9 @@ namespace dtrain::comm::algo {
 namespace {
 
 // Over TCP, halves move in messages of this size: the first ones are being reduced while the
-// rest is on the wire (64 KiB measured slower, 1 MiB no faster). Shared memory moves each half
-// in one message: its ring already pipelines the copies, and chunking measured slower there
-// (16 MiB at 2 ranks: 3.4 ms whole, 4.1 ms in chunks).
+// rest is on the wire (smaller chunks measured slower, larger no faster). Shared memory moves
+// each half in one message: its ring already pipelines the copies, and chunking measured slower
+// there (docs/algorithms.md).
 constexpr size_t kTcpChunkBytes = size_t{256} << 10;
 
 struct Range {
