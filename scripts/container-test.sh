@@ -4,7 +4,7 @@
 # (train_fashion_mnist, one container per node, host network) through `dtrain submit --engine
 # local --container` (tests/launch/submit_test.cc, LocalQueue.ATwoContainerTrainingJobOnPodman).
 #   scripts/container-test.sh            # as root; build/ must hold the built tests
-# Most of an hour on 2 cores (the image installs the build packages and compiles dtrain): a
+# About 20 minutes on 2 cores (the image installs the build packages and compiles dtrain): a
 # separate command, not part of .ci/run. Exits 0 with a message where containers cannot run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
