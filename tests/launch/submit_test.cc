@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "launch/command.h"
+#include "support/multiproc.h"
 #include "support/temp_dir.h"
 
 namespace dtrain::testing {
@@ -108,7 +109,7 @@ TEST(K8sSubmit, TheManifestsAskForTheGpusAndEachPodRunsItsNodeOfTheJob) {
   const std::string script = c["command"][2];
   std::vector<std::unique_ptr<std::thread>> pods;
   std::vector<CommandResult> results(2);
-  const std::string port = "29731";
+  const std::string port = std::to_string(free_port());
   for (int index = 0; index < 2; ++index) {
     pods.push_back(std::make_unique<std::thread>([&, index] {
       std::map<std::string, std::optional<std::string>> e(env.begin(), env.end());
