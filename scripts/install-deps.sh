@@ -28,6 +28,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-dev
   # process tools used by the tests (ps, kill, ip)
   procps iproute2
+  # the emulated clusters of scripts/netns-hosts.sh: loss and delay spikes without netem
+  nftables
   # dtrain_torch and the Fashion-MNIST job: LibTorch, the data, jemalloc, OpenBLAS as libblas.so.3
   libtorch-dev dataset-fashion-mnist libjemalloc-dev libopenblas0-pthread
   # the Gloo and MPI backends, and the gloo/mpi peers of `dtrain bench`

@@ -1,8 +1,11 @@
 #include "comm/cost_model.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <fstream>
+#include <initializer_list>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -49,23 +52,82 @@ std::string env_choice(CollectiveKind kind, const std::string& spec) {
 CostModel::CostModel(CostConstants constants)
     : k_(constants), algo_env_(env::get_string(env::kAlgo)) {}
 
-CostConstants CostModel::load() {
-  CostConstants k;
-  if (auto path = env::raw(env::kCostFile)) {
-    std::ifstream f(*path);
-    if (!f)
-      throw InvalidArgumentError(fmt::format("DTRAIN_COST_FILE names '{}', which cannot be read", *path));
-    try {
-      auto j = nlohmann::json::parse(f);
-      if (j.contains("alpha_us")) k.alpha = j["alpha_us"].get<double>() * 1e-6;
-      if (j.contains("beta_gbps")) k.beta = 1.0 / (j["beta_gbps"].get<double>() * 1e9);
-      if (j.contains("gamma_gbps")) k.gamma = 1.0 / (j["gamma_gbps"].get<double>() * 1e9);
-    } catch (const nlohmann::json::exception& e) {
-      throw InvalidArgumentError(fmt::format(
-          "DTRAIN_COST_FILE '{}' is not a JSON object of alpha_us, beta_gbps, gamma_gbps: {}",
-          *path, e.what()));
+namespace {
+
+// A positive, finite number at `key` of `j` (GB/s or microseconds), or `fallback` when absent.
+double positive(const nlohmann::json& j, const char* key, double fallback, const std::string& where) {
+  if (!j.contains(key)) return fallback;
+  const auto& v = j.at(key);
+  if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+    throw InvalidArgumentError(fmt::format("{}: '{}' must be a positive number, not {}", where, key, v.dump()));
+  return v.get<double>();
+}
+
+void check_keys(const nlohmann::json& j, std::initializer_list<std::string_view> known,
+                const std::string& where) {
+  if (!j.is_object()) throw InvalidArgumentError(fmt::format("{} must be a JSON object, not {}", where, j.dump()));
+  for (const auto& [key, _] : j.items())
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      throw InvalidArgumentError(fmt::format("{}: unknown key '{}' (known: {})", where, key, fmt::join(known, ", ")));
+}
+
+}  // namespace
+
+CostConstants CostModel::read_file(const std::string& path, CostConstants k) {
+  std::ifstream f(path);
+  if (!f) throw InvalidArgumentError(fmt::format("cost file '{}' cannot be read", path));
+  std::stringstream text;
+  text << f.rdbuf();
+  return parse(text.str(), fmt::format("cost file '{}'", path), k);
+}
+
+CostConstants CostModel::parse(const std::string& text, const std::string& where, CostConstants k) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgumentError(fmt::format("{} is not JSON: {}", where, e.what()));
+  }
+  // Version 1 (dtrain bench --calibrate): {"version": 1, "gamma_gbps": G, "links": {"shm" |
+  // "host" | "rack": {"alpha_us": A, "beta_gbps": B}}, "note": "..."}; the flat form of a single
+  // link class, {"alpha_us": A, "beta_gbps": B, "gamma_gbps": G}, is read as the host link.
+  check_keys(j, {"version", "gamma_gbps", "links", "note", "alpha_us", "beta_gbps"}, where);
+  if (j.contains("version") && j["version"] != 1)
+    throw InvalidArgumentError(fmt::format("{}: version {} is not one this dtrain reads (1)", where, j["version"].dump()));
+  k.alpha = positive(j, "alpha_us", k.alpha * 1e6, where) * 1e-6;
+  k.beta = 1.0 / (positive(j, "beta_gbps", 1.0 / k.beta / 1e9, where) * 1e9);
+  k.gamma = 1.0 / (positive(j, "gamma_gbps", 1.0 / k.gamma / 1e9, where) * 1e9);
+  if (j.contains("links")) {
+    check_keys(j["links"], {"shm", "host", "rack"}, where + " links");
+    for (const auto& [name, link] : j["links"].items()) {
+      const std::string at = fmt::format("{} links.{}", where, name);
+      check_keys(link, {"alpha_us", "beta_gbps"}, at);
+      if (!link.contains("alpha_us") || !link.contains("beta_gbps"))
+        throw InvalidArgumentError(fmt::format("{}: needs alpha_us and beta_gbps", at));
+      const double alpha = positive(link, "alpha_us", 0, at) * 1e-6;
+      const double beta = 1.0 / (positive(link, "beta_gbps", 0, at) * 1e9);
+      if (name == "shm") k.alpha_local = alpha, k.beta_local = beta;
+      if (name == "host") k.alpha = alpha, k.beta = beta;
+      if (name == "rack") k.alpha_rack = alpha, k.beta_rack = beta;
     }
   }
+  return k;
+}
+
+std::string CostModel::to_json(const CostConstants& k, const std::string& note) {
+  auto link = [](double alpha, double beta) {
+    return nlohmann::json{{"alpha_us", alpha * 1e6}, {"beta_gbps", 1.0 / beta / 1e9}};
+  };
+  nlohmann::json j{{"version", 1}, {"gamma_gbps", 1.0 / k.gamma / 1e9}, {"note", note}};
+  j["links"]["shm"] = link(k.alpha_local, k.beta_local);
+  j["links"]["host"] = link(k.alpha, k.beta);
+  if (k.alpha_rack > 0 && k.beta_rack > 0) j["links"]["rack"] = link(k.alpha_rack, k.beta_rack);
+  return j.dump(2) + "\n";
+}
+
+LoadedConstants CostModel::load() {
+  LoadedConstants loaded;
+  CostConstants& k = loaded.constants;
   if (std::ifstream llc("/sys/devices/system/cpu/cpu0/cache/index3/size"); llc) {
     // "32768K"
     double size = 0;
@@ -73,10 +135,17 @@ CostConstants CostModel::load() {
     if (llc >> size >> unit && size > 0)
       k.cache_bytes = size * (unit == 'M' ? 1024.0 * 1024 : unit == 'G' ? 1024.0 * 1024 * 1024 : 1024);
   }
+  if (auto path = env::raw(env::kCostFile)) {
+    try {
+      k = read_file(*path, k);
+    } catch (const InvalidArgumentError& e) {
+      loaded.problem = fmt::format("DTRAIN_COST_FILE: {}", e.what());
+    }
+  }
   if (env::raw(env::kCostAlphaUs)) k.alpha = env::get_double(env::kCostAlphaUs) * 1e-6;
   if (env::raw(env::kCostBetaGbps)) k.beta = 1.0 / (env::get_double(env::kCostBetaGbps) * 1e9);
   if (env::raw(env::kCostGammaGbps)) k.gamma = 1.0 / (env::get_double(env::kCostGammaGbps) * 1e9);
-  return k;
+  return loaded;
 }
 
 std::span<const std::string_view> CostModel::candidates(CollectiveKind kind) {
@@ -106,13 +175,87 @@ std::span<const std::string_view> CostModel::candidates(CollectiveKind kind) {
   return kLinear;
 }
 
+Topology CostModel::cross_of(const Topology& t) {
+  Topology c;
+  c.level = Topology::Level::kRacks;
+  c.host_contiguous = true;
+  c.oversubscription = 1.0;
+  if (t.level == Topology::Level::kHosts && t.racks > 1) {
+    c.hosts = t.racks;
+    c.per_host = t.hosts_per_rack;
+    c.uniform = t.racks * t.hosts_per_rack == t.hosts;
+    c.spans_racks = true;
+  } else {
+    c.hosts = 1;  // one part: nothing further to split
+    c.per_host = t.hosts;
+    c.spans_racks = t.spans_racks || t.level == Topology::Level::kRacks;
+  }
+  // Uniform parts: one cross group per local index, all at once over the same links.
+  c.nic_sharers = t.nic_sharers * (t.uniform ? t.per_host : 1);
+  return c;
+}
+
+double CostModel::hierarchical(CollectiveKind kind, double M, int n, const Topology& t) const {
+  if (t.hosts < 2 || t.per_host < 2) return 1e30;
+  const double k = t.per_host, N = n;
+  // Inside a part: shared memory (hosts) or the hosts' links (racks, shared by the groups that
+  // run beside this one).
+  LinkCost in = t.level == Topology::Level::kHosts ? k_.shm() : k_.host();
+  if (t.level == Topology::Level::kRacks) in.beta *= t.nic_sharers;
+  const double lk = log2_ceil(static_cast<int>(k));
+  Topology cross = cross_of(t);
+  if (!t.uniform) cross.nic_sharers = t.nic_sharers;  // leaders only
+  const double g = k_.gamma;
+  switch (kind) {
+    case CollectiveKind::kAllreduce:
+      if (t.uniform)
+        return 2 * ((k - 1) * in.alpha + (k - 1) / k * M * in.beta) + (k - 1) / k * M * g +
+               best_cost(kind, static_cast<size_t>(M / k), t.hosts, cross);
+      // By leaders: reduce to each part's first rank, all-reduce among them, broadcast back.
+      return lk * (2 * in.alpha + 2 * M * in.beta + M * g) +
+             best_cost(kind, static_cast<size_t>(M), t.hosts, cross);
+    case CollectiveKind::kBroadcast:
+      cross.nic_sharers = t.nic_sharers;
+      return lk * (in.alpha + M * in.beta) * (t.uniform ? 1 : 2) +
+             best_cost(kind, static_cast<size_t>(M), t.hosts, cross);
+    case CollectiveKind::kAllgather:
+      if (!t.uniform) return 1e30;
+      cross.nic_sharers = t.nic_sharers;
+      return (k - 1) * (in.alpha + M * in.beta) + lk * (in.alpha + N * M * in.beta) +
+             best_cost(kind, static_cast<size_t>(k * M), t.hosts, cross);
+    default:
+      return 1e30;
+  }
+}
+
 double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, int n,
                        const Topology& topology) const {
   const double M = static_cast<double>(bytes), N = n;
-  const double al = topology.local ? k_.alpha_local : k_.alpha;
-  const double be = topology.local ? k_.beta_local : k_.beta;
-  const double ga = k_.gamma;
   if (n <= 1) return 0.0;
+  if (a == "hierarchical") return hierarchical(kind, M, n, topology);
+  const bool ring = a == "ring";
+  // The slowest link the group's messages cross, and how many flows share it at once: one per
+  // host for a ring over hosts that each hold consecutive ranks, every rank of a host (of a
+  // rack, on its uplink) for the algorithms whose steps all leave the host together.
+  double al, be;
+  if (topology.local) {
+    al = k_.alpha_local;
+    be = k_.beta_local;
+  } else {
+    const bool hosts = topology.level == Topology::Level::kHosts;
+    const double per_host = hosts ? topology.per_host : 1;
+    const double per_rack = hosts ? topology.per_host * topology.hosts_per_rack : topology.per_host;
+    const double host_flows = ring && (topology.host_contiguous || !hosts) ? 1 : per_host;
+    const double rack_flows = ring ? 1 : per_rack;
+    al = k_.alpha;
+    be = k_.beta * host_flows;
+    if (topology.spans_racks) {
+      al = std::max(al, k_.rack().alpha);
+      be = std::max(be, k_.rack().beta * rack_flows);
+    }
+    be *= topology.nic_sharers;
+  }
+  const double ga = k_.gamma;
   if (a == "direct") {
     if (kind != CollectiveKind::kAllreduce || !topology.can_read_all) return 1e30;
     // Two rounds of messages, each a full trip through the executor and both rings.
@@ -127,23 +270,6 @@ double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, in
   const bool spills =
       topology.local && 4 * N * M * topology.oversubscription >= k_.cache_bytes;
   const double reread = spills ? 2.0 : 0.0;
-  if (a == "hierarchical") {
-    if (topology.hosts < 2 || topology.per_host < 2) return 1e30;
-    const double k = topology.per_host, h = topology.hosts;
-    const double al_l = k_.alpha_local, be_l = k_.beta_local;
-    if (kind == CollectiveKind::kBroadcast)
-      return log2_ceil(static_cast<int>(h)) * (k_.alpha + M * k_.beta) +
-             log2_ceil(static_cast<int>(k)) * (al_l + M * be_l);
-    if (kind == CollectiveKind::kAllgather) {
-      if (!topology.host_contiguous) return 1e30;
-      return (k - 1) * (al_l + M * be_l) + (h - 1) * (k_.alpha + k * M * k_.beta) +
-             log2_ceil(static_cast<int>(k)) * (al_l + N * M * be_l);
-    }
-    if (kind != CollectiveKind::kAllreduce) return 1e30;
-    const double inside = (k - 1) * k_.alpha_local + (k - 1) / k * M * k_.beta_local;
-    const double across = 2 * (h - 1) * k_.alpha + 2 * (h - 1) / h * (M / k) * k_.beta;
-    return 2 * inside + across + ((k - 1) / k + (h - 1) / h / k) * M * ga;
-  }
   // Chunked algorithms pay a message per 256 KiB chunk as well.
   const double chunks = M / (256.0 * 1024.0);
   const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
@@ -194,16 +320,20 @@ std::string_view CostModel::pick(CollectiveKind kind, size_t bytes, int n,
   return best;
 }
 
+double CostModel::best_cost(CollectiveKind kind, size_t bytes, int n, const Topology& t) const {
+  return cost(pick(kind, bytes, n, t), kind, bytes, n, t);
+}
+
 std::string_view CostModel::choose(CollectiveKind kind, std::string_view requested, size_t bytes,
                                    int n, const Topology& topology) const {
   auto c = candidates(kind);
   auto usable = [&](std::string_view a) {
     if (a == "hierarchical" && (topology.hosts < 2 || topology.per_host < 2 ||
-                                (kind == CollectiveKind::kAllgather && !topology.host_contiguous)))
+                                (kind == CollectiveKind::kAllgather && !topology.uniform)))
       throw InvalidArgumentError(fmt::format(
-          "{} 'hierarchical' needs the group spread over two or more hosts with the same number "
-          "(two or more) of its ranks on each{}",
-          to_string(kind), kind == CollectiveKind::kAllgather ? ", holding consecutive ranks" : ""));
+          "{} 'hierarchical' needs the group spread over two or more hosts (or racks) with two or "
+          "more of its ranks on some{}",
+          to_string(kind), kind == CollectiveKind::kAllgather ? ", the same number on each" : ""));
     if (a == "direct" && !topology.can_read_all && n > 1)
       throw InvalidArgumentError(
           "all_reduce 'direct' needs every rank of the group on this host, on shared memory, "

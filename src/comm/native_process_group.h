@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/algorithms/algorithms.h"
 #include "comm/arguments.h"
 #include "comm/collective.h"
 #include "comm/cost_model.h"
@@ -26,11 +27,14 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   // The world group: connects the device.
   NativeProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                      const ProcessGroupOptions& options);
-  // A sub-group over world ranks `members` sharing `parent`'s device.
-  // `internal`: a group dtrain makes for itself (the hierarchy's local and cross groups), which
-  // builds no hierarchy of its own.
+  // How a group may split its ranks for the hierarchical collectives: by host (else by rack,
+  // where each host holds one of its ranks), by rack only (the cross groups of a split by host),
+  // or not at all (the parts themselves).
+  enum class Split { kHostsOrRacks, kRacks, kNone };
+  // A sub-group over world ranks `members` sharing `parent`'s device. The groups dtrain makes for
+  // itself (the hierarchy's parts and cross groups) say how they may split further.
   NativeProcessGroup(const NativeProcessGroup& parent, std::vector<int> members, uint32_t group_id,
-                     std::string name, bool internal = false);
+                     std::string name, Split split = Split::kHostsOrRacks);
   ~NativeProcessGroup() override;
 
   int rank() const override { return rank_; }
@@ -69,6 +73,15 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override;
   void abort(const std::string& reason) override;
 
+  // Ping-pong with a peer of each class of link (link_calibration.cc); every rank of the group
+  // calls it and gets rank 0's figures. `dtrain bench --calibrate` writes them to a file.
+  CostConstants measure_links(CostConstants defaults);
+  void set_cost_constants(const CostConstants& k);  // this group's and its hierarchy's
+  const CostModel& cost_model() const { return cost_model_; }
+  const Topology& topology() const { return topology_; }
+  // How the group split for the hierarchical collectives, and its cross group: "split=hosts
+  // parts=2 per_part=2 uniform; cross: split=racks ..." ("split=none" where it did not).
+  std::string hierarchy() const;
   // The algorithm the next `kind` collective of `bytes` would use (for benchmarks and logs).
   std::string algorithm_for(CollectiveKind kind, std::string_view requested, size_t bytes) const;
 
@@ -110,14 +123,17 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   mutable std::mutex choices_mu_;
   mutable std::array<Choice, 16> choices_{};
   Topology topology_;
-  bool internal_ = false;
-  // With ranks on several hosts, k on each: this host's ranks, and the ranks of the other hosts
-  // with this rank's local index (see allreduce_hierarchical.cc).
+  Split split_ = Split::kHostsOrRacks;
+  bool internal() const { return split_ != Split::kHostsOrRacks; }
+  // Split into hosts or racks (see algorithms/allreduce_hierarchical.cc): this rank's part, and
+  // the cross group it belongs to (null for a rank that is not a leader of uneven parts).
   std::shared_ptr<NativeProcessGroup> local_group_;
   std::shared_ptr<NativeProcessGroup> cross_group_;
-  std::vector<int> host_index_;   // of every group rank, hosts in order of their first rank
-  std::vector<int> local_index_;  // of every group rank within its host
+  algo::Hierarchy hierarchy_;
   void build_hierarchy();
+  void share_links(int groups);
+  // DTRAIN_COST_FILE unusable on any rank: every rank measures instead (link_calibration.cc).
+  void agree_on_costs();  // `groups` (this one among them) run at once over its links
   void fail_internal_groups(std::exception_ptr error);
   std::shared_ptr<Executor> executor_;
   CollectiveContext::Buffer scratch_;    // used by the running collective only

@@ -135,10 +135,11 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
         "DTRAIN_TRANSPORT)", d.transport));
   device_ = std::make_shared<transport::tcp::Device>(*store_, d);
   start();
+  if (size_ > 1 && env::raw(env::kCostFile)) agree_on_costs();
 }
 
 NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::vector<int> members,
-                                       uint32_t group_id, std::string name, bool internal)
+                                       uint32_t group_id, std::string name, Split split)
     : store_(parent.store_),
       device_(parent.device_),
       rank_(-1),
@@ -150,7 +151,7 @@ NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::ve
       async_grace_(parent.async_grace_),
       cost_model_(parent.cost_model_),
       oversubscription_(parent.oversubscription_),
-      internal_(internal) {
+      split_(split) {
   for (int i = 0; i < size_; ++i)
     if (members_[i] == device_->rank()) rank_ = i;
   start();
@@ -228,53 +229,129 @@ void NativeProcessGroup::start() {
 }
 
 void NativeProcessGroup::build_hierarchy() {
-  if (internal_ || size_ < 4) return;
-  // Hosts in order of their first rank; every rank computes the same.
-  std::vector<std::string> hosts;
-  std::vector<std::vector<int>> by_host;  // group ranks per host
-  for (int i = 0; i < size_; ++i) {
-    const std::string& h = device_->host_of(members_[i]);
-    auto it = std::find(hosts.begin(), hosts.end(), h);
-    if (it == hosts.end()) {
-      hosts.push_back(h);
-      by_host.emplace_back();
-      it = hosts.end() - 1;
+  if (size_ < 2) return;
+  // Parts in order of their first rank; every rank computes the same.
+  auto split_by = [&](auto key) {
+    std::vector<std::string> keys;
+    std::vector<std::vector<int>> parts;  // group ranks per part
+    for (int i = 0; i < size_; ++i) {
+      const std::string& k = key(members_[i]);
+      auto it = std::find(keys.begin(), keys.end(), k);
+      if (it == keys.end()) {
+        keys.push_back(k);
+        parts.emplace_back();
+        it = keys.end() - 1;
+      }
+      parts[it - keys.begin()].push_back(i);
     }
-    by_host[it - hosts.begin()].push_back(i);
+    return parts;
+  };
+  auto host = [&](int m) -> const std::string& { return device_->host_of(m); };
+  auto rack = [&](int m) -> const std::string& { return device_->rack_of(m); };
+  auto worth_it = [](const std::vector<std::vector<int>>& parts) {
+    size_t most = 0;
+    for (const auto& p : parts) most = std::max(most, p.size());
+    return parts.size() >= 2 && most >= 2;
+  };
+  // What the cost model needs to know even of a group that does not split.
+  const auto racks = split_by(rack);
+  topology_.spans_racks = racks.size() > 1;
+  if (split_ == Split::kNone) return;
+  std::vector<std::vector<int>> parts;
+  Topology::Level level = Topology::Level::kHosts;
+  if (split_ == Split::kHostsOrRacks) parts = split_by(host);
+  if (!worth_it(parts)) {
+    parts = racks;
+    level = Topology::Level::kRacks;
   }
-  const size_t k = by_host[0].size();
-  if (hosts.size() < 2 || k < 2) return;
-  for (const auto& group : by_host)
-    if (group.size() != k) return;
-  size_t my_host = 0, my_index = 0;
-  host_index_.assign(size_, 0);
-  local_index_.assign(size_, 0);
-  topology_.host_contiguous = true;
-  for (size_t h = 0; h < by_host.size(); ++h)
-    for (size_t j = 0; j < k; ++j) {
-      const int r = by_host[h][j];
-      if (r == rank_) my_host = h, my_index = j;
-      host_index_[r] = static_cast<int>(h);
-      local_index_[r] = static_cast<int>(j);
-      topology_.host_contiguous &= r == static_cast<int>(h * k + j);
+  if (!worth_it(parts)) return;
+
+  auto& h = hierarchy_;
+  h.part.assign(size_, 0);
+  h.index.assign(size_, 0);
+  h.order.clear();
+  h.uniform = true;
+  size_t most = 0;
+  for (const auto& p : parts) {
+    h.uniform &= p.size() == parts[0].size();
+    most = std::max(most, p.size());
+  }
+  bool in_order = true;
+  size_t my_index = 0;
+  for (size_t p = 0; p < parts.size(); ++p)
+    for (size_t j = 0; j < parts[p].size(); ++j) {
+      const int r = parts[p][j];
+      if (r == rank_) h.my_part = static_cast<int>(p), my_index = j;
+      h.part[r] = static_cast<int>(p);
+      h.index[r] = static_cast<int>(j);
+      in_order &= r == static_cast<int>(h.order.size());
+      h.order.push_back(r);
     }
+  if (in_order) h.order.clear();
+
+  topology_.level = level;
+  topology_.hosts = static_cast<int>(parts.size());
+  topology_.per_host = static_cast<int>(most);
+  topology_.uniform = h.uniform;
+  topology_.host_contiguous = in_order && h.uniform;
+  if (level == Topology::Level::kHosts) {
+    // Hosts per rack, for the cross groups' own split.
+    std::vector<std::string> rack_of_part;
+    for (const auto& p : parts) rack_of_part.push_back(rack(members_[p[0]]));
+    std::sort(rack_of_part.begin(), rack_of_part.end());
+    int run = 0, most_hosts = 0;
+    for (size_t i = 0; i < rack_of_part.size(); ++i) {
+      run = i > 0 && rack_of_part[i] == rack_of_part[i - 1] ? run + 1 : 1;
+      most_hosts = std::max(most_hosts, run);
+    }
+    topology_.racks = static_cast<int>(racks.size());
+    topology_.hosts_per_rack = most_hosts;
+  }
+
   std::vector<int> local, cross;
-  for (int r : by_host[my_host]) local.push_back(members_[r]);
-  for (const auto& group : by_host) cross.push_back(members_[group[my_index]]);
+  for (int r : parts[h.my_part]) local.push_back(members_[r]);
+  if (h.uniform) {
+    for (const auto& p : parts) cross.push_back(members_[p[my_index]]);
+  } else if (my_index == 0) {
+    for (const auto& p : parts) cross.push_back(members_[p[0]]);
+  }
   auto id = [&](const std::string& what) {
     uint32_t v = static_cast<uint32_t>(fnv1a(fmt::format("{}/{}", group_id_, what)) & 0xffffffu);
     return v == 0 ? 1u : v;
   };
+  const char* unit = level == Topology::Level::kHosts ? "host" : "rack";
   local_group_ = std::make_shared<NativeProcessGroup>(
-      *this, std::move(local), id(fmt::format("local{}", my_host)),
-      fmt::format("{}.host{}", name_, my_host), /*internal=*/true);
-  cross_group_ = std::make_shared<NativeProcessGroup>(
-      *this, std::move(cross), id(fmt::format("cross{}", my_index)),
-      fmt::format("{}.cross{}", name_, my_index), /*internal=*/true);
-  topology_.hosts = static_cast<int>(hosts.size());
-  topology_.per_host = static_cast<int>(k);
-  DTRAIN_LOG_DEBUG("rank {}: group {} spans {} hosts with {} ranks each: hierarchical all-reduce "
-                   "available", rank_, name_, hosts.size(), k);
+      *this, std::move(local), id(fmt::format("local{}", h.my_part)),
+      fmt::format("{}.{}{}", name_, unit, h.my_part), Split::kNone);
+  if (!cross.empty()) {
+    // A split by host leaves its cross groups to split by rack.
+    cross_group_ = std::make_shared<NativeProcessGroup>(
+        *this, std::move(cross), id(fmt::format("cross{}", h.uniform ? my_index : 0)),
+        fmt::format("{}.cross{}", name_, h.uniform ? my_index : 0),
+        level == Topology::Level::kHosts ? Split::kRacks : Split::kNone);
+    share_links(topology_.nic_sharers);
+  }
+  h.local = local_group_.get();
+  h.cross = cross_group_.get();
+  DTRAIN_LOG_DEBUG("rank {}: group {} spans {} {}s ({} ranks on the largest{}): hierarchical "
+                   "collectives available", rank_, name_, parts.size(), unit, most,
+                   h.uniform ? ", all alike" : "");
+}
+
+std::string NativeProcessGroup::hierarchy() const {
+  if (!local_group_) return "split=none";
+  std::string text = fmt::format(
+      "split={} parts={} per_part={} {}", topology_.level == Topology::Level::kHosts ? "hosts" : "racks",
+      topology_.hosts, topology_.per_host, hierarchy_.uniform ? "uniform" : "uneven");
+  if (cross_group_) text += "; cross: " + cross_group_->hierarchy();
+  return text;
+}
+
+void NativeProcessGroup::share_links(int groups) {
+  topology_.nic_sharers = groups;
+  // The cross groups of uniform parts run at once over the same links.
+  if (cross_group_)
+    cross_group_->share_links(groups * (hierarchy_.uniform ? topology_.per_host : 1));
 }
 
 std::string NativeProcessGroup::postmortem(uint32_t seq, const std::string& entry) {
@@ -341,6 +418,7 @@ void NativeProcessGroup::fail_internal_groups(std::exception_ptr error) {
       if (!g->failure_) g->failure_ = error;
     }
     device_->fail_group(g->group_id_, 0, {}, error, {});
+    g->fail_internal_groups(error);  // a cross group split again by rack
   }
 }
 
@@ -486,8 +564,7 @@ std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
   return submit(call, algo, o.timeout, o.async_op, [this, t, algo, root = o.root](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
     if (algo == "hierarchical")
-      algo::broadcast_hierarchical(*local_group_, *cross_group_, t, host_index_[root],
-                                   local_index_[root], ctx.deadline());
+      algo::broadcast_hierarchical(hierarchy_, t, root, ctx.deadline());
     else if (algo == "scatter_allgather")
       algo::broadcast_scatter_allgather(ctx, data, t.numel);
     else
@@ -508,7 +585,7 @@ std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
   return submit(call, algo, o.timeout, o.async_op, [this, t, algo, op = o.op, n](CollectiveContext& ctx) {
     auto* data = static_cast<std::byte*>(t.data);
     if (algo == "hierarchical")
-      algo::allreduce_hierarchical(*local_group_, *cross_group_, t, op, ctx.deadline());
+      algo::allreduce_hierarchical(hierarchy_, t, op, ctx.deadline());
     else if (algo == "ring")
       algo::allreduce_ring(ctx, data, t.numel);
     else if (algo == "halving_doubling")
@@ -556,7 +633,7 @@ std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const
   auto algo = choose(call.kind, o.algorithm, in.nbytes());
   return submit(call, algo, o.timeout, o.async_op, [this, out, in, algo](CollectiveContext& ctx) {
     if (algo == "hierarchical") {
-      algo::allgather_hierarchical(*local_group_, *cross_group_, out, in, ctx.deadline());
+      algo::allgather_hierarchical(hierarchy_, out, in, ctx.deadline());
       return;
     }
     auto* o_ = static_cast<std::byte*>(out.data);

@@ -69,7 +69,9 @@ struct Var {
   X(kAgentStore, "DTRAIN_AGENT_STORE", "0", "1 when the launcher hosts the store at MASTER_ADDR:MASTER_PORT; 0 makes rank 0 host it.") \
   X(kBackend, "DTRAIN_BACKEND", "native", "Backend of every process group: native, gloo, mpi (under mpirun) or nccl (see docs/backends.md).") \
   X(kAlgo, "DTRAIN_ALGO", "", "Force collective algorithms: `ring`, or per collective `allreduce=halving_doubling,broadcast=tree` (see docs/algorithms.md).") \
-  X(kCostFile, "DTRAIN_COST_FILE", "", "JSON calibration of the cost model: {\"alpha_us\": 12, \"beta_gbps\": 4, \"gamma_gbps\": 12}.") \
+  X(kCostFile, "DTRAIN_COST_FILE", "", "The cost model's link constants, as `dtrain bench allreduce --calibrate FILE` writes them (docs/scaling.md); a file that is missing or corrupt is reported and the links are measured at start-up instead.") \
+  X(kRack, "DTRAIN_RACK", "", "The rack (switch) of this process's host, for the topology-aware collectives (wins over DTRAIN_TOPOLOGY).") \
+  X(kTopology, "DTRAIN_TOPOLOGY", "", "A JSON file {\"racks\": {\"RACK\": [\"HOST or ADDRESS\", ...]}} saying which hosts share a rack (docs/algorithms.md).") \
   X(kCostAlphaUs, "DTRAIN_COST_ALPHA_US", "", "Cost model: microseconds per message (overrides the file).") \
   X(kCostBetaGbps, "DTRAIN_COST_BETA_GBPS", "", "Cost model: GB/s on the wire (overrides the file).") \
   X(kCostGammaGbps, "DTRAIN_COST_GAMMA_GBPS", "", "Cost model: GB/s of reduction (overrides the file).") \

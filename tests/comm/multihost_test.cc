@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -27,17 +28,23 @@ const std::string kRank = std::string(DTRAIN_BIN_DIR) + "/multihost_rank";
 struct Hosts {
   std::string name;
   std::string subnet;
+  int n = 2;
   bool up = false;
-  Hosts() {
+  // `options`: netns-hosts.sh up's (--racks 2, --profile ...).
+  explicit Hosts(int hosts = 2, const std::string& options = "") : n(hosts) {
     const int id = ::getpid() % 200;
     name = "dt" + std::to_string(::getpid() % 100000);
     subnet = "10.77." + std::to_string(id);
     up = ::geteuid() == 0 &&
-         std::system((kScript + " up " + name + " 2 " + subnet + " >/dev/null 2>&1").c_str()) == 0;
-    if (!up) std::system((kScript + " down " + name + " 2 >/dev/null 2>&1").c_str());
+         std::system((kScript + " up " + name + " " + std::to_string(n) + " " + subnet + " " +
+                      options + " >/dev/null 2>&1").c_str()) == 0;
+    if (!up) std::system((kScript + " down " + name + " >/dev/null 2>&1").c_str());
   }
   ~Hosts() {
-    if (up) std::system((kScript + " down " + name + " 2 >/dev/null 2>&1").c_str());
+    if (up) std::system((kScript + " down " + name + " >/dev/null 2>&1").c_str());
+  }
+  int script(const std::string& args) const {
+    return std::system((kScript + " " + args).c_str());
   }
 };
 
@@ -46,7 +53,9 @@ struct Rank {
   std::string log;
 };
 
-Rank start(const Hosts& hosts, int rank, int port, const std::string& mode) {
+// Rank `rank` of `world` on host `host`, with `env` ("K=V" each) on top.
+Rank start(const Hosts& hosts, int rank, int world, int host, int port, const std::string& mode,
+           const std::vector<std::string>& env = {}) {
   Rank r;
   r.log = ::testing::TempDir() + "/multihost_" + hosts.name + "_" + std::to_string(rank);
   r.pid = ::fork();
@@ -55,21 +64,29 @@ Rank start(const Hosts& hosts, int rank, int port, const std::string& mode) {
     ::dup2(fd, 1);
     ::dup2(fd, 2);
     ::setenv("RANK", std::to_string(rank).c_str(), 1);
-    ::setenv("WORLD_SIZE", "4", 1);
-    ::setenv("LOCAL_RANK", std::to_string(rank % 2).c_str(), 1);
-    ::setenv("LOCAL_WORLD_SIZE", "2", 1);
-    ::setenv("MASTER_ADDR", (hosts.subnet + ".1").c_str(), 1);
+    ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+    ::unsetenv("LOCAL_RANK");
+    ::unsetenv("LOCAL_WORLD_SIZE");
+    ::setenv("MASTER_ADDR", (hosts.subnet + ".1").c_str(), 1);  // rank 0 is on host 0
     ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
     ::setenv("DTRAIN_JOB_ID", hosts.name.c_str(), 1);
     ::setenv("DTRAIN_TIMEOUT", "30", 1);
     ::unsetenv("DTRAIN_AGENT_STORE");
     ::unsetenv("DTRAIN_TRANSPORT");
-    std::string host = std::to_string(rank / 2);
-    ::execl(kScript.c_str(), kScript.c_str(), "run", hosts.name.c_str(), host.c_str(),
-            kRank.c_str(), mode.c_str(), static_cast<char*>(nullptr));
+    ::unsetenv("DTRAIN_TOPOLOGY");
+    ::unsetenv("DTRAIN_RACK");
+    ::unsetenv("DTRAIN_COST_FILE");
+    for (const auto& kv : env) ::putenv(::strdup(kv.c_str()));
+    std::string h = std::to_string(host);
+    ::execl(kScript.c_str(), kScript.c_str(), "run", hosts.name.c_str(), h.c_str(), kRank.c_str(),
+            mode.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   return r;
+}
+
+Rank start(const Hosts& hosts, int rank, int port, const std::string& mode) {
+  return start(hosts, rank, 4, rank / 2, port, mode);
 }
 
 // Exit code, or -1 when it had to be killed at the deadline.
@@ -149,3 +166,93 @@ TEST(MultiHost, LosingAHostFailsTheSurvivorsNamingIt) { lose_a_host(false); }
 TEST(MultiHost, CuttingAHostsLinkFailsTheSurvivorsNamingIt) { lose_a_host(true); }
 
 }  // namespace
+
+// Runs `world` ranks of multihost_rank `mode`, rank r on host host_of[r], and expects each to
+// print "OK rank r" (and `want` where given).
+void run_all(const Hosts& hosts, const std::vector<int>& host_of, int port, const std::string& mode,
+             const std::vector<std::string>& env = {}, const std::string& want = "") {
+  const int world = static_cast<int>(host_of.size());
+  std::vector<Rank> ranks;
+  for (int r = 0; r < world; ++r) ranks.push_back(start(hosts, r, world, host_of[r], port, mode, env));
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(finish(ranks[r], 150s), 0) << slurp(ranks[r].log);
+    const std::string log = slurp(ranks[r].log);
+    EXPECT_NE(log.find("OK rank " + std::to_string(r)), std::string::npos) << log;
+    if (!want.empty()) EXPECT_NE(log.find(want), std::string::npos) << "want '" << want << "' in\n" << log;
+  }
+}
+
+TEST(MultiHost, AnyPlacementOfRanksOnHosts) {
+  Hosts hosts;
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  // Ranks alternate between the hosts: the hierarchy's all-gather puts blocks back in rank order.
+  run_all(hosts, {0, 1, 0, 1}, 29733, "check", {}, "split=hosts parts=2 per_part=2 uniform");
+}
+
+TEST(MultiHost, UnevenHostsRunByLeaders) {
+  Hosts hosts;
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  // Three ranks on one host, one on the other.
+  run_all(hosts, {0, 0, 1, 0}, 29734, "check", {}, "split=hosts parts=2 per_part=3 uneven");
+}
+
+TEST(MultiHost, HostsInTwoRacksSplitTwice) {
+  Hosts hosts(4, "--racks 2 --profile rate=2gbit --rack-profile rate=500mbit");
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  // Four hosts with two ranks each, racks told through the topology file netns-hosts.sh wrote:
+  // the cross groups (one rank per host) split again by rack.
+  const std::string topology = "/run/dtrain-netns/" + hosts.name + ".topology.json";
+  run_all(hosts, {0, 0, 1, 1, 2, 2, 3, 3}, 29735, "check", {"DTRAIN_TOPOLOGY=" + topology},
+          "cross: split=racks parts=2 per_part=2 uniform");
+}
+
+TEST(MultiHost, OneRankPerHostSplitsByRack) {
+  Hosts hosts(4);
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  // Racks told by DTRAIN_RACK, one rack of three hosts and one of one: uneven, by leaders.
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 4; ++r)
+    ranks.push_back(start(hosts, r, 4, r, 29736, "check", {r < 3 ? "DTRAIN_RACK=a" : "DTRAIN_RACK=b"}));
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(finish(ranks[r], 150s), 0) << slurp(ranks[r].log);
+    EXPECT_NE(slurp(ranks[r].log).find("split=racks parts=2 per_part=3 uneven"), std::string::npos)
+        << slurp(ranks[r].log);
+  }
+}
+
+TEST(MultiHost, LossAndADelaySpikeNeitherHangNorCorrupt) {
+  Hosts hosts;
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  if (std::system("command -v nft >/dev/null") != 0) GTEST_SKIP() << "needs nft (nftables)";
+  ASSERT_EQ(hosts.script("loss " + hosts.name + " 1 2"), 0);  // 2% of host 1's packets, each way
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 4; ++r) ranks.push_back(start(hosts, r, 4, r / 2, 29737, "steady"));
+  // A 400 ms blackout of host 1 while they run.
+  std::this_thread::sleep_for(1500ms);
+  ASSERT_EQ(hosts.script("spike " + hosts.name + " 1 400"), 0);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(finish(ranks[r], 150s), 0) << slurp(ranks[r].log);
+    EXPECT_NE(slurp(ranks[r].log).find("OK rank " + std::to_string(r)), std::string::npos)
+        << slurp(ranks[r].log);
+  }
+}
+
+TEST(MultiHost, ACorruptCostFileIsNamedAndTheLinksAreMeasured) {
+  Hosts hosts;
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  const std::string file = ::testing::TempDir() + "/corrupt_cost_" + hosts.name + ".json";
+  std::ofstream(file) << "{\"version\": 1, \"links\": {\"host\": {\"alpha_us\": -3, \"beta_gbps\": 1}}}";
+  run_all(hosts, {0, 0, 1, 1}, 29738, "check", {"DTRAIN_COST_FILE=" + file});
+  // Rank 0 says what was wrong and that it measured instead; every rank got its figures.
+  auto log_of = [&](int r) { return slurp(::testing::TempDir() + "/multihost_" + hosts.name + "_" + std::to_string(r)); };
+  const std::string log = log_of(0);
+  EXPECT_NE(log.find("'alpha_us' must be a positive number"), std::string::npos) << log;
+  EXPECT_NE(log.find("measuring the links at start-up instead"), std::string::npos) << log;
+  auto costs = [](const std::string& text) {
+    const auto at = text.find("costs=");
+    return at == std::string::npos ? std::string("none") : text.substr(at, text.find('\n', at) - at);
+  };
+  EXPECT_NE(costs(log), "none") << log;
+  EXPECT_EQ(costs(log).find("costs=12.0us/4.00GB/s"), std::string::npos) << "the defaults, not a measurement";
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(costs(log_of(r)), costs(log)) << "rank " << r;
+}

@@ -40,6 +40,7 @@
 #include <fmt/format.h>
 
 #include "bench/bench_common.h"
+#include "common/durable.h"
 #include "common/env.h"
 #include "comm/native_process_group.h"
 #include "dtrain/error.h"
@@ -85,6 +86,8 @@ struct BenchArgs {
   double timeout_s = 60;    // per operation, every implementation
   double deadline_s = 600;  // per implementation run, enforced by the driver
   bool jsonl = false;       // rank 0 prints result lines instead of the table (driver's children)
+  std::string calibrate;    // measure the links first and write them here (docs/scaling.md)
+  bool model = false;       // rank 0 prints the cost model's time beside each measured one
 };
 
 // What the arguments mean once parsed and checked.
@@ -297,12 +300,37 @@ int run_rank(const BenchArgs& a) {
   init.group.backend = a.backend;
   init.group.transport = a.transport;
   auto pg = init_process_group(init);
+  auto* native = dynamic_cast<comm::NativeProcessGroup*>(pg.get());
+  if (!a.calibrate.empty()) {
+    if (!native) throw InvalidArgumentError("dtrain bench --calibrate measures the native backend's links: drop --backend");
+    const auto k = native->measure_links(native->cost_model().constants());
+    native->set_cost_constants(k);
+    if (pg->rank() == 0) {
+      // A file a job reads at start-up: written whole or not at all.
+      const std::string tmp = a.calibrate + ".tmp";
+      durable::write_file(tmp, comm::CostModel::to_json(
+                                   k, fmt::format("dtrain bench --calibrate, {} ranks; {}", pg->size(),
+                                                  native->hierarchy())));
+      std::filesystem::rename(tmp, a.calibrate);
+      const auto dir = std::filesystem::path(a.calibrate).parent_path().string();
+      durable::fsync_dir(dir.empty() ? "." : dir);
+      std::printf("calibration written to %s:\n%s", a.calibrate.c_str(),
+                  comm::CostModel::to_json(k, "").c_str());
+    }
+  }
   std::vector<Result> results;
+  std::vector<std::string> model_lines;
   for (Collective c : p.collectives) {
     const std::vector<size_t> sizes = c == Collective::kBarrier ? std::vector<size_t>{0} : p.sizes;
     for (size_t bytes : sizes) {
       Result r = run_native_size(*pg, a, p, c, bytes);
       if (pg->rank() != 0) continue;
+      if (a.model && native && c == Collective::kAllreduce) {
+        const double predicted = native->cost_model().cost(r.algo, comm::CollectiveKind::kAllreduce, bytes,
+                                                           pg->size(), native->topology());
+        model_lines.push_back(fmt::format("{:>10} {:>20} {:>12.1f} {:>12.1f} {:>8.2f}", bytes, r.algo,
+                                          r.time_us, predicted * 1e6, predicted * 1e6 / r.time_us));
+      }
       if (a.jsonl) {
         std::printf("%s\n", bench::to_json_line(r).c_str());
         std::fflush(stdout);
@@ -313,6 +341,12 @@ int run_rank(const BenchArgs& a) {
   if (pg->rank() == 0 && !a.jsonl) {
     print_tables(p, results, {}, 1, stdout);
     if (!a.json_file.empty()) write_json(a.json_file, results);
+  }
+  if (pg->rank() == 0 && !model_lines.empty()) {
+    std::printf("the cost model beside the measurement (all_reduce, %d ranks, %s):\n%10s %20s %12s %12s %8s\n",
+                pg->size(), native->hierarchy().c_str(), "bytes", "algorithm", "measured_us",
+                "model_us", "ratio");
+    for (const auto& l : model_lines) std::printf("%s\n", l.c_str());
   }
   for (const auto& r : results)
     if (r.wrong > 0) return 1;
@@ -988,6 +1022,11 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--deadline", a->deadline_s,
                   "Seconds each implementation's whole run may take before it is killed")
       ->capture_default_str();
+  cmd->add_option("--calibrate", a->calibrate,
+                  "Under dtrain run: measure the links first (ping-pong per class of link) and write "
+                  "the cost model's file here, for DTRAIN_COST_FILE (docs/scaling.md)");
+  cmd->add_flag("--model", a->model,
+                "Under dtrain run: print the cost model's all-reduce time beside each measured one");
   cmd->add_flag("--jsonl", a->jsonl, "Rank 0 prints result lines, not the table (the driver's ranks)")
       ->group("");
   cmd->callback([a] {

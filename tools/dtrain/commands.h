@@ -14,6 +14,7 @@ CLI::App* add_ps_server_command(CLI::App& app);  // cmd_ps_server.cc: a paramete
 CLI::App* add_data_command(CLI::App& app);   // cmd_data.cc: shard files for ShardedDataset
 CLI::App* add_pipeline_plan_command(CLI::App& app);  // cmd_pipeline_plan.cc: schedules, verified
 CLI::App* add_estimate_command(CLI::App& app);  // cmd_estimate.cc: memory per rank, per layout
+CLI::App* add_predict_command(CLI::App& app);  // cmd_predict.cc: step time and efficiency at scale
 CLI::App* add_sched_sim_command(CLI::App& app);  // cmd_sched_sim.cc: cluster scheduling simulator
 // cmd_submit.cc: `submit`, `jobs`, `logs`, `cancel` through the cluster's engine
 CLI::App* add_submit_commands(CLI::App& app);

@@ -7,6 +7,7 @@
 //   dtrain data write|inspect|index    TFRecord shard files for dtrain::data::ShardedDataset
 //   dtrain pipeline-plan               a pipeline schedule, verified offline, drawn and measured
 //   dtrain estimate                    memory per rank for DDP, ZeRO 1-3, tensor and pipeline layouts
+//   dtrain predict                     step time and scaling efficiency at up to thousands of ranks
 //   dtrain sched-sim                   a GPU cluster's job trace replayed under scheduling policies
 //   dtrain submit|jobs|logs|cancel     a training job through the cluster's engine (Slurm)
 #include <cstdio>
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   dtrain::tools::add_data_command(app);
   dtrain::tools::add_pipeline_plan_command(app);
   dtrain::tools::add_estimate_command(app);
+  dtrain::tools::add_predict_command(app);
   dtrain::tools::add_sched_sim_command(app);
   dtrain::tools::add_submit_commands(app);
   if (argc == 1) {  // a bare `dtrain` shows what it can do

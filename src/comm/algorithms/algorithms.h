@@ -26,17 +26,31 @@ void allreduce_recursive_doubling(CollectiveContext& ctx, std::byte* data, size_
 void allreduce_central(CollectiveContext& ctx, std::byte* data, size_t count);
 // Ranks of one host reading each other's buffers (needs ctx.can_read_all()).
 void allreduce_direct(CollectiveContext& ctx, std::byte* data, size_t count);
-// Across hosts: reduce-scatter inside the host, all-reduce of the slices across hosts, all-gather
-// inside the host, through the group's `local` and `cross` sub-groups.
-void allreduce_hierarchical(ProcessGroup& local, ProcessGroup& cross, const TensorView& tensor,
-                            ReduceOp op, const Deadline& deadline);
-// The same structure for broadcast (across hosts among the ranks with the root's local index,
-// then inside each host) and all-gather (inside each host, across hosts among the first ranks of
-// the hosts, then a broadcast inside each host; needs hosts holding consecutive ranks).
-void broadcast_hierarchical(ProcessGroup& local, ProcessGroup& cross, const TensorView& tensor,
-                            int root_host, int root_index, const Deadline& deadline);
-void allgather_hierarchical(ProcessGroup& local, ProcessGroup& cross, const TensorView& output,
-                            const TensorView& input, const Deadline& deadline);
+// A group split into parts (the ranks of one host, or of one rack) for the hierarchical
+// algorithms (allreduce_hierarchical.cc). Any placement of ranks on parts; parts of equal size
+// ("uniform") or not.
+struct Hierarchy {
+  ProcessGroup* local = nullptr;  // this rank's part
+  // Uniform: the ranks of every part with this rank's index in its part. Uneven: the parts'
+  // first ranks (the leaders); null on the other ranks.
+  ProcessGroup* cross = nullptr;
+  bool uniform = true;
+  int my_part = 0;         // this rank's part
+  std::vector<int> part;   // of every group rank: its part, parts in order of their first rank
+  std::vector<int> index;  // of every group rank: its index within its part
+  std::vector<int> order;  // group ranks by (part, index); empty when that is 0, 1, 2, ...
+};
+// Across parts: reduce-scatter inside each part, all-reduce of the slices across parts, all-gather
+// inside each part (uniform); or reduce to each part's leader, all-reduce among the leaders,
+// broadcast inside each part (uneven).
+void allreduce_hierarchical(const Hierarchy& h, const TensorView& tensor, ReduceOp op,
+                            const Deadline& deadline);
+// The same structure for broadcast (across parts, then inside each) and all-gather (inside each
+// part, across parts among their first ranks, then a broadcast inside each; uniform parts).
+void broadcast_hierarchical(const Hierarchy& h, const TensorView& tensor, int root,
+                            const Deadline& deadline);
+void allgather_hierarchical(const Hierarchy& h, const TensorView& output, const TensorView& input,
+                            const Deadline& deadline);
 
 // Ring reduce-scatter, in place on `data` (count elements cut into size() segments): rank r ends
 // holding the reduction of segment r. Ring all-gather of those segments completes an all-reduce.

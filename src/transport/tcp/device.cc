@@ -45,6 +45,7 @@ Device::Device(Store& store, const DeviceOptions& options)
   const int size = options_.size;
   pairs_.resize(size);
   hosts_.assign(size, host_identity());
+  racks_.assign(size, rack_identity(options_.advertise_addr));
   if (size == 1) return;
 
   const auto deadline = Deadline::after(options_.connect_timeout);
@@ -56,7 +57,8 @@ Device::Device(Store& store, const DeviceOptions& options)
   net::Fd listener = net::listen_tcp(listen_host, 0);
   address_ = net::HostPort{options_.advertise_addr, net::local_port(listener.get())}.to_string();
   store.set(address_key(options_.group_name, rank), address_);
-  store.set(fmt::format("{}/host/{}", options_.group_name, rank), host_identity());
+  store.set(fmt::format("{}/host/{}", options_.group_name, rank), hosts_[rank]);
+  store.set(fmt::format("{}/rack/{}", options_.group_name, rank), racks_[rank]);
   DTRAIN_LOG_DEBUG("rank {}: group {} listens at {}", rank, options_.group_name, address_);
 
   // Higher ranks dial us while we dial lower ranks.
@@ -137,10 +139,11 @@ Device::Device(Store& store, const DeviceOptions& options)
   std::vector<net::Fd> fds(size);
   for (int peer = 0; peer < size; ++peer)
     if (peer != rank) fds[peer] = peer < rank ? std::move(dialled[peer]) : std::move(accepted[peer]);
-  hosts_.resize(size);
-  hosts_[rank] = host_identity();
-  for (int peer = 0; peer < size; ++peer)
-    if (peer != rank) hosts_[peer] = store.get_string(fmt::format("{}/host/{}", options_.group_name, peer));
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    hosts_[peer] = store.get_string(fmt::format("{}/host/{}", options_.group_name, peer));
+    racks_[peer] = store.get_string(fmt::format("{}/rack/{}", options_.group_name, peer));
+  }
   std::vector<shm::Segment> segments = share_memory(store, fds, deadline);
   std::vector<std::string> via;
   for (int peer = 0; peer < size; ++peer) {

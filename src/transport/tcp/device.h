@@ -49,6 +49,7 @@ class Device {
   const std::string& address() const { return address_; }
   // The host identity (host.h) of every rank.
   const std::string& host_of(int rank) const { return hosts_[rank]; }
+  const std::string& rack_of(int rank) const { return racks_[rank]; }  // "" = not told
   // Fails every pending and future operation on every pair with `error`.
   void abort(std::exception_ptr error);
 
@@ -108,6 +109,7 @@ class Device {
   std::shared_ptr<Loop> loop_;
   std::vector<std::shared_ptr<Pair>> pairs_;  // indexed by peer rank; null for self
   std::vector<std::string> hosts_;            // host identity of every rank
+  std::vector<std::string> racks_;            // rack of every rank (transport/host.h)
   std::mutex groups_mu_;  // guards groups_ and notices_
   std::map<uint32_t, GroupHandlers> groups_;
   std::vector<Notice> notices_;

@@ -1,0 +1,111 @@
+// Measuring the cost model's link constants on a running group: rank 0 plays ping-pong with one
+// peer of each class of link it has (another rank of its host, a rank on another host of its
+// rack, a rank in another rack): small messages give alpha (half a round trip), 1 MiB ones beta;
+// a local reduction gives gamma. The figures travel through the store, so that every rank of the
+// group picks its algorithms from the same numbers. No collective runs: the group's sequence
+// numbers are untouched.
+#include <chrono>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/native_process_group.h"
+#include "common/env.h"
+#include "common/log.h"
+#include "common/reduce.h"
+#include "dtrain/error.h"
+
+namespace dtrain::comm {
+namespace {
+
+constexpr int kTag = 0x7a11b;  // the ping-pong's messages, before any of the user's
+constexpr int kSmallIters = 40;
+constexpr int kLargeIters = 4;
+constexpr size_t kLarge = size_t{1} << 20;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+CostConstants NativeProcessGroup::measure_links(CostConstants k) {
+  // The peer of each class, as every rank sees it.
+  auto host = [&](int r) { return device_->host_of(members_[r]); };
+  auto rack = [&](int r) { return device_->rack_of(members_[r]); };
+  int peers[3] = {-1, -1, -1};  // shm, host, rack
+  for (int r = 1; r < size_; ++r) {
+    const int c = host(r) == host(0) ? 0 : rack(r) == rack(0) ? 1 : 2;
+    if (peers[c] < 0) peers[c] = r;
+  }
+  std::vector<std::byte> small(8), large(kLarge);
+  auto ping_pong = [&](int peer, std::vector<std::byte>& buf, int iters) {
+    const auto view = TensorView{buf.data(), buf.size(), DType::kU8};
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) {
+      if (rank_ == 0) {
+        send(view, peer, kTag);
+        recv(view, peer, kTag);
+      } else {
+        recv(view, 0, kTag);
+        send(view, 0, kTag);
+      }
+    }
+    return seconds_since(t0) / iters / 2;  // one way
+  };
+  double alpha[3] = {0, 0, 0}, beta[3] = {0, 0, 0};
+  for (int c = 0; c < 3; ++c) {
+    if (peers[c] < 0 || (rank_ != 0 && rank_ != peers[c])) continue;
+    ping_pong(peers[c], small, 4);  // warm the path
+    alpha[c] = ping_pong(peers[c], small, kSmallIters);
+    ping_pong(peers[c], large, 1);
+    beta[c] = std::max(ping_pong(peers[c], large, kLargeIters) - alpha[c], 1e-9) / kLarge;
+  }
+  const std::string key = fmt::format("{}/measured_links", name_);
+  if (rank_ == 0) {
+    if (peers[0] > 0) k.alpha_local = alpha[0], k.beta_local = beta[0];
+    if (peers[1] > 0) k.alpha = alpha[1], k.beta = beta[1];
+    if (peers[2] > 0) {
+      k.alpha_rack = alpha[2], k.beta_rack = beta[2];
+      if (peers[1] < 0) k.alpha = alpha[2], k.beta = beta[2];  // no host of its own rack to ask
+    }
+    std::vector<float> a(kLarge / sizeof(float), 1.0f), b(a.size(), 2.0f);
+    reduce_into(a.data(), b.data(), a.size(), DType::kF32, ReduceOp::kSum);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 8; ++i) reduce_into(a.data(), b.data(), a.size(), DType::kF32, ReduceOp::kSum);
+    k.gamma = seconds_since(t0) / 8 / kLarge;
+    store_->set(key, CostModel::to_json(k, fmt::format("measured by group {} at start-up", name_)));
+    DTRAIN_LOG_INFO("rank 0: group {} measured its links: {}", name_,
+                    CostModel::to_json(k, "").substr(0, 400));
+    return k;
+  }
+  // Everyone else takes rank 0's figures, read as a calibration file is.
+  return CostModel::parse(store_->get_string(key), fmt::format("rank 0's measurement ({})", key), k);
+}
+
+void NativeProcessGroup::agree_on_costs() {
+  const auto loaded = CostModel::load();
+  store_->set(fmt::format("{}/cost_file/{}", name_, rank_), loaded.problem.empty() ? "ok" : loaded.problem);
+  std::string why;
+  for (int r = 0; r < size_ && why.empty(); ++r) {
+    const std::string v = store_->get_string(fmt::format("{}/cost_file/{}", name_, r));
+    if (v != "ok") why = fmt::format("rank {}: {}", r, v);
+  }
+  if (why.empty()) return;
+  if (rank_ == 0)
+    DTRAIN_LOG_ERROR("{}; measuring the links at start-up instead (write a good file with "
+                     "`dtrain bench allreduce --calibrate FILE`, or unset DTRAIN_COST_FILE)", why);
+  set_cost_constants(measure_links(loaded.constants));
+}
+
+void NativeProcessGroup::set_cost_constants(const CostConstants& k) {
+  cost_model_.set_constants(k);
+  {
+    std::lock_guard lock(choices_mu_);
+    choices_ = {};
+  }
+  for (const auto& g : {local_group_, cross_group_})
+    if (g) g->set_cost_constants(k);
+}
+
+}  // namespace dtrain::comm

@@ -1,0 +1,149 @@
+// The cost model's file, its choices on hosts and racks, and `dtrain predict`'s step model: pure
+// functions, no network.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "comm/cost_model.h"
+#include "comm/scaling_model.h"
+#include "dtrain/error.h"
+
+namespace dtrain::comm {
+namespace {
+
+std::string write(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(CostFile, WhatBenchCalibrateWritesReadsBack) {
+  CostConstants k;
+  k.alpha = 30e-6, k.beta = 1 / 1.1e9, k.alpha_local = 3e-6, k.beta_local = 1 / 9e9;
+  k.alpha_rack = 80e-6, k.beta_rack = 1 / 0.3e9, k.gamma = 1 / 20e9;
+  const auto back = CostModel::read_file(write("calibrated.json", CostModel::to_json(k, "test")));
+  EXPECT_NEAR(back.alpha, k.alpha, 1e-12);
+  EXPECT_NEAR(back.beta, k.beta, 1e-15);
+  EXPECT_NEAR(back.alpha_local, k.alpha_local, 1e-12);
+  EXPECT_NEAR(back.beta_rack, k.beta_rack, 1e-15);
+  EXPECT_NEAR(back.gamma, k.gamma, 1e-15);
+}
+
+TEST(CostFile, TheOldFlatFormIsTheHostLink) {
+  const auto k = CostModel::read_file(write("flat.json", R"({"alpha_us": 20, "beta_gbps": 2, "gamma_gbps": 10})"));
+  EXPECT_NEAR(k.alpha, 20e-6, 1e-12);
+  EXPECT_NEAR(k.beta, 1 / 2e9, 1e-15);
+}
+
+TEST(CostFile, ACorruptFileSaysWhatIsWrongWhere) {
+  auto fails_with = [](const std::string& text, const std::string& want) {
+    const auto path = write("bad.json", text);
+    try {
+      CostModel::read_file(path);
+      ADD_FAILURE() << "read: " << text;
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+  };
+  fails_with("{\"links\": {\"host\": {\"alpha_us\": 1", "is not JSON");
+  fails_with(R"({"links": {"host": {"alpha_us": -1, "beta_gbps": 1}}})", "'alpha_us' must be a positive number");
+  fails_with(R"({"links": {"host": {"alpha_us": 1}}})", "needs alpha_us and beta_gbps");
+  fails_with(R"({"links": {"nvlink": {"alpha_us": 1, "beta_gbps": 1}}})", "unknown key 'nvlink'");
+  fails_with(R"({"version": 2})", "version 2");
+  fails_with(R"({"beta_gbps": "fast"})", "must be a positive number");
+  EXPECT_THROW(CostModel::read_file("/nonexistent/cost.json"), InvalidArgumentError);
+}
+
+TEST(CostFile, LoadReportsAProblemInsteadOfThrowing) {
+  ::setenv("DTRAIN_COST_FILE", write("bad2.json", "[]").c_str(), 1);
+  const auto loaded = CostModel::load();
+  ::unsetenv("DTRAIN_COST_FILE");
+  EXPECT_NE(loaded.problem.find("must be a JSON object"), std::string::npos) << loaded.problem;
+  EXPECT_NEAR(loaded.constants.alpha, CostConstants{}.alpha, 1e-12);  // the defaults stand
+}
+
+// 16 hosts of 4 ranks in 4 racks whose uplinks are much slower than the hosts' links.
+Topology racked() {
+  Topology t;
+  t.hosts = 16, t.per_host = 4, t.uniform = true, t.host_contiguous = true;
+  t.racks = 4, t.hosts_per_rack = 4, t.spans_racks = true;
+  return t;
+}
+
+TEST(CostModelChoice, LargeMessagesGoHierarchicalAndASlowUplinkSplitsTheCrossGroupsByRack) {
+  CostConstants k;
+  k.alpha = 20e-6, k.beta = 1 / 1.2e9, k.alpha_rack = 60e-6, k.beta_rack = 1 / 0.3e9;
+  const CostModel model(k);
+  const Topology t = racked();
+  EXPECT_EQ(model.pick(CollectiveKind::kAllreduce, 64 << 20, 64, t), "hierarchical");
+  const Topology cross = CostModel::cross_of(t);
+  EXPECT_EQ(cross.level, Topology::Level::kRacks);
+  EXPECT_EQ(cross.hosts, 4);
+  EXPECT_EQ(cross.nic_sharers, 4);
+  EXPECT_EQ(model.pick(CollectiveKind::kAllreduce, 16 << 20, 16, cross), "hierarchical");
+  // Tiny messages across racks: latency rules, the log-step exchange beats a ring.
+  EXPECT_LT(model.cost("recursive_doubling", CollectiveKind::kAllreduce, 64, 16, cross),
+            model.cost("ring", CollectiveKind::kAllreduce, 64, 16, cross));
+  // The same hosts with fast uplinks: nothing to gain from splitting the cross groups again.
+  CostConstants flat = k;
+  flat.alpha_rack = flat.alpha, flat.beta_rack = flat.beta / 4;
+  EXPECT_NE(CostModel(flat).pick(CollectiveKind::kAllreduce, 16 << 20, 16, cross), "hierarchical");
+}
+
+TEST(CostModelChoice, UnevenHostsStillSplitButNotForAllGather) {
+  const CostModel model;
+  Topology t;
+  t.hosts = 2, t.per_host = 3, t.uniform = false;
+  EXPECT_LT(model.cost("hierarchical", CollectiveKind::kAllreduce, 1 << 20, 4, t), 1e29);
+  EXPECT_GE(model.cost("hierarchical", CollectiveKind::kAllgather, 1 << 20, 4, t), 1e29);
+  EXPECT_THROW(model.choose(CollectiveKind::kAllgather, "hierarchical", 1 << 20, 4, t), InvalidArgumentError);
+}
+
+TEST(StepModel, NoCommunicationOnOneRankAndLessEfficiencyOnSlowerNetworks) {
+  StepModel m;
+  m.parameters = 25e6;
+  m.compute_s = 0.1;
+  CostConstants fast, slow;
+  fast.beta = 1 / 10e9;
+  slow.beta = 1 / 0.1e9;
+  const auto one = predict_step(CostModel(fast), m, {1, 1, 0}, "ddp");
+  EXPECT_DOUBLE_EQ(one.step_s, 0.1);
+  EXPECT_DOUBLE_EQ(one.efficiency, 1.0);
+  const auto f = predict_step(CostModel(fast), m, {64, 4, 0}, "ddp-ring");
+  const auto s = predict_step(CostModel(slow), m, {64, 4, 0}, "ddp-ring");
+  EXPECT_GT(f.efficiency, s.efficiency);
+  // 100 MB through 0.1 GB/s twice is 2 s, most of it beyond the backward: efficiency < 10%.
+  EXPECT_LT(s.efficiency, 0.1);
+  EXPECT_GT(s.comm_s, 1.5);
+  // Exposed time is what the step waited for beyond its compute.
+  EXPECT_NEAR(s.step_s, m.compute_s + s.exposed_s, 1e-12);
+}
+
+TEST(StepModel, LayoutsThatCannotRunOnAShapeSaySo) {
+  StepModel m;
+  m.parameters = 1e6;
+  m.compute_s = 0.01;
+  const auto p = predict_step(CostModel(), m, {4, 4, 0}, "ddp-hierarchical");  // one host
+  EXPECT_FALSE(p.runs);
+  EXPECT_THROW(predict_step(CostModel(), m, {8, 1, 0}, "ps"), InvalidArgumentError);  // no servers
+  EXPECT_THROW(predict_step(CostModel(), m, {8, 1, 0}, "zero9"), InvalidArgumentError);
+}
+
+TEST(StepModel, MoreServersRelieveTheParameterServer) {
+  StepModel m;
+  m.parameters = 100e6;
+  m.compute_s = 0.2;
+  CostConstants k;
+  k.beta = 1 / 1.2e9;
+  m.ps_servers = 4;
+  const auto few = predict_step(CostModel(k), m, {64, 1, 0}, "ps");
+  m.ps_servers = 64;
+  const auto many = predict_step(CostModel(k), m, {64, 1, 0}, "ps");
+  EXPECT_LT(many.step_s, few.step_s);
+}
+
+}  // namespace
+}  // namespace dtrain::comm
