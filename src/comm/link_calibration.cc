@@ -1,6 +1,6 @@
 // Measuring the cost model's link constants on a running group: rank 0 plays ping-pong with one
 // peer of each class of link it has (another rank of its host, a rank on another host of its
-// rack, a rank in another rack): small messages give alpha (half a round trip), 1 MiB ones beta;
+// rack, a rank in another rack): small messages give alpha (half a round trip), 4 MiB ones beta;
 // a local reduction gives gamma. The figures travel through the store, so that every rank of the
 // group picks its algorithms from the same numbers. No collective runs: the group's sequence
 // numbers are untouched.
@@ -20,8 +20,10 @@ namespace {
 
 constexpr int kTag = 0x7a11b;  // the ping-pong's messages, before any of the user's
 constexpr int kSmallIters = 40;
-constexpr int kLargeIters = 4;
-constexpr size_t kLarge = size_t{1} << 20;
+constexpr int kLargeIters = 3;
+// 4 MiB: a shaped link lets its bucket (tbf's, a switch's buffer) through at memory speed; a
+// message much larger than it measures the rate.
+constexpr size_t kLarge = size_t{4} << 20;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
