@@ -91,12 +91,13 @@ CostConstants CostModel::parse(const std::string& text, const std::string& where
   // Version 1 (dtrain bench --calibrate): {"version": 1, "gamma_gbps": G, "links": {"shm" |
   // "host" | "rack": {"alpha_us": A, "beta_gbps": B}}, "note": "..."}; the flat form of a single
   // link class, {"alpha_us": A, "beta_gbps": B, "gamma_gbps": G}, is read as the host link.
-  check_keys(j, {"version", "gamma_gbps", "links", "note", "alpha_us", "beta_gbps"}, where);
+  check_keys(j, {"version", "gamma_gbps", "call_us", "links", "note", "alpha_us", "beta_gbps"}, where);
   if (j.contains("version") && j["version"] != 1)
     throw InvalidArgumentError(fmt::format("{}: version {} is not one this dtrain reads (1)", where, j["version"].dump()));
   k.alpha = positive(j, "alpha_us", k.alpha * 1e6, where) * 1e-6;
   k.beta = 1.0 / (positive(j, "beta_gbps", 1.0 / k.beta / 1e9, where) * 1e9);
   k.gamma = 1.0 / (positive(j, "gamma_gbps", 1.0 / k.gamma / 1e9, where) * 1e9);
+  k.call = positive(j, "call_us", k.call * 1e6, where) * 1e-6;
   if (j.contains("links")) {
     check_keys(j["links"], {"shm", "host", "rack"}, where + " links");
     for (const auto& [name, link] : j["links"].items()) {
@@ -118,7 +119,7 @@ std::string CostModel::to_json(const CostConstants& k, const std::string& note) 
   auto link = [](double alpha, double beta) {
     return nlohmann::json{{"alpha_us", alpha * 1e6}, {"beta_gbps", 1.0 / beta / 1e9}};
   };
-  nlohmann::json j{{"version", 1}, {"gamma_gbps", 1.0 / k.gamma / 1e9}, {"note", note}};
+  nlohmann::json j{{"version", 1}, {"gamma_gbps", 1.0 / k.gamma / 1e9}, {"call_us", k.call * 1e6}, {"note", note}};
   j["links"]["shm"] = link(k.alpha_local, k.beta_local);
   j["links"]["host"] = link(k.alpha, k.beta);
   if (k.alpha_rack > 0 && k.beta_rack > 0) j["links"]["rack"] = link(k.alpha_rack, k.beta_rack);
@@ -208,20 +209,21 @@ double CostModel::hierarchical(CollectiveKind kind, double M, int n, const Topol
   const double g = k_.gamma;
   switch (kind) {
     case CollectiveKind::kAllreduce:
+      // Two collectives inside (their calls counted here), one across (best_cost counts its own).
       if (t.uniform)
-        return 2 * ((k - 1) * in.alpha + (k - 1) / k * M * in.beta) + (k - 1) / k * M * g +
-               best_cost(kind, static_cast<size_t>(M / k), t.hosts, cross);
+        return 2 * k_.call + 2 * ((k - 1) * in.alpha + (k - 1) / k * M * in.beta) +
+               (k - 1) / k * M * g + best_cost(kind, static_cast<size_t>(M / k), t.hosts, cross);
       // By leaders: reduce to each part's first rank, all-reduce among them, broadcast back.
-      return lk * (2 * in.alpha + 2 * M * in.beta + M * g) +
+      return 2 * k_.call + lk * (2 * in.alpha + 2 * M * in.beta + M * g) +
              best_cost(kind, static_cast<size_t>(M), t.hosts, cross);
     case CollectiveKind::kBroadcast:
       cross.nic_sharers = t.nic_sharers;
-      return lk * (in.alpha + M * in.beta) * (t.uniform ? 1 : 2) +
+      return k_.call * (t.uniform ? 1 : 2) + lk * (in.alpha + M * in.beta) * (t.uniform ? 1 : 2) +
              best_cost(kind, static_cast<size_t>(M), t.hosts, cross);
     case CollectiveKind::kAllgather:
       if (!t.uniform) return 1e30;
       cross.nic_sharers = t.nic_sharers;
-      return (k - 1) * (in.alpha + M * in.beta) + lk * (in.alpha + N * M * in.beta) +
+      return 2 * k_.call + (k - 1) * (in.alpha + M * in.beta) + lk * (in.alpha + N * M * in.beta) +
              best_cost(kind, static_cast<size_t>(k * M), t.hosts, cross);
     default:
       return 1e30;
@@ -230,9 +232,14 @@ double CostModel::hierarchical(CollectiveKind kind, double M, int n, const Topol
 
 double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, int n,
                        const Topology& topology) const {
-  const double M = static_cast<double>(bytes), N = n;
   if (n <= 1) return 0.0;
-  if (a == "hierarchical") return hierarchical(kind, M, n, topology);
+  if (a == "hierarchical") return k_.call + hierarchical(kind, static_cast<double>(bytes), n, topology);
+  return k_.call + messages(a, kind, bytes, n, topology);
+}
+
+double CostModel::messages(std::string_view a, CollectiveKind kind, size_t bytes, int n,
+                           const Topology& topology) const {
+  const double M = static_cast<double>(bytes), N = n;
   const bool ring = a == "ring";
   // The slowest link the group's messages cross, and how many flows share it at once: one per
   // host for a ring over hosts that each hold consecutive ranks, every rank of a host (of a

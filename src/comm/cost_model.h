@@ -33,6 +33,9 @@ struct CostConstants {
   // between hosts.
   double alpha_rack = 0;
   double beta_rack = 0;
+  // What one collective call costs beyond its messages: the hand-over to the group's executor
+  // and back to the waiting caller. The hierarchical forms pay it for each inner collective.
+  double call = 20e-6;
   // The last-level cache (sysfs, else 32 MiB): algorithms that pass data through the
   // shared-memory rings are fast while every rank's buffer stays in it, and pay for each copy
   // through memory beyond it, where one-copy "direct" wins.
@@ -107,6 +110,9 @@ class CostModel {
 
  private:
   double hierarchical(CollectiveKind kind, double bytes, int n, const Topology& t) const;
+  // A flat algorithm's messages (cost() adds the call).
+  double messages(std::string_view algorithm, CollectiveKind kind, size_t bytes, int n,
+                  const Topology& topology) const;
   CostConstants k_;
   std::string algo_env_;  // DTRAIN_ALGO, read once
 };

@@ -1,14 +1,16 @@
-// The cost model's file, its choices on hosts and racks, and `dtrain predict`'s step model: pure
-// functions, no network.
+// The cost model's file, its choices on hosts and racks, and `dtrain predict`'s step model (pure
+// functions, no network), then `dtrain predict` run as a user runs it.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "comm/cost_model.h"
 #include "comm/scaling_model.h"
 #include "dtrain/error.h"
+#include "launch/command.h"
 
 namespace dtrain::comm {
 namespace {
@@ -22,13 +24,14 @@ std::string write(const std::string& name, const std::string& text) {
 TEST(CostFile, WhatBenchCalibrateWritesReadsBack) {
   CostConstants k;
   k.alpha = 30e-6, k.beta = 1 / 1.1e9, k.alpha_local = 3e-6, k.beta_local = 1 / 9e9;
-  k.alpha_rack = 80e-6, k.beta_rack = 1 / 0.3e9, k.gamma = 1 / 20e9;
+  k.alpha_rack = 80e-6, k.beta_rack = 1 / 0.3e9, k.gamma = 1 / 20e9, k.call = 45e-6;
   const auto back = CostModel::read_file(write("calibrated.json", CostModel::to_json(k, "test")));
   EXPECT_NEAR(back.alpha, k.alpha, 1e-12);
   EXPECT_NEAR(back.beta, k.beta, 1e-15);
   EXPECT_NEAR(back.alpha_local, k.alpha_local, 1e-12);
   EXPECT_NEAR(back.beta_rack, k.beta_rack, 1e-15);
   EXPECT_NEAR(back.gamma, k.gamma, 1e-15);
+  EXPECT_NEAR(back.call, k.call, 1e-12);
 }
 
 TEST(CostFile, TheOldFlatFormIsTheHostLink) {
@@ -143,6 +146,46 @@ TEST(StepModel, MoreServersRelieveTheParameterServer) {
   m.ps_servers = 64;
   const auto many = predict_step(CostModel(k), m, {64, 1, 0}, "ps");
   EXPECT_LT(many.step_s, few.step_s);
+}
+
+const std::string kDtrain = std::string(DTRAIN_BIN_DIR) + "/dtrain";
+
+TEST(PredictCommand, PrintsATableWritesCsvAndSvgAndRefusesBadInput) {
+  const std::string dir = ::testing::TempDir();
+  const std::string csv = dir + "/predict.csv", svg = dir + "/predict.svg";
+  auto r = testing::run_command({kDtrain, "predict", "--params", "44.5M", "--compute-ms", "450",
+                                 "--per-host", "4", "--network", "25gbe", "--intra", "nvlink",
+                                 "--ranks", "1,4,512", "--layouts", "ddp-ring,ddp-hierarchical,ps",
+                                 "--ps-servers", "128", "--csv", csv, "--svg", svg});
+  ASSERT_TRUE(r.ok()) << r.output;
+  EXPECT_NE(r.output.find("44.5M parameters"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("   512"), std::string::npos) << r.output;
+  std::ifstream c(csv);
+  std::string header, line;
+  std::getline(c, header);
+  EXPECT_EQ(header, "ranks,layout,step_ms,comm_ms,exposed_ms,efficiency");
+  int rows = 0;
+  while (std::getline(c, line)) ++rows;
+  EXPECT_EQ(rows, 8);  // hierarchical cannot run with the 4 ranks on one host
+  std::ifstream s(svg);
+  std::string text((std::istreambuf_iterator<char>(s)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("<svg"), std::string::npos);
+  EXPECT_NE(text.find("ddp-hierarchical"), std::string::npos);
+  // A calibration file as the network; a corrupt one is named.
+  CostConstants k;
+  k.beta = 1 / 0.12e9;
+  const auto links = write("links.json", CostModel::to_json(k, "test"));
+  auto slow = testing::run_command({kDtrain, "predict", "--params", "100M", "--compute-ms", "100",
+                                    "--network", links, "--ranks", "16", "--layouts", "ddp-ring"});
+  ASSERT_TRUE(slow.ok()) << slow.output;
+  EXPECT_NE(slow.output.find("0.12 GB/s"), std::string::npos) << slow.output;
+  auto bad = testing::run_command({kDtrain, "predict", "--params", "1M", "--compute-ms", "10",
+                                   "--network", write("bad3.json", "{")});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("is not JSON"), std::string::npos) << bad.output;
+  auto none = testing::run_command({kDtrain, "predict", "--params", "1M"});
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.output.find("--compute-ms"), std::string::npos) << none.output;
 }
 
 }  // namespace

@@ -256,3 +256,37 @@ TEST(MultiHost, ACorruptCostFileIsNamedAndTheLinksAreMeasured) {
   EXPECT_EQ(costs(log).find("costs=12.0us/4.00GB/s"), std::string::npos) << "the defaults, not a measurement";
   for (int r = 1; r < 4; ++r) EXPECT_EQ(costs(log_of(r)), costs(log)) << "rank " << r;
 }
+
+TEST(MultiHost, CuttingAHostInARackedClusterFailsEverySurvivor) {
+  Hosts hosts(4, "--racks 2");
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  // Three levels of groups (host, rack, across racks): the failure must reach every rank
+  // waiting in any of them.
+  const std::string topology = "DTRAIN_TOPOLOGY=/run/dtrain-netns/" + hosts.name + ".topology.json";
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 8; ++r) ranks.push_back(start(hosts, r, 8, r / 2, 29739, "survive", {topology}));
+  auto ready = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < ready) {
+    bool all = true;
+    for (int r = 0; r < 8; ++r) all &= slurp(ranks[r].log).find("READY") != std::string::npos;
+    if (all) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_NE(slurp(ranks[0].log).find("cross: split=racks"), std::string::npos) << slurp(ranks[0].log);
+  std::this_thread::sleep_for(300ms);
+  const auto lost = std::chrono::steady_clock::now();
+  ASSERT_EQ(hosts.script("cut " + hosts.name + " 3"), 0);
+  for (int r = 0; r < 6; ++r) {
+    EXPECT_EQ(finish(ranks[r], 40s), 3) << slurp(ranks[r].log);
+    const std::string log = slurp(ranks[r].log);
+    EXPECT_TRUE(log.find("rank 6") != std::string::npos || log.find("rank 7") != std::string::npos)
+        << "rank " << r << ":\n" << log;
+  }
+  const auto took = std::chrono::steady_clock::now() - lost;
+  EXPECT_LT(took, 30s) << "survivors took "
+                       << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+  for (int r = 6; r < 8; ++r) {
+    ::kill(ranks[r].pid, SIGKILL);
+    finish(ranks[r], 10s);
+  }
+}

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -87,6 +88,7 @@ struct BenchArgs {
   double deadline_s = 600;  // per implementation run, enforced by the driver
   bool jsonl = false;       // rank 0 prints result lines instead of the table (driver's children)
   std::string calibrate;    // measure the links first and write them here (docs/scaling.md)
+  std::string netns;        // run every implementation on this emulated cluster (netns-hosts.sh)
   bool model = false;       // rank 0 prints the cost model's time beside each measured one
 };
 
@@ -303,7 +305,24 @@ int run_rank(const BenchArgs& a) {
   auto* native = dynamic_cast<comm::NativeProcessGroup*>(pg.get());
   if (!a.calibrate.empty()) {
     if (!native) throw InvalidArgumentError("dtrain bench --calibrate measures the native backend's links: drop --backend");
-    const auto k = native->measure_links(native->cost_model().constants());
+    auto k = native->measure_links(native->cost_model().constants());
+    // What a collective call costs beyond its messages: tiny ring all-reduces, timed, less
+    // what the model says their messages cost. Rank 0's figure for everyone.
+    std::vector<double> tiny(1);
+    auto run_tiny = [&](int times) {
+      for (int i = 0; i < times; ++i)
+        pg->allreduce(TensorView::of(tiny), {.algorithm = "ring"})->wait();
+    };
+    run_tiny(10);
+    const auto t0 = std::chrono::steady_clock::now();
+    run_tiny(100);
+    const double per_call = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 100;
+    comm::CostConstants no_call = k;
+    no_call.call = 0;
+    std::vector<double> call{std::max(1e-6, per_call - comm::CostModel(no_call).cost(
+        "ring", comm::CollectiveKind::kAllreduce, sizeof(double), pg->size(), native->topology()))};
+    pg->broadcast(TensorView::of(call), {.root = 0})->wait();
+    k.call = call[0];
     native->set_cost_constants(k);
     if (pg->rank() == 0) {
       // A file a job reads at start-up: written whole or not at all.
@@ -361,7 +380,50 @@ struct ChildSpec {
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env;  // on top of ours
   std::vector<int> cpus;  // sched_setaffinity before exec; empty = the driver's
+  std::string netns;      // the network namespace to run in ("" = the driver's)
 };
+
+// The emulated cluster of `--netns NAME`, as scripts/netns-hosts.sh recorded it: hosts
+// NAME-h0.. at SUBNET.1.., this machine at SUBNET.254. Ranks go to the hosts in blocks, as a
+// launcher fills nodes.
+struct EmulatedCluster {
+  std::string name;
+  std::string subnet;
+  int hosts = 0;
+  std::string head() const { return subnet + ".254"; }
+  std::string address(int host) const { return fmt::format("{}.{}", subnet, host + 1); }
+  int host_of(int rank, int np) const { return rank * std::min(hosts, np) / np; }
+  std::string netns(int host) const { return fmt::format("{}-h{}", name, host); }
+  int first_rank(int host, int np) const {
+    int r = 0;
+    while (r < np && host_of(r, np) < host) ++r;
+    return r;
+  }
+  int ranks_on(int host, int np) const {
+    int n = 0;
+    for (int r = 0; r < np; ++r) n += host_of(r, np) == host;
+    return n;
+  }
+};
+
+std::optional<EmulatedCluster> read_cluster(const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  const std::string path = "/run/dtrain-netns/" + name;
+  std::ifstream f(path);
+  if (!f)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain bench --netns {}: no emulated cluster of that name ({} is missing): make it with "
+        "scripts/netns-hosts.sh up {} HOSTS SUBNET", name, path, name));
+  EmulatedCluster c;
+  c.name = name;
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("n=", 0) == 0) c.hosts = std::stoi(line.substr(2));
+    if (line.rfind("subnet=", 0) == 0) c.subnet = line.substr(7);
+  }
+  if (c.hosts < 1 || c.subnet.empty())
+    throw InvalidArgumentError(fmt::format("dtrain bench --netns {}: {} does not say n= and subnet=", name, path));
+  return c;
+}
 
 struct Outcome {
   std::vector<Result> results;
@@ -415,10 +477,18 @@ class ChildSet {
       throw InternalError(fmt::format("dtrain bench: pipe: {}", std::strerror(errno)));
     const pid_t parent = getpid();
     const cpu_set_t cpus = launch::to_cpu_set(spec.cpus);
+    int netns_fd = -1;
+    if (!spec.netns.empty()) {
+      netns_fd = ::open(("/run/netns/" + spec.netns).c_str(), O_RDONLY | O_CLOEXEC);
+      if (netns_fd < 0)
+        throw InvalidArgumentError(fmt::format("dtrain bench: network namespace {} cannot be opened: {}",
+                                               spec.netns, std::strerror(errno)));
+    }
     pid_t pid = fork();
     if (pid < 0) {
       ::close(fds[0]);
       ::close(fds[1]);
+      if (netns_fd >= 0) ::close(netns_fd);
       throw InternalError(fmt::format("dtrain bench: fork: {}", std::strerror(errno)));
     }
     if (pid == 0) {
@@ -432,6 +502,12 @@ class ChildSet {
       sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
       if (!spec.cpus.empty()) sched_setaffinity(0, sizeof(cpus), &cpus);
+      if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) {
+        const char msg[] = "dtrain bench: setns failed\n";
+        ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+        (void)ignored;
+        _exit(127);
+      }
       execve(exe.c_str(), c_argv.data(), c_env.data());
       const char msg[] = "dtrain bench: exec failed\n";
       ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
@@ -439,6 +515,7 @@ class ChildSet {
       _exit(127);
     }
     setpgid(pid, pid);  // also here, so that a kill right after start finds the group
+    if (netns_fd >= 0) ::close(netns_fd);
     ::close(fds[1]);
     children_.push_back(Child{spec.label, pid, fds[0]});
   }
@@ -625,6 +702,18 @@ std::vector<std::pair<std::string, std::string>> rank_env(int rank, int np, uint
           {"DTRAIN_AGENT_STORE", "1"}};
 }
 
+// On an emulated cluster: the rank's host (its namespace), its local rank there, and the store
+// at `master` (the driver's, at the head address; torch's, on host 0).
+void place(ChildSpec& s, const EmulatedCluster& c, int rank, int np, const std::string& master) {
+  const int host = c.host_of(rank, np);
+  s.netns = c.netns(host);
+  for (auto& [k, v] : s.env) {
+    if (k == "LOCAL_RANK") v = std::to_string(rank - c.first_rank(host, np));
+    if (k == "LOCAL_WORLD_SIZE") v = std::to_string(c.ranks_on(host, np));
+    if (k == "MASTER_ADDR") v = master;
+  }
+}
+
 bench::PeerConfig peer_config(const BenchArgs& a, const Plan& p) {
   bench::PeerConfig c;
   c.collectives = p.collectives;
@@ -642,8 +731,9 @@ bench::PeerConfig peer_config(const BenchArgs& a, const Plan& p) {
 fs::path self_exe() { return fs::read_symlink("/proc/self/exe"); }
 
 Outcome run_dtrain(const BenchArgs& a, const Plan& p) {
+  const auto cluster = read_cluster(a.netns);
   TcpStoreServerOptions so;
-  so.host = "127.0.0.1";
+  so.host = cluster ? cluster->head() : "127.0.0.1";
   so.port = 0;
   TcpStoreServer store(so);
   std::string sizes;
@@ -668,7 +758,10 @@ Outcome run_dtrain(const BenchArgs& a, const Plan& p) {
       s.argv.push_back("--algo");
       s.argv.push_back(a.algo);
     }
+    if (!a.calibrate.empty()) s.argv.insert(s.argv.end(), {"--calibrate", a.calibrate});
+    if (a.model) s.argv.push_back("--model");
     s.env = rank_env(r, a.np, store.port());
+    if (cluster) place(s, *cluster, r, a.np, cluster->head());
     if (a.bind == "auto") s.cpus = launch::cpu_share(r, a.np, launch::allowed_cpus());
     specs.push_back(std::move(s));
   }
@@ -682,6 +775,7 @@ std::optional<Outcome> run_peer(const std::string& name, const BenchArgs& a, con
     return std::nullopt;
   };
   const fs::path bin_dir = self_exe().parent_path();
+  const auto cluster = read_cluster(a.netns);
   std::vector<std::string> peer_args = bench::to_peer_args(peer_config(a, p));
   std::vector<ChildSpec> specs;
   std::unique_ptr<TcpStoreServer> store;
@@ -691,11 +785,12 @@ std::optional<Outcome> run_peer(const std::string& name, const BenchArgs& a, con
     if (!fs::exists(exe))
       return skip(fmt::format("{} not built (install libgloo-dev and rebuild)", exe.string()));
     TcpStoreServerOptions so;
-    so.host = "127.0.0.1";
+    so.host = cluster ? cluster->head() : "127.0.0.1";
     so.port = 0;
     store = std::make_unique<TcpStoreServer>(so);
     for (int r = 0; r < a.np; ++r) {
       ChildSpec s{fmt::format("rank {}", r), {exe.string()}, rank_env(r, a.np, store->port())};
+      if (cluster) place(s, *cluster, r, a.np, cluster->head());
       s.argv.insert(s.argv.end(), peer_args.begin(), peer_args.end());
       specs.push_back(std::move(s));
     }
@@ -713,6 +808,18 @@ std::optional<Outcome> run_peer(const std::string& name, const BenchArgs& a, con
     s.label = "mpirun";
     s.argv = {mpirun, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(a.np)};
     if (name == "mpi-tcp") s.argv.insert(s.argv.end(), {"--mca", "btl", "tcp,self", "--mca", "pml", "ob1"});
+    if (cluster) {
+      // mpirun stays here and starts its daemons on the hosts through the script's remote shell
+      // (ip netns exec); they and the ranks talk over the cluster's subnet.
+      const fs::path script = fs::path(DTRAIN_BENCH_PEERS_DIR).parent_path().parent_path() / "scripts" / "netns-hosts.sh";
+      if (!fs::exists(script)) return skip(fmt::format("{} not found (mpirun reaches the hosts through it)", script.string()));
+      std::string hosts;
+      for (int h = 0; h < std::min(cluster->hosts, a.np); ++h)
+        hosts += fmt::format("{}{}:{}", hosts.empty() ? "" : ",", cluster->address(h), cluster->ranks_on(h, a.np));
+      const std::string net = cluster->subnet + ".0/24";
+      s.argv.insert(s.argv.end(), {"--host", hosts, "--mca", "plm_rsh_agent", script.string() + " rsh " + cluster->name,
+                                   "--mca", "btl_tcp_if_include", net, "--mca", "oob_tcp_if_include", net});
+    }
     s.argv.insert(s.argv.end(), {exe.string(), "--impl", name});
     s.argv.insert(s.argv.end(), peer_args.begin(), peer_args.end());
     specs.push_back(std::move(s));
@@ -732,7 +839,11 @@ std::optional<Outcome> run_peer(const std::string& name, const BenchArgs& a, con
     for (int r = 0; r < a.np; ++r) {
       auto env = rank_env(r, a.np, port);
       env.emplace_back("OMP_NUM_THREADS", "1");
+      // torch's gloo finds its address from the host name, which inside a namespace names
+      // nothing reachable: the namespace's one interface instead.
+      if (cluster) env.emplace_back("GLOO_SOCKET_IFNAME", "eth0");
       ChildSpec s{fmt::format("rank {}", r), {kPythonPath, script.string()}, env};
+      if (cluster) place(s, *cluster, r, a.np, cluster->address(0));
       s.argv.insert(s.argv.end(), peer_args.begin(), peer_args.end());
       specs.push_back(std::move(s));
     }
@@ -1022,6 +1133,9 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--deadline", a->deadline_s,
                   "Seconds each implementation's whole run may take before it is killed")
       ->capture_default_str();
+  cmd->add_option("--netns", a->netns,
+                  "Run every implementation's ranks on the emulated cluster NAME that "
+                  "scripts/netns-hosts.sh made, in blocks of consecutive ranks per host (docs/scaling.md)");
   cmd->add_option("--calibrate", a->calibrate,
                   "Under dtrain run: measure the links first (ping-pong per class of link) and write "
                   "the cost model's file here, for DTRAIN_COST_FILE (docs/scaling.md)");

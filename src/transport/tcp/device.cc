@@ -57,8 +57,8 @@ Device::Device(Store& store, const DeviceOptions& options)
   net::Fd listener = net::listen_tcp(listen_host, 0);
   address_ = net::HostPort{options_.advertise_addr, net::local_port(listener.get())}.to_string();
   store.set(address_key(options_.group_name, rank), address_);
-  store.set(fmt::format("{}/host/{}", options_.group_name, rank), hosts_[rank]);
-  store.set(fmt::format("{}/rack/{}", options_.group_name, rank), racks_[rank]);
+  // Where this rank is: its host and its rack, in one key (one read per peer at start-up).
+  store.set(fmt::format("{}/host/{}", options_.group_name, rank), hosts_[rank] + '\n' + racks_[rank]);
   DTRAIN_LOG_DEBUG("rank {}: group {} listens at {}", rank, options_.group_name, address_);
 
   // Higher ranks dial us while we dial lower ranks.
@@ -141,8 +141,10 @@ Device::Device(Store& store, const DeviceOptions& options)
     if (peer != rank) fds[peer] = peer < rank ? std::move(dialled[peer]) : std::move(accepted[peer]);
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    hosts_[peer] = store.get_string(fmt::format("{}/host/{}", options_.group_name, peer));
-    racks_[peer] = store.get_string(fmt::format("{}/rack/{}", options_.group_name, peer));
+    const std::string where = store.get_string(fmt::format("{}/host/{}", options_.group_name, peer));
+    const auto cut = where.find('\n');
+    hosts_[peer] = where.substr(0, cut);
+    racks_[peer] = cut == std::string::npos ? "" : where.substr(cut + 1);
   }
   std::vector<shm::Segment> segments = share_memory(store, fds, deadline);
   std::vector<std::string> via;
