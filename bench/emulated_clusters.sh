@@ -26,9 +26,10 @@ for profile in ${PROFILES:-1gbe 10gbe}; do
       echo "== all-reduce, $hosts hosts x $per_host rank(s), $profile"
       "$hosts_script" up "$name" "$hosts" 10.79.$((hosts * 10 + per_host)) --profile "$profile" 2>/dev/null
       "$dtrain" bench allreduce --np "$np" --netns "$name" --peers mpi-tcp,gloo,torch \
-        --sizes "$sizes" --iters 8 --warmup 2 --rounds "${ROUNDS:-3}" --model \
+        --sizes "$sizes" --iters 10 --warmup 5 --rounds "${ROUNDS:-3}" --model \
         --calibrate "$out/links_${profile}_${hosts}x${per_host}.json" \
-        --json "$out/allreduce_${profile}_${hosts}x${per_host}.jsonl"
+        --json "$out/allreduce_${profile}_${hosts}x${per_host}.jsonl" ||
+        echo "== that configuration failed (see above); going on"
       "$hosts_script" down "$name"
     done
   done

@@ -38,9 +38,13 @@ void CollectiveWork::wait_until_done(std::optional<std::chrono::milliseconds> ti
     if (auto e = completion_.error()) std::rethrow_exception(e);
     return;
   }
-  if (auto ex = executor_.lock()) ex->help(this);
+  bool spin = true;
+  if (auto ex = executor_.lock()) {
+    ex->help(this);
+    spin = ex->spin_waits_;
+  }
   // The worker is running it: a quick collective ends before a sleep would even begin.
-  for (auto spin_end = Clock::now() + std::chrono::microseconds(50);
+  for (auto spin_end = Clock::now() + std::chrono::microseconds(spin ? 50 : 0);
        !completion_.done() && Clock::now() < spin_end;) {
   }
   // The collective enforces its own deadline on every message; the slack only covers the
@@ -61,8 +65,9 @@ void CollectiveWork::wait_until_done(std::optional<std::chrono::milliseconds> ti
   if (auto e = completion_.error()) std::rethrow_exception(e);
 }
 
-Executor::Executor(std::function<void(std::exception_ptr)> on_failure)
+Executor::Executor(std::function<void(std::exception_ptr)> on_failure, bool spin_waits)
     : on_failure_(std::move(on_failure)),
+      spin_waits_(spin_waits),
       wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       timer_(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)) {
   if (!wake_.valid() || !timer_.valid())

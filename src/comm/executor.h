@@ -74,7 +74,10 @@ class Executor : public std::enable_shared_from_this<Executor> {
   friend class CollectiveWork;
   // on_failure is called (on the running thread) when a collective fails, before its Work
   // completes; it decides what the failure does to the group.
-  explicit Executor(std::function<void(std::exception_ptr)> on_failure);
+  // `spin_waits`: a thread waiting for a collective busy-polls briefly before it sleeps; not
+  // where the machine's ranks outnumber its cores (the spinning would take the core the
+  // collective needs).
+  explicit Executor(std::function<void(std::exception_ptr)> on_failure, bool spin_waits = true);
   ~Executor();
   void start();
 
@@ -102,6 +105,7 @@ class Executor : public std::enable_shared_from_this<Executor> {
   void arm_timer_locked(Clock::time_point when);
 
   std::function<void(std::exception_ptr)> on_failure_;
+  const bool spin_waits_;
   net::Fd wake_;   // eventfd: a collective to start now, or stop
   net::Fd timer_;  // timerfd: the first queued collective's grace is over
   std::mutex queue_mu_;  // guards queue_ and timer_set_

@@ -177,7 +177,7 @@ void NativeProcessGroup::start() {
       seq = next_seq_;
     }
     on_collective_failed(seq, e);
-  });
+  }, /*spin_waits=*/!device_->oversubscribed());
   executor_->start();
   transport::tcp::Device::GroupHandlers handlers;
   handlers.mark = [this](uint32_t seq, std::exception_ptr e) {

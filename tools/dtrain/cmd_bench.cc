@@ -22,8 +22,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -306,23 +308,31 @@ int run_rank(const BenchArgs& a) {
   if (!a.calibrate.empty()) {
     if (!native) throw InvalidArgumentError("dtrain bench --calibrate measures the native backend's links: drop --backend");
     auto k = native->measure_links(native->cost_model().constants());
-    // What a collective call costs beyond its messages: tiny ring all-reduces, timed, less
-    // what the model says their messages cost. Rank 0's figure for everyone.
+    // A step of a collective is not a ping-pong through send/recv: fit the per-message cost of
+    // the slowest link the group crosses, and what a collective call costs beyond its messages,
+    // to two tiny all-reduces timed on the collective path, recursive doubling (log2 p steps)
+    // and a ring (2(N-1) steps). Rank 0's figures for everyone; where the fit makes no sense
+    // (noise, p = 2(N-1)), the ping-pong's alpha stays.
     std::vector<double> tiny(1);
-    auto run_tiny = [&](int times) {
-      for (int i = 0; i < times; ++i)
-        pg->allreduce(TensorView::of(tiny), {.algorithm = "ring"})->wait();
+    auto time_tiny = [&](const char* algo) {
+      for (int i = 0; i < 10; ++i) pg->allreduce(TensorView::of(tiny), {.algorithm = algo})->wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 200; ++i) pg->allreduce(TensorView::of(tiny), {.algorithm = algo})->wait();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 200;
     };
-    run_tiny(10);
-    const auto t0 = std::chrono::steady_clock::now();
-    run_tiny(100);
-    const double per_call = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 100;
-    comm::CostConstants no_call = k;
-    no_call.call = 0;
-    std::vector<double> call{std::max(1e-6, per_call - comm::CostModel(no_call).cost(
-        "ring", comm::CollectiveKind::kAllreduce, sizeof(double), pg->size(), native->topology()))};
-    pg->broadcast(TensorView::of(call), {.root = 0})->wait();
-    k.call = call[0];
+    const int n = pg->size();
+    const double steps_rd = std::log2(static_cast<double>(std::bit_floor(static_cast<unsigned>(n)))) +
+                            (std::has_single_bit(static_cast<unsigned>(n)) ? 0 : 2);
+    const double steps_ring = 2.0 * (n - 1);
+    std::vector<double> fit{time_tiny("recursive_doubling"), time_tiny("ring")};
+    pg->broadcast(TensorView::of(fit), {.root = 0})->wait();
+    const auto& t = native->topology();
+    double& alpha = t.local ? k.alpha_local : t.spans_racks ? k.alpha_rack : k.alpha;
+    if (n > 1 && steps_ring > steps_rd) {
+      const double fitted = (fit[1] - fit[0]) / (steps_ring - steps_rd);
+      if (fitted > 0 && fitted < 10 * alpha) alpha = fitted;
+    }
+    k.call = std::max(1e-6, fit[0] - steps_rd * alpha);
     native->set_cost_constants(k);
     if (pg->rank() == 0) {
       // A file a job reads at start-up: written whole or not at all.
@@ -817,7 +827,16 @@ std::optional<Outcome> run_peer(const std::string& name, const BenchArgs& a, con
       for (int h = 0; h < std::min(cluster->hosts, a.np); ++h)
         hosts += fmt::format("{}{}:{}", hosts.empty() ? "" : ",", cluster->address(h), cluster->ranks_on(h, a.np));
       const std::string net = cluster->subnet + ".0/24";
-      s.argv.insert(s.argv.end(), {"--host", hosts, "--mca", "plm_rsh_agent", script.string() + " rsh " + cluster->name,
+      // Every daemon would bind its first rank to core 0, and none sees that the "hosts" share
+      // this machine's cores: without binding, and yielding when idle where the ranks outnumber
+      // the cores (what mpirun does by itself for an oversubscribed single host).
+      if (a.np > static_cast<int>(std::thread::hardware_concurrency()))
+        s.argv.insert(s.argv.end(), {"--mca", "mpi_yield_when_idle", "1"});
+      // A daemon shares its hardware topology with its ranks through a segment it maps at a
+      // hole in its address space, and OpenMPI 4.1's hwloc crashes there now and then when
+      // several daemons start on one machine: no sharing.
+      s.argv.insert(s.argv.end(), {"--mca", "rtc_hwloc_vmhole", "none"});
+      s.argv.insert(s.argv.end(), {"--bind-to", "none", "--host", hosts, "--mca", "plm_rsh_agent", script.string() + " rsh " + cluster->name,
                                    "--mca", "btl_tcp_if_include", net, "--mca", "oob_tcp_if_include", net});
     }
     s.argv.insert(s.argv.end(), {exe.string(), "--impl", name});

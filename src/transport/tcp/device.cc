@@ -146,6 +146,19 @@ Device::Device(Store& store, const DeviceOptions& options)
     hosts_[peer] = where.substr(0, cut);
     racks_[peer] = cut == std::string::npos ? "" : where.substr(cut + 1);
   }
+  // Ranks in other network namespaces of this machine (containers, pods of one node, emulated
+  // hosts) are other "hosts" but share its cores: counted with this host's, they can make it
+  // oversubscribed, where a waiting rank must yield rather than spin.
+  const auto machine = [](const std::string& h) { return h.substr(0, h.rfind('|')); };
+  const auto on_machine = std::count_if(hosts_.begin(), hosts_.end(), [&](const std::string& h) {
+    return machine(h) == machine(hosts_[rank]);
+  });
+  if (on_machine > static_cast<long>(std::max(1u, std::thread::hardware_concurrency())) &&
+      !options_.oversubscribed) {
+    options_.oversubscribed = true;
+    DTRAIN_LOG_DEBUG("rank {}: {} ranks share this machine's {} cores: waits yield", rank,
+                     on_machine, std::thread::hardware_concurrency());
+  }
   std::vector<shm::Segment> segments = share_memory(store, fds, deadline);
   std::vector<std::string> via;
   for (int peer = 0; peer < size; ++peer) {

@@ -50,6 +50,8 @@ class Device {
   // The host identity (host.h) of every rank.
   const std::string& host_of(int rank) const { return hosts_[rank]; }
   const std::string& rack_of(int rank) const { return racks_[rank]; }  // "" = not told
+  // More ranks on this machine (all its network namespaces) than cores: waits yield.
+  bool oversubscribed() const { return options_.oversubscribed; }
   // Fails every pending and future operation on every pair with `error`.
   void abort(std::exception_ptr error);
 
