@@ -13,6 +13,13 @@
 #include "dtrain/error.h"
 
 namespace dtrain::comm {
+namespace {
+
+// Set while this thread runs a collective's body: a wait then is for an inner collective (the
+// hierarchical forms'), whose own worker may need the core this thread would spin on.
+thread_local bool in_collective = false;
+
+}  // namespace
 
 std::string CollectiveWork::Label::describe() const {
   if (!text.empty()) return text;
@@ -24,6 +31,14 @@ void CollectiveWork::run() {
   // shut down): its caller may have reused the buffers already, so it must not touch them.
   if (completion_.done()) return;
   try {
+    const bool outer = !in_collective;
+    in_collective = true;
+    struct Reset {
+      bool outer;
+      ~Reset() {
+        if (outer) in_collective = false;
+      }
+    } reset{outer};
     body_();
     completion_.succeed();
   } catch (...) {
@@ -41,7 +56,7 @@ void CollectiveWork::wait_until_done(std::optional<std::chrono::milliseconds> ti
   bool spin = true;
   if (auto ex = executor_.lock()) {
     ex->help(this);
-    spin = ex->spin_waits_;
+    spin = ex->spin_waits_ || !in_collective;
   }
   // The worker is running it: a quick collective ends before a sleep would even begin.
   for (auto spin_end = Clock::now() + std::chrono::microseconds(spin ? 50 : 0);

@@ -74,9 +74,10 @@ class Executor : public std::enable_shared_from_this<Executor> {
   friend class CollectiveWork;
   // on_failure is called (on the running thread) when a collective fails, before its Work
   // completes; it decides what the failure does to the group.
-  // `spin_waits`: a thread waiting for a collective busy-polls briefly before it sleeps; not
-  // where the machine's ranks outnumber its cores (the spinning would take the core the
-  // collective needs).
+  // `spin_waits`: a thread waiting for a collective busy-polls briefly before it sleeps. False
+  // where the machine's ranks outnumber its cores: then a wait inside another collective (the
+  // hierarchical forms' inner ones) sleeps at once, since the inner group's worker needs the
+  // core it would spin on; the caller's own wait still spins (measured, docs/performance.md).
   explicit Executor(std::function<void(std::exception_ptr)> on_failure, bool spin_waits = true);
   ~Executor();
   void start();

@@ -112,6 +112,18 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
+// Until every rank's log holds `text`, or `limit` passes (the checks after say which did not).
+void wait_for_all(const std::vector<Rank>& ranks, const std::string& text,
+                  std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    bool all = true;
+    for (const auto& r : ranks) all &= slurp(r.log).find(text) != std::string::npos;
+    if (all) return;
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
 TEST(MultiHost, HierarchicalCollectivesAcrossTwoHosts) {
   Hosts hosts;
   if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
@@ -131,13 +143,7 @@ void lose_a_host(bool cut_link) {
   std::vector<Rank> ranks;
   for (int r = 0; r < 4; ++r) ranks.push_back(start(hosts, r, 29732, "survive"));
   // Let them get going, then take host 1 away.
-  auto ready = std::chrono::steady_clock::now() + 30s;
-  while (std::chrono::steady_clock::now() < ready) {
-    bool all = true;
-    for (int r = 0; r < 4; ++r) all &= slurp(ranks[r].log).find("READY") != std::string::npos;
-    if (all) break;
-    std::this_thread::sleep_for(20ms);
-  }
+  wait_for_all(ranks, "READY", 30s);
   std::this_thread::sleep_for(300ms);
   const auto lost = std::chrono::steady_clock::now();
   if (cut_link) {
@@ -265,13 +271,7 @@ TEST(MultiHost, CuttingAHostInARackedClusterFailsEverySurvivor) {
   const std::string topology = "DTRAIN_TOPOLOGY=/run/dtrain-netns/" + hosts.name + ".topology.json";
   std::vector<Rank> ranks;
   for (int r = 0; r < 8; ++r) ranks.push_back(start(hosts, r, 8, r / 2, 29739, "survive", {topology}));
-  auto ready = std::chrono::steady_clock::now() + 60s;
-  while (std::chrono::steady_clock::now() < ready) {
-    bool all = true;
-    for (int r = 0; r < 8; ++r) all &= slurp(ranks[r].log).find("READY") != std::string::npos;
-    if (all) break;
-    std::this_thread::sleep_for(20ms);
-  }
+  wait_for_all(ranks, "READY", 60s);
   EXPECT_NE(slurp(ranks[0].log).find("cross: split=racks"), std::string::npos) << slurp(ranks[0].log);
   std::this_thread::sleep_for(300ms);
   const auto lost = std::chrono::steady_clock::now();
