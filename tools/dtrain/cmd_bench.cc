@@ -418,6 +418,10 @@ struct EmulatedCluster {
 
 std::optional<EmulatedCluster> read_cluster(const std::string& name) {
   if (name.empty()) return std::nullopt;
+  if (::geteuid() != 0)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain bench --netns {}: entering the cluster's network namespaces needs root: run it "
+        "with sudo", name));
   const std::string path = "/run/dtrain-netns/" + name;
   std::ifstream f(path);
   if (!f)
@@ -513,7 +517,7 @@ class ChildSet {
       sigprocmask(SIG_SETMASK, &none, nullptr);
       if (!spec.cpus.empty()) sched_setaffinity(0, sizeof(cpus), &cpus);
       if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) {
-        const char msg[] = "dtrain bench: setns failed\n";
+        const char msg[] = "dtrain bench: cannot enter the rank's network namespace (setns; root?)\n";
         ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
         (void)ignored;
         _exit(127);
