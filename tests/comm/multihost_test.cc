@@ -124,6 +124,28 @@ void wait_for_all(const std::vector<Rank>& ranks, const std::string& text,
   }
 }
 
+// Ranks [0, survivors) lost the others at `lost`: each must exit 3 naming one of the lost ranks,
+// all within `limit`. The lost ranks (cut off, they would wait for their own timeout) are ended.
+void expect_survivors_name_the_lost(const std::vector<Rank>& ranks, int survivors,
+                                    std::chrono::steady_clock::time_point lost,
+                                    std::chrono::seconds deadline, std::chrono::seconds limit) {
+  const int n = static_cast<int>(ranks.size());
+  for (int r = 0; r < survivors; ++r) {
+    EXPECT_EQ(finish(ranks[r], deadline), 3) << slurp(ranks[r].log);
+    const std::string log = slurp(ranks[r].log);
+    bool named = false;
+    for (int l = survivors; l < n; ++l) named |= log.find("rank " + std::to_string(l)) != std::string::npos;
+    EXPECT_TRUE(named) << "rank " << r << ":\n" << log;
+  }
+  const auto took = std::chrono::steady_clock::now() - lost;
+  EXPECT_LT(took, limit) << "survivors took "
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+  for (int r = survivors; r < n; ++r) {
+    ::kill(ranks[r].pid, SIGKILL);
+    finish(ranks[r], 10s);
+  }
+}
+
 TEST(MultiHost, HierarchicalCollectivesAcrossTwoHosts) {
   Hosts hosts;
   if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
@@ -152,20 +174,7 @@ void lose_a_host(bool cut_link) {
     ::kill(ranks[2].pid, SIGKILL);
     ::kill(ranks[3].pid, SIGKILL);
   }
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(finish(ranks[r], 30s), 3) << slurp(ranks[r].log);
-    const std::string log = slurp(ranks[r].log);
-    EXPECT_TRUE(log.find("rank 2") != std::string::npos || log.find("rank 3") != std::string::npos)
-        << log;
-  }
-  const auto took = std::chrono::steady_clock::now() - lost;
-  EXPECT_LT(took, 20s) << "survivors took "
-                       << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
-  // An unplugged host's ranks would only give up at their own timeout: end them.
-  for (int r = 2; r < 4; ++r) {
-    ::kill(ranks[r].pid, SIGKILL);
-    finish(ranks[r], 10s);
-  }
+  expect_survivors_name_the_lost(ranks, 2, lost, 30s, 20s);
 }
 
 TEST(MultiHost, LosingAHostFailsTheSurvivorsNamingIt) { lose_a_host(false); }
@@ -276,17 +285,5 @@ TEST(MultiHost, CuttingAHostInARackedClusterFailsEverySurvivor) {
   std::this_thread::sleep_for(300ms);
   const auto lost = std::chrono::steady_clock::now();
   ASSERT_EQ(hosts.script("cut " + hosts.name + " 3"), 0);
-  for (int r = 0; r < 6; ++r) {
-    EXPECT_EQ(finish(ranks[r], 40s), 3) << slurp(ranks[r].log);
-    const std::string log = slurp(ranks[r].log);
-    EXPECT_TRUE(log.find("rank 6") != std::string::npos || log.find("rank 7") != std::string::npos)
-        << "rank " << r << ":\n" << log;
-  }
-  const auto took = std::chrono::steady_clock::now() - lost;
-  EXPECT_LT(took, 30s) << "survivors took "
-                       << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
-  for (int r = 6; r < 8; ++r) {
-    ::kill(ranks[r].pid, SIGKILL);
-    finish(ranks[r], 10s);
-  }
+  expect_survivors_name_the_lost(ranks, 6, lost, 40s, 30s);
 }

@@ -66,27 +66,28 @@ double parse_count(const std::string& text) {
   return v;
 }
 
+template <size_t N>
+const Named* find_named(const Named (&table)[N], const std::string& name) {
+  for (const auto& n : table)
+    if (name == n.name) return &n;
+  return nullptr;
+}
+
 CostConstants network_constants(const PredictFlags& f) {
   CostConstants k;
-  bool named = false;
-  for (const auto& n : kNetworks)
-    if (f.network == n.name) {
-      k.alpha = n.alpha_us * 1e-6;
-      k.beta = 1.0 / (n.gbytes_per_s * 1e9);
-      named = true;
-    }
-  if (!named) k = CostModel::read_file(f.network, k);  // a calibration file
-  bool intra = false;
-  for (const auto& n : kIntra)
-    if (f.intra == n.name) {
-      k.alpha_local = n.alpha_us * 1e-6;
-      k.beta_local = 1.0 / (n.gbytes_per_s * 1e9);
-      intra = true;
-      // GPUs reduce far faster than they are fed: the reduction hides behind the copies.
-      if (f.intra != "shm") k.gamma = 1.0 / 500e9;
-    }
+  if (const Named* n = find_named(kNetworks, f.network)) {
+    k.alpha = n->alpha_us * 1e-6;
+    k.beta = 1.0 / (n->gbytes_per_s * 1e9);
+  } else {
+    k = CostModel::read_file(f.network, k);  // a calibration file
+  }
+  const Named* intra = find_named(kIntra, f.intra);
   if (!intra)
     throw std::runtime_error(fmt::format("dtrain predict: --intra '{}' is not shm, pcie or nvlink", f.intra));
+  k.alpha_local = intra->alpha_us * 1e-6;
+  k.beta_local = 1.0 / (intra->gbytes_per_s * 1e9);
+  // GPUs reduce far faster than they are fed: the reduction hides behind the copies.
+  if (f.intra != "shm") k.gamma = 1.0 / 500e9;
   if (f.rack_gbps > 0) {
     k.alpha_rack = k.alpha * 2;
     k.beta_rack = 1.0 / (f.rack_gbps / 8 * 0.94 * 1e9);
