@@ -146,7 +146,9 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   uint32_t next_seq_ = 0;
   uint32_t children_ = 0;
   std::exception_ptr failure_;  // set once a collective failed: the group is unusable
-  uint32_t failed_seq_ = 0;     // ... and which one
+  uint32_t failed_seq_ = 0;     // ... and which one (0: all of them, as after an abort)
+  // failure_ if it concerns collective #seq: earlier ones go on (see Pair::fail_group).
+  std::exception_ptr failure_from(uint32_t seq);
   // The first mismatch a peer's message showed (Device::GroupHandlers::mismatch): the next
   // collective fails with it at once, should the one it concerns be over already.
   std::exception_ptr mismatch_;

@@ -33,6 +33,11 @@ void CallHistory::finished(uint32_t seq) {
   if (seq > last_finished_) last_finished_ = seq;
 }
 
+uint32_t CallHistory::first_unfinished() const {
+  std::lock_guard lock(mu_);
+  return last_finished_ + 1;
+}
+
 std::optional<CollectiveCall> CallHistory::call(uint32_t seq) const {
   std::lock_guard lock(mu_);
   const Entry& e = calls_[seq % kKeep];

@@ -26,6 +26,9 @@ class CallHistory {
   // "called all_reduce(f32, 1024, sum) and completed it", "has not called collective #9 yet
   // (its last was #8, barrier())".
   std::string describe(uint32_t seq) const;
+  // The first collective this rank has not completed (running, queued, failed or not called
+  // yet): the group runs them in order.
+  uint32_t first_unfinished() const;
   // What this rank called as collective #seq, while it is among the last kKeep.
   std::optional<CollectiveCall> call(uint32_t seq) const;
 

@@ -171,12 +171,8 @@ void NativeProcessGroup::start() {
                                          env::get_seconds(env::kStragglerSeconds));
   build_hierarchy();
   executor_ = std::make_shared<Executor>([this](std::exception_ptr e) {
-    uint32_t seq;
-    {
-      std::lock_guard lock(mu_);
-      seq = next_seq_;
-    }
-    on_collective_failed(seq, e);
+    // A wait that timed out: the collective stuck is the first one not completed here.
+    on_collective_failed(history_.first_unfinished(), e);
   }, /*spin_waits=*/!device_->oversubscribed());
   executor_->start();
   transport::tcp::Device::GroupHandlers handlers;
@@ -188,7 +184,11 @@ void NativeProcessGroup::start() {
     }
   };
   handlers.handle = [this](uint32_t seq, std::exception_ptr error) {
-    fail_internal_groups(error);
+    // The hierarchy's groups run inside this group's collectives. One before #seq, running
+    // here, goes on (the reporter completed it; see Pair::fail_group), its inner collectives
+    // too; later ones fail at their start.
+    if (static_cast<int32_t>(history_.first_unfinished() - seq) >= 0 || seq == 0)
+      fail_internal_groups(error);
     publish_postmortem(*store_, name_, rank_, seq, history_.describe(seq));
   };
   handlers.mismatch = [this](uint32_t seq, int peer, uint64_t theirs, uint64_t ours) {
@@ -408,6 +408,12 @@ void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr e
   fail_internal_groups(std::make_exception_ptr(PeerFailureError(text)));
 }
 
+std::exception_ptr NativeProcessGroup::failure_from(uint32_t seq) {
+  std::lock_guard lock(mu_);
+  if (!failure_ || (failed_seq_ != 0 && static_cast<int32_t>(seq - failed_seq_) < 0)) return nullptr;
+  return failure_;
+}
+
 void NativeProcessGroup::fail_internal_groups(std::exception_ptr error) {
   // The hierarchy's groups run inside this group's collectives: a rank waiting in one of them
   // must not wait for a peer that has given up on the whole group.
@@ -486,12 +492,13 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                                                  std::string_view algorithm,
                                                  std::chrono::milliseconds timeout,
                                                  bool async_op, Body body) {
-  uint32_t seq;
+  uint32_t seq, failed_seq;
   std::exception_ptr failed, mismatched;
   {
     std::lock_guard lock(mu_);
     seq = ++next_seq_;
     failed = failure_;
+    failed_seq = failed_seq_;
     mismatched = mismatch_;
   }
   const Deadline deadline = deadline_for(timeout);
@@ -513,6 +520,7 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
     watchdog_->enter(seq, call, deadline.limit());
     try {
       if (mismatched) std::rethrow_exception(mismatched);
+      if (auto failed = failure_from(seq)) std::rethrow_exception(failed);
       const Agreement agreement = size_ > 1 ? agreement_of(call.kind) : Agreement::kNone;
       if (agreement == Agreement::kBefore) algo::barrier_dissemination(ctx);
       body(ctx);
@@ -540,9 +548,13 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
   history_.called(seq, call);
   auto work = std::make_shared<CollectiveWork>(std::move(run), deadline, label, executor_);
   if (failed) {
-    work->fail(std::make_exception_ptr(PeerFailureError(fmt::format(
-        "{} cannot start: the group is unusable since an earlier collective failed: {}",
-        label.describe(), message_of(failed)))));
+    const std::string since =
+        failed_seq == seq ? std::string("a peer failed it")
+        : failed_seq == 0 ? std::string("the group is unusable")
+                          : fmt::format("the group is unusable since collective #{} failed",
+                                        failed_seq);
+    work->fail(std::make_exception_ptr(PeerFailureError(
+        fmt::format("{} cannot start: {}: {}", label.describe(), since, message_of(failed)))));
     return work;
   }
   if (async_op)

@@ -27,6 +27,7 @@
 
 #include "common/error_message.h"
 #include "common/handshake.h"
+#include "common/handshake_room.h"
 #include "common/json_integer.h"
 #include "common/log.h"
 #include "common/socket.h"
@@ -52,12 +53,14 @@ struct Connection {
   std::atomic<bool> said_bye{false};
   std::atomic<bool> finished{false};  // its thread is done: join it, drop it
   std::atomic<bool> handshaking{true};  // not yet admitted or refused
+  std::atomic<bool> spoke{false};       // sent something (a real client sends its hello at once)
   std::string source;                   // the peer's host
   std::thread thread;
 };
 
-// Connections still in their handshake, per source host and in all: beyond these, the oldest
-// such connection (of that host) is closed to make room, so that silent sockets cannot occupy
+// Connections still in their handshake, per source host and in all: beyond these, one (of that
+// host) is closed to make room (net::handshake_to_close: the oldest silent one), so that silent
+// sockets cannot occupy
 // the server, while a real client, whose handshake takes a millisecond, gets through (each
 // handshake is bounded by kHandshakeTime too).
 constexpr int kMaxPendingPerSource = 16;
@@ -184,20 +187,25 @@ struct Server::Impl {
     }
   }
 
-  // Closes the longest-waiting connection still in its handshake (from `source`, or from
-  // anywhere when it is empty); its thread then ends and frees its place. mu held.
+  // Closes a connection still in its handshake (from `source`, or from anywhere when it is
+  // empty): the oldest silent one, else the oldest; its thread then ends and frees its place.
+  // mu held.
   void close_oldest_handshake(const std::string& source) {
-    for (auto& c : connections) {  // in the order they were accepted
-      if (!c->handshaking || c->finished || (!source.empty() && c->source != source)) continue;
-      std::lock_guard<std::mutex> conn_lock(c->write_mu);
-      if (!c->fd.valid()) continue;
-      DTRAIN_LOG_WARN("{}: closed the connection from {}, still in its handshake, to make room: "
-                      "at most {} connections per host and {} in all may be in their handshake",
-                      who(), c->peer, kMaxPendingPerSource, kMaxPending);
-      ::shutdown(c->fd.get(), SHUT_RDWR);
-      c->handshaking = false;  // counted out once, even if a later call comes first
-      return;
-    }
+    Connection* c = net::handshake_to_close(connections, [&](Connection& c) {
+      if (!c.handshaking || c.finished || (!source.empty() && c.source != source)) return false;
+      std::lock_guard<std::mutex> conn_lock(c.write_mu);
+      return c.fd.valid();
+    });
+    if (c == nullptr) return;
+    std::lock_guard<std::mutex> conn_lock(c->write_mu);
+    if (!c->fd.valid()) return;
+    const bool silent = !c->spoke && !net::input_waiting(c->fd.get());
+    DTRAIN_LOG_WARN("{}: closed the connection from {}, still in its handshake{}, to make room: "
+                    "at most {} connections per host and {} in all may be in their handshake",
+                    who(), c->peer, silent ? " and silent" : "", kMaxPendingPerSource,
+                    kMaxPending);
+    ::shutdown(c->fd.get(), SHUT_RDWR);
+    c->handshaking = false;  // counted out once, even if a later call comes first
   }
 
   // Joins and drops the threads of connections that are over.
@@ -221,8 +229,11 @@ struct Server::Impl {
       net::set_keepalive(conn->fd.get(), 2, 1, 3);
       if (net::peer_is_on_this_host(conn->fd.get()))  // as the client does
         net::use_loopback_congestion_control(conn->fd.get());
-      net::Hello hello = net::handshake_accept(conn->fd.get(), handshake(), net::Role::kPsClient,
-                                               options.index, Deadline::after(kHandshakeTime));
+      const Deadline until = Deadline::after(kHandshakeTime);
+      net::note_first_input(conn->fd.get(), until, conn->spoke);
+      net::Hello hello =
+          net::handshake_accept(conn->fd.get(), handshake(), net::Role::kPsClient, options.index,
+                                until);
       conn->worker = hello.rank;
       if (hello.tag < 1 || hello.tag > (1 << 20) || conn->worker < 0 ||
           static_cast<uint64_t>(conn->worker) >= hello.tag)

@@ -23,6 +23,7 @@
 #include <unordered_map>
 
 #include "common/handshake.h"
+#include "common/handshake_room.h"
 #include "common/log.h"
 #include "common/socket.h"
 #include "dtrain/store.h"
@@ -50,9 +51,13 @@ struct Connection {
   std::string peer;
   std::string source;                  // the peer's host
   std::atomic<bool> unproven{true};   // has not passed the handshake (or spoken torch's protocol)
+  std::atomic<bool> spoke{false};     // sent something (a real client sends its hello at once)
   std::atomic<bool> finished{false};
   std::jthread thread;  // last: destroyed (joined) before fd closes
 };
+
+// Still in its handshake (or silent), and not closed: counted against max_unproven.
+bool open_unproven(const Connection& c) { return !c.finished && c.unproven && c.fd.valid(); }
 
 }  // namespace
 
@@ -230,7 +235,10 @@ bool TcpStoreServer::Impl::first_byte(Connection& c, uint8_t& byte) {
       return false;
     }
     ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK);
-    if (n == 1) return true;
+    if (n == 1) {
+      c.spoke = true;
+      return true;
+    }
     if (n < 0 && errno == EINTR) continue;
     return false;  // hung up, or shut down by stop()
   }
@@ -311,27 +319,24 @@ void TcpStoreServer::Impl::reap_finished() {
   // Joined outside the lock; their threads have returned already.
 }
 
-// At most max_unproven connections may be silent or in their handshake: beyond that, the oldest
-// of them (from the newcomer's host if it has any there, else from anywhere) is closed. Silent
-// sockets then hold a bounded share of the descriptors, and a real client, whose handshake takes
-// a millisecond, gets in. (With torch clients served, a silent connection is held without a
-// limit of time, so this is their only bound.) connections_mutex held.
+// At most max_unproven connections may be silent or in their handshake: beyond that, one is
+// closed (net::handshake_to_close: the oldest silent one), from the newcomer's host if it has
+// any there, else from anywhere. Silent sockets then hold a bounded share of the descriptors,
+// and a real client, whose handshake takes a millisecond, gets in. (With torch clients served,
+// a silent connection is held without a limit of time, so this is their only bound.)
+// connections_mutex held.
 void TcpStoreServer::Impl::make_room_for(const std::string& source) {
   size_t unproven = 0;
-  Connection* oldest = nullptr;
-  Connection* oldest_from_source = nullptr;
-  for (auto& c : connections) {
-    if (c->finished || !c->unproven || !c->fd.valid()) continue;
-    ++unproven;
-    if (oldest == nullptr) oldest = c.get();
-    if (oldest_from_source == nullptr && c->source == source) oldest_from_source = c.get();
-  }
+  for (auto& c : connections) unproven += open_unproven(*c) ? 1 : 0;
   if (unproven < max_unproven) return;
-  Connection* victim = oldest_from_source != nullptr ? oldest_from_source : oldest;
+  Connection* victim = net::handshake_to_close(
+      connections, [&](const Connection& c) { return open_unproven(c) && c.source == source; });
+  if (victim == nullptr) victim = net::handshake_to_close(connections, open_unproven);
+  const bool silent = !victim->spoke && !net::input_waiting(victim->fd.get());
   DTRAIN_LOG_WARN("store server: closed the connection from {}, which has not completed a "
-                  "handshake, to make room: at most {} connections may be silent or in their "
+                  "handshake{}, to make room: at most {} connections may be silent or in their "
                   "handshake (a quarter of this process's file descriptors, at most 512)",
-                  victim->peer, max_unproven);
+                  victim->peer, silent ? " and sent nothing" : "", max_unproven);
   victim->unproven = false;  // counted out now; its thread ends and closes it
   ::shutdown(victim->fd.get(), SHUT_RDWR);
 }

@@ -557,7 +557,7 @@ TEST(Collectives, KilledPeerFailsTheOthers) {
       pg->barrier()->wait();
       RANK_CHECK(false, "barrier after the failure succeeded");
     } catch (const Error& e) {
-      RANK_CHECK(std::string(e.what()).find("earlier collective failed") != std::string::npos ||
+      RANK_CHECK(std::string(e.what()).find("since collective #2 failed") != std::string::npos ||
                      std::string(e.what()).find("rank 2") != std::string::npos, "{}", e.what());
     }
     ::_exit(3);

@@ -1,7 +1,9 @@
 // init_process_group from the environment, as `dtrain run`, torchrun and mpirun leave it.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include "support/addresses.h"
 #include "support/group.h"
 #include "support/multiproc.h"
+#include "support/peer_closed.h"
 
 namespace dtrain::testing {
 namespace {
@@ -201,20 +204,31 @@ TEST(Init, RankPortsOfALoopbackJobListenOnLoopbackOnly) {
 }
 
 // Silent sockets at a rank's port during rendezvous (a port scanner, a stuck client) delay and
-// fail no real peer: handshakes run side by side, each bounded, the oldest closed when too many
-// come from one host. (They were taken one at a time, 10 s each: six of them failed a job.)
+// fail no real peer: handshakes run side by side, each bounded, and when too many come from
+// one host, the oldest *silent* one is closed. (They were taken one at a time, 10 s each: six
+// of them failed a job. Then the oldest was closed whatever it had sent: a real rank that
+// connected amid the flood, its hello sent but not yet read, was closed and failed the job.)
 TEST(Init, SilentConnectionsDoNotHoldUpTheRendezvous) {
   const int port = free_port();
   auto results = run_ranks(3, [&](int rank) {
     set_torchrun_env(rank, 3, port);
     ::setenv("DTRAIN_CONNECT_TIMEOUT", "8", 1);
     std::vector<net::Fd> silent;
-    if (rank == 2) {  // opens 40 silent connections to rank 0's port, then joins 1 s late
+    net::Fd speaking;  // a client in mid-hello: it has spoken, so it is not closed to make room
+    if (rank == 2) {  // opens it and 40 silent connections to rank 0's port, then joins 1 s late
       const std::string addr = rank0_address(port, 2);
-      const auto rank_port = static_cast<uint16_t>(std::stoi(addr.substr(addr.find(':') + 1)));
+      const net::HostPort rank0{"127.0.0.1",
+                                static_cast<uint16_t>(std::stoi(addr.substr(addr.find(':') + 1)))};
+      speaking = net::connect_tcp(rank0, Deadline::after(5s), "speaking");
+      const char part_of_a_hello[] = {'D', 'T'};
+      RANK_CHECK(::send(speaking.get(), part_of_a_hello, 2, 0) == 2, "send: {}", errno);
+      std::this_thread::sleep_for(100ms);  // its handshake thread has seen the bytes
       for (int i = 0; i < 40; ++i)
-        silent.push_back(net::connect_tcp({"127.0.0.1", rank_port}, Deadline::after(5s), "silent"));
+        silent.push_back(net::connect_tcp(rank0, Deadline::after(5s), "silent"));
       std::this_thread::sleep_for(1s);
+      RANK_CHECK(closed_by_peer(silent.front().get(), 2s), "the oldest silent one is open");
+      RANK_CHECK(!closed_by_peer(speaking.get(), 0ms),
+                 "the speaking connection was closed to make room for silent ones");
     }
     const auto start = std::chrono::steady_clock::now();
     auto pg = init_process_group();

@@ -19,6 +19,7 @@
 #include "ps/table_spec.h"
 #include "ps/ps_job.h"
 #include "support/addresses.h"
+#include "support/peer_closed.h"
 
 namespace dtrain::testing {
 namespace {
@@ -578,6 +579,27 @@ TEST(PsTest, SilentConnectionsDoNotDelayARealWorker) {
   const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_LT(took, 3s) << "40 silent connections delayed a real worker by "
                       << std::chrono::duration<double>(took).count() << " s";
+}
+
+// What is closed to make room is a silent connection, not one in mid-hello: a real worker
+// sends its whole hello at once, so one that has spoken is closed last.
+TEST(PsTest, ConnectionsThatSpokeAreNotClosedToMakeRoomForSilentOnes) {
+  ps::ServerOptions so;
+  so.listen_host = "127.0.0.1";
+  ps::Server server(so);
+  const auto colon = server.address().rfind(':');
+  const net::HostPort at{"127.0.0.1",
+                         static_cast<uint16_t>(std::stoi(server.address().substr(colon + 1)))};
+  net::Fd speaking = net::connect_tcp(at, Deadline::after(5s), "speaking");
+  const char part_of_a_hello[] = {'D', 'T'};
+  ASSERT_EQ(::send(speaking.get(), part_of_a_hello, 2, 0), 2);
+  std::this_thread::sleep_for(100ms);  // its thread has seen the bytes
+  std::vector<net::Fd> silent;
+  for (int i = 0; i < 40; ++i)
+    silent.push_back(net::connect_tcp(at, Deadline::after(5s), "silent"));
+  EXPECT_TRUE(closed_by_peer(silent.front().get(), 5s)) << "the oldest silent one is open";
+  EXPECT_FALSE(closed_by_peer(speaking.get(), 300ms))
+      << "the connection in mid-hello was closed to make room for silent ones";
 }
 
 // A server that advertises a loopback address, as one started by `dtrain run` for a job whose

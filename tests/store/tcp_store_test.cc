@@ -16,6 +16,7 @@
 #include "common/socket.h"
 #include "store/store_protocol.h"
 #include "store/store_test_util.h"
+#include "support/peer_closed.h"
 
 namespace dtrain::testing {
 namespace {
@@ -38,20 +39,6 @@ bool contains(const std::string& text, const std::string& part) {
 // A raw TCP connection to the server, for speaking out of turn.
 net::Fd raw_connect(uint16_t port) {
   return net::connect_tcp(net::HostPort{"127.0.0.1", port}, Deadline::after(5s), "test");
-}
-
-// True when the server closes `fd` within `limit` (reads until EOF or reset).
-bool closed_by_server(int fd, std::chrono::milliseconds limit) {
-  Deadline d = Deadline::after(limit);
-  char buf[4096];
-  for (;;) {
-    pollfd p{fd, POLLIN, 0};
-    int pr = ::poll(&p, 1, d.poll_ms());
-    if (pr == 0) return false;
-    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n == 0) return true;
-    if (n < 0) return errno == ECONNRESET;
-  }
 }
 
 // The server still does its job for a well-behaved client.
@@ -214,7 +201,7 @@ TEST(TcpStoreHandshake, RefusesAnotherProtocolVersion) {
   std::string reason(reason_len, '\0');
   net::read_all(fd.get(), reason.data(), reason.size(), Deadline::after(5s), "test");
   EXPECT_TRUE(contains(reason, "protocol version 99")) << reason;
-  EXPECT_TRUE(closed_by_server(fd.get(), 5s));
+  EXPECT_TRUE(closed_by_peer(fd.get(), 5s));
   expect_serving(server->port());
 }
 
@@ -227,13 +214,13 @@ TEST(TcpStoreHandshake, GarbageBytesAreDropped) {
     for (auto& b : junk) b = static_cast<uint8_t>(rng());
     junk[0] = 'G';  // never the magic by chance
     net::write_all(fd.get(), junk.data(), junk.size(), Deadline::after(5s), "test");
-    EXPECT_TRUE(closed_by_server(fd.get(), 5s));
+    EXPECT_TRUE(closed_by_peer(fd.get(), 5s));
   }
   // A connection that says nothing at all is dropped at the handshake timeout, not kept forever;
   // meanwhile everyone else is served.
   net::Fd silent = raw_connect(server->port());
   expect_serving(server->port());
-  EXPECT_TRUE(closed_by_server(silent.get(), 5s));
+  EXPECT_TRUE(closed_by_peer(silent.get(), 5s));
   expect_serving(server->port());
 }
 
@@ -254,14 +241,14 @@ TEST(TcpStoreHandshake, GarbageAfterTheHandshakeIsDropped) {
     net::Fd fd = handshaken();
     uint8_t junk[] = {0xee, 1, 2, 3};
     net::write_all(fd.get(), junk, sizeof(junk), Deadline::after(5s), "test");
-    EXPECT_TRUE(closed_by_server(fd.get(), 5s));
+    EXPECT_TRUE(closed_by_peer(fd.get(), 5s));
   }
   {  // a key claiming 2^62 bytes
     net::Fd fd = handshaken();
     std::vector<uint8_t> req = {static_cast<uint8_t>(store::Command::kGet)};
     u64(req, 0), u64(req, 0), u64(req, 1), u64(req, uint64_t{1} << 62);
     net::write_all(fd.get(), req.data(), req.size(), Deadline::after(5s), "test");
-    EXPECT_TRUE(closed_by_server(fd.get(), 5s));
+    EXPECT_TRUE(closed_by_peer(fd.get(), 5s));
   }
   {  // a well-formed request of the wrong shape is answered with an error, and serving goes on
     net::Fd fd = handshaken();
@@ -373,6 +360,21 @@ TEST(TcpStoreHandshake, SilentConnectionsDoNotKeepARealClientOut) {
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(took, 2.0) << "300 silent connections kept a real client out for " << took << " s";
+}
+
+// What is closed to make room is a silent connection, not one that has begun its handshake:
+// a real client sends its whole hello at once, so one that has spoken is closed last.
+TEST(TcpStoreHandshake, ConnectionsThatSpokeAreNotClosedToMakeRoomForSilentOnes) {
+  ServerProcess server("", kTestJob, /*max_files=*/128, /*torch_clients=*/true);  // 32 unproven
+  net::Fd speaking = raw_connect(server.port());
+  const char part_of_a_hello[] = {'D', 'T'};
+  ASSERT_EQ(::send(speaking.get(), part_of_a_hello, 2, 0), 2);
+  std::this_thread::sleep_for(100ms);  // its thread has seen the bytes
+  std::vector<net::Fd> silent;
+  for (int i = 0; i < 100; ++i) silent.push_back(raw_connect(server.port()));
+  EXPECT_TRUE(closed_by_peer(silent.front().get(), 5s)) << "the oldest silent one is open";
+  EXPECT_FALSE(closed_by_peer(speaking.get(), 300ms))
+      << "the connection in mid-hello was closed to make room for silent ones";
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "dtrain/error.h"
 #include "dtrain/store.h"
 #include "transport/tcp/device.h"
+#include "transport/tag.h"
 #include "transport/tcp/pair.h"
 #include "support/expect.h"
 #include "support/group.h"
@@ -457,6 +458,80 @@ TEST(TcpPair, AbortFailsPendingAtOnce) {
       }
     }
   }));
+}
+
+// A peer that reports collective #2 of a group failed has completed #1: a rank still in #1
+// receives what #1 waits for and completes it (it used to fail #1, naming the wrong call);
+// #2 and later, and the group's point-to-point messages, fail with the peer's report; other
+// groups go on. A report that names no collective (an abort) fails everything of the group.
+TEST(TcpPair, AFailureReportedForACollectiveSparesTheGroupsEarlierOnes) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    TcpStoreOptions so;
+    so.host = "127.0.0.1";
+    so.port = static_cast<uint16_t>(port);
+    so.is_server = rank == 0;
+    so.rank = rank;
+    TcpStore store(so);
+    transport::tcp::DeviceOptions d;
+    d.rank = rank;
+    d.size = 2;
+    d.advertise_addr = "127.0.0.1";
+    transport::tcp::Device device(store, d);
+    auto& pair = *device.pair(1 - rank);
+    const auto deadline = Deadline::after(30s);
+    auto wait = [&](const std::shared_ptr<transport::tcp::Request>& r) { pair.wait(*r, deadline); };
+    using transport::TagSpace, transport::make_tag;
+    constexpr uint32_t kGroup = 5, kOther = 6, kAborted = 7;
+    std::vector<int32_t> one(4, 11), two(4, 22), other(4, 66), got(4, 0);
+    if (rank == 0) {
+      wait(pair.irecv(make_tag(TagSpace::kPointToPoint, kOther, 0), got.data(), 1, deadline));
+      const std::string report = "rank 0 reports: collective #2 of group g failed here";
+      device.fail_group(kGroup, make_tag(TagSpace::kCollective, kGroup, 2), {1},
+                        std::make_exception_ptr(PeerFailureError(report)), report);
+      // The notice went first on this stream; #1's messages follow it.
+      wait(pair.isend(make_tag(TagSpace::kCollective, kGroup, 1), one.data(), 16, deadline));
+      wait(pair.isend(make_tag(TagSpace::kCollective, kGroup, 1), two.data(), 16, deadline));
+      wait(pair.isend(make_tag(TagSpace::kPointToPoint, kOther, 3), other.data(), 16, deadline));
+      device.fail_group(kAborted, make_tag(TagSpace::kCollective, kAborted, 0), {1},
+                        std::make_exception_ptr(AbortedError("rank 0 aborted")), "rank 0 aborted");
+      wait(pair.irecv(make_tag(TagSpace::kPointToPoint, kOther, 4), got.data(), 1, deadline));
+    } else {
+      auto first = pair.irecv(make_tag(TagSpace::kCollective, kGroup, 1), got.data(), 16, deadline);
+      auto aborted =
+          pair.irecv(make_tag(TagSpace::kCollective, kAborted, 1), got.data(), 16, deadline);
+      wait(pair.isend(make_tag(TagSpace::kPointToPoint, kOther, 0), got.data(), 1, deadline));
+      wait(first);
+      RANK_CHECK(got == one, "#1's first message: {}", got[0]);
+      // Posted after the report arrived: still #1's, so it runs.
+      wait(pair.irecv(make_tag(TagSpace::kCollective, kGroup, 1), got.data(), 16, deadline));
+      RANK_CHECK(got == two, "#1's second message: {}", got[0]);
+      auto fails = [&](uint64_t tag, const char* part) {
+        std::string error;
+        try {
+          wait(pair.irecv(tag, got.data(), 16, deadline));
+        } catch (const Error& e) {
+          error = e.what();
+        }
+        RANK_CHECK(error.find(part) != std::string::npos, "tag {:x}: '{}' lacks '{}'", tag, error,
+                   part);
+      };
+      fails(make_tag(TagSpace::kCollective, kGroup, 2), "collective #2 of group g failed here");
+      fails(make_tag(TagSpace::kCollective, kGroup, 3), "collective #2 of group g failed here");
+      fails(make_tag(TagSpace::kPointToPoint, kGroup, 1), "collective #2 of group g failed here");
+      wait(pair.irecv(make_tag(TagSpace::kPointToPoint, kOther, 3), got.data(), 16, deadline));
+      RANK_CHECK(got == other, "another group's message: {}", got[0]);
+      std::string error;
+      try {
+        wait(aborted);
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      RANK_CHECK(error.find("rank 0 aborted") != std::string::npos, "#1 of the aborted group: '{}'",
+                 error);
+      wait(pair.isend(make_tag(TagSpace::kPointToPoint, kOther, 4), got.data(), 1, deadline));
+    }
+  }, 60s));
 }
 
 TEST(TcpPair, AuthTokenOnDataConnections) {

@@ -20,6 +20,7 @@
 
 #include "common/deadline.h"
 #include "common/env.h"
+#include "common/handshake_room.h"
 #include "common/log.h"
 #include "common/socket.h"
 #include "dtrain/error.h"
@@ -306,15 +307,16 @@ struct Incoming {
   std::string peer;    // host:port
   std::string source;  // host
   std::atomic<bool> done{false};
+  std::atomic<bool> spoke{false};   // sent something (a real peer sends its hello at once)
   bool evicted = false;             // closed by us to make room (and logged then)
   std::optional<net::Hello> hello;  // set when it passed the handshake
   std::string refused;              // why not, otherwise
 };
 
-// Connections in their handshake, per source host and in all; beyond these the oldest (of that
-// host) is closed to make room, so that silent sockets cannot hold the rendezvous up while a
-// real peer, whose handshake takes a millisecond, gets through. Each handshake also ends after
-// kHandshakeTime.
+// Connections in their handshake, per source host and in all; beyond these one (of that host)
+// is closed to make room (net::handshake_to_close: the oldest silent one), so that silent
+// sockets cannot hold the rendezvous up while a real peer, whose handshake takes a millisecond,
+// gets through. Each handshake also ends after kHandshakeTime.
 constexpr size_t kMaxHandshakesPerSource = 16;
 constexpr size_t kMaxHandshakes = 64;
 constexpr std::chrono::milliseconds kHandshakeTime{10'000};
@@ -332,16 +334,18 @@ void Device::accept_higher_ranks(int listen_fd, const Deadline& deadline,
     throw InternalError(fmt::format("rank {}: eventfd: {}", rank, std::strerror(errno)));
   std::vector<std::jthread> handshakes;  // declared last: joined first
   net::set_nonblocking(listen_fd, true);
-  auto close_oldest = [&](const std::string& source) {
-    for (auto& in : pending)
-      if (!in->done && !in->evicted && (source.empty() || in->source == source)) {
-        DTRAIN_LOG_WARN("rank {}: closed the connection from {}, still in its handshake, to make "
-                        "room (at most {} per host and {} in all)",
-                        rank, in->peer, kMaxHandshakesPerSource, kMaxHandshakes);
-        ::shutdown(in->fd.get(), SHUT_RDWR);
-        in->evicted = true;
-        return;
-      }
+  auto make_room = [&](const std::string& source) {
+    Incoming* in = net::handshake_to_close(pending, [&](const Incoming& c) {
+      return !c.done && !c.evicted && (source.empty() || c.source == source);
+    });
+    if (in == nullptr) return;
+    const bool silent = !in->spoke && !net::input_waiting(in->fd.get());
+    DTRAIN_LOG_WARN("rank {}: closed the connection from {}, still in its handshake{}, to make "
+                    "room (at most {} per host and {} in all)",
+                    rank, in->peer, silent ? " and silent" : "", kMaxHandshakesPerSource,
+                    kMaxHandshakes);
+    ::shutdown(in->fd.get(), SHUT_RDWR);
+    in->evicted = true;
   };
   while (missing > 0) {
     // Handshakes that ended: peers join, the rest are turned away.
@@ -406,14 +410,16 @@ void Device::accept_higher_ranks(int listen_fd, const Deadline& deadline,
       ++in_handshake;
       from_source += q->source == in->source ? 1 : 0;
     }
-    if (from_source >= kMaxHandshakesPerSource) close_oldest(in->source);
-    else if (in_handshake >= kMaxHandshakes) close_oldest("");
+    if (from_source >= kMaxHandshakesPerSource) make_room(in->source);
+    else if (in_handshake >= kMaxHandshakes) make_room("");
     pending.push_back(in);
     const auto limit = std::min(deadline.remaining(), kHandshakeTime);
     handshakes.emplace_back([this, in, rank, limit, wake_fd = wake.get()] {
       try {
+        const Deadline until = Deadline::after(limit);
+        net::note_first_input(in->fd.get(), until, in->spoke);
         in->hello = net::handshake_accept(in->fd.get(), options_.handshake, net::Role::kPair,
-                                          rank, Deadline::after(limit));
+                                          rank, until);
       } catch (const net::HandshakeRefused& refused) {
         in->refused = refused.reason;
       } catch (const std::exception& e) {
@@ -443,7 +449,7 @@ void Device::unregister_group(uint32_t group_id) {
 void Device::fail_group(uint32_t group_id, uint64_t tag, const std::vector<int>& peers,
                         std::exception_ptr error, const std::string& text) {
   for (auto& p : pairs_)
-    if (p) p->fail_group(group_id, error);
+    if (p) p->fail_group(group_id, transport::collective_seq_of(tag), error);
   for (int peer : peers)
     if (peer != options_.rank && pairs_[peer]) pairs_[peer]->send_group_failed(tag, text);
 }
@@ -455,7 +461,7 @@ void Device::expect(uint32_t group_id, uint32_t seq, uint64_t fingerprint) {
   if (it == seen_.end()) return;
   const Seen& s = it->second[seq % 8];
   if (s.seq == seq && s.aux != fingerprint)
-    mismatch_locked((uint64_t{group_id} << 32) | seq, s.peer, s.aux, fingerprint);
+    mismatch_locked(make_tag(TagSpace::kCollective, group_id, seq), s.peer, s.aux, fingerprint);
 }
 
 void Device::note_unexpected(uint64_t tag, uint64_t aux, int peer) {
@@ -521,12 +527,12 @@ void Device::process_notices() {
       // Fails the group's running collective here, if there is one; its failure path (or the
       // next collective's, which the group fails at its start) tells the peers.
       for (auto& p : pairs_)
-        if (p) p->fail_group(gid, n.mismatch);
+        if (p) p->fail_group(gid, transport::collective_seq_of(n.tag), n.mismatch);
       continue;
     }
     auto error = std::make_exception_ptr(PeerFailureError(n.text));
     for (auto& p : pairs_)
-      if (p) p->fail_group(gid, error);
+      if (p) p->fail_group(gid, transport::collective_seq_of(n.tag), error);
     if (auto it = groups.find(gid); it != groups.end() && it->second.handle)
       it->second.handle(static_cast<uint32_t>(n.tag), error);
   }

@@ -77,8 +77,9 @@ class Device {
   // mismatch whatever it carries.
   void note_unexpected(uint64_t tag, uint64_t aux, int peer);
 
-  // The group failed on this rank: fail its requests on every pair here and tell `peers`
-  // (world ranks) why, so that they fail at once instead of waiting for their timeouts.
+  // The group failed on this rank: fail its requests on every pair here (from the collective
+  // `tag` names, if it names one: see Pair::fail_group) and tell `peers` (world ranks) why, so
+  // that they fail at once instead of waiting for their timeouts.
   void fail_group(uint32_t group_id, uint64_t tag, const std::vector<int>& peers,
                   std::exception_ptr error, const std::string& text);
 

@@ -244,7 +244,7 @@ std::shared_ptr<Request> Pair::post_recv(std::shared_ptr<Request> r) {
 void Pair::post_recv_locked(const std::shared_ptr<Request>& r) {
   const uint64_t tag = r->tag;
   r->seq = ++recv_seq_;
-  if (failed_groups_.count(group_of(tag))) {
+  if (group_failure_locked(tag)) {
     r->completion.fail(refuse_locked(*r));
     return;
   }
@@ -289,7 +289,7 @@ void Pair::post_recv_locked(const std::shared_ptr<Request>& r) {
 std::exception_ptr Pair::refuse_locked(const Request& r) const {
   // A group's own failure explains more than the connection closing after it.
   std::exception_ptr cause = broken_;
-  if (auto it = failed_groups_.find(group_of(r.tag)); it != failed_groups_.end()) cause = it->second;
+  if (auto failed = group_failure_locked(r.tag)) cause = failed;
   if (!cause) return nullptr;
   return make_error(kind_of(cause), fmt::format("rank {}: {} cannot start: {}", options_.self_rank,
                                                 r.describe(), message_of(cause)));
@@ -323,14 +323,32 @@ void Pair::send_group_failed(uint64_t tag, std::string text) {
   rearm_locked();
 }
 
-void Pair::fail_group(uint32_t group_id, std::exception_ptr error) {
+void Pair::fail_group(uint32_t group_id, uint32_t from_seq, std::exception_ptr error) {
   std::lock_guard lock(mu_);
-  fail_group_locked(group_id, std::move(error));
+  fail_group_locked(group_id, from_seq, std::move(error));
 }
 
-void Pair::fail_group_locked(uint32_t group_id, std::exception_ptr error) {
-  if (failed_groups_.count(group_id)) return;
-  failed_groups_[group_id] = error;
+std::exception_ptr Pair::group_failure_locked(uint64_t tag) const {
+  auto it = failed_groups_.find(group_of(tag));
+  if (it == failed_groups_.end()) return nullptr;
+  const uint32_t from = it->second.from_seq;
+  const uint32_t seq = collective_seq_of(tag);
+  const bool before = from != 0 && seq != 0 && static_cast<int32_t>(seq - from) < 0;
+  return before ? nullptr : it->second.error;
+}
+
+void Pair::fail_group_locked(uint32_t group_id, uint32_t from_seq, std::exception_ptr error) {
+  auto [entry, first] = failed_groups_.try_emplace(group_id, GroupFailure{error, from_seq});
+  if (!first) {
+    // Failed already; a later report may reach further back (or, from 0, to everything).
+    const uint32_t had = entry->second.from_seq;
+    if (had == 0 || (from_seq != 0 && static_cast<int32_t>(from_seq - had) >= 0)) return;
+    entry->second.from_seq = from_seq;
+    error = entry->second.error;  // the first cause stays the one reported
+  }
+  auto covered = [&](uint64_t tag) {
+    return group_of(tag) == group_id && group_failure_locked(tag) != nullptr;
+  };
   const std::string cause = message_of(error);
   const ErrorKind kind = kind_of(error);
   auto fail = [&](Request& r) {
@@ -340,7 +358,8 @@ void Pair::fail_group_locked(uint32_t group_id, std::exception_ptr error) {
   // Sends already on the wire finish (the stream must stay whole); queued ones are dropped.
   for (auto it = send_queue_.begin(); it != send_queue_.end();) {
     Request& r = **it;
-    if (group_of(r.tag) == group_id && r.header_done == 0 && !(r.wire.header.flags & (kFrameGroupFailed | kFrameCmaDone))) {
+    if (covered(r.tag) && r.header_done == 0 &&
+        !(r.wire.header.flags & (kFrameGroupFailed | kFrameCmaDone))) {
       fail(r);
       it = send_queue_.erase(it);
     } else {
@@ -348,12 +367,12 @@ void Pair::fail_group_locked(uint32_t group_id, std::exception_ptr error) {
     }
   }
   posted_.remove_if([&](uint64_t tag, std::shared_ptr<Request>& r) {
-    if (group_of(tag) != group_id) return false;
+    if (!covered(tag)) return false;
     fail(*r);
     return true;
   });
   for (auto& [tag, u] : unexpected_)
-    if (u->claimant && group_of(tag) == group_id) {
+    if (u->claimant && covered(tag)) {
       fail(*u->claimant);
       u->claimant.reset();
     }
@@ -795,7 +814,7 @@ void Pair::finish_unexpected_locked(Unexpected& u) {
     unexpected_.take_front(kControlQueue);
     // Fail this pair's requests of the group now, before a close that may follow the notice on
     // the same stream; the device then fails them on the other pairs.
-    fail_group_locked(group_of(tag), make_error(ErrorKind::kPeerFailure, text));
+    fail_group_locked(group_of(tag), collective_seq_of(tag), make_error(ErrorKind::kPeerFailure, text));
     if (options_.on_group_failed) options_.on_group_failed(tag, options_.peer_rank, std::move(text));
     return;
   }

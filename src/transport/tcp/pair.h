@@ -123,8 +123,11 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // Tells the peer that the group of `tag` failed here, and why; fire and forget.
   void send_group_failed(uint64_t tag, std::string text);
   // Fails the requests of one group (by the group id of their tags) that have not started, and
-  // every later one of that group; other groups on the pair go on.
-  void fail_group(uint32_t group_id, std::exception_ptr error);
+  // every later one of that group; other groups on the pair go on. With `from_seq` > 0 (the
+  // collective that failed), the group's collectives before it go on: the rank that failed
+  // #from_seq had completed them, so what they wait for is on its way, and failing them would
+  // blame the wrong call. Later collectives fail at their start in the group anyway.
+  void fail_group(uint32_t group_id, uint32_t from_seq, std::exception_ptr error);
   std::shared_ptr<Request> irecv(uint64_t tag, void* data, size_t size, Deadline deadline,
                                  uint64_t expected_aux = 0);
   // A receive that reduces the payload into `data` as it arrives (data[i] = data[i] op
@@ -249,7 +252,9 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // Fails r if a frame of `size` bytes with `aux` cannot go into it; true when it failed.
   bool reject_frame(Request& r, uint64_t size, uint64_t aux);
   void fail_locked(std::exception_ptr error);
-  void fail_group_locked(uint32_t group_id, std::exception_ptr error);
+  void fail_group_locked(uint32_t group_id, uint32_t from_seq, std::exception_ptr error);
+  // Why a request with `tag` cannot run: its group failed (from before its collective).
+  std::exception_ptr group_failure_locked(uint64_t tag) const;
   void rearm_locked();
   void cancel_locked(Request& r, const std::string& why);
   std::string peer_text() const;
@@ -291,7 +296,11 @@ class Pair : public std::enable_shared_from_this<Pair> {
 
   std::mutex mu_;  // guards everything below, the socket's read and write streams included
   std::exception_ptr broken_;
-  std::unordered_map<uint32_t, std::exception_ptr> failed_groups_;
+  struct GroupFailure {
+    std::exception_ptr error;
+    uint32_t from_seq = 0;  // collectives of the group before this one go on; 0: none
+  };
+  std::unordered_map<uint32_t, GroupFailure> failed_groups_;
   Clock::time_point broken_at_;
   uint64_t send_seq_ = 0;
   uint64_t recv_seq_ = 0;
