@@ -11,6 +11,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "comm/algorithms/algorithm.h"
+#include "common/check.h"
 #include "common/env.h"
 #include "dtrain/error.h"
 
@@ -18,6 +20,9 @@ namespace dtrain::comm {
 namespace {
 
 double log2_ceil(int n) { return n <= 1 ? 0.0 : std::ceil(std::log2(static_cast<double>(n))); }
+
+// The cost of what cannot run: never the cheapest.
+constexpr double kUnusable = 1e30;
 
 // DTRAIN_ALGO is "ring" (for every collective that has it) or "allreduce=ring,broadcast=tree".
 std::string env_choice(CollectiveKind kind, const std::string& spec) {
@@ -40,10 +45,7 @@ std::string env_choice(CollectiveKind kind, const std::string& spec) {
     }
     pos = end + 1;
   }
-  if (!plain.empty()) {
-    for (auto c : CostModel::candidates(kind))
-      if (c == plain) return plain;
-  }
+  if (!plain.empty() && algo::find(kind, plain) != nullptr) return plain;
   return {};
 }
 
@@ -149,33 +151,6 @@ LoadedConstants CostModel::load() {
   return loaded;
 }
 
-std::span<const std::string_view> CostModel::candidates(CollectiveKind kind) {
-  static constexpr std::string_view kAllreduce[] = {"ring", "halving_doubling",
-                                                    "recursive_doubling", "central", "direct",
-                                                    "hierarchical"};
-  static constexpr std::string_view kBroadcast[] = {"tree", "scatter_allgather", "hierarchical"};
-  static constexpr std::string_view kReduce[] = {"tree", "ring"};
-  static constexpr std::string_view kAllgather[] = {"ring", "bruck", "hierarchical"};
-  static constexpr std::string_view kRing[] = {"ring"};
-  static constexpr std::string_view kLinear[] = {"linear"};
-  static constexpr std::string_view kPairwise[] = {"pairwise"};
-  static constexpr std::string_view kBarrier[] = {"dissemination"};
-  switch (kind) {
-    case CollectiveKind::kAllreduce: return kAllreduce;
-    case CollectiveKind::kBroadcast: return kBroadcast;
-    case CollectiveKind::kReduce: return kReduce;
-    case CollectiveKind::kAllgather: return kAllgather;
-    case CollectiveKind::kAllgatherv: return kRing;
-    case CollectiveKind::kReduceScatter: return kRing;
-    case CollectiveKind::kGather:
-    case CollectiveKind::kScatter: return kLinear;
-    case CollectiveKind::kAlltoall:
-    case CollectiveKind::kAlltoallv: return kPairwise;
-    case CollectiveKind::kBarrier: return kBarrier;
-  }
-  return kLinear;
-}
-
 Topology CostModel::cross_of(const Topology& t) {
   Topology c;
   c.level = Topology::Level::kRacks;
@@ -197,7 +172,7 @@ Topology CostModel::cross_of(const Topology& t) {
 }
 
 double CostModel::hierarchical(CollectiveKind kind, double M, int n, const Topology& t) const {
-  if (t.hosts < 2 || t.per_host < 2) return 1e30;
+  if (t.hosts < 2 || t.per_host < 2) return kUnusable;
   const double k = t.per_host, N = n;
   // Inside a part: shared memory (hosts) or the hosts' links (racks, shared by the groups that
   // run beside this one).
@@ -221,53 +196,54 @@ double CostModel::hierarchical(CollectiveKind kind, double M, int n, const Topol
       return k_.call * (t.uniform ? 1 : 2) + lk * (in.alpha + M * in.beta) * (t.uniform ? 1 : 2) +
              best_cost(kind, static_cast<size_t>(M), t.hosts, cross);
     case CollectiveKind::kAllgather:
-      if (!t.uniform) return 1e30;
+      if (!t.uniform) return kUnusable;
       cross.nic_sharers = t.nic_sharers;
       return 2 * k_.call + (k - 1) * (in.alpha + M * in.beta) + lk * (in.alpha + N * M * in.beta) +
              best_cost(kind, static_cast<size_t>(k * M), t.hosts, cross);
     default:
-      return 1e30;
+      return kUnusable;
   }
 }
 
-double CostModel::cost(std::string_view a, CollectiveKind kind, size_t bytes, int n,
+double CostModel::cost(std::string_view name, CollectiveKind kind, size_t bytes, int n,
                        const Topology& topology) const {
-  if (n <= 1) return 0.0;
-  if (a == "hierarchical") return k_.call + hierarchical(kind, static_cast<double>(bytes), n, topology);
-  return k_.call + messages(a, kind, bytes, n, topology);
+  const algo::Algorithm* a = algo::find(kind, name);
+  return a == nullptr ? kUnusable : cost(*a, bytes, n, topology);
 }
 
-double CostModel::messages(std::string_view a, CollectiveKind kind, size_t bytes, int n,
-                           const Topology& topology) const {
-  const double M = static_cast<double>(bytes), N = n;
-  const bool ring = a == "ring";
+double CostModel::cost(const algo::Algorithm& a, size_t bytes, int n,
+                       const Topology& topology) const {
+  if (n <= 1) return 0.0;
+  if (!algo::can_run(a, topology, n)) return kUnusable;
+  if (a.cost == nullptr) return k_.call + hierarchical(a.kind, static_cast<double>(bytes), n, topology);
+  return k_.call + a.cost(input(a, bytes, n, topology));
+}
+
+algo::CostInput CostModel::input(const algo::Algorithm& a, size_t bytes, int n,
+                                 const Topology& topology) const {
+  algo::CostInput c;
+  c.M = static_cast<double>(bytes);
+  c.N = n;
   // The slowest link the group's messages cross, and how many flows share it at once: one per
   // host for a ring over hosts that each hold consecutive ranks, every rank of a host (of a
   // rack, on its uplink) for the algorithms whose steps all leave the host together.
-  double al, be;
   if (topology.local) {
-    al = k_.alpha_local;
-    be = k_.beta_local;
+    c.link = k_.shm();
   } else {
+    const bool ring = a.flows == algo::Flows::kOnePerHost;
     const bool hosts = topology.level == Topology::Level::kHosts;
     const double per_host = hosts ? topology.per_host : 1;
     const double per_rack = hosts ? topology.per_host * topology.hosts_per_rack : topology.per_host;
     const double host_flows = ring && (topology.host_contiguous || !hosts) ? 1 : per_host;
     const double rack_flows = ring ? 1 : per_rack;
-    al = k_.alpha;
-    be = k_.beta * host_flows;
+    c.link = {k_.alpha, k_.beta * host_flows};
     if (topology.spans_racks) {
-      al = std::max(al, k_.rack().alpha);
-      be = std::max(be, k_.rack().beta * rack_flows);
+      c.link.alpha = std::max(c.link.alpha, k_.rack().alpha);
+      c.link.beta = std::max(c.link.beta, k_.rack().beta * rack_flows);
     }
-    be *= topology.nic_sharers;
+    c.link.beta *= topology.nic_sharers;
   }
-  const double ga = k_.gamma;
-  if (a == "direct") {
-    if (kind != CollectiveKind::kAllreduce || !topology.can_read_all) return 1e30;
-    // Two rounds of messages, each a full trip through the executor and both rings.
-    return 4 * al + (N - 1) / N * M * (2 * be + ga);
-  }
+  c.gamma = k_.gamma;
   // On shared memory, the ring-based algorithms copy every byte into a ring and out again:
   // nearly free while the ranks' buffers stay in cache (both copies run at once, on two
   // cores), three times the cost of one copy through memory beyond it. Each rank's working set
@@ -275,90 +251,58 @@ double CostModel::messages(std::string_view a, CollectiveKind kind, size_t bytes
   // ranks that share a core also share its cache. Measured crossovers (docs/performance.md):
   // 4 ranks on 2 cores between 512 KiB and 1 MiB, 2 ranks between 2 and 4 MiB.
   const bool spills =
-      topology.local && 4 * N * M * topology.oversubscription >= k_.cache_bytes;
-  const double reread = spills ? 2.0 : 0.0;
-  // Chunked algorithms pay a message per 256 KiB chunk as well.
-  const double chunks = M / (256.0 * 1024.0);
-  const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
-  const double lp = std::log2(static_cast<double>(p));
-  const double fold = n == p ? 0.0 : 2 * al + 2 * M * be + M * ga;
-  switch (kind) {
-    case CollectiveKind::kAllreduce:
-      if (a == "ring")
-        return 2 * (N - 1) * al + 2 * (N - 1) / N * ((1 + reread) * M * be + chunks * al) +
-               (N - 1) / N * M * ga;
-      if (a == "halving_doubling")
-        return 2 * lp * al + (1 + reread) * 2 * (p - 1.0) / p * M * be + (p - 1.0) / p * M * ga +
-               fold;
-      if (a == "recursive_doubling") return lp * (al + (1 + reread) * M * be + M * ga) + fold;
-      if (a == "central") return 2 * (N - 1) * (al + M * be) + (N - 1) * M * ga;
-      break;
-    case CollectiveKind::kBroadcast:
-      if (a == "tree") return log2_ceil(n) * (al + M * be);
-      if (a == "scatter_allgather") return 2 * (N - 1) * al + 2 * (N - 1) / N * M * be;
-      break;
-    case CollectiveKind::kReduce:
-      if (a == "tree") return log2_ceil(n) * (al + M * be + M * ga);
-      if (a == "ring") return 2 * (N - 1) * al + 2 * (N - 1) / N * M * be + (N - 1) / N * M * ga;
-      break;
-    case CollectiveKind::kAllgather:
-      // bytes = one rank's block
-      if (a == "ring") return (N - 1) * (al + M * be);
-      if (a == "bruck") return log2_ceil(n) * al + (N - 1) * M * be + N * M / 15e9;
-      break;
-    default:
-      return (N - 1) * (al + M * be);
-  }
-  return 1e30;
+      topology.local && 4 * c.N * c.M * topology.oversubscription >= k_.cache_bytes;
+  c.reread = spills ? 2.0 : 0.0;
+  c.chunks = c.M / (256.0 * 1024.0);
+  c.p = static_cast<double>(std::bit_floor(static_cast<unsigned>(n)));
+  c.lp = std::log2(c.p);
+  c.log2n = log2_ceil(n);
+  c.fold = n == static_cast<int>(c.p) ? 0.0 : 2 * c.link.alpha + 2 * c.M * c.link.beta + c.M * c.gamma;
+  return c;
 }
 
-std::string_view CostModel::pick(CollectiveKind kind, size_t bytes, int n,
-                                 const Topology& topology) const {
-  auto c = candidates(kind);
-  std::string_view best = c[0];
-  double best_cost = cost(best, kind, bytes, n, topology);
-  for (auto a : c.subspan(1)) {
-    double x = cost(a, kind, bytes, n, topology);
+const algo::Algorithm& CostModel::pick(CollectiveKind kind, size_t bytes, int n,
+                                       const Topology& topology) const {
+  auto all = algo::algorithms_of(kind);
+  DTRAIN_CHECK(!all.empty());
+  const algo::Algorithm* best = all[0];
+  double best_cost = cost(*best, bytes, n, topology);
+  for (const algo::Algorithm* a : all.subspan(1)) {
+    const double x = cost(*a, bytes, n, topology);
     if (x < best_cost) {
       best = a;
       best_cost = x;
     }
   }
-  return best;
+  return *best;
 }
 
 double CostModel::best_cost(CollectiveKind kind, size_t bytes, int n, const Topology& t) const {
-  return cost(pick(kind, bytes, n, t), kind, bytes, n, t);
+  return cost(pick(kind, bytes, n, t), bytes, n, t);
 }
 
-std::string_view CostModel::choose(CollectiveKind kind, std::string_view requested, size_t bytes,
-                                   int n, const Topology& topology) const {
-  auto c = candidates(kind);
-  auto usable = [&](std::string_view a) {
-    if (a == "hierarchical" && (topology.hosts < 2 || topology.per_host < 2 ||
-                                (kind == CollectiveKind::kAllgather && !topology.uniform)))
-      throw InvalidArgumentError(fmt::format(
-          "{} 'hierarchical' needs the group spread over two or more hosts (or racks) with two or "
-          "more of its ranks on some{}",
-          to_string(kind), kind == CollectiveKind::kAllgather ? ", the same number on each" : ""));
-    if (a == "direct" && !topology.can_read_all && n > 1)
-      throw InvalidArgumentError(
-          "all_reduce 'direct' needs every rank of the group on this host, on shared memory, "
-          "with cross-memory attach permitted (same user, ptrace scope 0 or 1, DTRAIN_CMA=1)");
+const algo::Algorithm& CostModel::choose(CollectiveKind kind, std::string_view requested,
+                                         size_t bytes, int n, const Topology& topology) const {
+  auto names = [&] {
+    std::vector<std::string_view> out;
+    for (const algo::Algorithm* a : algo::algorithms_of(kind)) out.push_back(a->name);
+    return fmt::format("{}", fmt::join(out, ", "));
+  };
+  auto usable = [&](const algo::Algorithm& a) -> const algo::Algorithm& {
+    if (std::string why = algo::unusable(a, topology, n); !why.empty())
+      throw InvalidArgumentError(why);
     return a;
   };
   if (!requested.empty()) {
-    for (auto a : c)
-      if (a == requested) return usable(a);
+    if (const algo::Algorithm* a = algo::find(kind, requested)) return usable(*a);
     throw InvalidArgumentError(fmt::format("{} has no algorithm '{}': use one of {}",
-                                           to_string(kind), requested, fmt::join(c, ", ")));
+                                           to_string(kind), requested, names()));
   }
   const std::string from_env = env_choice(kind, algo_env_);
   if (!from_env.empty()) {
-    for (auto a : c)
-      if (a == from_env) return usable(a);
+    if (const algo::Algorithm* a = algo::find(kind, from_env)) return usable(*a);
     throw InvalidArgumentError(fmt::format("DTRAIN_ALGO asks {} to use '{}': use one of {}",
-                                           to_string(kind), from_env, fmt::join(c, ", ")));
+                                           to_string(kind), from_env, names()));
   }
   return pick(kind, bytes, n, topology);
 }

@@ -8,13 +8,17 @@
 #pragma once
 
 #include <cstddef>
-#include <span>
 #include <string>
 #include <string_view>
 
 #include "comm/collective.h"
 
 namespace dtrain::comm {
+
+namespace algo {
+struct Algorithm;
+struct CostInput;
+}  // namespace algo
 
 // What one message costs on one class of link.
 struct LinkCost {
@@ -86,20 +90,20 @@ class CostModel {
   // The file `dtrain bench --calibrate` writes (JSON; `note` says where it was measured).
   static std::string to_json(const CostConstants& k, const std::string& note);
 
-  // The algorithms that can run `kind`, the first being the default.
-  static std::span<const std::string_view> candidates(CollectiveKind kind);
-  // Estimated seconds of `algorithm` for `bytes` per rank over `n` ranks.
-  double cost(std::string_view algorithm, CollectiveKind kind, size_t bytes, int n,
+  // Estimated seconds of the algorithm `name` of `kind` for `bytes` per rank over `n` ranks.
+  double cost(std::string_view name, CollectiveKind kind, size_t bytes, int n,
               const Topology& topology = {}) const;
-  // The cheapest candidate.
-  std::string_view pick(CollectiveKind kind, size_t bytes, int n, const Topology& topology = {}) const;
+  double cost(const algo::Algorithm& a, size_t bytes, int n, const Topology& topology = {}) const;
+  // The cheapest of the algorithms of `kind` (comm/algorithms/algorithm.h) that can run here.
+  const algo::Algorithm& pick(CollectiveKind kind, size_t bytes, int n,
+                              const Topology& topology = {}) const;
   // Its cost.
   double best_cost(CollectiveKind kind, size_t bytes, int n, const Topology& topology = {}) const;
   // Resolves an explicit request ("" = none) against DTRAIN_ALGO and the model; throws
-  // InvalidArgumentError for a name `kind` does not have, listing the ones it has (or for
-  // "direct" where the topology does not allow it).
-  std::string_view choose(CollectiveKind kind, std::string_view requested, size_t bytes, int n,
-                          const Topology& topology = {}) const;
+  // InvalidArgumentError for a name `kind` does not have, listing the ones it has, or for one
+  // the group's shape does not allow (algo::unusable says why).
+  const algo::Algorithm& choose(CollectiveKind kind, std::string_view requested, size_t bytes,
+                                int n, const Topology& topology = {}) const;
 
   // The topology of the hierarchy's cross groups of a group with `t`: one rank per host, k of
   // them at once; themselves split by rack where the hosts sit in several.
@@ -110,9 +114,9 @@ class CostModel {
 
  private:
   double hierarchical(CollectiveKind kind, double bytes, int n, const Topology& t) const;
-  // A flat algorithm's messages (cost() adds the call).
-  double messages(std::string_view algorithm, CollectiveKind kind, size_t bytes, int n,
-                  const Topology& topology) const;
+  // What a flat algorithm's formula is given for this group (its links, flows and cache).
+  algo::CostInput input(const algo::Algorithm& a, size_t bytes, int n,
+                        const Topology& topology) const;
   CostConstants k_;
   std::string algo_env_;  // DTRAIN_ALGO, read once
 };

@@ -1,6 +1,6 @@
 #include <fmt/format.h>
 
-#include "backends/registry.h"
+#include "comm/backend_registry.h"
 #include "comm/store_discovery.h"
 #include "common/env.h"
 #include "common/log.h"

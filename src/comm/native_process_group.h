@@ -114,11 +114,12 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   CostModel cost_model_;
   double oversubscription_ = 1.0;  // ranks on this host per core (the cost model's view)
   // The cost model's choice, remembered per (kind, bytes) for the latest few.
-  std::string_view choose(CollectiveKind kind, std::string_view requested, size_t bytes) const;
+  const algo::Algorithm& choose(CollectiveKind kind, std::string_view requested,
+                                size_t bytes) const;
   struct Choice {
     CollectiveKind kind{};
     size_t bytes = 0;
-    std::string_view algorithm;  // one of CostModel::candidates(): static storage
+    const algo::Algorithm* algorithm = nullptr;  // one of algo::registry(): static storage
   };
   mutable std::mutex choices_mu_;
   mutable std::array<Choice, 16> choices_{};

@@ -8,7 +8,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "backends/registry.h"
+#include "comm/backend_registry.h"
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 #include "comm/arguments.h"
 #include "comm/any_source_work.h"
@@ -386,7 +387,7 @@ NativeProcessGroup::~NativeProcessGroup() {
 
 std::string NativeProcessGroup::algorithm_for(CollectiveKind kind, std::string_view requested,
                                               size_t bytes) const {
-  return std::string(choose(kind, requested, bytes));
+  return std::string(choose(kind, requested, bytes).name);
 }
 
 void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr error) {
@@ -476,16 +477,40 @@ std::shared_ptr<Work> NativeProcessGroup::irecv_any(const TensorView& tensor, in
 
 // ---- collectives ----
 
-std::string_view NativeProcessGroup::choose(CollectiveKind kind, std::string_view requested,
-                                            size_t bytes) const {
+namespace {
+
+// Where each rank's block lies in a buffer of blocks in rank order (bytes).
+struct Blocks {
+  std::vector<size_t> offsets, sizes;
+  static Blocks equal(int ranks, size_t block) {
+    Blocks b{std::vector<size_t>(ranks), std::vector<size_t>(ranks, block)};
+    for (int i = 0; i < ranks; ++i) b.offsets[i] = i * block;
+    return b;
+  }
+  static Blocks of(const std::vector<size_t>& counts, size_t element_size) {
+    Blocks b{std::vector<size_t>(counts.size()), std::vector<size_t>(counts.size())};
+    size_t off = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      b.offsets[i] = off;
+      b.sizes[i] = counts[i] * element_size;
+      off += b.sizes[i];
+    }
+    return b;
+  }
+};
+
+}  // namespace
+
+const algo::Algorithm& NativeProcessGroup::choose(CollectiveKind kind, std::string_view requested,
+                                                  size_t bytes) const {
   if (!requested.empty()) return cost_model_.choose(kind, requested, bytes, size_, topology_);
   // The model's answer for a (kind, size) does not change: remember the recent ones.
   std::lock_guard lock(choices_mu_);
   Choice& c = choices_[(static_cast<size_t>(kind) * 31 + std::bit_width(bytes) * 7 + bytes) %
                        choices_.size()];
-  if (c.algorithm.empty() || c.kind != kind || c.bytes != bytes)
-    c = Choice{kind, bytes, cost_model_.choose(kind, {}, bytes, size_, topology_)};
-  return c.algorithm;
+  if (c.algorithm == nullptr || c.kind != kind || c.bytes != bytes)
+    c = Choice{kind, bytes, &cost_model_.choose(kind, {}, bytes, size_, topology_)};
+  return *c.algorithm;
 }
 
 std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
@@ -572,15 +597,9 @@ std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
   check_tensor(info(), t, "broadcast", "the tensor");
   check_root(info(), o.root, "broadcast");
   CollectiveCall call{CollectiveKind::kBroadcast, t.dtype, ReduceOp::kSum, o.root, t.numel};
-  auto algo = choose(call.kind, o.algorithm, t.nbytes());
-  return submit(call, algo, o.timeout, o.async_op, [this, t, algo, root = o.root](CollectiveContext& ctx) {
-    auto* data = static_cast<std::byte*>(t.data);
-    if (algo == "hierarchical")
-      algo::broadcast_hierarchical(hierarchy_, t, root, ctx.deadline());
-    else if (algo == "scatter_allgather")
-      algo::broadcast_scatter_allgather(ctx, data, t.numel);
-    else
-      algo::broadcast_tree(ctx, data, t.nbytes());
+  const algo::Algorithm* a = &choose(call.kind, o.algorithm, t.nbytes());
+  return submit(call, a->name, o.timeout, o.async_op, [this, t, a, root = o.root](CollectiveContext& ctx) {
+    a->run({.ctx = ctx, .out = t, .root = root, .hierarchy = &hierarchy_});
   });
 }
 
@@ -592,22 +611,10 @@ std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
   check_tensor(info(), t, "all_reduce", "the tensor");
   check_reduce_op(t.dtype, o.op);
   CollectiveCall call{CollectiveKind::kAllreduce, t.dtype, o.op, 0, t.numel};
-  auto algo = choose(call.kind, o.algorithm, t.nbytes());
+  const algo::Algorithm* a = &choose(call.kind, o.algorithm, t.nbytes());
   const int n = size_;
-  return submit(call, algo, o.timeout, o.async_op, [this, t, algo, op = o.op, n](CollectiveContext& ctx) {
-    auto* data = static_cast<std::byte*>(t.data);
-    if (algo == "hierarchical")
-      algo::allreduce_hierarchical(hierarchy_, t, op, ctx.deadline());
-    else if (algo == "ring")
-      algo::allreduce_ring(ctx, data, t.numel);
-    else if (algo == "halving_doubling")
-      algo::allreduce_halving_doubling(ctx, data, t.numel);
-    else if (algo == "recursive_doubling")
-      algo::allreduce_recursive_doubling(ctx, data, t.numel);
-    else if (algo == "direct")
-      algo::allreduce_direct(ctx, data, t.numel);
-    else
-      algo::allreduce_central(ctx, data, t.numel);
+  return submit(call, a->name, o.timeout, o.async_op, [this, t, a, op = o.op, n](CollectiveContext& ctx) {
+    a->run({.ctx = ctx, .out = t, .op = op, .hierarchy = &hierarchy_});
     if (op == ReduceOp::kAvg) scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(n));
   });
 }
@@ -620,14 +627,10 @@ std::shared_ptr<Work> NativeProcessGroup::reduce(const TensorView& t, const Redu
   check_root(info(), o.root, "reduce");
   check_reduce_op(t.dtype, o.op);
   CollectiveCall call{CollectiveKind::kReduce, t.dtype, o.op, o.root, t.numel};
-  auto algo = choose(call.kind, o.algorithm, t.nbytes());
+  const algo::Algorithm* a = &choose(call.kind, o.algorithm, t.nbytes());
   const int n = size_;
-  return submit(call, algo, o.timeout, o.async_op, [t, algo, o, n](CollectiveContext& ctx) {
-    auto* data = static_cast<std::byte*>(t.data);
-    if (algo == "ring")
-      algo::reduce_ring(ctx, data, t.numel);
-    else
-      algo::reduce_tree(ctx, data, t.numel);
+  return submit(call, a->name, o.timeout, o.async_op, [t, a, o, n](CollectiveContext& ctx) {
+    a->run({.ctx = ctx, .out = t, .op = o.op, .root = o.root});
     if (o.op == ReduceOp::kAvg && ctx.rank() == o.root)
       scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(n));
   });
@@ -642,23 +645,11 @@ std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const
                       });
   check_allgather(info(), out, in);
   CollectiveCall call{CollectiveKind::kAllgather, in.dtype, ReduceOp::kSum, 0, in.numel};
-  auto algo = choose(call.kind, o.algorithm, in.nbytes());
-  return submit(call, algo, o.timeout, o.async_op, [this, out, in, algo](CollectiveContext& ctx) {
-    if (algo == "hierarchical") {
-      algo::allgather_hierarchical(hierarchy_, out, in, ctx.deadline());
-      return;
-    }
-    auto* o_ = static_cast<std::byte*>(out.data);
-    const size_t block = in.nbytes();
-    if (block > 0 && o_ + ctx.rank() * block != in.data)
-      std::memmove(o_ + ctx.rank() * block, in.data, block);
-    if (algo == "bruck") {
-      algo::allgather_bruck(ctx, o_, block);
-    } else {
-      std::vector<size_t> offsets(ctx.size()), sizes(ctx.size(), block);
-      for (int i = 0; i < ctx.size(); ++i) offsets[i] = i * block;
-      algo::allgather_ring(ctx, o_, offsets, sizes);
-    }
+  const algo::Algorithm* a = &choose(call.kind, o.algorithm, in.nbytes());
+  return submit(call, a->name, o.timeout, o.async_op, [this, out, in, a](CollectiveContext& ctx) {
+    const Blocks blocks = Blocks::equal(ctx.size(), in.nbytes());
+    a->run({.ctx = ctx, .out = out, .in = in, .hierarchy = &hierarchy_,
+           .out_offsets = blocks.offsets, .out_sizes = blocks.sizes});
   });
 }
 
@@ -673,20 +664,11 @@ std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, cons
   check_allgatherv(info(), out, in, counts);
   CollectiveCall call{CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0,
                       digest_counts(counts)};
-  auto algo = choose(call.kind, o.algorithm, in.nbytes());
-  return submit(call, algo, o.timeout, o.async_op, [out, in, counts](CollectiveContext& ctx) {
-    const size_t elem = ctx.element_size();
-    std::vector<size_t> offsets(ctx.size()), sizes(ctx.size());
-    size_t off = 0;
-    for (int i = 0; i < ctx.size(); ++i) {
-      offsets[i] = off;
-      sizes[i] = counts[i] * elem;
-      off += sizes[i];
-    }
-    auto* o_ = static_cast<std::byte*>(out.data);
-    if (sizes[ctx.rank()] > 0 && o_ + offsets[ctx.rank()] != in.data)
-      std::memmove(o_ + offsets[ctx.rank()], in.data, sizes[ctx.rank()]);
-    algo::allgather_ring(ctx, o_, offsets, sizes);
+  const algo::Algorithm* a = &choose(call.kind, o.algorithm, in.nbytes());
+  return submit(call, a->name, o.timeout, o.async_op, [out, in, counts, a](CollectiveContext& ctx) {
+    const Blocks blocks = Blocks::of(counts, ctx.element_size());
+    a->run({.ctx = ctx, .out = out, .in = in, .out_offsets = blocks.offsets,
+           .out_sizes = blocks.sizes});
   });
 }
 
@@ -699,9 +681,9 @@ std::shared_ptr<Work> NativeProcessGroup::gather(const TensorView& out, const Te
                       });
   check_gather(info(), out, in, o.root);
   CollectiveCall call{CollectiveKind::kGather, in.dtype, ReduceOp::kSum, o.root, in.numel};
-  return submit(call, "linear", o.timeout, o.async_op, [out, in](CollectiveContext& ctx) {
-    algo::gather_linear(ctx, static_cast<std::byte*>(out.data),
-                        static_cast<const std::byte*>(in.data), in.nbytes());
+  const algo::Algorithm* a = &choose(call.kind, {}, in.nbytes());
+  return submit(call, a->name, o.timeout, o.async_op, [out, in, a](CollectiveContext& ctx) {
+    a->run({.ctx = ctx, .out = out, .in = in});
   });
 }
 
@@ -714,9 +696,9 @@ std::shared_ptr<Work> NativeProcessGroup::scatter(const TensorView& out, const T
                       });
   check_scatter(info(), out, in, o.root);
   CollectiveCall call{CollectiveKind::kScatter, out.dtype, ReduceOp::kSum, o.root, out.numel};
-  return submit(call, "linear", o.timeout, o.async_op, [out, in](CollectiveContext& ctx) {
-    algo::scatter_linear(ctx, static_cast<std::byte*>(out.data),
-                         static_cast<const std::byte*>(in.data), out.nbytes());
+  const algo::Algorithm* a = &choose(call.kind, {}, out.nbytes());
+  return submit(call, a->name, o.timeout, o.async_op, [out, in, a](CollectiveContext& ctx) {
+    a->run({.ctx = ctx, .out = out, .in = in});
   });
 }
 
@@ -730,16 +712,10 @@ std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out, 
   check_reduce_scatter(info(), out, in);
   check_reduce_op(in.dtype, o.op);
   CollectiveCall call{CollectiveKind::kReduceScatter, out.dtype, o.op, 0, out.numel};
-  auto algo = choose(call.kind, o.algorithm, in.nbytes());
+  const algo::Algorithm* a = &choose(call.kind, o.algorithm, in.nbytes());
   const int n = size_;
-  return submit(call, algo, o.timeout, o.async_op, [out, in, o, n](CollectiveContext& ctx) {
-    // Reduce a copy of the input in place (the caller's input stays as it was), in equal blocks.
-    const size_t bytes = in.nbytes();
-    std::byte* work = ctx.workspace(bytes);
-    if (bytes > 0) std::memcpy(work, in.data, bytes);
-    algo::reduce_scatter_ring(ctx, work, in.numel);
-    const size_t block = out.nbytes();
-    if (block > 0) std::memcpy(out.data, work + ctx.rank() * block, block);
+  return submit(call, a->name, o.timeout, o.async_op, [out, in, o, n, a](CollectiveContext& ctx) {
+    a->run({.ctx = ctx, .out = out, .in = in, .op = o.op});
     if (o.op == ReduceOp::kAvg) scale_down(out.data, out.numel, out.dtype, static_cast<size_t>(n));
   });
 }
@@ -752,14 +728,12 @@ std::shared_ptr<Work> NativeProcessGroup::alltoall(const TensorView& out, const 
                         return alltoall(h[0], h[1], with_timeout(o, left));
                       });
   check_alltoall(info(), out, in);
-  std::vector<size_t> counts(size_, in.numel / size_);
   CollectiveCall call{CollectiveKind::kAlltoall, in.dtype, ReduceOp::kSum, 0, in.numel};
-  return submit(call, "pairwise", o.timeout, o.async_op, [out, in, counts](CollectiveContext& ctx) {
-    const size_t block = counts[0] * ctx.element_size();
-    std::vector<size_t> offsets(ctx.size()), sizes(ctx.size(), block);
-    for (int i = 0; i < ctx.size(); ++i) offsets[i] = i * block;
-    algo::alltoall_pairwise(ctx, static_cast<std::byte*>(out.data), offsets, sizes,
-                            static_cast<const std::byte*>(in.data), offsets, sizes);
+  const algo::Algorithm* a = &choose(call.kind, {}, in.nbytes() / size_);
+  return submit(call, a->name, o.timeout, o.async_op, [out, in, a](CollectiveContext& ctx) {
+    const Blocks blocks = Blocks::equal(ctx.size(), in.nbytes() / ctx.size());
+    a->run({.ctx = ctx, .out = out, .in = in, .out_offsets = blocks.offsets,
+           .out_sizes = blocks.sizes, .in_offsets = blocks.offsets, .in_sizes = blocks.sizes});
   });
 }
 
@@ -775,30 +749,21 @@ std::shared_ptr<Work> NativeProcessGroup::alltoallv(const TensorView& out,
                       });
   check_alltoallv(info(), out, out_counts, in, in_counts);
   CollectiveCall call{CollectiveKind::kAlltoallv, in.dtype, ReduceOp::kSum, 0, 0};
-  return submit(call, "pairwise", o.timeout, o.async_op, [out, in, out_counts, in_counts](CollectiveContext& ctx) {
-    const size_t elem = ctx.element_size();
-    auto layout = [&](const std::vector<size_t>& counts, std::vector<size_t>& offsets,
-                      std::vector<size_t>& sizes) {
-      size_t off = 0;
-      for (int i = 0; i < ctx.size(); ++i) {
-        offsets[i] = off;
-        sizes[i] = counts[i] * elem;
-        off += sizes[i];
-      }
-    };
-    std::vector<size_t> oo(ctx.size()), os(ctx.size()), io(ctx.size()), is(ctx.size());
-    layout(out_counts, oo, os);
-    layout(in_counts, io, is);
-    algo::alltoall_pairwise(ctx, static_cast<std::byte*>(out.data), oo, os,
-                            static_cast<const std::byte*>(in.data), io, is);
+  const algo::Algorithm* a = &choose(call.kind, {}, in.nbytes() / size_);
+  return submit(call, a->name, o.timeout, o.async_op,
+                [out, in, out_counts, in_counts, a](CollectiveContext& ctx) {
+    const Blocks to = Blocks::of(out_counts, ctx.element_size());
+    const Blocks from = Blocks::of(in_counts, ctx.element_size());
+    a->run({.ctx = ctx, .out = out, .in = in, .out_offsets = to.offsets, .out_sizes = to.sizes,
+           .in_offsets = from.offsets, .in_sizes = from.sizes});
   });
 }
 
 std::shared_ptr<Work> NativeProcessGroup::barrier(const BarrierOptions& o) {
   CollectiveCall call{CollectiveKind::kBarrier, DType::kU8, ReduceOp::kSum, 0, 0};
-  auto algo = choose(call.kind, o.algorithm, 0);
-  return submit(call, algo, o.timeout, o.async_op,
-                [](CollectiveContext& ctx) { algo::barrier_dissemination(ctx); });
+  const algo::Algorithm* a = &choose(call.kind, o.algorithm, 0);
+  return submit(call, a->name, o.timeout, o.async_op,
+                [a](CollectiveContext& ctx) { a->run({.ctx = ctx}); });
 }
 
 std::shared_ptr<ProcessGroup> NativeProcessGroup::new_group(const std::vector<int>& ranks) {

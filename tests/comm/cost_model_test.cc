@@ -7,6 +7,7 @@
 #include <iterator>
 #include <string>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/cost_model.h"
 #include "comm/scaling_model.h"
 #include "dtrain/error.h"
@@ -81,19 +82,19 @@ TEST(CostModelChoice, LargeMessagesGoHierarchicalAndASlowUplinkSplitsTheCrossGro
   k.alpha = 20e-6, k.beta = 1 / 1.2e9, k.alpha_rack = 60e-6, k.beta_rack = 1 / 0.3e9;
   const CostModel model(k);
   const Topology t = racked();
-  EXPECT_EQ(model.pick(CollectiveKind::kAllreduce, 64 << 20, 64, t), "hierarchical");
+  EXPECT_EQ(model.pick(CollectiveKind::kAllreduce, 64 << 20, 64, t).name, "hierarchical");
   const Topology cross = CostModel::cross_of(t);
   EXPECT_EQ(cross.level, Topology::Level::kRacks);
   EXPECT_EQ(cross.hosts, 4);
   EXPECT_EQ(cross.nic_sharers, 4);
-  EXPECT_EQ(model.pick(CollectiveKind::kAllreduce, 16 << 20, 16, cross), "hierarchical");
+  EXPECT_EQ(model.pick(CollectiveKind::kAllreduce, 16 << 20, 16, cross).name, "hierarchical");
   // Tiny messages across racks: latency rules, the log-step exchange beats a ring.
   EXPECT_LT(model.cost("recursive_doubling", CollectiveKind::kAllreduce, 64, 16, cross),
             model.cost("ring", CollectiveKind::kAllreduce, 64, 16, cross));
   // The same hosts with fast uplinks: nothing to gain from splitting the cross groups again.
   CostConstants flat = k;
   flat.alpha_rack = flat.alpha, flat.beta_rack = flat.beta / 4;
-  EXPECT_NE(CostModel(flat).pick(CollectiveKind::kAllreduce, 16 << 20, 16, cross), "hierarchical");
+  EXPECT_NE(CostModel(flat).pick(CollectiveKind::kAllreduce, 16 << 20, 16, cross).name, "hierarchical");
 }
 
 TEST(CostModelChoice, UnevenHostsStillSplitButNotForAllGather) {
@@ -148,6 +149,45 @@ TEST(StepModel, MoreServersRelieveTheParameterServer) {
   EXPECT_LT(many.step_s, few.step_s);
 }
 
+// Every algorithm in the registry is whole, named once for its collective, and priced where it
+// can run; the model picks among those alone.
+TEST(Registry, EveryAlgorithmIsWholeAndPricedWhereItRuns) {
+  const CostModel model;
+  Topology one_host;
+  one_host.local = true;
+  one_host.can_read_all = true;
+  Topology hosts;
+  hosts.hosts = 2;
+  hosts.per_host = 2;
+  for (const algo::Algorithm* a : algo::registry()) {
+    SCOPED_TRACE(std::string(a->name));
+    EXPECT_EQ(algo::find(a->kind, a->name), a) << "a second algorithm of that name";
+    EXPECT_NE(a->run, nullptr);
+    EXPECT_FALSE(a->file.empty() || a->formula.empty() || a->chosen.empty());
+    const Topology& t = a->needs == algo::Needs::kParts || a->needs == algo::Needs::kUniformParts
+                            ? hosts
+                            : one_host;
+    EXPECT_TRUE(algo::unusable(*a, t, 4).empty()) << algo::unusable(*a, t, 4);
+    const double c = model.cost(*a, 1 << 20, 4, t);
+    EXPECT_GT(c, 0);
+    EXPECT_LT(c, 1.0);
+  }
+  // Those that need more than ranks say so, and cost nothing the model would pick.
+  Topology tcp;
+  const auto* direct = algo::find(CollectiveKind::kAllreduce, "direct");
+  ASSERT_NE(direct, nullptr);
+  EXPECT_NE(algo::unusable(*direct, tcp, 4).find("cross-memory attach"), std::string::npos);
+  EXPECT_GT(model.cost(*direct, 1 << 20, 4, tcp), 1e20);
+  for (size_t bytes : {size_t{8}, size_t{1} << 20, size_t{64} << 20})
+    for (CollectiveKind kind : {CollectiveKind::kAllreduce, CollectiveKind::kBroadcast,
+                                CollectiveKind::kAllgather})
+      EXPECT_TRUE(algo::unusable(model.pick(kind, bytes, 4, tcp), tcp, 4).empty());
+  EXPECT_THROW(model.choose(CollectiveKind::kAllreduce, "direct", 1 << 20, 4, tcp),
+               InvalidArgumentError);
+  EXPECT_THROW(model.choose(CollectiveKind::kAllreduce, "magic", 1 << 20, 4, tcp),
+               InvalidArgumentError);
+}
+
 const std::string kDtrain = std::string(DTRAIN_BIN_DIR) + "/dtrain";
 
 TEST(PredictCommand, PrintsATableWritesCsvAndSvgAndRefusesBadInput) {
@@ -186,6 +226,18 @@ TEST(PredictCommand, PrintsATableWritesCsvAndSvgAndRefusesBadInput) {
   auto none = testing::run_command({kDtrain, "predict", "--params", "1M"});
   EXPECT_NE(none.exit_code, 0);
   EXPECT_NE(none.output.find("--compute-ms"), std::string::npos) << none.output;
+}
+
+// docs/algorithms.md's table is the registry's (`dtrain algorithms --markdown` rewrites it).
+TEST(AlgorithmsCommand, DocsTableIsTheRegistrys) {
+  auto r = testing::run_command({kDtrain, "algorithms", "--markdown"});
+  ASSERT_TRUE(r.ok()) << r.output;
+  EXPECT_EQ(r.output, algo::markdown_table());
+  std::ifstream f(std::string(DTRAIN_SOURCE_DIR) + "/docs/algorithms.md");
+  const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(doc.find(r.output), std::string::npos)
+      << "docs/algorithms.md's table is not the registry's: run `dtrain algorithms --markdown` "
+         "and put its output there";
 }
 
 }  // namespace

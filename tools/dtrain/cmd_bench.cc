@@ -45,6 +45,7 @@
 #include "bench/bench_common.h"
 #include "common/durable.h"
 #include "common/env.h"
+#include "comm/algorithms/algorithm.h"
 #include "comm/native_process_group.h"
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
@@ -93,6 +94,23 @@ struct BenchArgs {
   std::string netns;        // run every implementation on this emulated cluster (netns-hosts.sh)
   bool model = false;       // rank 0 prints the cost model's time beside each measured one
 };
+
+// The collective of the algorithm registry a benchmarked one is (none for send/recv).
+std::optional<comm::CollectiveKind> kind_of(Collective c) {
+  switch (c) {
+    case Collective::kAllreduce: return comm::CollectiveKind::kAllreduce;
+    case Collective::kBroadcast: return comm::CollectiveKind::kBroadcast;
+    case Collective::kReduce: return comm::CollectiveKind::kReduce;
+    case Collective::kAllgather: return comm::CollectiveKind::kAllgather;
+    case Collective::kGather: return comm::CollectiveKind::kGather;
+    case Collective::kScatter: return comm::CollectiveKind::kScatter;
+    case Collective::kReduceScatter: return comm::CollectiveKind::kReduceScatter;
+    case Collective::kAlltoall: return comm::CollectiveKind::kAlltoall;
+    case Collective::kBarrier: return comm::CollectiveKind::kBarrier;
+    case Collective::kSendRecv: return std::nullopt;
+  }
+  return std::nullopt;
+}
 
 // What the arguments mean once parsed and checked.
 struct Plan {
@@ -269,22 +287,8 @@ Result run_native_size(ProcessGroup& pg, const BenchArgs& a, const Plan& p, Coll
   bench::Measurement m = bench::measure(h, a.warmup, a.iters);
   // The algorithm the cost model (or --algo, or DTRAIN_ALGO) picked for this size.
   std::string chosen = algo.empty() ? "auto" : algo;
-  if (auto* native = dynamic_cast<comm::NativeProcessGroup*>(g)) {
-    std::optional<comm::CollectiveKind> kind;
-    switch (c) {
-      case Collective::kAllreduce: kind = comm::CollectiveKind::kAllreduce; break;
-      case Collective::kBroadcast: kind = comm::CollectiveKind::kBroadcast; break;
-      case Collective::kReduce: kind = comm::CollectiveKind::kReduce; break;
-      case Collective::kAllgather: kind = comm::CollectiveKind::kAllgather; break;
-      case Collective::kGather: kind = comm::CollectiveKind::kGather; break;
-      case Collective::kScatter: kind = comm::CollectiveKind::kScatter; break;
-      case Collective::kReduceScatter: kind = comm::CollectiveKind::kReduceScatter; break;
-      case Collective::kAlltoall: kind = comm::CollectiveKind::kAlltoall; break;
-      case Collective::kBarrier: kind = comm::CollectiveKind::kBarrier; break;
-      case Collective::kSendRecv: break;
-    }
-    if (kind) chosen = native->algorithm_for(*kind, algo, in.nbytes());
-  }
+  if (auto* native = dynamic_cast<comm::NativeProcessGroup*>(g))
+    if (auto kind = kind_of(c)) chosen = native->algorithm_for(*kind, algo, in.nbytes());
   return bench::make_result("dtrain", c, n, layout, p.dtype, p.op, m, chosen);
 }
 
@@ -1038,6 +1042,26 @@ std::vector<std::string> split_backends(const std::string& text) {
   return out;
 }
 
+// --algo all: every algorithm of the collective in the registry (comm/algorithms/algorithm.h)
+// that can run on this cluster, each timed as a column "dtrain-NAME" beside the model's choice.
+std::vector<std::string> all_algorithms(const BenchArgs& a, const Plan& p) {
+  if (a.algo != "all") return {};
+  if (p.collectives.size() != 1 || !kind_of(p.collectives[0]))
+    throw InvalidArgumentError(
+        "dtrain bench: --algo all times every algorithm of one collective: name exactly one "
+        "(all_reduce, broadcast, reduce, all_gather, ...)");
+  std::vector<std::string> names;
+  for (const comm::algo::Algorithm* al : comm::algo::algorithms_of(*kind_of(p.collectives[0]))) {
+    const bool parts = al->needs == comm::algo::Needs::kParts ||
+                       al->needs == comm::algo::Needs::kUniformParts;
+    if (parts && a.netns.empty()) continue;  // one host
+    if (al->needs == comm::algo::Needs::kReadAll && (a.transport == "tcp" || !a.netns.empty()))
+      continue;
+    names.emplace_back(al->name);
+  }
+  return names;
+}
+
 int run_driver(const BenchArgs& a) {
   const Plan p = make_plan(a);
   if (a.np < 1) throw InvalidArgumentError(fmt::format("dtrain bench: --np is {}: start at least one rank", a.np));
@@ -1049,6 +1073,7 @@ int run_driver(const BenchArgs& a) {
       throw InvalidArgumentError(
           "dtrain bench: --backend mpi takes its ranks from mpirun: run `mpirun -np N dtrain bench "
           "COLL --backend mpi` instead of the driver");
+  const std::vector<std::string> algorithms = all_algorithms(a, p);
   std::string sizes;
   for (size_t s : p.sizes) sizes += (sizes.empty() ? "" : ",") + bench::format_bytes(s);
   std::fprintf(stderr, "dtrain bench: %s, np %d, sizes %s, %s, iters %d, warmup %d, rounds %d, check %s%s%s\n",
@@ -1080,12 +1105,21 @@ int run_driver(const BenchArgs& a) {
     for (size_t i = 0; i < backends.size(); ++i) {
       BenchArgs one = a;
       one.backend = backends[i];
+      if (one.algo == "all") one.algo.clear();  // the model's choice, then each below
       Outcome o = run_dtrain(one, p);
       if (i > 0) {
         const std::string impl = "dtrain-" + backends[i];
         for (auto& r : o.results) r.impl = impl;
         if (round == 1) shown_peers.push_back(impl);
       }
+      collect(numbered(std::move(o)));
+    }
+    for (const std::string& name : algorithms) {
+      BenchArgs one = a;
+      one.algo = name;
+      Outcome o = run_dtrain(one, p);
+      for (auto& r : o.results) r.impl = "dtrain-" + name;
+      if (round == 1) shown_peers.push_back("dtrain-" + name);
       collect(numbered(std::move(o)));
     }
     std::vector<std::string> ran;
@@ -1150,7 +1184,9 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--backend", a->backend,
                   "Backend of dtrain's group: native, gloo, nccl (driver mode) or mpi (run under "
                   "mpirun); a list (native,gloo) times each and shows the others as columns");
-  cmd->add_option("--algo", a->algo, "dtrain's algorithm (default: the cost model's choice)");
+  cmd->add_option("--algo", a->algo,
+                  "dtrain's algorithm (default: the cost model's choice); 'all': each algorithm of "
+                  "the collective that can run here, beside the model's choice");
   cmd->add_option("--timeout", a->timeout_s, "Seconds each operation may take, every implementation")
       ->capture_default_str();
   cmd->add_option("--deadline", a->deadline_s,

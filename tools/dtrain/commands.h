@@ -9,6 +9,7 @@ namespace dtrain::tools {
 CLI::App* add_run_command(CLI::App& app);    // cmd_run.cc: the launcher
 CLI::App* add_store_command(CLI::App& app);  // cmd_store.cc: a standalone store server
 CLI::App* add_env_command(CLI::App& app);    // cmd_env.cc: the environment variable table
+CLI::App* add_algorithms_command(CLI::App& app);  // cmd_algorithms.cc: the collective algorithms
 CLI::App* add_bench_command(CLI::App& app);  // cmd_bench.cc: collectives, dtrain beside its peers
 CLI::App* add_ps_server_command(CLI::App& app);  // cmd_ps_server.cc: a parameter server
 CLI::App* add_data_command(CLI::App& app);   // cmd_data.cc: shard files for ShardedDataset

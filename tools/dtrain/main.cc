@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   dtrain::tools::add_run_command(app);
   dtrain::tools::add_store_command(app);
   dtrain::tools::add_env_command(app);
+  dtrain::tools::add_algorithms_command(app);
   dtrain::tools::add_bench_command(app);
   dtrain::tools::add_ps_server_command(app);
   dtrain::tools::add_data_command(app);

@@ -27,7 +27,7 @@
 
 #include "backends/gloo/gloo_p2p_work.h"
 #include "backends/gloo/gloo_store.h"
-#include "backends/registry.h"
+#include "comm/backend_registry.h"
 #include "comm/arguments.h"
 #include "common/env.h"
 #include "common/error_message.h"

@@ -7,7 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "backends/mpi/mpi_runtime.h"
-#include "backends/registry.h"
+#include "comm/backend_registry.h"
 #include "comm/arguments.h"
 #include "common/env.h"
 #include "common/error_message.h"

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "backends/nccl/nccl_work.h"
-#include "backends/registry.h"
+#include "comm/backend_registry.h"
 #include "common/env.h"
 #include "common/error_message.h"
 #include "common/log.h"

@@ -1,10 +1,12 @@
 // The collective algorithms, one file each (each opens with how it works and its cost in the
-// alpha-beta-gamma model: alpha per message, beta per byte moved, gamma per byte reduced).
+// alpha-beta-gamma model: alpha per message, beta per byte moved, gamma per byte reduced, and
+// ends with its descriptor: algorithm.h).
 // Ranks are group ranks; buffers are raw bytes whose element type is ctx.call().dtype.
 // Reductions treat AVG as SUM: the caller divides once at the end.
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include "comm/collective.h"
@@ -66,8 +68,8 @@ void reduce_ring(CollectiveContext& ctx, std::byte* data, size_t count);
 
 // all-gather into `out`, where rank i's block is bytes [offsets[i], offsets[i] + sizes[i]) and
 // this rank's block is already in place.
-void allgather_ring(CollectiveContext& ctx, std::byte* out, const std::vector<size_t>& offsets,
-                    const std::vector<size_t>& sizes);
+void allgather_ring(CollectiveContext& ctx, std::byte* out, std::span<const size_t> offsets,
+                    std::span<const size_t> sizes);
 // Equal blocks of `block` bytes; any number of ranks (Bruck's recursive doubling).
 void allgather_bruck(CollectiveContext& ctx, std::byte* out, size_t block);
 
@@ -77,9 +79,9 @@ void scatter_linear(CollectiveContext& ctx, std::byte* out, const std::byte* in,
 
 // all-to-all: block j of `in` (in_offsets[j], in_sizes[j]) goes to rank j; block i of `out`
 // comes from rank i.
-void alltoall_pairwise(CollectiveContext& ctx, std::byte* out, const std::vector<size_t>& out_offsets,
-                       const std::vector<size_t>& out_sizes, const std::byte* in,
-                       const std::vector<size_t>& in_offsets, const std::vector<size_t>& in_sizes);
+void alltoall_pairwise(CollectiveContext& ctx, std::byte* out, std::span<const size_t> out_offsets,
+                       std::span<const size_t> out_sizes, const std::byte* in,
+                       std::span<const size_t> in_offsets, std::span<const size_t> in_sizes);
 
 void barrier_dissemination(CollectiveContext& ctx);
 

@@ -7,6 +7,7 @@
 // ring: the choice for small blocks.
 #include <cstring>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 
 namespace dtrain::comm::algo {
@@ -26,5 +27,21 @@ void allgather_bruck(CollectiveContext& ctx, std::byte* out, size_t block) {
   // tmp[i] holds the block of rank (r + i) mod n.
   for (int i = 0; i < n; ++i) std::memcpy(out + ((r + i) % n) * block, tmp + i * block, block);
 }
+
+extern const Algorithm kAllgatherBruck{
+    .name = "bruck",
+    .kind = CollectiveKind::kAllgather,
+    .file = "allgather_bruck.cc",
+    .formula = "ceil(log2 N) alpha + (N-1) M beta + a local rotation",
+    .chosen = "small blocks (recursive doubling for any N)",
+    // The rotation copies the gathered buffer once more (about 15 GB/s here).
+    .cost = [](const CostInput& c) {
+      return c.log2n * c.link.alpha + (c.N - 1) * c.M * c.link.beta + c.N * c.M / 15e9;
+    },
+    .run = [](const Invocation& i) {
+      place_own_block(i);
+      allgather_bruck(i.ctx, bytes_of(i.out), i.in.nbytes());
+    },
+};
 
 }  // namespace dtrain::comm::algo

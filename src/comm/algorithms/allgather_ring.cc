@@ -5,12 +5,13 @@
 // Cost: (N-1) alpha + (N-1)/N M beta, M the gathered size. Bandwidth-optimal.
 #include <vector>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 
 namespace dtrain::comm::algo {
 
-void allgather_ring(CollectiveContext& ctx, std::byte* out, const std::vector<size_t>& offsets,
-                    const std::vector<size_t>& sizes) {
+void allgather_ring(CollectiveContext& ctx, std::byte* out, std::span<const size_t> offsets,
+                    std::span<const size_t> sizes) {
   const int n = ctx.size(), r = ctx.rank();
   if (n == 1) return;
   const int right = (r + 1) % n, left = (r - 1 + n) % n;
@@ -21,5 +22,33 @@ void allgather_ring(CollectiveContext& ctx, std::byte* out, const std::vector<si
                   out + offsets[recv_block], sizes[recv_block]);
   }
 }
+
+extern const Algorithm kAllgatherRing{
+    .name = "ring",
+    .kind = CollectiveKind::kAllgather,
+    .file = "allgather_ring.cc",
+    .formula = "(N-1)(alpha + M beta), M one rank's block",
+    .chosen = "large blocks",
+    .flows = Flows::kOnePerHost,
+    .cost = [](const CostInput& c) { return (c.N - 1) * (c.link.alpha + c.M * c.link.beta); },
+    .run = [](const Invocation& i) {
+      place_own_block(i);
+      allgather_ring(i.ctx, bytes_of(i.out), i.out_offsets, i.out_sizes);
+    },
+};
+
+extern const Algorithm kAllgathervRing{
+    .name = "ring",
+    .kind = CollectiveKind::kAllgatherv,
+    .file = "allgather_ring.cc",
+    .formula = "(N-1)(alpha + M beta), M one rank's block",
+    .chosen = "always",
+    .flows = Flows::kOnePerHost,
+    .cost = [](const CostInput& c) { return (c.N - 1) * (c.link.alpha + c.M * c.link.beta); },
+    .run = [](const Invocation& i) {
+      place_own_block(i);
+      allgather_ring(i.ctx, bytes_of(i.out), i.out_offsets, i.out_sizes);
+    },
+};
 
 }  // namespace dtrain::comm::algo

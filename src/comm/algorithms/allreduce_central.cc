@@ -5,6 +5,7 @@
 // ring and halving-doubling remove. Kept for comparison and for groups of two or three ranks.
 #include <vector>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 #include "common/reduce.h"
 
@@ -30,5 +31,17 @@ void allreduce_central(CollectiveContext& ctx, std::byte* data, size_t count) {
   for (int r = 1; r < n; ++r) sends.push_back(ctx.send(r, data, bytes));
   ctx.wait(sends);
 }
+
+extern const Algorithm kAllreduceCentral{
+    .name = "central",
+    .kind = CollectiveKind::kAllreduce,
+    .file = "allreduce_central.cc",
+    .formula = "2(N-1)(alpha + M beta) + (N-1) M gamma",
+    .chosen = "never by default: the parameter-server shape, for comparison and tiny groups",
+    .cost = [](const CostInput& c) {
+      return 2 * (c.N - 1) * (c.link.alpha + c.M * c.link.beta) + (c.N - 1) * c.M * c.gamma;
+    },
+    .run = [](const Invocation& i) { allreduce_central(i.ctx, bytes_of(i.out), i.out.numel); },
+};
 
 }  // namespace dtrain::comm::algo

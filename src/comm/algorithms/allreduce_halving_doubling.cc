@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/fold.h"
 #include "common/reduce.h"
@@ -150,5 +151,20 @@ void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t 
     }
   }
 }
+
+extern const Algorithm kAllreduceHalvingDoubling{
+    .name = "halving_doubling",
+    .kind = CollectiveKind::kAllreduce,
+    .file = "allreduce_halving_doubling.cc",
+    .formula = "2 log2 p alpha + 2(p-1)/p M beta + (p-1)/p M gamma (+ fold)",
+    .chosen = "mid-sized buffers on larger groups",
+    .cost = [](const CostInput& c) {
+      return 2 * c.lp * c.link.alpha + (1 + c.reread) * 2 * (c.p - 1) / c.p * c.M * c.link.beta +
+             (c.p - 1) / c.p * c.M * c.gamma + c.fold;
+    },
+    .run = [](const Invocation& i) {
+      allreduce_halving_doubling(i.ctx, bytes_of(i.out), i.out.numel);
+    },
+};
 
 }  // namespace dtrain::comm::algo

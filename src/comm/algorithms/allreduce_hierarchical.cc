@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 
 namespace dtrain::comm::algo {
@@ -98,5 +99,45 @@ void allgather_hierarchical(const Hierarchy& h, const TensorView& out, const Ten
       std::memcpy(static_cast<std::byte*>(out.data) + static_cast<size_t>(h.order[pos]) * bytes,
                   stage + pos * bytes, bytes);
 }
+
+extern const Algorithm kAllreduceHierarchical{
+    .name = "hierarchical",
+    .kind = CollectiveKind::kAllreduce,
+    .file = "allreduce_hierarchical.cc",
+    .formula = "2[(k-1) alpha_in + (k-1)/k M beta_in] + cross(M/k over h, k groups sharing the "
+               "links); uneven: 2 ceil(log2 k)(alpha_in + M beta_in) + cross(M over h)",
+    .chosen = "h hosts (or racks), any placement of ranks: reduce-scatter inside, all-reduce "
+              "across (itself split by rack where the hosts sit in racks), all-gather inside; "
+              "hosts of different sizes by their leaders",
+    .needs = Needs::kParts,
+    .run = [](const Invocation& i) {
+      allreduce_hierarchical(*i.hierarchy, i.out, i.op, i.ctx.deadline());
+    },
+};
+
+extern const Algorithm kBroadcastHierarchical{
+    .name = "hierarchical",
+    .kind = CollectiveKind::kBroadcast,
+    .file = "allreduce_hierarchical.cc",
+    .formula = "cross(M over h) + ceil(log2 k)(alpha_in + M beta_in)",
+    .chosen = "several hosts: across first, then inside each",
+    .needs = Needs::kParts,
+    .run = [](const Invocation& i) {
+      broadcast_hierarchical(*i.hierarchy, i.out, i.root, i.ctx.deadline());
+    },
+};
+
+extern const Algorithm kAllgatherHierarchical{
+    .name = "hierarchical",
+    .kind = CollectiveKind::kAllgather,
+    .file = "allreduce_hierarchical.cc",
+    .formula = "(k-1)(alpha_in + M beta_in) + cross(k M over h) + ceil(log2 k)(alpha_in + N M "
+               "beta_in)",
+    .chosen = "several hosts with the same number of ranks, any placement",
+    .needs = Needs::kUniformParts,
+    .run = [](const Invocation& i) {
+      allgather_hierarchical(*i.hierarchy, i.out, i.in, i.ctx.deadline());
+    },
+};
 
 }  // namespace dtrain::comm::algo

@@ -4,6 +4,7 @@
 //
 // Cost: log2(p) (alpha + M beta + M gamma) (+ the fold). Fewest messages of all: the choice for
 // tiny buffers, where alpha dominates.
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 #include "comm/algorithms/fold.h"
 #include "common/reduce.h"
@@ -35,5 +36,19 @@ void allreduce_recursive_doubling(CollectiveContext& ctx, std::byte* data, size_
   }
   if (fold.partner >= 0) ctx.wait(ctx.send(fold.partner, data, bytes));
 }
+
+extern const Algorithm kAllreduceRecursiveDoubling{
+    .name = "recursive_doubling",
+    .kind = CollectiveKind::kAllreduce,
+    .file = "allreduce_recursive_doubling.cc",
+    .formula = "log2 p (alpha + M beta + M gamma) (+ fold)",
+    .chosen = "tiny buffers (fewest messages)",
+    .cost = [](const CostInput& c) {
+      return c.lp * (c.link.alpha + (1 + c.reread) * c.M * c.link.beta + c.M * c.gamma) + c.fold;
+    },
+    .run = [](const Invocation& i) {
+      allreduce_recursive_doubling(i.ctx, bytes_of(i.out), i.out.numel);
+    },
+};
 
 }  // namespace dtrain::comm::algo

@@ -10,7 +10,9 @@
 // Cost: 2(N-1) alpha + 2(N-1)/N M beta + (N-1)/N M gamma. Bandwidth-optimal; the latency term
 // grows with N, so small messages prefer recursive doubling.
 #include <algorithm>
+#include <cstring>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 #include "common/reduce.h"
 
@@ -115,5 +117,41 @@ void allreduce_ring(CollectiveContext& ctx, std::byte* data, size_t count) {
   }
   ctx.wait(sends);
 }
+
+extern const Algorithm kAllreduceRing{
+    .name = "ring",
+    .kind = CollectiveKind::kAllreduce,
+    .file = "allreduce_ring.cc",
+    .formula = "2(N-1) alpha + 2(N-1)/N M beta + (N-1)/N M gamma",
+    .chosen = "large buffers (bandwidth-optimal; chunks pipelined)",
+    .flows = Flows::kOnePerHost,
+    .cost = [](const CostInput& c) {
+      const auto [al, be] = c.link;
+      return 2 * (c.N - 1) * al + 2 * (c.N - 1) / c.N * ((1 + c.reread) * c.M * be + c.chunks * al) +
+             (c.N - 1) / c.N * c.M * c.gamma;
+    },
+    .run = [](const Invocation& i) { allreduce_ring(i.ctx, bytes_of(i.out), i.out.numel); },
+};
+
+// Reduces a copy of the input (the caller's stays as it was) and keeps this rank's block.
+extern const Algorithm kReduceScatterRing{
+    .name = "ring",
+    .kind = CollectiveKind::kReduceScatter,
+    .file = "allreduce_ring.cc",
+    .formula = "(N-1) alpha + (N-1)/N M (beta + gamma)",
+    .chosen = "always",
+    .flows = Flows::kOnePerHost,
+    .cost = [](const CostInput& c) {
+      return (c.N - 1) * c.link.alpha + (c.N - 1) / c.N * c.M * (c.link.beta + c.gamma);
+    },
+    .run = [](const Invocation& i) {
+      const size_t bytes = i.in.nbytes();
+      std::byte* work = i.ctx.workspace(bytes);
+      if (bytes > 0) std::memcpy(work, i.in.data, bytes);
+      reduce_scatter_ring(i.ctx, work, i.in.numel);
+      const size_t block = i.out.nbytes();
+      if (block > 0) std::memcpy(i.out.data, work + i.ctx.rank() * block, block);
+    },
+};
 
 }  // namespace dtrain::comm::algo

@@ -6,6 +6,7 @@
 // spread over all links, so it wins for large buffers on larger groups.
 #include <vector>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 
 namespace dtrain::comm::algo {
@@ -31,5 +32,19 @@ void broadcast_scatter_allgather(CollectiveContext& ctx, std::byte* data, size_t
   }
   allgather_ring(ctx, data, offsets, sizes);
 }
+
+extern const Algorithm kBroadcastScatterAllgather{
+    .name = "scatter_allgather",
+    .kind = CollectiveKind::kBroadcast,
+    .file = "broadcast_scatter_allgather.cc",
+    .formula = "2(N-1) alpha + 2(N-1)/N M beta",
+    .chosen = "large buffers on larger groups",
+    .cost = [](const CostInput& c) {
+      return 2 * (c.N - 1) * c.link.alpha + 2 * (c.N - 1) / c.N * c.M * c.link.beta;
+    },
+    .run = [](const Invocation& i) {
+      broadcast_scatter_allgather(i.ctx, bytes_of(i.out), i.out.numel);
+    },
+};
 
 }  // namespace dtrain::comm::algo

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 
 namespace dtrain::comm::algo {
@@ -50,5 +51,15 @@ void broadcast_tree(CollectiveContext& ctx, std::byte* data, size_t bytes) {
   }
   ctx.wait(sends);
 }
+
+extern const Algorithm kBroadcastTree{
+    .name = "tree",
+    .kind = CollectiveKind::kBroadcast,
+    .file = "broadcast_tree.cc",
+    .formula = "ceil(log2 N)(alpha + M beta), chunked",
+    .chosen = "small and mid-sized buffers",
+    .cost = [](const CostInput& c) { return c.log2n * (c.link.alpha + c.M * c.link.beta); },
+    .run = [](const Invocation& i) { broadcast_tree(i.ctx, bytes_of(i.out), i.out.nbytes()); },
+};
 
 }  // namespace dtrain::comm::algo

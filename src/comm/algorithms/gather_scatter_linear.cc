@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 
 namespace dtrain::comm::algo {
@@ -35,5 +36,29 @@ void scatter_linear(CollectiveContext& ctx, std::byte* out, const std::byte* in,
   if (block > 0 && out != in + root * block) std::memmove(out, in + root * block, block);
   ctx.wait(sends);
 }
+
+extern const Algorithm kGatherLinear{
+    .name = "linear",
+    .kind = CollectiveKind::kGather,
+    .file = "gather_scatter_linear.cc",
+    .formula = "(N-1) alpha + (N-1) M beta at the root",
+    .chosen = "always",
+    .cost = [](const CostInput& c) { return (c.N - 1) * (c.link.alpha + c.M * c.link.beta); },
+    .run = [](const Invocation& i) {
+      gather_linear(i.ctx, bytes_of(i.out), bytes_of(i.in), i.in.nbytes());
+    },
+};
+
+extern const Algorithm kScatterLinear{
+    .name = "linear",
+    .kind = CollectiveKind::kScatter,
+    .file = "gather_scatter_linear.cc",
+    .formula = "(N-1) alpha + (N-1) M beta at the root",
+    .chosen = "always",
+    .cost = [](const CostInput& c) { return (c.N - 1) * (c.link.alpha + c.M * c.link.beta); },
+    .run = [](const Invocation& i) {
+      scatter_linear(i.ctx, bytes_of(i.out), bytes_of(i.in), i.out.nbytes());
+    },
+};
 
 }  // namespace dtrain::comm::algo

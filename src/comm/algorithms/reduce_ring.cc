@@ -5,6 +5,7 @@
 // (N-1)/N M: the choice for large buffers, where a tree would move M per round.
 #include <vector>
 
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 
 namespace dtrain::comm::algo {
@@ -28,5 +29,19 @@ void reduce_ring(CollectiveContext& ctx, std::byte* data, size_t count) {
   }
   ctx.wait(recvs);
 }
+
+extern const Algorithm kReduceRing{
+    .name = "ring",
+    .kind = CollectiveKind::kReduce,
+    .file = "reduce_ring.cc",
+    .formula = "2(N-1) alpha + 2(N-1)/N M beta + (N-1)/N M gamma",
+    .chosen = "large buffers",
+    .flows = Flows::kOnePerHost,
+    .cost = [](const CostInput& c) {
+      return 2 * (c.N - 1) * c.link.alpha + 2 * (c.N - 1) / c.N * c.M * c.link.beta +
+             (c.N - 1) / c.N * c.M * c.gamma;
+    },
+    .run = [](const Invocation& i) { reduce_ring(i.ctx, bytes_of(i.out), i.out.numel); },
+};
 
 }  // namespace dtrain::comm::algo

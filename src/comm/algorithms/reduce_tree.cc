@@ -4,6 +4,7 @@
 //
 // Cost: ceil(log2 N) (alpha + M beta + M gamma). Best for small buffers; large ones use the
 // ring (reduce_ring.cc).
+#include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
 #include "common/reduce.h"
 
@@ -28,5 +29,17 @@ void reduce_tree(CollectiveContext& ctx, std::byte* data, size_t count) {
     }
   }
 }
+
+extern const Algorithm kReduceTree{
+    .name = "tree",
+    .kind = CollectiveKind::kReduce,
+    .file = "reduce_tree.cc",
+    .formula = "ceil(log2 N)(alpha + M beta + M gamma)",
+    .chosen = "small buffers",
+    .cost = [](const CostInput& c) {
+      return c.log2n * (c.link.alpha + c.M * c.link.beta + c.M * c.gamma);
+    },
+    .run = [](const Invocation& i) { reduce_tree(i.ctx, bytes_of(i.out), i.out.numel); },
+};
 
 }  // namespace dtrain::comm::algo

@@ -1,4 +1,4 @@
-#include "backends/registry.h"
+#include "comm/backend_registry.h"
 
 #include <map>
 #include <mutex>
