@@ -311,6 +311,47 @@ TEST(TcpPair, ParkedPairsDrainWhileTheRankWaitsOnAnotherPeer) {
 }
 
 // Every rank sends to every other rank: the full mesh of 4 processes.
+// A send or receive posted on a parked pair leaves it parked (its poster usually waits on it
+// next and moves the bytes itself). Posted and then not waited on first, it still completes:
+// rank 1 posts its receive of rank 0's large message, then sleeps waiting on rank 2, whose
+// token comes only once rank 0's send has gone through; a thread about to sleep unparks the
+// device's pairs. Over TCP and over shared memory.
+void posted_on_a_parked_pair(const char* transport) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(3, [&](int rank) {
+    ProcessGroupOptions o;
+    o.transport = transport;
+    auto pg = make_group(rank, 3, port, o);
+    auto big = pattern(size_t{8} << 20, 5);  // beyond the socket buffers and the rings
+    std::vector<int32_t> token(1, 7);
+    for (int round = 0; round < 3; ++round) {
+      pg->barrier()->wait();  // touches every pair, which is then parked
+      const auto start = std::chrono::steady_clock::now();
+      if (rank == 0) {
+        pg->isend(TensorView::of(big), 1, 7)->wait();
+        pg->send(TensorView::of(token), 2, 8);
+      } else if (rank == 2) {
+        pg->recv(TensorView::of(token), 0, 8);
+        pg->send(TensorView::of(token), 1, 9);
+      } else {
+        std::vector<uint8_t> got(big.size());
+        auto pending = pg->irecv(TensorView::of(got), 0, 7);
+        pg->recv(TensorView::of(token), 2, 9);
+        pending->wait();
+        RANK_CHECK(got == big && token[0] == 7, "round {}: payload differs", round);
+      }
+      const auto took = std::chrono::steady_clock::now() - start;
+      RANK_CHECK(took < 5s, "round {} took {} ms", round,
+                 std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+    }
+  }, 60s));
+}
+
+TEST(TcpPair, PostedOnAParkedPairAndWaitedOnLastStillCompletes) {
+  posted_on_a_parked_pair("tcp");
+}
+TEST(Shm, PostedOnAParkedPairAndWaitedOnLastStillCompletes) { posted_on_a_parked_pair("shm"); }
+
 TEST(TcpPair, FullMeshOfFour) {
   const int port = free_port();
   expect_all_ok(run_ranks(4, [&](int rank) {

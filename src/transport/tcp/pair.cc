@@ -165,9 +165,7 @@ std::shared_ptr<Request> Pair::isend(uint64_t tag, const void* data, size_t size
   r->wire.header.aux = aux;
   std::unique_lock lock = lock_to_post();
   post_send_locked(r);
-  // Whatever happened, look at the stream again: a reader that stopped for this thread (see
-  // posters_) counts on it.
-  rearm_locked();
+  rearm_after_post_locked();
   return r;
 }
 
@@ -235,9 +233,7 @@ std::shared_ptr<Request> Pair::post_recv(std::shared_ptr<Request> r) {
   r->pair = shared_from_this();
   std::unique_lock lock = lock_to_post();
   post_recv_locked(r);
-  // Whatever happened (on shared memory, a posted receive also wants the peer's doorbells),
-  // look at the stream again: a reader that stopped for this thread (see posters_) counts on it.
-  rearm_locked();
+  rearm_after_post_locked();
   return r;
 }
 
@@ -936,6 +932,20 @@ void Pair::wake_own_bell() {
   futex_wake(bell);
 }
 
+void Pair::rearm_after_post_locked() {
+  // A parked pair (a thread spun on it last and left it idle) stays as it is: its poster waits
+  // on it next, as a blocking send or receive does, and moves the bytes itself. Arming a TCP
+  // pair here cost an epoll_ctl now, another when the waiter begins to spin, and, when the
+  // peer's bytes came in between, a wake-up of the loop thread fighting the waiter for the
+  // pair's lock; on shared memory, asking for doorbells made the peer write one to the socket
+  // for every message, waking the loop the same way (docs/performance.md, "Point-to-point").
+  // Should nobody wait on it, a thread of this device about to sleep unparks it (Loop::unpark).
+  if (parked_) return;
+  // Whatever happened (on shared memory, a posted receive also wants the peer's doorbells),
+  // look at the stream again: a reader that stopped for this thread (see posters_) counts on it.
+  rearm_locked();
+}
+
 void Pair::rearm_locked() {
   if (broken_ || spinners_.load() > 0) return;
   if (shm_) {
@@ -1098,8 +1108,10 @@ void Pair::begin_spin() {
 
 void Pair::end_spin() {
   std::lock_guard lock(mu_);
-  if (spinners_.fetch_sub(1) == 1 && !shm_ && !broken_ && !armed_ && posted_.empty() &&
+  if (spinners_.fetch_sub(1) == 1 && !broken_ && (shm_ || !armed_) && posted_.empty() &&
       !rx_request_ && send_queue_.empty() && blocked_ == 0) {
+    // Idle: left out of the loop (TCP), or asking the peer for no doorbells (shared memory, as
+    // while spinning), until a waiter spins on it again or a thread is about to sleep.
     parked_ = true;
     loop_->parked();
     return;

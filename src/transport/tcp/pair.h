@@ -256,6 +256,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // Why a request with `tag` cannot run: its group failed (from before its collective).
   std::exception_ptr group_failure_locked(uint64_t tag) const;
   void rearm_locked();
+  void rearm_after_post_locked();
   void cancel_locked(Request& r, const std::string& why);
   std::string peer_text() const;
   // The byte stream under the frames: the socket, or the shared-memory rings. errno semantics.
@@ -332,7 +333,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
   uint64_t bytes_moved_ = 0;  // both directions, ever: tells a spinning waiter it is progressing
   bool armed_ = false;      // registered with the loop (one-shot) and not yet fired
   uint32_t armed_events_ = 0;
-  bool parked_ = false;     // TCP, idle after a spin, and left out of the loop (see end_spin)
+  bool parked_ = false;     // idle after a spin: out of the loop (TCP), no doorbells (shm); end_spin
 
   std::atomic<int> spinners_{0};  // threads busy-polling this pair right now
   // Threads waiting for mu_ to post a send or receive: whoever holds it reading bytes nobody
