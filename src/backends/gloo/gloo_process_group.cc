@@ -200,16 +200,15 @@ GlooProcessGroup::~GlooProcessGroup() {
   std::vector<std::weak_ptr<GlooP2pWork>> p2p;
   {
     std::lock_guard lock(mu_);
-    p2p.swap(p2p_);
+    p2p = failure_.take_in_flight();
   }
-  for (auto& w : p2p)
-    if (auto work = w.lock()) work->cancel(error);
+  cancel_all(std::move(p2p), error);
   if (executor_) executor_->shutdown(error);  // joins a running collective (up to its deadline)
 }
 
 void GlooProcessGroup::mark_failed(std::exception_ptr error) {
   std::lock_guard lock(mu_);
-  if (!failure_) failure_ = std::move(error);
+  failure_.set(std::move(error));
 }
 
 // ---- validation ----
@@ -237,17 +236,15 @@ std::shared_ptr<Work> GlooProcessGroup::isend(const TensorView& tensor, int dst,
   if (tag < 0)
     throw InvalidArgumentError(fmt::format("rank {}: send has tag {}: gloo needs tags >= 0", rank_, tag));
   std::lock_guard lock(mu_);
-  if (failure_)
-    throw PeerFailureError(fmt::format("rank {}: send to rank {}: group {} is unusable: {}", rank_,
-                                       dst, name_, message_of(failure_)));
+  if (failure_.cause())
+    throw failure_.cannot_start(fmt::format("rank {}: send to rank {} of group {}", rank_, dst, name_));
   auto work = std::make_shared<GlooP2pWork>(
       *context_, GlooP2pWork::Kind::kSend, tensor, dst,
       gloo::Slot::build(kP2pSlotPrefix, static_cast<uint32_t>(tag)),
       Deadline::after(limit(options.timeout)),
       fmt::format("rank {}: send of {} bytes to rank {} (tag {}) of group {} (gloo)", rank_,
                   tensor.nbytes(), dst, tag, name_));
-  std::erase_if(p2p_, [](const auto& w) { return w.expired(); });
-  p2p_.push_back(work);
+  failure_.track(work);
   return work;
 }
 
@@ -257,17 +254,15 @@ std::shared_ptr<Work> GlooProcessGroup::irecv(const TensorView& tensor, int src,
   if (tag < 0)
     throw InvalidArgumentError(fmt::format("rank {}: recv has tag {}: gloo needs tags >= 0", rank_, tag));
   std::lock_guard lock(mu_);
-  if (failure_)
-    throw PeerFailureError(fmt::format("rank {}: recv from rank {}: group {} is unusable: {}",
-                                       rank_, src, name_, message_of(failure_)));
+  if (failure_.cause())
+    throw failure_.cannot_start(fmt::format("rank {}: recv from rank {} of group {}", rank_, src, name_));
   auto work = std::make_shared<GlooP2pWork>(
       *context_, GlooP2pWork::Kind::kRecv, tensor, src,
       gloo::Slot::build(kP2pSlotPrefix, static_cast<uint32_t>(tag)),
       Deadline::after(limit(options.timeout)),
       fmt::format("rank {}: recv of {} bytes from rank {} (tag {}) of group {} (gloo)", rank_,
                   tensor.nbytes(), src, tag, name_));
-  std::erase_if(p2p_, [](const auto& w) { return w.expired(); });
-  p2p_.push_back(work);
+  failure_.track(work);
   return work;
 }
 
@@ -276,24 +271,20 @@ std::shared_ptr<Work> GlooProcessGroup::irecv(const TensorView& tensor, int src,
 std::shared_ptr<Work> GlooProcessGroup::submit(const char* op, std::string desc,
                                                std::chrono::milliseconds timeout, Body body) {
   uint32_t seq;
-  std::exception_ptr failed;
+  bool failed;
   {
     std::lock_guard lock(mu_);
     seq = ++next_seq_;
-    failed = failure_;
+    failed = failure_.cause() != nullptr;
   }
   const Deadline deadline = Deadline::after(limit(timeout));
   std::string what = fmt::format("rank {}: {} of {} as collective #{} of group {} (gloo)", rank_,
                                  op, desc, seq, name_);
   auto run = [this, seq, deadline, what, body = std::move(body)] {
-    std::exception_ptr earlier;
     {
       std::lock_guard lock(mu_);
-      earlier = failure_;
+      if (failure_.cause()) throw failure_.cannot_start(what);
     }
-    if (earlier)
-      throw PeerFailureError(fmt::format("{} cannot start: the group is unusable since: {}", what,
-                                         message_of(earlier)));
     try {
       // Gloo measures its timeout from the call; what is left of ours is the most it gets.
       body(Slot{seq, std::max(deadline.remaining(), std::chrono::milliseconds(1))});
@@ -303,8 +294,8 @@ std::shared_ptr<Work> GlooProcessGroup::submit(const char* op, std::string desc,
   };
   auto work = std::make_shared<comm::CollectiveWork>(std::move(run), deadline, what, executor_);
   if (failed) {
-    work->fail(std::make_exception_ptr(PeerFailureError(fmt::format(
-        "{} cannot start: the group is unusable since: {}", what, message_of(failed)))));
+    std::lock_guard lock(mu_);
+    work->fail(std::make_exception_ptr(failure_.cannot_start(what)));
     return work;
   }
   executor_->submit(work);
@@ -531,9 +522,7 @@ std::shared_ptr<ProcessGroup> GlooProcessGroup::new_group(const std::vector<int>
     std::lock_guard lock(mu_);
     child = ++children_;
   }
-  int index = -1;
-  for (size_t i = 0; i < ranks.size(); ++i)
-    if (ranks[i] == rank_) index = static_cast<int>(i);
+  const int index = index_in(ranks, rank_);
   if (index < 0) return nullptr;
   // The name holds the call's ordinal, so every member meets under the same store prefix.
   return std::make_shared<GlooProcessGroup>(*this, index, static_cast<int>(ranks.size()),
@@ -541,19 +530,9 @@ std::shared_ptr<ProcessGroup> GlooProcessGroup::new_group(const std::vector<int>
 }
 
 void GlooProcessGroup::abort(const std::string& reason) {
-  DTRAIN_LOG_WARN("rank {}: group {} (gloo) aborted: {}", rank_, name_, reason);
-  auto error = std::make_exception_ptr(
-      AbortedError(fmt::format("rank {}: group {} (gloo) was aborted: {}", rank_, name_, reason)));
-  std::vector<std::weak_ptr<GlooP2pWork>> p2p;
-  {
-    std::lock_guard lock(mu_);
-    if (!failure_) failure_ = error;
-    p2p.swap(p2p_);
-  }
-  // Queued collectives fail when they come up (failure_ is set); a running one cannot be
-  // interrupted in gloo and ends at its own deadline.
-  for (auto& w : p2p)
-    if (auto work = w.lock()) work->cancel(error);
+  // Queued collectives fail when they come up (the group has failed); a running one cannot be
+  // interrupted in gloo and ends at its own deadline. Sends and receives are cancelled.
+  abort_group(mu_, failure_, rank_, name_, "gloo", reason);
 }
 
 namespace {

@@ -20,6 +20,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
 
+#include "backends/group_failure.h"
 #include "comm/arguments.h"
 #include "comm/executor.h"
 #include "common/deadline.h"
@@ -103,11 +104,11 @@ class GlooProcessGroup : public ProcessGroup {
   std::chrono::milliseconds connect_timeout_;
   std::shared_ptr<comm::Executor> executor_;
 
-  std::mutex mu_;  // guards next_seq_, children_, failure_, p2p_
+  std::mutex mu_;  // guards next_seq_, children_, failure_
   uint32_t next_seq_ = 0;
   uint32_t children_ = 0;
-  std::exception_ptr failure_;  // set once a collective failed or abort() was called
-  std::vector<std::weak_ptr<GlooP2pWork>> p2p_;  // sends and receives abort() must cancel
+  // Set once a collective failed or abort() was called; the sends and receives abort() cancels.
+  GroupFailure<GlooP2pWork> failure_;
 };
 
 }  // namespace dtrain::backends

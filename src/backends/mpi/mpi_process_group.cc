@@ -85,13 +85,12 @@ MpiProcessGroup::~MpiProcessGroup() {
   bool stuck;
   {
     std::lock_guard lock(mu_);
-    pending.swap(pending_);
-    stuck = failure_ != nullptr;
+    pending = failure_.take_in_flight();
+    stuck = failure_.cause() != nullptr;
   }
   auto error = std::make_exception_ptr(
       AbortedError(fmt::format("rank {}: group {} (mpi) was destroyed", rank_, name_)));
-  for (auto& w : pending)
-    if (auto work = w.lock()) work->cancel(error);
+  cancel_all(std::move(pending), error);
   // A communicator with abandoned requests is left alone: freeing it could wait on them.
   if (!stuck && comm_ != MPI_COMM_NULL && !finalized()) {
     CallLock call;
@@ -101,7 +100,7 @@ MpiProcessGroup::~MpiProcessGroup() {
 
 void MpiProcessGroup::mark_failed(std::exception_ptr error) {
   std::lock_guard lock(mu_);
-  if (!failure_) failure_ = std::move(error);
+  failure_.set(std::move(error));
 }
 
 // ---- validation ----
@@ -151,9 +150,8 @@ std::shared_ptr<Work> MpiProcessGroup::start(MpiWork::Kind kind, const char* op,
   auto work = std::make_shared<MpiWork>(kind, what,
                                         Deadline::after(timeout.count() > 0 ? timeout : timeout_),
                                         std::move(on_stuck));
-  if (failure_) {
-    work->fail_start(std::make_exception_ptr(PeerFailureError(fmt::format(
-        "{} cannot start: the group is unusable since: {}", what, message_of(failure_)))));
+  if (failure_.cause()) {
+    work->fail_start(std::make_exception_ptr(failure_.cannot_start(what)));
     return work;
   }
   int rc;
@@ -166,8 +164,7 @@ std::shared_ptr<Work> MpiProcessGroup::start(MpiWork::Kind kind, const char* op,
         PeerFailureError(fmt::format("{} could not start: {}", what, error_string(rc)))));
     return work;
   }
-  std::erase_if(pending_, [](const auto& w) { return w.expired(); });
-  pending_.push_back(work);
+  failure_.track(work);
   return work;
 }
 
@@ -402,9 +399,8 @@ std::shared_ptr<ProcessGroup> MpiProcessGroup::new_group(const std::vector<int>&
       throw InvalidArgumentError(fmt::format(
           "rank {}: new_group({}) of group {}: rank {} passed a different list of ranks; every "
           "rank must pass the same", rank_, fmt::join(ranks, ", "), name_, r));
-  int index = MPI_UNDEFINED;
-  for (size_t i = 0; i < ranks.size(); ++i)
-    if (ranks[i] == rank_) index = static_cast<int>(i);
+  const int member = index_in(ranks, rank_);
+  const int index = member < 0 ? MPI_UNDEFINED : member;
   MPI_Comm sub = MPI_COMM_NULL;
   int rc;
   {
@@ -420,18 +416,8 @@ std::shared_ptr<ProcessGroup> MpiProcessGroup::new_group(const std::vector<int>&
 }
 
 void MpiProcessGroup::abort(const std::string& reason) {
-  DTRAIN_LOG_WARN("rank {}: group {} (mpi) aborted: {}", rank_, name_, reason);
-  auto error = std::make_exception_ptr(
-      AbortedError(fmt::format("rank {}: group {} (mpi) was aborted: {}", rank_, name_, reason)));
-  std::vector<std::weak_ptr<MpiWork>> pending;
-  {
-    std::lock_guard lock(mu_);
-    if (!failure_) failure_ = error;
-    pending.swap(pending_);
-  }
   // Receives are cancelled; sends and collectives cannot be in MPI and are abandoned.
-  for (auto& w : pending)
-    if (auto work = w.lock()) work->cancel(error);
+  abort_group(mu_, failure_, rank_, name_, "mpi", reason);
 }
 
 namespace {

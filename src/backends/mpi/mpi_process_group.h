@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/group_failure.h"
 #include "backends/mpi/mpi_work.h"
 #include "comm/arguments.h"
 #include "dtrain/process_group.h"
@@ -85,11 +86,11 @@ class MpiProcessGroup : public ProcessGroup, public std::enable_shared_from_this
   std::string name_;
   std::chrono::milliseconds timeout_;
 
-  std::mutex mu_;  // guards next_seq_, children_, failure_, pending_; held while issuing
+  std::mutex mu_;  // guards next_seq_, children_, failure_; held while issuing
   uint32_t next_seq_ = 0;
   uint32_t children_ = 0;
-  std::exception_ptr failure_;  // set once an operation was abandoned or abort() was called
-  std::vector<std::weak_ptr<MpiWork>> pending_;  // what abort() must end
+  // Set once an operation was abandoned or abort() was called; what abort() must end.
+  GroupFailure<MpiWork> failure_;
 };
 
 }  // namespace dtrain::backends::mpi
