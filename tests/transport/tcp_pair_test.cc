@@ -37,6 +37,35 @@ std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
   return v;
 }
 
+// Two ranks' store and transport device on this host, for tests of the pair itself (below the
+// process group).
+struct TwoRanks {
+  TwoRanks(int rank, int port, const char* transport)
+      : rank(rank), store(store_options(rank, port)), device(store, device_options(rank, transport)) {}
+  transport::tcp::Pair& pair() { return *device.pair(1 - rank); }
+
+  static TcpStoreOptions store_options(int rank, int port) {
+    TcpStoreOptions so;
+    so.host = "127.0.0.1";
+    so.port = static_cast<uint16_t>(port);
+    so.is_server = rank == 0;
+    so.rank = rank;
+    return so;
+  }
+  static transport::tcp::DeviceOptions device_options(int rank, const char* transport) {
+    transport::tcp::DeviceOptions d;
+    d.rank = rank;
+    d.size = 2;
+    d.advertise_addr = "127.0.0.1";
+    d.transport = transport;
+    return d;
+  }
+
+  int rank;
+  TcpStore store;
+  transport::tcp::Device device;
+};
+
 TEST(TcpPair, SendRecvEverySize) {
   const int port = free_port();
   const std::vector<size_t> sizes = {0, 1, 7, 4096, 65537, size_t{1} << 20, size_t{256} << 20};
@@ -182,19 +211,8 @@ TEST(TcpPair, EarlyMessagesComeOutIntactAndALateReceiveJoinsMidMessage) {
 void reducing_receive(const char* transport) {
   const int port = free_port();
   expect_all_ok(run_ranks(2, [&](int rank) {
-    TcpStoreOptions so;
-    so.host = "127.0.0.1";
-    so.port = static_cast<uint16_t>(port);
-    so.is_server = rank == 0;
-    so.rank = rank;
-    TcpStore store(so);
-    transport::tcp::DeviceOptions d;
-    d.rank = rank;
-    d.size = 2;
-    d.advertise_addr = "127.0.0.1";
-    d.transport = transport;
-    transport::tcp::Device device(store, d);
-    auto& pair = *device.pair(1 - rank);
+    TwoRanks two(rank, port, transport);
+    auto& pair = two.pair();
     const auto deadline = Deadline::after(30s);
     auto wait = [&](const std::shared_ptr<transport::tcp::Request>& r) { pair.wait(*r, deadline); };
     using Reduction = transport::tcp::Request::Reduction;
@@ -508,18 +526,9 @@ TEST(TcpPair, AbortFailsPendingAtOnce) {
 TEST(TcpPair, AFailureReportedForACollectiveSparesTheGroupsEarlierOnes) {
   const int port = free_port();
   expect_all_ok(run_ranks(2, [&](int rank) {
-    TcpStoreOptions so;
-    so.host = "127.0.0.1";
-    so.port = static_cast<uint16_t>(port);
-    so.is_server = rank == 0;
-    so.rank = rank;
-    TcpStore store(so);
-    transport::tcp::DeviceOptions d;
-    d.rank = rank;
-    d.size = 2;
-    d.advertise_addr = "127.0.0.1";
-    transport::tcp::Device device(store, d);
-    auto& pair = *device.pair(1 - rank);
+    TwoRanks ranks(rank, port, "auto");
+    auto& device = ranks.device;
+    auto& pair = ranks.pair();
     const auto deadline = Deadline::after(30s);
     auto wait = [&](const std::shared_ptr<transport::tcp::Request>& r) { pair.wait(*r, deadline); };
     using transport::TagSpace, transport::make_tag;

@@ -11,7 +11,10 @@
 // moves the bytes itself when woken. On shared memory, a thread whose unfinished requests are
 // all with one peer sleeps on a futex
 // in the segment instead (the peer wakes it when it writes data or frees room, with no system
-// call unless someone sleeps) and moves the bytes itself when woken.
+// call unless someone sleeps) and moves the bytes itself when woken. A pair a waiter leaves idle
+// is "parked" (out of the loop; on shared memory, asking the peer for no doorbells) until a
+// thread waits on it again or one about to sleep hands it back to the loop; a request posted on
+// it leaves it parked, since its poster usually waits on it next.
 //
 // A broken connection poisons the pair once: every pending and future request fails with an
 // error naming this rank, the peer, the operation and the bytes it had moved.
