@@ -425,16 +425,15 @@ int run(const Flags& flags) {
         // The step reached before the failure is unknown here; what may be trained again is
         // bounded by the interval of the kind resumed from.
         const int64_t interval = resumed->kind == "in-memory commit" ? commit_every : flags.checkpoint_every;
-        std::printf("resumed from %s (epoch %lld, step %lld, %lld of %lld samples of the epoch "
-                    "done, saved at world size %d): %s, loaded by rank %d; the steps after %lld "
-                    "are trained again (%s)\n",
-                    loaded->path.c_str(), static_cast<long long>(position.epoch),
-                    static_cast<long long>(position.step), static_cast<long long>(position.epoch_consumed),
-                    static_cast<long long>(position.epoch_size), position.world_size,
-                    resumed->kind.c_str(), resumed->root, static_cast<long long>(position.step),
-                    interval > 0 ? fmt::format("at most {}", interval).c_str()
-                                 : "all since the last checkpoint");
+        const std::string what = fmt::format(
+            "from {} (epoch {}, step {}, {} of {} samples of the epoch done, saved at world size "
+            "{}): {}, loaded by rank {}; the steps after {} are trained again ({})",
+            loaded->path, position.epoch, position.step, position.epoch_consumed,
+            position.epoch_size, position.world_size, resumed->kind, resumed->root, position.step,
+            interval > 0 ? fmt::format("at most {}", interval) : "all since the last checkpoint");
+        std::printf("resumed %s\n", what.c_str());
         std::fflush(stdout);
+        dtrain::announce_resumed(rank, what);  // `dtrain run` reports it for the round
       }
     }
   }

@@ -181,10 +181,13 @@ int run(const Flags& flags) {
         layout);
     if (auto loaded = ckpt->load_latest(*held, sgd.get())) {
       at = loaded->progress;
-      if (lead)
-        std::printf("resumed from %s (epoch %lld, step %lld, %lld samples of the epoch done)\n",
-                    loaded->path.c_str(), static_cast<long long>(at.epoch),
-                    static_cast<long long>(at.step), static_cast<long long>(at.epoch_consumed));
+      if (lead) {
+        const std::string what =
+            fmt::format("from {} (epoch {}, step {}, {} samples of the epoch done)", loaded->path,
+                        at.epoch, at.step, at.epoch_consumed);
+        std::printf("resumed %s\n", what.c_str());
+        dtrain::announce_resumed(world->rank(), what);  // `dtrain run` reports it for the round
+      }
     }
   }
 

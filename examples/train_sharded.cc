@@ -124,11 +124,13 @@ int run(const Flags& flags) {
         world);
     if (auto loaded = ckpt->load_latest(sdp, &adam)) {
       at = loaded->progress;
-      if (lead)
-        std::printf("resumed from %s (saved at %d rank(s); epoch %lld, step %lld, %lld samples "
-                    "of the epoch done)\n",
-                    loaded->path.c_str(), at.world_size, static_cast<long long>(at.epoch),
-                    static_cast<long long>(at.step), static_cast<long long>(at.epoch_consumed));
+      if (lead) {
+        const std::string what = fmt::format(
+            "from {} (saved at {} rank(s); epoch {}, step {}, {} samples of the epoch done)",
+            loaded->path, at.world_size, at.epoch, at.step, at.epoch_consumed);
+        std::printf("resumed %s\n", what.c_str());
+        dtrain::announce_resumed(world->rank(), what);  // `dtrain run` reports it for the round
+      }
     }
   }
 

@@ -57,4 +57,12 @@ class ProgressReporter {
   bool unwritten_ = false;
 };
 
+// Tells the launcher where this job resumed from (`what`: "from step 120 (epoch 1)" or the
+// checkpoint's path and position). `dtrain run` in elastic mode then says, for the round,
+// "rank R resumed from ..., training again S s after round N-1 stopped". The launcher reads it
+// from the round's store (the one at MASTER_ADDR:MASTER_PORT when DTRAIN_AGENT_STORE=1), not
+// from the worker's output; the first rank to announce in a round is the one reported. Without
+// a launcher's store it does nothing. Never throws: a store it cannot reach is logged.
+void announce_resumed(int rank, const std::string& what);
+
 }  // namespace dtrain

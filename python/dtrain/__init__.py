@@ -23,11 +23,13 @@ from datetime import timedelta
 
 from dtrain._core import (AbortedError, DataLossError, Error, InvalidArgumentError, ParallelLayout,
                           PeerFailureError, ProcessGroup, ProgressReporter,
-                          ResourceExhaustedError, TimeoutError, UnavailableError, Work)
+                          ResourceExhaustedError, TimeoutError, UnavailableError, Work,
+                          announce_resumed)
 from dtrain._core import init_process_group as _init_process_group
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "init", "ProcessGroup", "Work", "ParallelLayout", "ProgressReporter", "Error",
+__all__ = ["__version__", "init", "ProcessGroup", "Work", "ParallelLayout", "ProgressReporter",
+           "announce_resumed", "Error",
            "InvalidArgumentError", "TimeoutError", "PeerFailureError", "AbortedError",
            "DataLossError", "ResourceExhaustedError", "UnavailableError"]
 

@@ -28,6 +28,7 @@
 #include "dtrain/store.h"
 #include "launch/cpu_binding.h"
 #include "launch/heartbeat.h"
+#include "launch/progress_file.h"
 #include "launch/rendezvous.h"
 #include "launch/supervisor.h"
 
@@ -168,6 +169,66 @@ struct StoreLink {
 
 // Watches one round for the agent while its workers run: the round's stop record, its
 // completion, and the other agents' heartbeats. fd() becomes readable when the round is over.
+// Watches the round's store (the workers') for the first worker's announcement of where it
+// resumed from (dtrain::announce_resumed) and hands it to `said`, at once (the store wakes the
+// waiting call). The watching thread is detached: a round that ends does not wait for it, and
+// `said` is never called once the watch is destroyed.
+class ResumeWatch {
+ public:
+  ResumeWatch(std::string host, uint16_t port, std::string job_id,
+              std::function<void(std::string)> said)
+      : state_(std::make_shared<State>()) {
+    state_->said = std::move(said);
+    std::thread([state = state_, host = std::move(host), port, job_id = std::move(job_id)] {
+      constexpr milliseconds kSlice{50};  // how soon a closed watch's thread notices
+      std::unique_ptr<TcpStore> store;
+      for (;;) {
+        {
+          std::lock_guard lock(state->mu);
+          if (!state->open) return;
+        }
+        try {
+          if (!store) {
+            TcpStoreOptions o;
+            o.host = host;
+            o.port = port;
+            o.job_id = job_id;
+            o.timeout = kStoreCallTimeout;
+            o.connect_timeout = std::chrono::seconds(5);
+            store = std::make_unique<TcpStore>(o);
+          }
+          store->wait({launch::kResumedKey}, kSlice);
+          const Bytes line = store->get(launch::kResumedKey);
+          std::lock_guard lock(state->mu);
+          if (state->open) state->said(std::string(line.begin(), line.end()));
+          return;
+        } catch (const TimeoutError&) {
+          // Not yet.
+        } catch (const Error& e) {
+          // The round's store is not up yet, or has closed with the round.
+          DTRAIN_LOG_DEBUG("watching {}:{} for a resumption: {}", host, port, e.what());
+          store.reset();
+          std::this_thread::sleep_for(kSlice);
+        }
+      }
+    }).detach();
+  }
+  ~ResumeWatch() {
+    std::lock_guard lock(state_->mu);
+    state_->open = false;
+  }
+  ResumeWatch(const ResumeWatch&) = delete;
+  ResumeWatch& operator=(const ResumeWatch&) = delete;
+
+ private:
+  struct State {
+    std::mutex mu;  // guards open; held while `said` runs
+    bool open = true;
+    std::function<void(std::string)> said;
+  };
+  std::shared_ptr<State> state_;
+};
+
 class RoundWatch {
  public:
   enum class Event { kNone, kComplete, kStopped, kStoreLost };
@@ -584,22 +645,22 @@ class Agent {
                          w.rank, e.what());
       }
     };
-    bool resumed = false;
-    so.on_line = [&](int rank, std::string_view line) {
-      if (resumed || line.rfind("resumed from", 0) != 0) return;
-      resumed = true;
-      std::string what = fmt::format("rank {} {}", rank, line);
+    // Where the workers resumed from, as the first of them announces it in the round's store
+    // (dtrain::announce_resumed); every agent says it, and records it for the job's summary.
+    const std::optional<Clock::time_point> previous_stop = stopped_at_;
+    ResumeWatch resume_watch(zero.addr, *port, round_job_id(plan.round), [&](std::string line) {
       std::string after;
-      if (stopped_at_)
+      if (previous_stop)
         after = fmt::format(", training again {:.2f} s after round {} stopped",
-                            seconds_between(*stopped_at_, Clock::now()), plan.round - 1);
-      say(fmt::format("{}: round {}: {}{}", prefix_, plan.round, what, after));
+                            seconds_between(*previous_stop, Clock::now()), plan.round - 1);
+      say(fmt::format("{}: round {}: {}{}", prefix_, plan.round, line, after));
+      if (node_rank != 0) return;  // one agent records it
       try {
-        rdzv_->set_resumed(plan.round, what + after);
+        rdzv_->set_resumed(plan.round, line + after);
       } catch (const Error& e) {
         DTRAIN_LOG_WARN("{}: cannot record the resumption in the store: {}", prefix_, e.what());
       }
-    };
+    });
 
     SupervisorResult result = supervisor_.supervise(so);
     using Outcome = SupervisorResult::Outcome;

@@ -12,11 +12,34 @@
 
 #include "common/env.h"
 #include "common/log.h"
+#include "dtrain/error.h"
+#include "dtrain/identity.h"
 #include "dtrain/progress.h"
+#include "dtrain/store.h"
 #include "dtrain/work.h"
 #include "launch/progress_file.h"
 
 namespace dtrain {
+
+void announce_resumed(int rank, const std::string& what) {
+  if (!env::get_bool(env::kAgentStore)) return;
+  const std::string line = fmt::format("rank {} resumed {}", rank, what);
+  try {
+    const Identity id = resolve_identity({});
+    TcpStoreOptions so;
+    so.host = id.master_addr;
+    so.port = id.master_port;
+    so.rank = rank;
+    so.connect_timeout = std::chrono::seconds(10);
+    so.timeout = std::chrono::seconds(10);
+    TcpStore store(so);
+    const std::string_view bytes = line;
+    store.compare_set(launch::kResumedKey, {},
+                      std::vector<uint8_t>(bytes.begin(), bytes.end()));
+  } catch (const Error& e) {
+    DTRAIN_LOG_WARN("rank {}: could not tell the launcher that it {}: {}", rank, line, e.what());
+  }
+}
 
 ProgressReporter::ProgressReporter(int rank, ProgressOptions options) : options_(options) {
   const std::string dir = env::get_string(env::kProgressDir);

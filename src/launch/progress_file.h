@@ -23,6 +23,10 @@ struct ProgressReport {
 
 std::string progress_file_name(int rank);  // "rank3.progress"
 
+// The key of the round's store under which the first worker to resume says from where
+// (dtrain::announce_resumed): "rank 0 resumed from ...".
+inline constexpr const char* kResumedKey = "dtrain/resumed";
+
 // The report in `path`, or nothing when it is missing or not a whole report (a worker that has
 // not reported yet, or a stray file).
 std::optional<ProgressReport> read_progress_file(const std::string& path, int rank);

@@ -1,5 +1,6 @@
-// ProgressReporter for Python (include/dtrain/progress.h), bound in both extensions: as
-// dtrain.ProgressReporter (_core) and dtrain.torch.ProgressReporter (_torch). Each extension has
+// ProgressReporter and announce_resumed for Python (include/dtrain/progress.h), bound in both
+// extensions: as dtrain.ProgressReporter (_core) and dtrain.torch.ProgressReporter (_torch). Each
+// extension has
 // its own copy of the library, so each counts the waits of its own process groups: a script that
 // communicates through torch.distributed uses dtrain.torch's.
 #pragma once
@@ -30,6 +31,11 @@ inline void bind_progress(pybind11::module_& m) {
            "Step `step` ended now, having trained `samples` samples on this rank.")
       .def_property_readonly("active", &ProgressReporter::active,
                              "Whether a launcher collects the reports (DTRAIN_PROGRESS_DIR).");
+  m.def("announce_resumed", &announce_resumed, py::arg("rank"), py::arg("what"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Tells `dtrain run` (elastic) where this job resumed from (`what`: \"from step 120\"):\n"
+        "it reports \"round R: rank N resumed from step 120, training again S s after ...\".\n"
+        "Does nothing outside such a run.");
 }
 
 }  // namespace dtrain::python

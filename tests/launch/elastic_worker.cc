@@ -98,7 +98,12 @@ int main(int argc, char** argv) {
     pg->allreduce(dtrain::TensorView::of(state))->wait();
     int step = static_cast<int>(state[0]);
     double total = state[1];
-    if (rank == 0 && step > 0) std::printf("resumed from step %d (total %g)\n", step, total);
+    if (rank == 0 && step > 0) {
+      char what[96];
+      std::snprintf(what, sizeof(what), "from step %d (total %g)", step, total);
+      std::printf("resumed %s\n", what);
+      dtrain::announce_resumed(rank, what);  // the agent reports it, from the round's store
+    }
     std::fflush(stdout);
 
     const bool may_fail =

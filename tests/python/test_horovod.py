@@ -110,6 +110,9 @@ def test_elastic_state_resumes_a_restarted_job_from_its_commit(tmp_path):
                        env=_launcher_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "resumed from commit" in p.stdout, p.stdout + p.stderr
+    # The agent learns it from the round's store (dtrain.torch.elastic announces it).
+    assert re.search(r"round 1: rank [01] resumed from commit [0-9]+ .*, training again "
+                     r"[0-9.]+ s after round 0 stopped", p.stderr), p.stderr
     a = torch.load(tmp_path / "straight.pt")
     b = torch.load(tmp_path / "restarted.pt")
     for k in a:

@@ -40,3 +40,4 @@ from dtrain.torch.functions import (allgather_object, broadcast_object, broadcas
                                     broadcast_parameters)
 from dtrain.torch.optimizer import DistributedOptimizer
 from dtrain._torch import ProgressReporter  # steps for `dtrain run --metrics-port`
+from dtrain._torch import announce_resumed  # where a resumed job started, for `dtrain run`

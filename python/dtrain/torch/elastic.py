@@ -148,8 +148,10 @@ class TorchState:
         self._commit_count = checkpoint.step
         self._set_values(checkpoint.values)
         self.save()
-        print(f"rank {collectives.rank()}: resumed from commit {checkpoint.step} "
-              f"({checkpoint.path}, saved at world size {checkpoint.world_size})", flush=True)
+        what = (f"from commit {checkpoint.step} ({checkpoint.path}, saved at world size "
+                f"{checkpoint.world_size})")
+        print(f"rank {collectives.rank()}: resumed {what}", flush=True)
+        _torch.announce_resumed(collectives.rank(), what)
         return True
 
 
