@@ -110,16 +110,14 @@ Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options,
   net::set_nonblocking(fd_.get(), true);
   net::set_nodelay(fd_.get());
   // Fixed socket buffers instead of the kernel's autotuning, which starts small and grows
-  // slowly: a 32 MiB exchange over loopback took 26 ms with autotuning, 15 ms with 2 MiB. Only
-  // where net.core.wmem_max/rmem_max allow them: capped lower, fixed buffers would be smaller
-  // than what autotuning reaches on a long link. Over loopback there is no link to fill, and
-  // less in flight stays in cache: 64 MiB all-reduce with 4 ranks 92.9 ms with 2 MiB, 82.1 with
-  // 1 MiB, 79.2 with 512 KiB (five alternating rounds; 2 ranks even).
+  // slowly. Only where net.core.wmem_max/rmem_max allow them: capped lower, fixed buffers would
+  // be smaller than what autotuning reaches on a long link. Over loopback there is no link to
+  // fill, and less in flight stays in cache: smaller ones there (docs/performance.md, "The
+  // transport's settings").
   const int buffer = options_.same_host ? kLoopbackSocketBufferBytes : kSocketBufferBytes;
   if (!shm_ && socket_buffers_allowed(buffer)) net::set_buffer_sizes(fd_.get(), buffer);
-  // np 2 all-reduce over loopback under BBR took 28.8 ms at 64 MiB and 7.3 ms at 16 MiB, and
-  // from one run to the next up to 1.4x that; under Reno 23.2 and 6.2 ms, steadily (five
-  // alternating rounds; np 4 at 64 MiB 78.5 against 71.6 ms).
+  // Over loopback a pacing BBR is slower than Reno, and unsteady from one run to the next
+  // (same section).
   if (options_.same_host) net::use_loopback_congestion_control(fd_.get());
   // A peer whose host vanished (no FIN, no RST) is noticed within ~5 s even when idle.
   net::set_keepalive(fd_.get(), 2, 1, 3);

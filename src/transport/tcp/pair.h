@@ -136,9 +136,9 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // A receive that reduces the payload into `data` as it arrives (data[i] = data[i] op
   // payload[i]), a piece at a time through a small buffer of the pair that stays in cache,
   // instead of landing it in a scratch buffer the size of the message for the caller to reduce
-  // afterwards: one write and one read of the message's size to memory less (halving-doubling
-  // over TCP at 2 ranks: 16 MiB 7.8 -> 6.9 ms, 64 MiB 31.6 -> 27.8 ms). Nothing else may read
-  // or write `data` until the request completes; `size` must be a multiple of the dtype's size.
+  // afterwards: one write and one read of the message's size to memory less (docs/performance.md,
+  // "The transport's settings"). Nothing else may read or write `data` until the request
+  // completes; `size` must be a multiple of the dtype's size.
   std::shared_ptr<Request> irecv_reduce(uint64_t tag, void* data, size_t size, Deadline deadline,
                                         uint64_t expected_aux, Request::Reduction reduce);
 
@@ -149,11 +149,11 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // middle of a message closes the connection.
   void cancel(Request& request, const std::string& why);
   // A thread busy-polls this pair between begin_spin() and end_spin(); the loop stays away.
-  // A TCP pair with nothing posted is then left out of the loop ("parked"): bytes of the next
-  // collective that a faster peer sends early wait in the socket for the collective to read
-  // them, instead of waking the loop thread (a context switch on a core the ranks need: 4 ranks
-  // on 2 cores, 4 KiB all-reduce 113 -> 80 us). unpark() hands it back to the loop; the
-  // device does so for every parked pair when a thread of it is about to sleep (Loop::unpark).
+  // A pair with nothing posted is then "parked" (out of the loop; on shared memory, asking for
+  // no doorbells): bytes of the next collective that a faster peer sends early wait for the
+  // collective to read them, instead of waking the loop thread (a context switch on a core the
+  // ranks need; docs/performance.md). unpark() hands it back to the loop; the device does so
+  // for every parked pair when a thread of it is about to sleep (Loop::unpark).
   void begin_spin();
   void end_spin();
   void unpark();
@@ -309,9 +309,9 @@ class Pair : public std::enable_shared_from_this<Pair> {
   uint64_t send_seq_ = 0;
   uint64_t recv_seq_ = 0;
   std::deque<std::shared_ptr<Request>> send_queue_;
-  // Messages from this size go in one copy (cross-memory attach) instead of through the ring.
-  // Measured here (docs/performance.md): the ring's two copies run on both cores at once and
-  // stay in cache, and beat one process_vm_readv up to 16 MiB at 2 and 4 ranks per host.
+  // Messages from this size go in one copy (cross-memory attach) instead of through the ring:
+  // below it the ring's two copies, on both cores at once and in cache, are faster
+  // (docs/performance.md, "The transport's settings").
   static constexpr size_t kCmaMinBytes = size_t{32} << 20;
   // The most bytes of messages without a posted receive one progress call reads.
   static constexpr size_t kUnexpectedBytesPerCall = size_t{1} << 20;
