@@ -23,6 +23,14 @@ void allgather_ring(CollectiveContext& ctx, std::byte* out, std::span<const size
   }
 }
 
+namespace {
+// Blocks of equal size or not (all-gather-v): this rank's first, then the ring.
+void run_ring(const Invocation& i) {
+  place_own_block(i);
+  allgather_ring(i.ctx, bytes_of(i.out), i.out_offsets, i.out_sizes);
+}
+}  // namespace
+
 extern const Algorithm kAllgatherRing{
     .name = "ring",
     .kind = CollectiveKind::kAllgather,
@@ -31,10 +39,7 @@ extern const Algorithm kAllgatherRing{
     .chosen = "large blocks",
     .flows = Flows::kOnePerHost,
     .cost = [](const CostInput& c) { return (c.N - 1) * (c.link.alpha + c.M * c.link.beta); },
-    .run = [](const Invocation& i) {
-      place_own_block(i);
-      allgather_ring(i.ctx, bytes_of(i.out), i.out_offsets, i.out_sizes);
-    },
+    .run = run_ring,
 };
 
 extern const Algorithm kAllgathervRing{
@@ -45,10 +50,7 @@ extern const Algorithm kAllgathervRing{
     .chosen = "always",
     .flows = Flows::kOnePerHost,
     .cost = [](const CostInput& c) { return (c.N - 1) * (c.link.alpha + c.M * c.link.beta); },
-    .run = [](const Invocation& i) {
-      place_own_block(i);
-      allgather_ring(i.ctx, bytes_of(i.out), i.out_offsets, i.out_sizes);
-    },
+    .run = run_ring,
 };
 
 }  // namespace dtrain::comm::algo
