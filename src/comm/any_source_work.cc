@@ -40,7 +40,7 @@ bool AnySourceWork::probe_locked() {
 }
 
 bool AnySourceWork::is_completed() {
-  std::shared_ptr<transport::tcp::Request> r;
+  std::shared_ptr<transport::Request> r;
   {
     std::lock_guard lock(mu_);
     if (!probe_locked()) {
@@ -60,7 +60,7 @@ bool AnySourceWork::is_completed() {
 void AnySourceWork::wait_until_done(std::optional<std::chrono::milliseconds> timeout) {
   const Deadline limit = timeout ? Deadline::after(*timeout) : deadline_;
   auto pause = std::chrono::microseconds(20);
-  std::shared_ptr<transport::tcp::Request> r;
+  std::shared_ptr<transport::Request> r;
   for (;;) {
     {
       std::lock_guard lock(mu_);

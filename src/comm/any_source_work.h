@@ -16,7 +16,7 @@
 #include "common/deadline.h"
 #include "dtrain/tensor.h"
 #include "dtrain/work.h"
-#include "transport/tcp/pair.h"
+#include "transport/pair.h"
 
 namespace dtrain::comm {
 
@@ -24,7 +24,7 @@ class AnySourceWork : public Work {
  public:
   struct Peer {
     int group_rank;
-    std::shared_ptr<transport::tcp::Pair> pair;
+    std::shared_ptr<transport::Pair> pair;
   };
   AnySourceWork(std::vector<Peer> peers, uint64_t tag, TensorView tensor, Deadline deadline,
                 std::string what);
@@ -44,7 +44,7 @@ class AnySourceWork : public Work {
   Deadline deadline_;
   std::string what_;  // "rank 0: recv from any source, tag 3, 64 bytes"
   mutable std::mutex mu_;  // guards everything below
-  std::shared_ptr<transport::tcp::Request> request_;
+  std::shared_ptr<transport::Request> request_;
   int source_ = -1;
   std::exception_ptr error_;
 };

@@ -6,6 +6,7 @@
 
 #include "common/check.h"
 #include "dtrain/error.h"
+#include "transport/wait.h"
 
 namespace dtrain::comm {
 namespace {
@@ -94,7 +95,7 @@ std::string CollectiveCall::describe() const {
   return s + ")";
 }
 
-CollectiveContext::CollectiveContext(int rank, int size, std::vector<transport::tcp::Pair*> pairs,
+CollectiveContext::CollectiveContext(int rank, int size, std::vector<transport::Pair*> pairs,
                                      uint64_t tag, const CollectiveCall& call, Deadline deadline,
                                      std::string group_name, uint32_t seq)
     : rank_(rank),
@@ -110,12 +111,12 @@ std::string CollectiveContext::where() const {
   return fmt::format("collective #{} of group {}", seq_, group_name_);
 }
 
-transport::tcp::Pair* CollectiveContext::pair(int peer) const {
+transport::Pair* CollectiveContext::pair(int peer) const {
   DTRAIN_CHECK(peer >= 0 && peer < size_ && peer != rank_ && pairs_[peer] != nullptr);
   return pairs_[peer];
 }
 
-void CollectiveContext::touch(transport::tcp::Pair* p) {
+void CollectiveContext::touch(transport::Pair* p) {
   if (std::find(active_.begin(), active_.end(), p) != active_.end()) return;
   // The collective's thread polls its pairs itself for the whole run (see Pair::begin_spin).
   p->begin_spin();
@@ -146,11 +147,11 @@ CollectiveContext::RequestPtr CollectiveContext::recv_reduce(int peer, void* dat
 }
 
 void CollectiveContext::wait(std::span<const RequestPtr> requests) {
-  std::vector<transport::tcp::Request*> raw;
+  std::vector<transport::Request*> raw;
   raw.reserve(requests.size());
   for (const auto& r : requests) raw.push_back(r.get());
   try {
-    transport::tcp::wait_requests(raw, active_, deadline_, /*spinning=*/true);
+    transport::wait_requests(raw, active_, deadline_, /*spinning=*/true);
   } catch (const InvalidArgumentError&) {
     for (auto* r : raw) {
       if (r->received_aux == 0) continue;

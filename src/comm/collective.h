@@ -17,7 +17,7 @@
 #include "dtrain/reduce_op.h"
 #include "dtrain/tensor.h"
 #include "transport/shm/shared_page.h"
-#include "transport/tcp/pair.h"
+#include "transport/pair.h"
 
 namespace dtrain::comm {
 
@@ -80,7 +80,7 @@ struct MismatchInfo {
 // with this collective's sequence number and fingerprinted with its call.
 class CollectiveContext {
  public:
-  CollectiveContext(int rank, int size, std::vector<transport::tcp::Pair*> pairs, uint64_t tag,
+  CollectiveContext(int rank, int size, std::vector<transport::Pair*> pairs, uint64_t tag,
                     const CollectiveCall& call, Deadline deadline, std::string group_name,
                     uint32_t seq);
   ~CollectiveContext();  // hands the pairs back to the event loop
@@ -93,7 +93,7 @@ class CollectiveContext {
   size_t element_size() const { return dtrain::element_size(call_.dtype); }
   const Deadline& deadline() const { return deadline_; }
 
-  using RequestPtr = std::shared_ptr<transport::tcp::Request>;
+  using RequestPtr = std::shared_ptr<transport::Request>;
   RequestPtr send(int peer, const void* data, size_t bytes);
   RequestPtr recv(int peer, void* data, size_t bytes);
   // Receives `bytes` and reduces them into `data` with the call's op as they arrive, with no
@@ -151,18 +151,18 @@ class CollectiveContext {
   std::string where() const;
 
  private:
-  transport::tcp::Pair* pair(int peer) const;
-  void touch(transport::tcp::Pair* p);
+  transport::Pair* pair(int peer) const;
+  void touch(transport::Pair* p);
 
   int rank_;
   int size_;
-  std::vector<transport::tcp::Pair*> pairs_;  // by group rank; null for self
+  std::vector<transport::Pair*> pairs_;  // by group rank; null for self
   uint64_t tag_;
   CollectiveCall call_;
   Deadline deadline_;
   std::string group_name_;
   uint32_t seq_;
-  std::vector<transport::tcp::Pair*> active_;  // pairs used so far, progressed while waiting
+  std::vector<transport::Pair*> active_;  // pairs used so far, progressed while waiting
   Buffer* scratch_ = nullptr;
   Buffer* workspace_ = nullptr;
   Persistent* persistent_ = nullptr;

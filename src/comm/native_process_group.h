@@ -18,7 +18,7 @@
 #include "comm/postmortem.h"
 #include "comm/watchdog.h"
 #include "dtrain/process_group.h"
-#include "transport/tcp/device.h"
+#include "transport/device.h"
 
 namespace dtrain::comm {
 
@@ -98,12 +98,12 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   Deadline deadline_for(std::chrono::milliseconds timeout) const {
     return Deadline::after(timeout.count() > 0 ? timeout : timeout_);
   }
-  transport::tcp::Pair& pair_of(int group_rank) const {
+  transport::Pair& pair_of(int group_rank) const {
     return *device_->pair(members_[group_rank]);
   }
 
   std::shared_ptr<Store> store_;
-  std::shared_ptr<transport::tcp::Device> device_;
+  std::shared_ptr<transport::Device> device_;
   int rank_;
   int size_;
   std::string name_;

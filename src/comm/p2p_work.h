@@ -4,13 +4,13 @@
 #include <memory>
 
 #include "dtrain/work.h"
-#include "transport/tcp/pair.h"
+#include "transport/pair.h"
 
 namespace dtrain::comm {
 
 class PairWork : public Work {
  public:
-  explicit PairWork(std::shared_ptr<transport::tcp::Request> request)
+  explicit PairWork(std::shared_ptr<transport::Request> request)
       : request_(std::move(request)) {}
 
   bool is_completed() override;
@@ -18,7 +18,7 @@ class PairWork : public Work {
   std::exception_ptr exception() const override { return request_->completion.error(); }
 
  private:
-  std::shared_ptr<transport::tcp::Request> request_;
+  std::shared_ptr<transport::Request> request_;
 };
 
 }  // namespace dtrain::comm

@@ -109,7 +109,7 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
   members_.resize(size);
   for (int i = 0; i < size; ++i) members_[i] = i;
 
-  transport::tcp::DeviceOptions d;
+  transport::DeviceOptions d;
   d.rank = rank;
   d.size = size;
   d.group_name = name_;
@@ -134,7 +134,7 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
     throw InvalidArgumentError(fmt::format(
         "transport '{}' is not one of auto, tcp, shm (ProcessGroupOptions::transport or "
         "DTRAIN_TRANSPORT)", d.transport));
-  device_ = std::make_shared<transport::tcp::Device>(*store_, d);
+  device_ = std::make_shared<transport::Device>(*store_, d);
   start();
   if (size_ > 1 && env::raw(env::kCostFile)) agree_on_costs();
 }
@@ -176,7 +176,7 @@ void NativeProcessGroup::start() {
     on_collective_failed(history_.first_unfinished(), e);
   }, /*spin_waits=*/!device_->oversubscribed());
   executor_->start();
-  transport::tcp::Device::GroupHandlers handlers;
+  transport::Device::GroupHandlers handlers;
   handlers.mark = [this](uint32_t seq, std::exception_ptr e) {
     std::lock_guard lock(mu_);
     if (!failure_) {
@@ -363,13 +363,13 @@ std::string NativeProcessGroup::postmortem(uint32_t seq, const std::string& entr
       [this](int r) -> std::optional<std::string> {
         if (r == rank_) return std::nullopt;
         switch (device_->pair(members_[r])->broken_by()) {
-          case transport::tcp::Pair::BrokenBy::kNothing: return std::nullopt;
-          case transport::tcp::Pair::BrokenBy::kPeer: return "gone (its connection broke)";
-          case transport::tcp::Pair::BrokenBy::kTimeout:
+          case transport::Pair::BrokenBy::kNothing: return std::nullopt;
+          case transport::Pair::BrokenBy::kPeer: return "gone (its connection broke)";
+          case transport::Pair::BrokenBy::kTimeout:
             // A stopped (SIGSTOP) or stuck rank: alive, silent, its connection closed by us.
             return "did not answer within the limit (stopped or stuck: the connection was "
                    "closed here when a message to or from it was cut short)";
-          case transport::tcp::Pair::BrokenBy::kUs: return "its connection was closed here";
+          case transport::Pair::BrokenBy::kUs: return "its connection was closed here";
         }
         return std::nullopt;
       });
@@ -532,7 +532,7 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
   auto run = [this, label, deadline, algorithm, mismatched, body = std::move(body)] {
     const CollectiveCall& call = label.call;
     const uint32_t seq = label.seq;
-    std::vector<transport::tcp::Pair*> pairs(size_, nullptr);
+    std::vector<transport::Pair*> pairs(size_, nullptr);
     for (int i = 0; i < size_; ++i)
       if (i != rank_) pairs[i] = device_->pair(members_[i]).get();
     CollectiveContext ctx(rank_, size_, std::move(pairs),

@@ -12,9 +12,9 @@
 #include "common/reduce.h"
 #include "dtrain/error.h"
 #include "dtrain/store.h"
-#include "transport/tcp/device.h"
+#include "transport/device.h"
 #include "transport/tag.h"
-#include "transport/tcp/pair.h"
+#include "transport/pair.h"
 #include "support/expect.h"
 #include "support/group.h"
 #include "support/multiproc.h"
@@ -42,7 +42,7 @@ std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
 struct TwoRanks {
   TwoRanks(int rank, int port, const char* transport)
       : rank(rank), store(store_options(rank, port)), device(store, device_options(rank, transport)) {}
-  transport::tcp::Pair& pair() { return *device.pair(1 - rank); }
+  transport::Pair& pair() { return *device.pair(1 - rank); }
 
   static TcpStoreOptions store_options(int rank, int port) {
     TcpStoreOptions so;
@@ -52,8 +52,8 @@ struct TwoRanks {
     so.rank = rank;
     return so;
   }
-  static transport::tcp::DeviceOptions device_options(int rank, const char* transport) {
-    transport::tcp::DeviceOptions d;
+  static transport::DeviceOptions device_options(int rank, const char* transport) {
+    transport::DeviceOptions d;
     d.rank = rank;
     d.size = 2;
     d.advertise_addr = "127.0.0.1";
@@ -63,7 +63,7 @@ struct TwoRanks {
 
   int rank;
   TcpStore store;
-  transport::tcp::Device device;
+  transport::Device device;
 };
 
 TEST(TcpPair, SendRecvEverySize) {
@@ -214,8 +214,8 @@ void reducing_receive(const char* transport) {
     TwoRanks two(rank, port, transport);
     auto& pair = two.pair();
     const auto deadline = Deadline::after(30s);
-    auto wait = [&](const std::shared_ptr<transport::tcp::Request>& r) { pair.wait(*r, deadline); };
-    using Reduction = transport::tcp::Request::Reduction;
+    auto wait = [&](const std::shared_ptr<transport::Request>& r) { pair.wait(*r, deadline); };
+    using Reduction = transport::Request::Reduction;
     std::vector<uint8_t> go(1);
 
     constexpr size_t kF64 = (size_t{32} << 20) / 8 + 7;  // on shm: cross-memory attach
@@ -507,7 +507,7 @@ TEST(TcpPair, AFailureReportedForACollectiveSparesTheGroupsEarlierOnes) {
     auto& device = ranks.device;
     auto& pair = ranks.pair();
     const auto deadline = Deadline::after(30s);
-    auto wait = [&](const std::shared_ptr<transport::tcp::Request>& r) { pair.wait(*r, deadline); };
+    auto wait = [&](const std::shared_ptr<transport::Request>& r) { pair.wait(*r, deadline); };
     using transport::TagSpace, transport::make_tag;
     constexpr uint32_t kGroup = 5, kOther = 6, kAborted = 7;
     std::vector<int32_t> one(4, 11), two(4, 22), other(4, 66), got(4, 0);

@@ -1,4 +1,4 @@
-#include "transport/tcp/loop.h"
+#include "transport/loop.h"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -11,9 +11,9 @@
 
 #include "common/log.h"
 #include "dtrain/error.h"
-#include "transport/tcp/pair.h"
+#include "transport/pair.h"
 
-namespace dtrain::transport::tcp {
+namespace dtrain::transport {
 
 Loop::Loop(std::function<void()> on_wake, std::function<void()> on_unpark)
     : on_wake_(std::move(on_wake)), on_unpark_(std::move(on_unpark)),
@@ -76,4 +76,4 @@ void Loop::run(std::stop_token stop) {
   }
 }
 
-}  // namespace dtrain::transport::tcp
+}  // namespace dtrain::transport

@@ -1,23 +1,21 @@
-// Pair: the TCP connection between this rank and one peer, and the sends and receives on it.
+// Pair: the connection between this rank and one peer, and the sends and receives on it.
 //
-// Sends go out in order; receives are matched to incoming messages by tag, first posted first
-// matched. A message that arrives before its receive is posted is kept ("unexpected") until it
-// is. Large payloads move straight between the socket and the caller's buffer.
+// What is the same whatever carries the bytes lives here: frames (frame.h), matching receives to
+// incoming messages by tag (first posted first matched), keeping messages that arrive before
+// their receive ("unexpected"), reducing a payload into its receive as it arrives, a peer's
+// group-failed notices, cancellation, and poisoning (a broken connection fails every pending and
+// future request once, with an error naming this rank, the peer, the operation and the bytes it
+// had moved). The bytes themselves go through a stream: the TCP socket (tcp/socket_stream.h) or,
+// with a peer on this host, the rings of a shared segment (shm/ring_stream.h), chosen when the
+// pair is made and dispatched statically (a variant, no virtual call per frame).
 //
-// Who moves the bytes: a thread waiting on a request busy-polls the socket itself for a short
-// while (lowest latency), then sleeps while the device's event loop thread takes over. While any
-// thread spins on the pair, the socket is left out of the event loop so the two never fight.
-// Over TCP, a thread that has spun long enough sleeps in poll() on the sockets it needs and
-// moves the bytes itself when woken. On shared memory, a thread whose unfinished requests are
-// all with one peer sleeps on a futex
-// in the segment instead (the peer wakes it when it writes data or frees room, with no system
-// call unless someone sleeps) and moves the bytes itself when woken. A pair a waiter leaves idle
-// is "parked" (out of the loop; on shared memory, asking the peer for no doorbells) until a
-// thread waits on it again or one about to sleep hands it back to the loop; a request posted on
-// it leaves it parked, since its poster usually waits on it next.
-//
-// A broken connection poisons the pair once: every pending and future request fails with an
-// error naming this rank, the peer, the operation and the bytes it had moved.
+// Who moves the bytes: a thread waiting on a request moves them itself (wait.h: it busy-polls a
+// short while, then sleeps on what the stream offers: the socket, or the futex bell in the
+// segment), and the device's event loop (loop.h) moves them for pairs nobody waits on. While a
+// thread spins on the pair the socket is left out of the loop, so the two never fight. A pair a
+// waiter leaves idle is "parked" (out of the loop; on shared memory, asking the peer for no
+// doorbells) until a thread waits on it again or one about to sleep hands it back to the loop;
+// a request posted on it leaves it parked, since its poster usually waits on it next.
 #pragma once
 
 #include <sys/uio.h>
@@ -34,6 +32,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "common/completion.h"
@@ -41,53 +40,17 @@
 #include "common/socket.h"
 #include "dtrain/reduce_op.h"
 #include "dtrain/tensor.h"
+#include "transport/frame.h"
+#include "transport/request.h"
+#include "transport/shm/ring_stream.h"
 #include "transport/shm/segment.h"
-#include "transport/tcp/message.h"
-#include "transport/tcp/tag_queues.h"
+#include "transport/spare_buffers.h"
+#include "transport/tag_queues.h"
+#include "transport/tcp/socket_stream.h"
 
-namespace dtrain::transport::tcp {
+namespace dtrain::transport {
 
 class Loop;
-class Pair;
-
-struct Request {
-  enum class Kind : uint8_t { kSend, kRecv };
-
-  Kind kind = Kind::kSend;
-  uint64_t tag = 0;
-  std::byte* data = nullptr;
-  size_t size = 0;
-  uint64_t seq = 0;  // n-th send (or receive) on this pair, from 1
-  std::string owned;  // sends: a payload the request carries itself (control messages)
-  Deadline deadline = Deadline::never();
-  Completion completion;
-
-  // Progress, guarded by the pair's mutex.
-  struct Wire {
-    FrameHeader header;
-    CmaDescriptor cma;  // follows the header only for kFrameCma frames
-  } wire;                   // sends: what goes on the stream before the payload
-  bool cma = false;         // sends: the payload stays put; the receiver copies it out
-  size_t header_done = 0;   // sends: wire bytes written
-  size_t prefix() const { return cma ? sizeof(Wire) : sizeof(FrameHeader); }
-  size_t stream_size() const { return cma ? 0 : size; }
-  size_t done = 0;          // payload bytes moved
-  bool matched = false;     // receives: an incoming frame is being read into this request
-  uint64_t expected_aux = 0;  // receives: fail unless the frame's aux equals this (0 = any)
-  uint64_t received_aux = 0;  // receives: the aux of a frame that did not match
-  // Receives: combine the payload into `data` (data[i] = data[i] op payload[i]) instead of
-  // overwriting it; see Pair::irecv_reduce.
-  struct Reduction {
-    DType dtype;
-    ReduceOp op;
-  };
-  std::optional<Reduction> reduce;
-
-  std::shared_ptr<Pair> pair;
-
-  // "send #3 to rank 1 (127.0.0.1:4567, tcp), tag 7, 4096 bytes"
-  std::string describe() const;
-};
 
 struct PairOptions {
   int self_rank = 0;
@@ -106,12 +69,6 @@ struct PairOptions {
 
 class Pair : public std::enable_shared_from_this<Pair> {
  public:
-  // SO_SNDBUF/SO_RCVBUF of TCP pairs to other hosts, and over loopback (see the constructor).
-  static constexpr int kSocketBufferBytes = 2 << 20;
-  static constexpr int kLoopbackSocketBufferBytes = 512 << 10;
-
-  friend void wait_requests(std::span<Request* const>, std::span<Pair* const>, const Deadline&,
-                            bool);
   // With a segment, messages travel through its rings and the socket only carries doorbells
   // (and notices the peer's death); without one, through the socket.
   Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options,
@@ -142,26 +99,43 @@ class Pair : public std::enable_shared_from_this<Pair> {
   std::shared_ptr<Request> irecv_reduce(uint64_t tag, void* data, size_t size, Deadline deadline,
                                         uint64_t expected_aux, Request::Reduction reduce);
 
-  // Waits for the request until `deadline`; on expiry the request is cancelled and fails with
-  // TimeoutError. Rethrows the request's error.
+  // Waits for the request until `deadline` (wait_requests); on expiry the request is cancelled
+  // and fails with TimeoutError. Rethrows the request's error.
   void wait(Request& request, const Deadline& deadline);
   // Fails the request with TimeoutError(why) if it has not finished; a request cut short in the
   // middle of a message closes the connection.
   void cancel(Request& request, const std::string& why);
+
+  // For waiting threads (wait.h).
   // A thread busy-polls this pair between begin_spin() and end_spin(); the loop stays away.
   // A pair with nothing posted is then "parked" (out of the loop; on shared memory, asking for
   // no doorbells): bytes of the next collective that a faster peer sends early wait for the
   // collective to read them, instead of waking the loop thread (a context switch on a core the
   // ranks need; docs/performance.md). unpark() hands it back to the loop; the device does so
-  // for every parked pair when a thread of it is about to sleep (Loop::unpark).
+  // for every parked pair when a thread of it is about to sleep (unpark_idle_pairs).
   void begin_spin();
   void end_spin();
   void unpark();
-  // A thread sleeps until requests of this pair finish (shared memory then asks for doorbells).
+  void unpark_idle_pairs();
+  // A thread sleeps until requests of this pair finish while the event loop moves the bytes
+  // (shared memory then asks for doorbells).
   void block_begin();
   void block_end();
+  // What a waiting thread can sleep on to hear of this pair's bytes itself: the socket (TCP:
+  // poll() it, with wants_to_write() saying whether writability matters) or the bell a thread
+  // of this side sleeps on (shared memory: between begin_bell_sleep() and end_bell_sleep(),
+  // with look_before_sleep() after reading the bell's value and before each sleep).
+  struct SleepOn {
+    int fd = -1;
+    std::atomic<uint32_t>* bell = nullptr;
+  };
+  SleepOn sleep_on();
+  void begin_bell_sleep();
+  void end_bell_sleep();
+  void look_before_sleep();
   std::chrono::microseconds spin() const { return options_.spin; }
-  // Moves whatever bytes the socket allows now, without blocking; true if any moved (false
+  bool oversubscribed() const { return options_.oversubscribed; }
+  // Moves whatever bytes the stream allows now, without blocking; true if any moved (false
   // also when another thread holds the pair).
   bool try_progress();
   // Whether a message with `tag` has arrived (in part at least) that no receive has claimed yet:
@@ -182,7 +156,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // Shared memory with cross-memory attach: whether this rank may read and write the peer's
   // memory (the kernel grants both or neither), and the copies themselves (PeerFailureError,
   // naming the peer, when one fails).
-  bool can_read_peer() const;
+  bool can_read_peer();
   // Whether the connection itself broke (the peer died, the link was cut, or it was closed).
   bool broken();
   // Why the pair is down: the peer closed or reset it (or died), a timed-out message left the
@@ -191,8 +165,8 @@ class Pair : public std::enable_shared_from_this<Pair> {
   BrokenBy broken_by();
   void read_peer(std::byte* out, uint64_t address, size_t size);
   void write_peer(uint64_t address, const std::byte* in, size_t size);
-  const char* transport() const { return shm_ ? "shm" : "tcp"; }
-  bool shared_memory() const { return shm_ != nullptr; }
+  const char* transport() const { return ring() ? "shm" : "tcp"; }
+  bool shared_memory() const { return ring() != nullptr; }
 
   // Called by the event loop when the socket is ready.
   void on_event(uint32_t events);
@@ -201,7 +175,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
   struct Unexpected {
     uint64_t tag = 0;
     uint64_t aux = 0;
-    // Uninitialised: every byte is written by the socket before it is read.
+    // Uninitialised: every byte is written by the stream before it is read.
     std::unique_ptr<std::byte[]> bytes;
     size_t capacity = 0;
     size_t size = 0;
@@ -209,21 +183,6 @@ class Pair : public std::enable_shared_from_this<Pair> {
     bool complete() const { return done == size; }
     std::shared_ptr<Request> claimant;  // a receive posted while the message was still arriving
     bool control = false;               // a group-failed notice, not data
-  };
-  // Buffers of delivered unexpected messages, kept for the next ones: a collective whose peer
-  // runs ahead sends many same-sized messages early, and fresh buffers cost a page fault per
-  // 4 KiB (the kernel's copies into them took three quarters of a 16 MiB all-reduce's faults).
-  class SpareBuffers {
-   public:
-    // A buffer of at least `n` bytes (its capacity in `capacity`).
-    std::unique_ptr<std::byte[]> take(size_t n, size_t& capacity);
-    void give(std::unique_ptr<std::byte[]> bytes, size_t capacity);
-
-   private:
-    static constexpr size_t kMaxBytes = size_t{16} << 20;  // kept in all
-    static constexpr size_t kMaxEach = size_t{4} << 20;     // larger ones are freed
-    std::vector<std::pair<size_t, std::unique_ptr<std::byte[]>>> spare_;
-    size_t bytes_ = 0;
   };
   std::unique_ptr<Unexpected> new_unexpected_locked(uint64_t tag, uint64_t aux, size_t size);
   void recycle_locked(std::unique_ptr<Unexpected> u);
@@ -237,10 +196,6 @@ class Pair : public std::enable_shared_from_this<Pair> {
   void on_frame_header_locked();
   // A kFrameCma frame's descriptor arrived: copy the payload out of the sender and answer.
   void on_cma_descriptor_locked();
-  // Copies `size` bytes at the peer's `address` into `out`; false (errno set) on failure.
-  bool pull(std::byte* out, uint64_t address, size_t size);
-  static bool pull_from(int pid, std::byte* out, uint64_t address, size_t size);
-  static bool cross_copy(int pid, std::byte* local, uint64_t address, size_t size, bool write);
   void copy_peer(std::byte* local, uint64_t address, size_t size, bool write);
   void queue_frame_locked(uint32_t flags, uint64_t tag);
   std::shared_ptr<Request> post_recv(std::shared_ptr<Request> r);
@@ -262,43 +217,32 @@ class Pair : public std::enable_shared_from_this<Pair> {
   void rearm_after_post_locked();
   void cancel_locked(Request& r, const std::string& why);
   std::string peer_text() const;
-  // The byte stream under the frames: the socket, or the shared-memory rings. errno semantics.
-  ssize_t write_out(const iovec* iov, size_t count);
-  ssize_t read_in(std::byte* out, size_t n);
-  void ring_doorbell();
-  // shm: bumps and wakes the peer's bell (a thread of the peer sleeps on it), or our own (a
-  // request a sleeper waits on may have finished on another thread).
-  void ring_bell();
-  void wake_own_bell();
-  // What the ring flags say while nobody wants a doorbell: the bell, if a thread sleeps on it.
-  uint32_t idle_flags() const { return futex_sleepers_ > 0 ? shm::kWantBell : 0; }
-  // shm: sleeps on this side's bell of every pair at once (futex_waitv when there are several),
-  // moving their bytes on each wake-up, until every request has finished or the deadline
-  // passes. False when the kernel cannot wait on several futexes (before Linux 5.16): the
-  // caller then sleeps while the event loop moves the bytes.
-  static bool sleep_on_bells(std::span<Request* const> requests, std::span<Pair* const> pairs,
-                             const Deadline& deadline);
-  struct ShmLink {
-    shm::Segment segment;
-    shm::Ring in, out;
-  };
+  // The stream under the frames (errno semantics), dispatched without a virtual call.
+  ssize_t write_out(const iovec* iov, size_t count) {
+    return std::visit([&](auto& s) { return s.write(iov, count); }, stream_);
+  }
+  ssize_t read_in(std::byte* out, size_t n) {
+    return std::visit([&](auto& s) { return s.read(out, n); }, stream_);
+  }
+  shm::RingStream* ring() { return std::get_if<shm::RingStream>(&stream_); }
+  const shm::RingStream* ring() const { return std::get_if<shm::RingStream>(&stream_); }
+  // A thread asleep on this side's bell may wait for requests that just finished here.
+  void wake_sleepers_locked() {
+    if (auto* r = ring()) r->wake_sleepers();
+  }
   std::exception_ptr connection_error(const std::string& what, int err) const;
   // The error a new request must fail with at once, or null.
   std::exception_ptr refuse_locked(const Request& r) const;
 
   std::shared_ptr<Loop> loop_;  // shared: requests may keep a pair alive past its device
+  // The connection: it carries the bytes (TCP) or the doorbells (shared memory), and tells of
+  // the peer's death either way.
   net::Fd fd_;
   const PairOptions options_;
-  bool creator_ = false;  // this side created the segment
-  std::unique_ptr<ShmLink> shm_;
-  bool drain_socket_ = false;  // shm: the event loop is handling a socket event (guarded by mu_)
-  uint32_t empty_polls_ = 0;   // shm: empty ring reads since the socket was last asked
-  int blocked_ = 0;            // threads asleep on this pair's requests (guarded by mu_)
-  int futex_sleepers_ = 0;     // shm: of those, threads asleep on the bell (guarded by mu_)
-  // shm: the consumer's read count when the doorbell for the ring filling up was last rung
-  uint64_t full_rung_at_ = ~uint64_t{0};
+  int blocked_ = 0;  // threads asleep on this pair's requests (guarded by mu_)
 
-  std::mutex mu_;  // guards everything below, the socket's read and write streams included
+  std::mutex mu_;  // guards everything below, the stream's reads and writes included
+  std::variant<tcp::SocketStream, shm::RingStream> stream_;
   std::exception_ptr broken_;
   struct GroupFailure {
     std::exception_ptr error;
@@ -326,7 +270,7 @@ class Pair : public std::enable_shared_from_this<Pair> {
   std::deque<std::shared_ptr<Request>> cma_pending_;  // sends the peer is copying out
   int cma_state_ = -1;  // -1 unknown, 0 the peer cannot read our memory, 1 it can
   std::shared_ptr<Request> rx_request_;
-  // Reducing receives (irecv_reduce) read the socket into this and reduce from it; it holds
+  // Reducing receives (irecv_reduce) read the stream into this and reduce from it; it holds
   // the bytes of an element split between two reads (rx_carry_ of them) in between.
   static constexpr size_t kBounceBytes = size_t{256} << 10;
   std::unique_ptr<std::byte[]> bounce_;
@@ -344,13 +288,4 @@ class Pair : public std::enable_shared_from_this<Pair> {
   std::atomic<int> posters_{0};
 };
 
-// Waits until every request has finished, busy-polling `pairs` first (those whose progress the
-// requests need; every request's pair among them), then sleeping: on the shared-memory pairs'
-// futexes, or while the event loop moves the bytes. At the deadline the unfinished requests are
-// cancelled. Rethrows the first error, in request order.
-// `spinning`: the caller already holds the pairs in spin mode (begin_spin) for longer than
-// this wait, as a collective does for its whole run.
-void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pairs,
-                   const Deadline& deadline, bool spinning = false);
-
-}  // namespace dtrain::transport::tcp
+}  // namespace dtrain::transport

@@ -1,20 +1,14 @@
-#include "transport/tcp/pair.h"
+#include "transport/pair.h"
 
 #include <poll.h>
-#include <sched.h>
-#include <linux/futex.h>
 #include <sys/epoll.h>
-#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cstring>
-#include <fstream>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -23,61 +17,17 @@
 #include "common/log.h"
 #include "common/reduce.h"
 #include "dtrain/error.h"
+#include "transport/loop.h"
+#include "transport/shm/cma.h"
 #include "transport/tag.h"
-#include "transport/tcp/loop.h"
+#include "transport/wait.h"
 
-namespace dtrain::transport::tcp {
+namespace dtrain::transport {
 namespace {
 
 constexpr size_t kMaxIov = 64;
 // Where an arriving group-failed notice is kept while its text is read (no data tag is 0).
 constexpr uint64_t kControlQueue = 0;
-
-void futex_wake(std::atomic<uint32_t>& word) {
-  // Shared between processes: not FUTEX_PRIVATE.
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-void futex_wait(std::atomic<uint32_t>& word, uint32_t seen, std::chrono::nanoseconds limit) {
-  if (limit.count() <= 0) return;
-  timespec ts{static_cast<time_t>(limit.count() / 1'000'000'000),
-              static_cast<long>(limit.count() % 1'000'000'000)};
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, seen, &ts, nullptr, 0);
-}
-
-// Sleeps until one of the words differs from what was seen in it, one is woken, or `limit`
-// passes. False when the kernel has no futex_waitv (Linux < 5.16).
-bool futex_wait_any(std::span<futex_waitv> words, std::chrono::nanoseconds limit) {
-  if (limit.count() <= 0) return true;
-  timespec at{};
-  ::clock_gettime(CLOCK_MONOTONIC, &at);  // futex_waitv takes an absolute time
-  const int64_t ns = at.tv_nsec + limit.count() % 1'000'000'000;
-  at.tv_sec += static_cast<time_t>(limit.count() / 1'000'000'000 + ns / 1'000'000'000);
-  at.tv_nsec = static_cast<long>(ns % 1'000'000'000);
-  const long r = ::syscall(SYS_futex_waitv, words.data(), static_cast<unsigned>(words.size()), 0,
-                           &at, CLOCK_MONOTONIC);
-  return !(r < 0 && errno == ENOSYS);
-}
-
-// Whether the kernel lets a socket have `bytes` of each buffer.
-bool socket_buffers_allowed(int bytes) {
-  static const long long cap = [] {
-    long long least = LLONG_MAX;
-    for (const char* path : {"/proc/sys/net/core/wmem_max", "/proc/sys/net/core/rmem_max"}) {
-      std::ifstream f(path);
-      long long max = 0;
-      least = (f >> max) ? std::min(least, max) : 0;
-    }
-    return least;
-  }();
-  return cap >= bytes;
-}
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 ErrorKind kind_of(std::exception_ptr e) {
   try {
@@ -98,27 +48,24 @@ std::string Request::describe() const {
                      pair->transport(), describe_tag(tag), size);
 }
 
+namespace {
+
+std::variant<tcp::SocketStream, shm::RingStream> make_stream(int fd, bool same_host,
+                                                              shm::Segment segment, bool creator) {
+  if (segment.valid()) return shm::RingStream(fd, std::move(segment), creator);
+  return tcp::SocketStream(fd, same_host);
+}
+
+}  // namespace
+
 Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options,
            shm::Segment segment, bool segment_creator)
-    : loop_(std::move(loop)), fd_(std::move(fd)), options_(options), creator_(segment_creator) {
-  if (segment.valid()) {
-    shm_ = std::make_unique<ShmLink>();
-    shm_->in = segment.ring(!segment_creator);
-    shm_->out = segment.ring(segment_creator);
-    shm_->segment = std::move(segment);
-  }
+    : loop_(std::move(loop)),
+      fd_(std::move(fd)),
+      options_(options),
+      stream_(make_stream(fd_.get(), options_.same_host, std::move(segment), segment_creator)) {
   net::set_nonblocking(fd_.get(), true);
   net::set_nodelay(fd_.get());
-  // Fixed socket buffers instead of the kernel's autotuning, which starts small and grows
-  // slowly. Only where net.core.wmem_max/rmem_max allow them: capped lower, fixed buffers would
-  // be smaller than what autotuning reaches on a long link. Over loopback there is no link to
-  // fill, and less in flight stays in cache: smaller ones there (docs/performance.md, "The
-  // transport's settings").
-  const int buffer = options_.same_host ? kLoopbackSocketBufferBytes : kSocketBufferBytes;
-  if (!shm_ && socket_buffers_allowed(buffer)) net::set_buffer_sizes(fd_.get(), buffer);
-  // Over loopback a pacing BBR is slower than Reno, and unsteady from one run to the next
-  // (same section).
-  if (options_.same_host) net::use_loopback_congestion_control(fd_.get());
   // A peer whose host vanished (no FIN, no RST) is noticed within ~5 s even when idle.
   net::set_keepalive(fd_.get(), 2, 1, 3);
   std::lock_guard lock(mu_);
@@ -173,9 +120,9 @@ void Pair::post_send_locked(const std::shared_ptr<Request>& r) {
     r->completion.fail(e);
     return;
   }
-  if (shm_ && r->size >= kCmaMinBytes) {
+  if (auto* rs = ring(); rs && r->size >= kCmaMinBytes) {
     if (cma_state_ < 0) {
-      cma_state_ = shm_->segment.peer_reads_us(creator_) ? 1 : 0;
+      cma_state_ = rs->peer_reads_us() ? 1 : 0;
       DTRAIN_LOG_DEBUG("rank {}: large messages to {} go {}", options_.self_rank, peer_text(),
                        cma_state_ ? "in one copy (cross-memory attach)"
                                   : "through the ring (cross-memory attach not permitted)");
@@ -183,8 +130,7 @@ void Pair::post_send_locked(const std::shared_ptr<Request>& r) {
     if (cma_state_ == 1) {
       r->cma = true;
       r->wire.header.flags |= kFrameCma;
-      r->wire.cma = CmaDescriptor{static_cast<uint64_t>(::getpid()),
-                                  reinterpret_cast<uint64_t>(r->data)};
+      r->wire.cma = CmaDescriptor{reinterpret_cast<uint64_t>(r->data)};
     }
   }
   send_queue_.push_back(r);
@@ -370,7 +316,7 @@ void Pair::fail_group_locked(uint32_t group_id, uint32_t from_seq, std::exceptio
       fail(*u->claimant);
       u->claimant.reset();
     }
-  wake_own_bell();
+  wake_sleepers_locked();
 }
 
 bool Pair::reject_frame(Request& r, uint64_t size, uint64_t aux) {
@@ -432,24 +378,24 @@ bool Pair::try_progress() {
   const uint64_t before = bytes_moved_;
   progress_locked();
   if (bytes_moved_ == before) return false;
-  wake_own_bell();  // a thread asleep on the bell may wait for what just moved
+  wake_sleepers_locked();  // a thread asleep on the bell may wait for what just moved
   return true;
 }
 
 void Pair::on_event(uint32_t /*events*/) {
   std::lock_guard lock(mu_);
   armed_ = false;  // one-shot: the event consumed the registration
-  drain_socket_ = true;  // the event may be a doorbell or a close: read the socket
-  if (shm_) {
-    shm_->in.control().consumer_sleeping.store(idle_flags(), std::memory_order_relaxed);
-    shm_->out.control().producer_waiting.store(idle_flags(), std::memory_order_relaxed);
+  shm::RingStream* rs = ring();
+  if (rs) {
+    rs->set_draining(true);  // the event may be a doorbell or a close: read the socket
+    rs->quiet();
   }
   const uint64_t before = bytes_moved_;
   progress_locked();
   // A thread asleep on the bell waits for requests this may have finished.
-  if (bytes_moved_ != before) wake_own_bell();
+  if (bytes_moved_ != before) wake_sleepers_locked();
   rearm_locked();
-  drain_socket_ = false;
+  if (rs) rs->set_draining(false);
 }
 
 void Pair::progress_locked() {
@@ -492,7 +438,7 @@ void Pair::progress_send_locked() {
           // Done when the peer has copied it out: it must read the offer even if it waits on
           // something else, so always ring.
           cma_pending_.push_back(std::move(send_queue_.front()));
-          ring_doorbell();
+          ring()->ring_doorbell();
         } else
           r.completion.succeed();
         send_queue_.pop_front();
@@ -639,7 +585,7 @@ void Pair::on_frame_header_locked() {
     return;
   }
   if (h.flags & kFrameCma) {
-    if (!shm_) {
+    if (!ring()) {
       fail_locked(make_error(ErrorKind::kPeerFailure,
                              fmt::format("{} offered a shared-memory copy over TCP; the stream is "
                                          "corrupt", peer_text())));
@@ -693,38 +639,9 @@ void Pair::on_frame_header_locked() {
   rx_state_ = RxState::kIntoUnexpected;
 }
 
-bool Pair::pull(std::byte* out, uint64_t address, size_t size) {
-  return pull_from(static_cast<int>(rx_cma_.pid), out, address, size);
-}
-
-bool Pair::pull_from(int pid, std::byte* out, uint64_t address, size_t size) {
-  return cross_copy(pid, out, address, size, /*write=*/false);
-}
-
-bool Pair::cross_copy(int pid, std::byte* local_data, uint64_t address, size_t size, bool write) {
-  size_t done = 0;
-  while (done < size) {
-    iovec local{local_data + done, size - done};
-    iovec remote{reinterpret_cast<void*>(address + done), size - done};
-    ssize_t n = write ? ::process_vm_writev(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0)
-                      : ::process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    if (n == 0) {
-      errno = EFAULT;
-      return false;
-    }
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-bool Pair::can_read_peer() const {
-  if (!shm_) return false;
-  auto& h = const_cast<shm::Segment&>(shm_->segment).header();
-  return (creator_ ? h.creator_reads_opener : h.opener_reads_creator) != 0;
+bool Pair::can_read_peer() {
+  auto* rs = ring();
+  return rs != nullptr && rs->we_read_peer();
 }
 
 void Pair::read_peer(std::byte* out, uint64_t address, size_t size) {
@@ -737,9 +654,9 @@ void Pair::write_peer(uint64_t address, const std::byte* in, size_t size) {
 }
 
 void Pair::copy_peer(std::byte* local, uint64_t address, size_t size, bool write) {
-  auto& h = shm_->segment.header();
-  const int pid = creator_ ? h.opener_pid : h.creator_pid;
-  if (!cross_copy(pid, local, address, size, write))
+  DTRAIN_CHECK(can_read_peer());
+  if (!shm::cma_copy(ring()->peer_pid(), local, address, size,
+                     write ? shm::CmaDirection::kWrite : shm::CmaDirection::kRead))
     throw PeerFailureError(fmt::format(
         "rank {}: copying {} bytes {} {}'s memory failed: {} (errno {}); the peer probably "
         "exited", options_.self_rank, size, write ? "into" : "out of", peer_text(),
@@ -783,7 +700,8 @@ void Pair::on_cma_descriptor_locked() {
                               : std::max<size_t>(size, 1);
   for (size_t at = 0; target != nullptr && at < size; at += piece) {
     const size_t n = std::min(piece, size - at);
-    if (!pull(bounce ? bounce_locked() : target + at, rx_cma_.address + at, n)) {
+    if (!shm::cma_copy(ring()->peer_pid(), bounce ? bounce_locked() : target + at,
+                       rx_cma_.address + at, n, shm::CmaDirection::kRead)) {
       fail_locked(connection_error(
           fmt::format("copying {} bytes out of its memory (cross-memory attach)", size), errno));
       return;
@@ -834,102 +752,6 @@ void Pair::recycle_locked(std::unique_ptr<Unexpected> u) {
   if (u && u->bytes) spare_.give(std::move(u->bytes), u->capacity);
 }
 
-std::unique_ptr<std::byte[]> Pair::SpareBuffers::take(size_t n, size_t& capacity) {
-  // The smallest spare that fits and wastes at most half of itself.
-  size_t best = spare_.size();
-  for (size_t i = 0; i < spare_.size(); ++i)
-    if (spare_[i].first >= n && spare_[i].first / 2 <= n &&
-        (best == spare_.size() || spare_[i].first < spare_[best].first))
-      best = i;
-  if (best == spare_.size()) {
-    capacity = n;
-    return std::make_unique_for_overwrite<std::byte[]>(n);
-  }
-  capacity = spare_[best].first;
-  std::unique_ptr<std::byte[]> out = std::move(spare_[best].second);
-  bytes_ -= capacity;
-  spare_[best] = std::move(spare_.back());
-  spare_.pop_back();
-  return out;
-}
-
-void Pair::SpareBuffers::give(std::unique_ptr<std::byte[]> bytes, size_t capacity) {
-  // Tiny messages are cheap to allocate; huge ones would pin memory.
-  if (capacity < 4096 || capacity > kMaxEach || bytes_ + capacity > kMaxBytes) return;
-  bytes_ += capacity;
-  spare_.emplace_back(capacity, std::move(bytes));
-}
-
-ssize_t Pair::write_out(const iovec* iov, size_t count) {
-  if (!shm_) {
-    msghdr msg{};
-    msg.msg_iov = const_cast<iovec*>(iov);
-    msg.msg_iovlen = count;
-    return ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  }
-  size_t wanted = 0;
-  for (size_t i = 0; i < count; ++i) wanted += iov[i].iov_len;
-  size_t n = shm_->out.write(iov, count);
-  // The consumer's event loop must drain the ring when this side cannot finish without it (the
-  // ring filled up); otherwise the bytes may wait in the ring until the consumer polls. A
-  // sleeping consumer is always told.
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with rearm_locked's flag-then-check
-  // One doorbell per filling-up, not one per retry: the ring is full at a new head only after
-  // the consumer read and this side wrote again (keyed on our own head, which the consumer's
-  // answer to the doorbell cannot move).
-  const bool full = n < wanted;
-  const bool refilled = full && shm_->out.produced() != full_rung_at_;
-  const uint32_t consumer = shm_->out.control().consumer_sleeping.load(std::memory_order_relaxed);
-  if ((consumer & shm::kWantDoorbell) || refilled) ring_doorbell();
-  if (consumer & shm::kWantBell) ring_bell();
-  if (refilled) full_rung_at_ = shm_->out.produced();
-  if (n == 0) {
-    errno = EAGAIN;
-    return -1;
-  }
-  return static_cast<ssize_t>(n);
-}
-
-ssize_t Pair::read_in(std::byte* out, size_t n) {
-  if (!shm_) return ::recv(fd_.get(), out, n, MSG_DONTWAIT);
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    if (size_t got = shm_->in.read(out, n); got > 0) {
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      const uint32_t producer = shm_->in.control().producer_waiting.load(std::memory_order_relaxed);
-      if (producer & shm::kWantDoorbell) ring_doorbell();
-      if (producer & shm::kWantBell) ring_bell();
-      return static_cast<ssize_t>(got);
-    }
-    // The ring is empty: the socket says whether the peer is still there (doorbells are
-    // drained; a close or reset comes after everything it wrote into the ring). A spinning
-    // thread asks only every so often: a system call per poll would slow the poll down.
-    if (!drain_socket_ && (++empty_polls_ & 127) != 0) break;
-    char bells[256];
-    ssize_t r = ::recv(fd_.get(), bells, sizeof(bells), MSG_DONTWAIT);
-    if (r <= 0) return r;
-  }
-  errno = EAGAIN;
-  return -1;
-}
-
-void Pair::ring_doorbell() {
-  const char bell = 1;
-  [[maybe_unused]] ssize_t n = ::send(fd_.get(), &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-}
-
-void Pair::ring_bell() {
-  auto& bell = shm_->segment.bell(!creator_);
-  bell.fetch_add(1, std::memory_order_release);
-  futex_wake(bell);
-}
-
-void Pair::wake_own_bell() {
-  if (!shm_ || futex_sleepers_ == 0) return;
-  auto& bell = shm_->segment.bell(creator_);
-  bell.fetch_add(1, std::memory_order_release);
-  futex_wake(bell);
-}
-
 void Pair::rearm_after_post_locked() {
   // A parked pair (a thread spun on it last and left it idle) stays as it is: its poster waits
   // on it next, as a blocking send or receive does, and moves the bytes itself. Arming a TCP
@@ -946,35 +768,23 @@ void Pair::rearm_after_post_locked() {
 
 void Pair::rearm_locked() {
   if (broken_ || spinners_.load() > 0) return;
-  if (shm_) {
-    // Ask the peer for a doorbell, then look once more: data that came before the flag was
-    // seen would otherwise wait for the next message.
+  if (auto* rs = ring()) {
     // New data needs a doorbell when a thread sleeps on this pair or a receive is posted on
     // it (its owner may be waiting on something else that needs this data first); data nobody
     // asked for yet can sit in the ring until someone polls (or the ring fills up).
-    auto& in = shm_->in.control();
-    auto& out = shm_->out.control();
-    // A thread asleep on the bell moves this pair's bytes itself: it is the one to wake.
-    const uint32_t how = futex_sleepers_ > 0 ? shm::kWantBell : shm::kWantDoorbell;
-    const bool wanted = futex_sleepers_ > 0 || blocked_ > 0 || !posted_.empty() || rx_request_;
-    for (;;) {
-      in.consumer_sleeping.store(wanted ? how : 0, std::memory_order_relaxed);
-      out.producer_waiting.store(send_queue_.empty() ? 0 : how, std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      if ((!wanted || shm_->in.empty()) && (send_queue_.empty() || shm_->out.full())) break;
-      in.consumer_sleeping.store(idle_flags(), std::memory_order_relaxed);
-      out.producer_waiting.store(idle_flags(), std::memory_order_relaxed);
+    const bool want_data = blocked_ > 0 || !posted_.empty() || rx_request_;
+    while (!rs->ask_to_be_told(want_data, !send_queue_.empty())) {
+      rs->quiet();
       const uint64_t before = bytes_moved_;
       progress_locked();
-      if (bytes_moved_ != before) wake_own_bell();
+      if (bytes_moved_ != before) wake_sleepers_locked();
       if (broken_) return;
       // Nothing moved because the reader stops for a thread waiting to post (posters_): let it
       // in. It rearms once it has posted; looping here would hold the lock it waits for.
       if (bytes_moved_ == before && posters_.load(std::memory_order_relaxed) > 0) break;
     }
   }
-  uint32_t events =
-      EPOLLIN | (send_queue_.empty() || shm_ ? 0u : uint32_t{EPOLLOUT});
+  const uint32_t events = EPOLLIN | (send_queue_.empty() || ring() ? 0u : uint32_t{EPOLLOUT});
   parked_ = false;
   if (armed_ && armed_events_ == events) return;
   loop_->arm(this, fd_.get(), events);
@@ -1018,7 +828,7 @@ void Pair::fail_locked(std::exception_ptr error) {
     DTRAIN_LOG_DEBUG("rank {}: {}", options_.self_rank, cause);
   loop_->remove(fd_.get());
   armed_ = false;
-  wake_own_bell();
+  wake_sleepers_locked();
   // Tell the peer at once instead of leaving it to its own timeout.
   ::shutdown(fd_.get(), SHUT_RDWR);
 }
@@ -1089,11 +899,10 @@ void Pair::cancel_locked(Request& r, const std::string& why) {
 void Pair::begin_spin() {
   std::lock_guard lock(mu_);
   spinners_.fetch_add(1);
-  if (shm_) {
+  if (auto* rs = ring()) {
     // The socket only carries doorbells, and none come while the flags are down: the loop can
     // stay armed (no system call here).
-    shm_->in.control().consumer_sleeping.store(idle_flags(), std::memory_order_relaxed);
-    shm_->out.control().producer_waiting.store(idle_flags(), std::memory_order_relaxed);
+    rs->quiet();
     return;
   }
   if (armed_ && !broken_) {
@@ -1106,7 +915,7 @@ void Pair::begin_spin() {
 
 void Pair::end_spin() {
   std::lock_guard lock(mu_);
-  if (spinners_.fetch_sub(1) == 1 && !broken_ && (shm_ || !armed_) && posted_.empty() &&
+  if (spinners_.fetch_sub(1) == 1 && !broken_ && (ring() || !armed_) && posted_.empty() &&
       !rx_request_ && send_queue_.empty() && blocked_ == 0) {
     // Idle: left out of the loop (TCP), or asking the peer for no doorbells (shared memory, as
     // while spinning), until a waiter spins on it again or a thread is about to sleep.
@@ -1132,7 +941,7 @@ void Pair::block_begin() {
 
 void Pair::block_end() {
   std::lock_guard lock(mu_);
-  if (--blocked_ == 0 && shm_) rearm_locked();
+  if (--blocked_ == 0 && ring()) rearm_locked();
 }
 
 void Pair::cancel(Request& r, const std::string& why) {
@@ -1140,52 +949,29 @@ void Pair::cancel(Request& r, const std::string& why) {
   cancel_locked(r, why);
 }
 
-bool Pair::sleep_on_bells(std::span<Request* const> requests, std::span<Pair* const> pairs,
-                          const Deadline& deadline) {
-  static std::atomic<bool> no_waitv{false};
-  if (pairs.size() > 1 && (pairs.size() > FUTEX_WAITV_MAX || no_waitv.load())) return false;
-  auto all_done = [&] {
-    for (Request* r : requests)
-      if (!r->completion.done()) return false;
-    return true;
-  };
-  for (Pair* p : pairs) {
-    std::lock_guard lock(p->mu_);
-    ++p->futex_sleepers_;
-  }
-  std::vector<futex_waitv> words(pairs.size());
-  bool supported = true;
-  for (;;) {
-    for (size_t i = 0; i < pairs.size(); ++i) {
-      auto& bell = pairs[i]->shm_->segment.bell(pairs[i]->creator_);
-      words[i] = {.val = bell.load(std::memory_order_acquire),
-                  .uaddr = reinterpret_cast<uintptr_t>(&bell),
-                  .flags = FUTEX_32,  // shared between processes: not FUTEX_PRIVATE_FLAG
-                  .__reserved = 0};
-    }
-    for (Pair* p : pairs) {
-      // Ask for the bell, then look once more: what came before the flags were seen is here.
-      std::lock_guard lock(p->mu_);
-      p->rearm_locked();
-      p->progress_locked();
-    }
-    if (all_done() || deadline.expired()) break;
-    // Bounded slices: the clock arithmetic of a "never" deadline, and a backstop.
-    const auto slice = std::min(deadline.remaining(), std::chrono::milliseconds(100));
-    if (pairs.size() == 1) {
-      futex_wait(pairs[0]->shm_->segment.bell(pairs[0]->creator_), words[0].val, slice);
-    } else if (!futex_wait_any(words, slice)) {
-      no_waitv.store(true);
-      supported = false;
-      break;
-    }
-  }
-  for (Pair* p : pairs) {
-    std::lock_guard lock(p->mu_);
-    --p->futex_sleepers_;
-    p->rearm_locked();
-  }
-  return supported;
+void Pair::unpark_idle_pairs() { loop_->unpark(); }
+
+Pair::SleepOn Pair::sleep_on() {
+  if (auto* rs = ring()) return {.bell = &rs->bell()};
+  return {.fd = fd_.get()};
+}
+
+void Pair::begin_bell_sleep() {
+  std::lock_guard lock(mu_);
+  ring()->add_sleeper();
+}
+
+void Pair::end_bell_sleep() {
+  std::lock_guard lock(mu_);
+  ring()->remove_sleeper();
+  rearm_locked();
+}
+
+void Pair::look_before_sleep() {
+  // Ask for the bell, then look once more: what came before the flags were seen is here.
+  std::lock_guard lock(mu_);
+  rearm_locked();
+  progress_locked();
 }
 
 void Pair::wait(Request& r, const Deadline& deadline) {
@@ -1194,116 +980,4 @@ void Pair::wait(Request& r, const Deadline& deadline) {
   wait_requests(requests, pairs, deadline);
 }
 
-void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pairs,
-                   const Deadline& deadline, bool spinning) {
-  auto all_done = [&] {
-    for (Request* r : requests)
-      if (!r->completion.done()) return false;
-    return true;
-  };
-  const auto spin = pairs.empty() ? std::chrono::microseconds(0) : pairs[0]->spin();
-  if (!all_done() && spin.count() > 0) {
-    // Spin, then yield, then sleep: lowest latency when the peers are quick, and no lost cores
-    // when processes outnumber them. While spinning, the pairs stay out of the event loop.
-    if (!spinning)
-      for (Pair* p : pairs) p->begin_spin();
-    // The budget counts from the last byte moved: a long transfer never falls asleep midway.
-    // The clock is read every few polls: a poll is cheaper than reading it, and a pause
-    // (about 25 ns on AMD, up to 140 ns on Intel) is the latency added when data lands.
-    // The budget's clock starts at the first look at it: a wait the first poll ends reads none.
-    Clock::time_point spin_end{};
-    bool yielding = pairs[0]->options_.oversubscribed;
-    for (uint32_t polls = 1;; ++polls) {
-      bool moved = false;
-      for (Pair* p : pairs) moved |= p->try_progress();
-      if (all_done()) break;
-      if (moved || yielding || (polls & 15) == 0) {
-        auto now = Clock::now();
-        if (moved || spin_end == Clock::time_point{}) spin_end = now + spin;
-        if (now >= spin_end + spin || now >= deadline.at()) break;
-        // More ranks than cores, or a long wait: give the core to whoever has data to send.
-        yielding = now >= spin_end || pairs[0]->options_.oversubscribed;
-      }
-      // A yield now and then even when cores are plenty: should the peer's thread share this
-      // core after all (the scheduler put both there), it runs within microseconds instead of
-      // after the whole spin budget. With nothing else to run, a yield returns at once.
-      if (yielding || (polls & 63) == 0)
-        sched_yield();
-      else
-        cpu_relax();
-    }
-    if (!spinning)
-      for (Pair* p : pairs) p->end_spin();
-  }
-  if (!all_done()) {
-    // About to sleep: idle pairs that left the loop (end_spin) go back to it, so that what they
-    // carry moves meanwhile (early bytes a peer waits to be rid of, a peer's failure notice).
-    for (Pair* p : pairs) p->loop_->unpark();
-  }
-  Pair* only = nullptr;  // the one pair every unfinished request waits on, if there is one
-  for (Request* r : requests) {
-    if (r->completion.done()) continue;
-    if (only == nullptr) only = r->pair.get();
-    if (only != r->pair.get()) {
-      only = nullptr;
-      break;
-    }
-  }
-  bool all_tcp = !pairs.empty();
-  for (Pair* p : pairs) all_tcp &= !p->shm_;
-  if (!all_done() && all_tcp) {
-    // TCP: sleep in poll() on the pairs' sockets and move the bytes on this thread when they
-    // are ready (no event-loop hop: one wake-up, not two). The pairs stay out of the event loop
-    // meanwhile, as while spinning.
-    if (!spinning)
-      for (Pair* p : pairs) p->begin_spin();
-    // Every pair held out of the event loop is watched, not only those of the requests
-    // waited on: a ring's sends to the right must keep flowing while it waits on the left.
-    std::vector<pollfd> fds;
-    while (!all_done() && !deadline.expired()) {
-      fds.clear();
-      for (Pair* p : pairs)
-        fds.push_back({p->fd(), static_cast<short>(POLLIN | (p->wants_to_write() ? POLLOUT : 0)), 0});
-      const auto slice = std::min(deadline.remaining(), std::chrono::milliseconds(100));
-      ::poll(fds.data(), fds.size(), static_cast<int>(slice.count()));
-      for (Pair* p : pairs) p->try_progress();
-    }
-    if (!spinning)
-      for (Pair* p : pairs) p->end_spin();
-  }
-  bool all_shm = !pairs.empty();
-  for (Pair* p : pairs) all_shm &= p->shm_ != nullptr;
-  if (!all_done() && ((only != nullptr && only->shm_) || all_shm)) {
-    // Shared memory: sleep on the futexes the peers ring (all the pairs', or the one pair every
-    // request waits on), and move the bytes on this thread when woken (no event-loop hop).
-    if (spinning)
-      for (Pair* p : pairs) p->end_spin();
-    Pair::sleep_on_bells(requests, only != nullptr && only->shm_ ? std::span(&only, 1) : pairs,
-                         deadline);
-    if (spinning)
-      for (Pair* p : pairs) p->begin_spin();
-  }
-  if (!all_done()) {
-    // Sleep while the event loop moves the bytes: hand the pairs back to it for the while.
-    if (spinning)
-      for (Pair* p : pairs) p->end_spin();
-    for (Pair* p : pairs) p->block_begin();
-    for (Request* r : requests) {
-      while (!r->completion.done() && !deadline.expired()) {
-        // Bounded slices keep a "never" deadline from overflowing the clock arithmetic.
-        auto slice = Clock::now() + std::chrono::seconds(1);
-        r->completion.wait_until(std::min(slice, deadline.at()));
-      }
-    }
-    for (Pair* p : pairs) p->block_end();
-    if (spinning)
-      for (Pair* p : pairs) p->begin_spin();
-  }
-  for (Request* r : requests)
-    if (!r->completion.done())
-      r->pair->cancel(*r, fmt::format("timed out after {}", deadline.describe()));
-  for (Request* r : requests)
-    if (auto e = r->completion.error()) std::rethrow_exception(e);
-}
-
-}  // namespace dtrain::transport::tcp
+}  // namespace dtrain::transport

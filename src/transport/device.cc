@@ -1,4 +1,4 @@
-#include "transport/tcp/device.h"
+#include "transport/device.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -25,9 +25,10 @@
 #include "common/socket.h"
 #include "dtrain/error.h"
 #include "transport/host.h"
+#include "transport/shm/setup.h"
 #include "transport/tag.h"
 
-namespace dtrain::transport::tcp {
+namespace dtrain::transport {
 namespace {
 
 std::string address_key(const std::string& group, int rank) {
@@ -160,7 +161,15 @@ Device::Device(Store& store, const DeviceOptions& options)
     DTRAIN_LOG_DEBUG("rank {}: {} ranks share this machine's {} cores: waits yield", rank,
                      on_machine, std::thread::hardware_concurrency());
   }
-  std::vector<shm::Segment> segments = share_memory(store, fds, deadline);
+  std::vector<shm::Segment> segments(size);
+  if (options_.transport != "tcp") {
+    std::vector<bool> local(size, false);
+    for (int peer = 0; peer < size; ++peer)
+      local[peer] = peer != rank && hosts_[peer] == hosts_[rank];
+    const shm::SetupOptions so{rank, size, options_.handshake.job_id, options_.group_name,
+                               options_.transport == "shm"};
+    segments = shm::share_memory(so, local, fds, deadline);
+  }
   std::vector<std::string> via;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
@@ -232,72 +241,6 @@ std::string Device::rendezvous_progress(Store& store, const std::string& joined)
   }
 }
 
-std::vector<shm::Segment> Device::share_memory(Store& store, std::vector<net::Fd>& fds,
-                                               const Deadline& deadline) {
-  const int rank = options_.rank, size = options_.size;
-  std::vector<shm::Segment> segments(size);
-  if (options_.transport == "tcp") return segments;
-  std::vector<bool> local(size, false);
-  for (int peer = 0; peer < size; ++peer) local[peer] = peer != rank && hosts_[peer] == hosts_[rank];
-  const bool required = options_.transport == "shm";
-  auto context = [&](int peer) {
-    return fmt::format("rank {}: setting up shared memory with rank {}", rank, peer);
-  };
-  auto failed = [&](int peer, const std::string& why) {
-    if (required)
-      throw PeerFailureError(fmt::format("{}: {} (DTRAIN_TRANSPORT=shm requires it; use auto to "
-                                         "fall back to TCP)", context(peer), why));
-    DTRAIN_LOG_DEBUG("{}: {}; using TCP", context(peer), why);
-  };
-  // Three phases, so no two ranks wait on each other: the lower rank of each local pair creates
-  // and names a segment, the higher opens it and answers, then the lower reads the answers.
-  for (int peer = rank + 1; peer < size; ++peer) {
-    if (!local[peer]) continue;
-    std::string name;
-    try {
-      segments[peer] = shm::Segment::create(
-          shm::segment_name(options_.handshake.job_id, options_.group_name, rank, peer));
-      name = segments[peer].name();
-    } catch (const Error& e) {
-      failed(peer, e.what());
-    }
-    uint16_t len = static_cast<uint16_t>(name.size());
-    net::write_all(fds[peer].get(), &len, sizeof(len), deadline, context(peer));
-    net::write_all(fds[peer].get(), name.data(), name.size(), deadline, context(peer));
-  }
-  for (int peer = 0; peer < rank; ++peer) {
-    if (!local[peer]) continue;
-    uint16_t len = 0;
-    net::read_all(fds[peer].get(), &len, sizeof(len), deadline, context(peer));
-    std::string name(len, '\0');
-    net::read_all(fds[peer].get(), name.data(), len, deadline, context(peer));
-    uint8_t ok = 0;
-    if (len > 0) {
-      try {
-        segments[peer] = shm::Segment::open(name);
-        segments[peer].probe_peer(/*creator=*/false);
-        ok = 1;
-      } catch (const Error& e) {
-        failed(peer, e.what());
-      }
-    }
-    net::write_all(fds[peer].get(), &ok, 1, deadline, context(peer));
-  }
-  for (int peer = rank + 1; peer < size; ++peer) {
-    if (!local[peer]) continue;
-    uint8_t ok = 0;
-    net::read_all(fds[peer].get(), &ok, 1, deadline, context(peer));
-    if (!segments[peer].valid()) continue;
-    segments[peer].unlink();  // both have it mapped: nothing may outlive the two processes
-    if (!ok) {
-      segments[peer] = shm::Segment();
-      failed(peer, "the peer could not open the segment");
-      continue;
-    }
-    segments[peer].probe_peer(/*creator=*/true);
-  }
-  return segments;
-}
 
 namespace {
 
@@ -551,4 +494,4 @@ Device::~Device() {
   loop_->stop();
 }
 
-}  // namespace dtrain::transport::tcp
+}  // namespace dtrain::transport

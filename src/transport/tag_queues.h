@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-namespace dtrain::transport::tcp {
+namespace dtrain::transport {
 
 template <typename T>
 class TagQueues {
@@ -50,4 +50,4 @@ class TagQueues {
   std::vector<Entry> entries_;
 };
 
-}  // namespace dtrain::transport::tcp
+}  // namespace dtrain::transport

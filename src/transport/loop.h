@@ -10,7 +10,7 @@
 
 #include "common/socket.h"
 
-namespace dtrain::transport::tcp {
+namespace dtrain::transport {
 
 class Pair;
 
@@ -51,4 +51,4 @@ class Loop {
   std::jthread thread_;
 };
 
-}  // namespace dtrain::transport::tcp
+}  // namespace dtrain::transport

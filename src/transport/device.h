@@ -1,6 +1,7 @@
-// Device: this process's TCP endpoint for one group of ranks. It listens, publishes its address
-// in the store, connects one pair to every peer (lower ranks are dialled, higher ranks accepted,
-// all within the connect timeout) and runs the event loop those pairs share.
+// Device: this process's endpoint for one group of ranks. It listens, publishes its address
+// in the store, connects one pair to every peer over TCP (lower ranks are dialled, higher ranks
+// accepted, all within the connect timeout), moves the pairs with peers on this host onto
+// shared memory (shm/setup.h) and runs the event loop the pairs share.
 #pragma once
 
 #include <chrono>
@@ -16,10 +17,10 @@
 
 #include "common/handshake.h"
 #include "dtrain/store.h"
-#include "transport/tcp/loop.h"
-#include "transport/tcp/pair.h"
+#include "transport/loop.h"
+#include "transport/pair.h"
 
-namespace dtrain::transport::tcp {
+namespace dtrain::transport {
 
 struct DeviceOptions {
   int rank = 0;
@@ -103,9 +104,6 @@ class Device {
   std::string rendezvous_progress(Store& store, const std::string& joined);
   void accept_higher_ranks(int listen_fd, const Deadline& deadline,
                            std::vector<net::Fd>& accepted, std::string& failure);
-  // Sets up a shared segment with every connected peer on this host (see shm/segment.h).
-  std::vector<shm::Segment> share_memory(Store& store, std::vector<net::Fd>& fds,
-                                         const Deadline& deadline);
 
   DeviceOptions options_;
   std::string address_;  // host:port this device listens on, as published
@@ -121,4 +119,4 @@ class Device {
   std::map<uint32_t, std::array<Seen, 8>> seen_;  // group -> unexpected arrivals, by seq % 8
 };
 
-}  // namespace dtrain::transport::tcp
+}  // namespace dtrain::transport

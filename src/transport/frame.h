@@ -1,10 +1,11 @@
-// The frame every message on a rank-to-rank connection starts with. The magic lets a receiver
-// notice a corrupt or foreign stream at once instead of reading garbage as sizes.
+// The frame every message between two ranks starts with, on either stream (socket or ring).
+// The magic lets a receiver notice a corrupt or foreign stream at once instead of reading
+// garbage as sizes.
 #pragma once
 
 #include <cstdint>
 
-namespace dtrain::transport::tcp {
+namespace dtrain::transport {
 
 inline constexpr uint32_t kFrameMagic = 0x4d525444;  // "DTRM"
 // Refuse frames claiming more than this (a corrupt stream, not a real tensor).
@@ -21,8 +22,7 @@ inline constexpr uint32_t kFrameCma = 4;
 inline constexpr uint32_t kFrameCmaDone = 8;
 
 struct CmaDescriptor {
-  uint64_t pid = 0;
-  uint64_t address = 0;
+  uint64_t address = 0;  // in the sender, whose pid the segment holds (not the wire: see cma.h)
 };
 
 struct FrameHeader {
@@ -34,4 +34,4 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 32);
 
-}  // namespace dtrain::transport::tcp
+}  // namespace dtrain::transport

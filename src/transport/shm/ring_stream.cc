@@ -1,0 +1,116 @@
+#include "transport/shm/ring_stream.h"
+
+#include <linux/futex.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+
+namespace dtrain::transport::shm {
+namespace {
+
+void futex_wake(std::atomic<uint32_t>& word) {
+  // Shared between processes: not FUTEX_PRIVATE.
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void bump(std::atomic<uint32_t>& bell) {
+  bell.fetch_add(1, std::memory_order_release);
+  futex_wake(bell);
+}
+
+}  // namespace
+
+RingStream::RingStream(int fd, Segment segment, bool creator)
+    : fd_(fd), segment_(std::move(segment)), creator_(creator) {
+  in_ = segment_.ring(!creator_);
+  out_ = segment_.ring(creator_);
+}
+
+ssize_t RingStream::write(const iovec* iov, size_t count) {
+  size_t wanted = 0;
+  for (size_t i = 0; i < count; ++i) wanted += iov[i].iov_len;
+  const size_t n = out_.write(iov, count);
+  // The consumer's event loop must drain the ring when this side cannot finish without it (the
+  // ring filled up); otherwise the bytes may wait in the ring until the consumer polls. A
+  // sleeping consumer is always told.
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with ask_to_be_told's flag-then-check
+  // One doorbell per filling-up, not one per retry: the ring is full at a new head only after
+  // the consumer read and this side wrote again (keyed on our own head, which the consumer's
+  // answer to the doorbell cannot move).
+  const bool full = n < wanted;
+  const bool refilled = full && out_.produced() != full_rung_at_;
+  const uint32_t consumer = out_.control().consumer_sleeping.load(std::memory_order_relaxed);
+  if ((consumer & kWantDoorbell) || refilled) ring_doorbell();
+  if (consumer & kWantBell) ring_peer_bell();
+  if (refilled) full_rung_at_ = out_.produced();
+  if (n == 0) {
+    errno = EAGAIN;
+    return -1;
+  }
+  return static_cast<ssize_t>(n);
+}
+
+ssize_t RingStream::read(std::byte* out, size_t n) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (const size_t got = in_.read(out, n); got > 0) {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      const uint32_t producer = in_.control().producer_waiting.load(std::memory_order_relaxed);
+      if (producer & kWantDoorbell) ring_doorbell();
+      if (producer & kWantBell) ring_peer_bell();
+      return static_cast<ssize_t>(got);
+    }
+    // The ring is empty: the socket says whether the peer is still there (doorbells are
+    // drained; a close or reset comes after everything it wrote into the ring). A polling
+    // thread asks only every so often: a system call per poll would slow the poll down.
+    if (!draining_ && (++empty_polls_ & 127) != 0) break;
+    char bells[256];
+    const ssize_t r = ::recv(fd_, bells, sizeof(bells), MSG_DONTWAIT);
+    if (r <= 0) return r;
+  }
+  errno = EAGAIN;
+  return -1;
+}
+
+bool RingStream::ask_to_be_told(bool want_data, bool want_room) {
+  // A thread asleep on the bell moves this pair's bytes itself: it is the one to wake, and it
+  // waits for data whatever the pair has posted.
+  const uint32_t how = sleepers_ > 0 ? kWantBell : kWantDoorbell;
+  want_data |= sleepers_ > 0;
+  in_.control().consumer_sleeping.store(want_data ? how : 0, std::memory_order_relaxed);
+  out_.control().producer_waiting.store(want_room ? how : 0, std::memory_order_relaxed);
+  // Then look once more: data that came before the flag was seen would otherwise wait for the
+  // next message.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return (!want_data || in_.empty()) && (!want_room || out_.full());
+}
+
+void RingStream::quiet() {
+  in_.control().consumer_sleeping.store(idle_flags(), std::memory_order_relaxed);
+  out_.control().producer_waiting.store(idle_flags(), std::memory_order_relaxed);
+}
+
+void RingStream::ring_doorbell() {
+  const char bell = 1;
+  [[maybe_unused]] ssize_t n = ::send(fd_, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+void RingStream::ring_peer_bell() { bump(segment_.bell(!creator_)); }
+
+void RingStream::wake_sleepers() {
+  if (sleepers_ > 0) bump(segment_.bell(creator_));
+}
+
+bool RingStream::we_read_peer() {
+  auto& h = segment_.header();
+  return (creator_ ? h.creator_reads_opener : h.opener_reads_creator) != 0;
+}
+
+pid_t RingStream::peer_pid() {
+  auto& h = segment_.header();
+  return creator_ ? h.opener_pid : h.creator_pid;
+}
+
+}  // namespace dtrain::transport::shm

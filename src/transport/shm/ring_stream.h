@@ -1,0 +1,77 @@
+// RingStream: a pair's bytes through the two rings of a shared segment (shm/ring.h), with the
+// pair's TCP connection left to carry doorbells and to tell of the peer's death.
+//
+// How the other side learns of new data or room: it asks, in the ring's flags, for nothing (it
+// polls), for a doorbell (a byte on the socket, which wakes its event loop) or for its bell (a
+// futex word in the segment a thread of it sleeps on). Writing and reading here answer what the
+// other side asked for, with no system call when it asked for nothing.
+//
+// Every member is guarded by the owning pair's mutex.
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "transport/shm/segment.h"
+
+namespace dtrain::transport::shm {
+
+class RingStream {
+ public:
+  // `fd`: the pair's socket (the pair owns it); `creator`: this side created the segment.
+  RingStream(int fd, Segment segment, bool creator);
+
+  // Non-blocking, errno semantics (EAGAIN when nothing can move now), as a socket's.
+  ssize_t write(const iovec* iov, size_t count);
+  ssize_t read(std::byte* out, size_t n);
+
+  // The event loop is handling a socket event: reads look at the socket on every empty ring
+  // (the event may be a doorbell or a close) instead of every so often.
+  void set_draining(bool draining) { draining_ = draining; }
+  // Asks the peer to say when data comes (`want_data`, always while a thread sleeps on the
+  // bell) or room frees up (`want_room`): with the bell while a thread sleeps on it, with a
+  // doorbell otherwise. True when nothing is to be
+  // done meanwhile; false when data or room is here already, which the caller must move (after
+  // quiet(), since moving it answers the flags) before asking again.
+  bool ask_to_be_told(bool want_data, bool want_room);
+  // Asks the peer for nothing but the bell a sleeping thread needs (a waiter polls).
+  void quiet();
+  // A doorbell for the peer's event loop.
+  void ring_doorbell();
+
+  // Threads asleep on this side's bell (they move the bytes themselves when it rings).
+  void add_sleeper() { ++sleepers_; }
+  void remove_sleeper() { --sleepers_; }
+  std::atomic<uint32_t>& bell() { return segment_.bell(creator_); }
+  // Wakes the threads asleep on this side's bell: a request one waits for may have finished
+  // on another thread.
+  void wake_sleepers();
+
+  // Cross-memory attach (shm/cma.h): whether the peer may read this process's memory, whether
+  // this process may read the peer's, and the peer's pid (from the segment, not the wire).
+  bool peer_reads_us() { return segment_.peer_reads_us(creator_); }
+  bool we_read_peer();
+  pid_t peer_pid();
+
+ private:
+  // What the flags say while nobody wants a doorbell: the bell, if a thread sleeps on it.
+  uint32_t idle_flags() const { return sleepers_ > 0 ? kWantBell : 0; }
+  // Bumps and wakes the peer's bell (a thread of the peer sleeps on it).
+  void ring_peer_bell();
+
+  int fd_;
+  Segment segment_;
+  bool creator_;
+  Ring in_, out_;
+  bool draining_ = false;
+  uint32_t empty_polls_ = 0;  // empty ring reads since the socket was last asked
+  int sleepers_ = 0;
+  // The consumer's read count when the doorbell for the ring filling up was last rung.
+  uint64_t full_rung_at_ = ~uint64_t{0};
+};
+
+}  // namespace dtrain::transport::shm
