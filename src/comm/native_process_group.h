@@ -5,6 +5,7 @@
 
 #include <array>
 #include <atomic>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -14,6 +15,7 @@
 #include "comm/arguments.h"
 #include "comm/collective.h"
 #include "comm/cost_model.h"
+#include "comm/cuda_staging.h"
 #include "comm/executor.h"
 #include "comm/postmortem.h"
 #include "comm/watchdog.h"
@@ -86,6 +88,35 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   std::string algorithm_for(CollectiveKind kind, std::string_view requested, size_t bytes) const;
 
  private:
+  // The steps every collective repeats. Each public collective checks its arguments (and hands
+  // CUDA tensors to on_host), then calls collective(), which chooses the algorithm, submits a
+  // run of it, and divides an average where the result lands.
+  //
+  // Where each rank's block lies in a buffer of blocks in rank order (bytes).
+  struct Blocks {
+    std::vector<size_t> offsets, sizes;
+    static Blocks equal(int ranks, size_t block);
+    static Blocks of(const std::vector<size_t>& counts, size_t element_size);
+  };
+  // What a collective hands its algorithm (algo::Invocation), less the context the run makes.
+  struct Args {
+    TensorView out, in;
+    ReduceOp op = ReduceOp::kSum;
+    int root = 0;
+    Blocks out_blocks, in_blocks;  // all-gather(-v), all-to-all(-v)
+  };
+  // Chooses the algorithm (`options.algorithm` where the options have one, else the cost
+  // model's for `bytes`) and submits a run of it with `args`: on the executor for async_op,
+  // on this thread otherwise. For ReduceOp::kAvg the result is divided by the group's size on
+  // every rank, or on the root of a reduce.
+  template <typename Options>
+  std::shared_ptr<Work> collective(const CollectiveCall& call, const Options& options,
+                                   size_t bytes, Args args);
+  // A call on CUDA tensors: `again` (the same call) on host copies of them, through the
+  // installed staging (cuda_staging.h), with what is left of the call's timeout.
+  template <typename Options, typename Again>
+  std::shared_ptr<Work> on_host(std::string_view op, std::initializer_list<StagedTensor> tensors,
+                                const Options& options, Again again);
   using Body = std::function<void(CollectiveContext&)>;
   std::shared_ptr<Work> submit(const CollectiveCall& call, std::string_view algorithm,
                                std::chrono::milliseconds timeout, bool async_op, Body body);

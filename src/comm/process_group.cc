@@ -477,29 +477,23 @@ std::shared_ptr<Work> NativeProcessGroup::irecv_any(const TensorView& tensor, in
 
 // ---- collectives ----
 
-namespace {
+NativeProcessGroup::Blocks NativeProcessGroup::Blocks::equal(int ranks, size_t block) {
+  Blocks b{std::vector<size_t>(ranks), std::vector<size_t>(ranks, block)};
+  for (int i = 0; i < ranks; ++i) b.offsets[i] = i * block;
+  return b;
+}
 
-// Where each rank's block lies in a buffer of blocks in rank order (bytes).
-struct Blocks {
-  std::vector<size_t> offsets, sizes;
-  static Blocks equal(int ranks, size_t block) {
-    Blocks b{std::vector<size_t>(ranks), std::vector<size_t>(ranks, block)};
-    for (int i = 0; i < ranks; ++i) b.offsets[i] = i * block;
-    return b;
+NativeProcessGroup::Blocks NativeProcessGroup::Blocks::of(const std::vector<size_t>& counts,
+                                                          size_t element_size) {
+  Blocks b{std::vector<size_t>(counts.size()), std::vector<size_t>(counts.size())};
+  size_t off = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    b.offsets[i] = off;
+    b.sizes[i] = counts[i] * element_size;
+    off += b.sizes[i];
   }
-  static Blocks of(const std::vector<size_t>& counts, size_t element_size) {
-    Blocks b{std::vector<size_t>(counts.size()), std::vector<size_t>(counts.size())};
-    size_t off = 0;
-    for (size_t i = 0; i < counts.size(); ++i) {
-      b.offsets[i] = off;
-      b.sizes[i] = counts[i] * element_size;
-      off += b.sizes[i];
-    }
-    return b;
-  }
-};
-
-}  // namespace
+  return b;
+}
 
 const algo::Algorithm& NativeProcessGroup::choose(CollectiveKind kind, std::string_view requested,
                                                   size_t bytes) const {
@@ -589,152 +583,140 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
   return work;
 }
 
+template <typename Options, typename Again>
+std::shared_ptr<Work> NativeProcessGroup::on_host(std::string_view op,
+                                                  std::initializer_list<StagedTensor> tensors,
+                                                  const Options& o, Again again) {
+  return stage_cuda(info(), op, tensors, deadline_for(o.timeout),
+                    [&](std::span<const TensorView> host, std::chrono::milliseconds left) {
+                      return again(host, with_timeout(o, left));
+                    });
+}
+
+template <typename Options>
+std::shared_ptr<Work> NativeProcessGroup::collective(const CollectiveCall& call, const Options& o,
+                                                     size_t bytes, Args args) {
+  std::string_view requested;
+  if constexpr (requires { o.algorithm; }) requested = o.algorithm;
+  const algo::Algorithm* a = &choose(call.kind, requested, bytes);
+  // The average divides where the result lands: every rank, or the root of a reduce.
+  const bool average = call.op == ReduceOp::kAvg;
+  const int root_only = call.kind == CollectiveKind::kReduce ? call.root : -1;
+  return submit(call, a->name, o.timeout, o.async_op,
+                [this, a, args = std::move(args), average, root_only](CollectiveContext& ctx) {
+                  a->run({.ctx = ctx,
+                          .out = args.out,
+                          .in = args.in,
+                          .op = args.op,
+                          .root = args.root,
+                          .hierarchy = &hierarchy_,
+                          .out_offsets = args.out_blocks.offsets,
+                          .out_sizes = args.out_blocks.sizes,
+                          .in_offsets = args.in_blocks.offsets,
+                          .in_sizes = args.in_blocks.sizes});
+                  if (average && (root_only < 0 || ctx.rank() == root_only))
+                    scale_down(args.out.data, args.out.numel, args.out.dtype,
+                               static_cast<size_t>(ctx.size()));
+                });
+}
+
 std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
                                                     const BroadcastOptions& o) {
   if (on_cuda(t))
-    return stage_cuda(info(), "broadcast", {{t, Staging::kInOut}}, deadline_for(o.timeout),
-                      [&](auto h, auto left) { return broadcast(h[0], with_timeout(o, left)); });
+    return on_host("broadcast", {{t, Staging::kInOut}}, o,
+                   [&](auto h, const auto& left) { return broadcast(h[0], left); });
   check_tensor(info(), t, "broadcast", "the tensor");
   check_root(info(), o.root, "broadcast");
-  CollectiveCall call{CollectiveKind::kBroadcast, t.dtype, ReduceOp::kSum, o.root, t.numel};
-  const algo::Algorithm* a = &choose(call.kind, o.algorithm, t.nbytes());
-  return submit(call, a->name, o.timeout, o.async_op, [this, t, a, root = o.root](CollectiveContext& ctx) {
-    a->run({.ctx = ctx, .out = t, .root = root, .hierarchy = &hierarchy_});
-  });
+  return collective({CollectiveKind::kBroadcast, t.dtype, ReduceOp::kSum, o.root, t.numel}, o,
+                    t.nbytes(), {.out = t, .root = o.root});
 }
 
 std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
                                                     const AllreduceOptions& o) {
   if (on_cuda(t))
-    return stage_cuda(info(), "all_reduce", {{t, Staging::kInOut}}, deadline_for(o.timeout),
-                      [&](auto h, auto left) { return allreduce(h[0], with_timeout(o, left)); });
+    return on_host("all_reduce", {{t, Staging::kInOut}}, o,
+                   [&](auto h, const auto& left) { return allreduce(h[0], left); });
   check_tensor(info(), t, "all_reduce", "the tensor");
   check_reduce_op(t.dtype, o.op);
-  CollectiveCall call{CollectiveKind::kAllreduce, t.dtype, o.op, 0, t.numel};
-  const algo::Algorithm* a = &choose(call.kind, o.algorithm, t.nbytes());
-  const int n = size_;
-  return submit(call, a->name, o.timeout, o.async_op, [this, t, a, op = o.op, n](CollectiveContext& ctx) {
-    a->run({.ctx = ctx, .out = t, .op = op, .hierarchy = &hierarchy_});
-    if (op == ReduceOp::kAvg) scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(n));
-  });
+  return collective({CollectiveKind::kAllreduce, t.dtype, o.op, 0, t.numel}, o, t.nbytes(),
+                    {.out = t, .op = o.op});
 }
 
 std::shared_ptr<Work> NativeProcessGroup::reduce(const TensorView& t, const ReduceOptions& o) {
   if (on_cuda(t))
-    return stage_cuda(info(), "reduce", {{t, Staging::kInOut}}, deadline_for(o.timeout),
-                      [&](auto h, auto left) { return reduce(h[0], with_timeout(o, left)); });
+    return on_host("reduce", {{t, Staging::kInOut}}, o,
+                   [&](auto h, const auto& left) { return reduce(h[0], left); });
   check_tensor(info(), t, "reduce", "the tensor");
   check_root(info(), o.root, "reduce");
   check_reduce_op(t.dtype, o.op);
-  CollectiveCall call{CollectiveKind::kReduce, t.dtype, o.op, o.root, t.numel};
-  const algo::Algorithm* a = &choose(call.kind, o.algorithm, t.nbytes());
-  const int n = size_;
-  return submit(call, a->name, o.timeout, o.async_op, [t, a, o, n](CollectiveContext& ctx) {
-    a->run({.ctx = ctx, .out = t, .op = o.op, .root = o.root});
-    if (o.op == ReduceOp::kAvg && ctx.rank() == o.root)
-      scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(n));
-  });
+  return collective({CollectiveKind::kReduce, t.dtype, o.op, o.root, t.numel}, o, t.nbytes(),
+                    {.out = t, .op = o.op, .root = o.root});
 }
 
 std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const TensorView& in,
                                                     const AllgatherOptions& o) {
   if (on_cuda(out) || on_cuda(in))
-    return stage_cuda(info(), "all_gather", {{out, Staging::kOut}, {in, Staging::kIn}},
-                      deadline_for(o.timeout), [&](auto h, auto left) {
-                        return allgather(h[0], h[1], with_timeout(o, left));
-                      });
+    return on_host("all_gather", {{out, Staging::kOut}, {in, Staging::kIn}}, o,
+                   [&](auto h, const auto& left) { return allgather(h[0], h[1], left); });
   check_allgather(info(), out, in);
-  CollectiveCall call{CollectiveKind::kAllgather, in.dtype, ReduceOp::kSum, 0, in.numel};
-  const algo::Algorithm* a = &choose(call.kind, o.algorithm, in.nbytes());
-  return submit(call, a->name, o.timeout, o.async_op, [this, out, in, a](CollectiveContext& ctx) {
-    const Blocks blocks = Blocks::equal(ctx.size(), in.nbytes());
-    a->run({.ctx = ctx, .out = out, .in = in, .hierarchy = &hierarchy_,
-           .out_offsets = blocks.offsets, .out_sizes = blocks.sizes});
-  });
+  return collective({CollectiveKind::kAllgather, in.dtype, ReduceOp::kSum, 0, in.numel}, o,
+                    in.nbytes(),
+                    {.out = out, .in = in, .out_blocks = Blocks::equal(size_, in.nbytes())});
 }
 
 std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, const TensorView& in,
                                                      const std::vector<size_t>& counts,
                                                      const AllgatherOptions& o) {
   if (on_cuda(out) || on_cuda(in))
-    return stage_cuda(info(), "all_gather_v", {{out, Staging::kOut}, {in, Staging::kIn}},
-                      deadline_for(o.timeout), [&](auto h, auto left) {
-                        return allgatherv(h[0], h[1], counts, with_timeout(o, left));
-                      });
+    return on_host("all_gather_v", {{out, Staging::kOut}, {in, Staging::kIn}}, o,
+                   [&](auto h, const auto& left) { return allgatherv(h[0], h[1], counts, left); });
   check_allgatherv(info(), out, in, counts);
-  CollectiveCall call{CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0,
-                      digest_counts(counts)};
-  const algo::Algorithm* a = &choose(call.kind, o.algorithm, in.nbytes());
-  return submit(call, a->name, o.timeout, o.async_op, [out, in, counts, a](CollectiveContext& ctx) {
-    const Blocks blocks = Blocks::of(counts, ctx.element_size());
-    a->run({.ctx = ctx, .out = out, .in = in, .out_offsets = blocks.offsets,
-           .out_sizes = blocks.sizes});
-  });
+  return collective(
+      {CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0, digest_counts(counts)}, o,
+      in.nbytes(), {.out = out, .in = in, .out_blocks = Blocks::of(counts, element_size(in.dtype))});
 }
 
 std::shared_ptr<Work> NativeProcessGroup::gather(const TensorView& out, const TensorView& in,
                                                  const GatherOptions& o) {
   if (on_cuda(out) || on_cuda(in))
-    return stage_cuda(info(), "gather", {{out, Staging::kOut}, {in, Staging::kIn}},
-                      deadline_for(o.timeout), [&](auto h, auto left) {
-                        return gather(h[0], h[1], with_timeout(o, left));
-                      });
+    return on_host("gather", {{out, Staging::kOut}, {in, Staging::kIn}}, o,
+                   [&](auto h, const auto& left) { return gather(h[0], h[1], left); });
   check_gather(info(), out, in, o.root);
-  CollectiveCall call{CollectiveKind::kGather, in.dtype, ReduceOp::kSum, o.root, in.numel};
-  const algo::Algorithm* a = &choose(call.kind, {}, in.nbytes());
-  return submit(call, a->name, o.timeout, o.async_op, [out, in, a](CollectiveContext& ctx) {
-    a->run({.ctx = ctx, .out = out, .in = in});
-  });
+  return collective({CollectiveKind::kGather, in.dtype, ReduceOp::kSum, o.root, in.numel}, o,
+                    in.nbytes(), {.out = out, .in = in});
 }
 
 std::shared_ptr<Work> NativeProcessGroup::scatter(const TensorView& out, const TensorView& in,
                                                   const ScatterOptions& o) {
   if (on_cuda(out) || on_cuda(in))
-    return stage_cuda(info(), "scatter", {{out, Staging::kOut}, {in, Staging::kIn}},
-                      deadline_for(o.timeout), [&](auto h, auto left) {
-                        return scatter(h[0], h[1], with_timeout(o, left));
-                      });
+    return on_host("scatter", {{out, Staging::kOut}, {in, Staging::kIn}}, o,
+                   [&](auto h, const auto& left) { return scatter(h[0], h[1], left); });
   check_scatter(info(), out, in, o.root);
-  CollectiveCall call{CollectiveKind::kScatter, out.dtype, ReduceOp::kSum, o.root, out.numel};
-  const algo::Algorithm* a = &choose(call.kind, {}, out.nbytes());
-  return submit(call, a->name, o.timeout, o.async_op, [out, in, a](CollectiveContext& ctx) {
-    a->run({.ctx = ctx, .out = out, .in = in});
-  });
+  return collective({CollectiveKind::kScatter, out.dtype, ReduceOp::kSum, o.root, out.numel}, o,
+                    out.nbytes(), {.out = out, .in = in});
 }
 
 std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out, const TensorView& in,
                                                          const ReduceScatterOptions& o) {
   if (on_cuda(out) || on_cuda(in))
-    return stage_cuda(info(), "reduce_scatter", {{out, Staging::kOut}, {in, Staging::kIn}},
-                      deadline_for(o.timeout), [&](auto h, auto left) {
-                        return reduce_scatter(h[0], h[1], with_timeout(o, left));
-                      });
+    return on_host("reduce_scatter", {{out, Staging::kOut}, {in, Staging::kIn}}, o,
+                   [&](auto h, const auto& left) { return reduce_scatter(h[0], h[1], left); });
   check_reduce_scatter(info(), out, in);
   check_reduce_op(in.dtype, o.op);
-  CollectiveCall call{CollectiveKind::kReduceScatter, out.dtype, o.op, 0, out.numel};
-  const algo::Algorithm* a = &choose(call.kind, o.algorithm, in.nbytes());
-  const int n = size_;
-  return submit(call, a->name, o.timeout, o.async_op, [out, in, o, n, a](CollectiveContext& ctx) {
-    a->run({.ctx = ctx, .out = out, .in = in, .op = o.op});
-    if (o.op == ReduceOp::kAvg) scale_down(out.data, out.numel, out.dtype, static_cast<size_t>(n));
-  });
+  return collective({CollectiveKind::kReduceScatter, out.dtype, o.op, 0, out.numel}, o,
+                    in.nbytes(), {.out = out, .in = in, .op = o.op});
 }
 
 std::shared_ptr<Work> NativeProcessGroup::alltoall(const TensorView& out, const TensorView& in,
                                                    const AlltoallOptions& o) {
   if (on_cuda(out) || on_cuda(in))
-    return stage_cuda(info(), "all_to_all", {{out, Staging::kOut}, {in, Staging::kIn}},
-                      deadline_for(o.timeout), [&](auto h, auto left) {
-                        return alltoall(h[0], h[1], with_timeout(o, left));
-                      });
+    return on_host("all_to_all", {{out, Staging::kOut}, {in, Staging::kIn}}, o,
+                   [&](auto h, const auto& left) { return alltoall(h[0], h[1], left); });
   check_alltoall(info(), out, in);
-  CollectiveCall call{CollectiveKind::kAlltoall, in.dtype, ReduceOp::kSum, 0, in.numel};
-  const algo::Algorithm* a = &choose(call.kind, {}, in.nbytes() / size_);
-  return submit(call, a->name, o.timeout, o.async_op, [out, in, a](CollectiveContext& ctx) {
-    const Blocks blocks = Blocks::equal(ctx.size(), in.nbytes() / ctx.size());
-    a->run({.ctx = ctx, .out = out, .in = in, .out_offsets = blocks.offsets,
-           .out_sizes = blocks.sizes, .in_offsets = blocks.offsets, .in_sizes = blocks.sizes});
-  });
+  Blocks blocks = Blocks::equal(size_, in.nbytes() / size_);
+  return collective({CollectiveKind::kAlltoall, in.dtype, ReduceOp::kSum, 0, in.numel}, o,
+                    in.nbytes() / size_,
+                    {.out = out, .in = in, .out_blocks = blocks, .in_blocks = blocks});
 }
 
 std::shared_ptr<Work> NativeProcessGroup::alltoallv(const TensorView& out,
@@ -743,27 +725,22 @@ std::shared_ptr<Work> NativeProcessGroup::alltoallv(const TensorView& out,
                                                     const std::vector<size_t>& in_counts,
                                                     const AlltoallOptions& o) {
   if (on_cuda(out) || on_cuda(in))
-    return stage_cuda(info(), "all_to_all_v", {{out, Staging::kOut}, {in, Staging::kIn}},
-                      deadline_for(o.timeout), [&](auto h, auto left) {
-                        return alltoallv(h[0], out_counts, h[1], in_counts, with_timeout(o, left));
-                      });
+    return on_host("all_to_all_v", {{out, Staging::kOut}, {in, Staging::kIn}}, o,
+                   [&](auto h, const auto& left) {
+                     return alltoallv(h[0], out_counts, h[1], in_counts, left);
+                   });
   check_alltoallv(info(), out, out_counts, in, in_counts);
-  CollectiveCall call{CollectiveKind::kAlltoallv, in.dtype, ReduceOp::kSum, 0, 0};
-  const algo::Algorithm* a = &choose(call.kind, {}, in.nbytes() / size_);
-  return submit(call, a->name, o.timeout, o.async_op,
-                [out, in, out_counts, in_counts, a](CollectiveContext& ctx) {
-    const Blocks to = Blocks::of(out_counts, ctx.element_size());
-    const Blocks from = Blocks::of(in_counts, ctx.element_size());
-    a->run({.ctx = ctx, .out = out, .in = in, .out_offsets = to.offsets, .out_sizes = to.sizes,
-           .in_offsets = from.offsets, .in_sizes = from.sizes});
-  });
+  const size_t element = element_size(in.dtype);
+  return collective({CollectiveKind::kAlltoallv, in.dtype, ReduceOp::kSum, 0, 0}, o,
+                    in.nbytes() / size_,
+                    {.out = out,
+                     .in = in,
+                     .out_blocks = Blocks::of(out_counts, element),
+                     .in_blocks = Blocks::of(in_counts, element)});
 }
 
 std::shared_ptr<Work> NativeProcessGroup::barrier(const BarrierOptions& o) {
-  CollectiveCall call{CollectiveKind::kBarrier, DType::kU8, ReduceOp::kSum, 0, 0};
-  const algo::Algorithm* a = &choose(call.kind, o.algorithm, 0);
-  return submit(call, a->name, o.timeout, o.async_op,
-                [a](CollectiveContext& ctx) { a->run({.ctx = ctx}); });
+  return collective({CollectiveKind::kBarrier, DType::kU8, ReduceOp::kSum, 0, 0}, o, 0, {});
 }
 
 std::shared_ptr<ProcessGroup> NativeProcessGroup::new_group(const std::vector<int>& ranks) {
