@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
@@ -105,6 +106,13 @@ struct ChildSetup {
   pid_t parent;
   const sigset_t* mask;
   const cpu_set_t* cpus;  // null: keep the launcher's
+  int netns_fd;           // -1: stay in the launcher's network namespace
+};
+
+// What the status pipe carries when the child fails before its program runs.
+struct ChildFailure {
+  enum Stage : int { kExec, kNetns } stage;
+  int error;
 };
 
 // Makes `fd` the descriptor `target` and leaves it open across exec.
@@ -126,12 +134,17 @@ void move_fd(int fd, int target) {
   ::sigaction(SIGPIPE, &dfl, nullptr);
   ::sigprocmask(SIG_SETMASK, s.mask, nullptr);
   if (s.cpus) ::sched_setaffinity(0, sizeof(cpu_set_t), s.cpus);
+  if (s.netns_fd >= 0 && ::setns(s.netns_fd, CLONE_NEWNET) != 0) {
+    const ChildFailure failure{ChildFailure::kNetns, errno};
+    [[maybe_unused]] ssize_t n = ::write(s.status_fd, &failure, sizeof(failure));
+    ::_exit(127);
+  }
   move_fd(s.stdin_fd, 0);
   move_fd(s.stdout_fd, 1);
   move_fd(s.stderr_fd, 2);
   ::execve(s.path, s.argv, s.envp);
-  int err = errno;
-  [[maybe_unused]] ssize_t n = ::write(s.status_fd, &err, sizeof(err));
+  const ChildFailure failure{ChildFailure::kExec, errno};
+  [[maybe_unused]] ssize_t n = ::write(s.status_fd, &failure, sizeof(failure));
   ::_exit(127);
 }
 
@@ -219,15 +232,25 @@ class Run {
     std::vector<std::string> env = build_environment(options_.workers[i]);
     std::vector<char*> envp = pointers(env);
     const cpu_set_t cpus = to_cpu_set(spec.cpus);
+    net::Fd netns;
+    if (!spec.netns.empty()) {
+      netns = net::Fd(::open(("/run/netns/" + spec.netns).c_str(), O_RDONLY | O_CLOEXEC));
+      if (!netns.valid())
+        throw InvalidArgumentError(fmt::format("{}: the network namespace {} of {} cannot be "
+                                               "opened: {} (made by scripts/netns-hosts.sh?)",
+                                               options_.name, spec.netns, w.label,
+                                               std::strerror(errno)));
+    }
     ChildSetup setup{own_path.c_str(), argv.data(),
                      envp.data(),      devnull,
                      out_w.get(),      err_w.get(),
                      status_w.get(),   ::getpid(),
-                     &child_mask_,     spec.cpus.empty() ? nullptr : &cpus};
+                     &child_mask_,     spec.cpus.empty() ? nullptr : &cpus,
+                     netns.valid() ? netns.get() : -1};
     pid_t pid = ::fork();
     if (pid < 0)
       throw InternalError(
-          fmt::format("dtrain run: fork for {} failed: {}", w.label, std::strerror(errno)));
+          fmt::format("{}: fork for {} failed: {}", options_.name, w.label, std::strerror(errno)));
     if (pid == 0) exec_child(setup);
     // Also set the group here, so that signalling the group works before the child has run.
     ::setpgid(pid, pid);
@@ -235,14 +258,18 @@ class Run {
     w.running = true;
     status_w.reset();
 
-    // The status pipe closes on a successful exec and carries errno on a failed one.
+    // The status pipe closes on a successful exec and says what failed otherwise.
     pollfd p{status_r.get(), POLLIN, 0};
-    int err_no = 0;
+    ChildFailure failure{};
     if (::poll(&p, 1, 5000) > 0 &&
-        ::read(status_r.get(), &err_no, sizeof(err_no)) == sizeof(err_no))
+        ::read(status_r.get(), &failure, sizeof(failure)) == sizeof(failure))
       relay_line(w, w.err,
-                 fmt::format("dtrain run: cannot execute {}: {}", own_path, std::strerror(err_no)));
-    DTRAIN_LOG_DEBUG("dtrain run: started {} as pid {}{}", w.label, pid,
+                 failure.stage == ChildFailure::kNetns
+                     ? fmt::format("{}: cannot enter the network namespace {}: {} (setns; root?)",
+                                   options_.name, spec.netns, std::strerror(failure.error))
+                     : fmt::format("{}: cannot execute {}: {}", options_.name, own_path,
+                                   std::strerror(failure.error)));
+    DTRAIN_LOG_DEBUG("{}: started {} as pid {}{}", options_.name, w.label, pid,
                      spec.cpus.empty() ? "" : ", bound to CPUs " + describe_cpus(spec.cpus));
   }
 
@@ -253,8 +280,8 @@ class Run {
       if (!stopping_ && settle_until_ && now >= *settle_until_) stop_after_failure();
       if (!stopping_ && services_stop_at_ && now >= *services_stop_at_) {
         DTRAIN_LOG_INFO(
-            "dtrain run: every worker has exited; stopping the {} service(s) still "
-            "running (SIGTERM, SIGKILL in {:g} s)",
+            "{}: every worker has exited; stopping the {} service(s) still "
+            "running (SIGTERM, SIGKILL in {:g} s)", options_.name,
             running_count(), options_.grace_period.count() / 1000.0);
         stop(SIGTERM);
       }
@@ -265,7 +292,7 @@ class Run {
       if (all_exited && (!streams_open || now >= *all_exited_at_ + kDrainTime)) return;
       if (killed_ && !all_exited && now >= killed_at_ + kReapAfterKillTime) {
         DTRAIN_LOG_ERROR(
-            "dtrain run: {} worker(s) did not exit {} ms after SIGKILL; giving up on them",
+            "{}: {} worker(s) did not exit {} ms after SIGKILL; giving up on them", options_.name,
             running_count(), kReapAfterKillTime.count());
         return;
       }
@@ -287,7 +314,7 @@ class Run {
       }
       int rc = ::poll(fds.data(), fds.size(), poll_timeout(now));
       if (rc < 0 && errno != EINTR)
-        throw InternalError(fmt::format("dtrain run: poll failed: {}", std::strerror(errno)));
+        throw InternalError(fmt::format("{}: poll failed: {}", options_.name, std::strerror(errno)));
       if (rc <= 0) continue;
       // Output first, so that a worker's last lines are relayed before its exit is reported.
       const size_t first_stream = watch_stop ? 2 : 1;
@@ -295,7 +322,7 @@ class Run {
         if (fds[i].revents != 0) read_stream(*streams[i]);
       if (fds[0].revents != 0) read_signals();
       if (watch_stop && fds[1].revents != 0 && !stopping_) {
-        DTRAIN_LOG_DEBUG("dtrain run: asked to stop {} worker(s)", running_count());
+        DTRAIN_LOG_DEBUG("{}: asked to stop {} worker(s)", options_.name, running_count());
         stopped_by_request_ = true;
         stop(SIGTERM);
       }
@@ -333,12 +360,12 @@ class Run {
         // A warning (Slurm's --signal before a preemption or the time limit): passed on, and the
         // workers decide. Those with a dtrain::Preemption save and exit 75; no SIGKILL follows
         // from here, since the engine kills the job itself when its time is up.
-        DTRAIN_LOG_INFO("dtrain run: got SIGUSR1; passing it to {} worker(s)", running_count());
+        DTRAIN_LOG_INFO("{}: got SIGUSR1; passing it to {} worker(s)", options_.name, running_count());
         warned_ = true;
         signal_all(SIGUSR1);
       } else if (!stopping_) {
         interrupted_by_ = sig;
-        DTRAIN_LOG_INFO("dtrain run: got {}; passing it to {} worker(s), SIGKILL in {:g} s",
+        DTRAIN_LOG_INFO("{}: got {}; passing it to {} worker(s), SIGKILL in {:g} s", options_.name,
                         signal_name(sig), running_count(), options_.grace_period.count() / 1000.0);
         stop(sig);
       } else {
@@ -370,7 +397,7 @@ class Run {
         continue;
       }
       bool failed = w.exit_code != 0 || w.signal != 0;
-      DTRAIN_LOG_DEBUG("dtrain run: {} (pid {}) exited: code {} signal {}", w.label, w.pid,
+      DTRAIN_LOG_DEBUG("{}: {} (pid {}) exited: code {} signal {}", options_.name, w.label, w.pid,
                        w.exit_code, w.signal);
       // Exits after we began stopping the job are our doing, not failures of their own.
       if (failed && !stopping_) {
@@ -488,8 +515,8 @@ class Run {
   void kill_all() {
     if (running_count() > 0)
       DTRAIN_LOG_WARN(
-          "dtrain run: {} worker(s) still running {:g} s after the stop signal; "
-          "sending SIGKILL",
+          "{}: {} worker(s) still running {:g} s after the stop signal; "
+          "sending SIGKILL", options_.name,
           running_count(), options_.grace_period.count() / 1000.0);
     signal_all(SIGKILL);
     killed_ = true;
@@ -539,6 +566,8 @@ class Run {
 
   void append_line(Worker& w, const Stream& s, std::string_view line, std::string& text) {
     if (options_.on_line) options_.on_line(w.rank, line);
+    if (!s.is_stderr && options_.take_stdout_line && options_.take_stdout_line(w.rank, line))
+      return;
     text += w.prefix;
     text += line;
     text += '\n';
@@ -551,7 +580,7 @@ class Run {
   Worker& worker_of(const Stream& s) {
     for (auto& w : workers_)
       if (&w.out == &s || &w.err == &s) return w;
-    throw InternalError("dtrain run: output stream without a worker");
+    throw InternalError(options_.name + ": output stream without a worker");
   }
 
   SupervisorResult finish() {
@@ -571,12 +600,12 @@ class Run {
       std::string text;
       if (silent_root_) {
         text = fmt::format(
-            "dtrain run: {} (pid {}) did not answer its peers (stopped or stuck: it was still "
-            "running, and was stopped); {} names it in its post-mortem and {}",
+            "{}: {} (pid {}) did not answer its peers (stopped or stuck: it was still "
+            "running, and was stopped); {} names it in its post-mortem and {}", options_.name,
             root_cause_->label, root_cause_->pid, w.label, result.first_failure->how());
       } else {
         text =
-            fmt::format("dtrain run: {} (pid {}) {}", w.label, w.pid, result.first_failure->how());
+            fmt::format("{}: {} (pid {}) {}", options_.name, w.label, w.pid, result.first_failure->how());
         if (&w != &first)
           text += fmt::format(
               " (the likeliest cause: {} failed first, but its error blames a "
@@ -603,8 +632,8 @@ class Run {
       result.interrupted_by = interrupted_by_;
       write_out(
           options_.stderr_fd,
-          fmt::format("dtrain run: preempted{}: every worker saved its state and exited {}; "
-                      "run the job again (requeue) to resume\n",
+          fmt::format("{}: preempted{}: every worker saved its state and exited {}; "
+                      "run the job again (requeue) to resume\n", options_.name,
                       interrupted_by_ != 0 ? fmt::format(" ({})", signal_name(interrupted_by_))
                       : warned_            ? std::string(" (SIGUSR1)")
                                            : std::string(),
@@ -615,8 +644,8 @@ class Run {
       result.outcome = Outcome::kFailed;
       result.exit_code = 1;
       write_out(options_.stderr_fd,
-                fmt::format("dtrain run: {} of {} worker(s) saved their state for a requeue (exit "
-                            "{}) and the others did not: the job's saved state may be incomplete\n",
+                fmt::format("{}: {} of {} worker(s) saved their state for a requeue (exit "
+                            "{}) and the others did not: the job's saved state may be incomplete\n", options_.name,
                             requeued_, workers, Preemption::kRequeueExitCode));
       return result;
     }
@@ -624,7 +653,7 @@ class Run {
       result.outcome = Outcome::kInterrupted;
       result.interrupted_by = interrupted_by_;
       result.exit_code = 128 + interrupted_by_;
-      write_out(options_.stderr_fd, fmt::format("dtrain run: stopped {} worker(s) after {}\n", n,
+      write_out(options_.stderr_fd, fmt::format("{}: stopped {} worker(s) after {}\n", options_.name, n,
                                                 signal_name(interrupted_by_)));
       return result;
     }

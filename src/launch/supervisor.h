@@ -34,6 +34,9 @@ struct WorkerSpec {
   std::string label;
   // The CPUs it may run on (sched_setaffinity before exec); empty = the launcher's.
   std::vector<int> cpus;
+  // The network namespace it runs in (/run/netns/NAME, entered before exec; needs root): a host
+  // of an emulated cluster (scripts/netns-hosts.sh). Empty = the launcher's.
+  std::string netns;
   // A service beside the workers (a parameter server). Once every other process has exited
   // successfully, the services still running get the grace period to end on their own, then
   // SIGTERM (and SIGKILL after another grace period); that stop is not a failure, and the job
@@ -59,6 +62,7 @@ struct WorkerExit {
 struct SupervisorOptions {
   std::vector<std::string> command;  // argv; command[0] is looked up on PATH unless it has a '/'
   std::vector<WorkerSpec> workers;
+  std::string name = "dtrain run";               // how its messages name the launcher
   bool prefix_output = true;                     // "[rank N] " before every line
   std::chrono::milliseconds grace_period{3000};  // between SIGTERM and SIGKILL
   size_t stderr_tail_lines = 20;                 // of the failing worker, in the summary
@@ -74,6 +78,9 @@ struct SupervisorOptions {
   std::function<void(const WorkerExit&)> on_failure;
   // Called with every line a worker writes (without the prefix), stdout and stderr alike.
   std::function<void(int rank, std::string_view line)> on_line;
+  // Called with every line a worker writes to stdout: a line it returns true for is the
+  // caller's, not relayed (`dtrain bench` takes its ranks' results this way).
+  std::function<bool(int rank, std::string_view line)> take_stdout_line;
   bool report_failure = true;  // write the one-line failure summary at the end
 };
 

@@ -287,3 +287,31 @@ TEST(MultiHost, CuttingAHostInARackedClusterFailsEverySurvivor) {
   ASSERT_EQ(hosts.script("cut " + hosts.name + " 3"), 0);
   expect_survivors_name_the_lost(ranks, 6, lost, 40s, 30s);
 }
+
+namespace {
+
+// `dtrain bench --netns`: the driver's supervisor starts each rank inside its host's namespace.
+TEST(MultiHost, BenchStartsEachRankOnItsEmulatedHost) {
+  Hosts hosts;
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  const std::string out = ::testing::TempDir() + "/bench_netns_" + hosts.name;
+  const std::string command = std::string(DTRAIN_BIN_DIR) + "/dtrain bench allreduce --np 4 --netns " +
+                              hosts.name + " --sizes 4K,1M --iters 3 --warmup 1 --model --json " +
+                              out + ".jsonl > " + out + ".log 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << slurp(out + ".log");
+  const std::string log = slurp(out + ".log");
+  // Rank 0 saw two hosts of two ranks each, and both sizes came back right.
+  EXPECT_NE(log.find("split=hosts parts=2 per_part=2"), std::string::npos) << log;
+  const std::string json = slurp(out + ".jsonl");
+  EXPECT_NE(json.find("\"bytes\":4096"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"bytes\":1048576"), std::string::npos) << json;
+  auto count = [&](const std::string& text) {
+    int n = 0;
+    for (size_t at = json.find(text); at != std::string::npos; at = json.find(text, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("\"wrong\":0,"), 2) << json;
+  EXPECT_EQ(count("\"wrong\":"), 2) << json;
+}
+
+}  // namespace

@@ -4,19 +4,14 @@
 // As a driver (no RANK or OMPI_COMM_WORLD_RANK in the environment) it starts N ranks of itself
 // against a store it hosts, then each requested peer (build/bin/gloo_peer, mpi_peer under mpirun,
 // bench/peers/torch_peer.py), collects the JSON result line each prints from rank 0, and prints
-// one table per collective. Every implementation runs under a deadline; one that overruns is
-// killed and named with the ranks still running.
+// one table per collective. Each implementation's processes run under the launcher's supervisor
+// (launch/supervisor.h, as under `dtrain run`) and a deadline; one that overruns is stopped.
 // `--backend native,gloo` compares dtrain's own backends the same way (columns dtrain-gloo, ...).
 // Under `dtrain run` or `mpirun` (RANK or OMPI_COMM_WORLD_RANK set) it is one rank of that job and
 // measures dtrain only. bench/bench_common.h holds the timing loop, the checks and the result
 // format every implementation shares; docs/performance.md describes the method.
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sched.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
+#include <sys/timerfd.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -45,6 +40,7 @@
 #include "bench/bench_common.h"
 #include "common/durable.h"
 #include "common/env.h"
+#include "common/socket.h"
 #include "comm/algorithms/algorithm.h"
 #include "comm/native_process_group.h"
 #include "dtrain/error.h"
@@ -53,8 +49,6 @@
 #include "launch/cpu_binding.h"
 #include "launch/supervisor.h"
 #include "tools/dtrain/commands.h"
-
-extern char** environ;
 
 namespace dtrain::tools {
 namespace {
@@ -68,7 +62,6 @@ using bench::Result;
 constexpr const char* kDefaultSizes = "4K,64K,1M,16M,64M";
 constexpr const char* kPythonPath = "/usr/bin/python3";
 constexpr std::chrono::milliseconds kKillGrace{2000};
-constexpr std::chrono::milliseconds kPollSlice{100};
 
 struct BenchArgs {
   std::string collectives;  // COLL, or a comma-separated list, or "all"
@@ -448,244 +441,68 @@ struct Outcome {
   std::string failure;  // empty when every process exited 0
 };
 
-// The environment of a child: ours with `overrides` replacing same-named variables. Built before
-// fork: after it, in a threaded process, only async-signal-safe calls are allowed.
-std::vector<std::string> child_environment(
-    const std::vector<std::pair<std::string, std::string>>& overrides) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string_view entry(*e);
-    std::string_view name = entry.substr(0, entry.find('='));
-    bool replaced = std::any_of(overrides.begin(), overrides.end(),
-                                [&](const auto& kv) { return kv.first == name; });
-    if (!replaced) env.emplace_back(entry);
-  }
-  for (const auto& [k, v] : overrides) env.push_back(k + "=" + v);
-  return env;
-}
-
-std::vector<char*> c_strings(std::vector<std::string>& v) {
-  std::vector<char*> out;
-  for (auto& s : v) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
-class ChildSet {
- public:
-  struct Child {
-    std::string label;
-    pid_t pid = -1;
-    int out_fd = -1;
-    bool exited = false;
-    int status = 0;
-    std::string partial;
-  };
-
-  ~ChildSet() { kill_all(); }
-
-  void start(const ChildSpec& spec) {
-    std::string exe = launch::find_executable(spec.argv.at(0));
-    std::vector<std::string> argv = spec.argv;
-    std::vector<std::string> envs = child_environment(spec.env);
-    std::vector<char*> c_argv = c_strings(argv);
-    std::vector<char*> c_env = c_strings(envs);
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC) != 0)
-      throw InternalError(fmt::format("dtrain bench: pipe: {}", std::strerror(errno)));
-    const pid_t parent = getpid();
-    const cpu_set_t cpus = launch::to_cpu_set(spec.cpus);
-    int netns_fd = -1;
-    if (!spec.netns.empty()) {
-      netns_fd = ::open(("/run/netns/" + spec.netns).c_str(), O_RDONLY | O_CLOEXEC);
-      if (netns_fd < 0)
-        throw InvalidArgumentError(fmt::format("dtrain bench: network namespace {} cannot be opened: {}",
-                                               spec.netns, std::strerror(errno)));
-    }
-    pid_t pid = fork();
-    if (pid < 0) {
-      ::close(fds[0]);
-      ::close(fds[1]);
-      if (netns_fd >= 0) ::close(netns_fd);
-      throw InternalError(fmt::format("dtrain bench: fork: {}", std::strerror(errno)));
-    }
-    if (pid == 0) {
-      // Own process group, so that one kill reaches whatever it starts (mpirun's ranks); dies
-      // with the driver.
-      setpgid(0, 0);
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-      dup2(fds[1], STDOUT_FILENO);
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      if (!spec.cpus.empty()) sched_setaffinity(0, sizeof(cpus), &cpus);
-      if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) {
-        const char msg[] = "dtrain bench: cannot enter the rank's network namespace (setns; root?)\n";
-        ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-        (void)ignored;
-        _exit(127);
-      }
-      execve(exe.c_str(), c_argv.data(), c_env.data());
-      const char msg[] = "dtrain bench: exec failed\n";
-      ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-      (void)ignored;
-      _exit(127);
-    }
-    setpgid(pid, pid);  // also here, so that a kill right after start finds the group
-    if (netns_fd >= 0) ::close(netns_fd);
-    ::close(fds[1]);
-    children_.push_back(Child{spec.label, pid, fds[0]});
-  }
-
-  // Reads output and reaps until every child exited and closed its stdout, one failed, or the
-  // deadline passed. Returns "" on success, else what went wrong.
-  std::string wait(const std::string& impl, std::chrono::steady_clock::time_point deadline,
-                   std::vector<std::string>& lines) {
-    while (true) {
-      reap();
-      for (const auto& c : children_) {
-        if (c.exited && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
-          drain(lines, std::chrono::milliseconds(300));
-          std::string why = WIFSIGNALED(c.status)
-                                ? fmt::format("killed by {}", launch::signal_name(WTERMSIG(c.status)))
-                                : fmt::format("exited with code {}", WEXITSTATUS(c.status));
-          kill_all();
-          return fmt::format("{}: {} {} (its error is above); stopped the others", impl, c.label, why);
-        }
-      }
-      bool all_exited = std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.exited; });
-      if (all_exited) {
-        drain(lines, kKillGrace);
-        return "";
-      }
-      auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        std::string running;
-        for (const auto& c : children_)
-          if (!c.exited) running += (running.empty() ? "" : ", ") + c.label;
-        kill_all();
-        return fmt::format("{}: did not finish before the deadline; still running: {} (killed)",
-                           impl, running);
-      }
-      auto slice = std::min<std::chrono::milliseconds>(
-          kPollSlice, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
-      read_some(lines, slice);
-    }
-  }
-
- private:
-  void reap() {
-    for (auto& c : children_) {
-      if (c.exited) continue;
-      int status = 0;
-      pid_t r = waitpid(c.pid, &status, WNOHANG);
-      if (r == c.pid) {
-        c.exited = true;
-        c.status = status;
-      }
-    }
-  }
-
-  // One poll over the open stdout pipes; complete lines go to `lines`.
-  void read_some(std::vector<std::string>& lines, std::chrono::milliseconds timeout) {
-    std::vector<pollfd> pfds;
-    std::vector<Child*> owners;
-    for (auto& c : children_) {
-      if (c.out_fd < 0) continue;
-      pfds.push_back(pollfd{c.out_fd, POLLIN, 0});
-      owners.push_back(&c);
-    }
-    if (pfds.empty()) {
-      std::this_thread::sleep_for(timeout);
-      return;
-    }
-    int rc = ::poll(pfds.data(), pfds.size(), static_cast<int>(timeout.count()));
-    if (rc <= 0) return;
-    for (size_t i = 0; i < pfds.size(); ++i) {
-      if (pfds[i].revents == 0) continue;
-      Child& c = *owners[i];
-      char buf[65536];
-      ssize_t got = ::read(c.out_fd, buf, sizeof(buf));
-      if (got > 0) {
-        c.partial.append(buf, static_cast<size_t>(got));
-        size_t nl;
-        while ((nl = c.partial.find('\n')) != std::string::npos) {
-          lines.push_back(c.partial.substr(0, nl));
-          c.partial.erase(0, nl + 1);
-        }
-      } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
-        if (!c.partial.empty()) lines.push_back(std::move(c.partial));
-        c.partial.clear();
-        ::close(c.out_fd);
-        c.out_fd = -1;
-      }
-    }
-  }
-
-  // After the children exited: what is left in their pipes (a grandchild may hold one open; do
-  // not wait for it longer than `limit`).
-  void drain(std::vector<std::string>& lines, std::chrono::milliseconds limit) {
-    auto until = std::chrono::steady_clock::now() + limit;
-    while (std::any_of(children_.begin(), children_.end(), [](const Child& c) { return c.out_fd >= 0; }) &&
-           std::chrono::steady_clock::now() < until)
-      read_some(lines, std::chrono::milliseconds(50));
-    for (auto& c : children_) {
-      if (c.out_fd >= 0) {
-        ::close(c.out_fd);
-        c.out_fd = -1;
-      }
-    }
-  }
-
-  // SIGTERM to every process group still running, SIGKILL after a grace period; reaps all.
-  void kill_all() {
-    for (auto& c : children_)
-      if (!c.exited) ::kill(-c.pid, SIGTERM);
-    auto until = std::chrono::steady_clock::now() + kKillGrace;
-    while (std::chrono::steady_clock::now() < until) {
-      reap();
-      if (std::all_of(children_.begin(), children_.end(), [](const Child& c) { return c.exited; })) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    for (auto& c : children_) {
-      // The whole group: mpirun's ranks too, even when mpirun itself already exited.
-      ::kill(-c.pid, SIGKILL);
-      if (!c.exited) {
-        int status = 0;
-        if (waitpid(c.pid, &status, 0) == c.pid) {
-          c.exited = true;
-          c.status = status;
-        }
-      }
-      if (c.out_fd >= 0) {
-        ::close(c.out_fd);
-        c.out_fd = -1;
-      }
-    }
-  }
-
-  std::vector<Child> children_;
-};
-
-Outcome run_children(const std::string& impl, const std::vector<ChildSpec>& specs,
-                     const BenchArgs& a) {
+// Starts the processes of one implementation with the launcher's supervisor (the same fork,
+// output relay, failure handling and stop as `dtrain run`), bounded by --deadline, and takes
+// the result lines ('{...}') they print on stdout; the rest of their output goes to stderr.
+Outcome run_children(launch::Supervisor& supervisor, const std::string& impl,
+                     const std::vector<ChildSpec>& specs, const BenchArgs& a) {
   Outcome o;
-  ChildSet set;
-  for (const auto& s : specs) set.start(s);
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(a.deadline_s * 1000));
-  std::vector<std::string> lines;
-  o.failure = set.wait(impl, deadline, lines);
-  for (const auto& line : lines) {
-    if (!line.empty() && line.front() == '{') {
-      try {
-        o.results.push_back(bench::parse_json_line(line));
-        continue;
-      } catch (const std::invalid_argument&) {
-      }
+  launch::SupervisorOptions so;
+  so.name = "dtrain bench";
+  so.command = specs.at(0).argv;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ChildSpec& c = specs[i];
+    launch::WorkerSpec w;
+    w.rank = static_cast<int>(i);
+    w.env = c.env;
+    w.command = c.argv;
+    w.label = fmt::format("{} {}", impl, c.label);
+    w.cpus = c.cpus;
+    w.netns = c.netns;
+    so.workers.push_back(std::move(w));
+  }
+  so.grace_period = kKillGrace;
+  so.stdout_fd = STDERR_FILENO;  // the driver's stdout holds the tables only
+  so.report_failure = false;
+  so.take_stdout_line = [&](int, std::string_view line) {
+    if (line.empty() || line.front() != '{') return false;
+    try {
+      o.results.push_back(bench::parse_json_line(std::string(line)));
+      return true;
+    } catch (const std::invalid_argument&) {
+      return false;
     }
-    std::fprintf(stderr, "[%s] %s\n", impl.c_str(), line.c_str());
+  };
+  // The deadline: a timer the supervisor watches as its stop descriptor.
+  net::Fd timer(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC));
+  if (!timer.valid())
+    throw InternalError(fmt::format("dtrain bench: timerfd_create: {}", std::strerror(errno)));
+  const auto limit = std::chrono::nanoseconds(static_cast<int64_t>(a.deadline_s * 1e9));
+  itimerspec at{};
+  at.it_value.tv_sec = static_cast<time_t>(limit.count() / 1'000'000'000);
+  at.it_value.tv_nsec = static_cast<long>(limit.count() % 1'000'000'000);
+  if (at.it_value.tv_sec == 0 && at.it_value.tv_nsec == 0) at.it_value.tv_nsec = 1;
+  ::timerfd_settime(timer.get(), 0, &at, nullptr);
+  so.stop_fd = timer.get();
+  const launch::SupervisorResult r = supervisor.supervise(so);
+  using Ended = launch::SupervisorResult::Outcome;
+  switch (r.outcome) {
+    case Ended::kSucceeded:
+      break;
+    case Ended::kFailed:
+      o.failure = fmt::format("{}: {} {} (its error is above); stopped the others", impl,
+                              specs.at(r.first_failure->rank).label, r.first_failure->how());
+      break;
+    case Ended::kStopped:
+      o.failure = fmt::format("{}: did not finish within the deadline ({:g} s, --deadline); "
+                              "stopped", impl, a.deadline_s);
+      break;
+    case Ended::kInterrupted:
+      o.failure = fmt::format("{}: interrupted by {}", impl, launch::signal_name(r.interrupted_by));
+      break;
+    case Ended::kRequeued:
+      o.failure = fmt::format("{}: exited for a requeue (code {})", impl, r.exit_code);
+      break;
   }
   return o;
 }
@@ -748,7 +565,7 @@ bench::PeerConfig peer_config(const BenchArgs& a, const Plan& p) {
 
 fs::path self_exe() { return fs::read_symlink("/proc/self/exe"); }
 
-Outcome run_dtrain(const BenchArgs& a, const Plan& p) {
+Outcome run_dtrain(launch::Supervisor& supervisor, const BenchArgs& a, const Plan& p) {
   const auto cluster = read_cluster(a.netns);
   TcpStoreServerOptions so;
   so.host = cluster ? cluster->head() : "127.0.0.1";
@@ -783,11 +600,12 @@ Outcome run_dtrain(const BenchArgs& a, const Plan& p) {
     if (a.bind == "auto") s.cpus = launch::cpu_share(r, a.np, launch::allowed_cpus());
     specs.push_back(std::move(s));
   }
-  return run_children("dtrain", specs, a);
+  return run_children(supervisor, "dtrain", specs, a);
 }
 
 // Runs peer `name`, or returns nullopt after saying in one line why it is skipped.
-std::optional<Outcome> run_peer(const std::string& name, const BenchArgs& a, const Plan& p) {
+std::optional<Outcome> run_peer(launch::Supervisor& supervisor, const std::string& name,
+                                const BenchArgs& a, const Plan& p) {
   auto skip = [&](const std::string& why) -> std::optional<Outcome> {
     std::fprintf(stderr, "%s: skipped, %s\n", name.c_str(), why.c_str());
     return std::nullopt;
@@ -858,7 +676,7 @@ std::optional<Outcome> run_peer(const std::string& name, const BenchArgs& a, con
     BenchArgs probe_args = a;
     probe_args.deadline_s = 120;
     Outcome probe = run_children(
-        "torch", {ChildSpec{"import check", {kPythonPath, "-c", "import torch.distributed"}, {}}}, probe_args);
+        supervisor, "torch", {ChildSpec{"import check", {kPythonPath, "-c", "import torch.distributed"}, {}}}, probe_args);
     if (!probe.failure.empty())
       return skip("python3 cannot import torch.distributed (install python3-torch, e.g. "
                   "with scripts/install-deps.sh)");
@@ -875,7 +693,7 @@ std::optional<Outcome> run_peer(const std::string& name, const BenchArgs& a, con
       specs.push_back(std::move(s));
     }
   }
-  return run_children(name, specs, a);
+  return run_children(supervisor, name, specs, a);
 }
 
 std::string format_us(double us) {
@@ -1079,8 +897,9 @@ int run_driver(const BenchArgs& a) {
   std::fprintf(stderr, "dtrain bench: %s, np %d, sizes %s, %s, iters %d, warmup %d, rounds %d, check %s%s%s\n",
                a.collectives.c_str(), a.np, sizes.c_str(), a.dtype.c_str(), a.iters, a.warmup, a.rounds,
                a.check ? "on" : "off", p.peers.empty() ? "" : ", peers ", a.peers.c_str());
-  // SIGPIPE from a child's closed pipe must not kill the driver.
-  ::signal(SIGPIPE, SIG_IGN);
+  // Before any thread (the store servers'): it takes SIGINT, SIGTERM and SIGCHLD for itself,
+  // and ignores SIGPIPE from a child's closed pipe.
+  launch::Supervisor supervisor;
 
   std::vector<Result> results;
   std::vector<std::string> failures;
@@ -1106,7 +925,7 @@ int run_driver(const BenchArgs& a) {
       BenchArgs one = a;
       one.backend = backends[i];
       if (one.algo == "all") one.algo.clear();  // the model's choice, then each below
-      Outcome o = run_dtrain(one, p);
+      Outcome o = run_dtrain(supervisor, one, p);
       if (i > 0) {
         const std::string impl = "dtrain-" + backends[i];
         for (auto& r : o.results) r.impl = impl;
@@ -1117,14 +936,14 @@ int run_driver(const BenchArgs& a) {
     for (const std::string& name : algorithms) {
       BenchArgs one = a;
       one.algo = name;
-      Outcome o = run_dtrain(one, p);
+      Outcome o = run_dtrain(supervisor, one, p);
       for (auto& r : o.results) r.impl = "dtrain-" + name;
       if (round == 1) shown_peers.push_back("dtrain-" + name);
       collect(numbered(std::move(o)));
     }
     std::vector<std::string> ran;
     for (const auto& peer : runnable_peers) {
-      auto o = run_peer(peer, a, p);
+      auto o = run_peer(supervisor, peer, a, p);
       if (!o) continue;  // said why, once: later rounds leave it out
       ran.push_back(peer);
       if (round == 1) shown_peers.push_back(peer);
