@@ -40,8 +40,11 @@ class Deadline {
   // "12.0 s of a 30 s limit"
   std::string describe() const {
     if (is_never()) return fmt::format("{:.1f} s (no limit)", elapsed().count() / 1000.0);
-    return fmt::format("{:.1f} s of a {:g} s limit", elapsed().count() / 1000.0,
-                       limit_.count() / 1000.0);
+    // As precise as the limit: "0.051 s of a 0.05 s limit", not "0.1 s".
+    const double elapsed_s = elapsed().count() / 1000.0;
+    return limit_.count() < 1000
+               ? fmt::format("{:.3f} s of a {:g} s limit", elapsed_s, limit_.count() / 1000.0)
+               : fmt::format("{:.1f} s of a {:g} s limit", elapsed_s, limit_.count() / 1000.0);
   }
 
  private:
