@@ -95,12 +95,12 @@ std::string CollectiveCall::describe() const {
   return s + ")";
 }
 
-CollectiveContext::CollectiveContext(int rank, int size, std::vector<transport::Pair*> pairs,
+CollectiveContext::CollectiveContext(int rank, int size, std::span<transport::Pair* const> pairs,
                                      uint64_t tag, const CollectiveCall& call, Deadline deadline,
                                      std::string group_name, uint32_t seq)
     : rank_(rank),
       size_(size),
-      pairs_(std::move(pairs)),
+      pairs_(pairs),
       tag_(tag),
       call_(call),
       deadline_(deadline),
@@ -147,9 +147,15 @@ CollectiveContext::RequestPtr CollectiveContext::recv_reduce(int peer, void* dat
 }
 
 void CollectiveContext::wait(std::span<const RequestPtr> requests) {
-  std::vector<transport::Request*> raw;
-  raw.reserve(requests.size());
-  for (const auto& r : requests) raw.push_back(r.get());
+  // On the stack for the usual handful: a small collective's steps allocate nothing here.
+  transport::Request* few[8];
+  std::vector<transport::Request*> many;
+  std::span<transport::Request*> raw(few, requests.size());
+  if (requests.size() > std::size(few)) {
+    many.resize(requests.size());
+    raw = many;
+  }
+  for (size_t i = 0; i < requests.size(); ++i) raw[i] = requests[i].get();
   try {
     transport::wait_requests(raw, active_, deadline_, /*spinning=*/true);
   } catch (const InvalidArgumentError&) {

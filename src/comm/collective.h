@@ -80,7 +80,8 @@ struct MismatchInfo {
 // with this collective's sequence number and fingerprinted with its call.
 class CollectiveContext {
  public:
-  CollectiveContext(int rank, int size, std::vector<transport::Pair*> pairs, uint64_t tag,
+  // `pairs`, by group rank (null for self), outlive the context (the group holds them).
+  CollectiveContext(int rank, int size, std::span<transport::Pair* const> pairs, uint64_t tag,
                     const CollectiveCall& call, Deadline deadline, std::string group_name,
                     uint32_t seq);
   ~CollectiveContext();  // hands the pairs back to the event loop
@@ -156,7 +157,7 @@ class CollectiveContext {
 
   int rank_;
   int size_;
-  std::vector<transport::Pair*> pairs_;  // by group rank; null for self
+  std::span<transport::Pair* const> pairs_;  // by group rank; null for self
   uint64_t tag_;
   CollectiveCall call_;
   Deadline deadline_;

@@ -132,6 +132,22 @@ void Executor::submit(std::shared_ptr<CollectiveWork> work, std::chrono::microse
 
 void Executor::run_here(std::shared_ptr<CollectiveWork> work) {
   {
+    // Nothing queued and nobody running the queue: this one is next, run without queueing it
+    // (a collective queued meanwhile waits for run_mu_, behind it).
+    std::unique_lock run(run_mu_, std::try_to_lock);
+    if (run.owns_lock()) {
+      bool idle;
+      {
+        std::lock_guard lock(queue_mu_);
+        idle = queue_.empty();
+      }
+      if (idle) {
+        work->run();
+        return;
+      }
+    }
+  }
+  {
     std::lock_guard lock(queue_mu_);
     queue_.push_back({work, Clock::time_point{}});
   }

@@ -139,6 +139,7 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   int size_;
   std::string name_;
   std::vector<int> members_;  // world rank of each group rank
+  std::vector<transport::Pair*> pairs_;  // to each group rank (null for self), from start()
   uint32_t group_id_ = 0;
   std::chrono::milliseconds timeout_;
   std::chrono::microseconds async_grace_{0};  // ProcessGroupOptions::async_grace

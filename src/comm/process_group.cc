@@ -159,6 +159,9 @@ NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::ve
 }
 
 void NativeProcessGroup::start() {
+  pairs_.assign(size_, nullptr);
+  for (int i = 0; i < size_; ++i)
+    if (i != rank_) pairs_[i] = device_->pair(members_[i]).get();
   topology_.local = size_ > 1;
   topology_.can_read_all = size_ > 1;
   topology_.oversubscription = oversubscription_;
@@ -526,10 +529,7 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
   auto run = [this, label, deadline, algorithm, mismatched, body = std::move(body)] {
     const CollectiveCall& call = label.call;
     const uint32_t seq = label.seq;
-    std::vector<transport::Pair*> pairs(size_, nullptr);
-    for (int i = 0; i < size_; ++i)
-      if (i != rank_) pairs[i] = device_->pair(members_[i]).get();
-    CollectiveContext ctx(rank_, size_, std::move(pairs),
+    CollectiveContext ctx(rank_, size_, pairs_,
                           make_tag(TagSpace::kCollective, group_id_, seq), call, deadline, name_,
                           seq);
     ctx.set_buffers(&scratch_, &workspace_);
