@@ -26,6 +26,8 @@ packages=(
   prometheus-cpp-dev libyaml-cpp-dev
   # tests and benchmarks; clang with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh)
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-dev
+  # the library tree's format (scripts/check-format.sh, run by the tests)
+  clang-format
   # process tools used by the tests (ps, kill, ip)
   procps iproute2
   # the emulated clusters of scripts/netns-hosts.sh: loss and delay spikes without netem

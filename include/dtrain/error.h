@@ -9,7 +9,8 @@
 namespace dtrain {
 
 enum class ErrorKind {
-  kInvalidArgument,  // the caller asked for something impossible (sizes, ranks, dtypes); fix the call
+  kInvalidArgument,  // the caller asked for something impossible (sizes, ranks, dtypes); fix the
+                     // call
   kTimeout,          // a wait ran past its limit; retry with a longer timeout or find the straggler
   kPeerFailure,      // a peer died or its connection broke; restart the job (or let elastic do it)
   kStore,            // the rendezvous store refused or lost us; check the master address/port/token
@@ -66,8 +67,7 @@ class DataLossError : public Error {
 };
 class ResourceExhaustedError : public Error {
  public:
-  explicit ResourceExhaustedError(const std::string& m)
-      : Error(ErrorKind::kResourceExhausted, m) {}
+  explicit ResourceExhaustedError(const std::string& m) : Error(ErrorKind::kResourceExhausted, m) {}
 };
 class UnavailableError : public Error {
  public:

@@ -35,19 +35,19 @@ struct MemoryEstimateOptions {
   std::string optimizer = "adam";  // sgd, momentum, adam, adamw
   std::string precision = "fp32";  // fp32, bf16, fp16 (16-bit parameters and gradients)
   int world_size = 1;
-  std::string layout = "ddp";      // ddp, zero1, zero2, zero3, tp, pp
-  int64_t largest_unit = 0;        // zero: parameters of the largest unit (gathered at stage 3)
-  bool prefetch = true;            // zero3: the next unit is gathered while one computes
-  int64_t batch = 0;               // samples per rank per step (0: no activations counted)
+  std::string layout = "ddp";  // ddp, zero1, zero2, zero3, tp, pp
+  int64_t largest_unit = 0;    // zero: parameters of the largest unit (gathered at stage 3)
+  bool prefetch = true;        // zero3: the next unit is gathered while one computes
+  int64_t batch = 0;           // samples per rank per step (0: no activations counted)
   int64_t activation_bytes_per_sample = 0;
-  int microbatches = 1;            // pp: the batch is cut into this many
+  int microbatches = 1;  // pp: the batch is cut into this many
 };
 
 struct MemoryEstimate {
-  int64_t parameters = 0;   // bytes per rank
+  int64_t parameters = 0;  // bytes per rank
   int64_t gradients = 0;
   int64_t optimizer = 0;
-  int64_t gathered = 0;     // zero3: parameters gathered for compute; ddp: gradient buckets
+  int64_t gathered = 0;  // zero3: parameters gathered for compute; ddp: gradient buckets
   int64_t activations = 0;
   int64_t model_states() const { return parameters + gradients + optimizer + gathered; }
   int64_t total() const { return model_states() + activations; }

@@ -27,14 +27,14 @@ namespace dtrain {
 struct ProcessGroupOptions {
   std::chrono::milliseconds timeout{0};          // 0 = DTRAIN_TIMEOUT (300 s)
   std::chrono::milliseconds connect_timeout{0};  // 0 = DTRAIN_CONNECT_TIMEOUT (60 s)
-  std::string listen_host;     // interface to listen on; "" = every interface
+  std::string listen_host;                       // interface to listen on; "" = every interface
   std::string advertise_addr;  // address peers dial; "" = DTRAIN_SOCKET_ADDR or the local
                                // address of the store connection
   std::string name = "world";  // names the group in store keys, logs and errors
-  std::string transport;       // "auto" (shared memory on one host), "tcp", "shm"; "" = DTRAIN_TRANSPORT
-  std::string job_id;          // "" = DTRAIN_JOB_ID
-  std::string token;           // "" = DTRAIN_AUTH_TOKEN
-  std::string backend;         // native, gloo, mpi or nccl; "" = DTRAIN_BACKEND, else native
+  std::string transport;  // "auto" (shared memory on one host), "tcp", "shm"; "" = DTRAIN_TRANSPORT
+  std::string job_id;     // "" = DTRAIN_JOB_ID
+  std::string token;      // "" = DTRAIN_AUTH_TOKEN
+  std::string backend;    // native, gloo, mpi or nccl; "" = DTRAIN_BACKEND, else native
   // How long the group's worker leaves an asynchronous collective before starting it, so that
   // a caller that waits for it at once runs it on its own thread (native backend): for blocking
   // APIs built on asynchronous calls, such as torch.distributed's (whose backend sets 200 us).

@@ -158,11 +158,11 @@ class Client {
 };
 
 struct ServerOptions {
-  int index = 0;          // this server's index, 0 .. num_servers - 1
+  int index = 0;  // this server's index, 0 .. num_servers - 1
   int num_servers = 1;
-  std::string listen_host;       // "" = every interface
-  uint16_t port = 0;             // 0 = any free port
-  std::string advertise_host;    // the address workers dial ("" = the local address)
+  std::string listen_host;     // "" = every interface
+  uint16_t port = 0;           // 0 = any free port
+  std::string advertise_host;  // the address workers dial ("" = the local address)
   std::string job_id = "dtrain";
   std::string token;
   // Checkpoints of this server's tables go to checkpoint_dir/server-<index>/ (none when empty),

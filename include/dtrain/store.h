@@ -27,7 +27,8 @@ class Store {
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // Sets key to `desired` if its value is `expected` (an empty `expected` matches a missing key).
   // Returns the value the key holds afterwards.
-  virtual Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) = 0;
+  virtual Bytes compare_set(const std::string& key, const Bytes& expected,
+                            const Bytes& desired) = 0;
   // True when every key exists; never waits.
   virtual bool check(const std::vector<std::string>& keys) = 0;
   // Waits until every key exists; TimeoutError (naming the missing keys) after `timeout`.
@@ -38,13 +39,16 @@ class Store {
   virtual int64_t num_keys() = 0;
   // Waits for every key (up to timeout()), then returns their values in order.
   virtual std::vector<Bytes> multi_get(const std::vector<std::string>& keys) = 0;
-  virtual void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) = 0;
+  virtual void multi_set(const std::vector<std::string>& keys,
+                         const std::vector<Bytes>& values) = 0;
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
   // String conveniences.
-  void set(const std::string& key, std::string_view value) { set(key, Bytes(value.begin(), value.end())); }
+  void set(const std::string& key, std::string_view value) {
+    set(key, Bytes(value.begin(), value.end()));
+  }
   std::string get_string(const std::string& key) {
     Bytes b = get(key);
     return std::string(b.begin(), b.end());
@@ -56,13 +60,13 @@ class Store {
 
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
-  uint16_t port = 29500;  // 0 with is_server = any free port; read it back with port()
+  uint16_t port = 29500;   // 0 with is_server = any free port; read it back with port()
   bool is_server = false;  // host the server inside this process as well as connecting to it
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;  // default limit of each call
   std::chrono::milliseconds connect_timeout{60'000};  // how long to keep retrying to connect
-  std::string job_id;  // empty = DTRAIN_JOB_ID (default "dtrain")
-  std::string token;   // empty = DTRAIN_AUTH_TOKEN (unset = no authentication)
-  int rank = -1;       // this process's rank, for error messages and server logs
+  std::string job_id;                                 // empty = DTRAIN_JOB_ID (default "dtrain")
+  std::string token;  // empty = DTRAIN_AUTH_TOKEN (unset = no authentication)
+  int rank = -1;      // this process's rank, for error messages and server logs
 };
 
 class TcpStoreServer;
@@ -99,10 +103,10 @@ class TcpStore : public Store {
 };
 
 struct TcpStoreServerOptions {
-  std::string host;  // "" = every interface
+  std::string host;       // "" = every interface
   uint16_t port = 29500;  // 0 = any free port
-  std::string job_id;  // empty = DTRAIN_JOB_ID
-  std::string token;   // empty = DTRAIN_AUTH_TOKEN
+  std::string job_id;     // empty = DTRAIN_JOB_ID
+  std::string token;      // empty = DTRAIN_AUTH_TOKEN
   std::chrono::milliseconds handshake_timeout{10'000};
   // Also serve PyTorch's TCPStore clients (torch 1.13's protocol), so that a script's
   // init_process_group meets this store under TORCHELASTIC_USE_AGENT_STORE=True, as under

@@ -19,13 +19,32 @@ std::string_view to_string(DType dtype);
 // Parses "f32", "float32", "float", ... ; throws InvalidArgumentError on an unknown name.
 DType parse_dtype(std::string_view name);
 
-template <typename T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::kF32; }
-template <> constexpr DType dtype_of<double>() { return DType::kF64; }
-template <> constexpr DType dtype_of<int8_t>() { return DType::kI8; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::kU8; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::kI32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::kI64; }
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::kF64;
+}
+template <>
+constexpr DType dtype_of<int8_t>() {
+  return DType::kI8;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::kU8;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::kI64;
+}
 
 struct TensorView {
   void* data = nullptr;

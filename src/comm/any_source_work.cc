@@ -1,9 +1,9 @@
 #include "comm/any_source_work.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 
@@ -11,7 +11,10 @@ namespace dtrain::comm {
 
 AnySourceWork::AnySourceWork(std::vector<Peer> peers, uint64_t tag, TensorView tensor,
                              Deadline deadline, std::string what)
-    : peers_(std::move(peers)), tag_(tag), tensor_(tensor), deadline_(deadline),
+    : peers_(std::move(peers)),
+      tag_(tag),
+      tensor_(tensor),
+      deadline_(deadline),
       what_(std::move(what)) {}
 
 bool AnySourceWork::probe_locked() {

@@ -42,7 +42,7 @@ class AnySourceWork : public Work {
   uint64_t tag_;
   TensorView tensor_;
   Deadline deadline_;
-  std::string what_;  // "rank 0: recv from any source, tag 3, 64 bytes"
+  std::string what_;       // "rank 0: recv from any source, tag 3, 64 bytes"
   mutable std::mutex mu_;  // guards everything below
   std::shared_ptr<transport::Request> request_;
   int source_ = -1;

@@ -24,9 +24,9 @@ void check_rank_and_size(int rank, int size) {
 void check_tensor(const GroupInfo& info, const TensorView& t, std::string_view op,
                   std::string_view which) {
   if (t.device != Device::kCpu)
-    throw unsupported(info, op, op, "CUDA tensors",
-                      fmt::format("{}; copy {} to the CPU, or use the nccl backend", info.no_cuda,
-                                  which));
+    throw unsupported(
+        info, op, op, "CUDA tensors",
+        fmt::format("{}; copy {} to the CPU, or use the nccl backend", info.no_cuda, which));
   if (t.data == nullptr && t.numel > 0)
     throw InvalidArgumentError(fmt::format("rank {}: {}: {} of {} elements has a null data pointer",
                                            info.rank, op, which, t.numel));
@@ -41,18 +41,19 @@ void check_root(const GroupInfo& info, int root, std::string_view op) {
 void check_same_dtype(const GroupInfo& info, const TensorView& out, const TensorView& in,
                       std::string_view op) {
   if (out.dtype != in.dtype)
-    throw InvalidArgumentError(fmt::format("rank {}: {}: output is {} but input is {}; use one dtype",
-                                           info.rank, op, to_string(out.dtype),
-                                           to_string(in.dtype)));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: {}: output is {} but input is {}; use one dtype", info.rank, op,
+                    to_string(out.dtype), to_string(in.dtype)));
 }
 
 void check_peer(const GroupInfo& info, int peer, const TensorView& tensor, std::string_view op) {
   if (peer < 0 || peer >= info.size)
-    throw InvalidArgumentError(fmt::format("rank {}: {} names rank {}, but group {} has ranks 0..{}",
-                                           info.rank, op, peer, info.name, info.size - 1));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: {} names rank {}, but group {} has ranks 0..{}", info.rank, op, peer,
+                    info.name, info.size - 1));
   if (peer == info.rank)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: {} names this rank itself; copy the tensor instead", info.rank, op));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: {} names this rank itself; copy the tensor instead", info.rank, op));
   check_tensor(info, tensor, op, "the tensor");
 }
 
@@ -60,9 +61,9 @@ void check_new_group(const GroupInfo& info, const std::vector<int>& ranks) {
   std::set<int> seen;
   for (int r : ranks) {
     if (r < 0 || r >= info.size)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: new_group({}) names rank {}, but group {} has ranks 0..{}", info.rank,
-          fmt::join(ranks, ", "), r, info.name, info.size - 1));
+      throw InvalidArgumentError(
+          fmt::format("rank {}: new_group({}) names rank {}, but group {} has ranks 0..{}",
+                      info.rank, fmt::join(ranks, ", "), r, info.name, info.size - 1));
     if (!seen.insert(r).second)
       throw InvalidArgumentError(fmt::format("rank {}: new_group({}) names rank {} twice",
                                              info.rank, fmt::join(ranks, ", "), r));
@@ -97,16 +98,17 @@ size_t check_allgatherv(const GroupInfo& info, const TensorView& out, const Tens
                         const std::vector<size_t>& counts) {
   check_pair(info, out, in, "all_gather_v");
   if (counts.size() != static_cast<size_t>(info.size))
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_gather_v: counts has {} entries; it needs one per rank ({})", info.rank,
-        counts.size(), info.size));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: all_gather_v: counts has {} entries; it needs one per rank ({})",
+                    info.rank, counts.size(), info.size));
   size_t total = 0;
   for (size_t c : counts) total += c;
   if (in.numel != counts[info.rank] || out.numel < total)
     throw InvalidArgumentError(fmt::format(
         "rank {}: all_gather_v: the input has {} elements (counts says {}) and the output {} "
         "(the counts add up to {}); the input needs this rank's count and the output at least "
-        "the sum", info.rank, in.numel, counts[info.rank], out.numel, total));
+        "the sum",
+        info.rank, in.numel, counts[info.rank], out.numel, total));
   return total;
 }
 
@@ -120,7 +122,8 @@ void check_gather(const GroupInfo& info, const TensorView& out, const TensorView
   if (out.numel != in.numel * n)
     throw InvalidArgumentError(fmt::format(
         "rank {}: gather: the root's output has {} elements; it needs size() x input = {} x {} "
-        "= {}", info.rank, out.numel, n, in.numel, in.numel * n));
+        "= {}",
+        info.rank, out.numel, n, in.numel, in.numel * n));
 }
 
 void check_scatter(const GroupInfo& info, const TensorView& out, const TensorView& in, int root) {
@@ -133,7 +136,8 @@ void check_scatter(const GroupInfo& info, const TensorView& out, const TensorVie
   if (in.numel != out.numel * n)
     throw InvalidArgumentError(fmt::format(
         "rank {}: scatter: the root's input has {} elements; it needs size() x output = {} x {} "
-        "= {}", info.rank, in.numel, n, out.numel, out.numel * n));
+        "= {}",
+        info.rank, in.numel, n, out.numel, out.numel * n));
 }
 
 void check_reduce_scatter(const GroupInfo& info, const TensorView& out, const TensorView& in) {
@@ -142,7 +146,8 @@ void check_reduce_scatter(const GroupInfo& info, const TensorView& out, const Te
   if (in.numel != out.numel * n)
     throw InvalidArgumentError(fmt::format(
         "rank {}: reduce_scatter: the input has {} elements; it needs size() x output = {} x {} "
-        "= {}", info.rank, in.numel, n, out.numel, out.numel * n));
+        "= {}",
+        info.rank, in.numel, n, out.numel, out.numel * n));
 }
 
 void check_alltoall(const GroupInfo& info, const TensorView& out, const TensorView& in) {
@@ -150,7 +155,8 @@ void check_alltoall(const GroupInfo& info, const TensorView& out, const TensorVi
   if (in.numel != out.numel || in.numel % static_cast<size_t>(info.size) != 0)
     throw InvalidArgumentError(fmt::format(
         "rank {}: all_to_all: input ({}) and output ({}) must have the same number of elements, "
-        "divisible by the group size {}", info.rank, in.numel, out.numel, info.size));
+        "divisible by the group size {}",
+        info.rank, in.numel, out.numel, info.size));
 }
 
 AlltoallvTotals check_alltoallv(const GroupInfo& info, const TensorView& out,
@@ -161,7 +167,8 @@ AlltoallvTotals check_alltoallv(const GroupInfo& info, const TensorView& out,
       in_counts.size() != static_cast<size_t>(info.size))
     throw InvalidArgumentError(fmt::format(
         "rank {}: all_to_all_v: output_counts has {} and input_counts {} entries; both need one "
-        "per rank ({})", info.rank, out_counts.size(), in_counts.size(), info.size));
+        "per rank ({})",
+        info.rank, out_counts.size(), in_counts.size(), info.size));
   AlltoallvTotals totals;
   for (int i = 0; i < info.size; ++i) {
     totals.out += out_counts[i];
@@ -170,11 +177,12 @@ AlltoallvTotals check_alltoallv(const GroupInfo& info, const TensorView& out,
   if (totals.out > out.numel || totals.in > in.numel)
     throw InvalidArgumentError(fmt::format(
         "rank {}: all_to_all_v: the counts add up to {} output and {} input elements, but the "
-        "tensors have {} and {}", info.rank, totals.out, totals.in, out.numel, in.numel));
+        "tensors have {} and {}",
+        info.rank, totals.out, totals.in, out.numel, in.numel));
   if (out_counts[info.rank] != in_counts[info.rank])
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_to_all_v: this rank sends itself {} elements but expects {}", info.rank,
-        in_counts[info.rank], out_counts[info.rank]));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: all_to_all_v: this rank sends itself {} elements but expects {}",
+                    info.rank, in_counts[info.rank], out_counts[info.rank]));
   return totals;
 }
 

@@ -60,8 +60,8 @@ std::string selected_backend(const ProcessGroupOptions& options) {
   }
   if (name.empty()) return "native";
   if (!known(name))
-    throw InvalidArgumentError(fmt::format(
-        "{} is '{}': that is no backend; use native, gloo, mpi or nccl", from, name));
+    throw InvalidArgumentError(
+        fmt::format("{} is '{}': that is no backend; use native, gloo, mpi or nccl", from, name));
   return name;
 }
 
@@ -78,7 +78,8 @@ const Backend* find_backend(std::string_view name) {
         fmt::format("backend '{}' is no backend; use native, gloo, mpi or nccl", name));
   throw InvalidArgumentError(fmt::format(
       "backend {} is not built into this dtrain: {} (programs get it by linking the CMake "
-      "target dtrain_backends)", name, k->how_to_build));
+      "target dtrain_backends)",
+      name, k->how_to_build));
 }
 
 bool needs_store(const ProcessGroupOptions& options) {

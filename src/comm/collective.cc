@@ -1,8 +1,8 @@
 #include "comm/collective.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
+
+#include <fmt/format.h>
 
 #include "common/check.h"
 #include "dtrain/error.h"
@@ -50,17 +50,28 @@ uint64_t digest_counts(std::span<const size_t> counts) {
 
 std::string_view to_string(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kAllreduce: return "all_reduce";
-    case CollectiveKind::kReduce: return "reduce";
-    case CollectiveKind::kAllgather: return "all_gather";
-    case CollectiveKind::kAllgatherv: return "all_gather_v";
-    case CollectiveKind::kGather: return "gather";
-    case CollectiveKind::kScatter: return "scatter";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAlltoall: return "all_to_all";
-    case CollectiveKind::kAlltoallv: return "all_to_all_v";
-    case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kAllreduce:
+      return "all_reduce";
+    case CollectiveKind::kReduce:
+      return "reduce";
+    case CollectiveKind::kAllgather:
+      return "all_gather";
+    case CollectiveKind::kAllgatherv:
+      return "all_gather_v";
+    case CollectiveKind::kGather:
+      return "gather";
+    case CollectiveKind::kScatter:
+      return "scatter";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAlltoall:
+      return "all_to_all";
+    case CollectiveKind::kAlltoallv:
+      return "all_to_all_v";
+    case CollectiveKind::kBarrier:
+      return "barrier";
   }
   return "unknown collective";
 }
@@ -87,7 +98,8 @@ std::string CollectiveCall::describe() const {
   if (kind == CollectiveKind::kBarrier) return "barrier()";
   std::string s = fmt::format("{}({}", to_string(kind), to_string(dtype));
   if (kind == CollectiveKind::kAllgatherv)
-    s += fmt::format(", counts {:010x}", count);  // the digest of the list: equal lists, equal digests
+    s += fmt::format(", counts {:010x}",
+                     count);  // the digest of the list: equal lists, equal digests
   else if (kind != CollectiveKind::kAlltoallv)
     s += fmt::format(", {}", count);
   if (has_op(kind)) s += fmt::format(", {}", to_string(op));
@@ -182,6 +194,5 @@ void CollectiveContext::send_recv(int to, const void* out, size_t out_bytes, int
   RequestPtr rs[2] = {recv(from, in, in_bytes), send(to, out, out_bytes)};
   wait(rs);
 }
-
 
 }  // namespace dtrain::comm

@@ -16,8 +16,8 @@
 #include "common/deadline.h"
 #include "dtrain/reduce_op.h"
 #include "dtrain/tensor.h"
-#include "transport/shm/shared_page.h"
 #include "transport/pair.h"
+#include "transport/shm/shared_page.h"
 
 namespace dtrain::comm {
 

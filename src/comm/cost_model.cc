@@ -57,20 +57,24 @@ CostModel::CostModel(CostConstants constants)
 namespace {
 
 // A positive, finite number at `key` of `j` (GB/s or microseconds), or `fallback` when absent.
-double positive(const nlohmann::json& j, const char* key, double fallback, const std::string& where) {
+double positive(const nlohmann::json& j, const char* key, double fallback,
+                const std::string& where) {
   if (!j.contains(key)) return fallback;
   const auto& v = j.at(key);
   if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
-    throw InvalidArgumentError(fmt::format("{}: '{}' must be a positive number, not {}", where, key, v.dump()));
+    throw InvalidArgumentError(
+        fmt::format("{}: '{}' must be a positive number, not {}", where, key, v.dump()));
   return v.get<double>();
 }
 
 void check_keys(const nlohmann::json& j, std::initializer_list<std::string_view> known,
                 const std::string& where) {
-  if (!j.is_object()) throw InvalidArgumentError(fmt::format("{} must be a JSON object, not {}", where, j.dump()));
+  if (!j.is_object())
+    throw InvalidArgumentError(fmt::format("{} must be a JSON object, not {}", where, j.dump()));
   for (const auto& [key, _] : j.items())
     if (std::find(known.begin(), known.end(), key) == known.end())
-      throw InvalidArgumentError(fmt::format("{}: unknown key '{}' (known: {})", where, key, fmt::join(known, ", ")));
+      throw InvalidArgumentError(
+          fmt::format("{}: unknown key '{}' (known: {})", where, key, fmt::join(known, ", ")));
 }
 
 }  // namespace
@@ -93,9 +97,11 @@ CostConstants CostModel::parse(const std::string& text, const std::string& where
   // Version 1 (dtrain bench --calibrate): {"version": 1, "gamma_gbps": G, "links": {"shm" |
   // "host" | "rack": {"alpha_us": A, "beta_gbps": B}}, "note": "..."}; the flat form of a single
   // link class, {"alpha_us": A, "beta_gbps": B, "gamma_gbps": G}, is read as the host link.
-  check_keys(j, {"version", "gamma_gbps", "call_us", "links", "note", "alpha_us", "beta_gbps"}, where);
+  check_keys(j, {"version", "gamma_gbps", "call_us", "links", "note", "alpha_us", "beta_gbps"},
+             where);
   if (j.contains("version") && j["version"] != 1)
-    throw InvalidArgumentError(fmt::format("{}: version {} is not one this dtrain reads (1)", where, j["version"].dump()));
+    throw InvalidArgumentError(
+        fmt::format("{}: version {} is not one this dtrain reads (1)", where, j["version"].dump()));
   k.alpha = positive(j, "alpha_us", k.alpha * 1e6, where) * 1e-6;
   k.beta = 1.0 / (positive(j, "beta_gbps", 1.0 / k.beta / 1e9, where) * 1e9);
   k.gamma = 1.0 / (positive(j, "gamma_gbps", 1.0 / k.gamma / 1e9, where) * 1e9);
@@ -121,7 +127,10 @@ std::string CostModel::to_json(const CostConstants& k, const std::string& note) 
   auto link = [](double alpha, double beta) {
     return nlohmann::json{{"alpha_us", alpha * 1e6}, {"beta_gbps", 1.0 / beta / 1e9}};
   };
-  nlohmann::json j{{"version", 1}, {"gamma_gbps", 1.0 / k.gamma / 1e9}, {"call_us", k.call * 1e6}, {"note", note}};
+  nlohmann::json j{{"version", 1},
+                   {"gamma_gbps", 1.0 / k.gamma / 1e9},
+                   {"call_us", k.call * 1e6},
+                   {"note", note}};
   j["links"]["shm"] = link(k.alpha_local, k.beta_local);
   j["links"]["host"] = link(k.alpha, k.beta);
   if (k.alpha_rack > 0 && k.beta_rack > 0) j["links"]["rack"] = link(k.alpha_rack, k.beta_rack);
@@ -136,7 +145,9 @@ LoadedConstants CostModel::load() {
     double size = 0;
     char unit = 'K';
     if (llc >> size >> unit && size > 0)
-      k.cache_bytes = size * (unit == 'M' ? 1024.0 * 1024 : unit == 'G' ? 1024.0 * 1024 * 1024 : 1024);
+      k.cache_bytes = size * (unit == 'M'   ? 1024.0 * 1024
+                              : unit == 'G' ? 1024.0 * 1024 * 1024
+                                            : 1024);
   }
   if (auto path = env::raw(env::kCostFile)) {
     try {
@@ -215,7 +226,8 @@ double CostModel::cost(const algo::Algorithm& a, size_t bytes, int n,
                        const Topology& topology) const {
   if (n <= 1) return 0.0;
   if (!algo::can_run(a, topology, n)) return kUnusable;
-  if (a.cost == nullptr) return k_.call + hierarchical(a.kind, static_cast<double>(bytes), n, topology);
+  if (a.cost == nullptr)
+    return k_.call + hierarchical(a.kind, static_cast<double>(bytes), n, topology);
   return k_.call + a.cost(input(a, bytes, n, topology));
 }
 
@@ -250,14 +262,14 @@ algo::CostInput CostModel::input(const algo::Algorithm& a, size_t bytes, int n,
   // is about four times its buffer (the buffer, the scratch, and the bytes in both rings), and
   // ranks that share a core also share its cache. Measured crossovers (docs/performance.md):
   // 4 ranks on 2 cores between 512 KiB and 1 MiB, 2 ranks between 2 and 4 MiB.
-  const bool spills =
-      topology.local && 4 * c.N * c.M * topology.oversubscription >= k_.cache_bytes;
+  const bool spills = topology.local && 4 * c.N * c.M * topology.oversubscription >= k_.cache_bytes;
   c.reread = spills ? 2.0 : 0.0;
   c.chunks = c.M / (256.0 * 1024.0);
   c.p = static_cast<double>(std::bit_floor(static_cast<unsigned>(n)));
   c.lp = std::log2(c.p);
   c.log2n = log2_ceil(n);
-  c.fold = n == static_cast<int>(c.p) ? 0.0 : 2 * c.link.alpha + 2 * c.M * c.link.beta + c.M * c.gamma;
+  c.fold =
+      n == static_cast<int>(c.p) ? 0.0 : 2 * c.link.alpha + 2 * c.M * c.link.beta + c.M * c.gamma;
   return c;
 }
 

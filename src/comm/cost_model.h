@@ -27,9 +27,9 @@ struct LinkCost {
 };
 
 struct CostConstants {
-  double alpha = 12e-6;          // between hosts: seconds per message
-  double beta = 1.0 / 4.0e9;     // ... seconds per byte on the wire
-  double gamma = 1.0 / 12.0e9;   // seconds per byte reduced
+  double alpha = 12e-6;         // between hosts: seconds per message
+  double beta = 1.0 / 4.0e9;    // ... seconds per byte on the wire
+  double gamma = 1.0 / 12.0e9;  // seconds per byte reduced
   // A group whose ranks all share a host (shared memory): messages and copies are cheaper.
   double alpha_local = 2e-6;
   double beta_local = 1.0 / 10.0e9;
@@ -47,7 +47,9 @@ struct CostConstants {
 
   LinkCost shm() const { return {alpha_local, beta_local}; }
   LinkCost host() const { return {alpha, beta}; }
-  LinkCost rack() const { return {alpha_rack > 0 ? alpha_rack : alpha, beta_rack > 0 ? beta_rack : beta}; }
+  LinkCost rack() const {
+    return {alpha_rack > 0 ? alpha_rack : alpha, beta_rack > 0 ? beta_rack : beta};
+  }
 };
 
 // What the group's connections can do, which changes the costs and the candidates. A group
@@ -55,18 +57,18 @@ struct CostConstants {
 // at its level: the ranks of one host (rack) each.
 struct Topology {
   enum class Level { kHosts, kRacks };
-  bool local = false;        // every peer on shared memory
+  bool local = false;         // every peer on shared memory
   bool can_read_all = false;  // ... and readable with cross-memory attach ("direct")
   Level level = Level::kHosts;
-  int hosts = 1;              // parts at this level; > 1 with >= 2 ranks in some: "hierarchical"
-  int per_host = 1;           // ranks per part (the most, where uneven)
-  bool uniform = true;        // every part holds per_host ranks (else hierarchical runs by leaders)
-  bool host_contiguous = false;  // part h holds ranks h*k .. h*k+k-1
-  int racks = 1;              // (level kHosts) racks the hosts sit in, > 1 when told
-  int hosts_per_rack = 1;     // ... hosts in each (the most)
-  bool spans_racks = false;   // some messages cross a rack's uplink
-  int nic_sharers = 1;        // groups that run at once over the same links (the hierarchy's
-                              // cross groups: one per local index), dividing their bandwidth
+  int hosts = 1;        // parts at this level; > 1 with >= 2 ranks in some: "hierarchical"
+  int per_host = 1;     // ranks per part (the most, where uneven)
+  bool uniform = true;  // every part holds per_host ranks (else hierarchical runs by leaders)
+  bool host_contiguous = false;   // part h holds ranks h*k .. h*k+k-1
+  int racks = 1;                  // (level kHosts) racks the hosts sit in, > 1 when told
+  int hosts_per_rack = 1;         // ... hosts in each (the most)
+  bool spans_racks = false;       // some messages cross a rack's uplink
+  int nic_sharers = 1;            // groups that run at once over the same links (the hierarchy's
+                                  // cross groups: one per local index), dividing their bandwidth
   double oversubscription = 1.0;  // ranks on this host per core, at least 1
 };
 

@@ -3,10 +3,10 @@
 // file alone when it built the CUDA support, so the refusal can say which of the two is missing.
 #include "comm/cuda_staging.h"
 
-#include <fmt/format.h>
-
 #include <atomic>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 

@@ -1,7 +1,5 @@
 #include "comm/executor.h"
-#include "comm/wait_time.h"
 
-#include <fmt/format.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
@@ -10,6 +8,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include <fmt/format.h>
+
+#include "comm/wait_time.h"
 #include "dtrain/error.h"
 
 namespace dtrain::comm {
@@ -23,7 +24,8 @@ thread_local bool in_collective = false;
 
 std::string CollectiveWork::Label::describe() const {
   if (!text.empty()) return text;
-  return fmt::format("rank {}: {} as collective #{} of group {}", rank, call.describe(), seq, group);
+  return fmt::format("rank {}: {} as collective #{} of group {}", rank, call.describe(), seq,
+                     group);
 }
 
 void CollectiveWork::run() {
@@ -64,15 +66,15 @@ void CollectiveWork::wait_until_done(std::optional<std::chrono::milliseconds> ti
   }
   // The collective enforces its own deadline on every message; the slack only covers the
   // time to notice and report it.
-  const Deadline limit =
-      timeout ? Deadline::after(*timeout)
-              : Deadline::after(deadline_.remaining() + std::chrono::seconds(5));
+  const Deadline limit = timeout ? Deadline::after(*timeout)
+                                 : Deadline::after(deadline_.remaining() + std::chrono::seconds(5));
   while (!completion_.done() && !limit.expired())
     completion_.wait_until(std::min(Clock::now() + std::chrono::seconds(1), limit.at()));
   if (!completion_.done()) {
     auto error = std::make_exception_ptr(TimeoutError(fmt::format(
         "{} did not finish within {}; the group is aborted, since the collective may still be "
-        "writing into its buffers", what(), limit.describe())));
+        "writing into its buffers",
+        what(), limit.describe())));
     if (auto ex = executor_.lock()) ex->on_failure_(error);
     completion_.wait_until(Clock::now() + std::chrono::seconds(5));
     completion_.fail(error);
@@ -86,8 +88,8 @@ Executor::Executor(std::function<void(std::exception_ptr)> on_failure, bool spin
       wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       timer_(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)) {
   if (!wake_.valid() || !timer_.valid())
-    throw InternalError(fmt::format("cannot create the executor's eventfd or timerfd: {}",
-                                    std::strerror(errno)));
+    throw InternalError(
+        fmt::format("cannot create the executor's eventfd or timerfd: {}", std::strerror(errno)));
 }
 
 void Executor::wake_worker() {
@@ -205,7 +207,7 @@ void Executor::worker(std::stop_token stop) {
     if (stop.stop_requested()) return;
     {
       std::lock_guard lock(queue_mu_);
-      timer_set_ = false;  // it fired, or the worker runs the queue now anyway
+      timer_set_ = false;            // it fired, or the worker runs the queue now anyway
       if (queue_.empty()) continue;  // waiting callers ran them within their grace
       if (queue_.front().not_before > Clock::now()) {
         arm_timer_locked(queue_.front().not_before);

@@ -45,7 +45,9 @@ class CollectiveWork : public Work {
 
   CollectiveWork(std::function<void()> body, Deadline deadline, Label label,
                  std::weak_ptr<Executor> executor)
-      : body_(std::move(body)), deadline_(deadline), label_(std::move(label)),
+      : body_(std::move(body)),
+        deadline_(deadline),
+        label_(std::move(label)),
         executor_(std::move(executor)) {}
   CollectiveWork(std::function<void()> body, Deadline deadline, std::string what,
                  std::weak_ptr<Executor> executor)
@@ -107,9 +109,9 @@ class Executor : public std::enable_shared_from_this<Executor> {
 
   std::function<void(std::exception_ptr)> on_failure_;
   const bool spin_waits_;
-  net::Fd wake_;   // eventfd: a collective to start now, or stop
-  net::Fd timer_;  // timerfd: the first queued collective's grace is over
-  std::mutex queue_mu_;  // guards queue_ and timer_set_
+  net::Fd wake_;            // eventfd: a collective to start now, or stop
+  net::Fd timer_;           // timerfd: the first queued collective's grace is over
+  std::mutex queue_mu_;     // guards queue_ and timer_set_
   bool timer_set_ = false;  // the timer will fire (and clear this)
   struct Queued {
     std::shared_ptr<CollectiveWork> work;

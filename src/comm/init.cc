@@ -11,11 +11,12 @@ namespace dtrain {
 
 std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
   // A backend with its own rendezvous (mpi: mpirun's) needs neither identity nor store.
-  if (!backends::needs_store(options.group)) return ProcessGroup::create(nullptr, -1, -1, options.group);
+  if (!backends::needs_store(options.group))
+    return ProcessGroup::create(nullptr, -1, -1, options.group);
   Identity id = resolve_identity(options.identity);
   log::set_rank(id.rank);
-  const auto timeout = options.group.timeout.count() > 0 ? options.group.timeout
-                                                         : env::get_seconds(env::kTimeout);
+  const auto timeout =
+      options.group.timeout.count() > 0 ? options.group.timeout : env::get_seconds(env::kTimeout);
   const auto connect_timeout = options.group.connect_timeout.count() > 0
                                    ? options.group.connect_timeout
                                    : env::get_seconds(env::kConnectTimeout);
@@ -39,8 +40,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& options) {
     so.job_id = options.group.job_id;
     so.token = options.group.token;
     // mpirun names no master: rank 0's address may come through MPI (comm/store_discovery.h).
-    std::shared_ptr<TcpStore> tcp = agent_store ? nullptr
-                                                : comm::discover_store(id, options.identity, so);
+    std::shared_ptr<TcpStore> tcp =
+        agent_store ? nullptr : comm::discover_store(id, options.identity, so);
     if (!tcp) tcp = std::make_shared<TcpStore>(so);
     DTRAIN_LOG_DEBUG("rank {} of {} ({}), store {}:{}", id.rank, id.world_size, id.source,
                      tcp->host(), tcp->port());

@@ -74,7 +74,8 @@ CostConstants NativeProcessGroup::measure_links(CostConstants k) {
     std::vector<float> a(kLarge / sizeof(float), 1.0f), b(a.size(), 2.0f);
     reduce_into(a.data(), b.data(), a.size(), DType::kF32, ReduceOp::kSum);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 8; ++i) reduce_into(a.data(), b.data(), a.size(), DType::kF32, ReduceOp::kSum);
+    for (int i = 0; i < 8; ++i)
+      reduce_into(a.data(), b.data(), a.size(), DType::kF32, ReduceOp::kSum);
     k.gamma = seconds_since(t0) / 8 / kLarge;
     store_->set(key, CostModel::to_json(k, fmt::format("measured by group {} at start-up", name_)));
     DTRAIN_LOG_INFO("rank 0: group {} measured its links: {}", name_,
@@ -82,12 +83,14 @@ CostConstants NativeProcessGroup::measure_links(CostConstants k) {
     return k;
   }
   // Everyone else takes rank 0's figures, read as a calibration file is.
-  return CostModel::parse(store_->get_string(key), fmt::format("rank 0's measurement ({})", key), k);
+  return CostModel::parse(store_->get_string(key), fmt::format("rank 0's measurement ({})", key),
+                          k);
 }
 
 void NativeProcessGroup::agree_on_costs() {
   const auto loaded = CostModel::load();
-  store_->set(fmt::format("{}/cost_file/{}", name_, rank_), loaded.problem.empty() ? "ok" : loaded.problem);
+  store_->set(fmt::format("{}/cost_file/{}", name_, rank_),
+              loaded.problem.empty() ? "ok" : loaded.problem);
   std::string why;
   for (int r = 0; r < size_ && why.empty(); ++r) {
     const std::string v = store_->get_string(fmt::format("{}/cost_file/{}", name_, r));
@@ -95,8 +98,10 @@ void NativeProcessGroup::agree_on_costs() {
   }
   if (why.empty()) return;
   if (rank_ == 0)
-    DTRAIN_LOG_ERROR("{}; measuring the links at start-up instead (write a good file with "
-                     "`dtrain bench allreduce --calibrate FILE`, or unset DTRAIN_COST_FILE)", why);
+    DTRAIN_LOG_ERROR(
+        "{}; measuring the links at start-up instead (write a good file with "
+        "`dtrain bench allreduce --calibrate FILE`, or unset DTRAIN_COST_FILE)",
+        why);
   set_cost_constants(measure_links(loaded.constants));
 }
 

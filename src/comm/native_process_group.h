@@ -24,7 +24,8 @@
 
 namespace dtrain::comm {
 
-class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_this<NativeProcessGroup> {
+class NativeProcessGroup : public ProcessGroup,
+                           public std::enable_shared_from_this<NativeProcessGroup> {
  public:
   // The world group: connects the device.
   NativeProcessGroup(std::shared_ptr<Store> store, int rank, int size,
@@ -51,8 +52,10 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   std::shared_ptr<Work> irecv_any(const TensorView& tensor, int tag,
                                   const RecvOptions& options) override;
 
-  std::shared_ptr<Work> broadcast(const TensorView& tensor, const BroadcastOptions& options) override;
-  std::shared_ptr<Work> allreduce(const TensorView& tensor, const AllreduceOptions& options) override;
+  std::shared_ptr<Work> broadcast(const TensorView& tensor,
+                                  const BroadcastOptions& options) override;
+  std::shared_ptr<Work> allreduce(const TensorView& tensor,
+                                  const AllreduceOptions& options) override;
   using ProcessGroup::allreduce;
   std::shared_ptr<Work> reduce(const TensorView& tensor, const ReduceOptions& options) override;
   std::shared_ptr<Work> allgather(const TensorView& output, const TensorView& input,
@@ -68,8 +71,9 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
                                        const ReduceScatterOptions& options) override;
   std::shared_ptr<Work> alltoall(const TensorView& output, const TensorView& input,
                                  const AlltoallOptions& options) override;
-  std::shared_ptr<Work> alltoallv(const TensorView& output, const std::vector<size_t>& output_counts,
-                                  const TensorView& input, const std::vector<size_t>& input_counts,
+  std::shared_ptr<Work> alltoallv(const TensorView& output,
+                                  const std::vector<size_t>& output_counts, const TensorView& input,
+                                  const std::vector<size_t>& input_counts,
                                   const AlltoallOptions& options) override;
   std::shared_ptr<Work> barrier(const BarrierOptions& options) override;
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override;
@@ -110,8 +114,8 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   // on this thread otherwise. For ReduceOp::kAvg the result is divided by the group's size on
   // every rank, or on the root of a reduce.
   template <typename Options>
-  std::shared_ptr<Work> collective(const CollectiveCall& call, const Options& options,
-                                   size_t bytes, Args args);
+  std::shared_ptr<Work> collective(const CollectiveCall& call, const Options& options, size_t bytes,
+                                   Args args);
   // A call on CUDA tensors: `again` (the same call) on host copies of them, through the
   // installed staging (cuda_staging.h), with what is left of the call's timeout.
   template <typename Options, typename Again>
@@ -129,16 +133,14 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   Deadline deadline_for(std::chrono::milliseconds timeout) const {
     return Deadline::after(timeout.count() > 0 ? timeout : timeout_);
   }
-  transport::Pair& pair_of(int group_rank) const {
-    return *device_->pair(members_[group_rank]);
-  }
+  transport::Pair& pair_of(int group_rank) const { return *device_->pair(members_[group_rank]); }
 
   std::shared_ptr<Store> store_;
   std::shared_ptr<transport::Device> device_;
   int rank_;
   int size_;
   std::string name_;
-  std::vector<int> members_;  // world rank of each group rank
+  std::vector<int> members_;             // world rank of each group rank
   std::vector<transport::Pair*> pairs_;  // to each group rank (null for self), from start()
   uint32_t group_id_ = 0;
   std::chrono::milliseconds timeout_;
@@ -169,8 +171,8 @@ class NativeProcessGroup : public ProcessGroup, public std::enable_shared_from_t
   void agree_on_costs();  // `groups` (this one among them) run at once over its links
   void fail_internal_groups(std::exception_ptr error);
   std::shared_ptr<Executor> executor_;
-  CollectiveContext::Buffer scratch_;    // used by the running collective only
-  CollectiveContext::Buffer workspace_;  // likewise
+  CollectiveContext::Buffer scratch_;         // used by the running collective only
+  CollectiveContext::Buffer workspace_;       // likewise
   CollectiveContext::Persistent persistent_;  // likewise
   CallHistory history_;
   std::unique_ptr<Watchdog> watchdog_;

@@ -10,8 +10,7 @@ namespace dtrain::comm {
 
 class PairWork : public Work {
  public:
-  explicit PairWork(std::shared_ptr<transport::Request> request)
-      : request_(std::move(request)) {}
+  explicit PairWork(std::shared_ptr<transport::Request> request) : request_(std::move(request)) {}
 
   bool is_completed() override;
   void wait_until_done(std::optional<std::chrono::milliseconds> timeout) override;

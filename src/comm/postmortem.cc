@@ -51,10 +51,13 @@ std::string CallHistory::describe(uint32_t seq) const {
   if (seq != 0 && e.seq == seq)
     return fmt::format("called {}{}", e.call.describe(),
                        seq <= last_finished_ ? " and completed it" : "");
-  if (last_called_ == 0) return fmt::format("has not called collective #{} (nor any before it)", seq);
+  if (last_called_ == 0)
+    return fmt::format("has not called collective #{} (nor any before it)", seq);
   if (seq < last_called_)
-    return fmt::format("called collective #{} too long ago to say what it was (its last was #{}, "
-                       "{})", seq, last_called_, calls_[last_called_ % kKeep].call.describe());
+    return fmt::format(
+        "called collective #{} too long ago to say what it was (its last was #{}, "
+        "{})",
+        seq, last_called_, calls_[last_called_ % kKeep].call.describe());
   return fmt::format("has not called collective #{} yet (its last was #{}, {})", seq, last_called_,
                      calls_[last_called_ % kKeep].call.describe());
 }

@@ -5,10 +5,10 @@
 // until something fails.
 #pragma once
 
-#include <chrono>
-#include <functional>
-#include <cstdint>
 #include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -38,7 +38,7 @@ class CallHistory {
     uint32_t seq = 0;  // 0: empty
     CollectiveCall call;
   };
-  mutable std::mutex mu_;  // guards calls_, last_called_ and last_finished_
+  mutable std::mutex mu_;             // guards calls_, last_called_ and last_finished_
   std::array<Entry, kKeep> calls_{};  // collective #s at s % kKeep: the last kKeep calls
   uint32_t last_called_ = 0;
   uint32_t last_finished_ = 0;

@@ -1,10 +1,10 @@
 #include "dtrain/preemption.h"
 
-#include <fmt/format.h>
-
 #include <atomic>
 #include <cstring>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "common/log.h"
 #include "dtrain/error.h"

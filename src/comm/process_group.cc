@@ -8,11 +8,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "comm/backend_registry.h"
 #include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
-#include "comm/arguments.h"
 #include "comm/any_source_work.h"
+#include "comm/arguments.h"
+#include "comm/backend_registry.h"
 #include "comm/cuda_staging.h"
 #include "comm/native_process_group.h"
 #include "comm/p2p_work.h"
@@ -25,8 +25,8 @@
 
 namespace dtrain {
 
-std::shared_ptr<ProcessGroup> ProcessGroup::create(std::shared_ptr<Store> store, int rank,
-                                                   int size, const ProcessGroupOptions& options) {
+std::shared_ptr<ProcessGroup> ProcessGroup::create(std::shared_ptr<Store> store, int rank, int size,
+                                                   const ProcessGroupOptions& options) {
   if (auto other = backends::create_registered(store, rank, size, options)) return other;
   auto pg = std::make_shared<comm::NativeProcessGroup>(std::move(store), rank, size, options);
   return pg;
@@ -42,9 +42,9 @@ std::shared_ptr<Work> ProcessGroup::irecv_any(const TensorView&, int tag, const 
 std::shared_ptr<Work> ProcessGroup::allreduce(const TensorView& input, const TensorView& output,
                                               const AllreduceOptions& options) {
   if (input.numel != output.numel || input.dtype != output.dtype)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: all_reduce: output ({} x {}) must match input ({} x {})", rank(),
-        output.numel, to_string(output.dtype), input.numel, to_string(input.dtype)));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: all_reduce: output ({} x {}) must match input ({} x {})", rank(),
+                    output.numel, to_string(output.dtype), input.numel, to_string(input.dtype)));
   if (input.nbytes() > 0 && input.data != output.data) {
     if (comm::on_cuda(input) || comm::on_cuda(output))
       comm::copy_cuda(fmt::format("rank {}: all_reduce", rank()), output, input,
@@ -58,8 +58,8 @@ std::shared_ptr<Work> ProcessGroup::allreduce(const TensorView& input, const Ten
 namespace comm {
 namespace {
 
-using transport::TagSpace;
 using transport::make_tag;
+using transport::TagSpace;
 
 uint64_t fnv1a(std::string_view text) {
   uint64_t h = 1469598103934665603ull;
@@ -133,7 +133,8 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
   if (d.transport != "auto" && d.transport != "tcp" && d.transport != "shm")
     throw InvalidArgumentError(fmt::format(
         "transport '{}' is not one of auto, tcp, shm (ProcessGroupOptions::transport or "
-        "DTRAIN_TRANSPORT)", d.transport));
+        "DTRAIN_TRANSPORT)",
+        d.transport));
   device_ = std::make_shared<transport::Device>(*store_, d);
   start();
   if (size_ > 1 && env::raw(env::kCostFile)) agree_on_costs();
@@ -174,10 +175,12 @@ void NativeProcessGroup::start() {
   watchdog_ = std::make_unique<Watchdog>(*store_, name_, rank_, size_,
                                          env::get_seconds(env::kStragglerSeconds));
   build_hierarchy();
-  executor_ = std::make_shared<Executor>([this](std::exception_ptr e) {
-    // A wait that timed out: the collective stuck is the first one not completed here.
-    on_collective_failed(history_.first_unfinished(), e);
-  }, /*spin_waits=*/!device_->oversubscribed());
+  executor_ = std::make_shared<Executor>(
+      [this](std::exception_ptr e) {
+        // A wait that timed out: the collective stuck is the first one not completed here.
+        on_collective_failed(history_.first_unfinished(), e);
+      },
+      /*spin_waits=*/!device_->oversubscribed());
   executor_->start();
   transport::Device::GroupHandlers handlers;
   handlers.mark = [this](uint32_t seq, std::exception_ptr e) {
@@ -205,20 +208,23 @@ void NativeProcessGroup::start() {
         "arguments";
     std::string text;
     if (ours != 0) {
-      text = fmt::format("rank {}: collective #{} of group {}: rank {} called {} while this rank "
-                         "called {}; {}",
-                         rank_, seq, name_, group_peer, their_call,
-                         CollectiveCall::from_fingerprint(ours).describe(), kRule);
+      text = fmt::format(
+          "rank {}: collective #{} of group {}: rank {} called {} while this rank "
+          "called {}; {}",
+          rank_, seq, name_, group_peer, their_call,
+          CollectiveCall::from_fingerprint(ours).describe(), kRule);
     } else if (auto mine = history_.call(seq); mine && mine->fingerprint() == theirs) {
-      text = fmt::format("rank {}: collective #{} of group {}, {}: rank {} sent a message this "
-                         "rank never received: the two ran it with different algorithms; "
-                         "DTRAIN_ALGO and the `algorithm` option must be the same on every rank",
-                         rank_, seq, name_, their_call, group_peer);
+      text = fmt::format(
+          "rank {}: collective #{} of group {}, {}: rank {} sent a message this "
+          "rank never received: the two ran it with different algorithms; "
+          "DTRAIN_ALGO and the `algorithm` option must be the same on every rank",
+          rank_, seq, name_, their_call, group_peer);
     } else {
       // The collective is over here: without this check both ranks would have gone on.
-      text = fmt::format("rank {}: collective #{} of group {}: rank {} called {} while this rank "
-                         "{}; {}",
-                         rank_, seq, name_, group_peer, their_call, history_.describe(seq), kRule);
+      text = fmt::format(
+          "rank {}: collective #{} of group {}: rank {} called {} while this rank "
+          "{}; {}",
+          rank_, seq, name_, group_peer, their_call, history_.describe(seq), kRule);
       DTRAIN_LOG_ERROR("{} (the next collective of the group fails here)", text);
     }
     auto error = std::make_exception_ptr(InvalidArgumentError(text));
@@ -337,16 +343,18 @@ void NativeProcessGroup::build_hierarchy() {
   }
   h.local = local_group_.get();
   h.cross = cross_group_.get();
-  DTRAIN_LOG_DEBUG("rank {}: group {} spans {} {}s ({} ranks on the largest{}): hierarchical "
-                   "collectives available", rank_, name_, parts.size(), unit, most,
-                   h.uniform ? ", all alike" : "");
+  DTRAIN_LOG_DEBUG(
+      "rank {}: group {} spans {} {}s ({} ranks on the largest{}): hierarchical "
+      "collectives available",
+      rank_, name_, parts.size(), unit, most, h.uniform ? ", all alike" : "");
 }
 
 std::string NativeProcessGroup::hierarchy() const {
   if (!local_group_) return "split=none";
-  std::string text = fmt::format(
-      "split={} parts={} per_part={} {}", topology_.level == Topology::Level::kHosts ? "hosts" : "racks",
-      topology_.hosts, topology_.per_host, hierarchy_.uniform ? "uniform" : "uneven");
+  std::string text =
+      fmt::format("split={} parts={} per_part={} {}",
+                  topology_.level == Topology::Level::kHosts ? "hosts" : "racks", topology_.hosts,
+                  topology_.per_host, hierarchy_.uniform ? "uniform" : "uneven");
   if (cross_group_) text += "; cross: " + cross_group_->hierarchy();
   return text;
 }
@@ -366,13 +374,16 @@ std::string NativeProcessGroup::postmortem(uint32_t seq, const std::string& entr
       [this](int r) -> std::optional<std::string> {
         if (r == rank_) return std::nullopt;
         switch (device_->pair(members_[r])->broken_by()) {
-          case transport::Pair::BrokenBy::kNothing: return std::nullopt;
-          case transport::Pair::BrokenBy::kPeer: return "gone (its connection broke)";
+          case transport::Pair::BrokenBy::kNothing:
+            return std::nullopt;
+          case transport::Pair::BrokenBy::kPeer:
+            return "gone (its connection broke)";
           case transport::Pair::BrokenBy::kTimeout:
             // A stopped (SIGSTOP) or stuck rank: alive, silent, its connection closed by us.
             return "did not answer within the limit (stopped or stuck: the connection was "
                    "closed here when a message to or from it was cut short)";
-          case transport::Pair::BrokenBy::kUs: return "its connection was closed here";
+          case transport::Pair::BrokenBy::kUs:
+            return "its connection was closed here";
         }
         return std::nullopt;
       });
@@ -401,8 +412,8 @@ void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr e
     // A mismatch found once its collective was over is what the peers are told to explain.
     failed_seq_ = seq = mismatch_seq_ != 0 ? mismatch_seq_ : seq;
   }
-  const std::string text = fmt::format("rank {} (world rank {}) reports: {}", rank_,
-                                       members_[rank_], message_of(error));
+  const std::string text =
+      fmt::format("rank {} (world rank {}) reports: {}", rank_, members_[rank_], message_of(error));
   DTRAIN_LOG_ERROR("{}", message_of(error));
   std::vector<int> peers;
   for (int m : members_)
@@ -414,7 +425,8 @@ void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr e
 
 std::exception_ptr NativeProcessGroup::failure_from(uint32_t seq) {
   std::lock_guard lock(mu_);
-  if (!failure_ || (failed_seq_ != 0 && static_cast<int32_t>(seq - failed_seq_) < 0)) return nullptr;
+  if (!failure_ || (failed_seq_ != 0 && static_cast<int32_t>(seq - failed_seq_) < 0))
+    return nullptr;
   return failure_;
 }
 
@@ -437,10 +449,9 @@ void NativeProcessGroup::fail_internal_groups(std::exception_ptr error) {
 std::shared_ptr<Work> NativeProcessGroup::isend(const TensorView& tensor, int dst, int tag,
                                                 const SendOptions& options) {
   if (on_cuda(tensor))
-    return stage_cuda(info(), "send", {{tensor, Staging::kIn}}, deadline_for(options.timeout),
-                      [&](auto h, auto left) {
-                        return isend(h[0], dst, tag, with_timeout(options, left));
-                      });
+    return stage_cuda(
+        info(), "send", {{tensor, Staging::kIn}}, deadline_for(options.timeout),
+        [&](auto h, auto left) { return isend(h[0], dst, tag, with_timeout(options, left)); });
   check_peer(info(), dst, tensor, "send");
   uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
   return std::make_shared<PairWork>(
@@ -450,10 +461,9 @@ std::shared_ptr<Work> NativeProcessGroup::isend(const TensorView& tensor, int ds
 std::shared_ptr<Work> NativeProcessGroup::irecv(const TensorView& tensor, int src, int tag,
                                                 const RecvOptions& options) {
   if (on_cuda(tensor))
-    return stage_cuda(info(), "recv", {{tensor, Staging::kOut}}, deadline_for(options.timeout),
-                      [&](auto h, auto left) {
-                        return irecv(h[0], src, tag, with_timeout(options, left));
-                      });
+    return stage_cuda(
+        info(), "recv", {{tensor, Staging::kOut}}, deadline_for(options.timeout),
+        [&](auto h, auto left) { return irecv(h[0], src, tag, with_timeout(options, left)); });
   check_peer(info(), src, tensor, "recv");
   uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
   return std::make_shared<PairWork>(
@@ -463,10 +473,9 @@ std::shared_ptr<Work> NativeProcessGroup::irecv(const TensorView& tensor, int sr
 std::shared_ptr<Work> NativeProcessGroup::irecv_any(const TensorView& tensor, int tag,
                                                     const RecvOptions& options) {
   if (on_cuda(tensor))
-    return stage_cuda(info(), "recv", {{tensor, Staging::kOut}}, deadline_for(options.timeout),
-                      [&](auto h, auto left) {
-                        return irecv_any(h[0], tag, with_timeout(options, left));
-                      });
+    return stage_cuda(
+        info(), "recv", {{tensor, Staging::kOut}}, deadline_for(options.timeout),
+        [&](auto h, auto left) { return irecv_any(h[0], tag, with_timeout(options, left)); });
   check_tensor(info(), tensor, "recv from any source", "the tensor");
   std::vector<AnySourceWork::Peer> peers;
   for (int r = 0; r < size_; ++r)
@@ -512,8 +521,8 @@ const algo::Algorithm& NativeProcessGroup::choose(CollectiveKind kind, std::stri
 
 std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                                                  std::string_view algorithm,
-                                                 std::chrono::milliseconds timeout,
-                                                 bool async_op, Body body) {
+                                                 std::chrono::milliseconds timeout, bool async_op,
+                                                 Body body) {
   uint32_t seq, failed_seq;
   std::exception_ptr failed, mismatched;
   {
@@ -529,9 +538,8 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
   auto run = [this, label, deadline, algorithm, mismatched, body = std::move(body)] {
     const CollectiveCall& call = label.call;
     const uint32_t seq = label.seq;
-    CollectiveContext ctx(rank_, size_, pairs_,
-                          make_tag(TagSpace::kCollective, group_id_, seq), call, deadline, name_,
-                          seq);
+    CollectiveContext ctx(rank_, size_, pairs_, make_tag(TagSpace::kCollective, group_id_, seq),
+                          call, deadline, name_, seq);
     ctx.set_buffers(&scratch_, &workspace_);
     ctx.set_persistent(&persistent_);
     device_->expect(group_id_, seq, call.fingerprint());
@@ -569,9 +577,9 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
   if (failed) {
     const std::string since =
         failed_seq == seq ? std::string("a peer failed it")
-        : failed_seq == 0 ? std::string("the group is unusable")
-                          : fmt::format("the group is unusable since collective #{} failed",
-                                        failed_seq);
+        : failed_seq == 0
+            ? std::string("the group is unusable")
+            : fmt::format("the group is unusable since collective #{} failed", failed_seq);
     work->fail(std::make_exception_ptr(PeerFailureError(
         fmt::format("{} cannot start: {}: {}", label.describe(), since, message_of(failed)))));
     return work;
@@ -673,7 +681,8 @@ std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, cons
   check_allgatherv(info(), out, in, counts);
   return collective(
       {CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0, digest_counts(counts)}, o,
-      in.nbytes(), {.out = out, .in = in, .out_blocks = Blocks::of(counts, element_size(in.dtype))});
+      in.nbytes(),
+      {.out = out, .in = in, .out_blocks = Blocks::of(counts, element_size(in.dtype))});
 }
 
 std::shared_ptr<Work> NativeProcessGroup::gather(const TensorView& out, const TensorView& in,
@@ -696,15 +705,16 @@ std::shared_ptr<Work> NativeProcessGroup::scatter(const TensorView& out, const T
                     out.nbytes(), {.out = out, .in = in});
 }
 
-std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out, const TensorView& in,
+std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out,
+                                                         const TensorView& in,
                                                          const ReduceScatterOptions& o) {
   if (on_cuda(out) || on_cuda(in))
     return on_host("reduce_scatter", {{out, Staging::kOut}, {in, Staging::kIn}}, o,
                    [&](auto h, const auto& left) { return reduce_scatter(h[0], h[1], left); });
   check_reduce_scatter(info(), out, in);
   check_reduce_op(in.dtype, o.op);
-  return collective({CollectiveKind::kReduceScatter, out.dtype, o.op, 0, out.numel}, o,
-                    in.nbytes(), {.out = out, .in = in, .op = o.op});
+  return collective({CollectiveKind::kReduceScatter, out.dtype, o.op, 0, out.numel}, o, in.nbytes(),
+                    {.out = out, .in = in, .op = o.op});
 }
 
 std::shared_ptr<Work> NativeProcessGroup::alltoall(const TensorView& out, const TensorView& in,

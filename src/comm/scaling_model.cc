@@ -63,9 +63,11 @@ Topology job_topology(const ClusterShape& s) {
 StepPrediction predict_step(const CostModel& model, const StepModel& m, const ClusterShape& s,
                             const std::string& layout) {
   if (m.parameters <= 0 || m.compute_s <= 0)
-    throw InvalidArgumentError("a prediction needs the parameter count and the compute time per step");
+    throw InvalidArgumentError(
+        "a prediction needs the parameter count and the compute time per step");
   if (s.ranks < 1 || s.per_host < 1)
-    throw InvalidArgumentError(fmt::format("ranks ({}) and ranks per host ({}) must be at least 1", s.ranks, s.per_host));
+    throw InvalidArgumentError(
+        fmt::format("ranks ({}) and ranks per host ({}) must be at least 1", s.ranks, s.per_host));
   StepPrediction p;
   p.layout = layout;
   p.ranks = s.ranks;
@@ -83,15 +85,16 @@ StepPrediction predict_step(const CostModel& model, const StepModel& m, const Cl
   if (n == 1) {
     // Nothing to communicate.
   } else if (layout.rfind("ddp", 0) == 0) {
-    const std::string algo = layout == "ddp" ? "" : layout.substr(4) == "recursive-doubling"
-                                                        ? "recursive_doubling"
-                                                        : layout.substr(4);
+    const std::string algo = layout == "ddp"                            ? ""
+                             : layout.substr(4) == "recursive-doubling" ? "recursive_doubling"
+                                                                        : layout.substr(4);
     std::vector<double> costs;
     for (double b : bucket_sizes(M, m.bucket_bytes)) costs.push_back(allreduce(algo, b));
     for (double c : costs) p.comm_s += c;
     step = std::max(m.compute_s, overlapped_end(forward, backward, costs));
   } else if (layout == "ps") {
-    if (m.ps_servers < 1) throw InvalidArgumentError("the ps layout needs --ps-servers S (at least 1)");
+    if (m.ps_servers < 1)
+      throw InvalidArgumentError("the ps layout needs --ps-servers S (at least 1)");
     // Each worker pushes its gradients and pulls the parameters through its host's link, shared
     // by the host's ranks; each server takes n/S of every push and serves n/S of every pull.
     // Pushes and pulls run in opposite directions at once: a bucket's push costs the busier of
@@ -119,7 +122,8 @@ StepPrediction predict_step(const CostModel& model, const StepModel& m, const Cl
   } else if (layout == "pipeline") {
     const int stages = std::min(m.pipeline_stages, n);
     if (stages < 1 || m.micro_batches < 1)
-      throw InvalidArgumentError("the pipeline layout needs --stages and --micro-batches of at least 1");
+      throw InvalidArgumentError(
+          "the pipeline layout needs --stages and --micro-batches of at least 1");
     // Each stage holds 1/stages of the model and does 1/stages of the work of stages ranks'
     // batches; the fill and drain leave (stages-1)/(micro_batches+stages-1) of it idle.
     const double m_b = m.micro_batches, st = stages;
@@ -135,13 +139,16 @@ StepPrediction predict_step(const CostModel& model, const StepModel& m, const Cl
     double sync = 0;
     if (replicas > 1) {
       ClusterShape rs{replicas, std::max(1, s.per_host / stages), s.hosts_per_rack};
-      sync = model.best_cost(CollectiveKind::kAllreduce, static_cast<size_t>(M / st), replicas, job_topology(rs));
+      sync = model.best_cost(CollectiveKind::kAllreduce, static_cast<size_t>(M / st), replicas,
+                             job_topology(rs));
     }
     p.comm_s = p2p + sync;
     step = pipe + p2p + sync;
   } else {
-    throw InvalidArgumentError(fmt::format("no layout '{}': use one of ddp, ddp-ring, ddp-hierarchical, "
-                                           "ddp-recursive-doubling, ps, zero3, pipeline", layout));
+    throw InvalidArgumentError(
+        fmt::format("no layout '{}': use one of ddp, ddp-ring, ddp-hierarchical, "
+                    "ddp-recursive-doubling, ps, zero3, pipeline",
+                    layout));
   }
   if (step >= 1e29) {
     // The layout cannot run on this shape (hierarchical with one host, say).

@@ -1,10 +1,11 @@
 #include "comm/store_discovery.h"
 
-#include <fmt/format.h>
 #include <unistd.h>
 
 #include <mutex>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "common/env.h"
 #include "common/log.h"
@@ -74,12 +75,12 @@ std::shared_ptr<TcpStore> host_and_publish(const Identity& id, const LauncherCha
     }
     const auto* error = dynamic_cast<const Error*>(&e);
     if (error == nullptr) throw;
-    throw_error(error->kind(),
-                fmt::format("rank 0 of {}: hosting the rendezvous store on {} failed: {}",
-                            id.world_size,
-                            fixed_port ? fmt::format("port {} (MASTER_PORT)", so.port)
-                                       : std::string("a free port"),
-                            e.what()));
+    throw_error(
+        error->kind(),
+        fmt::format(
+            "rank 0 of {}: hosting the rendezvous store on {} failed: {}", id.world_size,
+            fixed_port ? fmt::format("port {} (MASTER_PORT)", so.port) : std::string("a free port"),
+            e.what()));
   }
   net::HostPort published{host, store->port()};
   channel.broadcast(id, std::string(kOk) + published.to_string(), so.connect_timeout);

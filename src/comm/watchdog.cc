@@ -80,8 +80,8 @@ Watchdog::Arrivals Watchdog::read_arrivals(uint32_t seq) {
         continue;
       }
       int64_t at = std::stoll(store_.get_string(key));
-      arrived.push_back(fmt::format("rank {} at {} (waiting {:.1f} s)", r, clock_text(at),
-                                    (now - at) / 1000.0));
+      arrived.push_back(
+          fmt::format("rank {} at {} (waiting {:.1f} s)", r, clock_text(at), (now - at) / 1000.0));
     }
   } catch (const std::exception& e) {
     return {fmt::format("(arrivals unknown: the store is unreachable: {})", e.what()), true};
@@ -108,12 +108,11 @@ void Watchdog::report(uint32_t seq, const std::string& what,
                       std::chrono::steady_clock::duration waited, std::chrono::milliseconds limit) {
   const Arrivals a = read_arrivals(seq);
   const std::string of_limit = limit == std::chrono::milliseconds::max()
-                                  ? std::string("(no limit)")
-                                  : fmt::format("of its {:g} s limit", limit.count() / 1000.0);
+                                   ? std::string("(no limit)")
+                                   : fmt::format("of its {:g} s limit", limit.count() / 1000.0);
   const std::string text =
-      fmt::format("rank {}: collective #{} of group {}, {}, has waited {:.1f} s {}: {}", rank_,
-                  seq, group_, what, std::chrono::duration<double>(waited).count(), of_limit,
-                  a.text);
+      fmt::format("rank {}: collective #{} of group {}, {}, has waited {:.1f} s {}: {}", rank_, seq,
+                  group_, what, std::chrono::duration<double>(waited).count(), of_limit, a.text);
   if (a.lowest_waiting) {
     DTRAIN_LOG_INFO("{}", text);
   } else {
@@ -124,7 +123,8 @@ void Watchdog::report(uint32_t seq, const std::string& what,
 void Watchdog::run(std::stop_token stop) {
   std::unique_lock lock(mu_);
   while (!stop.stop_requested()) {
-    cv_.wait_for(lock, stop, std::chrono::milliseconds(std::min<int64_t>(threshold_.count() / 4 + 1, 1000)),
+    cv_.wait_for(lock, stop,
+                 std::chrono::milliseconds(std::min<int64_t>(threshold_.count() / 4 + 1, 1000)),
                  [] { return false; });
     if (stop.stop_requested() || seq_ == 0) continue;
     auto waited = std::chrono::steady_clock::now() - since_;

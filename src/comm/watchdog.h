@@ -23,7 +23,8 @@ namespace dtrain::comm {
 
 class Watchdog {
  public:
-  Watchdog(Store& store, std::string group, int rank, int size, std::chrono::milliseconds threshold);
+  Watchdog(Store& store, std::string group, int rank, int size,
+           std::chrono::milliseconds threshold);
   ~Watchdog();
 
   // `limit`: the collective's timeout, quoted in the reports.
@@ -53,7 +54,7 @@ class Watchdog {
 
   std::mutex mu_;  // guards the fields below
   std::condition_variable_any cv_;
-  uint32_t seq_ = 0;  // the running collective, 0 when none
+  uint32_t seq_ = 0;     // the running collective, 0 when none
   CollectiveCall call_;  // what the running collective is
   std::chrono::milliseconds limit_{0};
   std::chrono::steady_clock::time_point since_;

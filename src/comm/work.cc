@@ -1,8 +1,9 @@
+#include "dtrain/work.h"
+
 #include <atomic>
 
 #include "comm/p2p_work.h"
 #include "comm/wait_time.h"
-#include "dtrain/work.h"
 
 namespace dtrain {
 namespace {

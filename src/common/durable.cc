@@ -1,7 +1,6 @@
 #include "common/durable.h"
 
 #include <fcntl.h>
-#include <fmt/format.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -10,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+
+#include <fmt/format.h>
 
 #include "common/log.h"
 #include "common/socket.h"
@@ -29,12 +30,15 @@ void throw_io(int err, const std::string& what, const std::string& path) {
       advice = "; free space (or descriptors) there, or point the job at another directory";
       break;
     case ErrorKind::kDataLoss:
-      advice = "; the device failed to store the bytes: check the disk (dmesg), and do not trust "
-               "what is there";
+      advice =
+          "; the device failed to store the bytes: check the disk (dmesg), and do not trust "
+          "what is there";
       break;
-    default: break;
+    default:
+      break;
   }
-  throw_error(kind_of_errno(err), fmt::format("{} {} failed: {}{}", what, path, errno_text(err), advice));
+  throw_error(kind_of_errno(err),
+              fmt::format("{} {} failed: {}{}", what, path, errno_text(err), advice));
 }
 
 uint32_t crc32_of(const void* data, size_t size) {
@@ -56,8 +60,8 @@ FileSum sum_file(const std::string& path, bool sync) {
   if (sync && ::fsync(fd.get()) != 0) {
     const int err = errno;
     throw_error(ErrorKind::kDataLoss,
-                fmt::format("fsync of {} failed: {}: what was written may not be on the disk",
-                            path, errno_text(err)));
+                fmt::format("fsync of {} failed: {}: what was written may not be on the disk", path,
+                            errno_text(err)));
   }
   std::vector<unsigned char> buf(size_t{1} << 20);
   FileSum sum;
@@ -92,8 +96,8 @@ void write_file(const std::string& path, const void* bytes, size_t size) {
     const int err = errno;
     if (kind_of_errno(err) == ErrorKind::kResourceExhausted) throw_io(err, "fsync of", path);
     throw_error(ErrorKind::kDataLoss,
-                fmt::format("fsync of {} failed: {}: what was written may not be on the disk",
-                            path, errno_text(err)));
+                fmt::format("fsync of {} failed: {}: what was written may not be on the disk", path,
+                            errno_text(err)));
   }
 }
 
@@ -164,8 +168,7 @@ std::vector<int64_t> list_numbered(const std::string& dir, const std::string& pr
   return out;
 }
 
-std::string numbered_path(const std::string& dir, const std::string& prefix, int64_t n,
-                          int width) {
+std::string numbered_path(const std::string& dir, const std::string& prefix, int64_t n, int width) {
   return fmt::format("{}/{}{:0{}d}", dir, prefix, n, width);
 }
 

@@ -1,10 +1,10 @@
 #include "common/env.h"
 
-#include <fmt/format.h>
-
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 

@@ -9,15 +9,24 @@ namespace dtrain {
 
 std::string_view to_string(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kInvalidArgument: return "invalid argument";
-    case ErrorKind::kTimeout: return "timeout";
-    case ErrorKind::kPeerFailure: return "peer failure";
-    case ErrorKind::kStore: return "store error";
-    case ErrorKind::kAborted: return "aborted";
-    case ErrorKind::kInternal: return "internal error";
-    case ErrorKind::kDataLoss: return "data loss";
-    case ErrorKind::kResourceExhausted: return "resource exhausted";
-    case ErrorKind::kUnavailable: return "unavailable";
+    case ErrorKind::kInvalidArgument:
+      return "invalid argument";
+    case ErrorKind::kTimeout:
+      return "timeout";
+    case ErrorKind::kPeerFailure:
+      return "peer failure";
+    case ErrorKind::kStore:
+      return "store error";
+    case ErrorKind::kAborted:
+      return "aborted";
+    case ErrorKind::kInternal:
+      return "internal error";
+    case ErrorKind::kDataLoss:
+      return "data loss";
+    case ErrorKind::kResourceExhausted:
+      return "resource exhausted";
+    case ErrorKind::kUnavailable:
+      return "unavailable";
   }
   return "unknown error";
 }
@@ -32,16 +41,24 @@ bool Error::retryable() const {
 
 std::exception_ptr make_error(ErrorKind kind, const std::string& message) {
   switch (kind) {
-    case ErrorKind::kInvalidArgument: return std::make_exception_ptr(InvalidArgumentError(message));
-    case ErrorKind::kTimeout: return std::make_exception_ptr(TimeoutError(message));
-    case ErrorKind::kPeerFailure: return std::make_exception_ptr(PeerFailureError(message));
-    case ErrorKind::kStore: return std::make_exception_ptr(StoreError(message));
-    case ErrorKind::kAborted: return std::make_exception_ptr(AbortedError(message));
-    case ErrorKind::kDataLoss: return std::make_exception_ptr(DataLossError(message));
+    case ErrorKind::kInvalidArgument:
+      return std::make_exception_ptr(InvalidArgumentError(message));
+    case ErrorKind::kTimeout:
+      return std::make_exception_ptr(TimeoutError(message));
+    case ErrorKind::kPeerFailure:
+      return std::make_exception_ptr(PeerFailureError(message));
+    case ErrorKind::kStore:
+      return std::make_exception_ptr(StoreError(message));
+    case ErrorKind::kAborted:
+      return std::make_exception_ptr(AbortedError(message));
+    case ErrorKind::kDataLoss:
+      return std::make_exception_ptr(DataLossError(message));
     case ErrorKind::kResourceExhausted:
       return std::make_exception_ptr(ResourceExhaustedError(message));
-    case ErrorKind::kUnavailable: return std::make_exception_ptr(UnavailableError(message));
-    case ErrorKind::kInternal: break;
+    case ErrorKind::kUnavailable:
+      return std::make_exception_ptr(UnavailableError(message));
+    case ErrorKind::kInternal:
+      break;
   }
   return std::make_exception_ptr(InternalError(message));
 }

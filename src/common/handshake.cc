@@ -1,9 +1,5 @@
 #include "common/handshake.h"
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-
 #include <sys/random.h>
 
 #include <array>
@@ -12,6 +8,9 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "common/env.h"
 #include "common/socket.h"
@@ -67,8 +66,8 @@ Nonce random_nonce() {
     ssize_t r = ::getrandom(n.data() + got, n.size() - got, 0);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0)
-      throw InternalError(fmt::format("getrandom failed to produce a handshake nonce: {}",
-                                      std::strerror(errno)));
+      throw InternalError(
+          fmt::format("getrandom failed to produce a handshake nonce: {}", std::strerror(errno)));
     got += static_cast<size_t>(r);
   }
   return n;
@@ -126,9 +125,12 @@ void send_verdict(int fd, bool accepted, const Mac& mac, std::string_view reason
 
 std::string_view role_name(uint8_t role) {
   switch (role) {
-    case static_cast<uint8_t>(Role::kStoreClient): return "store client";
-    case static_cast<uint8_t>(Role::kPair): return "rank-to-rank connection";
-    case static_cast<uint8_t>(Role::kPsClient): return "parameter-server worker";
+    case static_cast<uint8_t>(Role::kStoreClient):
+      return "store client";
+    case static_cast<uint8_t>(Role::kPair):
+      return "rank-to-rank connection";
+    case static_cast<uint8_t>(Role::kPsClient):
+      return "parameter-server worker";
   }
   return "unknown role";
 }
@@ -178,21 +180,23 @@ int32_t handshake_connect(int fd, const HandshakeConfig& config, const Hello& mi
                                        expected_server_rank, r.rank));
   if (r.auth_required && config.token.empty())
     throw PeerFailureError(fmt::format(
-        "{}: the other side requires authentication: set DTRAIN_AUTH_TOKEN to the job's token", ctx));
+        "{}: the other side requires authentication: set DTRAIN_AUTH_TOKEN to the job's token",
+        ctx));
   if (!r.auth_required && !config.token.empty())
     throw PeerFailureError(fmt::format(
         "{}: DTRAIN_AUTH_TOKEN is set but the other side does not authenticate; refusing to talk "
-        "to an endpoint that cannot prove it knows the token", ctx));
+        "to an endpoint that cannot prove it knows the token",
+        ctx));
   if (!config.token.empty()) {
-    Mac proof = compute_mac(config.token, "dtrain-client", r.nonce, client_nonce.data(),
-                            config.job_id);
+    Mac proof =
+        compute_mac(config.token, "dtrain-client", r.nonce, client_nonce.data(), config.job_id);
     write_all(fd, proof.data(), proof.size(), deadline, ctx);
     VerdictWire v{};
     read_all(fd, &v, sizeof(v), deadline, ctx);
     std::string why = read_string(fd, std::min<size_t>(v.reason_len, kMaxReason), deadline, ctx);
     if (!v.accepted) throw PeerFailureError(fmt::format("{}: refused: {}", ctx, why));
-    Mac expected = compute_mac(config.token, "dtrain-server", client_nonce.data(), r.nonce,
-                               config.job_id);
+    Mac expected =
+        compute_mac(config.token, "dtrain-server", client_nonce.data(), r.nonce, config.job_id);
     if (!mac_equal(expected.data(), v.mac))
       throw PeerFailureError(fmt::format(
           "{}: the other side does not know DTRAIN_AUTH_TOKEN (bad proof); check the token", ctx));
@@ -210,9 +214,9 @@ Hello handshake_accept(int fd, const HandshakeConfig& config, Role expected_role
     throw HandshakeRefused{fmt::format("{} sent no complete hello: {}", from, e.what())};
   }
   if (h.magic != kMagic)
-    throw HandshakeRefused{fmt::format(
-        "{} sent bytes that are not a dtrain hello (magic 0x{:08x}, expected 0x{:08x})", from,
-        h.magic, kMagic)};
+    throw HandshakeRefused{
+        fmt::format("{} sent bytes that are not a dtrain hello (magic 0x{:08x}, expected 0x{:08x})",
+                    from, h.magic, kMagic)};
   const bool auth = !config.token.empty();
   Nonce server_nonce = random_nonce();
   auto refuse = [&](std::string reason) -> HandshakeRefused {
@@ -224,8 +228,10 @@ Hello handshake_accept(int fd, const HandshakeConfig& config, Role expected_role
     return HandshakeRefused{fmt::format("{}: {}", from, reason)};
   };
   if (h.version != kProtocolVersion)
-    throw refuse(fmt::format("protocol version {} is not ours ({}); run the same dtrain version "
-                             "everywhere", h.version, kProtocolVersion));
+    throw refuse(
+        fmt::format("protocol version {} is not ours ({}); run the same dtrain version "
+                    "everywhere",
+                    h.version, kProtocolVersion));
   if (h.job_id_len > kMaxJobId)
     throw refuse(fmt::format("job id length {} exceeds {}", h.job_id_len, kMaxJobId));
   std::string job_id;
@@ -251,8 +257,8 @@ Hello handshake_accept(int fd, const HandshakeConfig& config, Role expected_role
     } catch (const Error& e) {
       throw HandshakeRefused{fmt::format("{}: gave no token proof: {}", from, e.what())};
     }
-    Mac expected = compute_mac(config.token, "dtrain-client", server_nonce.data(), h.nonce,
-                               config.job_id);
+    Mac expected =
+        compute_mac(config.token, "dtrain-client", server_nonce.data(), h.nonce, config.job_id);
     if (!mac_equal(expected.data(), proof.data())) {
       try {
         send_verdict(fd, false, Mac{},
@@ -264,10 +270,10 @@ Hello handshake_accept(int fd, const HandshakeConfig& config, Role expected_role
       throw HandshakeRefused{fmt::format("{}: wrong auth token", from)};
     }
     // Only now, to a client that proved it knows the token, the server's own proof.
-    send_verdict(fd, true,
-                 compute_mac(config.token, "dtrain-server", h.nonce, server_nonce.data(),
-                             config.job_id),
-                 "", deadline);
+    send_verdict(
+        fd, true,
+        compute_mac(config.token, "dtrain-server", h.nonce, server_nonce.data(), config.job_id), "",
+        deadline);
   }
   return Hello{static_cast<Role>(h.role), h.rank, h.peer_rank, h.tag};
 }

@@ -18,7 +18,7 @@
 
 namespace dtrain::net {
 
-inline constexpr uint32_t kMagic = 0x4e525444;  // "DTRN" on the wire
+inline constexpr uint32_t kMagic = 0x4e525444;   // "DTRN" on the wire
 inline constexpr uint16_t kProtocolVersion = 2;  // 2: the server proves itself last
 
 enum class Role : uint8_t { kStoreClient = 1, kPair = 2, kPsClient = 3 };

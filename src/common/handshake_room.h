@@ -41,8 +41,8 @@ inline void note_first_input(int fd, const Deadline& deadline, std::atomic<bool>
 // says are still in their handshake, the oldest that has not spoken, else the oldest.
 // Returns nullptr when none is.
 template <class Range, class Open>
-auto handshake_to_close(const Range& in_arrival_order, Open open) -> decltype(&**std::begin(
-    in_arrival_order)) {
+auto handshake_to_close(const Range& in_arrival_order, Open open)
+    -> decltype(&**std::begin(in_arrival_order)) {
   decltype(&**std::begin(in_arrival_order)) oldest = nullptr;
   for (const auto& c : in_arrival_order) {
     if (!open(*c)) continue;

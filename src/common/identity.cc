@@ -4,11 +4,11 @@
 // Every value remembers the variable it came from so that an error can name it.
 #include "dtrain/identity.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/env.h"

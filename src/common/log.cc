@@ -1,10 +1,10 @@
 #include "common/log.h"
 
-#include <spdlog/sinks/stdout_color_sinks.h>
-
 #include <cctype>
 #include <string>
 #include <utility>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
 
 #include "common/env.h"
 #include "common/log_level.h"
@@ -20,9 +20,10 @@ std::shared_ptr<spdlog::logger> make_logger() {
     logger->set_level(*level);
   } else {
     logger->set_level(spdlog::level::info);
-    logger->warn("{} is '{}', which names no level: logging at info (use trace, debug, info, "
-                 "warn, error or off, in any case)",
-                 env::kLogLevel.name, wanted);
+    logger->warn(
+        "{} is '{}', which names no level: logging at info (use trace, debug, info, "
+        "warn, error or off, in any case)",
+        env::kLogLevel.name, wanted);
   }
   return logger;
 }
@@ -34,9 +35,9 @@ std::optional<spdlog::level::level_enum> parse_level(std::string_view name) {
   for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   using L = spdlog::level::level_enum;
   static constexpr std::pair<std::string_view, L> kNames[] = {
-      {"trace", L::trace}, {"debug", L::debug}, {"info", L::info},         {"warn", L::warn},
-      {"warning", L::warn}, {"error", L::err},  {"err", L::err},           {"critical", L::critical},
-      {"off", L::off}};
+      {"trace", L::trace}, {"debug", L::debug},       {"info", L::info},
+      {"warn", L::warn},   {"warning", L::warn},      {"error", L::err},
+      {"err", L::err},     {"critical", L::critical}, {"off", L::off}};
   for (const auto& [text, level] : kNames)
     if (lower == text) return level;
   return std::nullopt;

@@ -13,10 +13,10 @@ void set_rank(int rank);
 }  // namespace dtrain::log
 
 // Trace and debug arguments are evaluated only when the level is on: hot paths log at debug.
-#define DTRAIN_LOG_AT_(level, ...)                                                   \
-  do {                                                                             \
-    auto& dtrain_logger_ = ::dtrain::log::logger();                                \
-    if (dtrain_logger_.should_log(level)) dtrain_logger_.log(level, __VA_ARGS__);  \
+#define DTRAIN_LOG_AT_(level, ...)                                                \
+  do {                                                                            \
+    auto& dtrain_logger_ = ::dtrain::log::logger();                               \
+    if (dtrain_logger_.should_log(level)) dtrain_logger_.log(level, __VA_ARGS__); \
   } while (0)
 #define DTRAIN_LOG_TRACE(...) DTRAIN_LOG_AT_(spdlog::level::trace, __VA_ARGS__)
 #define DTRAIN_LOG_DEBUG(...) DTRAIN_LOG_AT_(spdlog::level::debug, __VA_ARGS__)

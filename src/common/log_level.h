@@ -3,10 +3,10 @@
 // line off, errors included.
 #pragma once
 
-#include <spdlog/common.h>
-
 #include <optional>
 #include <string_view>
+
+#include <spdlog/common.h>
 
 namespace dtrain::log {
 

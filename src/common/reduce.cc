@@ -18,11 +18,11 @@
 // so double rounding cannot differ from rounding the exact sum or product.
 #include "common/reduce.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 

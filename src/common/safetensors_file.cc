@@ -45,9 +45,8 @@ void write_safetensors_file(const std::string& path, const std::vector<Safetenso
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.bytes}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
     offset += t.bytes;
   }
   std::string text = header.dump();
@@ -61,9 +60,9 @@ void write_safetensors_file(const std::string& path, const std::vector<Safetenso
   write_fd(fd.get(), text.data(), text.size(), path);
   for (const auto& t : tensors) write_fd(fd.get(), t.data, t.bytes, path);
   if (::fsync(fd.get()) != 0)
-    throw DataLossError(fmt::format(
-        "safetensors: fsync of {} failed: {}: what was written may not be on the disk", path,
-        durable::errno_text(errno)));
+    throw DataLossError(
+        fmt::format("safetensors: fsync of {} failed: {}: what was written may not be on the disk",
+                    path, durable::errno_text(errno)));
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path)
@@ -102,9 +101,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path)
       const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
       const size_t unit = safetensors_dtype_bytes(e.dtype);
       if (unit == 0)
-        throw InvalidArgumentError(fmt::format(
-            "safetensors: {}: tensor '{}' has dtype '{}', which dtrain cannot read", path, name,
-            e.dtype));
+        throw InvalidArgumentError(
+            fmt::format("safetensors: {}: tensor '{}' has dtype '{}', which dtrain cannot read",
+                        path, name, e.dtype));
       uint64_t elements = 1;
       for (int64_t d : e.shape) {
         if (d < 0 || (d > 0 && elements > file_size / static_cast<uint64_t>(d)))
@@ -136,8 +135,8 @@ void SafetensorsReader::read(const Entry& entry, void* out) {
   if (!in_) {
     const int err = errno;
     in_.clear();
-    durable::throw_io(err != 0 ? err : EIO, fmt::format("safetensors: reading '{}' from", entry.name),
-                      path_);
+    durable::throw_io(err != 0 ? err : EIO,
+                      fmt::format("safetensors: reading '{}' from", entry.name), path_);
   }
 }
 

@@ -64,8 +64,7 @@ struct SafetensorsEntry {
 };
 void write_safetensors_file(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                             const std::map<std::string, std::string>& metadata = {});
-std::vector<SafetensorsEntry> read_safetensors_file(const std::string& path,
-                                                    std::map<std::string, std::string>* metadata =
-                                                        nullptr);
+std::vector<SafetensorsEntry> read_safetensors_file(
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
 }  // namespace dtrain

@@ -81,19 +81,22 @@ HostPort parse_host_port(std::string_view text, std::string_view what) {
   } else {
     auto colon = text.rfind(':');
     if (colon == std::string_view::npos)
-      throw InvalidArgumentError(fmt::format("{} '{}' has no port: write it as host:port", what, text));
+      throw InvalidArgumentError(
+          fmt::format("{} '{}' has no port: write it as host:port", what, text));
     host = text.substr(0, colon);
     port = text.substr(colon + 1);
   }
   int value = 0;
   for (char c : port) {
-    if (c < '0' || c > '9' || value > 65535) { value = -1; break; }
+    if (c < '0' || c > '9' || value > 65535) {
+      value = -1;
+      break;
+    }
     value = value * 10 + (c - '0');
   }
   if (port.empty() || value < 0 || value > 65535)
     throw InvalidArgumentError(fmt::format("{} '{}' has port '{}': use 0-65535", what, text, port));
-  if (host.empty())
-    throw InvalidArgumentError(fmt::format("{} '{}' has no host", what, text));
+  if (host.empty()) throw InvalidArgumentError(fmt::format("{} '{}' has no host", what, text));
   return HostPort{std::string(host), static_cast<uint16_t>(value)};
 }
 
@@ -114,7 +117,10 @@ Fd listen_tcp(const std::string& host, uint16_t port, int backlog) {
       if (bind_host.empty() && (pass == 0) != (a->ai_family == AF_INET)) continue;
       if (!bind_host.empty() && pass == 1) continue;
       Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-      if (!fd.valid()) { last_err = errno; continue; }
+      if (!fd.valid()) {
+        last_err = errno;
+        continue;
+      }
       int one = 1;
       ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
       if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), backlog) != 0) {
@@ -149,12 +155,17 @@ Fd connect_tcp(const HostPort& to, const Deadline& deadline, std::string_view co
       last_error = fmt::format("cannot resolve host '{}': {}", to.host, gai_strerror(rc));
     } else {
       for (addrinfo* a = ai.head; a != nullptr; a = a->ai_next) {
-        Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
-        if (!fd.valid()) { last_error = errno_text(errno); continue; }
+        Fd fd(
+            ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
+        if (!fd.valid()) {
+          last_error = errno_text(errno);
+          continue;
+        }
         int rc2 = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
         if (rc2 != 0 && errno == EINPROGRESS) {
           pollfd p{fd.get(), POLLOUT, 0};
-          int pr = ::poll(&p, 1, std::min(deadline.poll_ms() < 0 ? 1000 : deadline.poll_ms(), 1000));
+          int pr =
+              ::poll(&p, 1, std::min(deadline.poll_ms() < 0 ? 1000 : deadline.poll_ms(), 1000));
           if (pr == 1) {
             int err = 0;
             socklen_t len = sizeof(err);
@@ -189,8 +200,8 @@ Fd accept_tcp(int listen_fd, const Deadline& deadline, std::string_view context)
     int pr = ::poll(&p, 1, deadline.poll_ms());
     if (pr < 0 && errno == EINTR) continue;
     if (pr == 0)
-      throw TimeoutError(fmt::format("{}: no connection arrived after {}", context,
-                                     deadline.describe()));
+      throw TimeoutError(
+          fmt::format("{}: no connection arrived after {}", context, deadline.describe()));
     int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd >= 0) return Fd(fd);
     if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
@@ -303,13 +314,13 @@ void write_all(int fd, const void* data, size_t size, const Deadline& deadline,
                                        done, size, deadline.describe()));
       continue;
     }
-    throw PeerFailureError(fmt::format("{}: connection lost while sending ({} of {} bytes sent): {}",
-                                       context, done, size, errno_text(errno)));
+    throw PeerFailureError(
+        fmt::format("{}: connection lost while sending ({} of {} bytes sent): {}", context, done,
+                    size, errno_text(errno)));
   }
 }
 
-void read_all(int fd, void* data, size_t size, const Deadline& deadline,
-              std::string_view context) {
+void read_all(int fd, void* data, size_t size, const Deadline& deadline, std::string_view context) {
   auto* p = static_cast<char*>(data);
   size_t done = 0;
   while (done < size) {
@@ -319,8 +330,9 @@ void read_all(int fd, void* data, size_t size, const Deadline& deadline,
       continue;
     }
     if (n == 0)
-      throw PeerFailureError(fmt::format(
-          "{}: connection closed by the other side ({} of {} bytes received)", context, done, size));
+      throw PeerFailureError(
+          fmt::format("{}: connection closed by the other side ({} of {} bytes received)", context,
+                      done, size));
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       if (!wait_ready(fd, POLLIN, deadline))

@@ -66,8 +66,8 @@ Fd connect_tcp(const HostPort& to, const Deadline& deadline, std::string_view co
 Fd accept_tcp(int listen_fd, const Deadline& deadline, std::string_view context);
 
 uint16_t local_port(int fd);
-std::string local_ip(int fd);    // "127.0.0.1"
-std::string peer_name(int fd);   // "127.0.0.1:41234"
+std::string local_ip(int fd);   // "127.0.0.1"
+std::string peer_name(int fd);  // "127.0.0.1:41234"
 
 void set_nonblocking(int fd, bool on);
 void set_nodelay(int fd);

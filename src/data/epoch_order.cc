@@ -53,7 +53,10 @@ void shuffle_in_place(std::vector<T>& v, uint64_t seed) {
 
 EpochOrder::EpochOrder(std::vector<uint64_t> counts, uint64_t seed, uint64_t epoch, bool shuffle,
                        uint64_t window)
-    : counts_(std::move(counts)), seed_(seed), epoch_(epoch), window_(std::max<uint64_t>(window, 1)),
+    : counts_(std::move(counts)),
+      seed_(seed),
+      epoch_(epoch),
+      window_(std::max<uint64_t>(window, 1)),
       shuffle_(shuffle) {
   if (window_ > UINT32_MAX) throw std::invalid_argument("EpochOrder: window above 2^32 records");
   first_.resize(counts_.size());
@@ -75,7 +78,8 @@ EpochOrder::EpochOrder(std::vector<uint64_t> counts, uint64_t seed, uint64_t epo
 uint64_t EpochOrder::stream_id(uint64_t q) const {
   // The last shard (in the epoch's order) starting at or before q that has records.
   size_t k = static_cast<size_t>(std::upper_bound(stream_start_.begin(), stream_start_.end(), q) -
-                                 stream_start_.begin()) - 1;
+                                 stream_start_.begin()) -
+             1;
   while (counts_[shard_order_[k]] == 0) --k;  // empty shards share their successor's start
   return first_[shard_order_[k]] + (q - stream_start_[k]);
 }
@@ -96,8 +100,8 @@ uint64_t EpochOrder::at(uint64_t p) {
 }
 
 std::pair<size_t, uint64_t> EpochOrder::locate(uint64_t id) const {
-  const size_t s = static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), id) -
-                                       first_.begin()) - 1;
+  const size_t s =
+      static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), id) - first_.begin()) - 1;
   size_t k = s;
   while (counts_[k] == 0) --k;  // empty shards share their successor's first id
   return {k, id - first_[k]};

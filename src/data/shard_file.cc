@@ -34,7 +34,8 @@ class TfRecordShard : public ShardFile {
 // with its last descriptor, also when the process dies), and read from there.
 class GzipTfRecordShard : public ShardFile {
  public:
-  explicit GzipTfRecordShard(const std::string& path) : file_(decompress(path), path + " (decompressed)") {}
+  explicit GzipTfRecordShard(const std::string& path)
+      : file_(decompress(path), path + " (decompressed)") {}
   size_t size() const override { return file_.size(); }
   uint64_t data_bytes(size_t i) const override { return file_.data_bytes(i); }
   void read(size_t i, Record& out) const override { file_.read(i, out.bytes); }

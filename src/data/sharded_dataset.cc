@@ -32,14 +32,14 @@ void expand_one(const std::string& pattern, std::vector<std::string>& out) {
   const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
   if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
     ::globfree(&g);
-    throw InvalidArgumentError(fmt::format(
-        "ShardedDataset: no file matches '{}' (from the working directory {})", pattern,
-        std::filesystem::current_path().string()));
+    throw InvalidArgumentError(
+        fmt::format("ShardedDataset: no file matches '{}' (from the working directory {})", pattern,
+                    std::filesystem::current_path().string()));
   }
   if (rc != 0) {
     ::globfree(&g);
-    throw InvalidArgumentError(fmt::format("ShardedDataset: cannot expand '{}' (glob error {})",
-                                           pattern, rc));
+    throw InvalidArgumentError(
+        fmt::format("ShardedDataset: cannot expand '{}' (glob error {})", pattern, rc));
   }
   for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
   ::globfree(&g);
@@ -95,10 +95,10 @@ struct ShardedDataset::Impl {
     Result result;
   };
 
-  std::mutex mu;  // guards everything below, up to the files' cache
+  std::mutex mu;                        // guards everything below, up to the files' cache
   std::condition_variable readers_cv;   // work or room for the readers
   std::condition_variable consumer_cv;  // the slot next() waits for is done
-  uint64_t generation = 0;  // set_epoch() bumps it: results of an older one are dropped
+  uint64_t generation = 0;              // set_epoch() bumps it: results of an older one are dropped
   uint64_t epoch = 0, start = 0, left = 0, num_samples = 0;
   std::unique_ptr<EpochOrder> order;
   uint64_t planned = 0;   // slots handed to readers
@@ -114,7 +114,7 @@ struct ShardedDataset::Impl {
   bool stopping = false;
   std::vector<std::thread> threads;
 
-  std::mutex files_mu;  // guards open_files
+  std::mutex files_mu;                                                  // guards open_files
   std::list<std::pair<size_t, std::shared_ptr<ShardFile>>> open_files;  // most recent first
 
   std::string who() const { return fmt::format("rank {}: ShardedDataset", o.rank); }
@@ -244,9 +244,9 @@ struct ShardedDataset::Impl {
       try {
         o.decode(r.record);
       } catch (const std::exception& ex) {
-        r.error = std::make_exception_ptr(InvalidArgumentError(
-            fmt::format("rank {}: decoding {} record {} failed: {}", o.rank, files[r.record.shard],
-                        r.record.index, ex.what())));
+        r.error = std::make_exception_ptr(
+            InvalidArgumentError(fmt::format("rank {}: decoding {} record {} failed: {}", o.rank,
+                                             files[r.record.shard], r.record.index, ex.what())));
       } catch (...) {
         r.error = std::current_exception();
       }
@@ -270,8 +270,8 @@ struct ShardedDataset::Impl {
         result.replaced.push_back(again.what());
       }
     }
-    result.error = std::make_exception_ptr(InvalidArgumentError(fmt::format(
-        "{}: every record of the epoch failed to read; the first: {}", who(), why)));
+    result.error = std::make_exception_ptr(InvalidArgumentError(
+        fmt::format("{}: every record of the epoch failed to read; the first: {}", who(), why)));
   }
 };
 
@@ -292,8 +292,7 @@ ShardedDataset::ShardedDataset(std::vector<std::string> shards, ShardedDatasetOp
   d.timeout = d.o.timeout.count() > 0 ? d.o.timeout
                                       : std::chrono::milliseconds(env::get_seconds(env::kTimeout));
   d.files = expand_shards(shards);
-  if (d.files.empty())
-    throw InvalidArgumentError("ShardedDataset: no shard files given");
+  if (d.files.empty()) throw InvalidArgumentError("ShardedDataset: no shard files given");
   d.counts.reserve(d.files.size());
   for (const auto& f : d.files) {
     d.counts.push_back(count_shard_records(f));
@@ -377,9 +376,9 @@ ShardedDataset::Fetch ShardedDataset::try_next(std::chrono::milliseconds slice, 
         "{}: record {} of {} of epoch {} did not arrive within {} ms{}: is the file system slow "
         "or hung? (raise ShardedDatasetOptions::timeout or DTRAIN_TIMEOUT)",
         d.who(), k, d.num_samples, d.epoch, d.timeout.count(),
-        k < d.planned ? fmt::format(" (reading {} record {})", d.files[d.slot(k).shard],
-                                    d.slot(k).index)
-                      : std::string(" (no reader has started it)")));
+        k < d.planned
+            ? fmt::format(" (reading {} record {})", d.files[d.slot(k).shard], d.slot(k).index)
+            : std::string(" (no reader has started it)")));
   }
   Impl::Slot& s = d.slot(k);
   Impl::Result r = std::move(s.result);

@@ -63,7 +63,9 @@ std::optional<uint64_t> number(std::string_view field) {
   return any ? std::optional<uint64_t>(v) : std::nullopt;
 }
 
-std::string c_string(std::string_view field) { return std::string(field.substr(0, field.find('\0'))); }
+std::string c_string(std::string_view field) {
+  return std::string(field.substr(0, field.find('\0')));
+}
 
 // The values of a pax extended header ("LEN key=value\n" records) that matter here.
 // `size` stays as it was when the header has no valid one.
@@ -117,8 +119,8 @@ TarShard::TarShard(std::string path) : path_(std::move(path)) {
   file_size_ = static_cast<uint64_t>(st.st_size);
   try {
     char h[kBlock];
-    std::string long_name;                 // from a GNU 'L' member or a pax header
-    uint64_t pax_size = 0;                 // from a pax header, when has_pax_size
+    std::string long_name;  // from a GNU 'L' member or a pax header
+    uint64_t pax_size = 0;  // from a pax header, when has_pax_size
     bool has_pax_size = false;
     uint64_t at = 0;
     uint64_t entry_header = 0;  // where the current entry's first header (pax, 'L') began
@@ -132,17 +134,17 @@ TarShard::TarShard(std::string path) : path_(std::move(path)) {
       uint64_t sum = 0;
       for (uint64_t i = 0; i < kBlock; ++i)
         sum += (i >= 148 && i < 156) ? ' ' : static_cast<unsigned char>(h[i]);
-      if (!stored || *stored != sum)
-        damaged(path_, at, "its header checksum does not match");
+      if (!stored || *stored != sum) damaged(path_, at, "its header checksum does not match");
       const auto size = number(std::string_view(h + 124, 12));
       if (!size) damaged(path_, at, "its size field is not a number");
       const char type = h[156];
       const uint64_t data = at + kBlock;
       const uint64_t padded = (*size + kBlock - 1) / kBlock * kBlock;
       if (*size > file_size_ - data)
-        damaged(path_, at, fmt::format("it claims {} bytes but the file ends {} bytes later "
-                                       "(truncated)",
-                                       *size, file_size_ - data));
+        damaged(path_, at,
+                fmt::format("it claims {} bytes but the file ends {} bytes later "
+                            "(truncated)",
+                            *size, file_size_ - data));
       if (type == 'x' || type == 'L') {  // describes the next member
         std::string content(*size, '\0');
         if (!pread_exact(fd_, content.data(), content.size(), data))
@@ -204,8 +206,9 @@ void TarShard::read(size_t i, Record& out) const {
   size_t at = 0;
   for (const Member& m : s.members) {
     if (!pread_exact(fd_, reinterpret_cast<char*>(out.bytes.data() + at), m.size, m.offset))
-      damaged(path_, s.header, fmt::format("sample '{}' (record {}) cannot be read: {}", s.key, i,
-                                           errno ? std::strerror(errno) : "the file ended"));
+      damaged(path_, s.header,
+              fmt::format("sample '{}' (record {}) cannot be read: {}", s.key, i,
+                          errno ? std::strerror(errno) : "the file ended"));
     out.parts.push_back(Record::Part{m.part, at, m.size});
     at += m.size;
   }

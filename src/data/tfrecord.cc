@@ -110,17 +110,21 @@ std::vector<uint64_t> scan(int fd, uint64_t file_size, const std::string& path) 
   while (at < file_size) {
     const size_t i = offsets.size();
     if (file_size - at < kFraming)
-      damaged(path, i, at, fmt::format("the file ends {} bytes into the record's framing of 16 "
-                                       "(truncated)", file_size - at));
+      damaged(path, i, at,
+              fmt::format("the file ends {} bytes into the record's framing of 16 "
+                          "(truncated)",
+                          file_size - at));
     pread_all(fd, header, sizeof header, at, path);
     const uint64_t length = get_u64(header);
     if (get_u32(header + 8) != masked_crc32c(header, 8))
-      damaged(path, i, at, "the checksum of the length field does not match (not a TFRecord file, "
-                           "or damaged here)");
+      damaged(path, i, at,
+              "the checksum of the length field does not match (not a TFRecord file, "
+              "or damaged here)");
     if (length > file_size - at - kFraming)
-      damaged(path, i, at, fmt::format("the record claims {} bytes but the file ends {} bytes "
-                                       "later (truncated)",
-                                       length, file_size - at - kFraming));
+      damaged(path, i, at,
+              fmt::format("the record claims {} bytes but the file ends {} bytes "
+                          "later (truncated)",
+                          length, file_size - at - kFraming));
     offsets.push_back(at);
     at += kFraming + length;
   }
@@ -197,7 +201,8 @@ void write_index_file(const std::string& path, const std::vector<uint64_t>& offs
     std::memcpy(raw.data(), kIndexMagic, sizeof kIndexMagic);
     put_u64(raw.data() + 8, offsets.size());
     put_u64(raw.data() + 16, file_size);
-    for (size_t i = 0; i < offsets.size(); ++i) put_u64(raw.data() + kIndexHeader + 8 * i, offsets[i]);
+    for (size_t i = 0; i < offsets.size(); ++i)
+      put_u64(raw.data() + kIndexHeader + 8 * i, offsets[i]);
     write_all(fd, raw.data(), raw.size(), tmp);
     if (sync && ::fsync(fd) != 0) io_error("fsync of", tmp);
   } catch (...) {
@@ -326,8 +331,8 @@ uint64_t TfRecordFile::data_bytes(size_t i) const {
 
 void TfRecordFile::read(size_t i, std::vector<std::byte>& out) const {
   if (i >= offsets_.size())
-    throw InvalidArgumentError(fmt::format("TFRecord file {}: no record {} (it has {})", path_, i,
-                                           offsets_.size()));
+    throw InvalidArgumentError(
+        fmt::format("TFRecord file {}: no record {} (it has {})", path_, i, offsets_.size()));
   const uint64_t at = offsets_[i];
   const uint64_t expected = data_bytes(i);
   out.resize(expected);
@@ -347,9 +352,12 @@ void TfRecordFile::read(size_t i, std::vector<std::byte>& out) const {
       damaged(path_, i, at, "the file ends inside the record (truncated since it was indexed)");
     for (size_t k = got; k < want; ++k) {
       const std::byte b = rest[k - got];
-      if (k < 12) header[k] = b;
-      else if (k < 12 + expected) out[k - 12] = b;
-      else footer[k - 12 - expected] = b;
+      if (k < 12)
+        header[k] = b;
+      else if (k < 12 + expected)
+        out[k - 12] = b;
+      else
+        footer[k - 12 - expected] = b;
     }
     break;
   }
@@ -359,9 +367,10 @@ void TfRecordFile::read(size_t i, std::vector<std::byte>& out) const {
   if (length != expected)
     damaged(path_, i, at, fmt::format("the record says {} bytes, the index {}", length, expected));
   if (get_u32(footer) != masked_crc32c(out.data(), length))
-    damaged(path_, i, at, fmt::format("the checksum of the record's {} bytes of data does not "
-                                      "match",
-                                      length));
+    damaged(path_, i, at,
+            fmt::format("the checksum of the record's {} bytes of data does not "
+                        "match",
+                        length));
 }
 
 uint64_t count_tfrecords(const std::string& path) {

@@ -1,6 +1,5 @@
 #include "launch/elastic_agent.h"
 
-#include <fmt/format.h>
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
@@ -20,6 +19,8 @@
 #include <optional>
 #include <stop_token>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "common/env.h"
 #include "common/log.h"
@@ -114,7 +115,8 @@ class CommitDir {
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
     if (::mkdir(path.c_str(), 0700) != 0) {
-      say(fmt::format("{}: no in-memory commits: cannot create {}: {}; the workers resume from "
+      say(
+          fmt::format("{}: no in-memory commits: cannot create {}: {}; the workers resume from "
                       "their disk checkpoints only",
                       log_prefix, path, std::strerror(errno)));
       return;
@@ -355,7 +357,8 @@ class Agent {
       }
       const RoundPlan& plan = joined.plan;
       auto outcome = run_round(plan);
-      if (outcome.signal != 0 || outcome.requeue) return finish(outcome.exit_code, /*linger=*/false);
+      if (outcome.signal != 0 || outcome.requeue)
+        return finish(outcome.exit_code, /*linger=*/false);
       if (!outcome.cause) {
         DTRAIN_LOG_INFO("{}: round {} finished: all {} worker(s) succeeded", prefix_, plan.round,
                         plan.world_size());
@@ -787,7 +790,7 @@ class Agent {
   std::optional<Clock::time_point> stopped_at_;  // when the last round stopped, by this clock
   std::unique_ptr<CommitDir> commit_dir_;        // the workers' DTRAIN_COMMIT_DIR
   net::HostPort store_at_;                       // the rendezvous store
-  std::unique_ptr<Heartbeat> heartbeat_;  // last: stopped and joined first
+  std::unique_ptr<Heartbeat> heartbeat_;         // last: stopped and joined first
 };
 
 void validate(const ElasticOptions& o) {

@@ -1,11 +1,11 @@
 #include "launch/gpu_topology.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <functional>
 #include <regex>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 

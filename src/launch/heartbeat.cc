@@ -31,10 +31,10 @@ void Heartbeat::run(std::stop_token stop) {
       if (!store_) store_ = connect_();
       store_->add(options_.key, 1);
       if (failing_since) {
-        DTRAIN_LOG_WARN("{}: heartbeat resumed after {:.1f} s without one going through (the last failure: {})",
-                        options_.log_prefix,
-                        std::chrono::duration<double>(Clock::now() - *failing_since).count(),
-                        last_error);
+        DTRAIN_LOG_WARN(
+            "{}: heartbeat resumed after {:.1f} s without one going through (the last failure: {})",
+            options_.log_prefix,
+            std::chrono::duration<double>(Clock::now() - *failing_since).count(), last_error);
         failing_since.reset();
       }
     } catch (const Error& e) {
@@ -45,9 +45,10 @@ void Heartbeat::run(std::stop_token stop) {
       last_error = e.what();
       if (!failing_since) {
         failing_since = Clock::now();
-        DTRAIN_LOG_WARN("{}: a heartbeat did not go through, reconnecting to the store every "
-                        "{} ms: {}",
-                        options_.log_prefix, options_.interval.count(), e.what());
+        DTRAIN_LOG_WARN(
+            "{}: a heartbeat did not go through, reconnecting to the store every "
+            "{} ms: {}",
+            options_.log_prefix, options_.interval.count(), e.what());
       }
     }
     std::unique_lock lock(mutex_);

@@ -1,8 +1,8 @@
 // ProgressReporter (include/dtrain/progress.h) and the launcher's reading of its file.
+#include "dtrain/progress.h"
+
 #include <fcntl.h>
 #include <unistd.h>
-
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,11 +10,12 @@
 #include <cstring>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "common/env.h"
 #include "common/log.h"
 #include "dtrain/error.h"
 #include "dtrain/identity.h"
-#include "dtrain/progress.h"
 #include "dtrain/store.h"
 #include "dtrain/work.h"
 #include "launch/progress_file.h"
@@ -34,8 +35,7 @@ void announce_resumed(int rank, const std::string& what) {
     so.timeout = std::chrono::seconds(10);
     TcpStore store(so);
     const std::string_view bytes = line;
-    store.compare_set(launch::kResumedKey, {},
-                      std::vector<uint8_t>(bytes.begin(), bytes.end()));
+    store.compare_set(launch::kResumedKey, {}, std::vector<uint8_t>(bytes.begin(), bytes.end()));
   } catch (const Error& e) {
     DTRAIN_LOG_WARN("rank {}: could not tell the launcher that it {}: {}", rank, line, e.what());
   }
@@ -100,8 +100,8 @@ void ProgressReporter::write() {
   }
   if (!ok) {
     // Metrics are for watching the job, never a reason to stop it: report once and go quiet.
-    DTRAIN_LOG_WARN("progress report to {} failed ({}); no more reports from this process",
-                    path_, std::strerror(err));
+    DTRAIN_LOG_WARN("progress report to {} failed ({}); no more reports from this process", path_,
+                    std::strerror(err));
     path_.clear();
   }
   window_start_ = last_step_;

@@ -14,10 +14,8 @@ namespace dtrain::launch {
 
 struct ProgressReport {
   int rank = 0;
-  double step = 0, samples_total = 0, compute_seconds_total = 0,
-         communication_seconds_total = 0;
-  double window_seconds = 0, window_steps = 0, window_samples = 0,
-         window_communication_seconds = 0;
+  double step = 0, samples_total = 0, compute_seconds_total = 0, communication_seconds_total = 0;
+  double window_seconds = 0, window_steps = 0, window_samples = 0, window_communication_seconds = 0;
   double time_unix = 0;  // when it was written
 };
 

@@ -1,12 +1,12 @@
 #include "launch/rendezvous.h"
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "common/log.h"
 #include "dtrain/error.h"

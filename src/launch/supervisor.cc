@@ -1,7 +1,6 @@
 #include "launch/supervisor.h"
 
 #include <fcntl.h>
-#include <fmt/format.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -19,6 +18,8 @@
 #include <optional>
 #include <regex>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "common/log.h"
 #include "dtrain/error.h"
@@ -236,16 +237,21 @@ class Run {
     if (!spec.netns.empty()) {
       netns = net::Fd(::open(("/run/netns/" + spec.netns).c_str(), O_RDONLY | O_CLOEXEC));
       if (!netns.valid())
-        throw InvalidArgumentError(fmt::format("{}: the network namespace {} of {} cannot be "
-                                               "opened: {} (made by scripts/netns-hosts.sh?)",
-                                               options_.name, spec.netns, w.label,
-                                               std::strerror(errno)));
+        throw InvalidArgumentError(
+            fmt::format("{}: the network namespace {} of {} cannot be "
+                        "opened: {} (made by scripts/netns-hosts.sh?)",
+                        options_.name, spec.netns, w.label, std::strerror(errno)));
     }
-    ChildSetup setup{own_path.c_str(), argv.data(),
-                     envp.data(),      devnull,
-                     out_w.get(),      err_w.get(),
-                     status_w.get(),   ::getpid(),
-                     &child_mask_,     spec.cpus.empty() ? nullptr : &cpus,
+    ChildSetup setup{own_path.c_str(),
+                     argv.data(),
+                     envp.data(),
+                     devnull,
+                     out_w.get(),
+                     err_w.get(),
+                     status_w.get(),
+                     ::getpid(),
+                     &child_mask_,
+                     spec.cpus.empty() ? nullptr : &cpus,
                      netns.valid() ? netns.get() : -1};
     pid_t pid = ::fork();
     if (pid < 0)
@@ -281,8 +287,8 @@ class Run {
       if (!stopping_ && services_stop_at_ && now >= *services_stop_at_) {
         DTRAIN_LOG_INFO(
             "{}: every worker has exited; stopping the {} service(s) still "
-            "running (SIGTERM, SIGKILL in {:g} s)", options_.name,
-            running_count(), options_.grace_period.count() / 1000.0);
+            "running (SIGTERM, SIGKILL in {:g} s)",
+            options_.name, running_count(), options_.grace_period.count() / 1000.0);
         stop(SIGTERM);
       }
       bool all_exited = running_count() == 0;
@@ -291,9 +297,8 @@ class Run {
       for (auto& w : workers_) streams_open = streams_open || w.out.fd.valid() || w.err.fd.valid();
       if (all_exited && (!streams_open || now >= *all_exited_at_ + kDrainTime)) return;
       if (killed_ && !all_exited && now >= killed_at_ + kReapAfterKillTime) {
-        DTRAIN_LOG_ERROR(
-            "{}: {} worker(s) did not exit {} ms after SIGKILL; giving up on them", options_.name,
-            running_count(), kReapAfterKillTime.count());
+        DTRAIN_LOG_ERROR("{}: {} worker(s) did not exit {} ms after SIGKILL; giving up on them",
+                         options_.name, running_count(), kReapAfterKillTime.count());
         return;
       }
 
@@ -314,7 +319,8 @@ class Run {
       }
       int rc = ::poll(fds.data(), fds.size(), poll_timeout(now));
       if (rc < 0 && errno != EINTR)
-        throw InternalError(fmt::format("{}: poll failed: {}", options_.name, std::strerror(errno)));
+        throw InternalError(
+            fmt::format("{}: poll failed: {}", options_.name, std::strerror(errno)));
       if (rc <= 0) continue;
       // Output first, so that a worker's last lines are relayed before its exit is reported.
       const size_t first_stream = watch_stop ? 2 : 1;
@@ -360,7 +366,8 @@ class Run {
         // A warning (Slurm's --signal before a preemption or the time limit): passed on, and the
         // workers decide. Those with a dtrain::Preemption save and exit 75; no SIGKILL follows
         // from here, since the engine kills the job itself when its time is up.
-        DTRAIN_LOG_INFO("{}: got SIGUSR1; passing it to {} worker(s)", options_.name, running_count());
+        DTRAIN_LOG_INFO("{}: got SIGUSR1; passing it to {} worker(s)", options_.name,
+                        running_count());
         warned_ = true;
         signal_all(SIGUSR1);
       } else if (!stopping_) {
@@ -516,8 +523,8 @@ class Run {
     if (running_count() > 0)
       DTRAIN_LOG_WARN(
           "{}: {} worker(s) still running {:g} s after the stop signal; "
-          "sending SIGKILL", options_.name,
-          running_count(), options_.grace_period.count() / 1000.0);
+          "sending SIGKILL",
+          options_.name, running_count(), options_.grace_period.count() / 1000.0);
     signal_all(SIGKILL);
     killed_ = true;
     killed_at_ = Clock::now();
@@ -601,11 +608,12 @@ class Run {
       if (silent_root_) {
         text = fmt::format(
             "{}: {} (pid {}) did not answer its peers (stopped or stuck: it was still "
-            "running, and was stopped); {} names it in its post-mortem and {}", options_.name,
-            root_cause_->label, root_cause_->pid, w.label, result.first_failure->how());
+            "running, and was stopped); {} names it in its post-mortem and {}",
+            options_.name, root_cause_->label, root_cause_->pid, w.label,
+            result.first_failure->how());
       } else {
-        text =
-            fmt::format("{}: {} (pid {}) {}", options_.name, w.label, w.pid, result.first_failure->how());
+        text = fmt::format("{}: {} (pid {}) {}", options_.name, w.label, w.pid,
+                           result.first_failure->how());
         if (&w != &first)
           text += fmt::format(
               " (the likeliest cause: {} failed first, but its error blames a "
@@ -633,7 +641,8 @@ class Run {
       write_out(
           options_.stderr_fd,
           fmt::format("{}: preempted{}: every worker saved its state and exited {}; "
-                      "run the job again (requeue) to resume\n", options_.name,
+                      "run the job again (requeue) to resume\n",
+                      options_.name,
                       interrupted_by_ != 0 ? fmt::format(" ({})", signal_name(interrupted_by_))
                       : warned_            ? std::string(" (SIGUSR1)")
                                            : std::string(),
@@ -645,16 +654,16 @@ class Run {
       result.exit_code = 1;
       write_out(options_.stderr_fd,
                 fmt::format("{}: {} of {} worker(s) saved their state for a requeue (exit "
-                            "{}) and the others did not: the job's saved state may be incomplete\n", options_.name,
-                            requeued_, workers, Preemption::kRequeueExitCode));
+                            "{}) and the others did not: the job's saved state may be incomplete\n",
+                            options_.name, requeued_, workers, Preemption::kRequeueExitCode));
       return result;
     }
     if (interrupted_by_ != 0) {
       result.outcome = Outcome::kInterrupted;
       result.interrupted_by = interrupted_by_;
       result.exit_code = 128 + interrupted_by_;
-      write_out(options_.stderr_fd, fmt::format("{}: stopped {} worker(s) after {}\n", options_.name, n,
-                                                signal_name(interrupted_by_)));
+      write_out(options_.stderr_fd, fmt::format("{}: stopped {} worker(s) after {}\n",
+                                                options_.name, n, signal_name(interrupted_by_)));
       return result;
     }
     if (stopped_by_request_) result.outcome = Outcome::kStopped;

@@ -28,10 +28,13 @@ double unit_of(const ScheduleReport& report) {
 
 const char* color_of(Op op) {
   switch (op) {
-    case Op::kForward: return "#4e79a7";
+    case Op::kForward:
+      return "#4e79a7";
     case Op::kBackward:
-    case Op::kBackwardInput: return "#59a14f";
-    default: return "#f28e2b";
+    case Op::kBackwardInput:
+      return "#59a14f";
+    default:
+      return "#f28e2b";
   }
 }
 
@@ -40,11 +43,18 @@ const char* color_of(Op op) {
 std::string label(const Schedule& s, const Action& a) {
   char letter = 0;
   switch (a.op) {
-    case Op::kForward: letter = 'F'; break;
+    case Op::kForward:
+      letter = 'F';
+      break;
     case Op::kBackward:
-    case Op::kBackwardInput: letter = 'B'; break;
-    case Op::kBackwardWeight: letter = 'W'; break;
-    default: return "";
+    case Op::kBackwardInput:
+      letter = 'B';
+      break;
+    case Op::kBackwardWeight:
+      letter = 'W';
+      break;
+    default:
+      return "";
   }
   if (s.virtual_stages > 1) return fmt::format("{}{}:{}", letter, a.microbatch, a.stage);
   return fmt::format("{}{}", letter, a.microbatch);
@@ -115,7 +125,10 @@ std::string svg_chart(const Schedule& s, const ScheduleReport& report) {
 std::string chrome_trace(const Schedule& s, const ScheduleReport& report) {
   nlohmann::json events = nlohmann::json::array();
   for (int r = 0; r < s.ranks; ++r)
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", r},
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", r},
                       {"args", {{"name", fmt::format("rank {}", r)}}}});
   for (const auto& t : report.timeline) {
     if (!is_pass(t.action.op)) continue;

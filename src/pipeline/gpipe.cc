@@ -13,15 +13,16 @@
 namespace dtrain::pipeline {
 
 ScheduleInfo gpipe_schedule() {
-  return {.name = "gpipe",
-          .summary = "all forwards, then all backwards; bubble (p-1)/(m+p-1), holds m micro-batches",
-          .interleaved = false,
-          .order = [](Schedule& s) {
-            for (int r = 0; r < s.ranks; ++r) {
-              for (int i = 0; i < s.microbatches; ++i) s.actions[r].push_back({Op::kForward, r, i});
-              for (int i = 0; i < s.microbatches; ++i) s.actions[r].push_back({Op::kBackward, r, i});
-            }
-          }};
+  return {
+      .name = "gpipe",
+      .summary = "all forwards, then all backwards; bubble (p-1)/(m+p-1), holds m micro-batches",
+      .interleaved = false,
+      .order = [](Schedule& s) {
+        for (int r = 0; r < s.ranks; ++r) {
+          for (int i = 0; i < s.microbatches; ++i) s.actions[r].push_back({Op::kForward, r, i});
+          for (int i = 0; i < s.microbatches; ++i) s.actions[r].push_back({Op::kBackward, r, i});
+        }
+      }};
 }
 
 }  // namespace dtrain::pipeline

@@ -40,9 +40,9 @@ size_t MessageHeader::numel() const {
 
 std::array<std::byte, kHeaderBytes> encode(const MessageHeader& h) {
   if (h.shape.size() > kMaxDims)
-    throw InvalidArgumentError(fmt::format(
-        "pipeline: a tensor of {} dimensions cannot go between stages (at most {})",
-        h.shape.size(), kMaxDims));
+    throw InvalidArgumentError(
+        fmt::format("pipeline: a tensor of {} dimensions cannot go between stages (at most {})",
+                    h.shape.size(), kMaxDims));
   Wire w{};
   w.magic = kMagic;
   w.version = kVersion;
@@ -56,7 +56,8 @@ std::array<std::byte, kHeaderBytes> encode(const MessageHeader& h) {
   w.schedule_id = h.schedule_id;
   for (size_t i = 0; i < h.shape.size(); ++i) {
     if (h.shape[i] < 0)
-      throw InvalidArgumentError(fmt::format("pipeline: negative dimension {} in a shape", h.shape[i]));
+      throw InvalidArgumentError(
+          fmt::format("pipeline: negative dimension {} in a shape", h.shape[i]));
     w.shape[i] = h.shape[i];
   }
   std::array<std::byte, kHeaderBytes> out;
@@ -81,7 +82,8 @@ MessageHeader decode(std::span<const std::byte> bytes) {
         w.version, kVersion));
   if (w.direction != static_cast<uint8_t>(Direction::kActivation) &&
       w.direction != static_cast<uint8_t>(Direction::kGradient))
-    throw InvalidArgumentError(fmt::format("pipeline: message direction {} is unknown", w.direction));
+    throw InvalidArgumentError(
+        fmt::format("pipeline: message direction {} is unknown", w.direction));
   if (w.dtype > static_cast<uint8_t>(DType::kI64))
     throw InvalidArgumentError(fmt::format("pipeline: message dtype {} is unknown", w.dtype));
   if (w.ndim < 0 || w.ndim > static_cast<int32_t>(kMaxDims))
@@ -99,9 +101,10 @@ MessageHeader decode(std::span<const std::byte> bytes) {
   for (int i = 0; i < w.ndim; ++i) {
     if (w.shape[i] < 0 || w.shape[i] > (int64_t{1} << 40) ||
         (w.shape[i] > 0 && n > (size_t{1} << 40) / static_cast<size_t>(w.shape[i])))
-      throw InvalidArgumentError(fmt::format("pipeline: a message of impossible shape (dimension "
-                                             "{} is {})",
-                                             i, w.shape[i]));
+      throw InvalidArgumentError(
+          fmt::format("pipeline: a message of impossible shape (dimension "
+                      "{} is {})",
+                      i, w.shape[i]));
     n *= static_cast<size_t>(w.shape[i]);
     h.shape.push_back(w.shape[i]);
   }
@@ -127,9 +130,9 @@ int message_tag(Direction direction, int sending_stage, int microbatch, int stag
   const int64_t tag = (int64_t{microbatch} * stages + sending_stage) * 2 +
                       (direction == Direction::kGradient ? 1 : 0);
   if (tag > std::numeric_limits<int32_t>::max())
-    throw InvalidArgumentError(fmt::format(
-        "pipeline: {} micro-batches x {} stages need more message tags than there are",
-        microbatch + 1, stages));
+    throw InvalidArgumentError(
+        fmt::format("pipeline: {} micro-batches x {} stages need more message tags than there are",
+                    microbatch + 1, stages));
   return static_cast<int>(tag);
 }
 

@@ -22,9 +22,9 @@ enum class Direction : uint8_t { kActivation = 1, kGradient = 2 };
 
 struct MessageHeader {
   Direction direction = Direction::kActivation;
-  int stage = 0;       // the stage that sent it
+  int stage = 0;  // the stage that sent it
   int microbatch = 0;
-  int64_t step = 0;    // the runner's step count, so a message from another step is caught
+  int64_t step = 0;          // the runner's step count, so a message from another step is caught
   int microbatches = 0;      // the sender's micro-batches per step
   uint32_t schedule_id = 0;  // schedule_id() of the sender's schedule
   DType dtype = DType::kF32;

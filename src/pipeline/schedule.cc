@@ -82,10 +82,13 @@ bool parse_op(std::string_view text, Op* op) {
 
 std::string describe(const Action& a) {
   switch (a.op) {
-    case Op::kForward: return fmt::format("F{} of stage {}", a.microbatch, a.stage);
+    case Op::kForward:
+      return fmt::format("F{} of stage {}", a.microbatch, a.stage);
     case Op::kBackward:
-    case Op::kBackwardInput: return fmt::format("B{} of stage {}", a.microbatch, a.stage);
-    case Op::kBackwardWeight: return fmt::format("W{} of stage {}", a.microbatch, a.stage);
+    case Op::kBackwardInput:
+      return fmt::format("B{} of stage {}", a.microbatch, a.stage);
+    case Op::kBackwardWeight:
+      return fmt::format("W{} of stage {}", a.microbatch, a.stage);
     case Op::kSendActivation:
       return fmt::format("send activation {} from stage {} to stage {}", a.microbatch, a.stage,
                          a.stage + 1);
@@ -141,14 +144,14 @@ Schedule make_schedule(const ScheduleOptions& o) {
     if (s.name == o.name) info = s;
   }
   if (!info)
-    throw InvalidArgumentError(fmt::format("pipeline schedule '{}' is unknown; the schedules are {}",
-                                           o.name, fmt::join(names, ", ")));
+    throw InvalidArgumentError(fmt::format(
+        "pipeline schedule '{}' is unknown; the schedules are {}", o.name, fmt::join(names, ", ")));
   if (o.ranks < 1 || o.ranks > 4096)
     throw InvalidArgumentError(
         fmt::format("pipeline schedule {}: {} ranks; give 1 to 4096", o.name, o.ranks));
   if (o.microbatches < 1 || o.microbatches > 1 << 20)
-    throw InvalidArgumentError(fmt::format(
-        "pipeline schedule {}: {} micro-batches; give 1 to {}", o.name, o.microbatches, 1 << 20));
+    throw InvalidArgumentError(fmt::format("pipeline schedule {}: {} micro-batches; give 1 to {}",
+                                           o.name, o.microbatches, 1 << 20));
   if (o.virtual_stages < 1 || o.virtual_stages > 1024)
     throw InvalidArgumentError(fmt::format(
         "pipeline schedule {}: {} virtual stages; give 1 to 1024", o.name, o.virtual_stages));
@@ -194,16 +197,15 @@ Schedule schedule_from_json(std::string_view text) {
   } catch (const nlohmann::json::exception& e) {
     throw InvalidArgumentError(fmt::format("pipeline schedule: not JSON ({})", e.what()));
   }
-  if (!j.is_object())
-    throw InvalidArgumentError("pipeline schedule: the JSON is not an object");
-  auto field = [&](const nlohmann::json& o, const char* key, const std::string& where)
-      -> const nlohmann::json& {
+  if (!j.is_object()) throw InvalidArgumentError("pipeline schedule: the JSON is not an object");
+  auto field = [&](const nlohmann::json& o, const char* key,
+                   const std::string& where) -> const nlohmann::json& {
     if (!o.is_object() || !o.contains(key))
       throw InvalidArgumentError(fmt::format("pipeline schedule: {} has no '{}'", where, key));
     return o[key];
   };
-  auto integer = [&](const nlohmann::json& o, const char* key, const std::string& where,
-                     int lo, int hi) {
+  auto integer = [&](const nlohmann::json& o, const char* key, const std::string& where, int lo,
+                     int hi) {
     const auto& v = field(o, key, where);
     int64_t x = 0;
     try {
@@ -212,9 +214,10 @@ Schedule schedule_from_json(std::string_view text) {
       x = int64_t{hi} + 1;  // reported below as out of range
     }
     if (x < lo || x > hi)
-      throw InvalidArgumentError(fmt::format("pipeline schedule: {} has {} {}; give an integer "
-                                             "from {} to {}",
-                                             where, key, v.dump(), lo, hi));
+      throw InvalidArgumentError(
+          fmt::format("pipeline schedule: {} has {} {}; give an integer "
+                      "from {} to {}",
+                      where, key, v.dump(), lo, hi));
     return static_cast<int>(x);
   };
   Schedule s;
@@ -241,9 +244,8 @@ Schedule schedule_from_json(std::string_view text) {
       const auto& op = field(ranks[r][i], "op", where);
       Action a{};
       if (!op.is_string() || !parse_op(op.get<std::string>(), &a.op))
-        throw InvalidArgumentError(fmt::format(
-            "pipeline schedule: {} has op {}; the ops are {}", where, op.dump(),
-            fmt::join(kOpNames, ", ")));
+        throw InvalidArgumentError(fmt::format("pipeline schedule: {} has op {}; the ops are {}",
+                                               where, op.dump(), fmt::join(kOpNames, ", ")));
       a.stage = integer(ranks[r][i], "stage", where, 0, s.stages() - 1);
       a.microbatch = integer(ranks[r][i], "microbatch", where, 0, s.microbatches - 1);
       list.push_back(a);

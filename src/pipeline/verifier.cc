@@ -48,11 +48,16 @@ int find_action(const Schedule& s, int rank, const Action& target) {
 
 double cost_of(Op op, const Costs& c) {
   switch (op) {
-    case Op::kForward: return c.forward;
-    case Op::kBackward: return c.backward_input + c.backward_weight;
-    case Op::kBackwardInput: return c.backward_input;
-    case Op::kBackwardWeight: return c.backward_weight;
-    default: return 0;
+    case Op::kForward:
+      return c.forward;
+    case Op::kBackward:
+      return c.backward_input + c.backward_weight;
+    case Op::kBackwardInput:
+      return c.backward_input;
+    case Op::kBackwardWeight:
+      return c.backward_weight;
+    default:
+      return 0;
   }
 }
 
@@ -63,9 +68,10 @@ ScheduleReport verify(const Schedule& s, const Costs& costs) {
   const int m = s.microbatches;
   const int last = stages - 1;
   if (p < 1 || m < 1 || s.virtual_stages < 1 || static_cast<int>(s.actions.size()) != p) {
-    report.error = fmt::format("the schedule has {} ranks, {} micro-batches, {} virtual stages and "
-                               "action lists for {} ranks",
-                               p, m, s.virtual_stages, s.actions.size());
+    report.error = fmt::format(
+        "the schedule has {} ranks, {} micro-batches, {} virtual stages and "
+        "action lists for {} ranks",
+        p, m, s.virtual_stages, s.actions.size());
     return report;
   }
   if (int64_t{stages} * m > kMaxPasses) {
@@ -109,7 +115,8 @@ ScheduleReport verify(const Schedule& s, const Costs& costs) {
         break;
       }
       case Op::kRecvGradient: {
-        if (a.stage == last) return fail("the last stage receives no gradient: its loss is its own");
+        if (a.stage == last)
+          return fail("the last stage receives no gradient: its loss is its own");
         if (Events::done(ev.recv_grad[k])) return fail("received twice");
         const double sent = ev.sent_grad[ev.at(a.stage + 1, a.microbatch)];
         if (!Events::done(sent)) return false;
@@ -127,8 +134,9 @@ ScheduleReport verify(const Schedule& s, const Costs& costs) {
       case Op::kBackward:
       case Op::kBackwardInput:
         if ((a.op == Op::kBackward) == split)
-          return fail("the schedule mixes whole backwards with split ones (backward_input and "
-                      "backward_weight)");
+          return fail(
+              "the schedule mixes whole backwards with split ones (backward_input and "
+              "backward_weight)");
         if (Events::done(ev.backward[k])) return fail("the backward runs twice");
         if (!Events::done(ev.forward[k])) return fail("its forward has not run");
         if (a.stage < last && !Events::done(ev.recv_grad[k]))
@@ -180,21 +188,23 @@ ScheduleReport verify(const Schedule& s, const Costs& costs) {
     if (pc[r] == s.actions[r].size()) continue;
     const Action& a = s.actions[r][pc[r]];
     const bool act = a.op == Op::kRecvActivation;
-    const Action send{act ? Op::kSendActivation : Op::kSendGradient, act ? a.stage - 1 : a.stage + 1,
-                      a.microbatch};
+    const Action send{act ? Op::kSendActivation : Op::kSendGradient,
+                      act ? a.stage - 1 : a.stage + 1, a.microbatch};
     const int peer = s.rank_of(send.stage);
     const int at = find_action(s, peer, send);
     std::string peer_state;
     if (at < 0) {
       peer_state = fmt::format("which rank {} never sends (a missing message)", peer);
     } else if (pc[peer] < s.actions[peer].size()) {
-      peer_state = fmt::format("which rank {} sends at its action {}, after its action {} ({}), "
-                               "where it waits",
-                               peer, at, pc[peer], describe(s.actions[peer][pc[peer]]));
+      peer_state = fmt::format(
+          "which rank {} sends at its action {}, after its action {} ({}), "
+          "where it waits",
+          peer, at, pc[peer], describe(s.actions[peer][pc[peer]]));
     } else {
       peer_state = fmt::format("which rank {} sends at its action {}", peer, at);
     }
-    waiting.push_back(fmt::format("{} waits for {}", where(r, static_cast<int>(pc[r]), a), peer_state));
+    waiting.push_back(
+        fmt::format("{} waits for {}", where(r, static_cast<int>(pc[r]), a), peer_state));
   }
   if (!waiting.empty()) {
     // A message that is never sent is the cause; the ranks waiting behind it only its effect.
@@ -205,11 +215,11 @@ ScheduleReport verify(const Schedule& s, const Costs& costs) {
       report.error = fmt::format("deadlock: {}", fmt::join(waiting, "; "));
     } else {
       const size_t behind = waiting.size() - causes.size();
-      report.error = fmt::format("a receive has no send: {}{}", fmt::join(causes, "; "),
-                                 behind == 0 ? ""
-                                 : behind == 1
-                                     ? std::string("; 1 other rank waits behind it")
-                                     : fmt::format("; {} other ranks wait behind it", behind));
+      report.error =
+          fmt::format("a receive has no send: {}{}", fmt::join(causes, "; "),
+                      behind == 0   ? ""
+                      : behind == 1 ? std::string("; 1 other rank waits behind it")
+                                    : fmt::format("; {} other ranks wait behind it", behind));
     }
     return report;
   }
@@ -220,22 +230,27 @@ ScheduleReport verify(const Schedule& s, const Costs& costs) {
     for (int i = 0; i < m; ++i) {
       const size_t k = ev.at(st, i);
       auto missing = [&](const char* what) {
-        report.error = fmt::format("rank {} never runs the {} of micro-batch {} of stage {}", r,
-                                   what, i, st);
+        report.error =
+            fmt::format("rank {} never runs the {} of micro-batch {} of stage {}", r, what, i, st);
       };
-      if (!Events::done(ev.forward[k])) missing("forward");
-      else if (!Events::done(ev.backward[k])) missing(split ? "backward_input" : "backward");
-      else if (split && !Events::done(ev.weight[k])) missing("backward_weight");
-      else if (st < last && Events::done(ev.sent_act[k]) && !Events::done(ev.recv_act[ev.at(st + 1, i)]))
-        report.error = fmt::format("rank {} sends activation {} of stage {} (action {}) but rank {} "
-                                   "never receives it",
-                                   r, i, st, find_action(s, r, {Op::kSendActivation, st, i}),
-                                   s.rank_of(st + 1));
-      else if (st > 0 && Events::done(ev.sent_grad[k]) && !Events::done(ev.recv_grad[ev.at(st - 1, i)]))
-        report.error = fmt::format("rank {} sends gradient {} of stage {} (action {}) but rank {} "
-                                   "never receives it",
-                                   r, i, st, find_action(s, r, {Op::kSendGradient, st, i}),
-                                   s.rank_of(st - 1));
+      if (!Events::done(ev.forward[k]))
+        missing("forward");
+      else if (!Events::done(ev.backward[k]))
+        missing(split ? "backward_input" : "backward");
+      else if (split && !Events::done(ev.weight[k]))
+        missing("backward_weight");
+      else if (st < last && Events::done(ev.sent_act[k]) &&
+               !Events::done(ev.recv_act[ev.at(st + 1, i)]))
+        report.error = fmt::format(
+            "rank {} sends activation {} of stage {} (action {}) but rank {} "
+            "never receives it",
+            r, i, st, find_action(s, r, {Op::kSendActivation, st, i}), s.rank_of(st + 1));
+      else if (st > 0 && Events::done(ev.sent_grad[k]) &&
+               !Events::done(ev.recv_grad[ev.at(st - 1, i)]))
+        report.error = fmt::format(
+            "rank {} sends gradient {} of stage {} (action {}) but rank {} "
+            "never receives it",
+            r, i, st, find_action(s, r, {Op::kSendGradient, st, i}), s.rank_of(st - 1));
       if (!report.error.empty()) return report;
     }
   }

@@ -23,7 +23,8 @@ namespace dtrain::pipeline {
 
 ScheduleInfo zb_h1_schedule() {
   return {.name = "zb-h1",
-          .summary = "1F1B with backward split in B and W, W filling the bubbles; bubble (p-1)/(3m+p-1)",
+          .summary =
+              "1F1B with backward split in B and W, W filling the bubbles; bubble (p-1)/(3m+p-1)",
           .interleaved = false,
           .order = [](Schedule& s) {
             const int p = s.ranks, m = s.microbatches;

@@ -38,8 +38,8 @@ using std::chrono::milliseconds;
 struct Handle::State {
   std::mutex mu;  // guards everything below
   std::condition_variable cv;
-  std::string what;                    // "push_pull of table 'model'"
-  std::map<int, int> outstanding;      // server -> answers still expected
+  std::string what;                // "push_pull of table 'model'"
+  std::map<int, int> outstanding;  // server -> answers still expected
   int total = 0;
   std::exception_ptr error;
   bool cancelled = false;
@@ -199,11 +199,11 @@ class ServerLink {
           // The server's limit for holding the request is shorter than ours, so that its
           // answer, which names the workers it waited for, arrives before we give up.
           const int64_t margin = std::max<int64_t>(1000, timeout_.count() / 20);
-          out.header.timeout_ms = static_cast<uint32_t>(
-              std::clamp<int64_t>(timeout_.count() - margin, 1, UINT32_MAX));
-          send_message(fd_.get(), out.header, out.parts, Deadline::after(timeout_),
-                       fmt::format("sending {} to {}", to_string(static_cast<Op>(out.header.op)),
-                                   who_));
+          out.header.timeout_ms =
+              static_cast<uint32_t>(std::clamp<int64_t>(timeout_.count() - margin, 1, UINT32_MAX));
+          send_message(
+              fd_.get(), out.header, out.parts, Deadline::after(timeout_),
+              fmt::format("sending {} to {}", to_string(static_cast<Op>(out.header.op)), who_));
         }
       } catch (const TimeoutError& e) {
         fail(std::make_exception_ptr(PeerFailureError(e.what())));
@@ -252,10 +252,18 @@ class ServerLink {
           done_reading();
           std::exception_ptr e;
           switch (status) {
-            case Status::kInvalid: e = std::make_exception_ptr(InvalidArgumentError(text)); break;
-            case Status::kTimeout: e = std::make_exception_ptr(TimeoutError(text)); break;
-            case Status::kPeerFailure: e = std::make_exception_ptr(PeerFailureError(text)); break;
-            default: e = std::make_exception_ptr(InternalError(text)); break;
+            case Status::kInvalid:
+              e = std::make_exception_ptr(InvalidArgumentError(text));
+              break;
+            case Status::kTimeout:
+              e = std::make_exception_ptr(TimeoutError(text));
+              break;
+            case Status::kPeerFailure:
+              e = std::make_exception_ptr(PeerFailureError(text));
+              break;
+            default:
+              e = std::make_exception_ptr(InternalError(text));
+              break;
           }
           if (h.id == 0) {  // about the connection itself: the server refused or retired it
             fail(e);
@@ -274,9 +282,9 @@ class ServerLink {
           dest = inflight->dest;
         } else {
           if (inflight && inflight->dest)
-            wrong_size = std::make_exception_ptr(InternalError(fmt::format(
-                "{} answered {} with {} bytes where {} were expected", who_,
-                to_string(inflight->op), h.bytes, inflight->dest_bytes)));
+            wrong_size = std::make_exception_ptr(InternalError(
+                fmt::format("{} answered {} with {} bytes where {} were expected", who_,
+                            to_string(inflight->op), h.bytes, inflight->dest_bytes)));
           discard.resize(h.bytes);
           dest = discard.data();
         }
@@ -293,8 +301,8 @@ class ServerLink {
       }
       std::exception_ptr error =
           !closing ? gone(e.what())
-                   : std::make_exception_ptr(
-                         AbortedError(fmt::format("the connection to {} was closed by this worker", who_)));
+                   : std::make_exception_ptr(AbortedError(
+                         fmt::format("the connection to {} was closed by this worker", who_)));
       // The answer being read when the connection broke fails too, then everything pending.
       if (inflight) finish(inflight->state, index_, error);
       done_reading();
@@ -348,7 +356,8 @@ class ServerLink {
   std::thread receiver_;
 };
 
-// ---- Handle --------------------------------------------------------------------------------------
+// ---- Handle
+// --------------------------------------------------------------------------------------
 
 struct Client::Impl {
   ClientOptions options;
@@ -390,8 +399,8 @@ struct Client::Impl {
 
   void check_f32(const TensorView& t, size_t numel, const std::string& what) {
     if (t.dtype != DType::kF32)
-      throw InvalidArgumentError(fmt::format(
-          "ps worker {}: {} needs f32 values; got {}", options.worker, what, to_string(t.dtype)));
+      throw InvalidArgumentError(fmt::format("ps worker {}: {} needs f32 values; got {}",
+                                             options.worker, what, to_string(t.dtype)));
     if (t.numel != numel)
       throw InvalidArgumentError(fmt::format("ps worker {}: {} needs {} elements; got {}",
                                              options.worker, what, numel, t.numel));
@@ -427,9 +436,8 @@ struct Client::Impl {
         p.out.header.count = count;
         p.out.state = state;
         if (grad) {
-          p.out.parts.push_back(
-              {static_cast<const std::byte*>(grad->data) + offset * sizeof(float),
-               count * sizeof(float)});
+          p.out.parts.push_back({static_cast<const std::byte*>(grad->data) + offset * sizeof(float),
+                                 count * sizeof(float)});
           p.out.header.bytes = count * sizeof(float);
         }
         p.pending.state = state;
@@ -582,8 +590,7 @@ struct Client::Impl {
     Handle h(state);
     h.wait();
     auto j = nlohmann::json::parse(
-        std::string(reinterpret_cast<const char*>(answer->data()), answer->size()), nullptr,
-        false);
+        std::string(reinterpret_cast<const char*>(answer->data()), answer->size()), nullptr, false);
     return !j.is_discarded() && j.value("created", false);
   }
 
@@ -665,8 +672,7 @@ Client::Client(const ClientOptions& options) : impl_(std::make_unique<Impl>()) {
   for (size_t i = 0; i < options.servers.size(); ++i)
     impl_->links.push_back(
         std::make_unique<ServerLink>(static_cast<int>(i), options.servers[i], options));
-  DTRAIN_LOG_DEBUG("ps worker {}: connected to {} servers", options.worker,
-                   options.servers.size());
+  DTRAIN_LOG_DEBUG("ps worker {}: connected to {} servers", options.worker, options.servers.size());
 }
 
 Client::~Client() {
@@ -680,9 +686,9 @@ Client::~Client() {
 std::unique_ptr<Client> Client::from_env() {
   Cluster cluster = resolve_cluster();
   if (cluster.role != Cluster::Role::kWorker)
-    throw InvalidArgumentError(fmt::format(
-        "ps: this process has the role {} ({}); only workers create a Client", to_string(cluster.role),
-        cluster.source));
+    throw InvalidArgumentError(
+        fmt::format("ps: this process has the role {} ({}); only workers create a Client",
+                    to_string(cluster.role), cluster.source));
   ClientOptions o;
   o.num_workers = cluster.num_workers;
   o.worker = cluster.index;
@@ -702,7 +708,8 @@ std::unique_ptr<Client> Client::from_env() {
     if (o.worker < 0) o.worker = static_cast<int>(store.add("ps/next_worker", 1) - 1);
     std::vector<std::string> keys;
     for (int i = 0; i < cluster.num_servers; ++i) keys.push_back(fmt::format("ps/server/{}", i));
-    for (const auto& value : store.multi_get(keys)) o.servers.emplace_back(value.begin(), value.end());
+    for (const auto& value : store.multi_get(keys))
+      o.servers.emplace_back(value.begin(), value.end());
   }
   return std::make_unique<Client>(o);
 }
@@ -719,8 +726,8 @@ void Client::create_dense(const std::string& name, TensorView init, const TableO
   {
     std::lock_guard<std::mutex> lock(m.mu);
     if (m.tables.count(name))
-      throw InvalidArgumentError(fmt::format("ps worker {}: table '{}' was already created",
-                                             m.options.worker, name));
+      throw InvalidArgumentError(
+          fmt::format("ps worker {}: table '{}' was already created", m.options.worker, name));
     t.slices = place_dense(init.numel, m.load);
   }
   const float* values = static_cast<const float*>(init.data);
@@ -739,8 +746,8 @@ void Client::create_dense(const std::string& name, TensorView init, const TableO
 void Client::create_sparse(const std::string& name, const SparseTableOptions& options) {
   auto& m = *impl_;
   if (options.width == 0)
-    throw InvalidArgumentError(fmt::format("ps worker {}: sparse table '{}' needs a width > 0",
-                                           m.options.worker, name));
+    throw InvalidArgumentError(
+        fmt::format("ps worker {}: sparse table '{}' needs a width > 0", m.options.worker, name));
   Impl::Table t;
   t.spec = m.base_spec(name, options.table);
   t.spec.sparse = true;
@@ -751,8 +758,8 @@ void Client::create_sparse(const std::string& name, const SparseTableOptions& op
   {
     std::lock_guard<std::mutex> lock(m.mu);
     if (m.tables.count(name))
-      throw InvalidArgumentError(fmt::format("ps worker {}: table '{}' was already created",
-                                             m.options.worker, name));
+      throw InvalidArgumentError(
+          fmt::format("ps worker {}: table '{}' was already created", m.options.worker, name));
   }
   for (int s = 0; s < num_servers(); ++s) m.create_on(s, t, t.spec, {});
   std::lock_guard<std::mutex> lock(m.mu);

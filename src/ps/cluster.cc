@@ -24,8 +24,7 @@ class Reader {
     if (!x) return std::nullopt;
     int64_t n = env::parse_int(v.name, *x);
     if (n < min || n > (1 << 30))
-      throw InvalidArgumentError(
-          fmt::format("{} is {}: it must be at least {}", v.name, *x, min));
+      throw InvalidArgumentError(fmt::format("{} is {}: it must be at least {}", v.name, *x, min));
     return static_cast<int>(n);
   }
   int required(const env::Var& v, int min, const char* why) const {
@@ -42,15 +41,15 @@ Cluster::Role parse_role(const std::string& text, const char* variable) {
   if (text == "worker" || text == "chief") return Cluster::Role::kWorker;
   if (text == "server" || text == "ps") return Cluster::Role::kServer;
   if (text == "scheduler") return Cluster::Role::kScheduler;
-  throw InvalidArgumentError(fmt::format(
-      "{} is '{}': use worker, server or scheduler", variable, text));
+  throw InvalidArgumentError(
+      fmt::format("{} is '{}': use worker, server or scheduler", variable, text));
 }
 
 void check_index(const Cluster& c, const char* from) {
   const int count = c.role == Cluster::Role::kServer ? c.num_servers : c.num_workers;
   if (c.index >= count)
-    throw InvalidArgumentError(fmt::format("{} is {} but there are only {} {}s", from, c.index,
-                                           count, to_string(c.role)));
+    throw InvalidArgumentError(
+        fmt::format("{} is {} but there are only {} {}s", from, c.index, count, to_string(c.role)));
 }
 
 Cluster from_dtrain(const Reader& r, const std::string& role) {
@@ -58,7 +57,8 @@ Cluster from_dtrain(const Reader& r, const std::string& role) {
   c.source = "dtrain";
   c.role = parse_role(role, "DTRAIN_ROLE");
   c.num_servers = r.required(env::kNumServers, 1, "a parameter-server job needs the server count");
-  c.num_workers = r.integer(env::kNumWorkers, 1).value_or(r.integer(env::kWorldSize, 1).value_or(1));
+  c.num_workers =
+      r.integer(env::kNumWorkers, 1).value_or(r.integer(env::kWorldSize, 1).value_or(1));
   if (c.role == Cluster::Role::kServer) {
     c.index = r.required(env::kPsIndex, 0, "a server needs its index");
     check_index(c, "DTRAIN_PS_INDEX");
@@ -136,9 +136,12 @@ Cluster from_dmlc(const Reader& r, const std::string& role) {
 
 const char* to_string(Cluster::Role role) {
   switch (role) {
-    case Cluster::Role::kWorker: return "worker";
-    case Cluster::Role::kServer: return "server";
-    case Cluster::Role::kScheduler: return "scheduler";
+    case Cluster::Role::kWorker:
+      return "worker";
+    case Cluster::Role::kServer:
+      return "server";
+    case Cluster::Role::kScheduler:
+      return "scheduler";
   }
   return "unknown";
 }

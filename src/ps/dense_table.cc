@@ -29,18 +29,21 @@ DenseTable::DenseTable(TableSpec spec, std::span<const float> init)
     : spec_(std::move(spec)), state_k_(state_per_weight(spec_.options.optimizer.kind)) {
   const uint64_t n = spec_.slice_length;
   if (!init.empty() && init.size() != n)
-    throw InvalidArgumentError(fmt::format(
-        "table '{}': {} initial values sent for a slice of {} elements", spec_.name, init.size(), n));
+    throw InvalidArgumentError(
+        fmt::format("table '{}': {} initial values sent for a slice of {} elements", spec_.name,
+                    init.size(), n));
   values_.assign(n, 0.0f);
   if (!init.empty()) std::copy(init.begin(), init.end(), values_.begin());
   state_.resize(state_k_ * n);
   uint64_t begin = 0;
   do {  // an empty slice still has one (empty) chunk to carry its clocks
     uint64_t length = std::min<uint64_t>(kChunkElems, n - begin);
-    chunks_.push_back(Chunk{begin, length, 0,
-                            WorkerClocks(spec_.options.consistency, spec_.options.staleness,
-                                         spec_.num_workers),
-                            {}});
+    chunks_.push_back(
+        Chunk{begin,
+              length,
+              0,
+              WorkerClocks(spec_.options.consistency, spec_.options.staleness, spec_.num_workers),
+              {}});
     init_state(spec_.options.optimizer, state_.data() + state_k_ * begin, length);
     begin += kChunkElems;
   } while (begin < n);
@@ -53,8 +56,8 @@ size_t DenseTable::chunk_index(uint64_t offset) const {
 void DenseTable::check_range(uint64_t offset, uint64_t count, bool one_chunk) const {
   const uint64_t lo = spec_.slice_offset, hi = spec_.slice_offset + spec_.slice_length;
   if (spec_.slice_length > 0 && count == 0)
-    throw InvalidArgumentError(fmt::format("table '{}': a request for 0 elements at {}", spec_.name,
-                                           offset));
+    throw InvalidArgumentError(
+        fmt::format("table '{}': a request for 0 elements at {}", spec_.name, offset));
   if (offset < lo || offset + count > hi || offset + count < offset)
     throw InvalidArgumentError(fmt::format(
         "table '{}': elements [{}, {}) are not on this server, which holds [{}, {}) of {}",
@@ -63,9 +66,9 @@ void DenseTable::check_range(uint64_t offset, uint64_t count, bool one_chunk) co
     const uint64_t rel = offset - lo;
     const uint64_t want = std::min<uint64_t>(kChunkElems, spec_.slice_length - rel);
     if (rel % kChunkElems != 0 || count != want)
-      throw InvalidArgumentError(fmt::format(
-          "table '{}': a push must cover one chunk of {} elements; got [{}, {})", spec_.name,
-          kChunkElems, offset, offset + count));
+      throw InvalidArgumentError(
+          fmt::format("table '{}': a push must cover one chunk of {} elements; got [{}, {})",
+                      spec_.name, kChunkElems, offset, offset + count));
   }
 }
 
@@ -147,7 +150,9 @@ nlohmann::json DenseTable::save(const std::string& prefix,
   const int64_t n = static_cast<int64_t>(values_.size());
   out.push_back({prefix + "values", "F32", {n}, as_bytes(values_.data(), values_.size())});
   if (state_k_ > 0)
-    out.push_back({prefix + "state", "F32", {static_cast<int64_t>(state_.size())},
+    out.push_back({prefix + "state",
+                   "F32",
+                   {static_cast<int64_t>(state_.size())},
                    as_bytes(state_.data(), state_.size())});
   nlohmann::json chunks = nlohmann::json::array();
   for (size_t i = 0; i < chunks_.size(); ++i) {
@@ -155,7 +160,9 @@ nlohmann::json DenseTable::save(const std::string& prefix,
     nlohmann::json pending = nlohmann::json::object();
     for (const auto& [v, p] : c.pending) {
       std::string name = fmt::format("{}chunk{}.pending{}", prefix, i, v);
-      out.push_back({name, "F32", {static_cast<int64_t>(p.sum.size())},
+      out.push_back({name,
+                     "F32",
+                     {static_cast<int64_t>(p.sum.size())},
                      as_bytes(p.sum.data(), p.sum.size())});
       pending[std::to_string(v)] = p.contributors;
     }
@@ -191,7 +198,8 @@ void DenseTable::restore(const nlohmann::json& meta, const std::string& prefix,
     auto& c = chunks_[i];
     const auto& j = chunks[i];
     c.steps = json_integer<uint64_t>(j.at("steps"));
-    c.clocks.restore(json_integer<uint64_t>(j.at("version")), j.at("clocks").get<std::vector<uint64_t>>());
+    c.clocks.restore(json_integer<uint64_t>(j.at("version")),
+                     j.at("clocks").get<std::vector<uint64_t>>());
     c.pending.clear();
     for (const auto& [v, contributors] : j.at("pending").items()) {
       const auto& t = tensor(fmt::format("{}chunk{}.pending{}", prefix, i, v), c.length);

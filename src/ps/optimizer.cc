@@ -7,22 +7,31 @@ namespace dtrain::ps {
 
 size_t state_per_weight(OptimizerOptions::Kind kind) {
   switch (kind) {
-    case OptimizerOptions::Kind::kMomentum: return 1;
-    case OptimizerOptions::Kind::kAdam: return 2;
-    case OptimizerOptions::Kind::kAdagrad: return 1;
+    case OptimizerOptions::Kind::kMomentum:
+      return 1;
+    case OptimizerOptions::Kind::kAdam:
+      return 2;
+    case OptimizerOptions::Kind::kAdagrad:
+      return 1;
     case OptimizerOptions::Kind::kSgd:
-    case OptimizerOptions::Kind::kSum: return 0;
+    case OptimizerOptions::Kind::kSum:
+      return 0;
   }
   return 0;
 }
 
 const char* to_string(OptimizerOptions::Kind kind) {
   switch (kind) {
-    case OptimizerOptions::Kind::kSgd: return "sgd";
-    case OptimizerOptions::Kind::kMomentum: return "momentum";
-    case OptimizerOptions::Kind::kAdam: return "adam";
-    case OptimizerOptions::Kind::kAdagrad: return "adagrad";
-    case OptimizerOptions::Kind::kSum: return "sum";
+    case OptimizerOptions::Kind::kSgd:
+      return "sgd";
+    case OptimizerOptions::Kind::kMomentum:
+      return "momentum";
+    case OptimizerOptions::Kind::kAdam:
+      return "adam";
+    case OptimizerOptions::Kind::kAdagrad:
+      return "adagrad";
+    case OptimizerOptions::Kind::kSum:
+      return "sum";
   }
   return "unknown";
 }
@@ -30,8 +39,7 @@ const char* to_string(OptimizerOptions::Kind kind) {
 void init_state(const OptimizerOptions& o, float* state, size_t n) {
   const size_t k = state_per_weight(o.kind);
   if (k == 0) return;
-  const float first =
-      o.kind == OptimizerOptions::Kind::kAdagrad ? o.initial_accumulator : 0.0f;
+  const float first = o.kind == OptimizerOptions::Kind::kAdagrad ? o.initial_accumulator : 0.0f;
   std::fill(state, state + n, first);
   if (k > 1) std::fill(state + n, state + k * n, 0.0f);
 }

@@ -17,15 +17,24 @@ namespace dtrain::ps {
 
 const char* to_string(Op op) {
   switch (op) {
-    case Op::kCreateDense: return "create_dense";
-    case Op::kCreateSparse: return "create_sparse";
-    case Op::kPush: return "push";
-    case Op::kPull: return "pull";
-    case Op::kPushPull: return "push_pull";
-    case Op::kPushRows: return "push_rows";
-    case Op::kPullRows: return "pull_rows";
-    case Op::kCheckpoint: return "checkpoint";
-    case Op::kBye: return "bye";
+    case Op::kCreateDense:
+      return "create_dense";
+    case Op::kCreateSparse:
+      return "create_sparse";
+    case Op::kPush:
+      return "push";
+    case Op::kPull:
+      return "pull";
+    case Op::kPushPull:
+      return "push_pull";
+    case Op::kPushRows:
+      return "push_rows";
+    case Op::kPullRows:
+      return "pull_rows";
+    case Op::kCheckpoint:
+      return "checkpoint";
+    case Op::kBye:
+      return "bye";
   }
   return "unknown op";
 }
@@ -62,8 +71,8 @@ void send_message(int fd, const Header& header, std::span<const std::span<const 
         pollfd p{fd, POLLOUT, 0};
         int r = ::poll(&p, 1, deadline.poll_ms());
         if (r == 0 || (r < 0 && errno != EINTR && deadline.expired()))
-          throw TimeoutError(fmt::format("{}: sending stalled at {} of {} bytes after {}",
-                                         context, sent, total, deadline.describe()));
+          throw TimeoutError(fmt::format("{}: sending stalled at {} of {} bytes after {}", context,
+                                         sent, total, deadline.describe()));
         continue;
       }
       throw PeerFailureError(fmt::format("{}: connection lost while sending ({} of {} bytes): {}",
@@ -88,9 +97,9 @@ Header read_header(int fd, const Deadline& deadline, std::string_view context) {
         "{:#010x}): the other side is not a dtrain ps peer of this version",
         context, h.magic, kWireMagic));
   if (h.bytes > kMaxPayload)
-    throw InvalidArgumentError(fmt::format(
-        "{}: a {} message announces {} payload bytes, more than the limit of {}", context,
-        to_string(static_cast<Op>(h.op)), h.bytes, kMaxPayload));
+    throw InvalidArgumentError(
+        fmt::format("{}: a {} message announces {} payload bytes, more than the limit of {}",
+                    context, to_string(static_cast<Op>(h.op)), h.bytes, kMaxPayload));
   return h;
 }
 

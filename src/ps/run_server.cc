@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 
 #include "common/env.h"
-#include "common/signal_watcher.h"
 #include "common/log.h"
+#include "common/signal_watcher.h"
 #include "common/socket.h"
 #include "dtrain/error.h"
 #include "dtrain/ps.h"
@@ -29,14 +29,17 @@ constexpr std::chrono::milliseconds kSchedulerLinger{5'000};
 
 int run_server_from_env(ServerOptions options) {
   Cluster cluster = resolve_cluster();
-  if (options.checkpoint_dir.empty()) options.checkpoint_dir = env::get_string(env::kPsCheckpointDir);
+  if (options.checkpoint_dir.empty())
+    options.checkpoint_dir = env::get_string(env::kPsCheckpointDir);
   if (options.checkpoint_every.count() == 0)
-    options.checkpoint_every = std::chrono::seconds(env::get_int(env::kPsCheckpointEvery).value_or(0));
+    options.checkpoint_every =
+        std::chrono::seconds(env::get_int(env::kPsCheckpointEvery).value_or(0));
   if (!options.restore) options.restore = env::get_bool(env::kPsRestore);
   options.job_id = env::get_string(env::kJobId);
   options.token = env::get_string(env::kAuthToken);
   options.num_servers = cluster.num_servers;
-  const auto connect_timeout = std::chrono::seconds(env::get_int(env::kConnectTimeout).value_or(60));
+  const auto connect_timeout =
+      std::chrono::seconds(env::get_int(env::kConnectTimeout).value_or(60));
 
   std::unique_ptr<TcpStoreServer> store_server;
   std::unique_ptr<TcpStore> store;
@@ -59,19 +62,18 @@ int run_server_from_env(ServerOptions options) {
     // Serve the store until every server has finished, then until they have hung up: the last
     // server's set of its done key is answered only after it woke this wait, and a store gone
     // before the answer fails that server as if the job had crashed.
-    store->wait({fmt::format("ps/server_done/{}", cluster.num_servers - 1)},
-                kJobLifetime);
+    store->wait({fmt::format("ps/server_done/{}", cluster.num_servers - 1)}, kJobLifetime);
     store.reset();
     store_server->stop(kSchedulerLinger);
     return 0;
   }
   if (cluster.role != Cluster::Role::kServer)
-    throw InvalidArgumentError(fmt::format(
-        "this process is a {} ({}); `dtrain ps-server` runs servers", to_string(cluster.role),
-        cluster.source));
+    throw InvalidArgumentError(
+        fmt::format("this process is a {} ({}); `dtrain ps-server` runs servers",
+                    to_string(cluster.role), cluster.source));
 
-  options.index = cluster.index >= 0 ? cluster.index
-                                     : static_cast<int>(store->add("ps/next_server", 1) - 1);
+  options.index =
+      cluster.index >= 0 ? cluster.index : static_cast<int>(store->add("ps/next_server", 1) - 1);
   if (!cluster.servers.empty()) {
     // TF_CONFIG: listen on the port the cluster lists for this task.
     auto hp = net::parse_host_port(cluster.servers.at(options.index), "TF_CONFIG cluster.ps entry");

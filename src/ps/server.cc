@@ -48,10 +48,10 @@ using std::chrono::milliseconds;
 struct Connection {
   net::Fd fd;
   int worker = -1;
-  std::string peer;         // host:port of the worker
-  std::mutex write_mu;      // one response at a time on fd; guards closing fd
+  std::string peer;     // host:port of the worker
+  std::mutex write_mu;  // one response at a time on fd; guards closing fd
   std::atomic<bool> said_bye{false};
-  std::atomic<bool> finished{false};  // its thread is done: join it, drop it
+  std::atomic<bool> finished{false};    // its thread is done: join it, drop it
   std::atomic<bool> handshaking{true};  // not yet admitted or refused
   std::atomic<bool> spoke{false};       // sent something (a real client sends its hello at once)
   std::string source;                   // the peer's host
@@ -133,7 +133,7 @@ struct Server::Impl {
   std::map<int, WorkerClocks::Presence> presence;  // workers that left or failed
   std::map<int, std::string> worker_address;
   std::map<int, std::shared_ptr<Connection>> current;  // each worker's live connection
-  int workers_total = 0;  // as the workers announce it
+  int workers_total = 0;                               // as the workers announce it
   std::set<int> byes;
   bool done = false;
   std::mutex checkpoint_mu;  // one checkpoint at a time
@@ -200,10 +200,10 @@ struct Server::Impl {
     std::lock_guard<std::mutex> conn_lock(c->write_mu);
     if (!c->fd.valid()) return;
     const bool silent = !c->spoke && !net::input_waiting(c->fd.get());
-    DTRAIN_LOG_WARN("{}: closed the connection from {}, still in its handshake{}, to make room: "
-                    "at most {} connections per host and {} in all may be in their handshake",
-                    who(), c->peer, silent ? " and silent" : "", kMaxPendingPerSource,
-                    kMaxPending);
+    DTRAIN_LOG_WARN(
+        "{}: closed the connection from {}, still in its handshake{}, to make room: "
+        "at most {} connections per host and {} in all may be in their handshake",
+        who(), c->peer, silent ? " and silent" : "", kMaxPendingPerSource, kMaxPending);
     ::shutdown(c->fd.get(), SHUT_RDWR);
     c->handshaking = false;  // counted out once, even if a later call comes first
   }
@@ -231,28 +231,26 @@ struct Server::Impl {
         net::use_loopback_congestion_control(conn->fd.get());
       const Deadline until = Deadline::after(kHandshakeTime);
       net::note_first_input(conn->fd.get(), until, conn->spoke);
-      net::Hello hello =
-          net::handshake_accept(conn->fd.get(), handshake(), net::Role::kPsClient, options.index,
-                                until);
+      net::Hello hello = net::handshake_accept(conn->fd.get(), handshake(), net::Role::kPsClient,
+                                               options.index, until);
       conn->worker = hello.rank;
       if (hello.tag < 1 || hello.tag > (1 << 20) || conn->worker < 0 ||
           static_cast<uint64_t>(conn->worker) >= hello.tag)
-        throw InvalidArgumentError(fmt::format("worker index {} of {} is out of range",
-                                               conn->worker, hello.tag));
+        throw InvalidArgumentError(
+            fmt::format("worker index {} of {} is out of range", conn->worker, hello.tag));
       const int total = static_cast<int>(hello.tag);
       std::lock_guard<std::mutex> lock(mu);
       if (workers_total != 0 && workers_total != total)
-        throw InvalidArgumentError(fmt::format(
-            "worker {} at {} says the job has {} workers, earlier workers said {}", conn->worker,
-            conn->peer, total, workers_total));
+        throw InvalidArgumentError(
+            fmt::format("worker {} at {} says the job has {} workers, earlier workers said {}",
+                        conn->worker, conn->peer, total, workers_total));
       workers_total = total;
     } catch (const net::HandshakeRefused& r) {
       DTRAIN_LOG_WARN("{}: refused a connection from {}: {}", who(), conn->peer, r.reason);
       return false;
     } catch (const std::exception& e) {
       // The worker passed the handshake, so it reads our frames: tell it why before closing.
-      DTRAIN_LOG_WARN("{}: refused worker {} at {}: {}", who(), conn->worker, conn->peer,
-                      e.what());
+      DTRAIN_LOG_WARN("{}: refused worker {} at {}: {}", who(), conn->worker, conn->peer, e.what());
       refuse(*conn, fmt::format("{} refused this worker: {}", who(), e.what()));
       return false;
     }
@@ -375,9 +373,9 @@ struct Server::Impl {
                                         fmt::format("{}: {} refused: {}", who(),
                                                     to_string(static_cast<Op>(h.op)), e.what())));
         } catch (const std::exception& e) {
-          replies.push_back(error_reply(conn, h, Status::kInternal,
-                                        fmt::format("{}: {} failed: {}", who(),
-                                                    to_string(static_cast<Op>(h.op)), e.what())));
+          replies.push_back(error_reply(
+              conn, h, Status::kInternal,
+              fmt::format("{}: {} failed: {}", who(), to_string(static_cast<Op>(h.op)), e.what())));
         }
         send(replies);
       }
@@ -396,10 +394,10 @@ struct Server::Impl {
       std::lock_guard<std::mutex> lock(r.conn->write_mu);
       if (!r.conn->fd.valid()) continue;  // the worker is gone
       try {
-        send_message(r.conn->fd.get(), r.header, {&part, 1},
-                     Deadline::after(milliseconds(std::max<uint32_t>(r.header.timeout_ms, 10'000))),
-                     fmt::format("{} answering worker {} at {}", who(), r.conn->worker,
-                                 r.conn->peer));
+        send_message(
+            r.conn->fd.get(), r.header, {&part, 1},
+            Deadline::after(milliseconds(std::max<uint32_t>(r.header.timeout_ms, 10'000))),
+            fmt::format("{} answering worker {} at {}", who(), r.conn->worker, r.conn->peer));
       } catch (const std::exception& e) {
         // The worker's own thread notices the broken connection; nothing else to do here.
         DTRAIN_LOG_DEBUG("{}", e.what());
@@ -500,7 +498,8 @@ struct Server::Impl {
     const Op op = static_cast<Op>(h.op);
     switch (op) {
       case Op::kCreateDense:
-      case Op::kCreateSparse: return create(conn, h, payload, replies);
+      case Op::kCreateSparse:
+        return create(conn, h, payload, replies);
       case Op::kCheckpoint: {
         std::string path = checkpoint();
         std::string text = nlohmann::json{{"path", path}}.dump();
@@ -510,32 +509,32 @@ struct Server::Impl {
         replies.push_back(std::move(r));
         return;
       }
-      default: break;
+      default:
+        break;
     }
     auto t = find(h);
     std::lock_guard<std::mutex> lock(t->mu);
     const TableSpec& spec = t->spec();
     if (conn->worker >= spec.num_workers)
-      throw InvalidArgumentError(fmt::format(
-          "worker {} is not one of the {} workers table '{}' was created for", conn->worker,
-          spec.num_workers, spec.name));
+      throw InvalidArgumentError(
+          fmt::format("worker {} is not one of the {} workers table '{}' was created for",
+                      conn->worker, spec.num_workers, spec.name));
     if (h.dtype != static_cast<uint8_t>(DType::kF32))
-      throw InvalidArgumentError(fmt::format(
-          "table '{}' holds f32 values; the request carries {}", spec.name,
-          to_string(static_cast<DType>(h.dtype))));
+      throw InvalidArgumentError(fmt::format("table '{}' holds f32 values; the request carries {}",
+                                             spec.name, to_string(static_cast<DType>(h.dtype))));
     switch (op) {
       case Op::kPush:
       case Op::kPull:
       case Op::kPushPull: {
         if (!t->dense)
-          throw InvalidArgumentError(fmt::format(
-              "table '{}' is sparse: use push_rows / pull_rows", spec.name));
+          throw InvalidArgumentError(
+              fmt::format("table '{}' is sparse: use push_rows / pull_rows", spec.name));
         const bool pushes = op != Op::kPull;
         t->dense->check_range(h.offset, h.count, pushes);
         if (pushes) {
           if (h.bytes != h.count * sizeof(float))
-            throw InvalidArgumentError(fmt::format("{} of {} elements carries {} bytes",
-                                                   to_string(op), h.count, h.bytes));
+            throw InvalidArgumentError(
+                fmt::format("{} of {} elements carries {} bytes", to_string(op), h.count, h.bytes));
           t->dense->push(conn->worker, h.offset, reinterpret_cast<const float*>(payload.data()));
         }
         if (op == Op::kPush) {
@@ -551,12 +550,12 @@ struct Server::Impl {
       case Op::kPushRows:
       case Op::kPullRows: {
         if (!t->sparse)
-          throw InvalidArgumentError(fmt::format(
-              "table '{}' is dense: use push / pull / push_pull", spec.name));
+          throw InvalidArgumentError(
+              fmt::format("table '{}' is dense: use push / pull / push_pull", spec.name));
         if (h.width != spec.width)
-          throw InvalidArgumentError(fmt::format(
-              "table '{}' has rows of width {}; the request has rows of width {}", spec.name,
-              spec.width, h.width));
+          throw InvalidArgumentError(
+              fmt::format("table '{}' has rows of width {}; the request has rows of width {}",
+                          spec.name, spec.width, h.width));
         if (h.count > kMaxPayload / (sizeof(uint64_t) + h.width * sizeof(float)))
           throw InvalidArgumentError(fmt::format("{} of {} rows of width {} is too large",
                                                  to_string(op), h.count, h.width));
@@ -594,21 +593,21 @@ struct Server::Impl {
     TableSpec spec = spec_from_json(j);
     const bool sparse = static_cast<Op>(h.op) == Op::kCreateSparse;
     if (spec.sparse != sparse)
-      throw InvalidArgumentError(fmt::format("create: table '{}' spec and operation disagree",
-                                             spec.name));
+      throw InvalidArgumentError(
+          fmt::format("create: table '{}' spec and operation disagree", spec.name));
     if (table_key(spec.name) != h.table)
-      throw InvalidArgumentError(fmt::format("create: table '{}' sent with the key of another name",
-                                             spec.name));
+      throw InvalidArgumentError(
+          fmt::format("create: table '{}' sent with the key of another name", spec.name));
     const size_t values = payload.size() - h.count;
     if (!sparse && values != 0 && values != spec.slice_length * sizeof(float))
       throw InvalidArgumentError(fmt::format(
-          "create: table '{}' slice of {} elements sent with {} bytes of initial values",
-          spec.name, spec.slice_length, values));
+          "create: table '{}' slice of {} elements sent with {} bytes of initial values", spec.name,
+          spec.slice_length, values));
     if (!sparse && spec.slice_offset + spec.slice_length > spec.numel)
-      throw InvalidArgumentError(fmt::format("create: table '{}' slice [{}, {}) is outside its {} "
-                                             "elements",
-                                             spec.name, spec.slice_offset,
-                                             spec.slice_offset + spec.slice_length, spec.numel));
+      throw InvalidArgumentError(fmt::format(
+          "create: table '{}' slice [{}, {}) is outside its {} "
+          "elements",
+          spec.name, spec.slice_offset, spec.slice_offset + spec.slice_length, spec.numel));
     bool created = false;
     std::shared_ptr<TableEntry> existing;
     {
@@ -640,9 +639,9 @@ struct Server::Impl {
       std::lock_guard<std::mutex> table_lock(existing->mu);
       const TableSpec& have = existing->spec();
       if (have.name != spec.name)
-        throw InvalidArgumentError(fmt::format(
-            "create: table names '{}' and '{}' have the same key; rename one", have.name,
-            spec.name));
+        throw InvalidArgumentError(
+            fmt::format("create: table names '{}' and '{}' have the same key; rename one",
+                        have.name, spec.name));
       std::string diff = spec_mismatch(have, spec);
       if (!diff.empty())
         throw InvalidArgumentError(fmt::format(
@@ -678,8 +677,8 @@ struct Server::Impl {
       Waiter& w = *it;
       const Header& h = w.request;
       const int worker = w.conn->worker;
-      std::vector<int> blockers = t.dense ? t.dense->blockers(worker, h.offset, h.count)
-                                          : t.sparse->blockers(worker);
+      std::vector<int> blockers =
+          t.dense ? t.dense->blockers(worker, h.offset, h.count) : t.sparse->blockers(worker);
       if (blockers.empty()) {
         Reply r{w.conn, h, {}};
         if (t.dense) {
@@ -695,8 +694,8 @@ struct Server::Impl {
         continue;
       }
       const TableSpec& spec = t.spec();
-      std::string clocks = t.dense ? t.dense->describe_clocks(h.offset, h.count)
-                                   : t.sparse->describe_clocks();
+      std::string clocks =
+          t.dense ? t.dense->describe_clocks(h.offset, h.count) : t.sparse->describe_clocks();
       std::string failed;
       for (int b : blockers)
         if (auto f = reasons.find(b); f != reasons.end()) failed = f->second;
@@ -712,8 +711,7 @@ struct Server::Impl {
         continue;
       }
       if (now >= w.deadline) {
-        const double waited =
-            std::chrono::duration<double>(now - w.since).count();
+        const double waited = std::chrono::duration<double>(now - w.since).count();
         replies.push_back(error_reply(
             w.conn, h, Status::kTimeout,
             fmt::format("{}: {} of {} table '{}' by worker {} waited {:.1f} s of a {:g} s limit "
@@ -774,8 +772,8 @@ struct Server::Impl {
 
   std::string checkpoint_dir() const {
     if (options.checkpoint_dir.empty())
-      throw InvalidArgumentError(fmt::format(
-          "{} has no checkpoint directory: start it with --checkpoint-dir DIR", who()));
+      throw InvalidArgumentError(
+          fmt::format("{} has no checkpoint directory: start it with --checkpoint-dir DIR", who()));
     return fmt::format("{}/server-{}", options.checkpoint_dir, options.index);
   }
 
@@ -791,8 +789,8 @@ struct Server::Impl {
     for (auto& t : all_tables()) {
       std::lock_guard<std::mutex> lock(t->mu);
       const std::string prefix = fmt::format("t{}.", i++);
-      nlohmann::json meta = t->dense ? t->dense->save(prefix, data.tensors)
-                                     : t->sparse->save(prefix, data.tensors);
+      nlohmann::json meta =
+          t->dense ? t->dense->save(prefix, data.tensors) : t->sparse->save(prefix, data.tensors);
       meta["prefix"] = prefix;
       data.manifest["tables"].push_back(std::move(meta));
     }
@@ -887,7 +885,7 @@ Server::Server(const ServerOptions& options) : impl_(std::make_unique<Impl>(opti
   std::string host = options.advertise_host;
   if (host.empty())
     host = (options.listen_host.empty() || options.listen_host == "0.0.0.0") ? "127.0.0.1"
-                                                                              : options.listen_host;
+                                                                             : options.listen_host;
   s.address = fmt::format("{}:{}", host, net::local_port(s.listen_fd.get()));
   if (options.restore) s.restore();
   s.accept_thread = std::thread([&s] { s.accept_loop(); });

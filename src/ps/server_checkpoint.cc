@@ -1,9 +1,9 @@
 #include "ps/server_checkpoint.h"
 
-#include <fmt/format.h>
-
 #include <filesystem>
 #include <fstream>
+
+#include <fmt/format.h>
 
 #include "common/durable.h"
 #include "common/json_integer.h"
@@ -44,8 +44,7 @@ std::string write_checkpoint(const std::string& dir, CheckpointData data, int ke
     return final_path;
   } catch (const std::exception&) {
     fs::remove_all(tmp, ec);  // nothing half-written stays behind
-    rethrow_with_context(std::current_exception(),
-                         fmt::format("ps checkpoint {} in {}", n, dir));
+    rethrow_with_context(std::current_exception(), fmt::format("ps checkpoint {} in {}", n, dir));
   }
 }
 

@@ -25,6 +25,7 @@ struct CheckpointData {
 // failed save leaves the previous checkpoints as they were.
 std::string write_checkpoint(const std::string& dir, CheckpointData data, int keep);
 // The newest good checkpoint in dir, with its path; nullopt when there is none.
-std::optional<std::pair<std::string, CheckpointData>> read_latest_checkpoint(const std::string& dir);
+std::optional<std::pair<std::string, CheckpointData>> read_latest_checkpoint(
+    const std::string& dir);
 
 }  // namespace dtrain::ps

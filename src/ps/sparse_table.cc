@@ -44,12 +44,15 @@ void SparseTable::init_row(const TableSpec& spec, uint64_t id, float* row) {
   for (uint64_t j = 0; j < spec.width; ++j) {
     const uint64_t h = mix64(mix64(id ^ init.seed) + j);
     switch (init.kind) {
-      case RowInit::Kind::kZeros: row[j] = 0.0f; break;
-      case RowInit::Kind::kUniform: row[j] = init.a + (init.b - init.a) * unit(h); break;
+      case RowInit::Kind::kZeros:
+        row[j] = 0.0f;
+        break;
+      case RowInit::Kind::kUniform:
+        row[j] = init.a + (init.b - init.a) * unit(h);
+        break;
       case RowInit::Kind::kNormal: {  // Box-Muller from two independent uniforms
         float u1 = std::max(unit(h), 0x1p-24f), u2 = unit(mix64(h));
-        row[j] = init.a + init.b * std::sqrt(-2.0f * std::log(u1)) *
-                              std::cos(6.2831853f * u2);
+        row[j] = init.a + init.b * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
         break;
       }
     }
@@ -57,9 +60,9 @@ void SparseTable::init_row(const TableSpec& spec, uint64_t id, float* row) {
 }
 
 uint32_t SparseTable::now_s() const {
-  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::seconds>(
-                                   std::chrono::steady_clock::now() - epoch_)
-                                   .count());
+  return static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - epoch_)
+          .count());
 }
 
 uint32_t SparseTable::slot_of(uint64_t id) {
@@ -196,8 +199,10 @@ nlohmann::json SparseTable::save(const std::string& prefix,
   for (const auto& [v, p] : pending_) {
     const int64_t m = static_cast<int64_t>(p.ids.size());
     out.push_back({fmt::format("{}pending{}.ids", prefix, v), "U64", {m}, as_bytes(p.ids)});
-    out.push_back({fmt::format("{}pending{}.sums", prefix, v), "F32",
-                   {m, static_cast<int64_t>(spec_.width)}, as_bytes(p.sums)});
+    out.push_back({fmt::format("{}pending{}.sums", prefix, v),
+                   "F32",
+                   {m, static_cast<int64_t>(spec_.width)},
+                   as_bytes(p.sums)});
     pending[std::to_string(v)] = p.contributors;
   }
   return {{"spec", to_json(spec_)},
@@ -233,7 +238,8 @@ void SparseTable::restore(const nlohmann::json& meta, const std::string& prefix,
   std::memcpy(steps_.data(), steps_t.data.data(), steps_t.data.size());
   std::memcpy(arena_.data(), rows_t.data.data(), rows_t.data.size());
   for (uint32_t slot = 0; slot < n; ++slot) index_.emplace(ids_[slot], slot);
-  clocks_.restore(json_integer<uint64_t>(meta.at("version")), meta.at("clocks").get<std::vector<uint64_t>>());
+  clocks_.restore(json_integer<uint64_t>(meta.at("version")),
+                  meta.at("clocks").get<std::vector<uint64_t>>());
   pending_.clear();
   for (const auto& [v, contributors] : meta.at("pending").items()) {
     Pending p;

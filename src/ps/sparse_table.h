@@ -62,11 +62,11 @@ class SparseTable {
   size_t stride_;  // floats per slot: width values, then state_k_ * width state
   std::chrono::steady_clock::time_point epoch_;
   std::unordered_map<uint64_t, uint32_t> index_;
-  std::vector<float> arena_;      // stride_ per slot
-  std::vector<uint64_t> ids_;     // per slot
-  std::vector<uint64_t> steps_;   // per slot: updates applied (Adam's t)
-  std::vector<uint32_t> touched_; // per slot: seconds since epoch_ of the last access
-  std::vector<uint32_t> free_;    // slots of evicted rows
+  std::vector<float> arena_;       // stride_ per slot
+  std::vector<uint64_t> ids_;      // per slot
+  std::vector<uint64_t> steps_;    // per slot: updates applied (Adam's t)
+  std::vector<uint32_t> touched_;  // per slot: seconds since epoch_ of the last access
+  std::vector<uint32_t> free_;     // slots of evicted rows
   WorkerClocks clocks_;
   std::map<uint64_t, Pending> pending_;  // sync: version -> gradients so far
 };

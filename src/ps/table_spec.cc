@@ -20,9 +20,12 @@ E parse_enum(const std::string& text, std::initializer_list<std::pair<const char
 
 const char* to_string(RowInit::Kind k) {
   switch (k) {
-    case RowInit::Kind::kZeros: return "zeros";
-    case RowInit::Kind::kUniform: return "uniform";
-    case RowInit::Kind::kNormal: return "normal";
+    case RowInit::Kind::kZeros:
+      return "zeros";
+    case RowInit::Kind::kUniform:
+      return "uniform";
+    case RowInit::Kind::kNormal:
+      return "normal";
   }
   return "unknown";
 }
@@ -31,9 +34,12 @@ const char* to_string(RowInit::Kind k) {
 
 const char* to_string(Consistency c) {
   switch (c) {
-    case Consistency::kSync: return "sync";
-    case Consistency::kAsync: return "async";
-    case Consistency::kBounded: return "ssp";
+    case Consistency::kSync:
+      return "sync";
+    case Consistency::kAsync:
+      return "async";
+    case Consistency::kBounded:
+      return "ssp";
   }
   return "unknown";
 }
@@ -58,10 +64,8 @@ nlohmann::json to_json(const TableSpec& s) {
   };
   if (s.sparse) {
     j["width"] = s.width;
-    j["init"] = {{"kind", to_string(s.init.kind)},
-                 {"a", s.init.a},
-                 {"b", s.init.b},
-                 {"seed", s.init.seed}};
+    j["init"] = {
+        {"kind", to_string(s.init.kind)}, {"a", s.init.a}, {"b", s.init.b}, {"seed", s.init.seed}};
     j["evict_after_s"] = s.evict_after_s;
   } else {
     j["numel"] = s.numel;
@@ -77,22 +81,21 @@ TableSpec spec_from_json(const nlohmann::json& j) {
     s.name = j.at("name").get<std::string>();
     s.sparse = j.at("sparse").get<bool>();
     s.num_workers = json_integer<int>(j.at("workers"));
-    s.options.consistency = parse_enum<Consistency>(
-        j.at("consistency").get<std::string>(),
-        {{"sync", Consistency::kSync}, {"async", Consistency::kAsync},
-         {"ssp", Consistency::kBounded}},
-        "consistency");
+    s.options.consistency = parse_enum<Consistency>(j.at("consistency").get<std::string>(),
+                                                    {{"sync", Consistency::kSync},
+                                                     {"async", Consistency::kAsync},
+                                                     {"ssp", Consistency::kBounded}},
+                                                    "consistency");
     s.options.staleness = json_integer<uint32_t>(j.at("staleness"));
     const auto& jo = j.at("optimizer");
     auto& o = s.options.optimizer;
-    o.kind = parse_enum<OptimizerOptions::Kind>(
-        jo.at("kind").get<std::string>(),
-        {{"sgd", OptimizerOptions::Kind::kSgd},
-         {"momentum", OptimizerOptions::Kind::kMomentum},
-         {"adam", OptimizerOptions::Kind::kAdam},
-         {"adagrad", OptimizerOptions::Kind::kAdagrad},
-         {"sum", OptimizerOptions::Kind::kSum}},
-        "optimizer");
+    o.kind = parse_enum<OptimizerOptions::Kind>(jo.at("kind").get<std::string>(),
+                                                {{"sgd", OptimizerOptions::Kind::kSgd},
+                                                 {"momentum", OptimizerOptions::Kind::kMomentum},
+                                                 {"adam", OptimizerOptions::Kind::kAdam},
+                                                 {"adagrad", OptimizerOptions::Kind::kAdagrad},
+                                                 {"sum", OptimizerOptions::Kind::kSum}},
+                                                "optimizer");
     o.lr = jo.at("lr").get<float>();
     o.momentum = jo.at("momentum").get<float>();
     o.beta1 = jo.at("beta1").get<float>();
@@ -121,9 +124,9 @@ TableSpec spec_from_json(const nlohmann::json& j) {
     if (s.num_workers < 1 || s.num_workers > (1 << 20))
       throw InvalidArgumentError(fmt::format("table spec: {} workers", s.num_workers));
     if (s.sparse && (s.width == 0 || s.width > (uint64_t{1} << 20)))
-      throw InvalidArgumentError(fmt::format(
-          "table spec: sparse table '{}' has rows of width {}; allowed: 1 to {}", s.name, s.width,
-          uint64_t{1} << 20));
+      throw InvalidArgumentError(
+          fmt::format("table spec: sparse table '{}' has rows of width {}; allowed: 1 to {}",
+                      s.name, s.width, uint64_t{1} << 20));
     if (!s.sparse && (s.numel > (uint64_t{1} << 40) || s.slice_length > s.numel ||
                       s.slice_offset > s.numel - s.slice_length))
       throw InvalidArgumentError(fmt::format(
@@ -147,7 +150,8 @@ std::string spec_mismatch(const TableSpec& a, const TableSpec& b) {
                          other->dump(), it.value().dump());
   }
   for (auto it = jb.begin(); it != jb.end(); ++it)
-    if (!ja.contains(it.key())) return fmt::format("{} is not part of the existing table", it.key());
+    if (!ja.contains(it.key()))
+      return fmt::format("{} is not part of the existing table", it.key());
   return "";
 }
 

@@ -48,9 +48,8 @@ class WorkerClocks {
     if (mode_ == Consistency::kAsync) return out;
     for (int o = 0; o < workers(); ++o) {
       if (presence_[o] == Presence::kLeft) continue;
-      bool holds_back = mode_ == Consistency::kSync
-                            ? version_ < clock_[w] && clock_[o] <= version_
-                            : clock_[o] + staleness_ < clock_[w];
+      bool holds_back = mode_ == Consistency::kSync ? version_ < clock_[w] && clock_[o] <= version_
+                                                    : clock_[o] + staleness_ < clock_[w];
       if (holds_back) out.push_back(o);
     }
     return out;

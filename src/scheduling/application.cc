@@ -1,11 +1,11 @@
 #include "scheduling/application.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <optional>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 #include "scheduling/csv_table.h"

@@ -1,12 +1,12 @@
 #include "scheduling/csv_table.h"
 
-#include <fmt/format.h>
-
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 

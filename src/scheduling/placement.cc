@@ -1,8 +1,8 @@
 #include "scheduling/placement.h"
 
-#include <fmt/format.h>
-
 #include <numeric>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 

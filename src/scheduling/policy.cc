@@ -1,8 +1,8 @@
 #include "scheduling/policy.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 

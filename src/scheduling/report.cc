@@ -1,9 +1,9 @@
 #include "scheduling/report.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cmath>
+
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 namespace dtrain::scheduling {

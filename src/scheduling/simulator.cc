@@ -1,10 +1,10 @@
 #include "scheduling/simulator.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cmath>
 #include <set>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 

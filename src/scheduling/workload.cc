@@ -1,12 +1,12 @@
 #include "scheduling/workload.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <iomanip>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 #include "scheduling/csv_table.h"

@@ -31,7 +31,8 @@ MemoryEstimate estimate_memory(const MemoryEstimateOptions& o) {
   if (o.parameters < 0)
     throw InvalidArgumentError(fmt::format("estimate: {} parameters", o.parameters));
   if (o.world_size < 1)
-    throw InvalidArgumentError(fmt::format("estimate: world size {}; give 1 or more", o.world_size));
+    throw InvalidArgumentError(
+        fmt::format("estimate: world size {}; give 1 or more", o.world_size));
   if (o.batch < 0 || o.activation_bytes_per_sample < 0 || o.largest_unit < 0 || o.microbatches < 1)
     throw InvalidArgumentError(
         "estimate: batch, activation bytes, the largest unit and micro-batches cannot be negative "
@@ -48,20 +49,24 @@ MemoryEstimate estimate_memory(const MemoryEstimateOptions& o) {
     b = 2;
     mixed = true;
   } else {
-    throw InvalidArgumentError(fmt::format(
-        "estimate: precision '{}' is unknown; give fp32, bf16 or fp16", o.precision));
+    throw InvalidArgumentError(
+        fmt::format("estimate: precision '{}' is unknown; give fp32, bf16 or fp16", o.precision));
   }
   int64_t k = 0;  // optimizer state per parameter
-  if (o.optimizer == "sgd") k = 0;
-  else if (o.optimizer == "momentum") k = 4;
-  else if (o.optimizer == "adam" || o.optimizer == "adamw") k = 8;
+  if (o.optimizer == "sgd")
+    k = 0;
+  else if (o.optimizer == "momentum")
+    k = 4;
+  else if (o.optimizer == "adam" || o.optimizer == "adamw")
+    k = 8;
   else
     throw InvalidArgumentError(fmt::format(
         "estimate: optimizer '{}' is unknown; give sgd, momentum, adam or adamw", o.optimizer));
   if (mixed) k += 4;  // the fp32 master copy of the parameters
 
   const int64_t P = o.parameters, N = o.world_size;
-  const int64_t pb = times(P, b, "the parameters' bytes"), pk = times(P, k, "the optimizer's bytes");
+  const int64_t pb = times(P, b, "the parameters' bytes"),
+                pk = times(P, k, "the optimizer's bytes");
   MemoryEstimate e;
   const std::string per = fmt::format("{} B", b);
   if (o.layout == "ddp") {

@@ -9,7 +9,6 @@
 // and a file that only grows is easy to read consistently without coordination. A record cut
 // short (a writer killed mid-write) is dropped by the next writer.
 #include <fcntl.h>
-#include <fmt/format.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,6 +20,8 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "common/log.h"
 #include "common/socket.h"

@@ -1,6 +1,6 @@
-#include <fmt/format.h>
-
 #include <charconv>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 #include "store/store_util.h"

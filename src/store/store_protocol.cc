@@ -1,6 +1,5 @@
 #include "store/store_protocol.h"
 
-#include <fmt/format.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -8,6 +7,8 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+
+#include <fmt/format.h>
 
 #include "common/socket.h"
 

@@ -3,11 +3,12 @@
 // Every call is bounded: the server waits for keys at most the call's timeout, and our socket
 // I/O gives up kIoMargin after that. A failure in the middle of an exchange leaves the byte
 // stream out of step, so the connection is then marked broken and every later call says why.
-#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <mutex>
+
+#include <fmt/format.h>
 
 #include "common/handshake.h"
 #include "common/socket.h"

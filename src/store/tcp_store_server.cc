@@ -5,7 +5,6 @@
 // at most). The acceptor does no I/O with clients: each client's thread runs its handshake, so a
 // slow or hostile peer only ever holds up its own thread. A thread whose client left is joined
 // by the acceptor at the next accept, so connections that come and go do not pile up threads.
-#include <fmt/format.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -21,6 +20,8 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+
+#include <fmt/format.h>
 
 #include "common/handshake.h"
 #include "common/handshake_room.h"
@@ -49,9 +50,9 @@ constexpr std::chrono::milliseconds kResponseTimeout{300'000};
 struct Connection {
   net::Fd fd;  // written (closed) only under connections_mutex
   std::string peer;
-  std::string source;                  // the peer's host
-  std::atomic<bool> unproven{true};   // has not passed the handshake (or spoken torch's protocol)
-  std::atomic<bool> spoke{false};     // sent something (a real client sends its hello at once)
+  std::string source;                // the peer's host
+  std::atomic<bool> unproven{true};  // has not passed the handshake (or spoken torch's protocol)
+  std::atomic<bool> spoke{false};    // sent something (a real client sends its hello at once)
   std::atomic<bool> finished{false};
   std::jthread thread;  // last: destroyed (joined) before fd closes
 };
@@ -223,15 +224,15 @@ Response TcpStoreServer::Impl::handle(const Request& req) {
 // torch's client opens one (for watch_key callbacks) that never speaks unless asked to.
 bool TcpStoreServer::Impl::first_byte(Connection& c, uint8_t& byte) {
   const int fd = c.fd.get();
-  const Deadline deadline = options.torch_clients ? Deadline::never()
-                                                 : Deadline::after(options.handshake_timeout);
+  const Deadline deadline =
+      options.torch_clients ? Deadline::never() : Deadline::after(options.handshake_timeout);
   for (;;) {
     pollfd p{fd, POLLIN, 0};
     int pr = ::poll(&p, 1, deadline.poll_ms());
     if (pr < 0 && errno == EINTR) continue;
     if (pr == 0) {
-      DTRAIN_LOG_WARN("store server: {} sent nothing within {} ms; closing the connection",
-                      c.peer, options.handshake_timeout.count());
+      DTRAIN_LOG_WARN("store server: {} sent nothing within {} ms; closing the connection", c.peer,
+                      options.handshake_timeout.count());
       return false;
     }
     ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK);
@@ -286,10 +287,11 @@ void TcpStoreServer::Impl::serve(Connection& c) {
 
 void TcpStoreServer::Impl::serve_torch(Connection& c) {
   if (!handshake.token.empty()) {
-    DTRAIN_LOG_WARN("store server: refused a torch TCPStore client from {}: the job has an "
-                    "authentication token (DTRAIN_AUTH_TOKEN), which torch's store protocol "
-                    "cannot present",
-                    c.peer);
+    DTRAIN_LOG_WARN(
+        "store server: refused a torch TCPStore client from {}: the job has an "
+        "authentication token (DTRAIN_AUTH_TOKEN), which torch's store protocol "
+        "cannot present",
+        c.peer);
     return;
   }
   const std::string context = fmt::format("store server, torch client {}", c.peer);
@@ -302,7 +304,8 @@ void TcpStoreServer::Impl::serve_torch(Connection& c) {
       std::lock_guard lock(data_mutex);
       stopping_now = stopping;
     }
-    if (!stopping_now) DTRAIN_LOG_WARN("store server: dropped torch client {}: {}", c.peer, e.what());
+    if (!stopping_now)
+      DTRAIN_LOG_WARN("store server: dropped torch client {}: {}", c.peer, e.what());
   }
 }
 
@@ -333,10 +336,11 @@ void TcpStoreServer::Impl::make_room_for(const std::string& source) {
       connections, [&](const Connection& c) { return open_unproven(c) && c.source == source; });
   if (victim == nullptr) victim = net::handshake_to_close(connections, open_unproven);
   const bool silent = !victim->spoke && !net::input_waiting(victim->fd.get());
-  DTRAIN_LOG_WARN("store server: closed the connection from {}, which has not completed a "
-                  "handshake{}, to make room: at most {} connections may be silent or in their "
-                  "handshake (a quarter of this process's file descriptors, at most 512)",
-                  victim->peer, silent ? " and sent nothing" : "", max_unproven);
+  DTRAIN_LOG_WARN(
+      "store server: closed the connection from {}, which has not completed a "
+      "handshake{}, to make room: at most {} connections may be silent or in their "
+      "handshake (a quarter of this process's file descriptors, at most 512)",
+      victim->peer, silent ? " and sent nothing" : "", max_unproven);
   victim->unproven = false;  // counted out now; its thread ends and closes it
   ::shutdown(victim->fd.get(), SHUT_RDWR);
 }
@@ -442,8 +446,8 @@ TcpStoreServer::TcpStoreServer(const TcpStoreServerOptions& options)
         fmt::format("store server: cannot create an eventfd: {}", std::strerror(errno)));
   impl_->acceptor = std::jthread([impl = impl_.get()] { impl->accept_loop(); });
   DTRAIN_LOG_DEBUG("store server: listening on {}:{} (job '{}', authentication {})",
-                  options.host.empty() ? "*" : options.host, impl_->port, impl_->handshake.job_id,
-                  impl_->handshake.token.empty() ? "off" : "on");
+                   options.host.empty() ? "*" : options.host, impl_->port, impl_->handshake.job_id,
+                   impl_->handshake.token.empty() ? "off" : "on");
 }
 
 TcpStoreServer::~TcpStoreServer() { stop(); }

@@ -1,10 +1,11 @@
 #include "store/torch_store_protocol.h"
 
-#include <fmt/format.h>
 #include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
+
+#include <fmt/format.h>
 
 #include "common/log.h"
 #include "common/socket.h"
@@ -47,8 +48,8 @@ class Connection {
         net::read_all(fd_, &b, 1, Deadline::never(), context_);
         break;
       }
-      throw PeerFailureError(fmt::format("{}: reading a request failed: {}", context_,
-                                         std::strerror(errno)));
+      throw PeerFailureError(
+          fmt::format("{}: reading a request failed: {}", context_, std::strerror(errno)));
     }
     if (b > static_cast<uint8_t>(Query::kDeleteKey))
       throw ProtocolError(fmt::format("{}: unknown torch store query {}", context_, b));
@@ -210,9 +211,10 @@ void serve_torch_client(int fd, const TorchClientHooks& hooks, std::string_view 
       }
       case Query::kWatchKey: {
         const std::string key = c.key();
-        DTRAIN_LOG_WARN("{}: torch's watch_key ('{}') is not served by dtrain's store; closing "
-                        "the connection",
-                        context, key);
+        DTRAIN_LOG_WARN(
+            "{}: torch's watch_key ('{}') is not served by dtrain's store; closing "
+            "the connection",
+            context, key);
         return;
       }
     }

@@ -6,16 +6,14 @@
 // torch's client says nothing to identify itself; its first byte is a query type (0-8), which no
 // dtrain handshake starts with ('D'), so the server tells the two apart from the first byte.
 //
-//   request   u8 query | fields         string/bytes: u64 length | bytes; key list: u64 count | keys
-//   SET 0         key, value            no reply
-//   COMPARE_SET 1 key, expected, desired  bytes (torch's rules: expected, when the key is missing)
-//   GET 2         key                   bytes (the client WAITs first; a missing key ends the link)
-//   ADD 3         key, i64 delta        i64; stored as decimal text, as dtrain's add stores it
-//   CHECK 4       keys                  u8 0 ready / 1 not ready
-//   WAIT 5        keys                  u8 0 once every key exists (the client times out itself)
-//   GETNUMKEYS 6  -                     i64
-//   WATCH_KEY 7   key                   not served: the connection is closed, with a log line
-//   DELETE_KEY 8  key                   i64 1 or 0
+//   request   u8 query | fields         string/bytes: u64 length | bytes; key list: u64 count |
+//   keys SET 0         key, value            no reply COMPARE_SET 1 key, expected, desired  bytes
+//   (torch's rules: expected, when the key is missing) GET 2         key                   bytes
+//   (the client WAITs first; a missing key ends the link) ADD 3         key, i64 delta        i64;
+//   stored as decimal text, as dtrain's add stores it CHECK 4       keys                  u8 0
+//   ready / 1 not ready WAIT 5        keys                  u8 0 once every key exists (the client
+//   times out itself) GETNUMKEYS 6  -                     i64 WATCH_KEY 7   key not served: the
+//   connection is closed, with a log line DELETE_KEY 8  key                   i64 1 or 0
 //
 // Integers are little-endian. Each client opens a second connection for watch_key callbacks
 // that stays silent; the server holds it open (see TcpStoreServerOptions::torch_clients).

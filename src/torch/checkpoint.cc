@@ -7,11 +7,6 @@
 // checksums at load and the previous one is used.
 #include "dtrain/torch/checkpoint.h"
 
-#include <ATen/ATen.h>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,8 +14,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <thread>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include "common/deadline.h"
 #include "common/json_integer.h"
@@ -241,9 +242,9 @@ void CheckpointManager::wait() {
   if (shared_->writer.joinable()) shared_->writer.join();
   if (shared_->error) {
     // Its kind stays: a full disk is a ResourceExhaustedError, a failed fsync a DataLossError.
-    rethrow_with_context(std::exchange(shared_->error, nullptr),
-                         fmt::format("rank {}: writing a checkpoint in {} failed", rank_,
-                                     options_.dir));
+    rethrow_with_context(
+        std::exchange(shared_->error, nullptr),
+        fmt::format("rank {}: writing a checkpoint in {} failed", rank_, options_.dir));
   }
 }
 
@@ -468,8 +469,7 @@ CheckpointManager::Found CheckpointManager::find_latest() {
       verified_manifest_ = manifest.dump();
       break;
     } catch (const CorruptCheckpoint& e) {
-      DTRAIN_LOG_WARN("rank {}: skipping checkpoint: {}; trying the previous one", rank_,
-                      e.what());
+      DTRAIN_LOG_WARN("rank {}: skipping checkpoint: {}; trying the previous one", rank_, e.what());
       found.skipped.push_back(e.what());
     } catch (const nlohmann::json::exception& e) {  // progress_of: a field of the wrong type
       const std::string why = fmt::format("{}: {} has a bad entry: {}", path, kManifest, e.what());

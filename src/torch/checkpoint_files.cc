@@ -1,9 +1,6 @@
 // Checkpoint files: see checkpoint_files.h.
 #include "torch/checkpoint_files.h"
 
-#include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +10,10 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
 
 #include "common/json_integer.h"
 #include "common/log.h"
@@ -47,9 +48,8 @@ Json read_manifest(const std::string& path, const char* name) {
   }
   Json manifest = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (manifest.is_discarded() || !manifest.is_object())
-    throw CorruptCheckpoint(
-        fmt::format("{}: {} is not valid JSON ({} bytes; truncated or overwritten)", path,
-                    name, text.size()));
+    throw CorruptCheckpoint(fmt::format(
+        "{}: {} is not valid JSON ({} bytes; truncated or overwritten)", path, name, text.size()));
   if (!manifest.contains("manifest_crc32") || !manifest["manifest_crc32"].is_string())
     throw CorruptCheckpoint(fmt::format("{}: {} has no manifest_crc32", path, name));
   const std::string recorded = manifest["manifest_crc32"].get<std::string>();
@@ -58,8 +58,8 @@ Json read_manifest(const std::string& path, const char* name) {
   const std::string found = hex32(durable::crc32_of(body.dump(2)));
   if (found != recorded)
     throw CorruptCheckpoint(
-        fmt::format("{}: {} is corrupt: CRC-32 {} expected (recorded in it), {} found", path,
-                    name, recorded, found));
+        fmt::format("{}: {} is corrupt: CRC-32 {} expected (recorded in it), {} found", path, name,
+                    recorded, found));
   return manifest;
 }
 

@@ -7,13 +7,13 @@
 // state through LibTorch's serialization, then the generator and the progress.
 #include "dtrain/torch/commit.h"
 
+#include <limits>
+#include <mutex>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-
-#include <limits>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "common/env.h"
@@ -65,8 +65,12 @@ std::string broadcast_text(ProcessGroup& group, std::string text, int root,
 Json progress_json(const TrainingProgress& p) {
   Json values = Json::object();
   for (const auto& [k, v] : p.values) values[k] = v;
-  return {{"step", p.step},         {"epoch", p.epoch},           {"epoch_consumed", p.epoch_consumed},
-          {"epoch_size", p.epoch_size}, {"world_size", p.world_size}, {"values", values}};
+  return {{"step", p.step},
+          {"epoch", p.epoch},
+          {"epoch_consumed", p.epoch_consumed},
+          {"epoch_size", p.epoch_size},
+          {"world_size", p.world_size},
+          {"values", values}};
 }
 
 TrainingProgress progress_from(const Json& j) {
@@ -162,8 +166,8 @@ std::optional<Resumed> resume_newest(const std::vector<ResumeSource>& sources,
   std::string failure;
   if (rank == root) {
     try {
-      resumed.checkpoint =
-          sources[static_cast<size_t>(best_source)].manager->load(best_found->path, module, optimizer);
+      resumed.checkpoint = sources[static_cast<size_t>(best_source)].manager->load(
+          best_found->path, module, optimizer);
       resumed.checkpoint.skipped = best_found->skipped;
       resumed.kind = sources[static_cast<size_t>(best_source)].kind;
     } catch (const std::exception& e) {
@@ -171,7 +175,8 @@ std::optional<Resumed> resume_newest(const std::vector<ResumeSource>& sources,
     }
   }
   if (group != nullptr && world > 1) {
-    const bool failed = allreduce(*group, {failure.empty() ? 0 : 1}, ReduceOp::kMax, timeout)[0] != 0;
+    const bool failed =
+        allreduce(*group, {failure.empty() ? 0 : 1}, ReduceOp::kMax, timeout)[0] != 0;
     if (failed && rank != root)
       throw InvalidArgumentError(fmt::format(
           "rank {}: rank {} could not load the newest state (step {}; its error says why); no "

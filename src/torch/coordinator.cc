@@ -74,8 +74,8 @@ class Reader {
  private:
   void need(uint64_t n) {
     if (at_ + n > size_)
-      throw InternalError(fmt::format("coordinator: message of {} bytes cut short at byte {}",
-                                      size_, at_));
+      throw InternalError(
+          fmt::format("coordinator: message of {} bytes cut short at byte {}", size_, at_));
   }
   const uint8_t* data_;
   size_t size_;
@@ -172,8 +172,8 @@ std::shared_ptr<Coordinator::Handle> Coordinator::join() {
   std::lock_guard lock(mutex_);
   if (error_) std::rethrow_exception(error_);
   if (join_ != nullptr)
-    throw InvalidArgumentError(fmt::format("rank {}: join() called again before every rank joined",
-                                           group_->rank()));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: join() called again before every rank joined", group_->rank()));
   if (!inflight_.empty())
     throw InvalidArgumentError(fmt::format(
         "rank {}: join() called while {} submitted tensors are not reduced yet; wait for them "
@@ -253,8 +253,8 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
   const size_t state_bytes = 1 + bit_bytes;
   auto cached_id = [&](const Entry& e) -> std::optional<size_t> {
     auto it = cache_id_.find(e.name);
-    if (it == cache_id_.end() || !(cache_[it->second] == Request{e.name, e.tensor.dtype,
-                                                                 e.tensor.numel, e.op}))
+    if (it == cache_id_.end() ||
+        !(cache_[it->second] == Request{e.name, e.tensor.dtype, e.tensor.numel, e.op}))
       return std::nullopt;
     return it->second;
   };
@@ -396,8 +396,9 @@ std::vector<Coordinator::Request> Coordinator::negotiate(const std::vector<Reque
   for (size_t c : counts) total += c;
   std::vector<uint8_t> gathered(std::max<size_t>(total, 1));
   std::vector<uint8_t> input = payload.empty() ? std::vector<uint8_t>(1) : payload;
-  group_->allgatherv(TensorView{gathered.data(), total, DType::kU8},
-                     TensorView{input.data(), payload.size(), DType::kU8}, counts, ao)
+  group_
+      ->allgatherv(TensorView{gathered.data(), total, DType::kU8},
+                   TensorView{input.data(), payload.size(), DType::kU8}, counts, ao)
       ->wait();
   auto read_request = [](Reader& rd) {
     Request q;
@@ -449,7 +450,8 @@ std::vector<Coordinator::Request> Coordinator::negotiate(const std::vector<Reque
   Reader rd(bytes.data(), bytes.size());
   uint8_t kind = rd.u8();
   std::string message = rd.str();
-  if (kind == kAnswerMismatch) throw InvalidArgumentError(fmt::format("rank {}: {}", group_->rank(), message));
+  if (kind == kAnswerMismatch)
+    throw InvalidArgumentError(fmt::format("rank {}: {}", group_->rank(), message));
   if (kind == kAnswerStall) error = message;
   std::vector<Request> agreed;
   while (!rd.done()) agreed.push_back(read_request(rd));
@@ -516,12 +518,12 @@ std::string Coordinator::rank0_stall_error(const std::vector<std::vector<uint8_t
     if (now - p.since > options_.stall_timeout) return describe(name, p.ranks, p.since);
   }
   for (const auto& [id, since] : partial_since_)
-    if (now - since > options_.stall_timeout) return describe(cache_[id].name, cached_bits[id], since);
+    if (now - since > options_.stall_timeout)
+      return describe(cache_[id].name, cached_bits[id], since);
   return "";
 }
 
-void Coordinator::execute(const std::vector<Request>& tensors, int contributing,
-                          bool joined) {
+void Coordinator::execute(const std::vector<Request>& tensors, int contributing, bool joined) {
   if (tensors.empty()) return;
   const int n = group_->size();
   std::unordered_map<std::string, size_t> index;
@@ -540,9 +542,10 @@ void Coordinator::execute(const std::vector<Request>& tensors, int contributing,
       zeros.emplace_back(q.numel * element_size(q.dtype));
       views.push_back(TensorView{zeros.back().data(), q.numel, q.dtype});
     } else {
-      throw InternalError(fmt::format("coordinator: rank {} was told to reduce '{}', which it "
-                                      "never submitted",
-                                      group_->rank(), q.name));
+      throw InternalError(
+          fmt::format("coordinator: rank {} was told to reduce '{}', which it "
+                      "never submitted",
+                      group_->rank(), q.name));
     }
   }
   // Group by (dtype, op), first appearance first and order kept within a group, then cut into
@@ -561,7 +564,8 @@ void Coordinator::execute(const std::vector<Request>& tensors, int contributing,
         break;
       }
   }
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return first[a] < first[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return first[a] < first[b]; });
   AllreduceOptions ro;
   ro.timeout = options_.timeout;
   uint64_t collectives = 0;

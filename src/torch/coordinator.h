@@ -139,11 +139,11 @@ class Coordinator {
   bool stop_requested_ = false;
 
   // Background thread only:
-  std::vector<Entry> pending_;                       // submitted here, not yet reduced
-  std::vector<Request> cache_;                       // index = cache id, same on every rank
+  std::vector<Entry> pending_;  // submitted here, not yet reduced
+  std::vector<Request> cache_;  // index = cache id, same on every rank
   std::unordered_map<std::string, size_t> cache_id_;
-  std::map<std::string, Pending> table_;             // rank 0
-  std::vector<std::string> table_order_;             // rank 0: first-seen order
+  std::map<std::string, Pending> table_;  // rank 0
+  std::vector<std::string> table_order_;  // rank 0: first-seen order
   std::map<size_t, std::chrono::steady_clock::time_point> partial_since_;  // rank 0, cache ids
   std::vector<std::byte> fusion_;
   std::string stall_error_;  // rank 0: to report at the next negotiation

@@ -11,12 +11,11 @@
 
 #include "dtrain/error.h"
 #include "dtrain/torch/broadcast.h"
+#include "dtrain/torch/tensor_view.h"
 #include "dtrain/torch/timeline.h"
 #include "torch/reducer.h"
-#include "dtrain/torch/tensor_view.h"
 
 namespace dtrain {
-
 
 // What an active rank does in one forward, summed over the active ranks inside join().
 struct DistributedDataParallel::JoinFlags {

@@ -59,8 +59,8 @@ DistributedOptimizer::DistributedOptimizer(
   ho.compression = options.compression;
   ho.op = options.op;
   ho.wait_limit = options.stall_timeout + options.timeout;
-  hooks_ = std::make_unique<GradientHooks>(coordinator_, std::move(named_parameters), ho,
-                                           group->rank());
+  hooks_ =
+      std::make_unique<GradientHooks>(coordinator_, std::move(named_parameters), ho, group->rank());
 }
 
 DistributedOptimizer::~DistributedOptimizer() {

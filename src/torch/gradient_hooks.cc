@@ -9,9 +9,9 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "dtrain/error.h"
+#include "dtrain/torch/tensor_view.h"
 #include "dtrain/torch/timeline.h"
 #include "torch/coordinator.h"
-#include "dtrain/torch/tensor_view.h"
 
 namespace dtrain {
 
@@ -48,8 +48,8 @@ GradientHooks::GradientHooks(std::shared_ptr<Coordinator> coordinator,
           "parameters",
           rank_, name));
     const size_t index = slots_.size();
-    slot->hook_key = slot->accumulator->add_post_hook(
-        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+    slot->hook_key =
+        slot->accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
             [this, index](const torch::autograd::variable_list& outputs,
                           const torch::autograd::variable_list&) {
               on_grad_ready(index);

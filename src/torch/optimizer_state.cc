@@ -2,6 +2,10 @@
 #include "torch/optimizer_state.h"
 
 #include <cxxabi.h>
+
+#include <cstdlib>
+#include <typeinfo>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/nn/module.h>
@@ -9,9 +13,6 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/sgd.h>
-
-#include <cstdlib>
-#include <typeinfo>
 
 #include "dtrain/error.h"
 
@@ -55,7 +56,6 @@ void snapshot_adam_state(const State& s, const std::string& prefix, const Copy& 
     if (t.defined()) out[prefix + key] = copy(prefix + key, t);
 }
 
-
 std::string name_of(const std::map<const void*, std::string>& names, const at::Tensor& p,
                     size_t group, size_t index) {
   auto it = names.find(p.unsafeGetTensorImpl());
@@ -67,7 +67,6 @@ std::string name_of(const std::map<const void*, std::string>& names, const at::T
         index, group, p.sizes().vec()));
   return it->second;
 }
-
 
 template <typename State>
 std::unique_ptr<torch::optim::OptimizerParamState> adam_state(
@@ -119,7 +118,6 @@ const char* type_name(OptimizerType t) {
   return "?";
 }
 
-
 // Names of the module's parameters by tensor identity (the optimizer holds the same tensors).
 std::map<const void*, std::string> parameter_names(const torch::nn::Module& module) {
   std::map<const void*, std::string> names;
@@ -127,7 +125,6 @@ std::map<const void*, std::string> parameter_names(const torch::nn::Module& modu
     names[p.value().unsafeGetTensorImpl()] = p.key();
   return names;
 }
-
 
 // The manifest's "optimizer" entry, and its state tensors under optimizer.<param>.<state>.
 Json snapshot_optimizer(const torch::optim::Optimizer& opt,
@@ -175,7 +172,6 @@ Json snapshot_optimizer(const torch::optim::Optimizer& opt,
   }
   return {{"type", type_name(type)}, {"param_groups", groups}};
 }
-
 
 void restore_optimizer(const Json& entry, std::map<std::string, at::Tensor> file,
                        torch::optim::Optimizer& opt,

@@ -11,9 +11,9 @@ namespace {
 
 TensorView view_of(const at::Tensor& t, const std::string& name) {
   if (t.scalar_type() != at::kFloat || !t.is_contiguous() || !t.device().is_cpu())
-    throw InvalidArgumentError(fmt::format(
-        "parameter server: '{}' must be a contiguous f32 CPU tensor (it is {} on {})", name,
-        c10::toString(t.scalar_type()), t.device().str()));
+    throw InvalidArgumentError(
+        fmt::format("parameter server: '{}' must be a contiguous f32 CPU tensor (it is {} on {})",
+                    name, c10::toString(t.scalar_type()), t.device().str()));
   return TensorView{t.data_ptr(), static_cast<size_t>(t.numel()), DType::kF32};
 }
 

@@ -3,8 +3,6 @@
 // of the pipeline's group (so its tags are its own, and abort() there tells every peer).
 #include "dtrain/torch/pipeline.h"
 
-#include <torch/torch.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -13,6 +11,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <torch/torch.h>
 
 #include "common/log.h"
 #include "dtrain/error.h"
@@ -66,8 +65,8 @@ struct Pipeline::Impl {
   PipelineStats stats;
 
   // One step's state.
-  std::map<std::pair<int, int>, Slot> slots;          // (stage, micro-batch)
-  std::map<std::pair<int, int>, at::Tensor> grads;    // input gradients not yet sent
+  std::map<std::pair<int, int>, Slot> slots;              // (stage, micro-batch)
+  std::map<std::pair<int, int>, at::Tensor> grads;        // input gradients not yet sent
   std::map<std::tuple<int, int, int>, at::Tensor> local;  // messages to this rank itself
   struct Send {
     std::unique_ptr<std::array<std::byte, pipeline::kHeaderBytes>> header;
@@ -88,10 +87,9 @@ struct Pipeline::Impl {
   torch::nn::Sequential& stage(int s) { return stages[static_cast<size_t>(s / p)]; }
 
   std::string where() const {
-    std::string at = action != nullptr
-                         ? fmt::format("action {} of {} ({})", action_index, schedule.name,
-                                       pipeline::describe(*action))
-                         : phase;
+    std::string at = action != nullptr ? fmt::format("action {} of {} ({})", action_index,
+                                                     schedule.name, pipeline::describe(*action))
+                                       : phase;
     return fmt::format("rank {} of the pipeline (stage{} {}), step {}, {}", rank,
                        schedule.virtual_stages > 1 ? "s" : "",
                        fmt::join(schedule.stages_of(rank), ", "), steps, at);
@@ -147,7 +145,8 @@ struct Pipeline::Impl {
     if (peer == rank) {
       auto it = local.find({static_cast<int>(d), from, mb});
       if (it == local.end())
-        throw InternalError("the message to this rank itself was not sent (the verifier passed it)");
+        throw InternalError(
+            "the message to this rank itself was not sent (the verifier passed it)");
       at::Tensor t = it->second;
       local.erase(it);
       return t;
@@ -170,8 +169,8 @@ struct Pipeline::Impl {
           schedule.microbatches, schedule_id));
     if (h.direction != d || h.stage != from || h.microbatch != mb || h.step != steps)
       throw InvalidArgumentError(fmt::format(
-          "expected the {} of micro-batch {} from stage {} (rank {}) for step {}, got the {}",
-          kind, mb, from, peer, steps, pipeline::describe(h)));
+          "expected the {} of micro-batch {} from stage {} (rank {}) for step {}, got the {}", kind,
+          mb, from, peer, steps, pipeline::describe(h)));
     at::Tensor t = at::empty(h.shape, at::TensorOptions().dtype(to_scalar_type(h.dtype)));
     if (t.numel() > 0)
       group->irecv(TensorView::raw(t.data_ptr(), t.nbytes()), peer, tag, o)->wait();
@@ -182,14 +181,22 @@ struct Pipeline::Impl {
 
   static at::ScalarType to_scalar_type(DType d) {
     switch (d) {
-      case DType::kF32: return at::kFloat;
-      case DType::kF64: return at::kDouble;
-      case DType::kF16: return at::kHalf;
-      case DType::kBF16: return at::kBFloat16;
-      case DType::kI8: return at::kChar;
-      case DType::kU8: return at::kByte;
-      case DType::kI32: return at::kInt;
-      case DType::kI64: return at::kLong;
+      case DType::kF32:
+        return at::kFloat;
+      case DType::kF64:
+        return at::kDouble;
+      case DType::kF16:
+        return at::kHalf;
+      case DType::kBF16:
+        return at::kBFloat16;
+      case DType::kI8:
+        return at::kChar;
+      case DType::kU8:
+        return at::kByte;
+      case DType::kI32:
+        return at::kInt;
+      case DType::kI64:
+        return at::kLong;
     }
     return at::kFloat;
   }
@@ -253,8 +260,7 @@ struct Pipeline::Impl {
   }
 
   void backward_input(Slot& slot, int s, int mb) {
-    const at::Tensor root_grad =
-        s == last ? torch::ones_like(slot.output) : slot.grad_output;
+    const at::Tensor root_grad = s == last ? torch::ones_like(slot.output) : slot.grad_output;
     std::vector<at::Tensor> wrt;
     const bool want_input = s > 0 && slot.input.requires_grad();
     if (want_input) wrt.push_back(slot.input);
@@ -333,8 +339,10 @@ struct Pipeline::Impl {
     std::vector<double> weight;
     auto cut = [&](const at::Tensor& t, const char* what) {
       if (!t.defined())
-        throw InvalidArgumentError(fmt::format("the {} is undefined; this rank holds stage {}, "
-                                               "which needs it", what, what[0] == 'i' ? 0 : last));
+        throw InvalidArgumentError(
+            fmt::format("the {} is undefined; this rank holds stage {}, "
+                        "which needs it",
+                        what, what[0] == 'i' ? 0 : last));
       if (t.dim() == 0 || t.size(0) < m)
         throw InvalidArgumentError(fmt::format(
             "the {} has {} rows: it cannot make {} micro-batches; give at least {} rows or fewer "
@@ -366,16 +374,19 @@ struct Pipeline::Impl {
           continue;
         }
         case Op::kRecvGradient:
-          slots[{a.stage, a.microbatch}].grad_output = recv(Direction::kGradient, a.stage, a.microbatch);
+          slots[{a.stage, a.microbatch}].grad_output =
+              recv(Direction::kGradient, a.stage, a.microbatch);
           continue;
         case Op::kSendActivation:
-          send(Direction::kActivation, a.stage, a.microbatch, slots.at({a.stage, a.microbatch}).output);
+          send(Direction::kActivation, a.stage, a.microbatch,
+               slots.at({a.stage, a.microbatch}).output);
           continue;
         case Op::kSendGradient: {
           auto it = grads.find({a.stage, a.microbatch});
           if (it == grads.end() || !it->second.defined())
             throw InvalidArgumentError(fmt::format(
-                "stage {}'s input has no gradient (does its output depend on its input?)", a.stage));
+                "stage {}'s input has no gradient (does its output depend on its input?)",
+                a.stage));
           send(Direction::kGradient, a.stage, a.microbatch, it->second);
           grads.erase(it);
           continue;
@@ -438,7 +449,8 @@ struct Pipeline::Impl {
     const auto started = Clock::now();
     torch::NoGradGuard no_grad;
     std::vector<at::Tensor> xs, outputs;
-    int count = -1;  // micro-batches: known on stage 0's rank, learnt from the first message elsewhere
+    int count =
+        -1;  // micro-batches: known on stage 0's rank, learnt from the first message elsewhere
     if (holds_stage(0)) {
       if (!input.defined() || input.dim() == 0 || input.size(0) < 1)
         throw InvalidArgumentError("the input is undefined or empty; this rank holds stage 0");
@@ -462,8 +474,10 @@ struct Pipeline::Impl {
         const auto t0 = Clock::now();
         at::Tensor out = stage(s)->forward(in);
         stats.compute_ms += ms_since(t0);
-        if (s < last) send(Direction::kActivation, s, mb, out);
-        else outputs.push_back(out);
+        if (s < last)
+          send(Direction::kActivation, s, mb, out);
+        else
+          outputs.push_back(out);
       }
     }
     phase = "waiting for the forward's sends";
@@ -483,17 +497,19 @@ std::string refuse_stages(const std::vector<torch::nn::Sequential>& stages,
                           const pipeline::Schedule& schedule, int rank) {
   const auto ids = schedule.stages_of(rank);
   if (stages.size() != ids.size())
-    return fmt::format("rank {} was given {} stage modules for {} virtual stage(s) per rank; give "
-                       "one Sequential per stage this rank holds ({})",
-                       rank, stages.size(), schedule.virtual_stages, fmt::join(ids, ", "));
+    return fmt::format(
+        "rank {} was given {} stage modules for {} virtual stage(s) per rank; give "
+        "one Sequential per stage this rank holds ({})",
+        rank, stages.size(), schedule.virtual_stages, fmt::join(ids, ", "));
   for (size_t i = 0; i < stages.size(); ++i) {
     if (stages[i].is_empty() || stages[i]->size() == 0)
       return fmt::format("stage {} of rank {} is empty", ids[i], rank);
     for (const auto& p : stages[i]->parameters())
       if (!p.device().is_cpu())
-        return fmt::format("stage {} has parameters on {}: the pipeline's messages go through "
-                           "host memory, so its stages run on the CPU (move them with .to(kCPU))",
-                           ids[i], p.device().str());
+        return fmt::format(
+            "stage {} has parameters on {}: the pipeline's messages go through "
+            "host memory, so its stages run on the CPU (move them with .to(kCPU))",
+            ids[i], p.device().str());
     if (!schedule.split_backward()) continue;
     // A split backward takes each module's weight gradient from that module's output alone; a
     // parameter two modules share would get the other module's part twice.
@@ -503,10 +519,11 @@ std::string refuse_stages(const std::vector<torch::nn::Sequential>& stages,
       for (const auto& p : module->parameters()) {
         auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), k);
         if (!fresh && it->second != k)
-          return fmt::format("stage {} shares a parameter between its modules {} and {}: {} "
-                             "splits the backward by module and would count its gradient twice; "
-                             "use a schedule without the split (1f1b)",
-                             ids[i], it->second, k, schedule.name);
+          return fmt::format(
+              "stage {} shares a parameter between its modules {} and {}: {} "
+              "splits the backward by module and would count its gradient twice; "
+              "use a schedule without the split (1f1b)",
+              ids[i], it->second, k, schedule.name);
       }
       ++k;
     }
@@ -554,7 +571,8 @@ Pipeline::Pipeline(std::vector<torch::nn::Sequential> stages, std::shared_ptr<Pr
     const int64_t* theirs = every.data() + mine.size() * r;
     if (theirs[0] == 0)
       throw InvalidArgumentError(fmt::format(
-          "Pipeline: rank {} of the pipeline refused its stages or options (its error says why)", r));
+          "Pipeline: rank {} of the pipeline refused its stages or options (its error says why)",
+          r));
     if (std::equal(mine.begin(), mine.end(), theirs)) continue;
     throw InvalidArgumentError(fmt::format(
         "Pipeline: rank {} of the pipeline runs {} micro-batches, {} virtual stage(s) and schedule "
@@ -612,9 +630,9 @@ PipelineStats Pipeline::stats() const { return impl_->stats; }
 torch::nn::Sequential slice(const torch::nn::Sequential& model, size_t begin, size_t end) {
   const auto children = model->named_children();
   if (begin >= end || end > model->size())
-    throw InvalidArgumentError(fmt::format(
-        "slice: modules [{}, {}) of a Sequential of {}: give 0 <= begin < end <= {}", begin, end,
-        model->size(), model->size()));
+    throw InvalidArgumentError(
+        fmt::format("slice: modules [{}, {}) of a Sequential of {}: give 0 <= begin < end <= {}",
+                    begin, end, model->size(), model->size()));
   torch::nn::Sequential out;
   for (size_t i = begin; i < end; ++i) out->push_back(children[i].key(), model->begin()[i]);
   return out;

@@ -77,14 +77,15 @@ std::optional<LoadedCheckpoint> PipelineCheckpoint::load_latest(
         pipeline_rank_, root_, most, newest < 0 ? std::string("none") : std::to_string(newest),
         pipeline_ranks_));
   if (least < newest)
-    DTRAIN_LOG_WARN("rank {} of the pipeline: resuming from step {}, the newest every stage "
-                    "saved; this stage's step {} is newer (a save cut short elsewhere)",
-                    pipeline_rank_, least, newest);
+    DTRAIN_LOG_WARN(
+        "rank {} of the pipeline: resuming from step {}, the newest every stage "
+        "saved; this stage's step {} is newer (a save cut short elsewhere)",
+        pipeline_rank_, least, newest);
   std::optional<LoadedCheckpoint> loaded;
   std::string error;
   try {
-    loaded = manager_->load(fmt::format("{}/step-{:06d}", manager_->dir(), least), module,
-                            optimizer);
+    loaded =
+        manager_->load(fmt::format("{}/step-{:06d}", manager_->dir(), least), module, optimizer);
   } catch (const Error& e) {
     error = e.what();
   }
@@ -92,9 +93,9 @@ std::optional<LoadedCheckpoint> PipelineCheckpoint::load_latest(
   std::array<int64_t, 1> failed{error.empty() ? -1 : pipeline_rank_};
   world_->allreduce(TensorView::of(std::span<int64_t>(failed)), {.op = ReduceOp::kMax})->wait();
   if (!error.empty())
-    throw InvalidArgumentError(fmt::format(
-        "rank {} of the pipeline cannot load step {}, the newest every stage saved: {}",
-        pipeline_rank_, least, error));
+    throw InvalidArgumentError(
+        fmt::format("rank {} of the pipeline cannot load step {}, the newest every stage saved: {}",
+                    pipeline_rank_, least, error));
   if (failed[0] >= 0)
     throw InvalidArgumentError(fmt::format(
         "rank {} of the pipeline cannot load step {}, the newest every stage saved (its own "

@@ -19,8 +19,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "dtrain/error.h"
-#include "dtrain/torch/timeline.h"
 #include "dtrain/torch/tensor_view.h"
+#include "dtrain/torch/timeline.h"
 
 namespace dtrain {
 
@@ -91,7 +91,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     bucket.offsets.push_back(sizes[b]);
     bucket.grad.parameter_names.push_back(names_[p]);
     sizes[b] += params_[p].numel();
-    const size_t cap = closed[type] == 0 ? options_.first_bucket_cap_bytes : options_.bucket_cap_bytes;
+    const size_t cap =
+        closed[type] == 0 ? options_.first_bucket_cap_bytes : options_.bucket_cap_bytes;
     if (static_cast<size_t>(sizes[b]) * params_[p].element_size() >= cap) {
       open.erase(it);
       ++closed[type];
@@ -100,7 +101,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = *buckets_[b];
     bucket.grad.index = b;
-    bucket.grad.buffer = at::zeros({sizes[b]}, params_[bucket.params[0]].options().requires_grad(false));
+    bucket.grad.buffer =
+        at::zeros({sizes[b]}, params_[bucket.params[0]].options().requires_grad(false));
   }
 }
 
@@ -123,9 +125,9 @@ void Reducer::prepare_for_forward() {
     return;
   }
   expect_hooks_ = false;
-  throw InvalidArgumentError(fmt::format(
-      "rank {}: DDP: the previous iteration did not finish reducing gradients: {}",
-      group_->rank(), describe_missing()));
+  throw InvalidArgumentError(
+      fmt::format("rank {}: DDP: the previous iteration did not finish reducing gradients: {}",
+                  group_->rank(), describe_missing()));
 }
 
 void Reducer::prepare_for_local_backward() { expect_hooks_ = false; }
@@ -251,8 +253,8 @@ void Reducer::finalize_backward() {
   callback_queued_ = false;
   expect_hooks_ = false;
   if (next_to_launch_ < buckets_.size())
-    throw InvalidArgumentError(fmt::format("rank {}: DDP: backward finished but {}",
-                                           group_->rank(), describe_missing()));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: DDP: backward finished but {}", group_->rank(), describe_missing()));
   std::vector<int32_t> global_used;
   std::shared_ptr<Work> used_work;
   if (options_.find_unused_parameters) {

@@ -79,12 +79,12 @@ class Reducer {
 
   // One backward's state; the hooks and the end-of-backward callback run on the backward
   // thread, so no lock is needed.
-  bool expect_hooks_ = false;      // armed by prepare_for_backward
-  bool callback_queued_ = false;   // finalize_backward queued on the autograd engine
-  size_t next_to_launch_ = 0;      // buckets start strictly in index order
-  std::vector<uint8_t> ready_;     // param -> marked ready this backward
-  std::vector<int32_t> used_;      // param -> got a gradient this backward (find_unused)
-  std::vector<size_t> arrival_;    // param indices in the order their gradients arrived
+  bool expect_hooks_ = false;     // armed by prepare_for_backward
+  bool callback_queued_ = false;  // finalize_backward queued on the autograd engine
+  size_t next_to_launch_ = 0;     // buckets start strictly in index order
+  std::vector<uint8_t> ready_;    // param -> marked ready this backward
+  std::vector<int32_t> used_;     // param -> got a gradient this backward (find_unused)
+  std::vector<size_t> arrival_;   // param indices in the order their gradients arrived
   bool rebuild_pending_ = false;
   bool rebuilt_ = false;
   std::chrono::steady_clock::time_point backward_start_{};

@@ -2,13 +2,13 @@
 #include "dtrain/torch/runtime.h"
 
 #include <dlfcn.h>
-#include <sched.h>
 #include <malloc.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <exception>
 #include <cstdlib>
+#include <exception>
 #include <thread>
 
 #include <ATen/Parallel.h>
@@ -82,7 +82,8 @@ RuntimeInfo apply(int threads) {
 
   using SetThreads = void (*)(int);
   using GetConfig = char* (*)();
-  auto set_blas_threads = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  auto set_blas_threads =
+      reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   auto blas_config = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
   if (set_blas_threads != nullptr) set_blas_threads(info.threads);
   if (blas_config != nullptr) {

@@ -21,7 +21,7 @@ struct DtypeName {
   const char* name;
 };
 constexpr DtypeName kDtypes[] = {
-    {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"},
+    {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
     {at::kChar, "I8"},   {at::kByte, "U8"},    {at::kShort, "I16"}, {at::kInt, "I32"},
     {at::kLong, "I64"},  {at::kBool, "BOOL"},
 };
@@ -29,18 +29,18 @@ constexpr DtypeName kDtypes[] = {
 const char* dtype_name(at::ScalarType type, const std::string& tensor) {
   for (const auto& d : kDtypes)
     if (d.type == type) return d.name;
-  throw InvalidArgumentError(fmt::format("safetensors: tensor '{}' has dtype {}, which the format "
-                                         "cannot store",
-                                         tensor, c10::toString(type)));
+  throw InvalidArgumentError(
+      fmt::format("safetensors: tensor '{}' has dtype {}, which the format "
+                  "cannot store",
+                  tensor, c10::toString(type)));
 }
 
 at::ScalarType parse_dtype_name(const std::string& name, const std::string& tensor,
                                 const std::string& path) {
   for (const auto& d : kDtypes)
     if (name == d.name) return d.type;
-  throw InvalidArgumentError(
-      fmt::format("safetensors: {}: tensor '{}' has dtype '{}', which dtrain cannot read", path,
-                  tensor, name));
+  throw InvalidArgumentError(fmt::format(
+      "safetensors: {}: tensor '{}' has dtype '{}', which dtrain cannot read", path, tensor, name));
 }
 
 std::map<std::string, at::Tensor> module_state(const torch::nn::Module& module) {
@@ -69,8 +69,8 @@ std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
   SafetensorsReader reader(path);
   std::map<std::string, at::Tensor> out;
   for (const auto& e : reader.entries()) {
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(parse_dtype_name(e.dtype, e.name,
-                                                                                 path)));
+    at::Tensor t =
+        at::empty(e.shape, at::TensorOptions().dtype(parse_dtype_name(e.dtype, e.name, path)));
     reader.read(e, t.data_ptr());  // the reader checked the bytes against dtype and shape
     out.emplace(e.name, std::move(t));
   }
@@ -90,10 +90,9 @@ void load_module_state(torch::nn::Module& module, const std::string& path) {
     if (it == file.end()) {
       missing.push_back(name);
     } else if (it->second.sizes() != t.sizes() || it->second.scalar_type() != t.scalar_type()) {
-      mismatched.push_back(fmt::format("{} (file {} {}, model {} {})", name,
-                                       c10::toString(it->second.scalar_type()),
-                                       it->second.sizes().vec(), c10::toString(t.scalar_type()),
-                                       t.sizes().vec()));
+      mismatched.push_back(
+          fmt::format("{} (file {} {}, model {} {})", name, c10::toString(it->second.scalar_type()),
+                      it->second.sizes().vec(), c10::toString(t.scalar_type()), t.sizes().vec()));
     }
   }
   for (const auto& [name, t] : file)

@@ -7,11 +7,6 @@
 // from the pieces that hold them.
 #include "dtrain/torch/sharded_checkpoint.h"
 
-#include <ATen/ATen.h>
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +14,12 @@
 #include <filesystem>
 #include <limits>
 #include <set>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include "common/json_integer.h"
 #include "common/log.h"
@@ -41,8 +42,8 @@ constexpr int kVersion = 1;
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kRngFile = "rng.safetensors";
 constexpr const char* kRngTensor = "torch.cpu_generator";
-constexpr int64_t kNone = -1;       // load: DIR holds no checkpoint
-constexpr int64_t kAllBroken = -2;  // load: DIR holds checkpoints, none verifies
+constexpr int64_t kNone = -1;           // load: DIR holds no checkpoint
+constexpr int64_t kAllBroken = -2;      // load: DIR holds checkpoints, none verifies
 constexpr size_t kMessageBytes = 4096;  // of an error told to every rank
 
 std::string shard_file(int rank, int n) {
@@ -130,25 +131,26 @@ class Pieces {
       filled += e - s;
     }
     if (filled != b - a)
-      throw InvalidArgumentError(fmt::format(
-          "sharded checkpoint {}: the pieces of '{}' cover {} of its elements [{}, {})", path_,
-          key, filled, a, b));
+      throw InvalidArgumentError(
+          fmt::format("sharded checkpoint {}: the pieces of '{}' cover {} of its elements [{}, {})",
+                      path_, key, filled, a, b));
   }
 
   const at::Tensor& tensor(int q, const std::string& key, int64_t count) {
     if (q < 0 || q >= saved_world_)
-      throw InvalidArgumentError(fmt::format("sharded checkpoint {}: a piece of '{}' names rank "
-                                             "{} of {}",
-                                             path_, key, q, saved_world_));
+      throw InvalidArgumentError(
+          fmt::format("sharded checkpoint {}: a piece of '{}' names rank "
+                      "{} of {}",
+                      path_, key, q, saved_world_));
     auto& file = file_of(q);
     auto it = file.find(key);
     if (it == file.end())
       throw InvalidArgumentError(fmt::format("sharded checkpoint {}: {} has no tensor '{}'", path_,
                                              shard_file(q, saved_world_), key));
     if (count >= 0 && it->second.numel() != count)
-      throw InvalidArgumentError(fmt::format(
-          "sharded checkpoint {}: '{}' in {} has {} elements, the manifest says {}", path_, key,
-          shard_file(q, saved_world_), it->second.numel(), count));
+      throw InvalidArgumentError(
+          fmt::format("sharded checkpoint {}: '{}' in {} has {} elements, the manifest says {}",
+                      path_, key, shard_file(q, saved_world_), it->second.numel(), count));
     return it->second;
   }
 
@@ -201,10 +203,10 @@ void load_buffers(Pieces& pieces, const Json& manifest, torch::nn::Module& modul
           "sharded checkpoint {}: buffer '{}' is not a buffer of the model", path, name));
     const at::Tensor& src = pieces.tensor(0, name, -1);
     if (src.sizes() != it->second.sizes())
-      throw InvalidArgumentError(fmt::format("sharded checkpoint {}: buffer '{}' has shape {}, "
-                                             "the model's {}",
-                                             path, name, src.sizes().vec(),
-                                             it->second.sizes().vec()));
+      throw InvalidArgumentError(
+          fmt::format("sharded checkpoint {}: buffer '{}' has shape {}, "
+                      "the model's {}",
+                      path, name, src.sizes().vec(), it->second.sizes().vec()));
     it->second.copy_(src);
   }
 }
@@ -213,13 +215,14 @@ void load_rng(const std::string& path) {
   auto rng = load_safetensors(path + "/" + kRngFile);
   auto it = rng.find(kRngTensor);
   if (it == rng.end())
-    throw InvalidArgumentError(fmt::format("sharded checkpoint {}: {} has no {}", path, kRngFile,
-                                           kRngTensor));
+    throw InvalidArgumentError(
+        fmt::format("sharded checkpoint {}: {} has no {}", path, kRngFile, kRngTensor));
   set_rng_state(it->second);
 }
 
 // Every parameter of the model is in the checkpoint with its shape, and nothing else is.
-void check_parameters(const Pieces& pieces, const std::vector<std::pair<std::string, std::vector<int64_t>>>& model,
+void check_parameters(const Pieces& pieces,
+                      const std::vector<std::pair<std::string, std::vector<int64_t>>>& model,
                       const std::string& path) {
   std::vector<std::string> problems;
   std::set<std::string> seen;
@@ -236,8 +239,8 @@ void check_parameters(const Pieces& pieces, const std::vector<std::pair<std::str
   for (const auto& [name, e] : pieces.entries())
     if (!seen.count(name)) problems.push_back(fmt::format("'{}' is not in the model", name));
   if (!problems.empty())
-    throw InvalidArgumentError(fmt::format("sharded checkpoint {} does not fit the model: {}",
-                                           path, fmt::join(problems, "; ")));
+    throw InvalidArgumentError(fmt::format("sharded checkpoint {} does not fit the model: {}", path,
+                                           fmt::join(problems, "; ")));
 }
 
 }  // namespace
@@ -257,9 +260,9 @@ void ShardedCheckpoint::save(ShardedDataParallel& sdp, const torch::optim::Optim
   const int rank = g.rank(), n = g.size();
   const auto timeout = options_.timeout;
   if (sdp.group()->size() != n)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: ShardedCheckpoint: its group has {} ranks, the model's {}", rank, n,
-        sdp.group()->size()));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: ShardedCheckpoint: its group has {} ranks, the model's {}", rank, n,
+                    sdp.group()->size()));
   if (optimizer != nullptr && optimizer->param_groups().size() != 1)
     throw InvalidArgumentError(fmt::format(
         "rank {}: ShardedCheckpoint: the optimizer has {} param groups; sharded checkpoints hold "
@@ -276,7 +279,8 @@ void ShardedCheckpoint::save(ShardedDataParallel& sdp, const torch::optim::Optim
     try {
       std::error_code ec;
       fs::create_directories(options_.dir, ec);
-      if (ec) throw InvalidArgumentError(fmt::format("cannot create {}: {}", options_.dir, ec.message()));
+      if (ec)
+        throw InvalidArgumentError(fmt::format("cannot create {}: {}", options_.dir, ec.message()));
       remove_stale_temporaries(options_.dir);
       const std::string tmp = fmt::format("{}/.{}.tmp-{}", options_.dir, name, pid[0]);
       fs::remove_all(tmp, ec);
@@ -321,8 +325,8 @@ void ShardedCheckpoint::save(ShardedDataParallel& sdp, const torch::optim::Optim
         const int64_t local = o->first - rank * units[u].shard_numel, count = o->second - o->first;
         const std::string& param = units[u].parameter_names[i];
         tensors[param] = shards[u].detach().narrow(0, local, count).clone();
-        for (auto it = state.lower_bound(prefix); it != state.end() && it->first.rfind(prefix, 0) == 0;
-             ++it)
+        for (auto it = state.lower_bound(prefix);
+             it != state.end() && it->first.rfind(prefix, 0) == 0; ++it)
           if (it->first != prefix + "step" && it->second.numel() == units[u].shard_numel)
             tensors["optimizer." + param + "." + it->first.substr(prefix.size())] =
                 it->second.narrow(0, local, count).contiguous().clone();
@@ -366,8 +370,8 @@ void ShardedCheckpoint::save(ShardedDataParallel& sdp, const torch::optim::Optim
         const std::string prefix = fmt::format("optimizer.unit.{}.", u);
         Json states = Json::array();
         Json step = nullptr;
-        for (auto it = state.lower_bound(prefix); it != state.end() && it->first.rfind(prefix, 0) == 0;
-             ++it) {
+        for (auto it = state.lower_bound(prefix);
+             it != state.end() && it->first.rfind(prefix, 0) == 0; ++it) {
           if (it->first == prefix + "step")
             step = it->second.item<int64_t>();
           else if (it->second.numel() == units[u].shard_numel)
@@ -449,8 +453,8 @@ std::optional<LoadedCheckpoint> ShardedCheckpoint::load_latest(ShardedDataParall
     const std::string why =
         message_from(g, 0, fmt::format("{}", fmt::join(skipped, "; ")), timeout);
     throw InvalidArgumentError(fmt::format(
-        "rank {}: no checkpoint in {} verifies ({}); remove the damaged ones or start afresh",
-        rank, options_.dir, why));
+        "rank {}: no checkpoint in {} verifies ({}); remove the damaged ones or start afresh", rank,
+        options_.dir, why));
   }
 
   LoadedCheckpoint loaded;

@@ -40,15 +40,15 @@ namespace dtrain {
 struct ShardedDataParallel::Unit {
   size_t first_child = 0, end_child = 0;  // Sequential children [first, end)
   std::vector<std::string> names;
-  std::vector<at::Tensor> params;         // the module's parameters (autograd leaves)
+  std::vector<at::Tensor> params;  // the module's parameters (autograd leaves)
   std::vector<std::vector<int64_t>> shapes;
   std::vector<int64_t> offsets, numels;
   int64_t numel = 0, padded = 0, shard_numel = 0;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep the hooks and shapes
   std::vector<uintptr_t> hook_keys;
 
-  at::Tensor full;     // padded flat parameters; its storage is released at stage 3
-  bool whole = false;  // full has memory and the parameters point into it
+  at::Tensor full;       // padded flat parameters; its storage is released at stage 3
+  bool whole = false;    // full has memory and the parameters point into it
   bool current = false;  // full holds the shards' latest values
   std::shared_ptr<Work> gather_work;
   at::Tensor gather_in, gather_out;  // 16-bit copies while a gather is in flight
@@ -60,7 +60,7 @@ struct ShardedDataParallel::Unit {
 
   std::vector<uint8_t> ready;  // this backward: parameter got its gradient
   size_t ready_count = 0;
-  bool complete = false;       // this backward: every parameter has its gradient
+  bool complete = false;  // this backward: every parameter has its gradient
 };
 
 namespace {
@@ -137,8 +137,8 @@ ShardedDataParallel::ShardedDataParallel(
       if (!unit_modules.empty())
         for (const auto& m : unit_modules.back())
           for (const auto& p : m->parameters()) open += p.numel();
-      const bool starts = unit_modules.empty() ||
-                          (count > 0 && open > 0 && open >= options_.min_unit_parameters);
+      const bool starts =
+          unit_modules.empty() || (count > 0 && open > 0 && open >= options_.min_unit_parameters);
       if (starts) {
         unit_modules.emplace_back();
         child_ranges.emplace_back(i, i);
@@ -152,7 +152,8 @@ ShardedDataParallel::ShardedDataParallel(
   }
 
   std::unordered_map<const c10::TensorImpl*, std::string> name_of;
-  for (const auto& p : module_->named_parameters(true)) name_of[p.value().unsafeGetTensorImpl()] = p.key();
+  for (const auto& p : module_->named_parameters(true))
+    name_of[p.value().unsafeGetTensorImpl()] = p.key();
   std::unordered_set<const c10::TensorImpl*> seen;
   std::string description;  // names, shapes and units, compared across ranks
   for (size_t u = 0; u < unit_modules.size(); ++u) {
@@ -165,21 +166,24 @@ ShardedDataParallel::ShardedDataParallel(
                                      ? name_of[p.unsafeGetTensorImpl()]
                                      : std::string("<unnamed>");
         if (!seen.insert(p.unsafeGetTensorImpl()).second) {
-          refusal = fmt::format("parameter '{}' is used by two units (tied weights); put the "
-                                "modules that share it into one unit (min_unit_parameters) or "
-                                "wrap the model as one unit",
-                                name);
+          refusal = fmt::format(
+              "parameter '{}' is used by two units (tied weights); put the "
+              "modules that share it into one unit (min_unit_parameters) or "
+              "wrap the model as one unit",
+              name);
           continue;
         }
         if (p.scalar_type() != at::kFloat || !p.device().is_cpu())
-          refusal = fmt::format("parameter '{}' is {} on {}; ShardedDataParallel keeps fp32 "
-                                "CPU parameters (communication_dtype sets what goes on the wire)",
-                                name, describe_dtype(p.scalar_type()), p.device().str());
+          refusal = fmt::format(
+              "parameter '{}' is {} on {}; ShardedDataParallel keeps fp32 "
+              "CPU parameters (communication_dtype sets what goes on the wire)",
+              name, describe_dtype(p.scalar_type()), p.device().str());
         if (!p.requires_grad())
-          refusal = fmt::format("parameter '{}' does not require grad; frozen parameters are not "
-                                "sharded: keep them out of the model given to "
-                                "ShardedDataParallel",
-                                name);
+          refusal = fmt::format(
+              "parameter '{}' does not require grad; frozen parameters are not "
+              "sharded: keep them out of the model given to "
+              "ShardedDataParallel",
+              name);
         unit->names.push_back(name);
         unit->params.push_back(p);
         unit->shapes.push_back(p.sizes().vec());
@@ -282,11 +286,10 @@ std::vector<at::Tensor> ShardedDataParallel::parameters() const {
 
 std::string ShardedDataParallel::where(size_t unit) const {
   const Unit& u = *units_[unit];
-  return fmt::format("rank {}: ShardedDataParallel unit {} of {} ([{}])", group_->rank(), unit,
-                     units_.size(),
-                     u.names.size() <= 3 ? fmt::format("{}", fmt::join(u.names, ", "))
-                                         : fmt::format("{}, ... {} parameters", u.names[0],
-                                                       u.names.size()));
+  return fmt::format(
+      "rank {}: ShardedDataParallel unit {} of {} ([{}])", group_->rank(), unit, units_.size(),
+      u.names.size() <= 3 ? fmt::format("{}", fmt::join(u.names, ", "))
+                          : fmt::format("{}, ... {} parameters", u.names[0], u.names.size()));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -364,9 +367,8 @@ std::map<std::string, at::Tensor> ShardedDataParallel::full_parameters() {
     at::Tensor flat = at::empty({unit->padded}, at::kFloat);
     group_->allgather(view_of(flat), view_of(unit->shard.detach()), o)->wait();
     for (size_t i = 0; i < unit->params.size(); ++i)
-      out[unit->names[i]] = flat.narrow(0, unit->offsets[i], unit->numels[i])
-                                .view(unit->shapes[i])
-                                .clone();
+      out[unit->names[i]] =
+          flat.narrow(0, unit->offsets[i], unit->numels[i]).view(unit->shapes[i]).clone();
   }
   return out;
 }
@@ -476,8 +478,10 @@ void ShardedDataParallel::ensure_gradients(size_t u) {
     at::Tensor& grad = unit.params[i].mutable_grad();
     if (grad.defined() && grad.data_ptr() == slot.data_ptr()) continue;
     // The user replaced or reset the gradient (model->zero_grad()): it is what counts now.
-    if (grad.defined()) slot.copy_(grad.reshape({-1}));
-    else slot.zero_();
+    if (grad.defined())
+      slot.copy_(grad.reshape({-1}));
+    else
+      slot.zero_();
     grad = slot.view(unit.shapes[i]);
   }
 }
@@ -526,8 +530,10 @@ void ShardedDataParallel::launch_reduction(size_t u) {
   size_t in_flight = 0;
   for (size_t v = units_.size(); v-- > u + 1;) {
     if (!units_[v]->reduce_work) continue;
-    if (units_[v]->reduce_work->is_completed()) complete_reduction(v);
-    else ++in_flight;
+    if (units_[v]->reduce_work->is_completed())
+      complete_reduction(v);
+    else
+      ++in_flight;
   }
   for (size_t v = units_.size(); v-- > u + 1 && in_flight >= kReductionsInFlight;)
     if (units_[v]->reduce_work) {
@@ -562,8 +568,10 @@ void ShardedDataParallel::complete_reduction(size_t u) {
   at::Tensor reduced = unit.reduce_out.scalar_type() == at::kFloat ? unit.reduce_out
                                                                    : unit.reduce_out.to(at::kFloat);
   at::Tensor& grad = unit.shard.mutable_grad();
-  if (grad.defined()) grad.add_(reduced);
-  else grad = reduced;
+  if (grad.defined())
+    grad.add_(reduced);
+  else
+    grad = reduced;
   unit.reduce_work = nullptr;
   unit.reduce_in = unit.reduce_out = at::Tensor();
   if (options_.stage == 1) unit.grad_full.zero_();  // consumed; the parameters' views stay

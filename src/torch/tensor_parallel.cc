@@ -120,7 +120,8 @@ std::shared_ptr<ProcessGroup> checked(std::shared_ptr<ProcessGroup> group, const
 
 }  // namespace
 
-at::Tensor copy_to_tensor_parallel(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group) {
+at::Tensor copy_to_tensor_parallel(const at::Tensor& x,
+                                   const std::shared_ptr<ProcessGroup>& group) {
   return CopyToParallel::apply(x, handle(group));
 }
 at::Tensor reduce_from_tensor_parallel(const at::Tensor& x,
@@ -146,7 +147,8 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in_features, int64_t 
   torch::nn::Linear whole(torch::nn::LinearOptions(in_features, out_features).bias(options.bias));
   const int64_t part = out_features / group_->size();
   torch::NoGradGuard no_grad;
-  weight = register_parameter("weight", whole->weight.narrow(0, group_->rank() * part, part).clone());
+  weight =
+      register_parameter("weight", whole->weight.narrow(0, group_->rank() * part, part).clone());
   if (options.bias)
     bias = register_parameter("bias", whole->bias.narrow(0, group_->rank() * part, part).clone());
 }
@@ -181,7 +183,8 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in_features, int64_t out_fe
   torch::nn::Linear whole(torch::nn::LinearOptions(in_features, out_features).bias(options.bias));
   const int64_t part = in_features / group_->size();
   torch::NoGradGuard no_grad;
-  weight = register_parameter("weight", whole->weight.narrow(1, group_->rank() * part, part).clone());
+  weight =
+      register_parameter("weight", whole->weight.narrow(1, group_->rank() * part, part).clone());
   if (options.bias) bias = register_parameter("bias", whole->bias.clone());
 }
 
@@ -206,9 +209,9 @@ ParallelSelfAttentionImpl::ParallelSelfAttentionImpl(int64_t hidden, int64_t hea
     : heads_(heads), causal_(causal) {
   group = checked(std::move(group), "ParallelSelfAttention");
   if (heads <= 0 || hidden % heads != 0)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: ParallelSelfAttention: hidden {} is not a multiple of heads {}", group->rank(),
-        hidden, heads));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: ParallelSelfAttention: hidden {} is not a multiple of heads {}",
+                    group->rank(), hidden, heads));
   check_divides(heads, "heads", *group, "ParallelSelfAttention");
   head_dim_ = hidden / heads;
   local_heads_ = heads / group->size();
@@ -216,11 +219,11 @@ ParallelSelfAttentionImpl::ParallelSelfAttentionImpl(int64_t hidden, int64_t hea
   // heads in each of q, k and v.
   torch::nn::Linear whole(hidden, 3 * hidden);
   const int64_t width = local_heads_ * head_dim_, first = group->rank() * width;
-  at::Tensor rows = at::cat({at::arange(first, first + width),
-                             at::arange(hidden + first, hidden + first + width),
-                             at::arange(2 * hidden + first, 2 * hidden + first + width)});
+  at::Tensor rows =
+      at::cat({at::arange(first, first + width), at::arange(hidden + first, hidden + first + width),
+               at::arange(2 * hidden + first, 2 * hidden + first + width)});
   qkv = register_module("qkv", ColumnParallelLinear(whole->weight, whole->bias, group,
-                                                          ColumnParallelLinearOptions{}, rows));
+                                                    ColumnParallelLinearOptions{}, rows));
   out = register_module("out", RowParallelLinear(hidden, hidden, group));
 }
 
@@ -231,7 +234,8 @@ at::Tensor ParallelSelfAttentionImpl::forward(const at::Tensor& x) {
     return t.reshape({batch, length, local_heads_, head_dim_}).transpose(1, 2);
   };
   at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
+  at::Tensor scores =
+      at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
   if (causal_) {
     at::Tensor future = at::ones({length, length}, at::kBool).triu(1);
     scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());

@@ -86,9 +86,9 @@ void Timeline::add(const std::string& name, const std::string& track, Clock::tim
   while (tid < state_->tracks.size() && state_->tracks[tid] != track) ++tid;
   if (tid == state_->tracks.size()) {
     state_->tracks.push_back(track);
-    state_->events.push_back(fmt::format(
-        R"({{"name":"thread_name","ph":"M","pid":{},"tid":{},"args":{{"name":"{}"}}}})",
-        state_->rank, tid, json_escape(track)));
+    state_->events.push_back(
+        fmt::format(R"({{"name":"thread_name","ph":"M","pid":{},"tid":{},"args":{{"name":"{}"}}}})",
+                    state_->rank, tid, json_escape(track)));
   }
   state_->events.push_back(fmt::format(
       R"({{"name":"{}","cat":"{}","ph":"X","pid":{},"tid":{},"ts":{:.1f},"dur":{:.1f}{}}})",
@@ -104,8 +104,9 @@ void Timeline::flush() {
                     std::strerror(errno));
     return;
   }
-  std::fprintf(f, "[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
-               state_->rank, state_->rank);
+  std::fprintf(
+      f, "[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
+      state_->rank, state_->rank);
   for (const auto& e : state_->events) std::fprintf(f, ",\n%s", e.c_str());
   std::fprintf(f, "\n]\n");
   // The buffered tail is written by fclose: a full disk shows up there.

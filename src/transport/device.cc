@@ -38,7 +38,8 @@ std::string address_key(const std::string& group, int rank) {
 }  // namespace
 
 Device::Device(Store& store, const DeviceOptions& options)
-    : options_(options), loop_(std::make_shared<Loop>([this] { process_notices(); },
+    : options_(options),
+      loop_(std::make_shared<Loop>([this] { process_notices(); },
                                    [this] {
                                      for (auto& p : pairs_)
                                        if (p) p->unpark();
@@ -60,7 +61,8 @@ Device::Device(Store& store, const DeviceOptions& options)
   address_ = net::HostPort{options_.advertise_addr, net::local_port(listener.get())}.to_string();
   store.set(address_key(options_.group_name, rank), address_);
   // Where this rank is: its host and its rack, in one key (one read per peer at start-up).
-  store.set(fmt::format("{}/host/{}", options_.group_name, rank), hosts_[rank] + '\n' + racks_[rank]);
+  store.set(fmt::format("{}/host/{}", options_.group_name, rank),
+            hosts_[rank] + '\n' + racks_[rank]);
   DTRAIN_LOG_DEBUG("rank {}: group {} listens at {}", rank, options_.group_name, address_);
 
   // Higher ranks dial us while we dial lower ranks.
@@ -89,40 +91,40 @@ Device::Device(Store& store, const DeviceOptions& options)
 
   std::vector<net::Fd> dialled(size);
   try {
-  for (int peer = 0; peer < rank; ++peer) {
-    std::vector<std::string> key{address_key(options_.group_name, peer)};
-    // Rank 0 reports the rendezvous; while it has not even registered, nobody would, so each
-    // rank says what it waits for (workers started by hand, rank 0 failed or not started).
-    for (;;) {
-      const bool speak = peer == 0 && report_every.count() > 0;
-      try {
-        store.wait(key, speak ? std::max(std::chrono::milliseconds(1),
-                                         std::min(deadline.remaining(), report_every))
-                              : deadline.remaining());
-        break;
-      } catch (const TimeoutError& e) {
-        if (!speak) throw;
-        if (deadline.expired())
-          throw TimeoutError(fmt::format(
-              "rank {}: group {} rendezvous: rank 0 has not registered after {} "
-              "(DTRAIN_CONNECT_TIMEOUT); it must start, and reach the store, before the others "
-              "can connect: see its log ({})",
-              rank, options_.group_name, deadline.describe(), e.what()));
-        DTRAIN_LOG_INFO("rank {}: group {} rendezvous has waited {}: rank 0 has not registered "
-                        "yet (it must start, and reach the store, before the others can connect; "
-                        "see its log)",
-                        rank, options_.group_name, deadline.describe());
+    for (int peer = 0; peer < rank; ++peer) {
+      std::vector<std::string> key{address_key(options_.group_name, peer)};
+      // Rank 0 reports the rendezvous; while it has not even registered, nobody would, so each
+      // rank says what it waits for (workers started by hand, rank 0 failed or not started).
+      for (;;) {
+        const bool speak = peer == 0 && report_every.count() > 0;
+        try {
+          store.wait(key, speak ? std::max(std::chrono::milliseconds(1),
+                                           std::min(deadline.remaining(), report_every))
+                                : deadline.remaining());
+          break;
+        } catch (const TimeoutError& e) {
+          if (!speak) throw;
+          if (deadline.expired())
+            throw TimeoutError(fmt::format(
+                "rank {}: group {} rendezvous: rank 0 has not registered after {} "
+                "(DTRAIN_CONNECT_TIMEOUT); it must start, and reach the store, before the others "
+                "can connect: see its log ({})",
+                rank, options_.group_name, deadline.describe(), e.what()));
+          DTRAIN_LOG_INFO(
+              "rank {}: group {} rendezvous has waited {}: rank 0 has not registered "
+              "yet (it must start, and reach the store, before the others can connect; "
+              "see its log)",
+              rank, options_.group_name, deadline.describe());
+        }
       }
+      const std::string addr = store.get_string(key[0]);
+      const std::string context = fmt::format("rank {}: connecting group {} to rank {} at {}", rank,
+                                              options_.group_name, peer, addr);
+      net::Fd fd = net::connect_tcp(net::parse_host_port(addr, "peer address"), deadline, context);
+      net::Hello hello{net::Role::kPair, rank, peer, options_.group_tag};
+      net::handshake_connect(fd.get(), options_.handshake, hello, peer, deadline, context);
+      dialled[peer] = std::move(fd);
     }
-    const std::string addr = store.get_string(key[0]);
-    const std::string context =
-        fmt::format("rank {}: connecting group {} to rank {} at {}", rank, options_.group_name,
-                    peer, addr);
-    net::Fd fd = net::connect_tcp(net::parse_host_port(addr, "peer address"), deadline, context);
-    net::Hello hello{net::Role::kPair, rank, peer, options_.group_tag};
-    net::handshake_connect(fd.get(), options_.handshake, hello, peer, deadline, context);
-    dialled[peer] = std::move(fd);
-  }
   } catch (...) {
     ::shutdown(listener.get(), SHUT_RDWR);  // wakes the acceptor so the error is not delayed
     throw;
@@ -140,10 +142,12 @@ Device::Device(Store& store, const DeviceOptions& options)
 
   std::vector<net::Fd> fds(size);
   for (int peer = 0; peer < size; ++peer)
-    if (peer != rank) fds[peer] = peer < rank ? std::move(dialled[peer]) : std::move(accepted[peer]);
+    if (peer != rank)
+      fds[peer] = peer < rank ? std::move(dialled[peer]) : std::move(accepted[peer]);
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    const std::string where = store.get_string(fmt::format("{}/host/{}", options_.group_name, peer));
+    const std::string where =
+        store.get_string(fmt::format("{}/host/{}", options_.group_name, peer));
     const auto cut = where.find('\n');
     hosts_[peer] = where.substr(0, cut);
     racks_[peer] = cut == std::string::npos ? "" : where.substr(cut + 1);
@@ -176,18 +180,20 @@ Device::Device(Store& store, const DeviceOptions& options)
     net::Fd fd = std::move(fds[peer]);
     std::string peer_addr = peer < rank ? store.get_string(address_key(options_.group_name, peer))
                                         : net::peer_name(fd.get());
-    PairOptions po{rank, peer, peer_addr, options_.group_name, options_.spin,
-                   options_.oversubscribed, hosts_[peer] == hosts_[rank],
-                   [this](uint64_t tag, int from, std::string text) {
-                     on_notice(tag, from, std::move(text));
-                   },
-                   [this](uint64_t tag, uint64_t aux, int from) {
-                     note_unexpected(tag, aux, from);
-                   }};
+    PairOptions po{
+        rank,
+        peer,
+        peer_addr,
+        options_.group_name,
+        options_.spin,
+        options_.oversubscribed,
+        hosts_[peer] == hosts_[rank],
+        [this](uint64_t tag, int from, std::string text) { on_notice(tag, from, std::move(text)); },
+        [this](uint64_t tag, uint64_t aux, int from) { note_unexpected(tag, aux, from); }};
     const bool shared = segments[peer].valid();
     via.push_back(fmt::format("{} {}", peer, shared ? "shm" : "tcp"));
-    pairs_[peer] = std::make_shared<Pair>(loop_, std::move(fd), po, std::move(segments[peer]),
-                                          peer > rank);
+    pairs_[peer] =
+        std::make_shared<Pair>(loop_, std::move(fd), po, std::move(segments[peer]), peer > rank);
   }
   DTRAIN_LOG_DEBUG("rank {}: group {} reaches rank {}", rank, options_.group_name,
                    fmt::join(via, ", rank "));
@@ -241,7 +247,6 @@ std::string Device::rendezvous_progress(Store& store, const std::string& joined)
   }
 }
 
-
 namespace {
 
 // A connection to our rank port whose handshake runs on its own thread.
@@ -271,7 +276,7 @@ void Device::accept_higher_ranks(int listen_fd, const Deadline& deadline,
   const int rank = options_.rank;
   int missing = options_.size - 1 - rank;
   int turned_away = 0;  // connections refused, dropped or closed to make room
-  std::list<std::shared_ptr<Incoming>> pending;  // in the order they arrived
+  std::list<std::shared_ptr<Incoming>> pending;            // in the order they arrived
   net::Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));  // a handshake ended
   if (!wake.valid())
     throw InternalError(fmt::format("rank {}: eventfd: {}", rank, std::strerror(errno)));
@@ -283,10 +288,10 @@ void Device::accept_higher_ranks(int listen_fd, const Deadline& deadline,
     });
     if (in == nullptr) return;
     const bool silent = !in->spoke && !net::input_waiting(in->fd.get());
-    DTRAIN_LOG_WARN("rank {}: closed the connection from {}, still in its handshake{}, to make "
-                    "room (at most {} per host and {} in all)",
-                    rank, in->peer, silent ? " and silent" : "", kMaxHandshakesPerSource,
-                    kMaxHandshakes);
+    DTRAIN_LOG_WARN(
+        "rank {}: closed the connection from {}, still in its handshake{}, to make "
+        "room (at most {} per host and {} in all)",
+        rank, in->peer, silent ? " and silent" : "", kMaxHandshakesPerSource, kMaxHandshakes);
     ::shutdown(in->fd.get(), SHUT_RDWR);
     in->evicted = true;
   };
@@ -306,9 +311,10 @@ void Device::accept_higher_ranks(int listen_fd, const Deadline& deadline,
       } else {
         ++turned_away;
         if (h)
-          DTRAIN_LOG_WARN("rank {}: refused a connection from {} claiming rank {} (to rank {}, "
-                          "group tag {:x}): not a peer this rank expects",
-                          rank, in.peer, h->rank, h->peer_rank, h->tag);
+          DTRAIN_LOG_WARN(
+              "rank {}: refused a connection from {} claiming rank {} (to rank {}, "
+              "group tag {:x}): not a peer this rank expects",
+              rank, in.peer, h->rank, h->peer_rank, h->tag);
         else if (!in.evicted)
           DTRAIN_LOG_WARN("rank {}: refused a connection: {}", rank, in.refused);
       }
@@ -353,21 +359,23 @@ void Device::accept_higher_ranks(int listen_fd, const Deadline& deadline,
       ++in_handshake;
       from_source += q->source == in->source ? 1 : 0;
     }
-    if (from_source >= kMaxHandshakesPerSource) make_room(in->source);
-    else if (in_handshake >= kMaxHandshakes) make_room("");
+    if (from_source >= kMaxHandshakesPerSource)
+      make_room(in->source);
+    else if (in_handshake >= kMaxHandshakes)
+      make_room("");
     pending.push_back(in);
     const auto limit = std::min(deadline.remaining(), kHandshakeTime);
     handshakes.emplace_back([this, in, rank, limit, wake_fd = wake.get()] {
       try {
         const Deadline until = Deadline::after(limit);
         net::note_first_input(in->fd.get(), until, in->spoke);
-        in->hello = net::handshake_accept(in->fd.get(), options_.handshake, net::Role::kPair,
-                                          rank, until);
+        in->hello =
+            net::handshake_accept(in->fd.get(), options_.handshake, net::Role::kPair, rank, until);
       } catch (const net::HandshakeRefused& refused) {
         in->refused = refused.reason;
       } catch (const std::exception& e) {
-        in->refused = fmt::format("dropped a connection from {} during its handshake: {}",
-                                  in->peer, e.what());
+        in->refused = fmt::format("dropped a connection from {} during its handshake: {}", in->peer,
+                                  e.what());
       }
       in->done = true;
       const uint64_t one = 1;
@@ -437,8 +445,8 @@ void Device::mismatch_locked(uint64_t tag, int peer, uint64_t theirs, uint64_t o
     const uint32_t gid = static_cast<uint32_t>(tag >> 32) & 0xffffffu;
     auto it = groups_.find(gid);
     if (it == groups_.end() || !it->second.mismatch) return;
-    notices_.push_back({tag, peer, {}, it->second.mismatch(static_cast<uint32_t>(tag), peer,
-                                                           theirs, ours)});
+    notices_.push_back(
+        {tag, peer, {}, it->second.mismatch(static_cast<uint32_t>(tag), peer, theirs, ours)});
   }
   loop_->wake();
 }

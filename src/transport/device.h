@@ -4,10 +4,10 @@
 // shared memory (shm/setup.h) and runs the event loop the pairs share.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <exception>
-#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -26,9 +26,9 @@ struct DeviceOptions {
   int rank = 0;
   int size = 1;
   std::string group_name = "world";
-  uint64_t group_tag = 0;           // both ends of a pair must agree on it
-  std::string listen_host;          // "" = every interface
-  std::string advertise_addr;       // the address peers dial (required)
+  uint64_t group_tag = 0;      // both ends of a pair must agree on it
+  std::string listen_host;     // "" = every interface
+  std::string advertise_addr;  // the address peers dial (required)
   net::HandshakeConfig handshake;
   std::chrono::milliseconds connect_timeout{60'000};
   std::chrono::microseconds spin{50};
@@ -102,8 +102,8 @@ class Device {
 
   // "3 of 4 ranks have registered, 2 have finished connecting; not registered: rank 3 (...)"
   std::string rendezvous_progress(Store& store, const std::string& joined);
-  void accept_higher_ranks(int listen_fd, const Deadline& deadline,
-                           std::vector<net::Fd>& accepted, std::string& failure);
+  void accept_higher_ranks(int listen_fd, const Deadline& deadline, std::vector<net::Fd>& accepted,
+                           std::string& failure);
 
   DeviceOptions options_;
   std::string address_;  // host:port this device listens on, as published
@@ -111,10 +111,10 @@ class Device {
   std::vector<std::shared_ptr<Pair>> pairs_;  // indexed by peer rank; null for self
   std::vector<std::string> hosts_;            // host identity of every rank
   std::vector<std::string> racks_;            // rack of every rank (transport/host.h)
-  std::mutex groups_mu_;  // guards groups_ and notices_
+  std::mutex groups_mu_;                      // guards groups_ and notices_
   std::map<uint32_t, GroupHandlers> groups_;
   std::vector<Notice> notices_;
-  std::mutex expect_mu_;  // guards expected_ and seen_
+  std::mutex expect_mu_;                                        // guards expected_ and seen_
   std::map<uint32_t, std::pair<uint32_t, uint64_t>> expected_;  // group -> (seq, fingerprint)
   std::map<uint32_t, std::array<Seen, 8>> seen_;  // group -> unexpected arrivals, by seq % 8
 };

@@ -31,7 +31,8 @@ std::string rack_identity(const std::string& address) {
   std::ifstream f(*path);
   if (!f)
     throw InvalidArgumentError(fmt::format(
-        "DTRAIN_TOPOLOGY names '{}', which cannot be read: give a readable file, or unset it", *path));
+        "DTRAIN_TOPOLOGY names '{}', which cannot be read: give a readable file, or unset it",
+        *path));
   std::string found;
   try {
     const auto j = nlohmann::json::parse(f);
@@ -40,8 +41,9 @@ std::string rack_identity(const std::string& address) {
         const auto name = h.get<std::string>();
         if (name != host && name != address) continue;
         if (!found.empty() && found != rack)
-          throw InvalidArgumentError(fmt::format(
-              "DTRAIN_TOPOLOGY '{}' puts host {} in two racks, {} and {}", *path, name, found, rack));
+          throw InvalidArgumentError(
+              fmt::format("DTRAIN_TOPOLOGY '{}' puts host {} in two racks, {} and {}", *path, name,
+                          found, rack));
         found = rack;
       }
     }

@@ -16,8 +16,10 @@
 namespace dtrain::transport {
 
 Loop::Loop(std::function<void()> on_wake, std::function<void()> on_unpark)
-    : on_wake_(std::move(on_wake)), on_unpark_(std::move(on_unpark)),
-      epoll_(::epoll_create1(EPOLL_CLOEXEC)), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    : on_wake_(std::move(on_wake)),
+      on_unpark_(std::move(on_unpark)),
+      epoll_(::epoll_create1(EPOLL_CLOEXEC)),
+      wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   if (!epoll_.valid() || !wake_.valid())
     throw InternalError(fmt::format("cannot create the event loop: {}", std::strerror(errno)));
   epoll_event ev{};

@@ -51,15 +51,15 @@ std::string Request::describe() const {
 namespace {
 
 std::variant<tcp::SocketStream, shm::RingStream> make_stream(int fd, bool same_host,
-                                                              shm::Segment segment, bool creator) {
+                                                             shm::Segment segment, bool creator) {
   if (segment.valid()) return shm::RingStream(fd, std::move(segment), creator);
   return tcp::SocketStream(fd, same_host);
 }
 
 }  // namespace
 
-Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options,
-           shm::Segment segment, bool segment_creator)
+Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options, shm::Segment segment,
+           bool segment_creator)
     : loop_(std::move(loop)),
       fd_(std::move(fd)),
       options_(options),
@@ -98,8 +98,8 @@ std::unique_lock<std::mutex> Pair::lock_to_post() {
   return lock;
 }
 
-std::shared_ptr<Request> Pair::isend(uint64_t tag, const void* data, size_t size,
-                                     Deadline deadline, uint64_t aux) {
+std::shared_ptr<Request> Pair::isend(uint64_t tag, const void* data, size_t size, Deadline deadline,
+                                     uint64_t aux) {
   auto r = std::make_shared<Request>();
   r->kind = Request::Kind::kSend;
   r->tag = tag;
@@ -294,8 +294,8 @@ void Pair::fail_group_locked(uint32_t group_id, uint32_t from_seq, std::exceptio
   const std::string cause = message_of(error);
   const ErrorKind kind = kind_of(error);
   auto fail = [&](Request& r) {
-    r.completion.fail(make_error(kind, fmt::format("rank {}: {} failed: {}", options_.self_rank,
-                                                   r.describe(), cause)));
+    r.completion.fail(make_error(
+        kind, fmt::format("rank {}: {} failed: {}", options_.self_rank, r.describe(), cause)));
   };
   // Sends already on the wire finish (the stream must stay whole); queued ones are dropped.
   for (auto it = send_queue_.begin(); it != send_queue_.end();) {
@@ -415,14 +415,15 @@ void Pair::progress_send_locked() {
       if (r->header_done < r->prefix())
         iov[count++] = {reinterpret_cast<char*>(&r->wire) + r->header_done,
                         r->prefix() - r->header_done};
-      if (r->done < r->stream_size()) iov[count++] = {r->data + r->done, r->stream_size() - r->done};
+      if (r->done < r->stream_size())
+        iov[count++] = {r->data + r->done, r->stream_size() - r->done};
     }
     ssize_t n = write_out(iov, count);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      fail_locked(connection_error(fmt::format("sending {}", send_queue_.front()->describe()),
-                                   errno));
+      fail_locked(
+          connection_error(fmt::format("sending {}", send_queue_.front()->describe()), errno));
       return;
     }
     bytes_moved_ += static_cast<uint64_t>(n);
@@ -470,8 +471,8 @@ void Pair::progress_recv_locked() {
       case RxState::kIntoRequest:
         if (rx_request_->reduce) {
           target = bounce_locked() + rx_carry_;
-          want = std::min(rx_request_->size - rx_request_->done - rx_carry_,
-                          kBounceBytes - rx_carry_);
+          want =
+              std::min(rx_request_->size - rx_request_->done - rx_carry_, kBounceBytes - rx_carry_);
         } else {
           target = rx_request_->data + rx_request_->done;
           want = rx_request_->size - rx_request_->done;
@@ -491,14 +492,16 @@ void Pair::progress_recv_locked() {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      fail_locked(connection_error(rx_request_ ? fmt::format("receiving {}", rx_request_->describe())
-                                               : std::string("waiting for messages"),
+      fail_locked(connection_error(rx_request_
+                                       ? fmt::format("receiving {}", rx_request_->describe())
+                                       : std::string("waiting for messages"),
                                    errno));
       return;
     }
     if (n == 0) {
-      fail_locked(connection_error(rx_request_ ? fmt::format("receiving {}", rx_request_->describe())
-                                               : std::string("waiting for messages"),
+      fail_locked(connection_error(rx_request_
+                                       ? fmt::format("receiving {}", rx_request_->describe())
+                                       : std::string("waiting for messages"),
                                    0));
       return;
     }
@@ -567,17 +570,18 @@ void Pair::on_frame_header_locked() {
     return;
   }
   if (h.flags & kFrameGoodbye) {
-    fail_locked(make_error(
-        ErrorKind::kPeerFailure,
-        fmt::format("{} closed its process group (it finished, or destroyed the group)",
-                    peer_text())));
+    fail_locked(
+        make_error(ErrorKind::kPeerFailure,
+                   fmt::format("{} closed its process group (it finished, or destroyed the group)",
+                               peer_text())));
     return;
   }
   if (h.flags & kFrameCmaDone) {
     if (cma_pending_.empty()) {
       fail_locked(make_error(ErrorKind::kPeerFailure,
                              fmt::format("{} acknowledged a copy this rank never offered; the "
-                                         "stream is corrupt", peer_text())));
+                                         "stream is corrupt",
+                                         peer_text())));
       return;
     }
     Request& r = *cma_pending_.front();
@@ -590,7 +594,8 @@ void Pair::on_frame_header_locked() {
     if (!ring()) {
       fail_locked(make_error(ErrorKind::kPeerFailure,
                              fmt::format("{} offered a shared-memory copy over TCP; the stream is "
-                                         "corrupt", peer_text())));
+                                         "corrupt",
+                                         peer_text())));
       return;
     }
     rx_state_ = RxState::kCmaDescriptor;
@@ -600,7 +605,8 @@ void Pair::on_frame_header_locked() {
     if (h.size > (uint64_t{1} << 20)) {
       fail_locked(make_error(ErrorKind::kPeerFailure,
                              fmt::format("{} sent a group-failed notice of {} bytes; the stream is "
-                                         "corrupt", peer_text(), h.size)));
+                                         "corrupt",
+                                         peer_text(), h.size)));
       return;
     }
     auto u = new_unexpected_locked(h.tag, 0, h.size);
@@ -661,8 +667,9 @@ void Pair::copy_peer(std::byte* local, uint64_t address, size_t size, bool write
                      write ? shm::CmaDirection::kWrite : shm::CmaDirection::kRead))
     throw PeerFailureError(fmt::format(
         "rank {}: copying {} bytes {} {}'s memory failed: {} (errno {}); the peer probably "
-        "exited", options_.self_rank, size, write ? "into" : "out of", peer_text(),
-        std::strerror(errno), errno));
+        "exited",
+        options_.self_rank, size, write ? "into" : "out of", peer_text(), std::strerror(errno),
+        errno));
   std::lock_guard lock(mu_);
   bytes_moved_ += size;
 }
@@ -728,8 +735,10 @@ void Pair::finish_unexpected_locked(Unexpected& u) {
     unexpected_.take_front(kControlQueue);
     // Fail this pair's requests of the group now, before a close that may follow the notice on
     // the same stream; the device then fails them on the other pairs.
-    fail_group_locked(group_of(tag), collective_seq_of(tag), make_error(ErrorKind::kPeerFailure, text));
-    if (options_.on_group_failed) options_.on_group_failed(tag, options_.peer_rank, std::move(text));
+    fail_group_locked(group_of(tag), collective_seq_of(tag),
+                      make_error(ErrorKind::kPeerFailure, text));
+    if (options_.on_group_failed)
+      options_.on_group_failed(tag, options_.peer_rank, std::move(text));
     return;
   }
   if (!u.claimant) return;  // stays until a receive with its tag is posted
@@ -856,9 +865,12 @@ Pair::BrokenBy Pair::broken_by() {
   std::lock_guard lock(mu_);
   if (!broken_) return BrokenBy::kNothing;
   switch (kind_of(broken_)) {
-    case ErrorKind::kTimeout: return BrokenBy::kTimeout;
-    case ErrorKind::kAborted: return BrokenBy::kUs;
-    default: return BrokenBy::kPeer;
+    case ErrorKind::kTimeout:
+      return BrokenBy::kTimeout;
+    case ErrorKind::kAborted:
+      return BrokenBy::kUs;
+    default:
+      return BrokenBy::kPeer;
   }
 }
 
@@ -870,9 +882,9 @@ void Pair::poison(std::exception_ptr error) {
 void Pair::cancel_locked(Request& r, const std::string& why) {
   if (r.completion.done()) return;
   const bool send = r.kind == Request::Kind::kSend;
-  const std::string text = fmt::format("rank {}: {} {} with {} of {} bytes {}", options_.self_rank,
-                                       r.describe(), why, r.done, r.size,
-                                       send ? "sent" : "received");
+  const std::string text =
+      fmt::format("rank {}: {} {} with {} of {} bytes {}", options_.self_rank, r.describe(), why,
+                  r.done, r.size, send ? "sent" : "received");
   if (send) {
     auto it = std::find_if(send_queue_.begin(), send_queue_.end(),
                            [&](const auto& q) { return q.get() == &r; });

@@ -55,11 +55,11 @@ class Loop;
 struct PairOptions {
   int self_rank = 0;
   int peer_rank = 0;
-  std::string peer_address;       // "host:port" the peer listens on, for error messages
-  std::string group_name;         // for error messages
+  std::string peer_address;            // "host:port" the peer listens on, for error messages
+  std::string group_name;              // for error messages
   std::chrono::microseconds spin{50};  // busy-poll before sleeping
-  bool oversubscribed = false;  // more ranks on this host than cores: poll with sched_yield
-  bool same_host = false;       // the peer runs on this host (TCP goes over loopback)
+  bool oversubscribed = false;         // more ranks on this host than cores: poll with sched_yield
+  bool same_host = false;              // the peer runs on this host (TCP goes over loopback)
   // Called (with this pair's lock held: it must not call back into pairs) when the peer reports
   // that a group failed on its side.
   std::function<void(uint64_t tag, int peer, std::string text)> on_group_failed;
@@ -278,9 +278,9 @@ class Pair : public std::enable_shared_from_this<Pair> {
   Unexpected* rx_unexpected_ = nullptr;
   uint64_t rx_discard_left_ = 0;
   uint64_t bytes_moved_ = 0;  // both directions, ever: tells a spinning waiter it is progressing
-  bool armed_ = false;      // registered with the loop (one-shot) and not yet fired
+  bool armed_ = false;        // registered with the loop (one-shot) and not yet fired
   uint32_t armed_events_ = 0;
-  bool parked_ = false;     // idle after a spin: out of the loop (TCP), no doorbells (shm); end_spin
+  bool parked_ = false;  // idle after a spin: out of the loop (TCP), no doorbells (shm); end_spin
 
   std::atomic<int> spinners_{0};  // threads busy-polling this pair right now
   // Threads waiting for mu_ to post a send or receive: whoever holds it reading bytes nobody

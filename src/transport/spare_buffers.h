@@ -41,7 +41,7 @@ class SpareBuffers {
 
  private:
   static constexpr size_t kMaxBytes = size_t{16} << 20;  // kept in all
-  static constexpr size_t kMaxEach = size_t{4} << 20;     // larger ones are freed
+  static constexpr size_t kMaxEach = size_t{4} << 20;    // larger ones are freed
   std::vector<std::pair<size_t, std::unique_ptr<std::byte[]>>> spare_;
   size_t bytes_ = 0;
 };

@@ -20,8 +20,7 @@ inline uint32_t group_of(uint64_t tag) { return static_cast<uint32_t>(tag >> 32)
 
 // The collective a tag names (its sequence number), or 0 for any other tag.
 inline uint32_t collective_seq_of(uint64_t tag) {
-  return static_cast<TagSpace>(tag >> 56) == TagSpace::kCollective ? static_cast<uint32_t>(tag)
-                                                                    : 0;
+  return static_cast<TagSpace>(tag >> 56) == TagSpace::kCollective ? static_cast<uint32_t>(tag) : 0;
 }
 
 inline std::string describe_tag(uint64_t tag) {

@@ -131,9 +131,9 @@ bool sleep(SleepOn how, std::span<Request* const> requests, std::span<Pair* cons
     }
     if (all_done(requests) || deadline.expired()) break;
     // Bounded slices: the clock arithmetic of a "never" deadline, and a backstop.
-    const auto slice = std::min(deadline.remaining(), how == SleepOn::kRequests
-                                                          ? std::chrono::milliseconds(1000)
-                                                          : std::chrono::milliseconds(100));
+    const auto slice =
+        std::min(deadline.remaining(), how == SleepOn::kRequests ? std::chrono::milliseconds(1000)
+                                                                 : std::chrono::milliseconds(100));
     if (how == SleepOn::kSockets) {
       ::poll(fds.data(), fds.size(), static_cast<int>(slice.count()));
     } else if (how == SleepOn::kBells) {
@@ -208,7 +208,8 @@ void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pa
     const bool held = how == SleepOn::kSockets;
     if (held != spinning)
       for (Pair* p : pairs) held ? p->begin_spin() : p->end_spin();
-    if (!sleep(how, requests, watched, deadline)) sleep(SleepOn::kRequests, requests, pairs, deadline);
+    if (!sleep(how, requests, watched, deadline))
+      sleep(SleepOn::kRequests, requests, pairs, deadline);
     if (held != spinning)
       for (Pair* p : pairs) held ? p->end_spin() : p->begin_spin();
   }

@@ -10,10 +10,10 @@
 // Under `dtrain run` or `mpirun` (RANK or OMPI_COMM_WORLD_RANK set) it is one rank of that job and
 // measures dtrain only. bench/bench_common.h holds the timing loop, the checks and the result
 // format every implementation shares; docs/performance.md describes the method.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,11 +38,11 @@
 #include <fmt/format.h>
 
 #include "bench/bench_common.h"
+#include "comm/algorithms/algorithm.h"
+#include "comm/native_process_group.h"
 #include "common/durable.h"
 #include "common/env.h"
 #include "common/socket.h"
-#include "comm/algorithms/algorithm.h"
-#include "comm/native_process_group.h"
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
 #include "dtrain/store.h"
@@ -91,16 +91,26 @@ struct BenchArgs {
 // The collective of the algorithm registry a benchmarked one is (none for send/recv).
 std::optional<comm::CollectiveKind> kind_of(Collective c) {
   switch (c) {
-    case Collective::kAllreduce: return comm::CollectiveKind::kAllreduce;
-    case Collective::kBroadcast: return comm::CollectiveKind::kBroadcast;
-    case Collective::kReduce: return comm::CollectiveKind::kReduce;
-    case Collective::kAllgather: return comm::CollectiveKind::kAllgather;
-    case Collective::kGather: return comm::CollectiveKind::kGather;
-    case Collective::kScatter: return comm::CollectiveKind::kScatter;
-    case Collective::kReduceScatter: return comm::CollectiveKind::kReduceScatter;
-    case Collective::kAlltoall: return comm::CollectiveKind::kAlltoall;
-    case Collective::kBarrier: return comm::CollectiveKind::kBarrier;
-    case Collective::kSendRecv: return std::nullopt;
+    case Collective::kAllreduce:
+      return comm::CollectiveKind::kAllreduce;
+    case Collective::kBroadcast:
+      return comm::CollectiveKind::kBroadcast;
+    case Collective::kReduce:
+      return comm::CollectiveKind::kReduce;
+    case Collective::kAllgather:
+      return comm::CollectiveKind::kAllgather;
+    case Collective::kGather:
+      return comm::CollectiveKind::kGather;
+    case Collective::kScatter:
+      return comm::CollectiveKind::kScatter;
+    case Collective::kReduceScatter:
+      return comm::CollectiveKind::kReduceScatter;
+    case Collective::kAlltoall:
+      return comm::CollectiveKind::kAlltoall;
+    case Collective::kBarrier:
+      return comm::CollectiveKind::kBarrier;
+    case Collective::kSendRecv:
+      return std::nullopt;
   }
   return std::nullopt;
 }
@@ -127,7 +137,8 @@ Plan make_plan(const BenchArgs& a) {
       size_t pos = 0;
       while (pos <= a.collectives.size()) {
         size_t comma = a.collectives.find(',', pos);
-        std::string item = a.collectives.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        std::string item =
+            a.collectives.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
         if (!item.empty()) p.collectives.push_back(bench::parse_collective(item));
         if (comma == std::string::npos) break;
         pos = comma + 1;
@@ -140,13 +151,15 @@ Plan make_plan(const BenchArgs& a) {
     throw InvalidArgumentError(fmt::format("dtrain bench: {}", e.what()));
   }
   if (p.collectives.empty())
-    throw InvalidArgumentError("dtrain bench: name a collective, e.g. dtrain bench allreduce --np 4");
+    throw InvalidArgumentError(
+        "dtrain bench: name a collective, e.g. dtrain bench allreduce --np 4");
   if (a.iters < 1 || a.warmup < 0)
     throw InvalidArgumentError(fmt::format(
         "dtrain bench: --iters {} --warmup {}: time at least one iteration, warm up zero or more",
         a.iters, a.warmup));
   if (a.rounds < 1)
-    throw InvalidArgumentError(fmt::format("dtrain bench: --rounds {}: run at least one round", a.rounds));
+    throw InvalidArgumentError(
+        fmt::format("dtrain bench: --rounds {}: run at least one round", a.rounds));
   if (a.timeout_s <= 0 || a.deadline_s <= 0)
     throw InvalidArgumentError("dtrain bench: --timeout and --deadline must be positive seconds");
   env::seconds("dtrain bench: --timeout", a.timeout_s);  // finite, at most a year
@@ -159,11 +172,12 @@ Plan make_plan(const BenchArgs& a) {
   size_t pos = 0;
   while (!a.peers.empty() && pos <= a.peers.size()) {
     size_t comma = a.peers.find(',', pos);
-    std::string item = a.peers.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        a.peers.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     if (!item.empty()) {
       if (item != "gloo" && item != "mpi" && item != "mpi-tcp" && item != "torch")
-        throw InvalidArgumentError(fmt::format(
-            "dtrain bench: unknown peer '{}': use gloo, mpi, mpi-tcp or torch", item));
+        throw InvalidArgumentError(
+            fmt::format("dtrain bench: unknown peer '{}': use gloo, mpi, mpi-tcp or torch", item));
       if (std::find(p.peers.begin(), p.peers.end(), item) == p.peers.end()) p.peers.push_back(item);
     }
     if (comma == std::string::npos) break;
@@ -177,20 +191,28 @@ Plan make_plan(const BenchArgs& a) {
 
 DType to_dtype(ElemType t) {
   switch (t) {
-    case ElemType::kF32: return DType::kF32;
-    case ElemType::kF64: return DType::kF64;
-    case ElemType::kI32: return DType::kI32;
-    case ElemType::kI64: return DType::kI64;
+    case ElemType::kF32:
+      return DType::kF32;
+    case ElemType::kF64:
+      return DType::kF64;
+    case ElemType::kI32:
+      return DType::kI32;
+    case ElemType::kI64:
+      return DType::kI64;
   }
   return DType::kU8;
 }
 
 ReduceOp to_reduce_op(Op op) {
   switch (op) {
-    case Op::kSum: return ReduceOp::kSum;
-    case Op::kProd: return ReduceOp::kProd;
-    case Op::kMin: return ReduceOp::kMin;
-    case Op::kMax: return ReduceOp::kMax;
+    case Op::kSum:
+      return ReduceOp::kSum;
+    case Op::kProd:
+      return ReduceOp::kProd;
+    case Op::kMin:
+      return ReduceOp::kMin;
+    case Op::kMax:
+      return ReduceOp::kMax;
   }
   return ReduceOp::kSum;
 }
@@ -227,10 +249,16 @@ Result run_native_size(ProcessGroup& pg, const BenchArgs& a, const Plan& p, Coll
     o.async_op = false;
     pg.barrier(o)->wait();
   };
-  h.max_over_ranks = [&pg, timeout](double v) { return reduce_scalar(pg, v, ReduceOp::kMax, timeout); };
-  h.sum_over_ranks = [&pg, timeout](double v) { return reduce_scalar(pg, v, ReduceOp::kSum, timeout); };
+  h.max_over_ranks = [&pg, timeout](double v) {
+    return reduce_scalar(pg, v, ReduceOp::kMax, timeout);
+  };
+  h.sum_over_ranks = [&pg, timeout](double v) {
+    return reduce_scalar(pg, v, ReduceOp::kSum, timeout);
+  };
   if (a.check)
-    h.check = [&, c] { return bench::count_wrong(c, p.dtype, p.op, rank, n, layout, buffers.output()); };
+    h.check = [&, c] {
+      return bench::count_wrong(c, p.dtype, p.op, rank, n, layout, buffers.output());
+    };
   h.straggle_seconds = a.straggle_ms / 1000.0;
   h.straggler = rank == n - 1;
 
@@ -256,7 +284,9 @@ Result run_native_size(ProcessGroup& pg, const BenchArgs& a, const Plan& p, Coll
       h.run = [=] { g->scatter(out, in, ScatterOptions{0, timeout, false})->wait(); };
       break;
     case Collective::kReduceScatter:
-      h.run = [=] { g->reduce_scatter(out, in, ReduceScatterOptions{op, timeout, algo, false})->wait(); };
+      h.run = [=] {
+        g->reduce_scatter(out, in, ReduceScatterOptions{op, timeout, algo, false})->wait();
+      };
       break;
     case Collective::kAlltoall:
       h.run = [=] { g->alltoall(out, in, AlltoallOptions{timeout, false})->wait(); };
@@ -303,7 +333,9 @@ int run_rank(const BenchArgs& a) {
   auto pg = init_process_group(init);
   auto* native = dynamic_cast<comm::NativeProcessGroup*>(pg.get());
   if (!a.calibrate.empty()) {
-    if (!native) throw InvalidArgumentError("dtrain bench --calibrate measures the native backend's links: drop --backend");
+    if (!native)
+      throw InvalidArgumentError(
+          "dtrain bench --calibrate measures the native backend's links: drop --backend");
     auto k = native->measure_links(native->cost_model().constants());
     // A step of a collective is not a ping-pong through send/recv: fit the per-message cost of
     // the slowest link the group crosses, and what a collective call costs beyond its messages,
@@ -314,12 +346,14 @@ int run_rank(const BenchArgs& a) {
     auto time_tiny = [&](const char* algo) {
       for (int i = 0; i < 10; ++i) pg->allreduce(TensorView::of(tiny), {.algorithm = algo})->wait();
       const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < 200; ++i) pg->allreduce(TensorView::of(tiny), {.algorithm = algo})->wait();
+      for (int i = 0; i < 200; ++i)
+        pg->allreduce(TensorView::of(tiny), {.algorithm = algo})->wait();
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 200;
     };
     const int n = pg->size();
-    const double steps_rd = std::log2(static_cast<double>(std::bit_floor(static_cast<unsigned>(n)))) +
-                            (std::has_single_bit(static_cast<unsigned>(n)) ? 0 : 2);
+    const double steps_rd =
+        std::log2(static_cast<double>(std::bit_floor(static_cast<unsigned>(n)))) +
+        (std::has_single_bit(static_cast<unsigned>(n)) ? 0 : 2);
     const double steps_ring = 2.0 * (n - 1);
     std::vector<double> fit{time_tiny("recursive_doubling"), time_tiny("ring")};
     pg->broadcast(TensorView::of(fit), {.root = 0})->wait();
@@ -334,9 +368,9 @@ int run_rank(const BenchArgs& a) {
     if (pg->rank() == 0) {
       // A file a job reads at start-up: written whole or not at all.
       const std::string tmp = a.calibrate + ".tmp";
-      durable::write_file(tmp, comm::CostModel::to_json(
-                                   k, fmt::format("dtrain bench --calibrate, {} ranks; {}", pg->size(),
-                                                  native->hierarchy())));
+      durable::write_file(
+          tmp, comm::CostModel::to_json(k, fmt::format("dtrain bench --calibrate, {} ranks; {}",
+                                                       pg->size(), native->hierarchy())));
       std::filesystem::rename(tmp, a.calibrate);
       const auto dir = std::filesystem::path(a.calibrate).parent_path().string();
       durable::fsync_dir(dir.empty() ? "." : dir);
@@ -352,10 +386,11 @@ int run_rank(const BenchArgs& a) {
       Result r = run_native_size(*pg, a, p, c, bytes);
       if (pg->rank() != 0) continue;
       if (a.model && native && c == Collective::kAllreduce) {
-        const double predicted = native->cost_model().cost(r.algo, comm::CollectiveKind::kAllreduce, bytes,
-                                                           pg->size(), native->topology());
-        model_lines.push_back(fmt::format("{:>10} {:>20} {:>12.1f} {:>12.1f} {:>8.2f}", bytes, r.algo,
-                                          r.time_us, predicted * 1e6, predicted * 1e6 / r.time_us));
+        const double predicted = native->cost_model().cost(r.algo, comm::CollectiveKind::kAllreduce,
+                                                           bytes, pg->size(), native->topology());
+        model_lines.push_back(fmt::format("{:>10} {:>20} {:>12.1f} {:>12.1f} {:>8.2f}", bytes,
+                                          r.algo, r.time_us, predicted * 1e6,
+                                          predicted * 1e6 / r.time_us));
       }
       if (a.jsonl) {
         std::printf("%s\n", bench::to_json_line(r).c_str());
@@ -369,9 +404,11 @@ int run_rank(const BenchArgs& a) {
     if (!a.json_file.empty()) write_json(a.json_file, results);
   }
   if (pg->rank() == 0 && !model_lines.empty()) {
-    std::printf("the cost model beside the measurement (all_reduce, %d ranks, %s):\n%10s %20s %12s %12s %8s\n",
-                pg->size(), native->hierarchy().c_str(), "bytes", "algorithm", "measured_us",
-                "model_us", "ratio");
+    std::printf(
+        "the cost model beside the measurement (all_reduce, %d ranks, %s):\n%10s %20s %12s %12s "
+        "%8s\n",
+        pg->size(), native->hierarchy().c_str(), "bytes", "algorithm", "measured_us", "model_us",
+        "ratio");
     for (const auto& l : model_lines) std::printf("%s\n", l.c_str());
   }
   for (const auto& r : results)
@@ -418,13 +455,15 @@ std::optional<EmulatedCluster> read_cluster(const std::string& name) {
   if (::geteuid() != 0)
     throw InvalidArgumentError(fmt::format(
         "dtrain bench --netns {}: entering the cluster's network namespaces needs root: run it "
-        "with sudo", name));
+        "with sudo",
+        name));
   const std::string path = "/run/dtrain-netns/" + name;
   std::ifstream f(path);
   if (!f)
     throw InvalidArgumentError(fmt::format(
         "dtrain bench --netns {}: no emulated cluster of that name ({} is missing): make it with "
-        "scripts/netns-hosts.sh up {} HOSTS SUBNET", name, path, name));
+        "scripts/netns-hosts.sh up {} HOSTS SUBNET",
+        name, path, name));
   EmulatedCluster c;
   c.name = name;
   for (std::string line; std::getline(f, line);) {
@@ -432,7 +471,8 @@ std::optional<EmulatedCluster> read_cluster(const std::string& name) {
     if (line.rfind("subnet=", 0) == 0) c.subnet = line.substr(7);
   }
   if (c.hosts < 1 || c.subnet.empty())
-    throw InvalidArgumentError(fmt::format("dtrain bench --netns {}: {} does not say n= and subnet=", name, path));
+    throw InvalidArgumentError(
+        fmt::format("dtrain bench --netns {}: {} does not say n= and subnet=", name, path));
   return c;
 }
 
@@ -494,8 +534,10 @@ Outcome run_children(launch::Supervisor& supervisor, const std::string& impl,
                               specs.at(r.first_failure->rank).label, r.first_failure->how());
       break;
     case Ended::kStopped:
-      o.failure = fmt::format("{}: did not finish within the deadline ({:g} s, --deadline); "
-                              "stopped", impl, a.deadline_s);
+      o.failure = fmt::format(
+          "{}: did not finish within the deadline ({:g} s, --deadline); "
+          "stopped",
+          impl, a.deadline_s);
       break;
     case Ended::kInterrupted:
       o.failure = fmt::format("{}: interrupted by {}", impl, launch::signal_name(r.interrupted_by));
@@ -521,19 +563,17 @@ uint16_t free_port() {
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     int err = errno;
     ::close(fd);
-    throw InternalError(fmt::format("dtrain bench: cannot find a free port: {}", std::strerror(err)));
+    throw InternalError(
+        fmt::format("dtrain bench: cannot find a free port: {}", std::strerror(err)));
   }
   ::close(fd);
   return ntohs(addr.sin_port);
 }
 
 std::vector<std::pair<std::string, std::string>> rank_env(int rank, int np, uint16_t port) {
-  return {{"RANK", std::to_string(rank)},
-          {"WORLD_SIZE", std::to_string(np)},
-          {"LOCAL_RANK", std::to_string(rank)},
-          {"LOCAL_WORLD_SIZE", std::to_string(np)},
-          {"MASTER_ADDR", "127.0.0.1"},
-          {"MASTER_PORT", std::to_string(port)},
+  return {{"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(np)},
+          {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(np)},
+          {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port)},
           {"DTRAIN_AGENT_STORE", "1"}};
 }
 
@@ -577,10 +617,27 @@ Outcome run_dtrain(launch::Supervisor& supervisor, const BenchArgs& a, const Pla
   for (int r = 0; r < a.np; ++r) {
     ChildSpec s;
     s.label = fmt::format("rank {}", r);
-    s.argv = {self_exe().string(), "bench", a.collectives, "--np", std::to_string(a.np),
-              "--sizes", sizes, "--dtype", a.dtype, "--op", a.op, "--iters", std::to_string(a.iters),
-              "--warmup", std::to_string(a.warmup), a.check ? "--check" : "--no-check",
-              "--transport", a.transport, "--timeout", fmt::format("{}", a.timeout_s), "--jsonl"};
+    s.argv = {self_exe().string(),
+              "bench",
+              a.collectives,
+              "--np",
+              std::to_string(a.np),
+              "--sizes",
+              sizes,
+              "--dtype",
+              a.dtype,
+              "--op",
+              a.op,
+              "--iters",
+              std::to_string(a.iters),
+              "--warmup",
+              std::to_string(a.warmup),
+              a.check ? "--check" : "--no-check",
+              "--transport",
+              a.transport,
+              "--timeout",
+              fmt::format("{}", a.timeout_s),
+              "--jsonl"};
     if (!a.backend.empty()) {
       s.argv.push_back("--backend");
       s.argv.push_back(a.backend);
@@ -643,15 +700,20 @@ std::optional<Outcome> run_peer(launch::Supervisor& supervisor, const std::strin
     ChildSpec s;
     s.label = "mpirun";
     s.argv = {mpirun, "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(a.np)};
-    if (name == "mpi-tcp") s.argv.insert(s.argv.end(), {"--mca", "btl", "tcp,self", "--mca", "pml", "ob1"});
+    if (name == "mpi-tcp")
+      s.argv.insert(s.argv.end(), {"--mca", "btl", "tcp,self", "--mca", "pml", "ob1"});
     if (cluster) {
       // mpirun stays here and starts its daemons on the hosts through the script's remote shell
       // (ip netns exec); they and the ranks talk over the cluster's subnet.
-      const fs::path script = fs::path(DTRAIN_BENCH_PEERS_DIR).parent_path().parent_path() / "scripts" / "netns-hosts.sh";
-      if (!fs::exists(script)) return skip(fmt::format("{} not found (mpirun reaches the hosts through it)", script.string()));
+      const fs::path script = fs::path(DTRAIN_BENCH_PEERS_DIR).parent_path().parent_path() /
+                              "scripts" / "netns-hosts.sh";
+      if (!fs::exists(script))
+        return skip(
+            fmt::format("{} not found (mpirun reaches the hosts through it)", script.string()));
       std::string hosts;
       for (int h = 0; h < std::min(cluster->hosts, a.np); ++h)
-        hosts += fmt::format("{}{}:{}", hosts.empty() ? "" : ",", cluster->address(h), cluster->ranks_on(h, a.np));
+        hosts += fmt::format("{}{}:{}", hosts.empty() ? "" : ",", cluster->address(h),
+                             cluster->ranks_on(h, a.np));
       const std::string net = cluster->subnet + ".0/24";
       // Every daemon would bind its first rank to core 0, and none sees that the "hosts" share
       // this machine's cores: without binding, and yielding when idle where the ranks outnumber
@@ -662,24 +724,29 @@ std::optional<Outcome> run_peer(launch::Supervisor& supervisor, const std::strin
       // hole in its address space, and OpenMPI 4.1's hwloc crashes there now and then when
       // several daemons start on one machine: no sharing.
       s.argv.insert(s.argv.end(), {"--mca", "rtc_hwloc_vmhole", "none"});
-      s.argv.insert(s.argv.end(), {"--bind-to", "none", "--host", hosts, "--mca", "plm_rsh_agent", script.string() + " rsh " + cluster->name,
-                                   "--mca", "btl_tcp_if_include", net, "--mca", "oob_tcp_if_include", net});
+      s.argv.insert(s.argv.end(), {"--bind-to", "none", "--host", hosts, "--mca", "plm_rsh_agent",
+                                   script.string() + " rsh " + cluster->name, "--mca",
+                                   "btl_tcp_if_include", net, "--mca", "oob_tcp_if_include", net});
     }
     s.argv.insert(s.argv.end(), {exe.string(), "--impl", name});
     s.argv.insert(s.argv.end(), peer_args.begin(), peer_args.end());
     specs.push_back(std::move(s));
   } else if (name == "torch") {
     fs::path script = fs::path(DTRAIN_BENCH_PEERS_DIR) / "torch_peer.py";
-    if (!fs::exists(kPythonPath)) return skip(fmt::format("{} not found (install python3)", kPythonPath));
+    if (!fs::exists(kPythonPath))
+      return skip(fmt::format("{} not found (install python3)", kPythonPath));
     if (!fs::exists(script)) return skip(fmt::format("{} not found", script.string()));
     // Importing torch takes seconds; ask once, bounded, before starting N of them.
     BenchArgs probe_args = a;
     probe_args.deadline_s = 120;
     Outcome probe = run_children(
-        supervisor, "torch", {ChildSpec{"import check", {kPythonPath, "-c", "import torch.distributed"}, {}}}, probe_args);
+        supervisor, "torch",
+        {ChildSpec{"import check", {kPythonPath, "-c", "import torch.distributed"}, {}}},
+        probe_args);
     if (!probe.failure.empty())
-      return skip("python3 cannot import torch.distributed (install python3-torch, e.g. "
-                  "with scripts/install-deps.sh)");
+      return skip(
+          "python3 cannot import torch.distributed (install python3-torch, e.g. "
+          "with scripts/install-deps.sh)");
     uint16_t port = free_port();
     for (int r = 0; r < a.np; ++r) {
       auto env = rank_env(r, a.np, port);
@@ -742,8 +809,8 @@ Ratio ratio_over_rounds(const RoundResults& ours, const RoundResults& theirs) {
       v.push_back(it->second->time_us / r->time_us);
   }
   if (v.empty()) return {};
-  return {bench::median(v), *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()),
-          true};
+  return {bench::median(v), *std::min_element(v.begin(), v.end()),
+          *std::max_element(v.begin(), v.end()), true};
 }
 
 void print_tables(const Plan& p, const std::vector<Result>& results,
@@ -764,15 +831,17 @@ void print_tables(const Plan& p, const std::vector<Result>& results,
       fmt::print(out, "# {}: no results\n\n", coll);
       continue;
     }
-    fmt::print(out, "# {}  np {}  dtype {}  op {}  (time: median us over the slowest rank; p99 us{})\n",
-               coll, np, bench::to_string(p.dtype), bench::is_reduction(c) ? bench::to_string(p.op) : "none",
-               several ? fmt::format("; the median of {} rounds, each implementation once per round; "
-                                     "ratio: the median of the rounds' ratios [lowest-highest]",
-                                     rounds)
-                       : "");
-    std::string header = fmt::format("{:>12} {:>12} {:>5} {:>5} {:>11} {:>11} {:>8} {:>8} {:>7} {:>18}",
-                                     "size(B)", "count", "type", "op", "time(us)", "p99(us)",
-                                     "algbw", "busbw", "#wrong", "algo");
+    fmt::print(
+        out, "# {}  np {}  dtype {}  op {}  (time: median us over the slowest rank; p99 us{})\n",
+        coll, np, bench::to_string(p.dtype),
+        bench::is_reduction(c) ? bench::to_string(p.op) : "none",
+        several ? fmt::format("; the median of {} rounds, each implementation once per round; "
+                              "ratio: the median of the rounds' ratios [lowest-highest]",
+                              rounds)
+                : "");
+    std::string header = fmt::format(
+        "{:>12} {:>12} {:>5} {:>5} {:>11} {:>11} {:>8} {:>8} {:>7} {:>18}", "size(B)", "count",
+        "type", "op", "time(us)", "p99(us)", "algbw", "busbw", "#wrong", "algo");
     if (several) header += fmt::format(" {:>17}", "rounds(us)");
     const bool cpu = p.straggle_ms > 0;
     if (cpu) header += fmt::format(" {:>11}", "cpu/op(us)");
@@ -793,8 +862,8 @@ void print_tables(const Plan& p, const std::vector<Result>& results,
       std::optional<Result> any = r;
       for (const auto& peer : peers)
         if (!any && by_impl[peer].count(bytes)) any = combine(by_impl[peer].at(bytes));
-      std::string line = fmt::format(
-          "{:>12} {:>12} {:>5} {:>5} ", bytes, any->count, any->dtype, any->op);
+      std::string line =
+          fmt::format("{:>12} {:>12} {:>5} {:>5} ", bytes, any->count, any->dtype, any->op);
       if (r) {
         line += fmt::format("{:>11} {:>11} {:>8.3f} {:>8.3f} {:>7} {:>18}", format_us(r->time_us),
                             format_us(r->p99_us), r->algbw_gbs, r->busbw_gbs,
@@ -826,8 +895,8 @@ void print_tables(const Plan& p, const std::vector<Result>& results,
         const Ratio ratio = r ? ratio_over_rounds(ours.at(bytes), theirs.at(bytes)) : Ratio{};
         line += fmt::format(" {:>14}", ratio.valid ? fmt::format("{:.2f}", ratio.median) : "-");
         if (several)
-          line += fmt::format(" {:>11}", ratio.valid ? fmt::format("[{:.2f}-{:.2f}]", ratio.low, ratio.high)
-                                                      : "-");
+          line += fmt::format(
+              " {:>11}", ratio.valid ? fmt::format("[{:.2f}-{:.2f}]", ratio.low, ratio.high) : "-");
         std::string time = format_us(q.time_us);
         if (q.wrong > 0) time += "!";  // that peer's results were wrong
         line += fmt::format(" {:>11}", time);
@@ -853,7 +922,8 @@ std::vector<std::string> split_backends(const std::string& text) {
   size_t pos = 0;
   do {
     size_t comma = text.find(',', pos);
-    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     if (std::find(out.begin(), out.end(), item) == out.end()) out.push_back(item);
     pos = comma == std::string::npos ? std::string::npos : comma + 1;
   } while (pos != std::string::npos);
@@ -870,8 +940,8 @@ std::vector<std::string> all_algorithms(const BenchArgs& a, const Plan& p) {
         "(all_reduce, broadcast, reduce, all_gather, ...)");
   std::vector<std::string> names;
   for (const comm::algo::Algorithm* al : comm::algo::algorithms_of(*kind_of(p.collectives[0]))) {
-    const bool parts = al->needs == comm::algo::Needs::kParts ||
-                       al->needs == comm::algo::Needs::kUniformParts;
+    const bool parts =
+        al->needs == comm::algo::Needs::kParts || al->needs == comm::algo::Needs::kUniformParts;
     if (parts && a.netns.empty()) continue;  // one host
     if (al->needs == comm::algo::Needs::kReadAll && (a.transport == "tcp" || !a.netns.empty()))
       continue;
@@ -882,7 +952,9 @@ std::vector<std::string> all_algorithms(const BenchArgs& a, const Plan& p) {
 
 int run_driver(const BenchArgs& a) {
   const Plan p = make_plan(a);
-  if (a.np < 1) throw InvalidArgumentError(fmt::format("dtrain bench: --np is {}: start at least one rank", a.np));
+  if (a.np < 1)
+    throw InvalidArgumentError(
+        fmt::format("dtrain bench: --np is {}: start at least one rank", a.np));
   // --backend native,gloo: the first is "dtrain", the others are timed after it and shown as
   // columns "dtrain-gloo", like peers, so that one run compares the backends.
   const std::vector<std::string> backends = split_backends(a.backend);
@@ -894,9 +966,11 @@ int run_driver(const BenchArgs& a) {
   const std::vector<std::string> algorithms = all_algorithms(a, p);
   std::string sizes;
   for (size_t s : p.sizes) sizes += (sizes.empty() ? "" : ",") + bench::format_bytes(s);
-  std::fprintf(stderr, "dtrain bench: %s, np %d, sizes %s, %s, iters %d, warmup %d, rounds %d, check %s%s%s\n",
-               a.collectives.c_str(), a.np, sizes.c_str(), a.dtype.c_str(), a.iters, a.warmup, a.rounds,
-               a.check ? "on" : "off", p.peers.empty() ? "" : ", peers ", a.peers.c_str());
+  std::fprintf(
+      stderr,
+      "dtrain bench: %s, np %d, sizes %s, %s, iters %d, warmup %d, rounds %d, check %s%s%s\n",
+      a.collectives.c_str(), a.np, sizes.c_str(), a.dtype.c_str(), a.iters, a.warmup, a.rounds,
+      a.check ? "on" : "off", p.peers.empty() ? "" : ", peers ", a.peers.c_str());
   // Before any thread (the store servers'): it takes SIGINT, SIGTERM and SIGCHLD for itself,
   // and ignores SIGPIPE from a child's closed pipe.
   launch::Supervisor supervisor;
@@ -956,7 +1030,8 @@ int run_driver(const BenchArgs& a) {
                  rounds_run, a.rounds);
   print_tables(p, results, shown_peers, rounds_run, stdout);
   if (!a.json_file.empty()) write_json(a.json_file, results);
-  bool wrong = std::any_of(results.begin(), results.end(), [](const Result& r) { return r.wrong > 0; });
+  bool wrong =
+      std::any_of(results.begin(), results.end(), [](const Result& r) { return r.wrong > 0; });
   if (wrong) std::fprintf(stderr, "dtrain bench: some results were wrong (#wrong > 0)\n");
   return failures.empty() && !wrong ? 0 : 1;
 }
@@ -970,15 +1045,18 @@ bool is_rank_of_a_job() {
 CLI::App* add_bench_command(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   auto* cmd = app.add_subcommand(
-      "bench", "Time collectives nccl-tests style: dtrain and its peers (gloo, mpi, torch) side by side");
+      "bench",
+      "Time collectives nccl-tests style: dtrain and its peers (gloo, mpi, torch) side by side");
   cmd->footer(
       "COLL: allreduce, broadcast, reduce, allgather, gather, scatter, reducescatter, alltoall,\n"
       "barrier, sendrecv, a comma-separated list of them, or all. Sizes are each rank's buffer as\n"
-      "nccl-tests count them. Under `dtrain run` or `mpirun` it is one rank of that job and measures\n"
+      "nccl-tests count them. Under `dtrain run` or `mpirun` it is one rank of that job and "
+      "measures\n"
       "dtrain only. Method and bus bandwidth factors: docs/performance.md.");
   cmd->add_option("coll", a->collectives, "Collective(s) to time")->required();
   cmd->add_option("--np", a->np, "Ranks to start (driver mode)")->capture_default_str();
-  cmd->add_option("--sizes", a->sizes, "Per-rank buffer sizes: 4K,64K,1M or a doubling range 4K:64M")
+  cmd->add_option("--sizes", a->sizes,
+                  "Per-rank buffer sizes: 4K,64K,1M or a doubling range 4K:64M")
       ->capture_default_str();
   cmd->add_option("--dtype", a->dtype, "f32, f64, i32 or i64")->capture_default_str();
   cmd->add_option("--op", a->op, "sum, prod, min or max (reductions)")->capture_default_str();
@@ -990,11 +1068,13 @@ CLI::App* add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--check,!--no-check", a->check, "Verify the results (default on)");
   cmd->add_option("--json", a->json_file, "Also write every result as one JSON object per line");
-  cmd->add_option("--peers", a->peers, "Also time these: gloo, mpi, mpi-tcp, torch (comma-separated)");
+  cmd->add_option("--peers", a->peers,
+                  "Also time these: gloo, mpi, mpi-tcp, torch (comma-separated)");
   cmd->add_option("--straggle-ms", a->straggle_ms,
                   "The last rank arrives this late at every timed op; adds the CPU (user+sys, us) "
                   "the waiting ranks burn per op");
-  cmd->add_option("--transport", a->transport, "dtrain's transport: tcp, shm or auto")->capture_default_str();
+  cmd->add_option("--transport", a->transport, "dtrain's transport: tcp, shm or auto")
+      ->capture_default_str();
   cmd->add_option("--bind", a->bind,
                   "dtrain's ranks: auto binds each to its own share of the CPUs when there are no "
                   "more ranks than CPUs (as `dtrain run` and mpirun do); none leaves them unbound")
@@ -1006,20 +1086,25 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--algo", a->algo,
                   "dtrain's algorithm (default: the cost model's choice); 'all': each algorithm of "
                   "the collective that can run here, beside the model's choice");
-  cmd->add_option("--timeout", a->timeout_s, "Seconds each operation may take, every implementation")
+  cmd->add_option("--timeout", a->timeout_s,
+                  "Seconds each operation may take, every implementation")
       ->capture_default_str();
   cmd->add_option("--deadline", a->deadline_s,
                   "Seconds each implementation's whole run may take before it is killed")
       ->capture_default_str();
-  cmd->add_option("--netns", a->netns,
-                  "Run every implementation's ranks on the emulated cluster NAME that "
-                  "scripts/netns-hosts.sh made, in blocks of consecutive ranks per host (docs/scaling.md)");
-  cmd->add_option("--calibrate", a->calibrate,
-                  "Under dtrain run: measure the links first (ping-pong per class of link) and write "
-                  "the cost model's file here, for DTRAIN_COST_FILE (docs/scaling.md)");
-  cmd->add_flag("--model", a->model,
-                "Under dtrain run: print the cost model's all-reduce time beside each measured one");
-  cmd->add_flag("--jsonl", a->jsonl, "Rank 0 prints result lines, not the table (the driver's ranks)")
+  cmd->add_option(
+      "--netns", a->netns,
+      "Run every implementation's ranks on the emulated cluster NAME that "
+      "scripts/netns-hosts.sh made, in blocks of consecutive ranks per host (docs/scaling.md)");
+  cmd->add_option(
+      "--calibrate", a->calibrate,
+      "Under dtrain run: measure the links first (ping-pong per class of link) and write "
+      "the cost model's file here, for DTRAIN_COST_FILE (docs/scaling.md)");
+  cmd->add_flag(
+      "--model", a->model,
+      "Under dtrain run: print the cost model's all-reduce time beside each measured one");
+  cmd->add_flag("--jsonl", a->jsonl,
+                "Rank 0 prints result lines, not the table (the driver's ranks)")
       ->group("");
   cmd->callback([a] {
     int rc = is_rank_of_a_job() ? run_rank(*a) : run_driver(*a);

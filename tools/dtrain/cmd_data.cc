@@ -2,13 +2,14 @@
 //
 //   dtrain data write --fashion-mnist [--split train|test] [--limit N] --out DIR/fmnist --shards 4
 //   dtrain data write --from FOLDER --out DIR/files --shards 8   (one record per file)
-//   dtrain data inspect 'DIR/fmnist-*.tfrecord'                 (counts, sizes, every checksum; tar too)
-//   dtrain data index FILE...                                    (indexes for files made elsewhere)
-//   dtrain data list --rank 1 --world-size 4 --epoch 2 FILES     (which records a rank takes)
+//   dtrain data inspect 'DIR/fmnist-*.tfrecord'                 (counts, sizes, every checksum; tar
+//   too) dtrain data index FILE...                                    (indexes for files made
+//   elsewhere) dtrain data list --rank 1 --world-size 4 --epoch 2 FILES     (which records a rank
+//   takes)
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -68,7 +69,8 @@ void write_shards(const std::string& prefix, int shards, size_t count, const Rec
     for (size_t i = begin; i < end; ++i) out.write(record(i));
     out.close();
     bytes += out.bytes();
-    std::printf("%s: %zu records, %s\n", path.c_str(), end - begin, human_bytes(out.bytes()).c_str());
+    std::printf("%s: %zu records, %s\n", path.c_str(), end - begin,
+                human_bytes(out.bytes()).c_str());
   }
   std::printf("wrote %zu records in %d shards (%s) with their indexes\n", count, shards,
               human_bytes(static_cast<double>(bytes)).c_str());
@@ -82,14 +84,17 @@ void run_write(const WriteFlags& f) {
     if (f.split != "train" && f.split != "test")
       throw InvalidArgumentError(fmt::format(
           "dtrain data write: --split {}: use train (60,000 images) or test (10,000)", f.split));
-    const data::FashionMnistBytes raw = data::read_fashion_mnist(f.fashion_mnist_dir, f.split == "train");
+    const data::FashionMnistBytes raw =
+        data::read_fashion_mnist(f.fashion_mnist_dir, f.split == "train");
     const size_t pixels = static_cast<size_t>(raw.rows * raw.cols);
     std::string record(1 + pixels, '\0');
-    const size_t n = f.limit > 0 ? std::min(f.limit, static_cast<size_t>(raw.n)) : static_cast<size_t>(raw.n);
+    const size_t n =
+        f.limit > 0 ? std::min(f.limit, static_cast<size_t>(raw.n)) : static_cast<size_t>(raw.n);
     write_shards(f.out, f.shards, n, [&](size_t i) {
       // One byte of label, then the image's pixels (docs/data.md, "Fashion-MNIST records").
       record[0] = static_cast<char>(raw.labels[i]);
-      std::copy_n(raw.images.begin() + static_cast<ptrdiff_t>(i * pixels), pixels, record.begin() + 1);
+      std::copy_n(raw.images.begin() + static_cast<ptrdiff_t>(i * pixels), pixels,
+                  record.begin() + 1);
       return std::string_view(record);
     });
     return;
@@ -99,8 +104,8 @@ void run_write(const WriteFlags& f) {
   for (fs::recursive_directory_iterator it(f.from, ec), end; !ec && it != end; it.increment(ec))
     if (it->is_regular_file()) files.push_back(it->path());
   if (ec)
-    throw InvalidArgumentError(fmt::format("dtrain data write: reading the folder {} failed: {}",
-                                           f.from, ec.message()));
+    throw InvalidArgumentError(
+        fmt::format("dtrain data write: reading the folder {} failed: {}", f.from, ec.message()));
   if (files.empty())
     throw InvalidArgumentError(fmt::format("dtrain data write: {} holds no file", f.from));
   std::sort(files.begin(), files.end());
@@ -169,20 +174,25 @@ int run_inspect(const std::vector<std::string>& patterns) {
 
 CLI::App* add_data_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
-      "data", "Write and check TFRecord shard files for dtrain::data::ShardedDataset (docs/data.md)");
+      "data",
+      "Write and check TFRecord shard files for dtrain::data::ShardedDataset (docs/data.md)");
   cmd->require_subcommand(1);
 
   auto w = std::make_shared<WriteFlags>();
   CLI::App* write = cmd->add_subcommand("write", "Write shard files (with their indexes)");
-  write->add_option("--out", w->out, "Prefix of the files: PREFIX-00000-of-0000N.tfrecord")->required();
-  write->add_option("--shards", w->shards, "Number of files")->capture_default_str()->check(CLI::PositiveNumber);
-  CLI::Option* fmnist = write->add_option(
-      "--fashion-mnist", w->fashion_mnist_dir,
-      "From Fashion-MNIST's IDX files in DIR (default " + std::string(data::kFashionMnistDir) +
-          "); a record is the label byte, then the 784 pixels");
+  write->add_option("--out", w->out, "Prefix of the files: PREFIX-00000-of-0000N.tfrecord")
+      ->required();
+  write->add_option("--shards", w->shards, "Number of files")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  CLI::Option* fmnist = write->add_option("--fashion-mnist", w->fashion_mnist_dir,
+                                          "From Fashion-MNIST's IDX files in DIR (default " +
+                                              std::string(data::kFashionMnistDir) +
+                                              "); a record is the label byte, then the 784 pixels");
   fmnist->expected(0, 1);
   write->add_option("--split", w->split, "Fashion-MNIST: train or test")->capture_default_str();
-  write->add_option("--from", w->from, "From every file under FOLDER (one record per file, in path order)");
+  write->add_option("--from", w->from,
+                    "From every file under FOLDER (one record per file, in path order)");
   write->add_option("--limit", w->limit, "Only the first N images or files (0 = all)")
       ->check(CLI::NonNegativeNumber);
   write->callback([w, fmnist] {
@@ -192,7 +202,8 @@ CLI::App* add_data_command(CLI::App& app) {
 
   auto files = std::make_shared<std::vector<std::string>>();
   CLI::App* inspect = cmd->add_subcommand(
-      "inspect", "Count records (tar: samples) and check every checksum; exit 1 when a file is damaged");
+      "inspect",
+      "Count records (tar: samples) and check every checksum; exit 1 when a file is damaged");
   inspect->add_option("files", *files, "Files, glob patterns or @manifests")->required();
   inspect->callback([files] {
     if (const int rc = run_inspect(*files); rc != 0) std::exit(rc);
@@ -200,7 +211,8 @@ CLI::App* add_data_command(CLI::App& app) {
 
   auto to_index = std::make_shared<std::vector<std::string>>();
   CLI::App* index = cmd->add_subcommand(
-      "index", "Write FILE.index for TFRecord files made elsewhere (so ranks read only their records)");
+      "index",
+      "Write FILE.index for TFRecord files made elsewhere (so ranks read only their records)");
   index->add_option("files", *to_index, "Files, glob patterns or @manifests")->required();
   index->callback([to_index] {
     for (const auto& path : data::expand_shards(*to_index)) {

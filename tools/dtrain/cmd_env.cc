@@ -19,10 +19,10 @@ CLI::App* add_env_command(CLI::App& app) {
     if (*markdown) {
       fmt::print("| variable | default | meaning |\n|---|---|---|\n");
       for (const auto& v : env::all())
-        fmt::print("| `{}` | {} | {} |\n", v.name,
-                   v.default_value.empty() ? std::string("(unset)")
-                                           : fmt::format("`{}`", v.default_value),
-                   v.help);
+        fmt::print(
+            "| `{}` | {} | {} |\n", v.name,
+            v.default_value.empty() ? std::string("(unset)") : fmt::format("`{}`", v.default_value),
+            v.help);
       return;
     }
     for (const auto& v : env::all()) {
@@ -30,9 +30,10 @@ CLI::App* add_env_command(CLI::App& app) {
       // A secret is shown as set, never its value: `dtrain env` output lands in logs and issues.
       if (value && std::string_view(v.name).ends_with("_TOKEN"))
         value = fmt::format("(set, {} characters)", value->size());
-      fmt::print("{:<28} {:<10} {}\n", v.name,
-                 value ? *value : fmt::format("({})", v.default_value.empty() ? "unset" : v.default_value),
-                 v.help);
+      fmt::print(
+          "{:<28} {:<10} {}\n", v.name,
+          value ? *value : fmt::format("({})", v.default_value.empty() ? "unset" : v.default_value),
+          v.help);
     }
   });
   return cmd;

@@ -1,6 +1,6 @@
 // `dtrain estimate`: the bytes per rank a training job holds, per layout (docs/memory.md).
-//   dtrain estimate --params 100000000 --optimizer adam --precision fp32 --world-size 4 --layout zero3
-//   dtrain estimate --model weights.safetensors --world-size 4          # every layout
+//   dtrain estimate --params 100000000 --optimizer adam --precision fp32 --world-size 4 --layout
+//   zero3 dtrain estimate --model weights.safetensors --world-size 4          # every layout
 #include <cstdio>
 #include <map>
 #include <stdexcept>
@@ -101,8 +101,9 @@ void run_estimate(EstimateFlags f) {
 CLI::App* add_estimate_command(CLI::App& app) {
   auto f = std::make_shared<EstimateFlags>();
   CLI::App* cmd = app.add_subcommand(
-      "estimate", "Bytes per rank of parameters, gradients, optimizer state and activations, for "
-                  "DDP, ZeRO 1-3, tensor and pipeline layouts (docs/memory.md)");
+      "estimate",
+      "Bytes per rank of parameters, gradients, optimizer state and activations, for "
+      "DDP, ZeRO 1-3, tensor and pipeline layouts (docs/memory.md)");
   cmd->add_option("--params", f->options.parameters, "Parameters of the model")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 50));
   cmd->add_option("--model", f->model, "Count the parameters of this safetensors file instead");

@@ -1,7 +1,7 @@
 // `dtrain pipeline-plan`: a pipeline schedule, verified offline, drawn and measured.
 //   dtrain pipeline-plan --schedule 1f1b --stages 4 --microbatches 8
-//   dtrain pipeline-plan --schedule interleaved-1f1b --stages 4 --microbatches 8 --virtual-stages 2 --svg plan.svg
-//   dtrain pipeline-plan --check my_schedule.json
+//   dtrain pipeline-plan --schedule interleaved-1f1b --stages 4 --microbatches 8 --virtual-stages 2
+//   --svg plan.svg dtrain pipeline-plan --check my_schedule.json
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -33,8 +33,8 @@ void write_file(const std::string& path, const std::string& text) {
   out << text;
   out.flush();
   if (!out)
-    throw std::runtime_error(fmt::format("dtrain pipeline-plan: writing {} failed: {}", path,
-                                         std::strerror(errno)));
+    throw std::runtime_error(
+        fmt::format("dtrain pipeline-plan: writing {} failed: {}", path, std::strerror(errno)));
 }
 
 void check_cost(const char* flag, double v) {
@@ -52,8 +52,8 @@ void run_plan(const PlanFlags& f) {
   if (!f.check.empty()) {
     std::ifstream in(f.check, std::ios::binary);
     if (!in)
-      throw std::runtime_error(fmt::format("dtrain pipeline-plan: cannot read {}: {}", f.check,
-                                           std::strerror(errno)));
+      throw std::runtime_error(
+          fmt::format("dtrain pipeline-plan: cannot read {}: {}", f.check, std::strerror(errno)));
     std::stringstream text;
     text << in.rdbuf();
     s = pipeline::schedule_from_json(text.str());
@@ -61,11 +61,12 @@ void run_plan(const PlanFlags& f) {
     s = pipeline::make_schedule(f.schedule);
   }
   const pipeline::ScheduleReport report = pipeline::verify(s, f.costs);
-  std::printf("schedule %s: %d ranks x %d stage%s per rank = %d stages, %d micro-batches; "
-              "costs F %g, B %g, W %g, transfer %g\n",
-              s.name.c_str(), s.ranks, s.virtual_stages, s.virtual_stages > 1 ? "s" : "",
-              s.stages(), s.microbatches, f.costs.forward, f.costs.backward_input,
-              f.costs.backward_weight, f.costs.transfer);
+  std::printf(
+      "schedule %s: %d ranks x %d stage%s per rank = %d stages, %d micro-batches; "
+      "costs F %g, B %g, W %g, transfer %g\n",
+      s.name.c_str(), s.ranks, s.virtual_stages, s.virtual_stages > 1 ? "s" : "", s.stages(),
+      s.microbatches, f.costs.forward, f.costs.backward_input, f.costs.backward_weight,
+      f.costs.transfer);
   if (!report.ok) {
     std::fprintf(stderr, "dtrain pipeline-plan: the schedule is wrong: %s\n", report.error.c_str());
     std::exit(1);
@@ -115,7 +116,8 @@ CLI::App* add_pipeline_plan_command(CLI::App& app) {
   cmd->add_option("--check", f->check,
                   "Verify the schedule in this JSON file (as --json writes it) instead");
   cmd->add_option("--svg", f->svg, "Also write the timeline as SVG to this file");
-  cmd->add_option("--trace", f->trace, "Also write the timeline in Chrome's trace format (Perfetto)");
+  cmd->add_option("--trace", f->trace,
+                  "Also write the timeline in Chrome's trace format (Perfetto)");
   cmd->add_option("--json", f->json, "Also write the schedule's actions as JSON");
   cmd->add_flag("--quiet", f->quiet, "Print the figures without the chart");
   cmd->callback([f] { run_plan(*f); });

@@ -1,8 +1,8 @@
 // `dtrain ps-server`: one parameter server, in the foreground until its workers leave (or
 // SIGINT/SIGTERM).
-//   Under `dtrain run --servers S` (or with DTRAIN_ROLE/TF_CONFIG/DMLC_* set) it takes its index and
-//   the store from the environment and publishes its address there.
-//   Standalone (no role in the environment): `dtrain ps-server --port 7000 [--index 0
+//   Under `dtrain run --servers S` (or with DTRAIN_ROLE/TF_CONFIG/DMLC_* set) it takes its index
+//   and the store from the environment and publishes its address there. Standalone (no role in the
+//   environment): `dtrain ps-server --port 7000 [--index 0
 //   --num-servers 1]` prints "dtrain ps-server: serving on HOST:PORT" first, for scripts.
 #include <atomic>
 #include <cstdio>
@@ -31,7 +31,8 @@ struct PsServerFlags {
 
 bool has_role() {
   return env::raw(env::kRole) || env::raw(env::kDmlcRole) ||
-         (env::raw(env::kTfConfig) && env::raw(env::kTfConfig)->find("\"ps\"") != std::string::npos);
+         (env::raw(env::kTfConfig) &&
+          env::raw(env::kTfConfig)->find("\"ps\"") != std::string::npos);
 }
 
 int run_standalone(ps::ServerOptions options) {
@@ -62,16 +63,19 @@ int run_standalone(ps::ServerOptions options) {
 
 CLI::App* add_ps_server_command(CLI::App& app) {
   auto f = std::make_shared<PsServerFlags>();
-  CLI::App* cmd = app.add_subcommand("ps-server", "Run a parameter server (see docs/parameter_server.md)");
+  CLI::App* cmd =
+      app.add_subcommand("ps-server", "Run a parameter server (see docs/parameter_server.md)");
   cmd->add_option("--port", f->port, "Port to listen on (default: any free port)")
       ->check(CLI::Range(0, 65535));
-  cmd->add_option("--host", f->options.listen_host, "Address to listen on (default: every interface)");
+  cmd->add_option("--host", f->options.listen_host,
+                  "Address to listen on (default: every interface)");
   cmd->add_option("--advertise", f->options.advertise_host,
                   "Address workers dial (default: the address that routes to the store)");
   cmd->add_option("--index", f->options.index, "Standalone: this server's index");
   cmd->add_option("--num-servers", f->options.num_servers, "Standalone: number of servers");
-  cmd->add_option("--checkpoint-dir", f->options.checkpoint_dir,
-                  "Write checkpoints of the tables to DIR/server-<index>/ (DTRAIN_PS_CHECKPOINT_DIR)");
+  cmd->add_option(
+      "--checkpoint-dir", f->options.checkpoint_dir,
+      "Write checkpoints of the tables to DIR/server-<index>/ (DTRAIN_PS_CHECKPOINT_DIR)");
   cmd->add_option("--checkpoint-every", f->checkpoint_every_s,
                   "Seconds between checkpoints (0 = on request and at exit)");
   cmd->add_option("--keep", f->options.keep_checkpoints, "Checkpoints to keep");

@@ -9,8 +9,6 @@
 //   dtrain run -n 4 --max-restarts 3 -- ./train --checkpoint-dir ckpt
 //   dtrain run -n 4 --nnodes 1:4 --max-restarts 3 --rdzv-endpoint node0:29400 --rdzv-id job7
 //   ./train
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -25,6 +23,8 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "common/env.h"
 #include "common/log.h"
@@ -235,9 +235,8 @@ std::vector<GpuShare> plan_gpus(const RunArgs& a, const std::vector<int>& cpus) 
       links += (links.empty() ? " (" : ", ") + topology.link[set[0]][set[i]];
     DTRAIN_LOG_INFO("dtrain run: local rank {}: GPUs {}{}{}", local, shares[local].visible,
                     links.empty() ? "" : links + ")",
-                    near_cpus[local].empty()
-                        ? std::string()
-                        : ", CPUs " + launch::describe_cpus(near_cpus[local]));
+                    near_cpus[local].empty() ? std::string()
+                                             : ", CPUs " + launch::describe_cpus(near_cpus[local]));
   }
   return shares;
 }

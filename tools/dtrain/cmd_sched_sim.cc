@@ -3,7 +3,6 @@
 //   dtrain sched-sim --policy tiresias data/pollux/workloads/workload-6.csv   # Pollux's baseline
 //   dtrain sched-sim --policy all --placement all --interference 0.25 --svg jct.svg W.csv
 //   dtrain sched-sim --policy all --nodes 64 --cluster 6214e9 --hours 24 philly.csv
-#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,6 +18,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "scheduling/application.h"
 #include "scheduling/report.h"

@@ -3,7 +3,6 @@
 //   dtrain store: serving on HOST:PORT
 // with the real port when --port 0 asked for any free one, so a script can read it.
 // DTRAIN_AUTH_TOKEN, when set, is required of every client.
-#include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -12,6 +11,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 #include "dtrain/store.h"

@@ -5,8 +5,6 @@
 //   dtrain submit --engine k8s --container registry/dtrain:1 --nodes 4 --apply -- ./train
 //   dtrain submit --engine local --container localhost/dtrain --nodes 2 -- train_fashion_mnist
 //   dtrain submit --file job.yaml;  dtrain jobs;  dtrain logs 42;  dtrain cancel 42
-#include <fmt/format.h>
-
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -14,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "launch/submit/job.h"
 #include "launch/submit/job_file.h"
@@ -39,8 +39,8 @@ struct SubmitFlags {
 void check_engine(const std::string& engine, const char* command) {
   if (engine != "slurm" && engine != "k8s" && engine != "local")
     throw std::runtime_error(fmt::format(
-        "dtrain {}: unknown engine '{}': slurm, k8s (Kubernetes) or local (this machine)",
-        command, engine));
+        "dtrain {}: unknown engine '{}': slurm, k8s (Kubernetes) or local (this machine)", command,
+        engine));
 }
 
 }  // namespace
@@ -67,8 +67,7 @@ CLI::App* add_submit_commands(CLI::App& app) {
   cmd->add_option("--cpus-per-proc", j.cpus_per_proc, "CPUs per rank (0: the engine's default)");
   cmd->add_option("--mem", j.memory,
                   "Memory per machine, e.g. 64G, or auto: measured by a short probe run here");
-  cmd->add_option("--probe-seconds", f->probe_seconds,
-                  "How long --mem auto's probe run may take")
+  cmd->add_option("--probe-seconds", f->probe_seconds, "How long --mem auto's probe run may take")
       ->capture_default_str();
   cmd->add_option("--time", j.time_limit, "Time limit, HH:MM:SS or D-HH:MM:SS");
   cmd->add_option("--partition", j.partition, "Slurm partition; Kubernetes: the Kueue queue");

@@ -6,10 +6,10 @@
 //   dtrain ps-server                   a parameter server (started by `dtrain run --servers S`)
 //   dtrain data write|inspect|index    TFRecord shard files for dtrain::data::ShardedDataset
 //   dtrain pipeline-plan               a pipeline schedule, verified offline, drawn and measured
-//   dtrain estimate                    memory per rank for DDP, ZeRO 1-3, tensor and pipeline layouts
-//   dtrain predict                     step time and scaling efficiency at up to thousands of ranks
-//   dtrain sched-sim                   a GPU cluster's job trace replayed under scheduling policies
-//   dtrain submit|jobs|logs|cancel     a training job through the cluster's engine (Slurm)
+//   dtrain estimate                    memory per rank for DDP, ZeRO 1-3, tensor and pipeline
+//   layouts dtrain predict                     step time and scaling efficiency at up to thousands
+//   of ranks dtrain sched-sim                   a GPU cluster's job trace replayed under scheduling
+//   policies dtrain submit|jobs|logs|cancel     a training job through the cluster's engine (Slurm)
 #include <cstdio>
 #include <exception>
 #include <string>

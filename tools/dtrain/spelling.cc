@@ -1,10 +1,10 @@
 #include "tools/dtrain/spelling.h"
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
 #include <algorithm>
 #include <numeric>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "dtrain/error.h"
 
@@ -67,10 +67,10 @@ void check_spelling(const CLI::App& app, int argc, const char* const* argv) {
   if (!first.starts_with("-") &&
       std::find(commands.begin(), commands.end(), first) == commands.end()) {
     auto near = closest(first, commands);
-    throw InvalidArgumentError(fmt::format(
-        "unknown command '{}'{}: the commands are {} (dtrain --help)", first,
-        near ? fmt::format(" (did you mean '{}'?)", *near) : std::string(),
-        fmt::join(commands, ", ")));
+    throw InvalidArgumentError(
+        fmt::format("unknown command '{}'{}: the commands are {} (dtrain --help)", first,
+                    near ? fmt::format(" (did you mean '{}'?)", *near) : std::string(),
+                    fmt::join(commands, ", ")));
   }
   // A command of commands (`dtrain data write`): the same for its word.
   if (!first.starts_with("-")) {
@@ -83,11 +83,12 @@ void check_spelling(const CLI::App& app, int argc, const char* const* argv) {
         throw InvalidArgumentError(fmt::format("dtrain {} needs a command: {} (dtrain {} --help)",
                                                first, fmt::join(inner, ", "), first));
       const std::string_view second = argv[2];
-      if (!second.starts_with("-") && std::find(inner.begin(), inner.end(), second) == inner.end()) {
+      if (!second.starts_with("-") &&
+          std::find(inner.begin(), inner.end(), second) == inner.end()) {
         auto near = closest(second, inner);
         throw InvalidArgumentError(fmt::format(
-            "unknown command '{} {}'{}: the {} commands are {} (dtrain {} --help)", first,
-            second, near ? fmt::format(" (did you mean '{}'?)", *near) : std::string(), first,
+            "unknown command '{} {}'{}: the {} commands are {} (dtrain {} --help)", first, second,
+            near ? fmt::format(" (did you mean '{}'?)", *near) : std::string(), first,
             fmt::join(inner, ", "), first));
       }
     }

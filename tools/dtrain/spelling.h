@@ -12,7 +12,8 @@
 namespace dtrain::tools {
 
 // The candidate nearest to `word` by edit distance, when it is near enough to be a typo.
-std::optional<std::string> closest(std::string_view word, const std::vector<std::string>& candidates);
+std::optional<std::string> closest(std::string_view word,
+                                   const std::vector<std::string>& candidates);
 
 // Every spelling of the subcommand's options ("--nproc-per-node", "-n", ...).
 std::vector<std::string> option_spellings(const CLI::App& command);

@@ -49,9 +49,9 @@ namespace dtrain::data {
 
 struct Record {
   std::vector<std::byte> bytes;
-  size_t shard = 0;   // which file: an index into ShardedDataset::shards()
-  uint64_t index = 0; // the record's number in that file
-  uint64_t id = 0;    // global id: the files in the order of shards(), their records in turn
+  size_t shard = 0;    // which file: an index into ShardedDataset::shards()
+  uint64_t index = 0;  // the record's number in that file
+  uint64_t id = 0;     // global id: the files in the order of shards(), their records in turn
   // Tar shards: the sample's key ("train/0001") and its files, one after the other in `bytes`
   // ({"jpg", 0, 5123}, {"cls", 5123, 1}). Empty for TFRecord.
   struct Part {
@@ -61,7 +61,7 @@ struct Record {
   };
   std::string key;
   std::vector<Part> parts;
-  std::any value;     // what the decode function made of the record
+  std::any value;  // what the decode function made of the record
 };
 
 enum class OnBadRecord { kFail, kSkip };
@@ -77,9 +77,9 @@ struct ShardedDatasetOptions {
   size_t prefetch_records = 256;   // records read ahead of next(), at most
   size_t prefetch_bytes = size_t{64} << 20;  // and at most this many bytes of them
   OnBadRecord on_bad_record = OnBadRecord::kFail;
-  std::function<void(Record&)> decode;  // runs on the reader threads; may throw
+  std::function<void(Record&)> decode;   // runs on the reader threads; may throw
   std::chrono::milliseconds timeout{0};  // next() waits at most this; 0 = DTRAIN_TIMEOUT
-  size_t open_files = 64;          // shard files kept open (with their indexes) at once
+  size_t open_files = 64;                // shard files kept open (with their indexes) at once
 };
 
 // next(), try_next() and set_epoch() belong to one thread (the training loop's); the readers

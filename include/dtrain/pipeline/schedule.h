@@ -23,7 +23,8 @@ namespace dtrain::pipeline {
 enum class Op : uint8_t {
   kForward,         // F: the stage's forward of a micro-batch
   kBackward,        // B: the whole backward (input and weight gradients)
-  kBackwardInput,   // B of split schedules: the input gradient only (what the previous stage waits for)
+  kBackwardInput,   // B of split schedules: the input gradient only (what the previous stage waits
+                    // for)
   kBackwardWeight,  // W: the weight gradient, any time after its kBackwardInput
   kSendActivation,  // the stage's forward output to stage + 1
   kRecvActivation,  // the stage's forward input from stage - 1
@@ -48,9 +49,9 @@ std::string describe(const Action& action);
 
 struct Schedule {
   std::string name;
-  int ranks = 1;           // pipeline ranks (p)
-  int virtual_stages = 1;  // stages per rank (v)
-  int microbatches = 1;    // m
+  int ranks = 1;                             // pipeline ranks (p)
+  int virtual_stages = 1;                    // stages per rank (v)
+  int microbatches = 1;                      // m
   std::vector<std::vector<Action>> actions;  // actions[r]: rank r's list, in order
 
   int stages() const { return ranks * virtual_stages; }

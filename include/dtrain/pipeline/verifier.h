@@ -19,9 +19,9 @@ namespace dtrain::pipeline {
 
 struct Costs {
   double forward = 1;
-  double backward_input = 1;   // a whole backward costs backward_input + backward_weight
+  double backward_input = 1;  // a whole backward costs backward_input + backward_weight
   double backward_weight = 1;
-  double transfer = 0;         // from a send to its receive
+  double transfer = 0;  // from a send to its receive
 };
 
 struct TimedAction {
@@ -37,10 +37,10 @@ struct ScheduleReport {
   double makespan = 0;
   // Idle share of the step: 1 - (sum of the ranks' busy time) / (ranks x makespan).
   double bubble = 0;
-  std::vector<double> busy;              // per rank: time in passes
-  std::vector<int> peak_microbatches;    // per rank: most micro-batches forwarded but whose
-                                         // backward (weight gradient, when split) had not run
-  std::vector<TimedAction> timeline;     // every action that ran, in start order per rank
+  std::vector<double> busy;            // per rank: time in passes
+  std::vector<int> peak_microbatches;  // per rank: most micro-batches forwarded but whose
+                                       // backward (weight gradient, when split) had not run
+  std::vector<TimedAction> timeline;   // every action that ran, in start order per rank
 };
 
 ScheduleReport verify(const Schedule& schedule, const Costs& costs = {});

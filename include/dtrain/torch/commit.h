@@ -10,7 +10,8 @@
 //   std::unique_ptr<dtrain::CheckpointManager> commits;
 //   if (auto o = dtrain::commit_options_from_env(pg.get()))
 //     commits = std::make_unique<dtrain::CheckpointManager>(*o, pg);
-//   auto resumed = dtrain::resume_newest({{&disk, "checkpoint"}, {commits.get(), "in-memory commit"}},
+//   auto resumed = dtrain::resume_newest({{&disk, "checkpoint"}, {commits.get(), "in-memory
+//   commit"}},
 //                                        *model, sgd.get(), pg.get());        // collective
 //   ... after each step: commits->save(*model, sgd.get(), progress);
 //
@@ -53,9 +54,9 @@ struct Resumed {
 // but none verifies anywhere (rather than silently starting over), or when the chosen one cannot
 // be loaded (it does not fit the model or optimizer). `timeout` bounds each collective (0: the
 // group's default).
-std::optional<Resumed> resume_newest(const std::vector<ResumeSource>& sources,
-                                     torch::nn::Module& module, torch::optim::Optimizer* optimizer,
-                                     ProcessGroup* group,
-                                     std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+std::optional<Resumed> resume_newest(
+    const std::vector<ResumeSource>& sources, torch::nn::Module& module,
+    torch::optim::Optimizer* optimizer, ProcessGroup* group,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
 }  // namespace dtrain

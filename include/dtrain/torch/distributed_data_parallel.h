@@ -37,17 +37,17 @@ namespace torch::nn {
 class Module;
 template <typename Contained>
 class ModuleHolder;
-}
+}  // namespace torch::nn
 
 namespace dtrain {
 
 struct DdpOptions {
   size_t first_bucket_cap_bytes = size_t{1} << 20;  // 1 MiB: starts communication early
   size_t bucket_cap_bytes = size_t{25} << 20;       // 25 MiB: every later bucket
-  bool broadcast_buffers = true;        // rank 0's buffers before each forward that records grads
-  bool find_unused_parameters = false;  // forward may skip parameters (costs a graph walk)
-  bool rebuild_buckets = true;          // after the first iteration, in gradient arrival order
-  std::shared_ptr<CommHook> comm_hook;  // null = allreduce_hook()
+  bool broadcast_buffers = true;         // rank 0's buffers before each forward that records grads
+  bool find_unused_parameters = false;   // forward may skip parameters (costs a graph walk)
+  bool rebuild_buckets = true;           // after the first iteration, in gradient arrival order
+  std::shared_ptr<CommHook> comm_hook;   // null = allreduce_hook()
   std::chrono::milliseconds timeout{0};  // of each collective; 0 = the group's default
 };
 
@@ -128,8 +128,8 @@ class DistributedDataParallel {
   std::shared_ptr<ProcessGroup> group_;
   DdpOptions options_;
   std::unique_ptr<Reducer> reducer_;
-  bool sync_ = true;          // false inside no_sync()
-  bool joining_ = false;      // inside join(): every forward first tells the others it is alive
+  bool sync_ = true;      // false inside no_sync()
+  bool joining_ = false;  // inside join(): every forward first tells the others it is alive
   int64_t join_iterations_ = 0;
   std::chrono::steady_clock::time_point forward_start_{};
 };

@@ -51,16 +51,16 @@ namespace dtrain {
 struct PipelineOptions {
   std::string schedule = "1f1b";  // a registered schedule (dtrain pipeline-plan --help)
   int microbatches = 4;
-  int virtual_stages = 1;  // stages per rank, for interleaved-1f1b
+  int virtual_stages = 1;                // stages per rank, for interleaved-1f1b
   std::chrono::milliseconds timeout{0};  // of each message; 0 = the group's default
 };
 
 // What the last step did on this rank.
 struct PipelineStats {
-  int64_t step = 0;        // steps run (forward-only calls too)
-  double step_ms = 0;      // wall time of the step
-  double compute_ms = 0;   // in forward and backward passes
-  double wait_ms = 0;      // waiting for messages
+  int64_t step = 0;           // steps run (forward-only calls too)
+  double step_ms = 0;         // wall time of the step
+  double compute_ms = 0;      // in forward and backward passes
+  double wait_ms = 0;         // waiting for messages
   int peak_microbatches = 0;  // most micro-batches whose activations were held at once
   uint64_t bytes_sent = 0;
 };

@@ -49,8 +49,8 @@ namespace dtrain {
 class ShardedDataParallel;
 
 struct ShardedCheckpointOptions {
-  std::string dir;  // created by rank 0 when missing
-  int keep = 3;     // newest checkpoints kept after each save (at least 1)
+  std::string dir;                       // created by rank 0 when missing
+  int keep = 3;                          // newest checkpoints kept after each save (at least 1)
   std::chrono::milliseconds timeout{0};  // of the collectives that agree on a save or load
 };
 

@@ -61,11 +61,11 @@
 namespace dtrain {
 
 struct ShardingOptions {
-  int stage = 3;                    // 1: optimizer state, 2: + gradients, 3: + parameters
+  int stage = 3;  // 1: optimizer state, 2: + gradients, 3: + parameters
   at::ScalarType communication_dtype = at::kFloat;  // kBFloat16 or kHalf: 16-bit on the wire
-  bool prefetch = true;             // gather the next unit while this one computes (stage 3)
-  bool broadcast_buffers = true;    // rank 0's buffers before each forward that records grads
-  int64_t min_unit_parameters = 0;  // Sequential: children grouped until a unit has this many
+  bool prefetch = true;                  // gather the next unit while this one computes (stage 3)
+  bool broadcast_buffers = true;         // rank 0's buffers before each forward that records grads
+  int64_t min_unit_parameters = 0;       // Sequential: children grouped until a unit has this many
   std::chrono::milliseconds timeout{0};  // of each collective; 0 = the group's default
 };
 
@@ -101,7 +101,7 @@ class ShardedDataParallel {
   at::Tensor forward(const at::Tensor& input);
   // A module of one unit: its forward inside `fn`, which returns the output (or outputs).
   template <typename Forward>
-    requires std::invocable<Forward&>
+  requires std::invocable<Forward&>
   auto forward(Forward&& fn) {
     begin_module_forward();
     auto out = fn();
@@ -194,11 +194,11 @@ class ShardedDataParallel {
   ShardingOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;
   bool sequential_ = false;
-  bool sync_ = true;              // false inside no_sync()
-  bool armed_ = false;            // a forward recorded gradients that backward must reduce
-  bool finish_queued_ = false;    // finish_backward queued on the autograd engine
+  bool sync_ = true;            // false inside no_sync()
+  bool armed_ = false;          // a forward recorded gradients that backward must reduce
+  bool finish_queued_ = false;  // finish_backward queued on the autograd engine
   bool backward_started_ = false;
-  int64_t next_to_reduce_ = -1;   // units reduce strictly from the last to the first
+  int64_t next_to_reduce_ = -1;  // units reduce strictly from the last to the first
 };
 
 }  // namespace dtrain

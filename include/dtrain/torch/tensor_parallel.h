@@ -121,6 +121,7 @@ class ParallelSelfAttentionImpl : public torch::nn::Cloneable<ParallelSelfAttent
 
   ColumnParallelLinear qkv{nullptr};
   RowParallelLinear out{nullptr};
+
  private:
   int64_t heads_ = 0, local_heads_ = 0, head_dim_ = 0;
   bool causal_ = false;

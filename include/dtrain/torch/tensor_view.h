@@ -6,8 +6,9 @@
 // The view aliases the tensor's storage: keep the tensor alive until the work completes.
 #pragma once
 
-#include <ATen/ATen.h>
 #include <string>
+
+#include <ATen/ATen.h>
 
 #include "dtrain/error.h"
 #include "dtrain/tensor.h"
@@ -17,14 +18,22 @@ namespace dtrain {
 // The dtype of a tensor's scalar type; other types throw InvalidArgumentError naming them.
 inline DType to_dtype(at::ScalarType type) {
   switch (type) {
-    case at::kFloat: return DType::kF32;
-    case at::kDouble: return DType::kF64;
-    case at::kHalf: return DType::kF16;
-    case at::kBFloat16: return DType::kBF16;
-    case at::kChar: return DType::kI8;
-    case at::kByte: return DType::kU8;
-    case at::kInt: return DType::kI32;
-    case at::kLong: return DType::kI64;
+    case at::kFloat:
+      return DType::kF32;
+    case at::kDouble:
+      return DType::kF64;
+    case at::kHalf:
+      return DType::kF16;
+    case at::kBFloat16:
+      return DType::kBF16;
+    case at::kChar:
+      return DType::kI8;
+    case at::kByte:
+      return DType::kU8;
+    case at::kInt:
+      return DType::kI32;
+    case at::kLong:
+      return DType::kI64;
     default:
       throw InvalidArgumentError(std::string("dtrain: tensors of dtype ") + c10::toString(type) +
                                  " cannot be communicated (supported: float, double, half, "
@@ -37,8 +46,8 @@ inline DType to_dtype(at::ScalarType type) {
 inline TensorView view_of(const at::Tensor& t) {
   if (!t.is_contiguous() || t.device().type() != c10::DeviceType::CPU)
     throw InvalidArgumentError("dtrain: expected a contiguous CPU tensor, got one on " +
-                               t.device().str() + " (contiguous: " +
-                               (t.is_contiguous() ? "true" : "false") +
+                               t.device().str() +
+                               " (contiguous: " + (t.is_contiguous() ? "true" : "false") +
                                "); call .contiguous() or .cpu() first");
   return TensorView{t.data_ptr(), static_cast<size_t>(t.numel()), to_dtype(t.scalar_type())};
 }

@@ -1,8 +1,7 @@
 #include "backends/gloo/gloo_p2p_work.h"
 
-#include <gloo/common/error.h>
-
 #include <fmt/format.h>
+#include <gloo/common/error.h>
 
 #include "dtrain/error.h"
 
@@ -39,13 +38,14 @@ void GlooP2pWork::run() {
     if (text.find("Timed out") != std::string::npos)
       error = std::make_exception_ptr(TimeoutError(fmt::format(
           "{} did not complete within {}; gloo closed the group's connections on the timeout, "
-          "so the group is unusable: {}", what_, deadline_.describe(), text)));
+          "so the group is unusable: {}",
+          what_, deadline_.describe(), text)));
     else
       error = std::make_exception_ptr(PeerFailureError(
           fmt::format("{} failed after {}: {}", what_, deadline_.describe(), text)));
   } catch (const std::exception& e) {
-    error = std::make_exception_ptr(
-        PeerFailureError(fmt::format("{} failed after {}: {}", what_, deadline_.describe(), e.what())));
+    error = std::make_exception_ptr(PeerFailureError(
+        fmt::format("{} failed after {}: {}", what_, deadline_.describe(), e.what())));
   }
   {
     // Gone before the Work completes: from here on gloo cannot write into the caller's memory.
@@ -71,19 +71,19 @@ void GlooP2pWork::cancel(std::exception_ptr error) {
 
 void GlooP2pWork::wait_until_done(std::optional<std::chrono::milliseconds> timeout) {
   // The waiter enforces the operation's own deadline; the slack covers noticing it.
-  const Deadline limit =
-      timeout ? Deadline::after(*timeout)
-              : Deadline::after(deadline_.remaining() + std::chrono::seconds(5));
+  const Deadline limit = timeout ? Deadline::after(*timeout)
+                                 : Deadline::after(deadline_.remaining() + std::chrono::seconds(5));
   while (!completion_.done() && !limit.expired())
     completion_.wait_until(std::min(Clock::now() + std::chrono::seconds(1), limit.at()));
   if (!completion_.done()) {
-    cancel(std::make_exception_ptr(TimeoutError(fmt::format(
-        "{}: wait gave up after {} ({} bytes); the operation was cancelled", what_,
-        limit.describe(), bytes_))));
+    cancel(std::make_exception_ptr(TimeoutError(
+        fmt::format("{}: wait gave up after {} ({} bytes); the operation was cancelled", what_,
+                    limit.describe(), bytes_))));
     completion_.wait_until(Clock::now() + std::chrono::seconds(5));
   }
   if (!completion_.done())
-    throw InternalError(fmt::format("{}: gloo did not return from a cancelled wait within 5 s", what_));
+    throw InternalError(
+        fmt::format("{}: gloo did not return from a cancelled wait within 5 s", what_));
   if (auto e = completion_.error()) std::rethrow_exception(e);
 }
 

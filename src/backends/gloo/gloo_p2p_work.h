@@ -28,8 +28,8 @@ class GlooP2pWork : public Work {
   enum class Kind { kSend, kRecv };
   // Posts the operation on `context` (peer and slot in gloo's terms) and starts its waiter.
   // `what` names it: "rank 0: send of 4096 bytes to rank 1 (tag 3) of group world".
-  GlooP2pWork(gloo::Context& context, Kind kind, const TensorView& tensor, int peer,
-              uint64_t slot, Deadline deadline, std::string what);
+  GlooP2pWork(gloo::Context& context, Kind kind, const TensorView& tensor, int peer, uint64_t slot,
+              Deadline deadline, std::string what);
   ~GlooP2pWork() override;
 
   bool is_completed() override { return completion_.done(); }

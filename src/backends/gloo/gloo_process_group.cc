@@ -27,8 +27,8 @@
 
 #include "backends/gloo/gloo_p2p_work.h"
 #include "backends/gloo/gloo_store.h"
-#include "comm/backend_registry.h"
 #include "comm/arguments.h"
+#include "comm/backend_registry.h"
 #include "common/env.h"
 #include "common/error_message.h"
 #include "common/log.h"
@@ -75,14 +75,29 @@ std::string describe(const TensorView& t) {
 template <typename F>
 void with_gloo_type(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kF32: f(float{}); return;
-    case DType::kF64: f(double{}); return;
-    case DType::kF16: f(gloo::float16{}); return;
-    case DType::kI8: f(int8_t{}); return;
-    case DType::kU8: f(uint8_t{}); return;
-    case DType::kI32: f(int32_t{}); return;
-    case DType::kI64: f(int64_t{}); return;
-    case DType::kBF16: break;
+    case DType::kF32:
+      f(float{});
+      return;
+    case DType::kF64:
+      f(double{});
+      return;
+    case DType::kF16:
+      f(gloo::float16{});
+      return;
+    case DType::kI8:
+      f(int8_t{});
+      return;
+    case DType::kU8:
+      f(uint8_t{});
+      return;
+    case DType::kI32:
+      f(int32_t{});
+      return;
+    case DType::kI64:
+      f(int64_t{});
+      return;
+    case DType::kBF16:
+      break;
   }
   throw InternalError(fmt::format("gloo backend: no gloo type for {}", to_string(dtype)));
 }
@@ -101,10 +116,14 @@ template <typename T>
 GlooFunc reduce_function(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return static_cast<GlooFunc>(&gloo::sum<T>);
-    case ReduceOp::kProd: return static_cast<GlooFunc>(&gloo::product<T>);
-    case ReduceOp::kMin: return static_cast<GlooFunc>(&gloo::min<T>);
-    case ReduceOp::kMax: return static_cast<GlooFunc>(&gloo::max<T>);
+    case ReduceOp::kAvg:
+      return static_cast<GlooFunc>(&gloo::sum<T>);
+    case ReduceOp::kProd:
+      return static_cast<GlooFunc>(&gloo::product<T>);
+    case ReduceOp::kMin:
+      return static_cast<GlooFunc>(&gloo::min<T>);
+    case ReduceOp::kMax:
+      return static_cast<GlooFunc>(&gloo::max<T>);
     case ReduceOp::kBand:
     case ReduceOp::kBor:
     case ReduceOp::kBxor:
@@ -128,12 +147,14 @@ GlooFunc reduce_function(ReduceOp op) {
   } catch (const gloo::IoException& e) {
     const std::string text(e.what());
     if (text.find("Timed out") != std::string::npos)
-      throw TimeoutError(fmt::format("{} did not finish within {}: {}", what, deadline.describe(), text));
+      throw TimeoutError(
+          fmt::format("{} did not finish within {}: {}", what, deadline.describe(), text));
     throw PeerFailureError(fmt::format("{} failed after {}: {}", what, deadline.describe(), text));
   } catch (const gloo::EnforceNotMet& e) {
     throw InvalidArgumentError(fmt::format("{}: gloo refused the call: {}", what, e.what()));
   } catch (const std::exception& e) {
-    throw PeerFailureError(fmt::format("{} failed after {}: {}", what, deadline.describe(), e.what()));
+    throw PeerFailureError(
+        fmt::format("{} failed after {}: {}", what, deadline.describe(), e.what()));
   }
 }
 
@@ -154,7 +175,8 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int s
   } catch (const std::exception& e) {
     throw InvalidArgumentError(fmt::format(
         "rank {}: backend gloo cannot listen on {}: {} (set DTRAIN_SOCKET_ADDR to an address of "
-        "this host)", rank_, attr.hostname, e.what()));
+        "this host)",
+        rank_, attr.hostname, e.what()));
   }
   GlooStore gloo_store(std::make_shared<PrefixStore>("gloo/" + name_, store_));
   connect(gloo_store, connect_timeout_);
@@ -215,8 +237,9 @@ void GlooProcessGroup::mark_failed(std::exception_ptr error) {
 
 void GlooProcessGroup::check_algorithm(const std::string& algorithm, const char* op) const {
   if (!algorithm.empty())
-    throw comm::unsupported(info(), op, fmt::format("algorithm '{}'", algorithm), "CPU tensors",
-                            fmt::format("gloo has one {} algorithm; leave the algorithm empty", op));
+    throw comm::unsupported(
+        info(), op, fmt::format("algorithm '{}'", algorithm), "CPU tensors",
+        fmt::format("gloo has one {} algorithm; leave the algorithm empty", op));
 }
 
 // Reductions need gloo's element type: bf16 has none in this gloo.
@@ -234,10 +257,12 @@ std::shared_ptr<Work> GlooProcessGroup::isend(const TensorView& tensor, int dst,
                                               const SendOptions& options) {
   comm::check_peer(info(), dst, tensor, "send");
   if (tag < 0)
-    throw InvalidArgumentError(fmt::format("rank {}: send has tag {}: gloo needs tags >= 0", rank_, tag));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: send has tag {}: gloo needs tags >= 0", rank_, tag));
   std::lock_guard lock(mu_);
   if (failure_.cause())
-    throw failure_.cannot_start(fmt::format("rank {}: send to rank {} of group {}", rank_, dst, name_));
+    throw failure_.cannot_start(
+        fmt::format("rank {}: send to rank {} of group {}", rank_, dst, name_));
   auto work = std::make_shared<GlooP2pWork>(
       *context_, GlooP2pWork::Kind::kSend, tensor, dst,
       gloo::Slot::build(kP2pSlotPrefix, static_cast<uint32_t>(tag)),
@@ -252,10 +277,12 @@ std::shared_ptr<Work> GlooProcessGroup::irecv(const TensorView& tensor, int src,
                                               const RecvOptions& options) {
   comm::check_peer(info(), src, tensor, "recv");
   if (tag < 0)
-    throw InvalidArgumentError(fmt::format("rank {}: recv has tag {}: gloo needs tags >= 0", rank_, tag));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: recv has tag {}: gloo needs tags >= 0", rank_, tag));
   std::lock_guard lock(mu_);
   if (failure_.cause())
-    throw failure_.cannot_start(fmt::format("rank {}: recv from rank {} of group {}", rank_, src, name_));
+    throw failure_.cannot_start(
+        fmt::format("rank {}: recv from rank {} of group {}", rank_, src, name_));
   auto work = std::make_shared<GlooP2pWork>(
       *context_, GlooP2pWork::Kind::kRecv, tensor, src,
       gloo::Slot::build(kP2pSlotPrefix, static_cast<uint32_t>(tag)),
@@ -330,19 +357,20 @@ std::shared_ptr<Work> GlooProcessGroup::allreduce(const TensorView& t, const All
                             "CPU tensors", "gloo has ring and bcube");
   return submit("all_reduce", describe(t) + " " + std::string(to_string(o.op)), o.timeout,
                 [this, t, op = o.op, algorithm](const Slot& s) {
-    if (t.numel == 0) return;
-    with_gloo_type(t.dtype, [&](auto type) {
-      using T = decltype(type);
-      gloo::AllreduceOptions opts(context_);
-      opts.setOutput(static_cast<T*>(t.data), t.numel);
-      opts.setReduceFunction(reduce_function<T>(op));
-      opts.setAlgorithm(algorithm);
-      opts.setTag(s.tag);
-      opts.setTimeout(s.timeout);
-      gloo::allreduce(opts);
-    });
-    if (op == ReduceOp::kAvg) scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(size_));
-  });
+                  if (t.numel == 0) return;
+                  with_gloo_type(t.dtype, [&](auto type) {
+                    using T = decltype(type);
+                    gloo::AllreduceOptions opts(context_);
+                    opts.setOutput(static_cast<T*>(t.data), t.numel);
+                    opts.setReduceFunction(reduce_function<T>(op));
+                    opts.setAlgorithm(algorithm);
+                    opts.setTag(s.tag);
+                    opts.setTimeout(s.timeout);
+                    gloo::allreduce(opts);
+                  });
+                  if (op == ReduceOp::kAvg)
+                    scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(size_));
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::reduce(const TensorView& t, const ReduceOptions& o) {
@@ -352,20 +380,20 @@ std::shared_ptr<Work> GlooProcessGroup::reduce(const TensorView& t, const Reduce
   check_algorithm(o.algorithm, "reduce");
   return submit("reduce", describe(t) + " " + std::string(to_string(o.op)), o.timeout,
                 [this, t, op = o.op, root = o.root](const Slot& s) {
-    if (t.numel == 0) return;
-    with_gloo_type(t.dtype, [&](auto type) {
-      using T = decltype(type);
-      gloo::ReduceOptions opts(context_);
-      opts.setOutput(static_cast<T*>(t.data), t.numel);
-      opts.setRoot(root);
-      opts.setReduceFunction(reduce_function<T>(op));
-      opts.setTag(s.tag);
-      opts.setTimeout(s.timeout);
-      gloo::reduce(opts);
-    });
-    if (op == ReduceOp::kAvg && rank_ == root)
-      scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(size_));
-  });
+                  if (t.numel == 0) return;
+                  with_gloo_type(t.dtype, [&](auto type) {
+                    using T = decltype(type);
+                    gloo::ReduceOptions opts(context_);
+                    opts.setOutput(static_cast<T*>(t.data), t.numel);
+                    opts.setRoot(root);
+                    opts.setReduceFunction(reduce_function<T>(op));
+                    opts.setTag(s.tag);
+                    opts.setTimeout(s.timeout);
+                    gloo::reduce(opts);
+                  });
+                  if (op == ReduceOp::kAvg && rank_ == root)
+                    scale_down(t.data, t.numel, t.dtype, static_cast<size_t>(size_));
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::allgather(const TensorView& out, const TensorView& in,
@@ -391,16 +419,16 @@ std::shared_ptr<Work> GlooProcessGroup::allgatherv(const TensorView& out, const 
   const size_t elem = element_size(in.dtype);
   return submit("all_gather_v", fmt::format("{} x {} in all", to_string(in.dtype), total),
                 o.timeout, [this, out, in, counts, total, elem](const Slot& s) {
-    if (total == 0) return;
-    std::vector<size_t> bytes(counts.size());
-    for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * elem;
-    gloo::AllgathervOptions opts(context_);
-    opts.setInput(static_cast<uint8_t*>(in.data), in.nbytes());
-    opts.setOutput(static_cast<uint8_t*>(out.data), bytes);
-    opts.setTag(s.tag);
-    opts.setTimeout(s.timeout);
-    gloo::allgatherv(opts);
-  });
+                  if (total == 0) return;
+                  std::vector<size_t> bytes(counts.size());
+                  for (size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * elem;
+                  gloo::AllgathervOptions opts(context_);
+                  opts.setInput(static_cast<uint8_t*>(in.data), in.nbytes());
+                  opts.setOutput(static_cast<uint8_t*>(out.data), bytes);
+                  opts.setTag(s.tag);
+                  opts.setTimeout(s.timeout);
+                  gloo::allgatherv(opts);
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::gather(const TensorView& out, const TensorView& in,
@@ -449,21 +477,22 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const TensorView& out, co
   check_algorithm(o.algorithm, "reduce_scatter");
   return submit("reduce_scatter", describe(out) + " " + std::string(to_string(o.op)), o.timeout,
                 [this, out, in, op = o.op](const Slot& s) {
-    if (out.numel == 0) return;
-    std::vector<std::byte> copy(in.nbytes());
-    std::memcpy(copy.data(), in.data, in.nbytes());
-    with_gloo_type(in.dtype, [&](auto type) {
-      using T = decltype(type);
-      gloo::AllreduceOptions opts(context_);
-      opts.setOutput(reinterpret_cast<T*>(copy.data()), in.numel);
-      opts.setReduceFunction(reduce_function<T>(op));
-      opts.setTag(s.tag);
-      opts.setTimeout(s.timeout);
-      gloo::allreduce(opts);
-    });
-    std::memcpy(out.data, copy.data() + rank_ * out.nbytes(), out.nbytes());
-    if (op == ReduceOp::kAvg) scale_down(out.data, out.numel, out.dtype, static_cast<size_t>(size_));
-  });
+                  if (out.numel == 0) return;
+                  std::vector<std::byte> copy(in.nbytes());
+                  std::memcpy(copy.data(), in.data, in.nbytes());
+                  with_gloo_type(in.dtype, [&](auto type) {
+                    using T = decltype(type);
+                    gloo::AllreduceOptions opts(context_);
+                    opts.setOutput(reinterpret_cast<T*>(copy.data()), in.numel);
+                    opts.setReduceFunction(reduce_function<T>(op));
+                    opts.setTag(s.tag);
+                    opts.setTimeout(s.timeout);
+                    gloo::allreduce(opts);
+                  });
+                  std::memcpy(out.data, copy.data() + rank_ * out.nbytes(), out.nbytes());
+                  if (op == ReduceOp::kAvg)
+                    scale_down(out.data, out.numel, out.dtype, static_cast<size_t>(size_));
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::alltoall(const TensorView& out, const TensorView& in,
@@ -487,22 +516,23 @@ std::shared_ptr<Work> GlooProcessGroup::alltoallv(const TensorView& out,
                                                   const AlltoallOptions& o) {
   const auto totals = comm::check_alltoallv(info(), out, out_counts, in, in_counts);
   const size_t elem = element_size(in.dtype);
-  return submit("all_to_all_v", fmt::format("{} x {} out, {} in", to_string(in.dtype), totals.in, totals.out),
+  return submit("all_to_all_v",
+                fmt::format("{} x {} out, {} in", to_string(in.dtype), totals.in, totals.out),
                 o.timeout, [this, out, in, out_counts, in_counts, elem](const Slot& s) {
-    std::vector<int64_t> out_bytes(size_), in_bytes(size_);
-    for (int i = 0; i < size_; ++i) {
-      out_bytes[i] = static_cast<int64_t>(out_counts[i] * elem);
-      in_bytes[i] = static_cast<int64_t>(in_counts[i] * elem);
-    }
-    // No rank knows the whole matrix of counts, so every rank calls gloo, even with nothing
-    // to move: skipping here could leave a peer waiting.
-    gloo::AlltoallvOptions opts(context_);
-    opts.setInput(static_cast<uint8_t*>(in.data), in_bytes);
-    opts.setOutput(static_cast<uint8_t*>(out.data), out_bytes);
-    opts.setTag(s.tag);
-    opts.setTimeout(s.timeout);
-    gloo::alltoallv(opts);
-  });
+                  std::vector<int64_t> out_bytes(size_), in_bytes(size_);
+                  for (int i = 0; i < size_; ++i) {
+                    out_bytes[i] = static_cast<int64_t>(out_counts[i] * elem);
+                    in_bytes[i] = static_cast<int64_t>(in_counts[i] * elem);
+                  }
+                  // No rank knows the whole matrix of counts, so every rank calls gloo, even with
+                  // nothing to move: skipping here could leave a peer waiting.
+                  gloo::AlltoallvOptions opts(context_);
+                  opts.setInput(static_cast<uint8_t*>(in.data), in_bytes);
+                  opts.setOutput(static_cast<uint8_t*>(out.data), out_bytes);
+                  opts.setTag(s.tag);
+                  opts.setTimeout(s.timeout);
+                  gloo::alltoallv(opts);
+                });
 }
 
 std::shared_ptr<Work> GlooProcessGroup::barrier(const BarrierOptions& o) {

@@ -49,8 +49,10 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> irecv(const TensorView& tensor, int src, int tag,
                               const RecvOptions& options) override;
 
-  std::shared_ptr<Work> broadcast(const TensorView& tensor, const BroadcastOptions& options) override;
-  std::shared_ptr<Work> allreduce(const TensorView& tensor, const AllreduceOptions& options) override;
+  std::shared_ptr<Work> broadcast(const TensorView& tensor,
+                                  const BroadcastOptions& options) override;
+  std::shared_ptr<Work> allreduce(const TensorView& tensor,
+                                  const AllreduceOptions& options) override;
   using ProcessGroup::allreduce;
   std::shared_ptr<Work> reduce(const TensorView& tensor, const ReduceOptions& options) override;
   std::shared_ptr<Work> allgather(const TensorView& output, const TensorView& input,
@@ -66,8 +68,9 @@ class GlooProcessGroup : public ProcessGroup {
                                        const ReduceScatterOptions& options) override;
   std::shared_ptr<Work> alltoall(const TensorView& output, const TensorView& input,
                                  const AlltoallOptions& options) override;
-  std::shared_ptr<Work> alltoallv(const TensorView& output, const std::vector<size_t>& output_counts,
-                                  const TensorView& input, const std::vector<size_t>& input_counts,
+  std::shared_ptr<Work> alltoallv(const TensorView& output,
+                                  const std::vector<size_t>& output_counts, const TensorView& input,
+                                  const std::vector<size_t>& input_counts,
                                   const AlltoallOptions& options) override;
   std::shared_ptr<Work> barrier(const BarrierOptions& options) override;
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override;

@@ -7,8 +7,8 @@
 #include <fmt/ranges.h>
 
 #include "backends/mpi/mpi_runtime.h"
-#include "comm/backend_registry.h"
 #include "comm/arguments.h"
+#include "comm/backend_registry.h"
 #include "common/env.h"
 #include "common/error_message.h"
 #include "common/log.h"
@@ -25,7 +25,8 @@ std::string describe(const TensorView& t) {
 uint64_t fnv1a(const std::vector<int>& ranks) {
   uint64_t h = 1469598103934665603ull;
   for (int r : ranks)
-    for (int i = 0; i < 4; ++i) h = (h ^ ((static_cast<uint32_t>(r) >> (8 * i)) & 0xffu)) * 1099511628211ull;
+    for (int i = 0; i < 4; ++i)
+      h = (h ^ ((static_cast<uint32_t>(r) >> (8 * i)) & 0xffu)) * 1099511628211ull;
   return h;
 }
 
@@ -48,8 +49,8 @@ MpiProcessGroup::MpiProcessGroup(int rank, int size, const ProcessGroupOptions& 
   if ((rank >= 0 && rank != world_rank) || (size >= 0 && size != world_size))
     throw InvalidArgumentError(fmt::format(
         "backend mpi: asked for rank {} of {}, but mpirun started this process as rank {} of {}; "
-        "with the mpi backend ranks come from mpirun (pass -1 or the same)", rank, size,
-        world_rank, world_size));
+        "with the mpi backend ranks come from mpirun (pass -1 or the same)",
+        rank, size, world_rank, world_size));
   rank_ = world_rank;
   size_ = world_size;
   // A duplicate keeps our messages apart from the application's own MPI traffic. MPI_Comm_idup
@@ -66,8 +67,8 @@ MpiProcessGroup::MpiProcessGroup(int rank, int size, const ProcessGroupOptions& 
     rc = MPI_Comm_idup(MPI_COMM_WORLD, &comm_, dup.request());
   }
   if (rc != MPI_SUCCESS)
-    throw PeerFailureError(fmt::format("rank {}: backend mpi: MPI_Comm_idup failed: {}", rank_,
-                                       error_string(rc)));
+    throw PeerFailureError(
+        fmt::format("rank {}: backend mpi: MPI_Comm_idup failed: {}", rank_, error_string(rc)));
   dup.wait(std::nullopt);
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
 }
@@ -142,14 +143,12 @@ std::shared_ptr<Work> MpiProcessGroup::start(MpiWork::Kind kind, const char* op,
   };
   // Held while issuing: collectives reach MPI in the order of their sequence numbers.
   std::lock_guard lock(mu_);
-  std::string what =
-      kind == MpiWork::Kind::kCollective
-          ? fmt::format("rank {}: {} of {} as collective #{} of group {} (mpi)", rank_, op, desc,
-                        ++next_seq_, name_)
-          : fmt::format("rank {}: {} {} of group {} (mpi)", rank_, op, desc, name_);
-  auto work = std::make_shared<MpiWork>(kind, what,
-                                        Deadline::after(timeout.count() > 0 ? timeout : timeout_),
-                                        std::move(on_stuck));
+  std::string what = kind == MpiWork::Kind::kCollective
+                         ? fmt::format("rank {}: {} of {} as collective #{} of group {} (mpi)",
+                                       rank_, op, desc, ++next_seq_, name_)
+                         : fmt::format("rank {}: {} {} of group {} (mpi)", rank_, op, desc, name_);
+  auto work = std::make_shared<MpiWork>(
+      kind, what, Deadline::after(timeout.count() > 0 ? timeout : timeout_), std::move(on_stuck));
   if (failure_.cause()) {
     work->fail_start(std::make_exception_ptr(failure_.cannot_start(what)));
     return work;
@@ -174,22 +173,21 @@ std::shared_ptr<Work> MpiProcessGroup::isend(const TensorView& t, int dst, int t
                                              const SendOptions& o) {
   comm::check_peer(info(), dst, t, "send");
   if (tag < 0 || tag > tag_upper_bound())
-    throw InvalidArgumentError(fmt::format("rank {}: send has tag {}: MPI allows 0..{}", rank_, tag,
-                                           tag_upper_bound()));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: send has tag {}: MPI allows 0..{}", rank_, tag, tag_upper_bound()));
   const int bytes = check_count(t.nbytes(), "send");
-  return start(MpiWork::Kind::kSend, "send",
-               fmt::format("of {} bytes to rank {} (tag {})", t.nbytes(), dst, tag), o.timeout,
-               [&](MpiWork& w) {
-                 return MPI_Isend(t.data, bytes, MPI_BYTE, dst, tag, comm_, w.request());
-               });
+  return start(
+      MpiWork::Kind::kSend, "send",
+      fmt::format("of {} bytes to rank {} (tag {})", t.nbytes(), dst, tag), o.timeout,
+      [&](MpiWork& w) { return MPI_Isend(t.data, bytes, MPI_BYTE, dst, tag, comm_, w.request()); });
 }
 
 std::shared_ptr<Work> MpiProcessGroup::irecv(const TensorView& t, int src, int tag,
                                              const RecvOptions& o) {
   comm::check_peer(info(), src, t, "recv");
   if (tag < 0 || tag > tag_upper_bound())
-    throw InvalidArgumentError(fmt::format("rank {}: recv has tag {}: MPI allows 0..{}", rank_, tag,
-                                           tag_upper_bound()));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: recv has tag {}: MPI allows 0..{}", rank_, tag, tag_upper_bound()));
   const int bytes = check_count(t.nbytes(), "recv");
   const std::string desc = fmt::format("of {} bytes from rank {} (tag {})", t.nbytes(), src, tag);
   std::string what = fmt::format("rank {}: recv {} of group {} (mpi)", rank_, desc, name_);
@@ -223,12 +221,13 @@ std::shared_ptr<Work> MpiProcessGroup::allreduce(const TensorView& t, const Allr
   MPI_Datatype type = reduction_type(t.dtype, o.op, "all_reduce");
   const int count = check_count(t.numel, "all_reduce");
   const int n = size_;
-  return start(MpiWork::Kind::kCollective, "all_reduce",
-               describe(t) + " " + std::string(to_string(o.op)), o.timeout, [&](MpiWork& w) {
-    if (o.op == ReduceOp::kAvg)
-      w.on_success([t, n](const MPI_Status&) { scale_down(t.data, t.numel, t.dtype, n); });
-    return MPI_Iallreduce(MPI_IN_PLACE, t.data, count, type, op_of(o.op), comm_, w.request());
-  });
+  return start(
+      MpiWork::Kind::kCollective, "all_reduce", describe(t) + " " + std::string(to_string(o.op)),
+      o.timeout, [&](MpiWork& w) {
+        if (o.op == ReduceOp::kAvg)
+          w.on_success([t, n](const MPI_Status&) { scale_down(t.data, t.numel, t.dtype, n); });
+        return MPI_Iallreduce(MPI_IN_PLACE, t.data, count, type, op_of(o.op), comm_, w.request());
+      });
 }
 
 std::shared_ptr<Work> MpiProcessGroup::reduce(const TensorView& t, const ReduceOptions& o) {
@@ -239,13 +238,14 @@ std::shared_ptr<Work> MpiProcessGroup::reduce(const TensorView& t, const ReduceO
   const int count = check_count(t.numel, "reduce");
   const int n = size_;
   const bool root = rank_ == o.root;
-  return start(MpiWork::Kind::kCollective, "reduce",
-               describe(t) + " " + std::string(to_string(o.op)), o.timeout, [&](MpiWork& w) {
-    if (o.op == ReduceOp::kAvg && root)
-      w.on_success([t, n](const MPI_Status&) { scale_down(t.data, t.numel, t.dtype, n); });
-    return MPI_Ireduce(root ? MPI_IN_PLACE : t.data, root ? t.data : nullptr, count, type,
-                       op_of(o.op), o.root, comm_, w.request());
-  });
+  return start(
+      MpiWork::Kind::kCollective, "reduce", describe(t) + " " + std::string(to_string(o.op)),
+      o.timeout, [&](MpiWork& w) {
+        if (o.op == ReduceOp::kAvg && root)
+          w.on_success([t, n](const MPI_Status&) { scale_down(t.data, t.numel, t.dtype, n); });
+        return MPI_Ireduce(root ? MPI_IN_PLACE : t.data, root ? t.data : nullptr, count, type,
+                           op_of(o.op), o.root, comm_, w.request());
+      });
 }
 
 std::shared_ptr<Work> MpiProcessGroup::allgather(const TensorView& out, const TensorView& in,
@@ -273,17 +273,17 @@ std::shared_ptr<Work> MpiProcessGroup::allgatherv(const TensorView& out, const T
   return start(MpiWork::Kind::kCollective, "all_gather_v",
                fmt::format("{} x {} in all", to_string(in.dtype), total), o.timeout,
                [&](MpiWork& w) {
-    auto& bytes = w.keep(size_);
-    auto& displs = w.keep(size_);
-    int off = 0;
-    for (int i = 0; i < size_; ++i) {
-      bytes[i] = static_cast<int>(counts[i] * elem);
-      displs[i] = off;
-      off += bytes[i];
-    }
-    return MPI_Iallgatherv(in.data, bytes[rank_], MPI_BYTE, out.data, bytes.data(), displs.data(),
-                           MPI_BYTE, comm_, w.request());
-  });
+                 auto& bytes = w.keep(size_);
+                 auto& displs = w.keep(size_);
+                 int off = 0;
+                 for (int i = 0; i < size_; ++i) {
+                   bytes[i] = static_cast<int>(counts[i] * elem);
+                   displs[i] = off;
+                   off += bytes[i];
+                 }
+                 return MPI_Iallgatherv(in.data, bytes[rank_], MPI_BYTE, out.data, bytes.data(),
+                                        displs.data(), MPI_BYTE, comm_, w.request());
+               });
 }
 
 std::shared_ptr<Work> MpiProcessGroup::gather(const TensorView& out, const TensorView& in,
@@ -293,8 +293,8 @@ std::shared_ptr<Work> MpiProcessGroup::gather(const TensorView& out, const Tenso
   if (root) check_count(out.nbytes(), "gather");
   const int bytes = check_count(in.nbytes(), "gather");
   return start(MpiWork::Kind::kCollective, "gather", describe(in), o.timeout, [&](MpiWork& w) {
-    return MPI_Igather(in.data, bytes, MPI_BYTE, root ? out.data : nullptr, bytes, MPI_BYTE,
-                       o.root, comm_, w.request());
+    return MPI_Igather(in.data, bytes, MPI_BYTE, root ? out.data : nullptr, bytes, MPI_BYTE, o.root,
+                       comm_, w.request());
   });
 }
 
@@ -320,11 +320,13 @@ std::shared_ptr<Work> MpiProcessGroup::reduce_scatter(const TensorView& out, con
   const int n = size_;
   return start(MpiWork::Kind::kCollective, "reduce_scatter",
                describe(out) + " " + std::string(to_string(o.op)), o.timeout, [&](MpiWork& w) {
-    if (o.op == ReduceOp::kAvg)
-      w.on_success([out, n](const MPI_Status&) { scale_down(out.data, out.numel, out.dtype, n); });
-    return MPI_Ireduce_scatter_block(in.data, out.data, count, type, op_of(o.op), comm_,
-                                     w.request());
-  });
+                 if (o.op == ReduceOp::kAvg)
+                   w.on_success([out, n](const MPI_Status&) {
+                     scale_down(out.data, out.numel, out.dtype, n);
+                   });
+                 return MPI_Ireduce_scatter_block(in.data, out.data, count, type, op_of(o.op),
+                                                  comm_, w.request());
+               });
 }
 
 std::shared_ptr<Work> MpiProcessGroup::alltoall(const TensorView& out, const TensorView& in,
@@ -349,24 +351,24 @@ std::shared_ptr<Work> MpiProcessGroup::alltoallv(const TensorView& out,
   return start(MpiWork::Kind::kCollective, "all_to_all_v",
                fmt::format("{} x {} out, {} in", to_string(in.dtype), totals.in, totals.out),
                o.timeout, [&](MpiWork& w) {
-    auto layout = [&](const std::vector<size_t>& counts, std::vector<int>& bytes,
-                      std::vector<int>& displs) {
-      int off = 0;
-      for (int i = 0; i < size_; ++i) {
-        bytes[i] = static_cast<int>(counts[i] * elem);
-        displs[i] = off;
-        off += bytes[i];
-      }
-    };
-    auto& sb = w.keep(size_);
-    auto& sd = w.keep(size_);
-    auto& rb = w.keep(size_);
-    auto& rd = w.keep(size_);
-    layout(in_counts, sb, sd);
-    layout(out_counts, rb, rd);
-    return MPI_Ialltoallv(in.data, sb.data(), sd.data(), MPI_BYTE, out.data, rb.data(), rd.data(),
-                          MPI_BYTE, comm_, w.request());
-  });
+                 auto layout = [&](const std::vector<size_t>& counts, std::vector<int>& bytes,
+                                   std::vector<int>& displs) {
+                   int off = 0;
+                   for (int i = 0; i < size_; ++i) {
+                     bytes[i] = static_cast<int>(counts[i] * elem);
+                     displs[i] = off;
+                     off += bytes[i];
+                   }
+                 };
+                 auto& sb = w.keep(size_);
+                 auto& sd = w.keep(size_);
+                 auto& rb = w.keep(size_);
+                 auto& rd = w.keep(size_);
+                 layout(in_counts, sb, sd);
+                 layout(out_counts, rb, rd);
+                 return MPI_Ialltoallv(in.data, sb.data(), sd.data(), MPI_BYTE, out.data, rb.data(),
+                                       rd.data(), MPI_BYTE, comm_, w.request());
+               });
 }
 
 std::shared_ptr<Work> MpiProcessGroup::barrier(const BarrierOptions& o) {
@@ -387,18 +389,19 @@ std::shared_ptr<ProcessGroup> MpiProcessGroup::new_group(const std::vector<int>&
   // agree), so the split that follows returns at once.
   std::vector<uint64_t> hashes(size_);
   const uint64_t mine = fnv1a(ranks);
-  auto check = start(MpiWork::Kind::kCollective, "new_group",
-                     fmt::format("[{}]", fmt::join(ranks, ", ")), std::chrono::milliseconds(0),
-                     [&](MpiWork& w) {
-    return MPI_Iallgather(&mine, 1, MPI_UINT64_T, hashes.data(), 1, MPI_UINT64_T, comm_,
-                          w.request());
-  });
+  auto check =
+      start(MpiWork::Kind::kCollective, "new_group", fmt::format("[{}]", fmt::join(ranks, ", ")),
+            std::chrono::milliseconds(0), [&](MpiWork& w) {
+              return MPI_Iallgather(&mine, 1, MPI_UINT64_T, hashes.data(), 1, MPI_UINT64_T, comm_,
+                                    w.request());
+            });
   check->wait();
   for (int r = 0; r < size_; ++r)
     if (hashes[r] != mine)
       throw InvalidArgumentError(fmt::format(
           "rank {}: new_group({}) of group {}: rank {} passed a different list of ranks; every "
-          "rank must pass the same", rank_, fmt::join(ranks, ", "), name_, r));
+          "rank must pass the same",
+          rank_, fmt::join(ranks, ", "), name_, r));
   const int member = index_in(ranks, rank_);
   const int index = member < 0 ? MPI_UNDEFINED : member;
   MPI_Comm sub = MPI_COMM_NULL;
@@ -409,8 +412,9 @@ std::shared_ptr<ProcessGroup> MpiProcessGroup::new_group(const std::vector<int>&
                         index == MPI_UNDEFINED ? 0 : index, &sub);
   }
   if (rc != MPI_SUCCESS)
-    throw PeerFailureError(fmt::format("rank {}: new_group({}) of group {}: MPI_Comm_split failed: {}",
-                                       rank_, fmt::join(ranks, ", "), name_, error_string(rc)));
+    throw PeerFailureError(
+        fmt::format("rank {}: new_group({}) of group {}: MPI_Comm_split failed: {}", rank_,
+                    fmt::join(ranks, ", "), name_, error_string(rc)));
   if (sub == MPI_COMM_NULL) return nullptr;
   return std::make_shared<MpiProcessGroup>(sub, fmt::format("{}.{}", name_, child), timeout_);
 }
@@ -422,11 +426,11 @@ void MpiProcessGroup::abort(const std::string& reason) {
 
 namespace {
 
-const bool kRegistered = register_backend(Backend{
-    "mpi", false,
-    [](std::shared_ptr<Store>, int rank, int size, const ProcessGroupOptions& options) {
-      return std::make_shared<MpiProcessGroup>(rank, size, options);
-    }});
+const bool kRegistered = register_backend(
+    Backend{"mpi", false,
+            [](std::shared_ptr<Store>, int rank, int size, const ProcessGroupOptions& options) {
+              return std::make_shared<MpiProcessGroup>(rank, size, options);
+            }});
 
 }  // namespace
 

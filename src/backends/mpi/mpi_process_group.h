@@ -42,8 +42,10 @@ class MpiProcessGroup : public ProcessGroup, public std::enable_shared_from_this
   std::shared_ptr<Work> irecv(const TensorView& tensor, int src, int tag,
                               const RecvOptions& options) override;
 
-  std::shared_ptr<Work> broadcast(const TensorView& tensor, const BroadcastOptions& options) override;
-  std::shared_ptr<Work> allreduce(const TensorView& tensor, const AllreduceOptions& options) override;
+  std::shared_ptr<Work> broadcast(const TensorView& tensor,
+                                  const BroadcastOptions& options) override;
+  std::shared_ptr<Work> allreduce(const TensorView& tensor,
+                                  const AllreduceOptions& options) override;
   using ProcessGroup::allreduce;
   std::shared_ptr<Work> reduce(const TensorView& tensor, const ReduceOptions& options) override;
   std::shared_ptr<Work> allgather(const TensorView& output, const TensorView& input,
@@ -59,8 +61,9 @@ class MpiProcessGroup : public ProcessGroup, public std::enable_shared_from_this
                                        const ReduceScatterOptions& options) override;
   std::shared_ptr<Work> alltoall(const TensorView& output, const TensorView& input,
                                  const AlltoallOptions& options) override;
-  std::shared_ptr<Work> alltoallv(const TensorView& output, const std::vector<size_t>& output_counts,
-                                  const TensorView& input, const std::vector<size_t>& input_counts,
+  std::shared_ptr<Work> alltoallv(const TensorView& output,
+                                  const std::vector<size_t>& output_counts, const TensorView& input,
+                                  const std::vector<size_t>& input_counts,
                                   const AlltoallOptions& options) override;
   std::shared_ptr<Work> barrier(const BarrierOptions& options) override;
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) override;

@@ -10,8 +10,8 @@
 namespace dtrain::backends::mpi {
 namespace {
 
-std::mutex g_init_mu;   // guards the initialisation
-std::mutex g_call_mu;   // serialises MPI calls when the library is not thread-multiple
+std::mutex g_init_mu;     // guards the initialisation
+std::mutex g_call_mu;     // serialises MPI calls when the library is not thread-multiple
 bool g_serialize = true;  // written once under g_init_mu, before any group exists
 
 void finalize_at_exit() {
@@ -30,7 +30,8 @@ void ensure_initialized() {
   if (!initialized) {
     int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS)
-      throw InvalidArgumentError(fmt::format("backend mpi: MPI_Init_thread failed: {}", error_string(rc)));
+      throw InvalidArgumentError(
+          fmt::format("backend mpi: MPI_Init_thread failed: {}", error_string(rc)));
     std::atexit(finalize_at_exit);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   } else {
@@ -38,8 +39,10 @@ void ensure_initialized() {
   }
   g_serialize = provided < MPI_THREAD_MULTIPLE;
   if (g_serialize)
-    DTRAIN_LOG_DEBUG("backend mpi: the MPI library gives thread level {} (< MPI_THREAD_MULTIPLE): "
-                     "MPI calls are serialised", provided);
+    DTRAIN_LOG_DEBUG(
+        "backend mpi: the MPI library gives thread level {} (< MPI_THREAD_MULTIPLE): "
+        "MPI calls are serialised",
+        provided);
 }
 
 bool finalized() {
@@ -58,14 +61,21 @@ CallLock::~CallLock() {
 
 std::optional<MPI_Datatype> datatype_of(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return MPI_FLOAT;
-    case DType::kF64: return MPI_DOUBLE;
-    case DType::kI8: return MPI_INT8_T;
-    case DType::kU8: return MPI_UINT8_T;
-    case DType::kI32: return MPI_INT32_T;
-    case DType::kI64: return MPI_INT64_T;
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
+    case DType::kI8:
+      return MPI_INT8_T;
+    case DType::kU8:
+      return MPI_UINT8_T;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kI64:
+      return MPI_INT64_T;
     case DType::kF16:
-    case DType::kBF16: return std::nullopt;
+    case DType::kBF16:
+      return std::nullopt;
   }
   return std::nullopt;
 }
@@ -73,13 +83,20 @@ std::optional<MPI_Datatype> datatype_of(DType dtype) {
 MPI_Op op_of(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return MPI_SUM;
-    case ReduceOp::kProd: return MPI_PROD;
-    case ReduceOp::kMin: return MPI_MIN;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kBand: return MPI_BAND;
-    case ReduceOp::kBor: return MPI_BOR;
-    case ReduceOp::kBxor: return MPI_BXOR;
+    case ReduceOp::kAvg:
+      return MPI_SUM;
+    case ReduceOp::kProd:
+      return MPI_PROD;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kBand:
+      return MPI_BAND;
+    case ReduceOp::kBor:
+      return MPI_BOR;
+    case ReduceOp::kBxor:
+      return MPI_BXOR;
   }
   return MPI_SUM;
 }

@@ -5,13 +5,13 @@
 //
 // MPI has no timeouts: MPI_Init runs on a helper thread waited for until the deadline, and the
 // message travels in an MPI_Ibcast polled with MPI_Test until the same deadline.
-#include <fmt/format.h>
-
 #include <array>
 #include <cstring>
 #include <future>
 #include <memory>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "backends/mpi/mpi_runtime.h"
 #include "comm/store_discovery.h"

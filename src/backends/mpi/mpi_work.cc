@@ -38,8 +38,8 @@ bool MpiWork::test_locked() {
   if (rc != MPI_SUCCESS) {
     // MPI_ERR_IN_STATUS-style errors carry the real code in the status.
     const int code = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : rc;
-    completion_.fail(std::make_exception_ptr(PeerFailureError(fmt::format(
-        "{} failed after {}: {}", what_, deadline_.describe(), error_string(code)))));
+    completion_.fail(std::make_exception_ptr(PeerFailureError(
+        fmt::format("{} failed after {}: {}", what_, deadline_.describe(), error_string(code)))));
     return true;
   }
   if (!done) return false;
@@ -92,8 +92,8 @@ bool MpiWork::is_completed() {
   std::lock_guard lock(mu_);
   if (test_locked()) return true;
   if (deadline_.expired()) {
-    give_up_locked(std::make_exception_ptr(TimeoutError(
-        fmt::format("{} did not complete within {}", what_, deadline_.describe()))));
+    give_up_locked(std::make_exception_ptr(
+        TimeoutError(fmt::format("{} did not complete within {}", what_, deadline_.describe()))));
   }
   return completion_.done();
 }

@@ -58,7 +58,7 @@ class MpiWork : public Work {
   std::function<void(std::exception_ptr)> on_stuck_;
   std::function<void(const MPI_Status&)> on_success_;
   std::deque<std::vector<int>> kept_;  // a deque: keep() hands out references that must stay valid
-  std::mutex mu_;  // guards request_ (tested by one thread at a time)
+  std::mutex mu_;                      // guards request_ (tested by one thread at a time)
   MPI_Request request_ = MPI_REQUEST_NULL;
   Completion completion_;
 };

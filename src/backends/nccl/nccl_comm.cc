@@ -1,9 +1,9 @@
 #include "backends/nccl/nccl_comm.h"
 
-#include <fmt/format.h>
-
 #include <atomic>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "comm/cuda/cuda_runtime.h"
 #include "common/error_message.h"
@@ -127,7 +127,9 @@ std::shared_ptr<NcclComm> NcclComm::split(int color, int key, const std::string&
     fail_locked(e);
     std::rethrow_exception(e);
   }
-  const auto handle = [&] { return std::atomic_ref<ncclComm_t>(*slot).load(std::memory_order_acquire); };
+  const auto handle = [&] {
+    return std::atomic_ref<ncclComm_t>(*slot).load(std::memory_order_acquire);
+  };
   try {
     for (int spins = 0;; ++spins) {
       settle_locked(lock, deadline, what);  // polling drives the split's job to its end

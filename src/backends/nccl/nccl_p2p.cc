@@ -1,9 +1,9 @@
 #include "backends/nccl/nccl_p2p.h"
 
-#include <fmt/format.h>
-
 #include <cstring>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "common/completion.h"
 #include "common/error_message.h"

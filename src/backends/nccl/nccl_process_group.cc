@@ -1,9 +1,9 @@
 #include "backends/nccl/nccl_process_group.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-
-#include <cstring>
 
 #include "backends/nccl/nccl_work.h"
 #include "comm/backend_registry.h"

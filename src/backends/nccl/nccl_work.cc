@@ -1,8 +1,8 @@
 #include "backends/nccl/nccl_work.h"
 
-#include <fmt/format.h>
-
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 

@@ -21,16 +21,16 @@ namespace dtrain::comm::algo {
 // What a flat algorithm's cost formula is given: the cost model fills it in for the group's
 // links and shape (cost_model.cc). Seconds, bytes.
 struct CostInput {
-  double M = 0;        // bytes per rank (all-gather: one rank's block)
-  double N = 1;        // ranks
-  LinkCost link;       // the slowest link its messages cross; beta scaled by the flows sharing it
-  double gamma = 0;    // seconds per byte reduced
-  double reread = 0;   // extra passes over the buffer where it spills out of the cache (rings)
-  double chunks = 0;   // M in 256 KiB chunks (chunked algorithms pay a message for each)
-  double p = 1;        // the largest power of two <= N
-  double lp = 0;       // log2 p
-  double log2n = 0;    // ceil(log2 N)
-  double fold = 0;     // folding the ranks beyond p onto p and back (fold.h), 0 when N = p
+  double M = 0;       // bytes per rank (all-gather: one rank's block)
+  double N = 1;       // ranks
+  LinkCost link;      // the slowest link its messages cross; beta scaled by the flows sharing it
+  double gamma = 0;   // seconds per byte reduced
+  double reread = 0;  // extra passes over the buffer where it spills out of the cache (rings)
+  double chunks = 0;  // M in 256 KiB chunks (chunked algorithms pay a message for each)
+  double p = 1;       // the largest power of two <= N
+  double lp = 0;      // log2 p
+  double log2n = 0;   // ceil(log2 N)
+  double fold = 0;    // folding the ranks beyond p onto p and back (fold.h), 0 when N = p
 };
 
 // What one call hands its algorithm (byte layouts of this rank's buffers).

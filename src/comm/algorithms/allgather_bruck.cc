@@ -35,13 +35,15 @@ extern const Algorithm kAllgatherBruck{
     .formula = "ceil(log2 N) alpha + (N-1) M beta + a local rotation",
     .chosen = "small blocks (recursive doubling for any N)",
     // The rotation copies the gathered buffer once more: modelled as a memory copy at 15 GB/s.
-    .cost = [](const CostInput& c) {
-      return c.log2n * c.link.alpha + (c.N - 1) * c.M * c.link.beta + c.N * c.M / 15e9;
-    },
-    .run = [](const Invocation& i) {
-      place_own_block(i);
-      allgather_bruck(i.ctx, bytes_of(i.out), i.in.nbytes());
-    },
+    .cost =
+        [](const CostInput& c) {
+          return c.log2n * c.link.alpha + (c.N - 1) * c.M * c.link.beta + c.N * c.M / 15e9;
+        },
+    .run =
+        [](const Invocation& i) {
+          place_own_block(i);
+          allgather_bruck(i.ctx, bytes_of(i.out), i.in.nbytes());
+        },
 };
 
 }  // namespace dtrain::comm::algo

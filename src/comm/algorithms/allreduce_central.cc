@@ -38,9 +38,10 @@ extern const Algorithm kAllreduceCentral{
     .file = "allreduce_central.cc",
     .formula = "2(N-1)(alpha + M beta) + (N-1) M gamma",
     .chosen = "never by default: the parameter-server shape, for comparison and tiny groups",
-    .cost = [](const CostInput& c) {
-      return 2 * (c.N - 1) * (c.link.alpha + c.M * c.link.beta) + (c.N - 1) * c.M * c.gamma;
-    },
+    .cost =
+        [](const CostInput& c) {
+          return 2 * (c.N - 1) * (c.link.alpha + c.M * c.link.beta) + (c.N - 1) * c.M * c.gamma;
+        },
     .run = [](const Invocation& i) { allreduce_central(i.ctx, bytes_of(i.out), i.out.numel); },
 };
 

@@ -24,12 +24,12 @@
 // Cost: 4 alpha_shm (two rounds, each a message there and back through the rings) + 2 (N-1)/N M
 // beta_copy + (N-1)/N M gamma, where beta_copy is one memory copy rather than a trip through the
 // kernel's socket buffers (docs/algorithms.md).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "comm/algorithms/algorithm.h"
 #include "comm/algorithms/algorithms.h"
@@ -51,7 +51,7 @@ constexpr size_t kChunksPerRank = 2;
 struct Hello {
   uint64_t address;  // the buffer
   int32_t pid;
-  int32_t page_fd;   // rank 0 only: its descriptor of the shared page (-1: none)
+  int32_t page_fd;  // rank 0 only: its descriptor of the shared page (-1: none)
 };
 
 template <typename T>
@@ -152,13 +152,15 @@ extern const Algorithm kAllreduceDirect{
     .kind = CollectiveKind::kAllreduce,
     .file = "allreduce_direct.cc",
     .formula = "4 alpha_l + (N-1)/N M (2 beta_l + gamma)",
-    .chosen = "one host, shared memory with cross-memory attach: chunks drawn from a shared "
-              "counter, each read straight from the peers' memory, reduced and written straight "
-              "back into theirs",
+    .chosen =
+        "one host, shared memory with cross-memory attach: chunks drawn from a shared "
+        "counter, each read straight from the peers' memory, reduced and written straight "
+        "back into theirs",
     .needs = Needs::kReadAll,
-    .cost = [](const CostInput& c) {
-      return 4 * c.link.alpha + (c.N - 1) / c.N * c.M * (2 * c.link.beta + c.gamma);
-    },
+    .cost =
+        [](const CostInput& c) {
+          return 4 * c.link.alpha + (c.N - 1) / c.N * c.M * (2 * c.link.beta + c.gamma);
+        },
     .run = [](const Invocation& i) { allreduce_direct(i.ctx, bytes_of(i.out), i.out.numel); },
 };
 

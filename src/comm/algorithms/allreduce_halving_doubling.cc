@@ -46,11 +46,11 @@ struct Range {
 // One halving step (and the doubling step that retraces it).
 struct Step {
   int partner;
-  size_t per;            // elements per message
-  bool reducing;         // TCP: halving messages reduce into `keep` as they arrive
-  Range keep;            // reduced here, then sent back whole in the doubling step
-  Range give;            // sent to the partner; its reduced version comes back into it
-  size_t scratch_at;     // where in the scratch the partner's half of `keep` lands (elements)
+  size_t per;         // elements per message
+  bool reducing;      // TCP: halving messages reduce into `keep` as they arrive
+  Range keep;         // reduced here, then sent back whole in the doubling step
+  Range give;         // sent to the partner; its reduced version comes back into it
+  size_t scratch_at;  // where in the scratch the partner's half of `keep` lands (elements)
   std::vector<CollectiveContext::RequestPtr> halving_recvs, doubling_recvs;
 };
 
@@ -103,10 +103,16 @@ void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t 
       const bool low = (v & d) == 0;
       const int partner = fold.old_rank(v ^ d);
       const bool tcp = !ctx.on_shared_memory(partner);
-      const size_t per = tcp ? std::max<size_t>(1, kTcpChunkBytes / elem)
-                             : std::max<size_t>(1, cur.hi - cur.lo);
-      Step s{partner, per, tcp, low ? Range{cur.lo, mid} : Range{mid, cur.hi},
-             low ? Range{mid, cur.hi} : Range{cur.lo, mid}, scratch_at, {}, {}};
+      const size_t per =
+          tcp ? std::max<size_t>(1, kTcpChunkBytes / elem) : std::max<size_t>(1, cur.hi - cur.lo);
+      Step s{partner,
+             per,
+             tcp,
+             low ? Range{cur.lo, mid} : Range{mid, cur.hi},
+             low ? Range{mid, cur.hi} : Range{cur.lo, mid},
+             scratch_at,
+             {},
+             {}};
       if (!s.reducing) post_receives(s);
       scratch_at += s.keep.hi - s.keep.lo;
       cur = s.keep;
@@ -122,16 +128,15 @@ void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t 
       });
       // A whole half in one message (shared memory) moves only while this rank polls: finish
       // sending it before reducing, or the partner waits out the reduction for its last bytes.
-      if (s.halving_recvs.size() == 1)
-        ctx.wait(std::span(sends).subspan(first_send));
+      if (s.halving_recvs.size() == 1) ctx.wait(std::span(sends).subspan(first_send));
       if (s.reducing) {
         ctx.wait(s.halving_recvs);
       } else {
         size_t i = 0;
         chunks(s.keep, s.per, [&](size_t lo, size_t k) {
           ctx.wait(s.halving_recvs[i++]);
-          reduce_into(data + lo * elem, scratch + (s.scratch_at + lo - s.keep.lo) * elem, k,
-                      dtype, op);
+          reduce_into(data + lo * elem, scratch + (s.scratch_at + lo - s.keep.lo) * elem, k, dtype,
+                      op);
         });
       }
     }
@@ -158,13 +163,16 @@ extern const Algorithm kAllreduceHalvingDoubling{
     .file = "allreduce_halving_doubling.cc",
     .formula = "2 log2 p alpha + 2(p-1)/p M beta + (p-1)/p M gamma (+ fold)",
     .chosen = "mid-sized buffers on larger groups",
-    .cost = [](const CostInput& c) {
-      return 2 * c.lp * c.link.alpha + (1 + c.reread) * 2 * (c.p - 1) / c.p * c.M * c.link.beta +
-             (c.p - 1) / c.p * c.M * c.gamma + c.fold;
-    },
-    .run = [](const Invocation& i) {
-      allreduce_halving_doubling(i.ctx, bytes_of(i.out), i.out.numel);
-    },
+    .cost =
+        [](const CostInput& c) {
+          return 2 * c.lp * c.link.alpha +
+                 (1 + c.reread) * 2 * (c.p - 1) / c.p * c.M * c.link.beta +
+                 (c.p - 1) / c.p * c.M * c.gamma + c.fold;
+        },
+    .run =
+        [](const Invocation& i) {
+          allreduce_halving_doubling(i.ctx, bytes_of(i.out), i.out.numel);
+        },
 };
 
 }  // namespace dtrain::comm::algo

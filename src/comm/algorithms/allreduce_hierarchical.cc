@@ -74,7 +74,8 @@ void broadcast_hierarchical(const Hierarchy& h, const TensorView& t, int root,
   }
   // Leaders: the root's part first (so that its leader holds the data), then the leaders, then
   // every other part from its leader.
-  if (h.my_part == root_part) local.broadcast(t, {.root = root_index, .timeout = left(deadline)})->wait();
+  if (h.my_part == root_part)
+    local.broadcast(t, {.root = root_index, .timeout = left(deadline)})->wait();
   if (h.cross) h.cross->broadcast(t, {.root = root_part, .timeout = left(deadline)})->wait();
   if (h.my_part != root_part) local.broadcast(t, {.root = 0, .timeout = left(deadline)})->wait();
 }
@@ -104,15 +105,18 @@ extern const Algorithm kAllreduceHierarchical{
     .name = "hierarchical",
     .kind = CollectiveKind::kAllreduce,
     .file = "allreduce_hierarchical.cc",
-    .formula = "2[(k-1) alpha_in + (k-1)/k M beta_in] + cross(M/k over h, k groups sharing the "
-               "links); uneven: 2 ceil(log2 k)(alpha_in + M beta_in) + cross(M over h)",
-    .chosen = "h hosts (or racks), any placement of ranks: reduce-scatter inside, all-reduce "
-              "across (itself split by rack where the hosts sit in racks), all-gather inside; "
-              "hosts of different sizes by their leaders",
+    .formula =
+        "2[(k-1) alpha_in + (k-1)/k M beta_in] + cross(M/k over h, k groups sharing the "
+        "links); uneven: 2 ceil(log2 k)(alpha_in + M beta_in) + cross(M over h)",
+    .chosen =
+        "h hosts (or racks), any placement of ranks: reduce-scatter inside, all-reduce "
+        "across (itself split by rack where the hosts sit in racks), all-gather inside; "
+        "hosts of different sizes by their leaders",
     .needs = Needs::kParts,
-    .run = [](const Invocation& i) {
-      allreduce_hierarchical(*i.hierarchy, i.out, i.op, i.ctx.deadline());
-    },
+    .run =
+        [](const Invocation& i) {
+          allreduce_hierarchical(*i.hierarchy, i.out, i.op, i.ctx.deadline());
+        },
 };
 
 extern const Algorithm kBroadcastHierarchical{
@@ -122,22 +126,25 @@ extern const Algorithm kBroadcastHierarchical{
     .formula = "cross(M over h) + ceil(log2 k)(alpha_in + M beta_in)",
     .chosen = "several hosts: across first, then inside each",
     .needs = Needs::kParts,
-    .run = [](const Invocation& i) {
-      broadcast_hierarchical(*i.hierarchy, i.out, i.root, i.ctx.deadline());
-    },
+    .run =
+        [](const Invocation& i) {
+          broadcast_hierarchical(*i.hierarchy, i.out, i.root, i.ctx.deadline());
+        },
 };
 
 extern const Algorithm kAllgatherHierarchical{
     .name = "hierarchical",
     .kind = CollectiveKind::kAllgather,
     .file = "allreduce_hierarchical.cc",
-    .formula = "(k-1)(alpha_in + M beta_in) + cross(k M over h) + ceil(log2 k)(alpha_in + N M "
-               "beta_in)",
+    .formula =
+        "(k-1)(alpha_in + M beta_in) + cross(k M over h) + ceil(log2 k)(alpha_in + N M "
+        "beta_in)",
     .chosen = "several hosts with the same number of ranks, any placement",
     .needs = Needs::kUniformParts,
-    .run = [](const Invocation& i) {
-      allgather_hierarchical(*i.hierarchy, i.out, i.in, i.ctx.deadline());
-    },
+    .run =
+        [](const Invocation& i) {
+          allgather_hierarchical(*i.hierarchy, i.out, i.in, i.ctx.deadline());
+        },
 };
 
 }  // namespace dtrain::comm::algo

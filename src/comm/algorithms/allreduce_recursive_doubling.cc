@@ -43,12 +43,15 @@ extern const Algorithm kAllreduceRecursiveDoubling{
     .file = "allreduce_recursive_doubling.cc",
     .formula = "log2 p (alpha + M beta + M gamma) (+ fold)",
     .chosen = "tiny buffers (fewest messages)",
-    .cost = [](const CostInput& c) {
-      return c.lp * (c.link.alpha + (1 + c.reread) * c.M * c.link.beta + c.M * c.gamma) + c.fold;
-    },
-    .run = [](const Invocation& i) {
-      allreduce_recursive_doubling(i.ctx, bytes_of(i.out), i.out.numel);
-    },
+    .cost =
+        [](const CostInput& c) {
+          return c.lp * (c.link.alpha + (1 + c.reread) * c.M * c.link.beta + c.M * c.gamma) +
+                 c.fold;
+        },
+    .run =
+        [](const Invocation& i) {
+          allreduce_recursive_doubling(i.ctx, bytes_of(i.out), i.out.numel);
+        },
 };
 
 }  // namespace dtrain::comm::algo

@@ -125,11 +125,13 @@ extern const Algorithm kAllreduceRing{
     .formula = "2(N-1) alpha + 2(N-1)/N M beta + (N-1)/N M gamma",
     .chosen = "large buffers (bandwidth-optimal; chunks pipelined)",
     .flows = Flows::kOnePerHost,
-    .cost = [](const CostInput& c) {
-      const auto [al, be] = c.link;
-      return 2 * (c.N - 1) * al + 2 * (c.N - 1) / c.N * ((1 + c.reread) * c.M * be + c.chunks * al) +
-             (c.N - 1) / c.N * c.M * c.gamma;
-    },
+    .cost =
+        [](const CostInput& c) {
+          const auto [al, be] = c.link;
+          return 2 * (c.N - 1) * al +
+                 2 * (c.N - 1) / c.N * ((1 + c.reread) * c.M * be + c.chunks * al) +
+                 (c.N - 1) / c.N * c.M * c.gamma;
+        },
     .run = [](const Invocation& i) { allreduce_ring(i.ctx, bytes_of(i.out), i.out.numel); },
 };
 
@@ -141,17 +143,19 @@ extern const Algorithm kReduceScatterRing{
     .formula = "(N-1) alpha + (N-1)/N M (beta + gamma)",
     .chosen = "always",
     .flows = Flows::kOnePerHost,
-    .cost = [](const CostInput& c) {
-      return (c.N - 1) * c.link.alpha + (c.N - 1) / c.N * c.M * (c.link.beta + c.gamma);
-    },
-    .run = [](const Invocation& i) {
-      const size_t bytes = i.in.nbytes();
-      std::byte* work = i.ctx.workspace(bytes);
-      if (bytes > 0) std::memcpy(work, i.in.data, bytes);
-      reduce_scatter_ring(i.ctx, work, i.in.numel);
-      const size_t block = i.out.nbytes();
-      if (block > 0) std::memcpy(i.out.data, work + i.ctx.rank() * block, block);
-    },
+    .cost =
+        [](const CostInput& c) {
+          return (c.N - 1) * c.link.alpha + (c.N - 1) / c.N * c.M * (c.link.beta + c.gamma);
+        },
+    .run =
+        [](const Invocation& i) {
+          const size_t bytes = i.in.nbytes();
+          std::byte* work = i.ctx.workspace(bytes);
+          if (bytes > 0) std::memcpy(work, i.in.data, bytes);
+          reduce_scatter_ring(i.ctx, work, i.in.numel);
+          const size_t block = i.out.nbytes();
+          if (block > 0) std::memcpy(i.out.data, work + i.ctx.rank() * block, block);
+        },
 };
 
 }  // namespace dtrain::comm::algo

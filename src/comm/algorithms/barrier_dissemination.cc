@@ -10,7 +10,8 @@ namespace dtrain::comm::algo {
 
 void barrier_dissemination(CollectiveContext& ctx) {
   const int n = ctx.size(), r = ctx.rank();
-  for (int k = 1; k < n; k *= 2) ctx.send_recv((r + k) % n, nullptr, 0, (r - k + n) % n, nullptr, 0);
+  for (int k = 1; k < n; k *= 2)
+    ctx.send_recv((r + k) % n, nullptr, 0, (r - k + n) % n, nullptr, 0);
 }
 
 extern const Algorithm kBarrierDissemination{

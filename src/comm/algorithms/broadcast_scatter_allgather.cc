@@ -39,12 +39,14 @@ extern const Algorithm kBroadcastScatterAllgather{
     .file = "broadcast_scatter_allgather.cc",
     .formula = "2(N-1) alpha + 2(N-1)/N M beta",
     .chosen = "large buffers on larger groups",
-    .cost = [](const CostInput& c) {
-      return 2 * (c.N - 1) * c.link.alpha + 2 * (c.N - 1) / c.N * c.M * c.link.beta;
-    },
-    .run = [](const Invocation& i) {
-      broadcast_scatter_allgather(i.ctx, bytes_of(i.out), i.out.numel);
-    },
+    .cost =
+        [](const CostInput& c) {
+          return 2 * (c.N - 1) * c.link.alpha + 2 * (c.N - 1) / c.N * c.M * c.link.beta;
+        },
+    .run =
+        [](const Invocation& i) {
+          broadcast_scatter_allgather(i.ctx, bytes_of(i.out), i.out.numel);
+        },
 };
 
 }  // namespace dtrain::comm::algo

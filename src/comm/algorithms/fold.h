@@ -11,10 +11,10 @@
 namespace dtrain::comm::algo {
 
 struct Fold {
-  int p = 1;             // power of two taking part
-  int extra = 0;         // e = N - p
-  int new_rank = -1;     // -1 for a rank that sits out
-  int partner = -1;      // the rank that hands over / receives back (-1 if none)
+  int p = 1;          // power of two taking part
+  int extra = 0;      // e = N - p
+  int new_rank = -1;  // -1 for a rank that sits out
+  int partner = -1;   // the rank that hands over / receives back (-1 if none)
 
   Fold(int n, int rank) {
     p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));

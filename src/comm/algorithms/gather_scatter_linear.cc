@@ -44,9 +44,10 @@ extern const Algorithm kGatherLinear{
     .formula = "(N-1) alpha + (N-1) M beta at the root",
     .chosen = "always",
     .cost = [](const CostInput& c) { return (c.N - 1) * (c.link.alpha + c.M * c.link.beta); },
-    .run = [](const Invocation& i) {
-      gather_linear(i.ctx, bytes_of(i.out), bytes_of(i.in), i.in.nbytes());
-    },
+    .run =
+        [](const Invocation& i) {
+          gather_linear(i.ctx, bytes_of(i.out), bytes_of(i.in), i.in.nbytes());
+        },
 };
 
 extern const Algorithm kScatterLinear{
@@ -56,9 +57,10 @@ extern const Algorithm kScatterLinear{
     .formula = "(N-1) alpha + (N-1) M beta at the root",
     .chosen = "always",
     .cost = [](const CostInput& c) { return (c.N - 1) * (c.link.alpha + c.M * c.link.beta); },
-    .run = [](const Invocation& i) {
-      scatter_linear(i.ctx, bytes_of(i.out), bytes_of(i.in), i.out.nbytes());
-    },
+    .run =
+        [](const Invocation& i) {
+          scatter_linear(i.ctx, bytes_of(i.out), bytes_of(i.in), i.out.nbytes());
+        },
 };
 
 }  // namespace dtrain::comm::algo

@@ -37,10 +37,11 @@ extern const Algorithm kReduceRing{
     .formula = "2(N-1) alpha + 2(N-1)/N M beta + (N-1)/N M gamma",
     .chosen = "large buffers",
     .flows = Flows::kOnePerHost,
-    .cost = [](const CostInput& c) {
-      return 2 * (c.N - 1) * c.link.alpha + 2 * (c.N - 1) / c.N * c.M * c.link.beta +
-             (c.N - 1) / c.N * c.M * c.gamma;
-    },
+    .cost =
+        [](const CostInput& c) {
+          return 2 * (c.N - 1) * c.link.alpha + 2 * (c.N - 1) / c.N * c.M * c.link.beta +
+                 (c.N - 1) / c.N * c.M * c.gamma;
+        },
     .run = [](const Invocation& i) { reduce_ring(i.ctx, bytes_of(i.out), i.out.numel); },
 };
 

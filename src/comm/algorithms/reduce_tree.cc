@@ -36,9 +36,10 @@ extern const Algorithm kReduceTree{
     .file = "reduce_tree.cc",
     .formula = "ceil(log2 N)(alpha + M beta + M gamma)",
     .chosen = "small buffers",
-    .cost = [](const CostInput& c) {
-      return c.log2n * (c.link.alpha + c.M * c.link.beta + c.M * c.gamma);
-    },
+    .cost =
+        [](const CostInput& c) {
+          return c.log2n * (c.link.alpha + c.M * c.link.beta + c.M * c.gamma);
+        },
     .run = [](const Invocation& i) { reduce_tree(i.ctx, bytes_of(i.out), i.out.numel); },
 };
 

@@ -19,13 +19,27 @@ extern const Algorithm kAllreduceRing, kAllreduceHalvingDoubling, kAllreduceRecu
 namespace {
 
 constexpr std::array kAll = {
-    &kAllreduceRing,       &kAllreduceHalvingDoubling, &kAllreduceRecursiveDoubling,
-    &kAllreduceCentral,    &kAllreduceDirect,          &kAllreduceHierarchical,
-    &kBroadcastTree,       &kBroadcastScatterAllgather, &kBroadcastHierarchical,
-    &kReduceTree,          &kReduceRing,               &kAllgatherRing,
-    &kAllgatherBruck,      &kAllgatherHierarchical,    &kAllgathervRing,
-    &kReduceScatterRing,   &kGatherLinear,             &kScatterLinear,
-    &kAlltoallPairwise,    &kAlltoallvPairwise,        &kBarrierDissemination,
+    &kAllreduceRing,
+    &kAllreduceHalvingDoubling,
+    &kAllreduceRecursiveDoubling,
+    &kAllreduceCentral,
+    &kAllreduceDirect,
+    &kAllreduceHierarchical,
+    &kBroadcastTree,
+    &kBroadcastScatterAllgather,
+    &kBroadcastHierarchical,
+    &kReduceTree,
+    &kReduceRing,
+    &kAllgatherRing,
+    &kAllgatherBruck,
+    &kAllgatherHierarchical,
+    &kAllgathervRing,
+    &kReduceScatterRing,
+    &kGatherLinear,
+    &kScatterLinear,
+    &kAlltoallPairwise,
+    &kAlltoallvPairwise,
+    &kBarrierDissemination,
 };
 
 const std::map<CollectiveKind, std::vector<const Algorithm*>>& by_kind() {
@@ -56,10 +70,14 @@ const Algorithm* find(CollectiveKind kind, std::string_view name) {
 
 bool can_run(const Algorithm& a, const Topology& t, int n) {
   switch (a.needs) {
-    case Needs::kNothing: return true;
-    case Needs::kReadAll: return t.can_read_all || n <= 1;
-    case Needs::kParts: return t.hosts >= 2 && t.per_host >= 2;
-    case Needs::kUniformParts: return t.hosts >= 2 && t.per_host >= 2 && t.uniform;
+    case Needs::kNothing:
+      return true;
+    case Needs::kReadAll:
+      return t.can_read_all || n <= 1;
+    case Needs::kParts:
+      return t.hosts >= 2 && t.per_host >= 2;
+    case Needs::kUniformParts:
+      return t.hosts >= 2 && t.per_host >= 2 && t.uniform;
   }
   return true;
 }
@@ -67,14 +85,16 @@ bool can_run(const Algorithm& a, const Topology& t, int n) {
 std::string unusable(const Algorithm& a, const Topology& t, int n) {
   if (can_run(a, t, n)) return {};
   if (a.needs == Needs::kReadAll)
-    return fmt::format("{} '{}' needs every rank of the group on this host, on shared memory, "
-                       "with cross-memory attach permitted (same user, ptrace scope 0 or 1, "
-                       "DTRAIN_CMA=1)",
-                       to_string(a.kind), a.name);
-  return fmt::format("{} '{}' needs the group spread over two or more hosts (or racks) with two "
-                     "or more of its ranks on some{}",
-                     to_string(a.kind), a.name,
-                     a.needs == Needs::kUniformParts ? ", the same number on each" : "");
+    return fmt::format(
+        "{} '{}' needs every rank of the group on this host, on shared memory, "
+        "with cross-memory attach permitted (same user, ptrace scope 0 or 1, "
+        "DTRAIN_CMA=1)",
+        to_string(a.kind), a.name);
+  return fmt::format(
+      "{} '{}' needs the group spread over two or more hosts (or racks) with two "
+      "or more of its ranks on some{}",
+      to_string(a.kind), a.name,
+      a.needs == Needs::kUniformParts ? ", the same number on each" : "");
 }
 
 std::string markdown_table() {

@@ -1,9 +1,9 @@
 #include "comm/cuda/cuda_runtime.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 

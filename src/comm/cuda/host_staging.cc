@@ -7,8 +7,6 @@
 // The returned Work completes when that operation has and the tensors it writes are copied back.
 // Pinned buffers are pooled: pinning pages costs milliseconds per call, so buffers are reused,
 // and one goes back to the pool only once nothing (an operation, a copy) can still touch it.
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <bit>
 #include <functional>
@@ -17,6 +15,8 @@
 #include <mutex>
 #include <optional>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "comm/cuda/cuda_runtime.h"
 #include "comm/cuda_staging.h"

@@ -1,9 +1,5 @@
 #include "launch/metrics/metrics_endpoint.h"
 
-#include <fmt/format.h>
-#include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
-#include <prometheus/metric_family.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -14,6 +10,11 @@
 #include <filesystem>
 #include <mutex>
 #include <vector>
+
+#include <fmt/format.h>
+#include <prometheus/collectable.h>
+#include <prometheus/exposer.h>
+#include <prometheus/metric_family.h>
 
 #include "common/log.h"
 #include "dtrain/error.h"
@@ -53,9 +54,9 @@ class MetricsEndpoint::Collector : public prometheus::Collectable {
       f.type = type;
       return f;
     };
-    auto restarts_f = family("dtrain_restarts_total",
-                             "Restarts of the job after failures (elastic runs)",
-                             MetricType::Counter);
+    auto restarts_f =
+        family("dtrain_restarts_total", "Restarts of the job after failures (elastic runs)",
+               MetricType::Counter);
     restarts_f.metric.emplace_back().counter.value = restarts;
     auto ranks_f = family("dtrain_local_ranks", "Workers this launcher runs", MetricType::Gauge);
     ranks_f.metric.emplace_back().gauge.value = ranks;
@@ -65,8 +66,8 @@ class MetricsEndpoint::Collector : public prometheus::Collectable {
                           MetricType::Counter);
     auto rate = family("dtrain_samples_per_second",
                        "A rank's samples per second over its last report", MetricType::Gauge);
-    auto step_s = family("dtrain_step_seconds", "Mean step time over the last report",
-                         MetricType::Gauge);
+    auto step_s =
+        family("dtrain_step_seconds", "Mean step time over the last report", MetricType::Gauge);
     auto compute_s = family("dtrain_step_compute_seconds",
                             "Mean compute per step over the last report (step time less "
                             "communication)",
@@ -77,15 +78,14 @@ class MetricsEndpoint::Collector : public prometheus::Collectable {
                          MetricType::Gauge);
     auto compute_total = family("dtrain_compute_seconds_total",
                                 "A rank's compute time since it started", MetricType::Counter);
-    auto comm_total = family("dtrain_communication_seconds_total",
-                             "A rank's exposed communication time since it started",
-                             MetricType::Counter);
+    auto comm_total =
+        family("dtrain_communication_seconds_total",
+               "A rank's exposed communication time since it started", MetricType::Counter);
     auto age = family("dtrain_report_age_seconds",
                       "Seconds since a rank last reported: a stuck rank's keeps growing",
                       MetricType::Gauge);
     const double now =
-        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-            .count();
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     for (int rank = first; rank < first + ranks; ++rank) {
       const auto r = read_progress_file(dir_ + "/" + progress_file_name(rank), rank);
       if (!r) continue;  // not reported yet
@@ -112,7 +112,7 @@ class MetricsEndpoint::Collector : public prometheus::Collectable {
         add(comm_s, comm);
       }
     }
-    return {restarts_f, ranks_f, step,        samples,    rate, step_s,
+    return {restarts_f, ranks_f, step,          samples,    rate, step_s,
             compute_s,  comm_s,  compute_total, comm_total, age};
   }
 
@@ -126,8 +126,8 @@ namespace {
 
 std::string make_report_dir() {
   const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                        "/dtrain-progress-XXXXXX";
+  std::string pattern =
+      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/dtrain-progress-XXXXXX";
   if (::mkdtemp(pattern.data()) == nullptr)
     throw InvalidArgumentError(fmt::format(
         "dtrain run --metrics-port: cannot make a directory for the workers' reports ({}): {}; "

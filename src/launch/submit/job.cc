@@ -1,6 +1,5 @@
 #include "launch/submit/job.h"
 
-#include <fmt/format.h>
 #include <sys/wait.h>
 
 #include <cerrno>
@@ -9,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 

@@ -1,9 +1,9 @@
 #include "launch/submit/job_file.h"
 
+#include <map>
+
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
-
-#include <map>
 
 #include "dtrain/error.h"
 
@@ -26,7 +26,9 @@ std::string load_job_file(const std::string& path, Job& job,
 
   std::string engine;
   using Setter = std::function<void(const YAML::Node&)>;
-  auto text = [](std::string& field) { return [&field](const YAML::Node& v) { field = v.as<std::string>(); }; };
+  auto text = [](std::string& field) {
+    return [&field](const YAML::Node& v) { field = v.as<std::string>(); };
+  };
   auto number = [](int& field) { return [&field](const YAML::Node& v) { field = v.as<int>(); }; };
   auto list = [](std::vector<std::string>& field) {
     return [&field](const YAML::Node& v) {
@@ -40,9 +42,9 @@ std::string load_job_file(const std::string& path, Job& job,
       {"command",
        [&job](const YAML::Node& v) {
          // A list of words, or one string run by the shell.
-         job.command = v.IsSequence() ? v.as<std::vector<std::string>>()
-                                      : std::vector<std::string>{"/bin/sh", "-c",
-                                                                 v.as<std::string>()};
+         job.command = v.IsSequence()
+                           ? v.as<std::vector<std::string>>()
+                           : std::vector<std::string>{"/bin/sh", "-c", v.as<std::string>()};
        }},
       {"nodes", number(job.nodes)},
       {"procs-per-node", number(job.procs_per_node)},
@@ -80,9 +82,8 @@ std::string load_job_file(const std::string& path, Job& job,
     if (it == keys.end()) {
       std::string known;
       for (const auto& [k, setter] : keys) known += (known.empty() ? "" : ", ") + k;
-      throw InvalidArgumentError(
-          fmt::format("dtrain submit: {}:{}: unknown key '{}'; the keys are {}", path, line, key,
-                      known));
+      throw InvalidArgumentError(fmt::format(
+          "dtrain submit: {}:{}: unknown key '{}'; the keys are {}", path, line, key, known));
     }
     // "preemptible" is set by the command line's --not-preemptible; the file's env is merged
     // with --env's (which win, name by name).
@@ -97,8 +98,8 @@ std::string load_job_file(const std::string& path, Job& job,
           "dtrain submit: {}:{}: '{}' has a value of the wrong kind (a {} was expected)", path,
           line, key,
           key == "command" || key.starts_with("stage") ? "list of strings"
-          : key == "env"                              ? "map of NAME: value"
-          : key == "preemptible" || key == "volcano"  ? "true or false"
+          : key == "env"                               ? "map of NAME: value"
+          : key == "preemptible" || key == "volcano"   ? "true or false"
           : key.find("nodes") != std::string::npos || key.ends_with("-per-proc") ||
                   key.ends_with("-per-node") || key == "max-restarts"
               ? "whole number"

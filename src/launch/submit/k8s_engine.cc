@@ -1,12 +1,12 @@
 #include "launch/submit/k8s_engine.h"
 
-#include <fmt/format.h>
-#include <yaml-cpp/yaml.h>
-
 #include <cstdio>
 #include <regex>
 #include <sstream>
 #include <vector>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
 
 #include "dtrain/error.h"
 #include "dtrain/preemption.h"
@@ -63,9 +63,9 @@ std::string pod_script(const Job& job) {
   s += event("start", "0");
   s += stage_in_commands(job, notifying);
   s += "[ -n \"$stop\" ] && exit 143\n";
-  std::vector<std::string> run = {"dtrain",        "run",
-                                  "-n",            std::to_string(job.procs_per_node),
-                                  "--nnodes",      std::to_string(job.nodes)};
+  std::vector<std::string> run = {"dtrain",   "run",
+                                  "-n",       std::to_string(job.procs_per_node),
+                                  "--nnodes", std::to_string(job.nodes)};
   if (job.gpus_per_proc > 0) {
     run.push_back("--gpus-per-proc");
     run.push_back(std::to_string(job.gpus_per_proc));
@@ -205,8 +205,7 @@ std::string k8s_manifests(const Job& job) {
   pod["spec"]["restartPolicy"] = "Never";
   // SIGTERM first, SIGKILL this long after: time to finish a step and write the checkpoint.
   pod["spec"]["terminationGracePeriodSeconds"] = plain(job.preemptible ? 120 : 30);
-  if (!job.gpu_model.empty())
-    pod["spec"]["nodeSelector"]["nvidia.com/gpu.product"] = job.gpu_model;
+  if (!job.gpu_model.empty()) pod["spec"]["nodeSelector"]["nvidia.com/gpu.product"] = job.gpu_model;
   // Pack: the pods under one switch (a preferred pod affinity on the rack label); spread: on
   // different racks. auto leaves it to the scheduler (Kueue's topology-aware scheduling when a
   // queue is given: packed into one rack when it has room).
@@ -220,8 +219,7 @@ std::string k8s_manifests(const Job& job) {
            .push_back(term);
   }
   if (!job.partition.empty())
-    pod["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"] =
-        job.topology_key;
+    pod["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"] = job.topology_key;
   if (job.volcano) {
     pod["spec"]["schedulerName"] = "volcano";
     pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = name;
@@ -233,7 +231,8 @@ std::string k8s_manifests(const Job& job) {
   kjob["kind"] = "Job";
   kjob["metadata"]["name"] = name;
   kjob["metadata"]["labels"] = YAML::Clone(labels);
-  if (!job.partition.empty()) kjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = job.partition;
+  if (!job.partition.empty())
+    kjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = job.partition;
   kjob["spec"]["completionMode"] = "Indexed";
   kjob["spec"]["completions"] = plain(job.nodes);
   kjob["spec"]["parallelism"] = plain(job.nodes);  // every node at once: a collective waits for all
@@ -309,9 +308,8 @@ std::string submit_k8s(const Job& job, bool apply, bool dry_run) {
   }
   const ShellOutput o = run_shell("kubectl apply -f " + shell_quote(path));
   if (o.status != 0)
-    throw InvalidArgumentError(
-        fmt::format("dtrain submit: kubectl apply -f {} failed (exit {}): {}", path, o.status,
-                    o.text));
+    throw InvalidArgumentError(fmt::format(
+        "dtrain submit: kubectl apply -f {} failed (exit {}): {}", path, o.status, o.text));
   std::printf("submitted job %s to Kubernetes: %d pod(s) x %d rank(s); manifests %s\n%s",
               job.name.c_str(), job.nodes, job.procs_per_node, path.c_str(), o.text.c_str());
   return job.name;

@@ -1,7 +1,6 @@
 #include "launch/submit/local_engine.h"
 
 #include <fcntl.h>
-#include <fmt/format.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -23,6 +22,8 @@
 #include <sstream>
 #include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "common/env.h"
 #include "dtrain/error.h"
@@ -63,12 +64,18 @@ std::string local_script(const Job& job, int port, const std::string& dtrain) {
     std::string env_flags;
     for (const auto& [k, v] : job.env) env_flags += fmt::format(" -e {}", shell_quote(k + "=" + v));
     for (int node = 0; node < job.nodes; ++node) {
-      std::vector<std::string> run = {"dtrain",      "run",        "-n",
+      std::vector<std::string> run = {"dtrain",
+                                      "run",
+                                      "-n",
                                       std::to_string(job.procs_per_node),
-                                      "--nnodes",    std::to_string(job.nodes),
-                                      "--node-rank", std::to_string(node),
-                                      "--master-addr", "127.0.0.1",
-                                      "--master-port", std::to_string(port)};
+                                      "--nnodes",
+                                      std::to_string(job.nodes),
+                                      "--node-rank",
+                                      std::to_string(node),
+                                      "--master-addr",
+                                      "127.0.0.1",
+                                      "--master-port",
+                                      std::to_string(port)};
       run.insert(run.end(), gpus.begin(), gpus.end());
       s += fmt::format(
           "podman run --rm --name \"{}-$DTRAIN_QUEUE_JOB-{}\" "
@@ -158,9 +165,9 @@ fs::path job_dir(const std::string& id) {
   check_id(id);
   fs::path dir = fs::path(queue_dir()) / id;
   if (!fs::exists(dir / "state"))
-    throw InvalidArgumentError(fmt::format(
-        "dtrain: no local job {} in {} (dtrain jobs --engine local lists them)", id,
-        dir.parent_path().string()));
+    throw InvalidArgumentError(
+        fmt::format("dtrain: no local job {} in {} (dtrain jobs --engine local lists them)", id,
+                    dir.parent_path().string()));
   return dir;
 }
 
@@ -271,11 +278,11 @@ std::string submit_local(const Job& job, bool dry_run) {
     env << environment_text();
   }
   write_text(dir / "state", "queued");  // last: the runner takes the job from here on
-  std::printf("submitted job %d to this machine's queue (%s): %s, %d node(s) x %d rank(s)%s; "
-              "output %s\n",
-              id, queue.c_str(), job.name.c_str(), job.nodes, job.procs_per_node,
-              job.container.empty() ? "" : (", container " + job.container).c_str(),
-              log.c_str());
+  std::printf(
+      "submitted job %d to this machine's queue (%s): %s, %d node(s) x %d rank(s)%s; "
+      "output %s\n",
+      id, queue.c_str(), job.name.c_str(), job.nodes, job.procs_per_node,
+      job.container.empty() ? "" : (", container " + job.container).c_str(), log.c_str());
   std::fflush(stdout);
   start_runner(queue);
   return std::to_string(id);
@@ -288,8 +295,7 @@ void local_jobs() {
   for (int id : job_ids(queue)) {
     const fs::path dir = fs::path(queue) / std::to_string(id);
     std::string state = read_text(dir / "state");
-    if (state == "succeeded" || state == "failed")
-      state += " (" + read_text(dir / "exit") + ")";
+    if (state == "succeeded" || state == "failed") state += " (" + read_text(dir / "exit") + ")";
     std::printf("%-6d %-24s %-10s %-8s %-6s %s\n", id, read_text(dir / "name").c_str(),
                 state.c_str(), read_text(dir / "restarts").c_str(),
                 read_text(dir / "ranks").c_str(), read_text(dir / "log").c_str());
@@ -301,8 +307,8 @@ void local_logs(const std::string& id) {
   const std::string log = read_text(dir / "log");
   std::ifstream in(log, std::ios::binary);
   if (!in) {
-    std::printf("job %s is %s: no output yet (%s)\n", id.c_str(),
-                read_text(dir / "state").c_str(), log.c_str());
+    std::printf("job %s is %s: no output yet (%s)\n", id.c_str(), read_text(dir / "state").c_str(),
+                log.c_str());
     return;
   }
   std::fputs(std::string(std::istreambuf_iterator<char>(in), {}).c_str(), stdout);
@@ -347,95 +353,97 @@ int run_local_queue() {
       bool ours = false;
       for (const auto& [pid, r] : running) ours = ours || r.id == id;
       if (ours) continue;
-      std::fprintf(stderr, "dtrain queue: job %d was running under a runner that is gone; "
-                   "marked lost\n", id);
+      std::fprintf(stderr,
+                   "dtrain queue: job %d was running under a runner that is gone; "
+                   "marked lost\n",
+                   id);
       write_text(dir / "exit", "?");
       write_text(dir / "state", "lost");
     }
     for (;;) try {
-      // Reap the jobs that ended.
-      int status = 0;
-      for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
-        const auto it = running.find(pid);
-        if (it == running.end()) continue;
-        const fs::path dir = fs::path(queue) / std::to_string(it->second.id);
-        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        const int restarts = std::atoi(read_text(dir / "restarts").c_str());
-        write_text(dir / "exit", std::to_string(code));
-        if (fs::exists(dir / "cancel")) {
-          write_text(dir / "state", "cancelled");
-        } else if (code == Preemption::kRequeueExitCode &&
-                   restarts < std::atoi(read_text(dir / "max-restarts").c_str())) {
-          write_text(dir / "restarts", std::to_string(restarts + 1));
-          write_text(dir / "state", "queued");
-        } else {
-          write_text(dir / "state", code == 0 ? "succeeded" : "failed");
-        }
-        running.erase(it);
-      }
-      // Start what fits, in order; the first that does not fit waits (no overtaking).
-      int used = 0;
-      for (const auto& [pid, r] : running) used += r.ranks;
-      bool queued = false;
-      for (int id : job_ids(queue)) {
-        const fs::path dir = fs::path(queue) / std::to_string(id);
-        if (read_text(dir / "state") != "queued") continue;
-        if (fs::exists(dir / "cancel")) {
-          write_text(dir / "state", "cancelled");
-          continue;
-        }
-        queued = true;
-        const int ranks = std::atoi(read_text(dir / "ranks").c_str());
-        if (!running.empty() && used + ranks > cpus) break;
-        const std::string restarts = read_text(dir / "restarts");
-        const std::string log = read_text(dir / "log");
-        const std::string cwd = read_text(dir / "cwd");
-        const std::string script = (dir / "job.sh").string();
-        std::vector<std::string> env_strings;
-        {
-          std::ifstream in(dir / "environ", std::ios::binary);
-          for (std::string e; std::getline(in, e, '\0');)
-            if (!e.starts_with("DTRAIN_QUEUE_")) env_strings.push_back(e);
-        }
-        env_strings.push_back("DTRAIN_QUEUE_JOB=" + std::to_string(id));
-        env_strings.push_back("DTRAIN_QUEUE_RESTART=" + restarts);
-        env_strings.push_back("DTRAIN_QUEUE_CANCEL=" + (dir / "cancel").string());
-        std::vector<char*> envp;
-        for (auto& e : env_strings) envp.push_back(e.data());
-        envp.push_back(nullptr);
-        const pid_t pid = ::fork();
-        if (pid == 0) {
-          ::setpgid(0, 0);  // cancel signals the job's whole group
-          const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-          if (out >= 0) {
-            ::dup2(out, 1);
-            ::dup2(out, 2);
+        // Reap the jobs that ended.
+        int status = 0;
+        for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
+          const auto it = running.find(pid);
+          if (it == running.end()) continue;
+          const fs::path dir = fs::path(queue) / std::to_string(it->second.id);
+          const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          const int restarts = std::atoi(read_text(dir / "restarts").c_str());
+          write_text(dir / "exit", std::to_string(code));
+          if (fs::exists(dir / "cancel")) {
+            write_text(dir / "state", "cancelled");
+          } else if (code == Preemption::kRequeueExitCode &&
+                     restarts < std::atoi(read_text(dir / "max-restarts").c_str())) {
+            write_text(dir / "restarts", std::to_string(restarts + 1));
+            write_text(dir / "state", "queued");
+          } else {
+            write_text(dir / "state", code == 0 ? "succeeded" : "failed");
           }
-          if (out > 2) ::close(out);
-          if (::chdir(cwd.c_str()) != 0) ::_exit(126);
-          char* argv[] = {const_cast<char*>("bash"), const_cast<char*>(script.c_str()), nullptr};
-          ::execve("/bin/bash", argv, envp.data());
-          ::_exit(127);
+          running.erase(it);
         }
-        if (pid < 0) break;
-        ::setpgid(pid, pid);
-        write_text(dir / "pid", std::to_string(pid));
-        write_text(dir / "started", process_start(pid));
-        write_text(dir / "state", "running");
-        running[pid] = {id, ranks};
-        used += ranks;
-        // A cancel that read "queued" just before this job started.
-        if (fs::exists(dir / "cancel")) ::kill(pid, SIGTERM);
+        // Start what fits, in order; the first that does not fit waits (no overtaking).
+        int used = 0;
+        for (const auto& [pid, r] : running) used += r.ranks;
+        bool queued = false;
+        for (int id : job_ids(queue)) {
+          const fs::path dir = fs::path(queue) / std::to_string(id);
+          if (read_text(dir / "state") != "queued") continue;
+          if (fs::exists(dir / "cancel")) {
+            write_text(dir / "state", "cancelled");
+            continue;
+          }
+          queued = true;
+          const int ranks = std::atoi(read_text(dir / "ranks").c_str());
+          if (!running.empty() && used + ranks > cpus) break;
+          const std::string restarts = read_text(dir / "restarts");
+          const std::string log = read_text(dir / "log");
+          const std::string cwd = read_text(dir / "cwd");
+          const std::string script = (dir / "job.sh").string();
+          std::vector<std::string> env_strings;
+          {
+            std::ifstream in(dir / "environ", std::ios::binary);
+            for (std::string e; std::getline(in, e, '\0');)
+              if (!e.starts_with("DTRAIN_QUEUE_")) env_strings.push_back(e);
+          }
+          env_strings.push_back("DTRAIN_QUEUE_JOB=" + std::to_string(id));
+          env_strings.push_back("DTRAIN_QUEUE_RESTART=" + restarts);
+          env_strings.push_back("DTRAIN_QUEUE_CANCEL=" + (dir / "cancel").string());
+          std::vector<char*> envp;
+          for (auto& e : env_strings) envp.push_back(e.data());
+          envp.push_back(nullptr);
+          const pid_t pid = ::fork();
+          if (pid == 0) {
+            ::setpgid(0, 0);  // cancel signals the job's whole group
+            const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+            if (out >= 0) {
+              ::dup2(out, 1);
+              ::dup2(out, 2);
+            }
+            if (out > 2) ::close(out);
+            if (::chdir(cwd.c_str()) != 0) ::_exit(126);
+            char* argv[] = {const_cast<char*>("bash"), const_cast<char*>(script.c_str()), nullptr};
+            ::execve("/bin/bash", argv, envp.data());
+            ::_exit(127);
+          }
+          if (pid < 0) break;
+          ::setpgid(pid, pid);
+          write_text(dir / "pid", std::to_string(pid));
+          write_text(dir / "started", process_start(pid));
+          write_text(dir / "state", "running");
+          running[pid] = {id, ranks};
+          used += ranks;
+          // A cancel that read "queued" just before this job started.
+          if (fs::exists(dir / "cancel")) ::kill(pid, SIGTERM);
+        }
+        if (running.empty() && !queued) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      } catch (const std::exception& e) {
+        // A full disk under the queue, a job folder removed by hand: say so, keep running the
+        // jobs that are running.
+        std::fprintf(stderr, "dtrain queue: %s\n", e.what());
+        std::fflush(stderr);
+        std::this_thread::sleep_for(std::chrono::seconds(1));
       }
-      if (running.empty() && !queued) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    } catch (const std::exception& e) {
-      // A full disk under the queue, a job folder removed by hand: say so, keep running the
-      // jobs that are running.
-      std::fprintf(stderr, "dtrain queue: %s\n", e.what());
-      std::fflush(stderr);
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-    }
     // Let go of the queue, then look once more: a job submitted while this runner was deciding
     // to stop found the lock held and started no runner of its own.
     ::flock(lock, LOCK_UN);

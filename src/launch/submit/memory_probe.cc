@@ -1,7 +1,6 @@
 #include "launch/submit/memory_probe.h"
 
 #include <fcntl.h>
-#include <fmt/format.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -16,6 +15,8 @@
 #include <iterator>
 #include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 
@@ -32,8 +33,8 @@ MemoryProbe probe_memory(const Job& job, std::chrono::seconds limit) {
   std::string scratch =
       std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/dtrain-probe-XXXXXX";
   if (::mkdtemp(scratch.data()) == nullptr)
-    throw InvalidArgumentError(fmt::format("dtrain submit --mem auto: cannot make {}: {}",
-                                           scratch, std::strerror(errno)));
+    throw InvalidArgumentError(
+        fmt::format("dtrain submit --mem auto: cannot make {}: {}", scratch, std::strerror(errno)));
   std::error_code ec;
   const std::string exe = fs::read_symlink("/proc/self/exe", ec).string();
   std::vector<std::string> args = {ec ? "dtrain" : exe, "run", "-n",

@@ -1,7 +1,8 @@
 // `dtrain submit --mem auto`: the memory a node of the job needs, measured rather than guessed.
 // The command runs here (this machine, this directory, not in the job's container) for a short
-// while under `dtrain run` with the job's ranks per node, and the peak resident memory of its largest rank (getrusage of the waited
-// processes) times the ranks per node, with a quarter more for headroom, is what is asked for.
+// while under `dtrain run` with the job's ranks per node, and the peak resident memory of its
+// largest rank (getrusage of the waited processes) times the ranks per node, with a quarter more
+// for headroom, is what is asked for.
 #pragma once
 
 #include <chrono>

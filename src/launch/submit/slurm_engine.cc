@@ -1,7 +1,5 @@
 #include "launch/submit/slurm_engine.h"
 
-#include <fmt/format.h>
-
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +8,8 @@
 #include <iterator>
 #include <regex>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "dtrain/error.h"
 #include "dtrain/preemption.h"

@@ -42,8 +42,8 @@ TensorView view_of_array(const py::buffer& array, bool writable, const char* wha
   py::ssize_t expected = info.itemsize;
   for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
     if (info.shape[d] != 1 && info.strides[d] != expected)
-      throw InvalidArgumentError(fmt::format(
-          "{}: the array is not C-contiguous; pass numpy.ascontiguousarray(a)", what));
+      throw InvalidArgumentError(
+          fmt::format("{}: the array is not C-contiguous; pass numpy.ascontiguousarray(a)", what));
     expected *= info.shape[d];
   }
   return TensorView{info.ptr, static_cast<size_t>(info.size), dtype};
@@ -51,22 +51,36 @@ TensorView view_of_array(const py::buffer& array, bool writable, const char* wha
 
 std::chrono::milliseconds timeout_of(double seconds, const char* what) {
   if (!(seconds >= 0 && seconds <= 365.0 * 24 * 3600))
-    throw InvalidArgumentError(fmt::format(
-        "{}: timeout {} s is out of range; give a finite number of seconds, at least 0", what,
-        seconds));
+    throw InvalidArgumentError(
+        fmt::format("{}: timeout {} s is out of range; give a finite number of seconds, at least 0",
+                    what, seconds));
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
 py::array new_array(DType dtype, size_t numel) {
   const char* name = nullptr;
   switch (dtype) {
-    case DType::kF32: name = "float32"; break;
-    case DType::kF64: name = "float64"; break;
-    case DType::kF16: name = "float16"; break;
-    case DType::kI8: name = "int8"; break;
-    case DType::kU8: name = "uint8"; break;
-    case DType::kI32: name = "int32"; break;
-    case DType::kI64: name = "int64"; break;
+    case DType::kF32:
+      name = "float32";
+      break;
+    case DType::kF64:
+      name = "float64";
+      break;
+    case DType::kF16:
+      name = "float16";
+      break;
+    case DType::kI8:
+      name = "int8";
+      break;
+    case DType::kU8:
+      name = "uint8";
+      break;
+    case DType::kI32:
+      name = "int32";
+      break;
+    case DType::kI64:
+      name = "int64";
+      break;
     default:
       throw InvalidArgumentError(fmt::format("no NumPy dtype for {}", to_string(dtype)));
   }

@@ -1,10 +1,9 @@
 // dtrain._core's ShardedDataset (python/dtrain/data.py wraps it): dtrain::data::ShardedDataset,
 // whose records reach Python as bytes. next() releases the GIL and comes back every 100 ms for
 // Ctrl-C; the reader threads never touch Python.
+#include <fmt/format.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
-
-#include <fmt/format.h>
 
 #include "dtrain/data/sharded_dataset.h"
 #include "dtrain/error.h"
@@ -61,8 +60,8 @@ void bind_data(py::module_& m) {
              else if (on_bad == "skip")
                o.on_bad_record = data::OnBadRecord::kSkip;
              else
-               throw InvalidArgumentError(fmt::format(
-                   "ShardedDataset: on_bad_record='{}': use 'fail' or 'skip'", on_bad));
+               throw InvalidArgumentError(
+                   fmt::format("ShardedDataset: on_bad_record='{}': use 'fail' or 'skip'", on_bad));
              if (timeout) {
                if (!(*timeout > 0) || *timeout > 1e9)
                  throw InvalidArgumentError(fmt::format(

@@ -30,10 +30,10 @@ void bind_errors(py::module_& m) {
                                   "An operation did not finish within its limit.");
   static PyObject* peer = make("PeerFailureError", error, "A peer died or broke its connection.");
   static PyObject* aborted = make("AbortedError", error, "The group was aborted.");
-  static PyObject* data_loss = make("DataLossError", error,
-                                    "Bytes were lost or are corrupt (a failed fsync, EIO, a checksum).");
-  static PyObject* exhausted = make("ResourceExhaustedError", error,
-                                    "Out of disk space, quota, descriptors or memory.");
+  static PyObject* data_loss = make(
+      "DataLossError", error, "Bytes were lost or are corrupt (a failed fsync, EIO, a checksum).");
+  static PyObject* exhausted =
+      make("ResourceExhaustedError", error, "Out of disk space, quota, descriptors or memory.");
   static PyObject* unavailable =
       make("UnavailableError", error, "Transient: the same call may succeed later.");
   py::register_exception_translator([](std::exception_ptr p) {
@@ -62,7 +62,9 @@ void bind_errors(py::module_& m) {
 }  // namespace dtrain::python
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "dtrain for Python without torch: process groups on NumPy arrays, the parameter server, sharded data, pipeline schedules";
+  m.doc() =
+      "dtrain for Python without torch: process groups on NumPy arrays, the parameter server, "
+      "sharded data, pipeline schedules";
   dtrain::python::bind_errors(m);
   dtrain::python::bind_process_group(m);
   dtrain::python::bind_ps(m);

@@ -2,9 +2,8 @@
 // (op, stage, micro-batch) tuples per rank), the verifier, the message header the C++ runner
 // speaks, and ParallelLayout. The runner itself is Python (its stages are torch modules); what it
 // runs and what it sends are these.
-#include <pybind11/stl.h>
-
 #include <fmt/format.h>
+#include <pybind11/stl.h>
 
 #include "dtrain/error.h"
 #include "dtrain/parallel_layout.h"
@@ -46,7 +45,9 @@ void bind_pipeline(py::module_& m) {
   m.def(
       "pipeline_schedule",
       [](const std::string& name, int ranks, int microbatches, int virtual_stages) {
-        Schedule s = make_schedule({.name = name, .ranks = ranks, .microbatches = microbatches,
+        Schedule s = make_schedule({.name = name,
+                                    .ranks = ranks,
+                                    .microbatches = microbatches,
                                     .virtual_stages = virtual_stages});
         check(s);
         return to_python(s);
@@ -85,7 +86,8 @@ void bind_pipeline(py::module_& m) {
       [](int direction, int stage, int microbatch, int64_t step, int microbatches,
          uint32_t schedule_id, const std::string& dtype, const std::vector<int64_t>& shape) {
         if (direction != 1 && direction != 2)
-          throw InvalidArgumentError(fmt::format("pipeline: direction {} is not 1 or 2", direction));
+          throw InvalidArgumentError(
+              fmt::format("pipeline: direction {} is not 1 or 2", direction));
         MessageHeader h;
         h.direction = static_cast<Direction>(direction);
         h.stage = stage;
@@ -104,8 +106,9 @@ void bind_pipeline(py::module_& m) {
       "pipeline_decode_header",
       [](const py::buffer& b) {
         py::buffer_info info = b.request();
-        MessageHeader h = decode(std::span<const std::byte>(
-            static_cast<const std::byte*>(info.ptr), static_cast<size_t>(info.size * info.itemsize)));
+        MessageHeader h =
+            decode(std::span<const std::byte>(static_cast<const std::byte*>(info.ptr),
+                                              static_cast<size_t>(info.size * info.itemsize)));
         return py::make_tuple(static_cast<int>(h.direction), h.stage, h.microbatch, h.step,
                               h.microbatches, h.schedule_id, std::string(to_string(h.dtype)),
                               h.shape, describe(h));

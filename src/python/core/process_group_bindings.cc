@@ -2,10 +2,9 @@
 // buffer protocol), for Python without torch. Blocking calls run on the calling thread with the
 // GIL released and stop on Ctrl-C (python/interrupt.h); isend/irecv return a Work that keeps its
 // array alive until it is waited for.
+#include <fmt/format.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
-
-#include <fmt/format.h>
 
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
@@ -31,15 +30,15 @@ struct PyWork {
 };
 
 std::string describe(const char* op, const TensorView& t, const ProcessGroup& g) {
-  return fmt::format("{} of {} {} on group {} (rank {})", op, t.numel, to_string(t.dtype),
-                     g.name(), g.rank());
+  return fmt::format("{} of {} {} on group {} (rank {})", op, t.numel, to_string(t.dtype), g.name(),
+                     g.rank());
 }
 
 }  // namespace
 
 void bind_process_group(py::module_& m) {
   py::class_<PyWork, std::shared_ptr<PyWork>>(m, "Work",
-                                             "A send or receive in flight (isend, irecv).")
+                                              "A send or receive in flight (isend, irecv).")
       .def(
           "wait",
           [](PyWork& w, std::optional<double> seconds) {
@@ -144,7 +143,8 @@ void bind_process_group(py::module_& m) {
                               [&] { g->alltoall(o, in, opt)->wait(); });
             return out;
           },
-          py::arg("array"), "Block j of the array goes to rank j; block i of the result came from rank i.")
+          py::arg("array"),
+          "Block j of the array goes to rank j; block i of the result came from rank i.")
       .def(
           "gather",
           [](const Group& g, const py::buffer& a, int root) -> py::object {
@@ -154,7 +154,8 @@ void bind_process_group(py::module_& m) {
             GatherOptions opt;
             opt.root = root;
             opt.async_op = false;
-            run_interruptibly(g, describe("gather", in, *g), [&] { g->gather(o, in, opt)->wait(); });
+            run_interruptibly(g, describe("gather", in, *g),
+                              [&] { g->gather(o, in, opt)->wait(); });
             if (g->rank() == root) return out;
             return py::none();
           },
@@ -175,19 +176,20 @@ void bind_process_group(py::module_& m) {
             ScatterOptions opt;
             opt.root = root;
             opt.async_op = false;
-            run_interruptibly(g, describe("scatter", o, *g), [&] { g->scatter(o, in, opt)->wait(); });
+            run_interruptibly(g, describe("scatter", o, *g),
+                              [&] { g->scatter(o, in, opt)->wait(); });
             return out;
           },
           py::arg("out"), py::arg("array") = py::none(), py::arg("root") = 0,
           "Rank r's `out` gets block r of root's array (root passes it; others may pass None).")
-      .def(
-          "barrier",
-          [](const Group& g) {
-            BarrierOptions o;
-            o.async_op = false;
-            run_interruptibly(g, fmt::format("barrier on group {} (rank {})", g->name(), g->rank()),
-                              [&] { g->barrier(o)->wait(); });
-          })
+      .def("barrier",
+           [](const Group& g) {
+             BarrierOptions o;
+             o.async_op = false;
+             run_interruptibly(g,
+                               fmt::format("barrier on group {} (rank {})", g->name(), g->rank()),
+                               [&] { g->barrier(o)->wait(); });
+           })
       .def(
           "send",
           [](const Group& g, const py::buffer& a, int dst, int tag) {
@@ -201,7 +203,9 @@ void bind_process_group(py::module_& m) {
           [](const Group& g, const py::buffer& a, std::optional<int> src, int tag) {
             TensorView t = view_of_array(a, true, "recv");
             return run_interruptibly(
-                g, describe("recv", t, *g) + (src ? fmt::format(" from rank {}", *src) : " from any rank"),
+                g,
+                describe("recv", t, *g) +
+                    (src ? fmt::format(" from rank {}", *src) : " from any rank"),
                 [&] {
                   auto w = src ? g->irecv(t, *src, tag) : g->irecv_any(t, tag);
                   w->wait();
@@ -214,8 +218,8 @@ void bind_process_group(py::module_& m) {
           "isend",
           [](const Group& g, const py::buffer& a, int dst, int tag) {
             TensorView t = view_of_array(a, false, "isend");
-            return std::make_shared<PyWork>(PyWork{g->isend(t, dst, tag), g,
-                                                   describe("isend", t, *g), {a}});
+            return std::make_shared<PyWork>(
+                PyWork{g->isend(t, dst, tag), g, describe("isend", t, *g), {a}});
           },
           py::arg("array"), py::arg("dst"), py::arg("tag") = 0)
       .def(
@@ -236,8 +240,9 @@ void bind_process_group(py::module_& m) {
 
   m.def(
       "init_process_group",
-      [](std::optional<int> rank, std::optional<int> world_size, std::optional<std::string> init_method,
-         std::optional<milliseconds> timeout, std::optional<std::string> name) {
+      [](std::optional<int> rank, std::optional<int> world_size,
+         std::optional<std::string> init_method, std::optional<milliseconds> timeout,
+         std::optional<std::string> name) {
         InitOptions o;
         o.identity.rank = rank;
         o.identity.world_size = world_size;

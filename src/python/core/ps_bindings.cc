@@ -1,10 +1,9 @@
 // dtrain._core's parameter-server client (python/dtrain/ps.py wraps it): dtrain::ps::Client on
 // NumPy arrays. Every call returns a Handle that keeps its arrays alive until it completed;
 // Handle.wait releases the GIL and comes back every 100 ms for Ctrl-C.
+#include <fmt/format.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
-
-#include <fmt/format.h>
 
 #include "dtrain/error.h"
 #include "dtrain/ps.h"
@@ -61,8 +60,8 @@ ps::OptimizerOptions optimizer(const std::string& kind, float lr, float momentum
   } else if (kind == "sum") {
     o.kind = ps::OptimizerOptions::Kind::kSum;
   } else {
-    throw InvalidArgumentError(fmt::format(
-        "ps: unknown optimizer '{}'; use sgd, momentum, adam, adagrad or sum", kind));
+    throw InvalidArgumentError(
+        fmt::format("ps: unknown optimizer '{}'; use sgd, momentum, adam, adagrad or sum", kind));
   }
   o.lr = lr;
   o.momentum = momentum;
@@ -85,8 +84,8 @@ ps::TableOptions table(const ps::OptimizerOptions& opt, const std::string& consi
   } else if (consistency == "bounded" || consistency == "ssp") {
     t.consistency = ps::Consistency::kBounded;
   } else {
-    throw InvalidArgumentError(fmt::format(
-        "ps: unknown consistency '{}'; use sync, async or bounded", consistency));
+    throw InvalidArgumentError(
+        fmt::format("ps: unknown consistency '{}'; use sync, async or bounded", consistency));
   }
   t.staleness = staleness;
   return t;
@@ -108,10 +107,12 @@ std::span<const uint64_t> ids_of(const py::buffer& ids, py::buffer_info& info) {
 }  // namespace
 
 void bind_ps(py::module_& m) {
-  py::class_<PsHandle, std::shared_ptr<PsHandle>>(m, "PsHandle", "A parameter-server call in flight.")
-      .def("wait", &PsHandle::wait, py::arg("timeout") = py::none(),
-           "Waits (at most `timeout` seconds, else the client's request timeout); raises the call's "
-           "error.")
+  py::class_<PsHandle, std::shared_ptr<PsHandle>>(m, "PsHandle",
+                                                  "A parameter-server call in flight.")
+      .def(
+          "wait", &PsHandle::wait, py::arg("timeout") = py::none(),
+          "Waits (at most `timeout` seconds, else the client's request timeout); raises the call's "
+          "error.")
       .def("done", [](const PsHandle& h) { return h.handle.done(); });
 
   using Client = ps::Client;
@@ -131,9 +132,9 @@ void bind_ps(py::module_& m) {
              float lr, float momentum, float beta1, float beta2, float eps, float weight_decay,
              float initial_accumulator, const std::string& consistency, uint32_t staleness) {
             TensorView t = view_of_array(init, false, "create_dense");
-            auto options = table(optimizer(kind, lr, momentum, beta1, beta2, eps, weight_decay,
-                                           initial_accumulator),
-                                 consistency, staleness);
+            auto options = table(
+                optimizer(kind, lr, momentum, beta1, beta2, eps, weight_decay, initial_accumulator),
+                consistency, staleness);
             py::gil_scoped_release release;
             c.create_dense(name, t, options);
           },
@@ -144,8 +145,8 @@ void bind_ps(py::module_& m) {
       .def(
           "create_sparse",
           [](Client& c, const std::string& name, size_t width, const std::string& init, float a,
-             float b, uint64_t seed, const std::string& kind, float lr, float momentum,
-             float beta1, float beta2, float eps, float weight_decay, float initial_accumulator,
+             float b, uint64_t seed, const std::string& kind, float lr, float momentum, float beta1,
+             float beta2, float eps, float weight_decay, float initial_accumulator,
              const std::string& consistency, uint32_t staleness, int64_t evict_after_s) {
             ps::SparseTableOptions o;
             o.width = width;
@@ -156,15 +157,15 @@ void bind_ps(py::module_& m) {
             } else if (init == "normal") {
               o.init.kind = ps::RowInit::Kind::kNormal;
             } else {
-              throw InvalidArgumentError(fmt::format(
-                  "ps: unknown row init '{}'; use zeros, uniform or normal", init));
+              throw InvalidArgumentError(
+                  fmt::format("ps: unknown row init '{}'; use zeros, uniform or normal", init));
             }
             o.init.a = a;
             o.init.b = b;
             o.init.seed = seed;
-            o.table = table(optimizer(kind, lr, momentum, beta1, beta2, eps, weight_decay,
-                                      initial_accumulator),
-                            consistency, staleness);
+            o.table = table(
+                optimizer(kind, lr, momentum, beta1, beta2, eps, weight_decay, initial_accumulator),
+                consistency, staleness);
             o.evict_after = std::chrono::seconds(evict_after_s);
             py::gil_scoped_release release;
             c.create_sparse(name, o);
@@ -190,7 +191,8 @@ void bind_ps(py::module_& m) {
           py::arg("name"), py::arg("out"))
       .def(
           "push_pull",
-          [keep](Client& c, const std::string& name, const py::buffer& grad, const py::buffer& out) {
+          [keep](Client& c, const std::string& name, const py::buffer& grad,
+                 const py::buffer& out) {
             TensorView g = view_of_array(grad, false, "push_pull");
             TensorView o = view_of_array(out, true, "push_pull");
             return keep(c.push_pull(name, g, o), {grad, out});
@@ -207,7 +209,8 @@ void bind_ps(py::module_& m) {
           py::arg("table"), py::arg("ids"), py::arg("out"))
       .def(
           "push_rows",
-          [keep](Client& c, const std::string& name, const py::buffer& ids, const py::buffer& grads) {
+          [keep](Client& c, const std::string& name, const py::buffer& ids,
+                 const py::buffer& grads) {
             py::buffer_info info;
             auto span = ids_of(ids, info);
             TensorView g = view_of_array(grads, false, "push_rows");

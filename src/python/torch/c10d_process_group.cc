@@ -1,13 +1,13 @@
 #include "python/torch/c10d_process_group.h"
 
-#include <fmt/format.h>
-
 #include <numeric>
 
+#include <fmt/format.h>
+
 #include "dtrain/error.h"
+#include "dtrain/torch/tensor_view.h"
 #include "python/torch/c10d_store.h"
 #include "python/torch/c10d_work.h"
-#include "dtrain/torch/tensor_view.h"
 
 namespace dtrain::python {
 namespace {
@@ -26,9 +26,9 @@ TensorView view_of(const at::Tensor& t) {
     v.device = Device::kCuda;
     v.device_index = t.get_device();
   } else if (!t.is_cpu()) {
-    throw InvalidArgumentError(fmt::format(
-        "dtrain backend: tensors on {} cannot be communicated (CPU and CUDA only)",
-        t.device().str()));
+    throw InvalidArgumentError(
+        fmt::format("dtrain backend: tensors on {} cannot be communicated (CPU and CUDA only)",
+                    t.device().str()));
   }
   return v;
 }
@@ -47,40 +47,46 @@ at::Tensor& single(std::vector<at::Tensor>& tensors, const char* op) {
 ReduceOp reduce_op(const c10d::ReduceOp& op, const at::Tensor& t, const char* what) {
   const bool boolean = t.scalar_type() == at::kBool;
   switch (op.op_) {
-    case c10d::ReduceOp::SUM: return boolean ? ReduceOp::kMax : ReduceOp::kSum;  // logical or
-    case c10d::ReduceOp::PREMUL_SUM: return ReduceOp::kSum;  // after scaling: see premultiply
+    case c10d::ReduceOp::SUM:
+      return boolean ? ReduceOp::kMax : ReduceOp::kSum;  // logical or
+    case c10d::ReduceOp::PREMUL_SUM:
+      return ReduceOp::kSum;  // after scaling: see premultiply
     case c10d::ReduceOp::AVG:
       if (boolean) break;
       return ReduceOp::kAvg;
-    case c10d::ReduceOp::PRODUCT: return boolean ? ReduceOp::kMin : ReduceOp::kProd;  // and
-    case c10d::ReduceOp::MIN: return ReduceOp::kMin;
-    case c10d::ReduceOp::MAX: return ReduceOp::kMax;
-    case c10d::ReduceOp::BAND: return ReduceOp::kBand;
-    case c10d::ReduceOp::BOR: return ReduceOp::kBor;
-    case c10d::ReduceOp::BXOR: return ReduceOp::kBxor;
-    default: break;
+    case c10d::ReduceOp::PRODUCT:
+      return boolean ? ReduceOp::kMin : ReduceOp::kProd;  // and
+    case c10d::ReduceOp::MIN:
+      return ReduceOp::kMin;
+    case c10d::ReduceOp::MAX:
+      return ReduceOp::kMax;
+    case c10d::ReduceOp::BAND:
+      return ReduceOp::kBand;
+    case c10d::ReduceOp::BOR:
+      return ReduceOp::kBor;
+    case c10d::ReduceOp::BXOR:
+      return ReduceOp::kBxor;
+    default:
+      break;
   }
-  throw InvalidArgumentError(fmt::format("dtrain backend: {} with reduce op {} on {} tensors is "
-                                         "not supported",
-                                         what, static_cast<int>(op.op_),
-                                         c10::toString(t.scalar_type())));
+  throw InvalidArgumentError(
+      fmt::format("dtrain backend: {} with reduce op {} on {} tensors is "
+                  "not supported",
+                  what, static_cast<int>(op.op_), c10::toString(t.scalar_type())));
 }
 
 // PREMUL_SUM (torch.distributed._make_nccl_premul_sum): multiply by the factor, then sum.
 void premultiply(const c10d::ReduceOp& op, at::Tensor& t) {
   if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return;
   auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-  if (s == nullptr)
-    throw InvalidArgumentError("dtrain backend: PREMUL_SUM without its factor");
+  if (s == nullptr) throw InvalidArgumentError("dtrain backend: PREMUL_SUM without its factor");
   if (!s->tensor_factors.empty())
     t.mul_(s->tensor_factors.at(0).to(t.device()));
   else
     t.mul_(s->double_factor);
 }
 
-milliseconds timeout_of(milliseconds t) {
-  return t == c10d::kUnsetTimeout ? milliseconds(0) : t;
-}
+milliseconds timeout_of(milliseconds t) { return t == c10d::kUnsetTimeout ? milliseconds(0) : t; }
 
 // A contiguous tensor the operation can use in place of `t`: `t` itself when it is contiguous,
 // else a copy (copied back by the caller once the operation succeeds, when `t` is an output).
@@ -97,8 +103,8 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const 
   if (a.scalar_type() != b.scalar_type() || a.device() != b.device())
     throw InvalidArgumentError(fmt::format(
         "dtrain backend: {}: {} must have the input's dtype and device ({} on {}), got {} on {}",
-        op, what, c10::toString(b.scalar_type()), b.device().str(),
-        c10::toString(a.scalar_type()), a.device().str()));
+        op, what, c10::toString(b.scalar_type()), b.device().str(), c10::toString(a.scalar_type()),
+        a.device().str()));
 }
 
 void check_list(const std::vector<at::Tensor>& list, size_t n, int64_t numel,
@@ -109,9 +115,9 @@ void check_list(const std::vector<at::Tensor>& list, size_t n, int64_t numel,
   for (size_t i = 0; i < list.size(); ++i) {
     check_same(list[i], like, op, what);
     if (list[i].numel() != numel)
-      throw InvalidArgumentError(fmt::format(
-          "dtrain backend: {}: tensor {} of {} has {} elements, the input {}", op, i, what,
-          list[i].numel(), numel));
+      throw InvalidArgumentError(
+          fmt::format("dtrain backend: {}: tensor {} of {} has {} elements, the input {}", op, i,
+                      what, list[i].numel(), numel));
   }
 }
 
@@ -134,8 +140,8 @@ void copy_in(at::Tensor& flat, const std::vector<at::Tensor>& sources) {
 
 }  // namespace
 
-C10dProcessGroup::C10dProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                   int size, const Options& options)
+C10dProcessGroup::C10dProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                   const Options& options)
     : c10d::ProcessGroup(rank, size), completer_(std::make_shared<FutureCompleter>()) {
   ProcessGroupOptions o;
   o.name = options.name;
@@ -153,8 +159,7 @@ C10dProcessGroup::~C10dProcessGroup() = default;
 c10::intrusive_ptr<C10dWork> C10dProcessGroup::make_work(c10d::OpType type, const char* title,
                                                          bool collective) {
   if (collective) seq_.fetch_add(1);
-  return c10::make_intrusive<C10dWork>(rank_, type, title,
-                                       collective ? completer_ : nullptr);
+  return c10::make_intrusive<C10dWork>(rank_, type, title, collective ? completer_ : nullptr);
 }
 
 c10::intrusive_ptr<c10d::Work> C10dProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
@@ -210,8 +215,9 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::reduce(std::vector<at::Tensor>&
   at::Tensor buf = root ? contiguous(t) : t.contiguous().clone();
   premultiply(opts.reduceOp, buf);
   auto work = make_work(c10d::OpType::REDUCE, "dtrain:reduce", true);
-  work->add(pg_->reduce(view_of(buf), {.root = static_cast<int>(opts.rootRank), .op = op,
-                                       .timeout = timeout_of(opts.timeout)}));
+  work->add(pg_->reduce(
+      view_of(buf),
+      {.root = static_cast<int>(opts.rootRank), .op = op, .timeout = timeout_of(opts.timeout)}));
   work->keep_alive(buf);
   if (root && !buf.is_same(t)) work->then([t, buf]() mutable { t.copy_(buf); });
   work->set_result({t});
@@ -259,9 +265,9 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   if (outputs.size() != inputs.size())
-    throw InvalidArgumentError(fmt::format(
-        "dtrain backend: allgather_coalesced: {} output lists for {} inputs", outputs.size(),
-        inputs.size()));
+    throw InvalidArgumentError(
+        fmt::format("dtrain backend: allgather_coalesced: {} output lists for {} inputs",
+                    outputs.size(), inputs.size()));
   if (inputs.empty())
     throw InvalidArgumentError("dtrain backend: allgather_coalesced of an empty list");
   // One all-gather of every input laid end to end: rank r's block is its inputs in order.
@@ -310,12 +316,13 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::gather(
     flat = at::empty({in.numel() * size_}, in.options());
   } else if (!outputs.empty() && !outputs[0].empty()) {
     throw InvalidArgumentError(fmt::format(
-        "dtrain backend: gather: rank {} is not the root ({}) and must pass no output list",
-        rank_, root));
+        "dtrain backend: gather: rank {} is not the root ({}) and must pass no output list", rank_,
+        root));
   }
   auto work = make_work(c10d::OpType::GATHER, "dtrain:gather", true);
   TensorView out_view = flat.defined() ? view_of(flat) : TensorView{nullptr, 0, dtype_of(in)};
-  work->add(pg_->gather(out_view, view_of(in), {.root = root, .timeout = timeout_of(opts.timeout)}));
+  work->add(
+      pg_->gather(out_view, view_of(in), {.root = root, .timeout = timeout_of(opts.timeout)}));
   work->keep_alive(in);
   if (flat.defined()) {
     work->keep_alive(flat);
@@ -341,12 +348,13 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::scatter(
     copy_in(flat, inputs[0]);
   } else if (!inputs.empty() && !inputs[0].empty()) {
     throw InvalidArgumentError(fmt::format(
-        "dtrain backend: scatter: rank {} is not the root ({}) and must pass no input list",
-        rank_, root));
+        "dtrain backend: scatter: rank {} is not the root ({}) and must pass no input list", rank_,
+        root));
   }
   auto work = make_work(c10d::OpType::SCATTER, "dtrain:scatter", true);
   TensorView in_view = flat.defined() ? view_of(flat) : TensorView{nullptr, 0, dtype_of(out)};
-  work->add(pg_->scatter(view_of(out), in_view, {.root = root, .timeout = timeout_of(opts.timeout)}));
+  work->add(
+      pg_->scatter(view_of(out), in_view, {.root = root, .timeout = timeout_of(opts.timeout)}));
   work->keep_alive(out);
   if (flat.defined()) work->keep_alive(flat);
   if (!out.is_same(output)) work->then([output, out]() mutable { output.copy_(out); });
@@ -427,8 +435,9 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::alltoall_base(
         return c;
       }
       if (splits.size() != static_cast<size_t>(size_))
-        throw InvalidArgumentError(fmt::format(
-            "dtrain backend: all_to_all_single: {} split sizes for {} ranks", splits.size(), size_));
+        throw InvalidArgumentError(
+            fmt::format("dtrain backend: all_to_all_single: {} split sizes for {} ranks",
+                        splits.size(), size_));
       int64_t total = 0;
       for (int i = 0; i < size_; ++i) {
         if (splits[i] < 0)
@@ -445,7 +454,8 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::alltoall_base(
     };
     auto in_counts = counts(input_split_sizes, in, "the input");
     auto out_counts = counts(output_split_sizes, out, "the output");
-    work->add(pg_->alltoallv(view_of(out), out_counts, view_of(in), in_counts, {.timeout = timeout}));
+    work->add(
+        pg_->alltoallv(view_of(out), out_counts, view_of(in), in_counts, {.timeout = timeout}));
   }
   work->keep_alive(in);
   work->keep_alive(out);
@@ -458,9 +468,9 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::alltoall(std::vector<at::Tensor
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllToAllOptions& opts) {
   if (inputs.size() != static_cast<size_t>(size_) || outputs.size() != static_cast<size_t>(size_))
-    throw InvalidArgumentError(fmt::format(
-        "dtrain backend: all_to_all: {} inputs and {} outputs; the group has {} ranks",
-        inputs.size(), outputs.size(), size_));
+    throw InvalidArgumentError(
+        fmt::format("dtrain backend: all_to_all: {} inputs and {} outputs; the group has {} ranks",
+                    inputs.size(), outputs.size(), size_));
   for (const auto& t : inputs) check_same(t, inputs[0], "all_to_all", "every input");
   for (const auto& t : outputs) check_same(t, inputs[0], "all_to_all", "every output");
   std::vector<size_t> in_counts, out_counts;

@@ -19,8 +19,8 @@ auto call(const char* what, const std::vector<std::string>& keys, F&& f) -> decl
   } catch (const std::exception& e) {
     std::string m = e.what();
     if (auto nl = m.find("\nException raised from"); nl != std::string::npos) m.resize(nl);
-    std::string text = fmt::format("torch's store: {} of key(s) {} failed: {}", what,
-                                   fmt::join(keys, ", "), m);
+    std::string text =
+        fmt::format("torch's store: {} of key(s) {} failed: {}", what, fmt::join(keys, ", "), m);
     if (m.find("imeout") != std::string::npos || m.find("imed out") != std::string::npos)
       throw TimeoutError(text);
     throw StoreError(text);
@@ -76,8 +76,8 @@ std::vector<Bytes> C10dStore::multi_get(const std::vector<std::string>& keys) {
 
 void C10dStore::multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) {
   if (keys.size() != values.size())
-    throw InvalidArgumentError(fmt::format("multi_set: {} keys but {} values", keys.size(),
-                                           values.size()));
+    throw InvalidArgumentError(
+        fmt::format("multi_set: {} keys but {} values", keys.size(), values.size()));
   for (size_t i = 0; i < keys.size(); ++i) set(keys[i], values[i]);
 }
 

@@ -1,9 +1,9 @@
 #include "python/torch/c10d_work.h"
 
+#include <set>
+
 #include <ATen/core/jit_type.h>
 #include <fmt/format.h>
-
-#include <set>
 
 #include "dtrain/error.h"
 
@@ -84,8 +84,8 @@ bool C10dWork::wait(std::chrono::milliseconds timeout) {
   if (timeout > std::chrono::milliseconds(0)) limit = timeout;
   if (!settle(limit))
     throw TimeoutError(fmt::format(
-        "rank {}: wait on {} timed out after {} ms (another thread is still waiting for it)",
-        rank_, c10d::opTypeToString(opType_), timeout.count()));
+        "rank {}: wait on {} timed out after {} ms (another thread is still waiting for it)", rank_,
+        c10d::opTypeToString(opType_), timeout.count()));
   std::lock_guard l(mutex_);
   if (exception_) std::rethrow_exception(exception_);
   return true;
@@ -101,8 +101,8 @@ c10::intrusive_ptr<c10::ivalue::Future> C10dWork::getFuture() {
   {
     std::lock_guard l(future_mu_);
     if (!future_) {
-      future_ = c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()));
+      future_ =
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
       queue = true;
     }
     future = future_;

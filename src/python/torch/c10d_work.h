@@ -7,15 +7,15 @@
 // hooks). Errors keep dtrain's full text: rank, peer, operation, sequence number, elapsed time.
 #pragma once
 
-#include <ATen/core/ivalue.h>
-#include <torch/csrc/distributed/c10d/Work.hpp>
-
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "dtrain/work.h"
 

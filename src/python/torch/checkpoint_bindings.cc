@@ -8,6 +8,7 @@
 // hyper-parameters and state copied in before a save and out after a load. So a checkpoint from
 // Python is the C++ format (model.safetensors under PyTorch's names, optimizer state, the
 // generator, a CRC-checked manifest, written atomically) and each side loads the other's.
+#include <fmt/format.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -15,8 +16,6 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
-
-#include <fmt/format.h>
 
 #include "dtrain/error.h"
 #include "dtrain/torch/checkpoint.h"
@@ -69,7 +68,8 @@ std::string state_key(const at::Tensor& p) {
 
 double number(const py::dict& d, const char* key) {
   if (!d.contains(key))
-    throw InvalidArgumentError(fmt::format("checkpoint: the optimizer's param group has no '{}'", key));
+    throw InvalidArgumentError(
+        fmt::format("checkpoint: the optimizer's param group has no '{}'", key));
   return py::cast<double>(d[key]);
 }
 
@@ -200,7 +200,8 @@ py::tuple restored(const OptimizerTwin& t) {
       }
       py::dict s;
       if (t.type == "SGD") {
-        s["momentum_buffer"] = static_cast<const torch::optim::SGDParamState&>(*it->second).momentum_buffer();
+        s["momentum_buffer"] =
+            static_cast<const torch::optim::SGDParamState&>(*it->second).momentum_buffer();
       } else {
         auto adam = [&](const auto& st) {
           s["step"] = st.step();
@@ -246,8 +247,8 @@ py::dict loaded_dict(const LoadedCheckpoint& c) {
 }  // namespace
 
 void bind_checkpoints(py::module_& m) {
-  py::class_<CheckpointManager>(m, "CheckpointManager",
-                                "dtrain's C++ CheckpointManager (python/dtrain/torch/checkpoint.py).")
+  py::class_<CheckpointManager>(
+      m, "CheckpointManager", "dtrain's C++ CheckpointManager (python/dtrain/torch/checkpoint.py).")
       .def(py::init([](std::string dir, int keep, int writer_rank, bool async_write,
                        std::chrono::milliseconds write_timeout,
                        const c10::intrusive_ptr<C10dProcessGroup>& group) {
@@ -348,8 +349,9 @@ void bind_checkpoints(py::module_& m) {
       "Collective: the newest state any rank holds among `sources` (managers and what they\n"
       "are), loaded by the lowest rank holding it and broadcast to all (C++ resume_newest).");
 
-  py::class_<DistributedSampler>(m, "DistributedSampler",
-                                 "dtrain's C++ DistributedSampler (python/dtrain/torch/checkpoint.py).")
+  py::class_<DistributedSampler>(
+      m, "DistributedSampler",
+      "dtrain's C++ DistributedSampler (python/dtrain/torch/checkpoint.py).")
       .def(py::init<size_t, int, int, bool, uint64_t, bool>(), py::arg("dataset_size"),
            py::arg("num_replicas"), py::arg("rank"), py::arg("shuffle"), py::arg("seed"),
            py::arg("drop_last"))

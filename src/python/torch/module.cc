@@ -5,19 +5,18 @@
 // call the rest through their virtual functions, releasing the GIL as they do for gloo. Every
 // blocking call of the Session releases the GIL; waits on the coordinator come back every slice
 // so that Python can deliver Ctrl-C between them.
+#include <fmt/format.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <fmt/format.h>
-
 #include "dtrain/identity.h"
 #include "dtrain/reduce_op.h"
+#include "python/interrupt.h"
+#include "python/progress_binding.h"
+#include "python/torch/bindings.h"
 #include "python/torch/c10d_process_group.h"
 #include "python/torch/c10d_work.h"
-#include "python/interrupt.h"
-#include "python/torch/bindings.h"
-#include "python/progress_binding.h"
 #include "python/torch/session.h"
 
 namespace py = pybind11;
@@ -78,7 +77,8 @@ void bind_session(py::module_& m) {
       .def(
           "allreduce_",
           [](Session& s, const at::Tensor& t, const std::string& op, double pre, double post) {
-            blocking(s, "allreduce", t, [&] { s.allreduce_(t, dtrain::parse_reduce_op(op), pre, post); });
+            blocking(s, "allreduce", t,
+                     [&] { s.allreduce_(t, dtrain::parse_reduce_op(op), pre, post); });
           },
           py::arg("tensor"), py::arg("op"), py::arg("prescale"), py::arg("postscale"))
       .def(
@@ -119,8 +119,8 @@ void bind_session(py::module_& m) {
              const std::string& compression, const std::string& op, int passes, double pre,
              double post) {
             dtrain::GradientHooksOptions o;
-            o.compression = compression == "fp16" ? dtrain::Compression::kFp16
-                                                  : dtrain::Compression::kNone;
+            o.compression =
+                compression == "fp16" ? dtrain::Compression::kFp16 : dtrain::Compression::kNone;
             o.op = dtrain::parse_reduce_op(op);
             o.backward_passes_per_step = passes;
             o.prescale = pre;
@@ -154,8 +154,7 @@ PYBIND11_MODULE(_torch, m) {
            // Connecting waits for every member: other Python threads run meanwhile.
            py::call_guard<py::gil_scoped_release>());
   m.def(
-      "_quiesce",
-      [] { dtrain::python::FutureCompleter::quiesce_all(std::chrono::seconds(10)); },
+      "_quiesce", [] { dtrain::python::FutureCompleter::quiesce_all(std::chrono::seconds(10)); },
       "Waits until no thread of the backend runs a future's callbacks (registered with atexit).",
       py::call_guard<py::gil_scoped_release>());
   m.def(

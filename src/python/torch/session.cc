@@ -8,8 +8,8 @@
 #include <fmt/ranges.h>
 
 #include "dtrain/error.h"
-#include "dtrain/torch/timeline.h"
 #include "dtrain/torch/tensor_view.h"
+#include "dtrain/torch/timeline.h"
 
 namespace dtrain::python {
 
@@ -20,9 +20,9 @@ namespace {
 // A scaling factor other than 1 needs a floating-point tensor.
 void check_scale(const at::Tensor& tensor, double factor, const char* what) {
   if (factor != 1.0 && !tensor.is_floating_point())
-    throw InvalidArgumentError(fmt::format(
-        "{} {} applies to floating-point tensors only; this one holds {}", what, factor,
-        c10::toString(tensor.scalar_type())));
+    throw InvalidArgumentError(
+        fmt::format("{} {} applies to floating-point tensors only; this one holds {}", what, factor,
+                    c10::toString(tensor.scalar_type())));
 }
 
 void scale(const at::Tensor& tensor, double factor, const char* what) {
@@ -59,7 +59,9 @@ std::vector<int64_t> shape_with_rows(const at::Tensor& t, int64_t rows) {
 
 AsyncAllreduce::AsyncAllreduce(std::shared_ptr<Coordinator::Handle> handle, at::Tensor tensor,
                                double postscale, std::chrono::milliseconds limit)
-    : handle_(std::move(handle)), tensor_(std::move(tensor)), postscale_(postscale),
+    : handle_(std::move(handle)),
+      tensor_(std::move(tensor)),
+      postscale_(postscale),
       limit_(limit) {}
 
 bool AsyncAllreduce::wait_some(std::chrono::milliseconds slice) {
@@ -102,8 +104,7 @@ std::chrono::milliseconds Session::wait_limit() const {
   return options_.stall_timeout + ops_->timeout();
 }
 
-void Session::allreduce_(const at::Tensor& tensor, ReduceOp op, double prescale,
-                         double postscale) {
+void Session::allreduce_(const at::Tensor& tensor, ReduceOp op, double prescale, double postscale) {
   TensorView view = view_of(tensor);
   scale(tensor, prescale, "prescale_factor");
   AllreduceOptions o;
@@ -192,10 +193,11 @@ std::shared_ptr<AsyncAllreduce> Session::allreduce_async_(const at::Tensor& tens
                                                           double prescale, double postscale) {
   open();
   TensorView view = view_of(tensor);
-  check_scale(tensor, postscale, "postscale_factor");  // applied by the first wait that sees it done
+  check_scale(tensor, postscale,
+              "postscale_factor");  // applied by the first wait that sees it done
   scale(tensor, prescale, "prescale_factor");
-  return std::make_shared<AsyncAllreduce>(coordinator_->submit(name, view, op), tensor,
-                                          postscale, wait_limit());
+  return std::make_shared<AsyncAllreduce>(coordinator_->submit(name, view, op), tensor, postscale,
+                                          wait_limit());
 }
 
 std::shared_ptr<AsyncAllreduce> Session::join() {

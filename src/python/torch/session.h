@@ -32,8 +32,8 @@ struct SessionOptions {
 // after the reduction is applied once, by the first wait that sees it done.
 class AsyncAllreduce {
  public:
-  AsyncAllreduce(std::shared_ptr<Coordinator::Handle> handle, at::Tensor tensor,
-                 double postscale, std::chrono::milliseconds limit);
+  AsyncAllreduce(std::shared_ptr<Coordinator::Handle> handle, at::Tensor tensor, double postscale,
+                 std::chrono::milliseconds limit);
   // Waits up to `slice`; true once the tensor holds the result. Throws the coordinator's error,
   // or TimeoutError once `limit` has passed since submission.
   bool wait_some(std::chrono::milliseconds slice);

@@ -13,7 +13,8 @@ namespace {
 
 void futex_wake(std::atomic<uint32_t>& word) {
   // Shared between processes: not FUTEX_PRIVATE.
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+            0);
 }
 
 void bump(std::atomic<uint32_t>& bell) {
@@ -36,7 +37,8 @@ ssize_t RingStream::write(const iovec* iov, size_t count) {
   // The consumer's event loop must drain the ring when this side cannot finish without it (the
   // ring filled up); otherwise the bytes may wait in the ring until the consumer polls. A
   // sleeping consumer is always told.
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with ask_to_be_told's flag-then-check
+  std::atomic_thread_fence(
+      std::memory_order_seq_cst);  // pairs with ask_to_be_told's flag-then-check
   // One doorbell per filling-up, not one per retry: the ring is full at a new head only after
   // the consumer read and this side wrote again (keyed on our own head, which the consumer's
   // answer to the doorbell cannot move).

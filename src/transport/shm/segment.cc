@@ -1,8 +1,8 @@
 #include "transport/shm/segment.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -28,8 +28,8 @@ const volatile uint64_t kProbeValue = 0x45424f52505f4d43;  // "CM_PROBE"
 
 void* map(int fd) {
   // MAP_POPULATE: fault every page in now, not one 4 KiB page at a time on the message path.
-  void* p = ::mmap(nullptr, Segment::size(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                   fd, 0);
+  void* p =
+      ::mmap(nullptr, Segment::size(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   return p == MAP_FAILED ? nullptr : p;
 }
 
@@ -87,7 +87,8 @@ Segment Segment::create(const std::string& prefix) {
     if (fd < 0 && errno != EEXIST) break;
   }
   if (fd < 0)
-    throw PeerFailureError(fmt::format("cannot create shared memory {}: {}", name, std::strerror(errno)));
+    throw PeerFailureError(
+        fmt::format("cannot create shared memory {}: {}", name, std::strerror(errno)));
   if (!lock_whole(fd)) {
     int err = errno;
     ::close(fd);
@@ -118,24 +119,29 @@ Segment Segment::create(const std::string& prefix) {
 Segment Segment::open(const std::string& name) {
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0)
-    throw PeerFailureError(fmt::format("cannot open shared memory {}: {}", name, std::strerror(errno)));
+    throw PeerFailureError(
+        fmt::format("cannot open shared memory {}: {}", name, std::strerror(errno)));
   Segment s;
   s.name_ = name;
   s.base_ = map(fd);
   int err = errno;
   ::close(fd);
   if (!s.base_)
-    throw PeerFailureError(fmt::format("cannot map shared memory {}: {}", name, std::strerror(err)));
+    throw PeerFailureError(
+        fmt::format("cannot map shared memory {}: {}", name, std::strerror(err)));
   if (s.header().magic != kSegmentMagic || s.header().version != 2)
-    throw PeerFailureError(fmt::format("shared memory {} is not a dtrain segment of version 2", name));
+    throw PeerFailureError(
+        fmt::format("shared memory {} is not a dtrain segment of version 2", name));
   s.header().opener_pid = ::getpid();
   s.header().opener_probe = reinterpret_cast<uint64_t>(&kProbeValue);
   return s;
 }
 
 Segment::Segment(Segment&& o) noexcept
-    : base_(std::exchange(o.base_, nullptr)), name_(std::move(o.name_)),
-      linked_(std::exchange(o.linked_, false)), lock_(std::move(o.lock_)) {}
+    : base_(std::exchange(o.base_, nullptr)),
+      name_(std::move(o.name_)),
+      linked_(std::exchange(o.linked_, false)),
+      lock_(std::move(o.lock_)) {}
 
 Segment& Segment::operator=(Segment&& o) noexcept {
   if (this != &o) {
@@ -166,14 +172,16 @@ void Segment::probe_peer(bool creator) {
   iovec local{&got, sizeof(got)};
   iovec remote{reinterpret_cast<void*>(creator ? h.opener_probe : h.creator_probe), sizeof(got)};
   const pid_t pid = creator ? h.opener_pid : h.creator_pid;
-  bool ok = env::get_bool(env::kCma) &&
-            ::process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof(got)) &&
-            got == kProbeValue;
+  bool ok =
+      env::get_bool(env::kCma) &&
+      ::process_vm_readv(pid, &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof(got)) &&
+      got == kProbeValue;
   (creator ? h.creator_reads_opener : h.opener_reads_creator) = ok ? 1 : 0;
 }
 
 Ring Segment::ring(bool from_creator) {
-  auto* c = static_cast<std::byte*>(base_) + 4096 + (from_creator ? 0 : sizeof(RingControl) + kRingBytes);
+  auto* c =
+      static_cast<std::byte*>(base_) + 4096 + (from_creator ? 0 : sizeof(RingControl) + kRingBytes);
   return Ring(reinterpret_cast<RingControl*>(c), c + sizeof(RingControl), kRingBytes);
 }
 

@@ -29,8 +29,8 @@ struct SegmentHeader {
   uint32_t version;
   int32_t creator_pid;
   int32_t opener_pid;
-  uint64_t creator_probe;  // address of a known value in each process, to test whether the
-  uint64_t opener_probe;   // other side may read its memory (cross-memory attach)
+  uint64_t creator_probe;         // address of a known value in each process, to test whether the
+  uint64_t opener_probe;          // other side may read its memory (cross-memory attach)
   uint32_t creator_reads_opener;  // 1 when process_vm_readv from the other side works
   uint32_t opener_reads_creator;
   // A futex word per side (creator, opener): a thread of that side sleeps on it, and the other

@@ -18,8 +18,10 @@ std::vector<Segment> share_memory(const SetupOptions& options, const std::vector
   };
   auto failed = [&](int peer, const std::string& why) {
     if (options.required)
-      throw PeerFailureError(fmt::format("{}: {} (DTRAIN_TRANSPORT=shm requires it; use auto to "
-                                         "fall back to TCP)", context(peer), why));
+      throw PeerFailureError(
+          fmt::format("{}: {} (DTRAIN_TRANSPORT=shm requires it; use auto to "
+                      "fall back to TCP)",
+                      context(peer), why));
     DTRAIN_LOG_DEBUG("{}: {}; using TCP", context(peer), why);
   };
   for (int peer = rank + 1; peer < size; ++peer) {

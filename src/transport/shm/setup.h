@@ -15,7 +15,7 @@ namespace dtrain::transport::shm {
 struct SetupOptions {
   int rank = 0;
   int size = 1;
-  std::string job_id;      // the segments' names carry it (segment_name)
+  std::string job_id;  // the segments' names carry it (segment_name)
   std::string group_name;
   // Fail (PeerFailureError) when a peer's segment cannot be set up, instead of leaving that
   // pair on TCP (DTRAIN_TRANSPORT=shm).
