@@ -191,8 +191,31 @@ bool CollectiveContext::can_read_all() const {
 
 void CollectiveContext::send_recv(int to, const void* out, size_t out_bytes, int from, void* in,
                                   size_t in_bytes) {
+  if (direct_send_recv(to, out, out_bytes, from, in, in_bytes)) return;
   RequestPtr rs[2] = {recv(from, in, in_bytes), send(to, out, out_bytes)};
   wait(rs);
+}
+
+bool CollectiveContext::direct_send_recv(int to, const void* out, size_t out_bytes, int from,
+                                         void* in, size_t in_bytes) {
+  using transport::Pair;
+  if (out_bytes > Pair::kDirectMaxBytes || in_bytes > Pair::kDirectMaxBytes) return false;
+  Pair* sender = pair(to);
+  Pair* receiver = pair(from);
+  if (!sender->shared_memory() || !receiver->shared_memory()) return false;
+  if (!sender->try_send_now(tag_, out, out_bytes, call_.fingerprint())) return false;
+  // The peer's frame is usually here already or on its way: poll for it a little (not at all
+  // where ranks outnumber cores: the peer needs this core to send it), then post a receive and
+  // wait as usual, which spins and sleeps with the deadline and notices a dead peer.
+  const int polls = receiver->oversubscribed() ? 1 : kDirectPolls;
+  for (int i = 0; i < polls; ++i) {
+    if (receiver->try_recv_now(tag_, in, in_bytes, call_.fingerprint())) return true;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  wait(recv(from, in, in_bytes));
+  return true;
 }
 
 }  // namespace dtrain::comm

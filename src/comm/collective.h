@@ -154,6 +154,12 @@ class CollectiveContext {
  private:
   transport::Pair* pair(int peer) const;
   void touch(transport::Pair* p);
+  // send_recv's small steps over shared memory, without requests (Pair::try_send_now): false
+  // when the send could not go that way (nothing was done).
+  bool direct_send_recv(int to, const void* out, size_t out_bytes, int from, void* in,
+                        size_t in_bytes);
+  // How often it looks for the peer's frame before posting a receive: a few microseconds.
+  static constexpr int kDirectPolls = 256;
 
   int rank_;
   int size_;

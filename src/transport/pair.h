@@ -99,6 +99,15 @@ class Pair : public std::enable_shared_from_this<Pair> {
   std::shared_ptr<Request> irecv_reduce(uint64_t tag, void* data, size_t size, Deadline deadline,
                                         uint64_t expected_aux, Request::Reduction reduce);
 
+  // Small messages on shared memory without a request (pair_direct.cc), for a collective's
+  // steps: when nothing else is under way on the pair, the frame goes into the ring now, or the
+  // next frame in the ring is taken straight into `data` if it is this receive's (its tag,
+  // size and aux). Otherwise they do nothing and return false, and the caller posts a request
+  // (isend/irecv), which finds the stream as it was.
+  static constexpr size_t kDirectMaxBytes = size_t{64} << 10;
+  bool try_send_now(uint64_t tag, const void* data, size_t size, uint64_t aux);
+  bool try_recv_now(uint64_t tag, void* data, size_t size, uint64_t expected_aux);
+
   // Waits for the request until `deadline` (wait_requests); on expiry the request is cancelled
   // and fails with TimeoutError. Rethrows the request's error.
   void wait(Request& request, const Deadline& deadline);

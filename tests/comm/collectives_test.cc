@@ -389,6 +389,15 @@ TEST(Collectives, MismatchFailsEveryRankWithNames) {
          if (rank == 0) pg.allreduce(TensorView::of(i))->wait();
          else pg.allreduce(TensorView::of(f))->wait();
        }, "all_reduce(i32, 64, sum)"},
+      // Two ranks: the exchange of recursive doubling, whose steps take the peer's frame
+      // straight out of the ring (Pair::try_recv_now) when the fingerprint is the one expected.
+      {"dtype, one exchange", [](ProcessGroup& pg, int rank) {
+         std::vector<float> f(64, 1.0f);
+         std::vector<int32_t> i(64, 1);
+         const AllreduceOptions o{.algorithm = "recursive_doubling", .async_op = false};
+         if (rank == 0) pg.allreduce(TensorView::of(i), o)->wait();
+         else pg.allreduce(TensorView::of(f), o)->wait();
+       }, "all_reduce(i32, 64, sum)", 2},
       {"root", [](ProcessGroup& pg, int rank) {
          std::vector<float> v(64, 1.0f);
          pg.reduce(TensorView::of(v), {.root = rank == 1 ? 1 : 0})->wait();
@@ -484,6 +493,20 @@ TEST(Collectives, ADisagreementFailsTheCallItselfOnEveryRank) {
          auto v = f(64);
          pg.allreduce(TensorView::of(v), {.op = rank == 1 ? ReduceOp::kMax : ReduceOp::kSum})->wait();
        }},
+      // Two ranks, one exchange of recursive doubling: rank 1 comes late, so rank 0's frame
+      // waits in its ring and the step takes it straight out of the ring (Pair::try_recv_now),
+      // which must look at the fingerprint as a posted receive does.
+      {"all_reduce dtype, one exchange", [&](ProcessGroup& pg, int rank) {
+         std::vector<int32_t> i(64);
+         auto v = f(64);
+         const AllreduceOptions o{.algorithm = "recursive_doubling", .async_op = false};
+         if (rank == 0) {
+           pg.allreduce(TensorView::of(i), o)->wait();
+         } else {
+           std::this_thread::sleep_for(std::chrono::milliseconds(20));
+           pg.allreduce(TensorView::of(v), o)->wait();
+         }
+       }, 2},
       {"broadcast count", [&](ProcessGroup& pg, int rank) {
          auto v = f(rank == 2 ? 32 : 64);
          pg.broadcast(TensorView::of(v))->wait();

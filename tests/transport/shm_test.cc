@@ -1,6 +1,7 @@
 // Shared memory between ranks on one host: both paths (one copy with cross-memory attach, and
-// the ring), agreement with TCP, nothing left in /dev/shm after a normal exit or a SIGKILL, a
-// stale segment of the same job removed, two jobs sharing a job id kept apart, and a killed peer noticed at once.
+// the ring), a collective's steps passing the messages ahead of them in the ring, agreement with
+// TCP, nothing left in /dev/shm after a normal exit or a SIGKILL, a stale segment of the same
+// job removed, two jobs sharing a job id kept apart, and a killed peer noticed at once.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -223,6 +224,59 @@ TEST(Shm, ReceivePostedWhileTheLoopDrainsAnEarlyMessage) {
         RANK_CHECK(got_large == large && got_small == small, "round {}: messages differ", i);
       }
       pg->barrier()->wait();
+    }
+  }, 60s);
+  for (auto& r : results) EXPECT_TRUE(r.ok());
+}
+
+// A collective's small steps take the peer's frame straight out of the ring when it is next
+// (Pair::try_recv_now); anything else ahead of it sends them the general way. Here a
+// point-to-point message of each size (0 bytes to beyond the direct path's limit) and another
+// group's collective of the same shape (same size and fingerprint, another tag) stand in the
+// ring before a synchronous collective's frame, whose receiver must pass them by, leave them to
+// their own receives and reduce the right values.
+TEST(Shm, CollectiveStepsPassMessagesAheadOfThemInTheRing) {
+  const int port = free_port();
+  const std::string job = unique_job("shm-direct");
+  auto results = run_ranks(2, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto world = make_group(rank, 2, port, {}, 20s);
+    auto sub = world->new_group({0, 1});  // the same pair, its own tags
+    uint32_t round = 0;
+    for (size_t size : {size_t{0}, size_t{8}, size_t{4096}, size_t{70000}}) {
+      for (int i = 0; i < 50; ++i, ++round) {
+        auto expected = pattern(size, round);
+        const bool message = i % 3 == 0;
+        const size_t count = 2 + i % 3;
+        std::vector<float> mine(count, static_cast<float>(rank + round));
+        std::vector<float> other(count, static_cast<float>(100 + 10 * rank + round));
+        const AllreduceOptions sync{.algorithm = "recursive_doubling", .async_op = false};
+        const AllreduceOptions async{.algorithm = "recursive_doubling", .async_op = true};
+        if (rank == 1) {
+          // Ahead of the collectives' frames: a message nobody has asked for yet, and the
+          // other group's collective.
+          if (message) world->send(TensorView::of(expected), 0, 7);
+          auto a = world->allreduce(TensorView::of(other), async);
+          sub->allreduce(TensorView::of(mine), sync)->wait();
+          a->wait();
+        } else {
+          if (i % 2) std::this_thread::sleep_for(1ms);  // the frames are all in the ring
+          sub->allreduce(TensorView::of(mine), sync)->wait();
+          world->allreduce(TensorView::of(other), async)->wait();
+          if (message) {
+            std::vector<uint8_t> got(size, 0xee);
+            world->recv(TensorView::of(got), 1, 7);
+            RANK_CHECK(got == expected, "round {}: the {}-byte message differs", round, size);
+          }
+        }
+        for (float v : mine)
+          RANK_CHECK(v == static_cast<float>(1 + 2 * round), "round {}: all-reduce gave {}",
+                     round, v);
+        for (float v : other)
+          RANK_CHECK(v == static_cast<float>(210 + 2 * round),
+                     "round {}: the other group's all-reduce gave {}", round, v);
+      }
     }
   }, 60s);
   for (auto& r : results) EXPECT_TRUE(r.ok());

@@ -38,11 +38,17 @@ class Ring {
 
   // Copies as much of iov as fits; returns the bytes written (0 when full).
   size_t write(const iovec* iov, size_t count) {
+    size_t wanted = 0;
+    for (size_t i = 0; i < count; ++i) wanted += iov[i].iov_len;
     const uint64_t head = c_->head.load(std::memory_order_relaxed);
-    const uint64_t tail = c_->tail.load(std::memory_order_acquire);
-    // Counters the other process scribbled over never make this write outside the ring.
-    const uint64_t used = head - tail;
-    size_t room = used > capacity_ ? 0 : capacity_ - static_cast<size_t>(used);
+    // The consumer's count as last seen: at least this much room is free. Reading the live one
+    // takes the cache line from the consumer (and it must take it back to store the next
+    // count), so it is read only when the room last seen is too small.
+    size_t room = room_at(head);
+    if (room < wanted) {
+      seen_tail_ = c_->tail.load(std::memory_order_acquire);
+      room = room_at(head);
+    }
     size_t written = 0;
     for (size_t i = 0; i < count && room > 0; ++i) {
       size_t n = std::min(room, iov[i].iov_len);
@@ -57,8 +63,10 @@ class Ring {
   // Copies up to n bytes out; returns the bytes read (0 when empty).
   size_t read(std::byte* out, size_t n) {
     const uint64_t tail = c_->tail.load(std::memory_order_relaxed);
-    const uint64_t head = c_->head.load(std::memory_order_acquire);
-    n = std::min({n, static_cast<size_t>(head - tail), capacity_});
+    // Likewise the producer's count: a frame's payload, written with its header, is here
+    // already when the header was.
+    if (seen_head_ - tail < n) seen_head_ = c_->head.load(std::memory_order_acquire);
+    n = std::min({n, static_cast<size_t>(seen_head_ - tail), capacity_});
     if (n == 0) return 0;
     const size_t at = static_cast<size_t>(tail % capacity_);
     const size_t first = std::min(n, capacity_ - at);
@@ -66,6 +74,31 @@ class Ring {
     if (n > first) std::memcpy(out + first, data_, n - first);
     c_->tail.store(tail + n, std::memory_order_release);
     return n;
+  }
+
+  // Whether n bytes fit now (the producer's view).
+  bool has_room(size_t n) {
+    const uint64_t head = c_->head.load(std::memory_order_relaxed);
+    if (room_at(head) < n) seen_tail_ = c_->tail.load(std::memory_order_acquire);
+    return room_at(head) >= n;
+  }
+  // Bytes the consumer may read now.
+  size_t readable() {
+    const uint64_t tail = c_->tail.load(std::memory_order_relaxed);
+    seen_head_ = c_->head.load(std::memory_order_acquire);
+    return std::min(static_cast<size_t>(seen_head_ - tail), capacity_);
+  }
+  // Copies the next n bytes out without consuming them; false (nothing copied) if fewer are
+  // here.
+  bool peek(std::byte* out, size_t n) {
+    const uint64_t tail = c_->tail.load(std::memory_order_relaxed);
+    if (seen_head_ - tail < n) seen_head_ = c_->head.load(std::memory_order_acquire);
+    if (std::min(static_cast<size_t>(seen_head_ - tail), capacity_) < n) return false;
+    const size_t at = static_cast<size_t>(tail % capacity_);
+    const size_t first = std::min(n, capacity_ - at);
+    std::memcpy(out, data_ + at, first);
+    if (n > first) std::memcpy(out + first, data_, n - first);
+    return true;
   }
 
   // Bytes the consumer has ever read, and the producer ever written.
@@ -88,9 +121,20 @@ class Ring {
     if (n > first) std::memcpy(data_, src + first, n - first);
   }
 
+  // Room for the producer at `head` by the consumer's count last seen; none if the counters
+  // the other process keeps were scribbled over (a write never goes outside the ring).
+  size_t room_at(uint64_t head) const {
+    const uint64_t used = head - seen_tail_;
+    return used > capacity_ ? 0 : capacity_ - static_cast<size_t>(used);
+  }
+
   RingControl* c_ = nullptr;
   std::byte* data_ = nullptr;
   size_t capacity_ = 0;
+  // This process's last look at the other side's counter (each side uses a ring as producer
+  // or as consumer, never both): the counters only grow, so a stale one errs on the safe side.
+  uint64_t seen_tail_ = 0;  // producer
+  uint64_t seen_head_ = 0;  // consumer
 };
 
 }  // namespace dtrain::transport::shm

@@ -17,6 +17,12 @@ void futex_wake(std::atomic<uint32_t>& word) {
             0);
 }
 
+// The flags sit in a cache line the other side reads after every write or read of the ring:
+// storing a value they already hold would take the line away from it for nothing.
+void set(std::atomic<uint32_t>& flag, uint32_t value) {
+  if (flag.load(std::memory_order_relaxed) != value) flag.store(value, std::memory_order_relaxed);
+}
+
 void bump(std::atomic<uint32_t>& bell) {
   bell.fetch_add(1, std::memory_order_release);
   futex_wake(bell);
@@ -55,6 +61,13 @@ ssize_t RingStream::write(const iovec* iov, size_t count) {
   return static_cast<ssize_t>(n);
 }
 
+bool RingStream::write_whole(const iovec* iov, size_t count) {
+  size_t wanted = 0;
+  for (size_t i = 0; i < count; ++i) wanted += iov[i].iov_len;
+  if (!out_.has_room(wanted)) return false;
+  return write(iov, count) == static_cast<ssize_t>(wanted);
+}
+
 ssize_t RingStream::read(std::byte* out, size_t n) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (const size_t got = in_.read(out, n); got > 0) {
@@ -81,8 +94,8 @@ bool RingStream::ask_to_be_told(bool want_data, bool want_room) {
   // waits for data whatever the pair has posted.
   const uint32_t how = sleepers_ > 0 ? kWantBell : kWantDoorbell;
   want_data |= sleepers_ > 0;
-  in_.control().consumer_sleeping.store(want_data ? how : 0, std::memory_order_relaxed);
-  out_.control().producer_waiting.store(want_room ? how : 0, std::memory_order_relaxed);
+  set(in_.control().consumer_sleeping, want_data ? how : 0);
+  set(out_.control().producer_waiting, want_room ? how : 0);
   // Then look once more: data that came before the flag was seen would otherwise wait for the
   // next message.
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -90,8 +103,8 @@ bool RingStream::ask_to_be_told(bool want_data, bool want_room) {
 }
 
 void RingStream::quiet() {
-  in_.control().consumer_sleeping.store(idle_flags(), std::memory_order_relaxed);
-  out_.control().producer_waiting.store(idle_flags(), std::memory_order_relaxed);
+  set(in_.control().consumer_sleeping, idle_flags());
+  set(out_.control().producer_waiting, idle_flags());
 }
 
 void RingStream::ring_doorbell() {

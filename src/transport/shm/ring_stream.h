@@ -29,6 +29,12 @@ class RingStream {
   ssize_t write(const iovec* iov, size_t count);
   ssize_t read(std::byte* out, size_t n);
 
+  // All of iov or nothing: false (nothing written) when the ring has no room for the whole.
+  bool write_whole(const iovec* iov, size_t count);
+  // The next n bytes, copied out and left in the ring; false if fewer are here.
+  bool peek(void* out, size_t n) { return in_.peek(static_cast<std::byte*>(out), n); }
+  size_t readable() { return in_.readable(); }
+
   // The event loop is handling a socket event: reads look at the socket on every empty ring
   // (the event may be a doorbell or a close) instead of every so often.
   void set_draining(bool draining) { draining_ = draining; }
