@@ -22,6 +22,12 @@ thread_local bool in_collective = false;
 
 }  // namespace
 
+Executor::InCollective::InCollective() : outer(!in_collective) { in_collective = true; }
+
+Executor::InCollective::~InCollective() {
+  if (outer) in_collective = false;
+}
+
 std::string CollectiveWork::Label::describe() const {
   if (!text.empty()) return text;
   return fmt::format("rank {}: {} as collective #{} of group {}", rank, call.describe(), seq,
@@ -33,14 +39,7 @@ void CollectiveWork::run() {
   // shut down): its caller may have reused the buffers already, so it must not touch them.
   if (completion_.done()) return;
   try {
-    const bool outer = !in_collective;
-    in_collective = true;
-    struct Reset {
-      bool outer;
-      ~Reset() {
-        if (outer) in_collective = false;
-      }
-    } reset{outer};
+    const Executor::InCollective scope;
     body_();
     completion_.succeed();
   } catch (...) {
@@ -138,12 +137,7 @@ void Executor::run_here(std::shared_ptr<CollectiveWork> work) {
     // (a collective queued meanwhile waits for run_mu_, behind it).
     std::unique_lock run(run_mu_, std::try_to_lock);
     if (run.owns_lock()) {
-      bool idle;
-      {
-        std::lock_guard lock(queue_mu_);
-        idle = queue_.empty();
-      }
-      if (idle) {
+      if (queue_empty()) {
         work->run();
         return;
       }

@@ -89,6 +89,23 @@ class Executor : public std::enable_shared_from_this<Executor> {
   // caller of a blocking API built on asynchronous calls does (torch's dist.all_reduce).
   void submit(std::shared_ptr<CollectiveWork> work,
               std::chrono::microseconds grace = std::chrono::microseconds(0));
+  // A synchronous call with nothing ahead of it (nothing queued, nothing running): runs `f`
+  // on this thread at once, with no work object, queue entry or hand-off, and returns true;
+  // an error `f` throws goes to on_failure and into `error`. False (nothing done) otherwise:
+  // then the call goes through run_here.
+  template <typename F>
+  bool run_inline(F&& f, std::exception_ptr& error) {
+    std::unique_lock run(run_mu_, std::try_to_lock);
+    if (!run.owns_lock() || !queue_empty()) return false;
+    try {
+      const InCollective scope;
+      f();
+    } catch (...) {
+      error = std::current_exception();
+      on_failure_(error);
+    }
+    return true;
+  }
   // Queues `work` and runs the queue on this thread until it has run, without waking the
   // worker (a synchronous call); if the worker is busy with an earlier collective, the worker
   // runs it next, in order, and this waits for it. Returns with `work` finished.
@@ -100,6 +117,16 @@ class Executor : public std::enable_shared_from_this<Executor> {
   void shutdown(std::exception_ptr error);
 
  private:
+  // Marks this thread as running a collective's body (see CollectiveWork::run) while alive.
+  struct InCollective {
+    InCollective();
+    ~InCollective();
+    bool outer;
+  };
+  bool queue_empty() {
+    std::lock_guard lock(queue_mu_);
+    return queue_.empty();
+  }
   void worker(std::stop_token stop);
   // Pops and runs the next collective; false when the queue is empty.
   bool run_next();

@@ -121,9 +121,17 @@ class NativeProcessGroup : public ProcessGroup,
   template <typename Options, typename Again>
   std::shared_ptr<Work> on_host(std::string_view op, std::initializer_list<StagedTensor> tensors,
                                 const Options& options, Again again);
-  using Body = std::function<void(CollectiveContext&)>;
+  // Numbers the call and runs `body` (a callable taking the CollectiveContext): at once on this
+  // thread for a synchronous call with nothing ahead of it (Executor::run_inline: no work
+  // object, no function object, no queue), else through the executor.
+  template <typename Body>
   std::shared_ptr<Work> submit(const CollectiveCall& call, std::string_view algorithm,
                                std::chrono::milliseconds timeout, bool async_op, Body body);
+  // One run of a collective: its context, the fingerprint check, the watchdog, the agreement
+  // of rooted collectives, and on failure the post-mortem.
+  template <typename Body>
+  void run_collective(const CollectiveWork::Label& label, Deadline deadline,
+                      std::string_view algorithm, const std::exception_ptr& mismatched, Body& body);
   GroupInfo info() const { return {rank_, size_, name_, "native", "not yet"}; }
   // A collective of this group failed here: mark the group unusable and tell the peers (once).
   void on_collective_failed(uint32_t seq, std::exception_ptr error);

@@ -519,6 +519,68 @@ const algo::Algorithm& NativeProcessGroup::choose(CollectiveKind kind, std::stri
   return *c.algorithm;
 }
 
+namespace {
+
+// What a synchronous collective that ran inline and succeeded returns: done, no error. One for
+// every such call (it never changes), so that the call allocates nothing.
+class FinishedWork final : public Work {
+ public:
+  bool is_completed() override { return true; }
+  std::exception_ptr exception() const override { return nullptr; }
+
+ protected:
+  void wait_until_done(std::optional<std::chrono::milliseconds>) override {}
+};
+
+const std::shared_ptr<Work>& finished_work() {
+  static const std::shared_ptr<Work> done = std::make_shared<FinishedWork>();
+  return done;
+}
+
+}  // namespace
+
+template <typename Body>
+void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Deadline deadline,
+                                        std::string_view algorithm,
+                                        const std::exception_ptr& mismatched, Body& body) {
+  const CollectiveCall& call = label.call;
+  const uint32_t seq = label.seq;
+  CollectiveContext ctx(rank_, size_, pairs_, make_tag(TagSpace::kCollective, group_id_, seq), call,
+                        deadline, name_, seq);
+  ctx.set_buffers(&scratch_, &workspace_);
+  ctx.set_persistent(&persistent_);
+  device_->expect(group_id_, seq, call.fingerprint());
+  DTRAIN_LOG_DEBUG("{} via {}", label.describe(), algorithm);
+  watchdog_->enter(seq, call, deadline.limit());
+  try {
+    if (mismatched) std::rethrow_exception(mismatched);
+    if (auto failed = failure_from(seq)) std::rethrow_exception(failed);
+    const Agreement agreement = size_ > 1 ? agreement_of(call.kind) : Agreement::kNone;
+    if (agreement == Agreement::kBefore) algo::barrier_dissemination(ctx);
+    body(ctx);
+    if (agreement == Agreement::kAfter) algo::barrier_dissemination(ctx);
+  } catch (...) {
+    // Tell the peers first (they fail at once), then ask everyone what they called.
+    on_collective_failed(seq, std::current_exception());
+    // When a peer reported an earlier collective failed, that one is what to explain.
+    uint32_t failed_seq;
+    {
+      std::lock_guard lock(mu_);
+      failed_seq = failed_seq_ != 0 ? failed_seq_ : seq;
+    }
+    const std::string entry = failed_seq == seq
+                                  ? fmt::format("called {} and failed", call.describe())
+                                  : history_.describe(failed_seq);
+    std::string after = postmortem(failed_seq, entry);
+    if (size_ > 1 && failed_seq == seq) after += "; " + watchdog_->arrivals(seq);
+    watchdog_->leave();
+    rethrow_with(label.describe(), after);
+  }
+  watchdog_->leave();
+  history_.finished(seq);
+}
+
+template <typename Body>
 std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                                                  std::string_view algorithm,
                                                  std::chrono::milliseconds timeout, bool async_op,
@@ -535,55 +597,33 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
   const Deadline deadline = deadline_for(timeout);
   // Described only when something goes wrong: formatting costs more than a small collective.
   CollectiveWork::Label label{rank_, call, seq, name_};
-  auto run = [this, label, deadline, algorithm, mismatched, body = std::move(body)] {
-    const CollectiveCall& call = label.call;
-    const uint32_t seq = label.seq;
-    CollectiveContext ctx(rank_, size_, pairs_, make_tag(TagSpace::kCollective, group_id_, seq),
-                          call, deadline, name_, seq);
-    ctx.set_buffers(&scratch_, &workspace_);
-    ctx.set_persistent(&persistent_);
-    device_->expect(group_id_, seq, call.fingerprint());
-    DTRAIN_LOG_DEBUG("{} via {}", label.describe(), algorithm);
-    watchdog_->enter(seq, call, deadline.limit());
-    try {
-      if (mismatched) std::rethrow_exception(mismatched);
-      if (auto failed = failure_from(seq)) std::rethrow_exception(failed);
-      const Agreement agreement = size_ > 1 ? agreement_of(call.kind) : Agreement::kNone;
-      if (agreement == Agreement::kBefore) algo::barrier_dissemination(ctx);
-      body(ctx);
-      if (agreement == Agreement::kAfter) algo::barrier_dissemination(ctx);
-    } catch (...) {
-      // Tell the peers first (they fail at once), then ask everyone what they called.
-      on_collective_failed(seq, std::current_exception());
-      // When a peer reported an earlier collective failed, that one is what to explain.
-      uint32_t failed_seq;
-      {
-        std::lock_guard lock(mu_);
-        failed_seq = failed_seq_ != 0 ? failed_seq_ : seq;
-      }
-      const std::string entry = failed_seq == seq
-                                    ? fmt::format("called {} and failed", call.describe())
-                                    : history_.describe(failed_seq);
-      std::string after = postmortem(failed_seq, entry);
-      if (size_ > 1 && failed_seq == seq) after += "; " + watchdog_->arrivals(seq);
-      watchdog_->leave();
-      rethrow_with(label.describe(), after);
-    }
-    watchdog_->leave();
-    history_.finished(seq);
-  };
   history_.called(seq, call);
-  auto work = std::make_shared<CollectiveWork>(std::move(run), deadline, label, executor_);
   if (failed) {
     const std::string since =
         failed_seq == seq ? std::string("a peer failed it")
         : failed_seq == 0
             ? std::string("the group is unusable")
             : fmt::format("the group is unusable since collective #{} failed", failed_seq);
+    auto work = std::make_shared<CollectiveWork>(nullptr, deadline, label, executor_);
     work->fail(std::make_exception_ptr(PeerFailureError(
         fmt::format("{} cannot start: {}: {}", label.describe(), since, message_of(failed)))));
     return work;
   }
+  if (!async_op) {
+    std::exception_ptr error;
+    if (executor_->run_inline([&] { run_collective(label, deadline, algorithm, mismatched, body); },
+                              error)) {
+      if (!error) return finished_work();
+      auto work = std::make_shared<CollectiveWork>(nullptr, deadline, label, executor_);
+      work->fail(error);
+      return work;
+    }
+  }
+  auto work = std::make_shared<CollectiveWork>(
+      [this, label, deadline, algorithm, mismatched, body = std::move(body)]() mutable {
+        run_collective(label, deadline, algorithm, mismatched, body);
+      },
+      deadline, label, executor_);
   if (async_op)
     executor_->submit(work, async_grace_);
   else
