@@ -121,6 +121,7 @@ void Executor::submit(std::shared_ptr<CollectiveWork> work, std::chrono::microse
     {
       std::lock_guard lock(queue_mu_);
       queue_.push_back({std::move(work), Clock::time_point{}});
+      queued_.store(queue_.size(), std::memory_order_release);
     }
     wake_worker();
     return;
@@ -128,6 +129,7 @@ void Executor::submit(std::shared_ptr<CollectiveWork> work, std::chrono::microse
   std::lock_guard lock(queue_mu_);
   const Clock::time_point due = Clock::now() + grace;
   queue_.push_back({std::move(work), due});
+  queued_.store(queue_.size(), std::memory_order_release);
   if (!timer_set_) arm_timer_locked(due);
 }
 
@@ -146,6 +148,7 @@ void Executor::run_here(std::shared_ptr<CollectiveWork> work) {
   {
     std::lock_guard lock(queue_mu_);
     queue_.push_back({work, Clock::time_point{}});
+    queued_.store(queue_.size(), std::memory_order_release);
   }
   help(work.get());
   if (work->is_completed()) return;
@@ -166,6 +169,7 @@ bool Executor::run_next() {
     if (queue_.empty()) return false;
     work = std::move(queue_.front().work);
     queue_.pop_front();
+    queued_.store(queue_.size(), std::memory_order_release);
   }
   work->run();
   return true;
@@ -219,6 +223,7 @@ void Executor::shutdown(std::exception_ptr error) {
   {
     std::lock_guard lock(queue_mu_);
     left.swap(queue_);
+    queued_.store(0, std::memory_order_release);
   }
   for (auto& q : left) q.work->fail(error);
   if (thread_.joinable()) {

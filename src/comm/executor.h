@@ -123,10 +123,7 @@ class Executor : public std::enable_shared_from_this<Executor> {
     ~InCollective();
     bool outer;
   };
-  bool queue_empty() {
-    std::lock_guard lock(queue_mu_);
-    return queue_.empty();
-  }
+  bool queue_empty() const { return queued_.load(std::memory_order_acquire) == 0; }
   void worker(std::stop_token stop);
   // Pops and runs the next collective; false when the queue is empty.
   bool run_next();
@@ -145,7 +142,8 @@ class Executor : public std::enable_shared_from_this<Executor> {
     Clock::time_point not_before;  // the worker's earliest start (see submit's grace)
   };
   std::deque<Queued> queue_;
-  std::mutex run_mu_;  // held while a collective runs: one at a time, in queue order
+  std::atomic<size_t> queued_{0};  // queue_.size(), for a look without queue_mu_
+  std::mutex run_mu_;              // held while a collective runs: one at a time, in queue order
   std::jthread thread_;
 };
 

@@ -188,8 +188,9 @@ class NativeProcessGroup : public ProcessGroup,
   std::mutex mu_;  // guards next_seq_, children_, failure_, failed_seq_, mismatch_, mismatch_seq_
   uint32_t next_seq_ = 0;
   uint32_t children_ = 0;
-  std::exception_ptr failure_;  // set once a collective failed: the group is unusable
-  uint32_t failed_seq_ = 0;     // ... and which one (0: all of them, as after an abort)
+  std::exception_ptr failure_;       // set once a collective failed: the group is unusable
+  std::atomic<bool> failed_{false};  // failure_ is set (read without mu_ by failure_from)
+  uint32_t failed_seq_ = 0;          // ... and which one (0: all of them, as after an abort)
   // failure_ if it concerns collective #seq: earlier ones go on (see Pair::fail_group).
   std::exception_ptr failure_from(uint32_t seq);
   // The first mismatch a peer's message showed (Device::GroupHandlers::mismatch): the next

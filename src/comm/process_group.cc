@@ -188,6 +188,7 @@ void NativeProcessGroup::start() {
     if (!failure_) {
       failure_ = e;
       failed_seq_ = seq;
+      failed_.store(true, std::memory_order_release);
     }
   };
   handlers.handle = [this](uint32_t seq, std::exception_ptr error) {
@@ -409,6 +410,7 @@ void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr e
     std::lock_guard lock(mu_);
     if (failure_) return;
     failure_ = error;
+    failed_.store(true, std::memory_order_release);
     // A mismatch found once its collective was over is what the peers are told to explain.
     failed_seq_ = seq = mismatch_seq_ != 0 ? mismatch_seq_ : seq;
   }
@@ -424,6 +426,7 @@ void NativeProcessGroup::on_collective_failed(uint32_t seq, std::exception_ptr e
 }
 
 std::exception_ptr NativeProcessGroup::failure_from(uint32_t seq) {
+  if (!failed_.load(std::memory_order_acquire)) return nullptr;
   std::lock_guard lock(mu_);
   if (!failure_ || (failed_seq_ != 0 && static_cast<int32_t>(seq - failed_seq_) < 0))
     return nullptr;
@@ -438,6 +441,7 @@ void NativeProcessGroup::fail_internal_groups(std::exception_ptr error) {
     {
       std::lock_guard lock(g->mu_);
       if (!g->failure_) g->failure_ = error;
+      g->failed_.store(true, std::memory_order_release);
     }
     device_->fail_group(g->group_id_, 0, {}, error, {});
     g->fail_internal_groups(error);  // a cross group split again by rack
@@ -819,6 +823,7 @@ void NativeProcessGroup::abort(const std::string& reason) {
   {
     std::lock_guard lock(mu_);
     if (!failure_) failure_ = error;
+    failed_.store(true, std::memory_order_release);
   }
   if (group_id_ == 0) {
     device_->abort(error);

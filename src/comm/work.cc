@@ -14,7 +14,9 @@ thread_local int wait_depth = 0;  // a wait inside a wait (a staged work's) coun
 }  // namespace
 
 void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
-  if (wait_depth > 0) return wait_until_done(timeout);
+  // Nothing to wait for (a synchronous collective, an operation already over): no clock to
+  // read, and nothing to count.
+  if (wait_depth > 0 || is_completed()) return wait_until_done(timeout);
   using Clock = std::chrono::steady_clock;
   struct Timed {
     Clock::time_point start = Clock::now();
