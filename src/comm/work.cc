@@ -15,8 +15,9 @@ thread_local int wait_depth = 0;  // a wait inside a wait (a staged work's) coun
 
 void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
   // Nothing to wait for (a synchronous collective, an operation already over): no clock to
-  // read, and nothing to count.
-  if (wait_depth > 0 || is_completed()) return wait_until_done(timeout);
+  // read, and nothing to count. Only without a timeout of the caller's: is_completed() holds an
+  // operation to its own deadline, which a longer explicit wait overrides.
+  if (wait_depth > 0 || (!timeout && is_completed())) return wait_until_done(timeout);
   using Clock = std::chrono::steady_clock;
   struct Timed {
     Clock::time_point start = Clock::now();

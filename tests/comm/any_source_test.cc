@@ -1,6 +1,7 @@
 // ProcessGroup::irecv_any: a receive from whichever rank sends first, over TCP and shared
 // memory, in real processes: the sender it names, messages with other tags left alone, early
-// and late messages, and a timeout that says what it waited for.
+// and late messages, a timeout that says what it waited for, and an explicit wait that outlasts
+// the receive's own timeout.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -73,6 +74,31 @@ TEST_P(AnySource, ATimeoutSaysWhatItWaitedFor) {
       }
     }
     pg->barrier()->wait();
+  }));
+}
+
+// A wait given its own timeout waits that long, even past the operation's own deadline (which
+// only a wait without one is held to): a receive of 100 ms whose message comes after 400 ms
+// completes under wait(2 s), from one peer or any.
+TEST_P(AnySource, AnExplicitWaitOutlastsTheOperationsOwnTimeout) {
+  const int port = free_port();
+  const std::string transport = GetParam();
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    auto pg = make_group(rank, 2, port, {.transport = transport});
+    for (int any = 0; any < 2; ++any) {
+      std::vector<int32_t> v(4, rank);
+      if (rank == 0) {
+        auto w = any ? pg->irecv_any(TensorView::of(v), 9, {.timeout = 100ms})
+                     : pg->irecv(TensorView::of(v), 1, 9, {.timeout = 100ms});
+        std::this_thread::sleep_for(200ms);  // past the receive's own deadline
+        w->wait(2s);
+        RANK_CHECK(v == std::vector<int32_t>(4, 1), "{}: received {}", any ? "any" : "rank 1", v[0]);
+      } else {
+        std::this_thread::sleep_for(400ms);
+        pg->send(TensorView::of(v), 0, 9);
+      }
+      pg->barrier()->wait();
+    }
   }));
 }
 
