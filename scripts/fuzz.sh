@@ -25,7 +25,8 @@ for target in store_request handshake torch_store safetensors identity ps_server
   echo "fuzz: $target for ${seconds} s"
   (cd build-fuzz && "./bin/${target}_fuzz" -max_total_time="$seconds" -max_len=65536 \
     -timeout=10 -print_final_stats=1 "corpus/$target" "../tests/fuzz/corpus/$target" 2>&1 |
-    grep -aE "^(stat::number_of_executed_units|==[0-9]+==ERROR|SUMMARY|.*crash-)" || true)
+    grep -aE "^(stat::number_of_executed_units|==[0-9]+== ?ERROR|SUMMARY|.*crash-|.*runtime error|terminate called|.*what\(\): | +#[0-9]+ )" ||
+    true)
   found=$(find build-fuzz -maxdepth 1 \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' -o -name 'oom-*' \) -newer "$stamp")
   rm -f "$stamp"
   if [ -n "$found" ]; then
