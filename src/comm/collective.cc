@@ -204,7 +204,7 @@ bool CollectiveContext::direct_send_recv(int to, const void* out, size_t out_byt
   Pair* receiver = pair(from);
   if (!sender->shared_memory() || !receiver->shared_memory()) return false;
   if (!sender->try_send_now(tag_, out, out_bytes, call_.fingerprint())) return false;
-  // The peer's frame is usually here already or on its way: poll for it a little (not at all
+  // The peer's frame is usually here already or on its way: look for it a little (once only
   // where ranks outnumber cores: the peer needs this core to send it), then post a receive and
   // wait as usual, which spins and sleeps with the deadline and notices a dead peer.
   const int polls = receiver->oversubscribed() ? 1 : kDirectPolls;
