@@ -68,10 +68,7 @@ class Ring {
     if (seen_head_ - tail < n) seen_head_ = c_->head.load(std::memory_order_acquire);
     n = std::min({n, static_cast<size_t>(seen_head_ - tail), capacity_});
     if (n == 0) return 0;
-    const size_t at = static_cast<size_t>(tail % capacity_);
-    const size_t first = std::min(n, capacity_ - at);
-    std::memcpy(out, data_ + at, first);
-    if (n > first) std::memcpy(out + first, data_, n - first);
+    copy_out(tail, out, n);
     c_->tail.store(tail + n, std::memory_order_release);
     return n;
   }
@@ -94,10 +91,7 @@ class Ring {
     const uint64_t tail = c_->tail.load(std::memory_order_relaxed);
     if (seen_head_ - tail < n) seen_head_ = c_->head.load(std::memory_order_acquire);
     if (std::min(static_cast<size_t>(seen_head_ - tail), capacity_) < n) return false;
-    const size_t at = static_cast<size_t>(tail % capacity_);
-    const size_t first = std::min(n, capacity_ - at);
-    std::memcpy(out, data_ + at, first);
-    if (n > first) std::memcpy(out + first, data_, n - first);
+    copy_out(tail, out, n);
     return true;
   }
 
@@ -119,6 +113,12 @@ class Ring {
     const size_t first = std::min(n, capacity_ - at);
     std::memcpy(data_ + at, src, first);
     if (n > first) std::memcpy(data_, src + first, n - first);
+  }
+  void copy_out(uint64_t pos, std::byte* out, size_t n) const {
+    const size_t at = static_cast<size_t>(pos % capacity_);
+    const size_t first = std::min(n, capacity_ - at);
+    std::memcpy(out, data_ + at, first);
+    if (n > first) std::memcpy(out + first, data_, n - first);
   }
 
   // Room for the producer at `head` by the consumer's count last seen; none if the counters
