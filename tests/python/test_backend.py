@@ -54,6 +54,20 @@ def test_a_mismatched_collective_fails_every_rank_naming_both_calls():
         assert "all_reduce(f32, 64, max)" in r.out and "all_reduce(f32, 64, sum)" in r.out, r.out
 
 
+def test_destroying_the_group_while_a_future_callback_runs_does_not_hang():
+    results = harness.run(2, "destroy_during_callback", timeout=60)
+    harness.check_ok(results)
+    for r in results:
+        assert "while the callback ran" in r.out, r.out
+
+
+def test_a_callback_may_drop_the_last_reference_to_its_group():
+    results = harness.run(2, "group_dropped_in_callback", timeout=60)
+    harness.check_ok(results)
+    for r in results:
+        assert "destroyed in its callback" in r.out, r.out
+
+
 @pytest.mark.parametrize("variant", ["plain", "unused", "no_sync", "hook", "powersgd", "all"])
 def test_ddp_on_dtrain_trains_as_ddp_on_gloo(tmp_path, variant):
     runs = {}

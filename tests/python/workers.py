@@ -382,6 +382,63 @@ def ddp(backend, out_path, variant):
     dist.destroy_process_group()
 
 
+def destroy_during_callback(backend):
+    """Destroys the group while a Python callback chained on a collective's future still runs
+    on the backend's thread (DDP's comm hooks end that way: the last bucket's callback is still
+    being torn down when training returns). Destroying joins that thread, which needs the GIL
+    to finish: the group must let go of it meanwhile, or the rank hangs."""
+    import threading
+    rank, world = init(backend)
+    started = threading.Event()
+
+    def callback(fut):
+        started.set()
+        time.sleep(0.5)  # lets go of the GIL: the main thread destroys the group meanwhile
+        return fut.value()[0] * 2
+
+    t = torch.full((4,), float(rank + 1))
+    chained = dist.all_reduce(t, async_op=True).get_future().then(callback)
+    assert started.wait(30), f"rank {rank}: the callback did not start within 30 s"
+    began = time.monotonic()
+    dist.destroy_process_group()  # joins the thread running `callback`
+    took = time.monotonic() - began
+    want = float(sum(range(1, world + 1))) * 2
+    got = chained.wait()
+    assert torch.equal(got, torch.full((4,), want)), f"rank {rank}: got {got.tolist()}, want {want}"
+    print(f"rank {rank}: destroyed in {took:.2f} s while the callback ran")
+
+
+def group_dropped_in_callback(backend):
+    """A future's callback drops the last reference to its group, so that the group is destroyed
+    on the backend's own thread (a hook's state holding the group does that). The thread cannot
+    join itself: the group must let its threads finish on their own."""
+    import threading
+    rank, world = init(backend)
+    group = dist.new_group(list(range(world)))
+    if rank == 1:
+        time.sleep(0.5)  # rank 0's future completes later, on the backend's thread
+    t = torch.full((4,), float(rank + 1))
+    work = dist.all_reduce(t, group=group, async_op=True)
+    dist.destroy_process_group(group)  # torch forgets the group; `box` holds the last reference
+    box = [group]
+    del group
+    where = []
+
+    def callback(fut):
+        where.append(threading.current_thread() is threading.main_thread())
+        box.clear()  # destroys the group, here
+        return fut.value()[0] + 1
+
+    got = work.get_future().then(callback).wait()
+    want = float(sum(range(1, world + 1))) + 1
+    assert torch.equal(got, torch.full((4,), want)), f"rank {rank}: got {got.tolist()}, want {want}"
+    if rank == 0:
+        assert where == [False], f"rank 0: the callback ran on the main thread, not the backend's"
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {rank}: the group was destroyed in its callback")
+
+
 def elastic_resume(backend, ckpt_dir):
     """Counts to 8 with an all_reduce per step, saving after each; rank 1 dies at step 3 of the
     first attempt. Under `dtrain run --max-restarts 1` the second attempt resumes from the

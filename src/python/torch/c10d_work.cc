@@ -1,9 +1,13 @@
 #include "python/torch/c10d_work.h"
 
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
 #include <set>
 
 #include <ATen/core/jit_type.h>
 #include <fmt/format.h>
+#include <pybind11/pybind11.h>
 
 #include "dtrain/error.h"
 
@@ -145,58 +149,96 @@ void C10dWork::complete_future() {
     future->markCompleted(c10::IValue(outputs_));
 }
 
-namespace {
-// Every live completer, for quiesce_all().
-std::mutex& registry_mu() {
+struct FutureCompleter::Pool {
+  Pool();
+  ~Pool();
+  void run(std::stop_token stop);
+  bool quiet_locked() const { return queue_.empty() && idle_ == running_; }
+  static std::mutex& registry_mu();
+  static std::set<Pool*>& registry();
+
+  std::mutex mu_;  // guards queue_, idle_, running_ and threads_
+  std::condition_variable_any cv_;
+  std::condition_variable_any idle_cv_;  // notified when a thread becomes idle or ends
+  std::deque<c10::intrusive_ptr<C10dWork>> queue_;
+  int idle_ = 0;     // threads waiting for a work
+  int running_ = 0;  // threads started and not ended (joined or left to finish)
+  // Each holds the pool (shared_ptr) until it ends; the completer moves them out when it goes.
+  std::vector<std::jthread> threads_;
+};
+
+// Every live pool, for quiesce_all(): a pool lives on while a thread left to finish runs.
+std::mutex& FutureCompleter::Pool::registry_mu() {
   static std::mutex mu;
   return mu;
 }
-std::set<FutureCompleter*>& registry() {
-  static std::set<FutureCompleter*> all;
+
+std::set<FutureCompleter::Pool*>& FutureCompleter::Pool::registry() {
+  static std::set<Pool*> all;
   return all;
 }
-}  // namespace
 
-FutureCompleter::FutureCompleter() {
+FutureCompleter::Pool::Pool() {
   std::lock_guard l(registry_mu());
   registry().insert(this);
 }
 
+FutureCompleter::Pool::~Pool() {
+  std::lock_guard l(registry_mu());
+  registry().erase(this);
+}
+
+FutureCompleter::FutureCompleter() : pool_(std::make_shared<Pool>()) {}
+
 void FutureCompleter::quiesce_all(std::chrono::milliseconds limit) {
   const auto until = std::chrono::steady_clock::now() + limit;
-  std::lock_guard r(registry_mu());
-  for (FutureCompleter* c : registry()) {
-    std::unique_lock l(c->mu_);
-    c->idle_cv_.wait_until(l, until, [&] { return c->quiet_locked(); });
+  std::lock_guard r(Pool::registry_mu());
+  for (Pool* p : Pool::registry()) {
+    std::unique_lock l(p->mu_);
+    p->idle_cv_.wait_until(l, until, [&] { return p->quiet_locked(); });
   }
 }
 
 FutureCompleter::~FutureCompleter() {
-  {
-    std::lock_guard l(registry_mu());
-    registry().erase(this);
-  }
   std::vector<std::jthread> threads;
   {
-    std::lock_guard l(mu_);
-    threads.swap(threads_);
+    std::lock_guard l(pool_->mu_);
+    threads.swap(pool_->threads_);
   }
   for (auto& t : threads) t.request_stop();
-  cv_.notify_all();
-  // The jthreads join here.
+  pool_->cv_.notify_all();
+  const bool own_thread = std::any_of(threads.begin(), threads.end(), [](const std::jthread& t) {
+    return t.get_id() == std::this_thread::get_id();
+  });
+  if (own_thread) {
+    // A thread cannot join itself, and the others may wait for what this one was doing: all
+    // finish their queue on their own, each holding the pool.
+    for (auto& t : threads) t.detach();
+    return;
+  }
+  // A thread may still be in a future's Python callback, or dropping the last reference to one,
+  // and need the GIL to finish; the group is often destroyed from Python (destroy_process_group,
+  // or DDP's Reducer going away), with the GIL held. Joining with it held would wait forever.
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    pybind11::gil_scoped_release release;
+    threads.clear();
+  }
+  // Otherwise the jthreads join here.
 }
 
 void FutureCompleter::add(c10::intrusive_ptr<C10dWork> work) {
-  std::lock_guard l(mu_);
-  queue_.push_back(std::move(work));
-  if (idle_ > 0 || static_cast<int>(threads_.size()) >= kMaxThreads) {
-    cv_.notify_one();
+  Pool& p = *pool_;
+  std::lock_guard l(p.mu_);
+  p.queue_.push_back(std::move(work));
+  if (p.idle_ > 0 || p.running_ >= kMaxThreads) {
+    p.cv_.notify_one();
     return;
   }
-  threads_.emplace_back([this](std::stop_token stop) { run(stop); });
+  ++p.running_;
+  p.threads_.emplace_back([pool = pool_](std::stop_token stop) { pool->run(stop); });
 }
 
-void FutureCompleter::run(std::stop_token stop) {
+void FutureCompleter::Pool::run(std::stop_token stop) {
   for (;;) {
     c10::intrusive_ptr<C10dWork> work;
     {
@@ -206,7 +248,11 @@ void FutureCompleter::run(std::stop_token stop) {
       // Stops only once the queue is empty: a queued work always ends by its own deadline.
       cv_.wait(l, stop, [&] { return !queue_.empty(); });
       --idle_;
-      if (queue_.empty()) return;
+      if (queue_.empty()) {
+        --running_;
+        idle_cv_.notify_all();
+        return;
+      }
       work = std::move(queue_.front());
       queue_.pop_front();
     }

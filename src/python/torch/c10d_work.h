@@ -82,7 +82,10 @@ class FutureCompleter {
  public:
   static constexpr int kMaxThreads = 8;
   FutureCompleter();
-  ~FutureCompleter();  // settles what is queued (each work ends by its own deadline), then joins
+  // Stops the threads once the queue is empty (each work ends by its own deadline) and joins
+  // them, with the GIL let go (their callbacks may need it). On one of its own threads (a
+  // callback dropped the last reference to the group) it joins none: they finish on their own.
+  ~FutureCompleter();
   void add(c10::intrusive_ptr<C10dWork> work);
 
   // Waits (up to `limit`) until every completer of the process has nothing queued and no thread
@@ -92,15 +95,8 @@ class FutureCompleter {
   static void quiesce_all(std::chrono::milliseconds limit);
 
  private:
-  void run(std::stop_token stop);
-  bool quiet_locked() const { return queue_.empty() && idle_ == static_cast<int>(threads_.size()); }
-
-  std::mutex mu_;  // guards queue_, idle_ and threads_
-  std::condition_variable_any cv_;
-  std::condition_variable_any idle_cv_;  // notified when a thread becomes idle
-  std::deque<c10::intrusive_ptr<C10dWork>> queue_;
-  int idle_ = 0;  // threads waiting for a work
-  std::vector<std::jthread> threads_;
+  struct Pool;  // the queue and the threads' state, which a thread left to finish keeps alive
+  std::shared_ptr<Pool> pool_;
 };
 
 }  // namespace dtrain::python
