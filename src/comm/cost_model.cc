@@ -97,7 +97,9 @@ CostConstants CostModel::parse(const std::string& text, const std::string& where
   // Version 1 (dtrain bench --calibrate): {"version": 1, "gamma_gbps": G, "links": {"shm" |
   // "host" | "rack": {"alpha_us": A, "beta_gbps": B}}, "note": "..."}; the flat form of a single
   // link class, {"alpha_us": A, "beta_gbps": B, "gamma_gbps": G}, is read as the host link.
-  check_keys(j, {"version", "gamma_gbps", "call_us", "links", "note", "alpha_us", "beta_gbps"},
+  check_keys(j,
+             {"version", "gamma_gbps", "call_us", "machine_gbps", "links", "note", "alpha_us",
+              "beta_gbps"},
              where);
   if (j.contains("version") && j["version"] != 1)
     throw InvalidArgumentError(
@@ -106,6 +108,8 @@ CostConstants CostModel::parse(const std::string& text, const std::string& where
   k.beta = 1.0 / (positive(j, "beta_gbps", 1.0 / k.beta / 1e9, where) * 1e9);
   k.gamma = 1.0 / (positive(j, "gamma_gbps", 1.0 / k.gamma / 1e9, where) * 1e9);
   k.call = positive(j, "call_us", k.call * 1e6, where) * 1e-6;
+  if (j.contains("machine_gbps"))
+    k.beta_machine = 1.0 / (positive(j, "machine_gbps", 0, where) * 1e9);
   if (j.contains("links")) {
     check_keys(j["links"], {"shm", "host", "rack"}, where + " links");
     for (const auto& [name, link] : j["links"].items()) {
@@ -131,6 +135,7 @@ std::string CostModel::to_json(const CostConstants& k, const std::string& note) 
                    {"gamma_gbps", 1.0 / k.gamma / 1e9},
                    {"call_us", k.call * 1e6},
                    {"note", note}};
+  if (k.beta_machine > 0) j["machine_gbps"] = 1.0 / k.beta_machine / 1e9;
   j["links"]["shm"] = link(k.alpha_local, k.beta_local);
   j["links"]["host"] = link(k.alpha, k.beta);
   if (k.alpha_rack > 0 && k.beta_rack > 0) j["links"]["rack"] = link(k.alpha_rack, k.beta_rack);
@@ -167,6 +172,7 @@ Topology CostModel::cross_of(const Topology& t) {
   c.level = Topology::Level::kRacks;
   c.host_contiguous = true;
   c.oversubscription = 1.0;
+  c.one_machine = t.one_machine;
   if (t.level == Topology::Level::kHosts && t.racks > 1) {
     c.hosts = t.racks;
     c.per_host = t.hosts_per_rack;
@@ -252,6 +258,13 @@ algo::CostInput CostModel::input(const algo::Algorithm& a, size_t bytes, int n,
     if (topology.spans_racks) {
       c.link.alpha = std::max(c.link.alpha, k_.rack().alpha);
       c.link.beta = std::max(c.link.beta, k_.rack().beta * rack_flows);
+    }
+    // Hosts of one machine: every flow of the group (and of the groups beside it) also shares
+    // what the machine's cores move through TCP in all.
+    if (topology.one_machine && k_.beta_machine > 0) {
+      const bool one_per_host = ring && hosts && topology.host_contiguous && topology.hosts > 1;
+      const double flows = one_per_host ? topology.hosts : c.N;
+      c.link.beta = std::max(c.link.beta, k_.beta_machine * flows);
     }
     c.link.beta *= topology.nic_sharers;
   }

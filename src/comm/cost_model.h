@@ -37,6 +37,10 @@ struct CostConstants {
   // between hosts.
   double alpha_rack = 0;
   double beta_rack = 0;
+  // Seconds per byte of all the TCP flows together of hosts that share one machine's cores
+  // (emulated hosts, containers of one node), where the kernel's copies and the virtual links'
+  // work bind before the links do. 0 = none measured: each flow as fast as its link.
+  double beta_machine = 0;
   // What one collective call costs beyond its messages: the hand-over to the group's executor
   // and back to the waiting caller. The hierarchical forms pay it for each inner collective.
   double call = 20e-6;
@@ -70,6 +74,7 @@ struct Topology {
   int nic_sharers = 1;            // groups that run at once over the same links (the hierarchy's
                                   // cross groups: one per local index), dividing their bandwidth
   double oversubscription = 1.0;  // ranks on this host per core, at least 1
+  bool one_machine = false;       // every rank on one machine's cores (beta_machine applies)
 };
 
 // The cost file, or why it could not be used.

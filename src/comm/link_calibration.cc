@@ -1,9 +1,12 @@
 // Measuring the cost model's link constants on a running group: rank 0 plays ping-pong with one
 // peer of each class of link it has (another rank of its host, a rank on another host of its
 // rack, a rank in another rack): small messages give alpha (half a round trip), 4 MiB ones beta;
-// a local reduction gives gamma. The figures travel through the store, so that every rank of the
-// group picks its algorithms from the same numbers. No collective runs: the group's sequence
-// numbers are untouched.
+// a local reduction gives gamma. Where several hosts share rank 0's machine (emulated hosts,
+// containers of one node), one rank of each sends 4 MiB to the next at once: what they move
+// together is what the machine's cores let through TCP (beta_machine). The figures travel
+// through the store, so that every rank of the group picks its algorithms from the same
+// numbers. No collective runs: the group's sequence numbers are untouched.
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -14,11 +17,13 @@
 #include "common/log.h"
 #include "common/reduce.h"
 #include "dtrain/error.h"
+#include "transport/host.h"
 
 namespace dtrain::comm {
 namespace {
 
-constexpr int kTag = 0x7a11b;  // the ping-pong's messages, before any of the user's
+constexpr int kTag = 0x7a11b;      // the ping-pong's messages, before any of the user's
+constexpr int kRingTag = 0x7a11c;  // the machine's ring of flows
 constexpr int kSmallIters = 40;
 constexpr int kLargeIters = 3;
 // 4 MiB: a shaped link lets its bucket (tbf's, a switch's buffer) through at memory speed; a
@@ -63,8 +68,38 @@ CostConstants NativeProcessGroup::measure_links(CostConstants k) {
     ping_pong(peers[c], large, 1);
     beta[c] = std::max(ping_pong(peers[c], large, kLargeIters) - alpha[c], 1e-9) / kLarge;
   }
+  // One rank of each host on rank 0's machine, rank 0 first: a ring of flows all at once.
+  std::vector<int> ring;
+  std::vector<std::string> seen;
+  for (int r = 0; r < size_; ++r) {
+    if (transport::machine_of(host(r)) != transport::machine_of(host(0)) ||
+        std::find(seen.begin(), seen.end(), host(r)) != seen.end())
+      continue;
+    seen.push_back(host(r));
+    ring.push_back(r);
+  }
+  double machine = 0;
+  if (const auto me = std::find(ring.begin(), ring.end(), rank_);
+      ring.size() >= 2 && me != ring.end()) {
+    const size_t i = me - ring.begin(), h = ring.size();
+    std::vector<std::byte> in(kLarge);
+    auto exchange = [&](int iters) {
+      const auto out_view = TensorView{large.data(), large.size(), DType::kU8};
+      const auto in_view = TensorView{in.data(), in.size(), DType::kU8};
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int it = 0; it < iters; ++it) {
+        auto got = irecv(in_view, ring[(i + h - 1) % h], kRingTag, {});
+        isend(out_view, ring[(i + 1) % h], kRingTag, {})->wait();
+        got->wait();
+      }
+      return seconds_since(t0) / iters;
+    };
+    exchange(1);
+    machine = exchange(kLargeIters) / (static_cast<double>(h) * kLarge);
+  }
   const std::string key = fmt::format("{}/measured_links", name_);
   if (rank_ == 0) {
+    if (machine > 0) k.beta_machine = machine;
     if (peers[0] > 0) k.alpha_local = alpha[0], k.beta_local = beta[0];
     if (peers[1] > 0) k.alpha = alpha[1], k.beta = beta[1];
     if (peers[2] > 0) {

@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/reduce.h"
 #include "dtrain/error.h"
+#include "transport/host.h"
 #include "transport/tag.h"
 
 namespace dtrain {
@@ -166,7 +167,10 @@ void NativeProcessGroup::start() {
   topology_.local = size_ > 1;
   topology_.can_read_all = size_ > 1;
   topology_.oversubscription = oversubscription_;
+  topology_.one_machine = true;
+  const std::string machine = transport::machine_of(device_->host_of(members_[rank_]));
   for (int i = 0; i < size_; ++i) {
+    topology_.one_machine &= transport::machine_of(device_->host_of(members_[i])) == machine;
     if (i == rank_) continue;
     auto& p = *device_->pair(members_[i]);
     topology_.local &= std::string_view(p.transport()) == "shm";

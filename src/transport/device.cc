@@ -155,9 +155,8 @@ Device::Device(Store& store, const DeviceOptions& options)
   // Ranks in other network namespaces of this machine (containers, pods of one node, emulated
   // hosts) are other "hosts" but share its cores: counted with this host's, they can make it
   // oversubscribed, where a waiting rank must yield rather than spin.
-  const auto machine = [](const std::string& h) { return h.substr(0, h.rfind('|')); };
   const auto on_machine = std::count_if(hosts_.begin(), hosts_.end(), [&](const std::string& h) {
-    return machine(h) == machine(hosts_[rank]);
+    return machine_of(h) == machine_of(hosts_[rank]);
   });
   if (on_machine > static_cast<long>(std::max(1u, std::thread::hardware_concurrency())) &&
       !options_.oversubscribed) {

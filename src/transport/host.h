@@ -10,6 +10,10 @@ namespace dtrain::transport {
 
 std::string host_identity();
 
+// The machine of a host identity: its hostname and boot id, without the network namespace.
+// Hosts of one machine (emulated hosts, containers or pods of one node) share its cores.
+inline std::string machine_of(const std::string& host) { return host.substr(0, host.rfind('|')); }
+
 // The rack of this process's host, for the topology-aware collectives: DTRAIN_RACK, else the rack
 // that the DTRAIN_TOPOLOGY file ({"racks": {"RACK": ["HOST or ADDRESS", ...], ...}}) gives this
 // host's name or `address`, else "" (all in one rack). A file that cannot be read, is not that

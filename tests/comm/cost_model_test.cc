@@ -26,6 +26,7 @@ TEST(CostFile, WhatBenchCalibrateWritesReadsBack) {
   CostConstants k;
   k.alpha = 30e-6, k.beta = 1 / 1.1e9, k.alpha_local = 3e-6, k.beta_local = 1 / 9e9;
   k.alpha_rack = 80e-6, k.beta_rack = 1 / 0.3e9, k.gamma = 1 / 20e9, k.call = 45e-6;
+  k.beta_machine = 1 / 2.1e9;
   const auto back = CostModel::read_file(write("calibrated.json", CostModel::to_json(k, "test")));
   EXPECT_NEAR(back.alpha, k.alpha, 1e-12);
   EXPECT_NEAR(back.beta, k.beta, 1e-15);
@@ -33,6 +34,9 @@ TEST(CostFile, WhatBenchCalibrateWritesReadsBack) {
   EXPECT_NEAR(back.beta_rack, k.beta_rack, 1e-15);
   EXPECT_NEAR(back.gamma, k.gamma, 1e-15);
   EXPECT_NEAR(back.call, k.call, 1e-12);
+  EXPECT_NEAR(back.beta_machine, k.beta_machine, 1e-15);
+  // Without one, none: each flow as fast as its link.
+  EXPECT_EQ(CostModel::read_file(write("unshared.json", CostModel::to_json(CostConstants{}, "t"))).beta_machine, 0.0);
 }
 
 TEST(CostFile, TheOldFlatFormIsTheHostLink) {
@@ -58,6 +62,7 @@ TEST(CostFile, ACorruptFileSaysWhatIsWrongWhere) {
   fails_with(R"({"links": {"nvlink": {"alpha_us": 1, "beta_gbps": 1}}})", "unknown key 'nvlink'");
   fails_with(R"({"version": 2})", "version 2");
   fails_with(R"({"beta_gbps": "fast"})", "must be a positive number");
+  fails_with(R"({"machine_gbps": 0})", "'machine_gbps' must be a positive number");
   EXPECT_THROW(CostModel::read_file("/nonexistent/cost.json"), InvalidArgumentError);
 }
 
@@ -95,6 +100,45 @@ TEST(CostModelChoice, LargeMessagesGoHierarchicalAndASlowUplinkSplitsTheCrossGro
   CostConstants flat = k;
   flat.alpha_rack = flat.alpha, flat.beta_rack = flat.beta / 4;
   EXPECT_NE(CostModel(flat).pick(CollectiveKind::kAllreduce, 16 << 20, 16, cross).name, "hierarchical");
+}
+
+// Emulated hosts on one machine of two cores (docs/scaling.md): 1.2 GB/s links, and 2.1 GB/s
+// through TCP for all the machine's flows together.
+TEST(CostModelChoice, HostsOfOneMachineShareWhatItsCoresMove) {
+  CostConstants k;
+  k.alpha = 14e-6, k.beta = 1 / 1.2e9, k.beta_machine = 1 / 2.1e9;
+  const CostModel model(k);
+  Topology apart;  // one rank per host: a group that does not split
+  Topology shared = apart;
+  shared.one_machine = true;
+  const size_t M = 64 << 20;
+  auto ratio = [&](const char* algo, int n, const Topology& a, const Topology& b) {
+    return model.cost(algo, CollectiveKind::kAllreduce, M, n, b) /
+           model.cost(algo, CollectiveKind::kAllreduce, M, n, a);
+  };
+  // The bandwidth term grows by `want`; latency and reduction, unchanged, dilute it a little.
+  auto slower_by = [](double got, double want) { return got > 0.85 * want && got <= want; };
+  // 8 flows share 2.1 GB/s: each gets 0.26 GB/s, not its link's 1.2.
+  EXPECT_PRED2(slower_by, ratio("ring", 8, apart, shared), (8 / 2.1) / (1 / 1.2));
+  EXPECT_PRED2(slower_by, ratio("halving_doubling", 8, apart, shared), (8 / 2.1) / (1 / 1.2));
+  // 2 flows: 1.05 GB/s each, a little under the link.
+  EXPECT_PRED2(slower_by, ratio("ring", 2, apart, shared), (2 / 2.1) / (1 / 1.2));
+  // Without a measured machine rate, or on separate machines, nothing changes.
+  EXPECT_DOUBLE_EQ(CostModel(CostConstants{}).cost("ring", CollectiveKind::kAllreduce, M, 8, shared),
+                   CostModel(CostConstants{}).cost("ring", CollectiveKind::kAllreduce, M, 8, apart));
+  // A ring over hosts of consecutive ranks sends one flow per host, not one per rank; the
+  // hierarchy's cross groups (one per local index, all at once) share the machine too.
+  Topology hosts4x2 = shared;
+  hosts4x2.hosts = 4, hosts4x2.per_host = 2, hosts4x2.host_contiguous = true;
+  Topology hosts4x2_apart = hosts4x2;
+  hosts4x2_apart.one_machine = false;
+  EXPECT_PRED2(slower_by, ratio("ring", 8, hosts4x2_apart, hosts4x2), (4 / 2.1) / (1 / 1.2));
+  const Topology cross = CostModel::cross_of(hosts4x2);
+  EXPECT_TRUE(cross.one_machine);
+  EXPECT_EQ(cross.nic_sharers, 2);
+  Topology cross_apart = cross;
+  cross_apart.one_machine = false;
+  EXPECT_PRED2(slower_by, ratio("ring", 4, cross_apart, cross), (4 / 2.1) / (1 / 1.2));
 }
 
 TEST(CostModelChoice, UnevenHostsStillSplitButNotForAllGather) {

@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "comm/cost_model.h"
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -297,7 +299,7 @@ TEST(MultiHost, BenchStartsEachRankOnItsEmulatedHost) {
   const std::string out = ::testing::TempDir() + "/bench_netns_" + hosts.name;
   const std::string command = std::string(DTRAIN_BIN_DIR) + "/dtrain bench allreduce --np 4 --netns " +
                               hosts.name + " --sizes 4K,1M --iters 3 --warmup 1 --model --json " +
-                              out + ".jsonl > " + out + ".log 2>&1";
+                              out + ".jsonl --calibrate " + out + ".links.json > " + out + ".log 2>&1";
   ASSERT_EQ(std::system(command.c_str()), 0) << slurp(out + ".log");
   const std::string log = slurp(out + ".log");
   // Rank 0 saw two hosts of two ranks each, and both sizes came back right.
@@ -312,6 +314,9 @@ TEST(MultiHost, BenchStartsEachRankOnItsEmulatedHost) {
   };
   EXPECT_EQ(count("\"wrong\":0,"), 2) << json;
   EXPECT_EQ(count("\"wrong\":"), 2) << json;
+  // The hosts share this machine's cores: the calibration measured what they move together.
+  const auto k = dtrain::comm::CostModel::read_file(out + ".links.json");
+  EXPECT_GT(k.beta_machine, 0.0) << slurp(out + ".links.json");
 }
 
 }  // namespace
