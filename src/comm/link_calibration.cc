@@ -2,9 +2,9 @@
 // peer of each class of link it has (another rank of its host, a rank on another host of its
 // rack, a rank in another rack): small messages give alpha (half a round trip), 4 MiB ones beta;
 // a local reduction gives gamma. Where several hosts share rank 0's machine (emulated hosts,
-// containers of one node), one rank of each sends 4 MiB to the next at once: what they move
-// together is what the machine's cores let through TCP (beta_machine). The figures travel
-// through the store, so that every rank of the group picks its algorithms from the same
+// containers of one node), one rank of each sends 4 MiB to the next, all starting together:
+// what they move at once is what the machine's cores let through TCP (beta_machine). The figures
+// travel through the store, so that every rank of the group picks its algorithms from the same
 // numbers. No collective runs: the group's sequence numbers are untouched.
 #include <algorithm>
 #include <chrono>
@@ -95,7 +95,29 @@ CostConstants NativeProcessGroup::measure_links(CostConstants k) {
       return seconds_since(t0) / iters;
     };
     exchange(1);
-    machine = exchange(kLargeIters) / (static_cast<double>(h) * kLarge);
+    // Start together: a member that got here first would have its flow waiting in the sockets'
+    // buffers before the last one starts its clock, which then reads memory, not the machine.
+    // A token goes round the ring; the slowest member's time is the ring's.
+    double token = 0;
+    const auto tv = TensorView{&token, sizeof(token), DType::kU8};
+    if (i == 0) {
+      send(tv, ring[1], kRingTag);
+      recv(tv, ring[h - 1], kRingTag);
+    } else {
+      recv(tv, ring[i - 1], kRingTag);
+      send(tv, ring[(i + 1) % h], kRingTag);
+    }
+    double took = exchange(kLargeIters);
+    if (i == 0) {
+      for (size_t j = 1; j < h; ++j) {
+        double theirs = 0;
+        recv(TensorView{&theirs, sizeof(theirs), DType::kU8}, ring[j], kRingTag);
+        took = std::max(took, theirs);
+      }
+      machine = took / (static_cast<double>(h) * kLarge);
+    } else {
+      send(TensorView{&took, sizeof(took), DType::kU8}, ring[0], kRingTag);
+    }
   }
   const std::string key = fmt::format("{}/measured_links", name_);
   if (rank_ == 0) {
