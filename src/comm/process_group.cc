@@ -20,6 +20,7 @@
 #include "common/error_message.h"
 #include "common/log.h"
 #include "common/reduce.h"
+#include "common/socket.h"
 #include "dtrain/error.h"
 #include "transport/host.h"
 #include "transport/tag.h"
@@ -69,13 +70,17 @@ uint64_t fnv1a(std::string_view text) {
 }
 
 // The address peers should dial: explicit, DTRAIN_SOCKET_ADDR, the local end of the store
-// connection (the interface that routes to the master), or this host's name.
+// connection (the interface that routes to the master), the interface that routes to
+// MASTER_ADDR (a store we cannot look inside: torch's), or this host's name, which need not
+// resolve to an address the peers can reach.
 std::string pick_advertise_addr(const ProcessGroupOptions& options, Store& store) {
   if (!options.advertise_addr.empty()) return options.advertise_addr;
   if (auto v = env::raw(env::kSocketAddr)) return *v;
   Store* s = &store;
   while (auto* prefix = dynamic_cast<PrefixStore*>(s)) s = prefix->base().get();
   if (auto* tcp = dynamic_cast<TcpStore*>(s)) return tcp->local_ip();
+  if (auto master = env::raw(env::kMasterAddr); master && !master->empty())
+    if (std::string ip = net::route_source(*master); !ip.empty()) return ip;
   char host[256] = {0};
   if (::gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') return host;
   return "127.0.0.1";

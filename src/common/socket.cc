@@ -225,6 +225,22 @@ std::string local_ip(int fd) {
   return sockaddr_text(ss, false);
 }
 
+std::string route_source(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* head = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &head) != 0) return "";
+  std::string ip;
+  for (addrinfo* a = head; a != nullptr && ip.empty(); a = a->ai_next) {
+    Fd fd(::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (fd.get() >= 0 && ::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0)
+      ip = local_ip(fd.get());
+  }
+  freeaddrinfo(head);
+  return ip == "?" ? "" : ip;
+}
+
 std::string peer_name(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);

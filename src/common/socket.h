@@ -66,7 +66,10 @@ Fd connect_tcp(const HostPort& to, const Deadline& deadline, std::string_view co
 Fd accept_tcp(int listen_fd, const Deadline& deadline, std::string_view context);
 
 uint16_t local_port(int fd);
-std::string local_ip(int fd);   // "127.0.0.1"
+std::string local_ip(int fd);  // "127.0.0.1"
+// The address of this host's interface that routes to `host` (a UDP socket connected to it:
+// nothing is sent); "" when `host` does not resolve or no route leads there.
+std::string route_source(const std::string& host);
 std::string peer_name(int fd);  // "127.0.0.1:41234"
 
 void set_nonblocking(int fd, bool on);

@@ -82,6 +82,56 @@ def run(world, name, *args, backend="dtrain", timeout=120, env=None, kill_rank=N
     return results
 
 
+HOSTS_SCRIPT = os.path.join(HERE, "..", "..", "scripts", "netns-hosts.sh")
+
+
+class EmulatedHosts:
+    """`n` hosts made of network namespaces (scripts/netns-hosts.sh) for the life of a `with`;
+    `skip` says why none could be made here (not root, no iproute2), else None."""
+
+    def __init__(self, n=2):
+        self.n, self.name = n, f"py{os.getpid() % 100000}"
+        self.subnet = f"10.78.{os.getpid() % 200}"
+        check = subprocess.run([HOSTS_SCRIPT, "check"], capture_output=True, text=True)
+        self.skip = None
+        if check.returncode != 0:
+            self.skip = check.stdout.strip() or "cannot make network namespaces here"
+
+    def __enter__(self):
+        if self.skip is None:
+            subprocess.run([HOSTS_SCRIPT, "up", self.name, str(self.n), self.subnet], check=True,
+                           capture_output=True)
+        return self
+
+    def __exit__(self, *exc):
+        if self.skip is None:
+            subprocess.run([HOSTS_SCRIPT, "down", self.name], capture_output=True)
+
+    def run(self, per_host, name, *args, backend="dtrain", timeout=240):
+        """Like run(), `per_host` consecutive ranks on each host; rank 0 (and torch's store) on
+        host 0, reached by its address on the hosts' network."""
+        world, port, procs = self.n * per_host, free_port(), []
+        for r in range(world):
+            env = env_for(r, world, port, {"MASTER_ADDR": f"{self.subnet}.1",
+                                           "LOCAL_RANK": str(r % per_host),
+                                           "LOCAL_WORLD_SIZE": str(per_host)})
+            cmd = [HOSTS_SCRIPT, "run", self.name, str(r // per_host),
+                   *command("workers.py", name, backend, args)]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        results = []
+        for r, p in enumerate(procs):
+            try:
+                out, _ = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise AssertionError(f"{name} on {world} ranks over {self.n} hosts did not "
+                                     f"finish within {timeout} s")
+            results.append(Rank(r, p.returncode, out))
+        return results
+
+
 def run_with_envs(envs, name, *args, backend="dtrain", timeout=180, drop=(), script="workers.py"):
     """Like run(), with each rank's own extra variables and some of the usual ones left out (a
     launcher other than torchrun's convention)."""

@@ -19,6 +19,16 @@ def test_sub_groups(world):
     harness.check_ok(harness.run(world, "subgroups", timeout=300))
 
 
+def test_ranks_on_two_hosts_find_each_other_by_the_route_to_the_master():
+    # Two hosts of two ranks each (network namespaces): each rank must tell its peers an address
+    # they can reach. Torch's store does not say which interface it used, and the host's name is
+    # the same in every namespace here, resolving to none of the hosts' addresses.
+    with harness.EmulatedHosts(2) as hosts:
+        if hosts.skip:
+            pytest.skip(hosts.skip)
+        harness.check_ok(hosts.run(2, "ops"))
+
+
 @pytest.mark.parametrize("method", ["tcp", "file", "store"])
 def test_init_methods(tmp_path, method):
     harness.check_ok(harness.run(3, "init_methods", method, tmp_path, timeout=120))
