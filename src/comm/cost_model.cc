@@ -98,8 +98,8 @@ CostConstants CostModel::parse(const std::string& text, const std::string& where
   // "host" | "rack": {"alpha_us": A, "beta_gbps": B}}, "note": "..."}; the flat form of a single
   // link class, {"alpha_us": A, "beta_gbps": B, "gamma_gbps": G}, is read as the host link.
   check_keys(j,
-             {"version", "gamma_gbps", "call_us", "machine_gbps", "links", "note", "alpha_us",
-              "beta_gbps"},
+             {"version", "gamma_gbps", "call_us", "machine_gbps", "machine_shm_gbps", "links",
+              "note", "alpha_us", "beta_gbps"},
              where);
   if (j.contains("version") && j["version"] != 1)
     throw InvalidArgumentError(
@@ -110,6 +110,8 @@ CostConstants CostModel::parse(const std::string& text, const std::string& where
   k.call = positive(j, "call_us", k.call * 1e6, where) * 1e-6;
   if (j.contains("machine_gbps"))
     k.beta_machine = 1.0 / (positive(j, "machine_gbps", 0, where) * 1e9);
+  if (j.contains("machine_shm_gbps"))
+    k.beta_machine_shm = 1.0 / (positive(j, "machine_shm_gbps", 0, where) * 1e9);
   if (j.contains("links")) {
     check_keys(j["links"], {"shm", "host", "rack"}, where + " links");
     for (const auto& [name, link] : j["links"].items()) {
@@ -136,6 +138,7 @@ std::string CostModel::to_json(const CostConstants& k, const std::string& note) 
                    {"call_us", k.call * 1e6},
                    {"note", note}};
   if (k.beta_machine > 0) j["machine_gbps"] = 1.0 / k.beta_machine / 1e9;
+  if (k.beta_machine_shm > 0) j["machine_shm_gbps"] = 1.0 / k.beta_machine_shm / 1e9;
   j["links"]["shm"] = link(k.alpha_local, k.beta_local);
   j["links"]["host"] = link(k.alpha, k.beta);
   if (k.alpha_rack > 0 && k.beta_rack > 0) j["links"]["rack"] = link(k.alpha_rack, k.beta_rack);
@@ -195,6 +198,9 @@ double CostModel::hierarchical(CollectiveKind kind, double M, int n, const Topol
   // run beside this one).
   LinkCost in = t.level == Topology::Level::kHosts ? k_.shm() : k_.host();
   if (t.level == Topology::Level::kRacks) in.beta *= t.nic_sharers;
+  // Hosts of one machine: every host's inner steps run at once, on the same cores and memory.
+  if (t.level == Topology::Level::kHosts && t.one_machine)
+    in.beta = std::max(in.beta, k_.beta_machine_shm);
   const double lk = log2_ceil(static_cast<int>(k));
   Topology cross = cross_of(t);
   if (!t.uniform) cross.nic_sharers = t.nic_sharers;  // leaders only

@@ -26,7 +26,7 @@ TEST(CostFile, WhatBenchCalibrateWritesReadsBack) {
   CostConstants k;
   k.alpha = 30e-6, k.beta = 1 / 1.1e9, k.alpha_local = 3e-6, k.beta_local = 1 / 9e9;
   k.alpha_rack = 80e-6, k.beta_rack = 1 / 0.3e9, k.gamma = 1 / 20e9, k.call = 45e-6;
-  k.beta_machine = 1 / 2.1e9;
+  k.beta_machine = 1 / 2.1e9, k.beta_machine_shm = 1 / 3.3e9;
   const auto back = CostModel::read_file(write("calibrated.json", CostModel::to_json(k, "test")));
   EXPECT_NEAR(back.alpha, k.alpha, 1e-12);
   EXPECT_NEAR(back.beta, k.beta, 1e-15);
@@ -35,6 +35,7 @@ TEST(CostFile, WhatBenchCalibrateWritesReadsBack) {
   EXPECT_NEAR(back.gamma, k.gamma, 1e-15);
   EXPECT_NEAR(back.call, k.call, 1e-12);
   EXPECT_NEAR(back.beta_machine, k.beta_machine, 1e-15);
+  EXPECT_NEAR(back.beta_machine_shm, k.beta_machine_shm, 1e-15);
   // Without one, none: each flow as fast as its link.
   EXPECT_EQ(CostModel::read_file(write("unshared.json", CostModel::to_json(CostConstants{}, "t"))).beta_machine, 0.0);
 }
@@ -63,6 +64,7 @@ TEST(CostFile, ACorruptFileSaysWhatIsWrongWhere) {
   fails_with(R"({"version": 2})", "version 2");
   fails_with(R"({"beta_gbps": "fast"})", "must be a positive number");
   fails_with(R"({"machine_gbps": 0})", "'machine_gbps' must be a positive number");
+  fails_with(R"({"machine_shm_gbps": -3})", "'machine_shm_gbps' must be a positive number");
   EXPECT_THROW(CostModel::read_file("/nonexistent/cost.json"), InvalidArgumentError);
 }
 
@@ -139,6 +141,23 @@ TEST(CostModelChoice, HostsOfOneMachineShareWhatItsCoresMove) {
   Topology cross_apart = cross;
   cross_apart.one_machine = false;
   EXPECT_PRED2(slower_by, ratio("ring", 4, cross_apart, cross), (4 / 2.1) / (1 / 1.2));
+  // The hierarchy's steps inside the hosts run at once on the same cores: where the machine's
+  // rate for them was measured, their copies take what it says, not what one pair alone took.
+  auto inner = [&](const Topology& t, const CostConstants& c) {
+    return CostModel(c).cost("hierarchical", CollectiveKind::kAllreduce, M, 8, t) -
+           CostModel(c).best_cost(CollectiveKind::kAllreduce, M / 2, 4, CostModel::cross_of(t));
+  };
+  CostConstants busy = k;
+  busy.beta_local = 1 / 10e9, busy.beta_machine_shm = 1 / 2.5e9;
+  CostConstants busy_fast = busy;  // the same but for the copies: what is left is latency and sums
+  busy_fast.beta_local = busy_fast.beta_machine_shm = 1e-15;
+  const double copies_apart = inner(hosts4x2_apart, busy) - inner(hosts4x2_apart, busy_fast);
+  const double copies_shared = inner(hosts4x2, busy) - inner(hosts4x2, busy_fast);
+  EXPECT_GT(copies_apart, 0);
+  EXPECT_NEAR(copies_shared / copies_apart, 4.0, 1e-3);  // 2.5 GB/s against 10
+  // Unmeasured, each host's memory is its own.
+  const double unmeasured = inner(hosts4x2, k) - inner(hosts4x2_apart, k);
+  EXPECT_NEAR(unmeasured, 0.0, 1e-9);
 }
 
 TEST(CostModelChoice, UnevenHostsStillSplitButNotForAllGather) {

@@ -314,9 +314,11 @@ TEST(MultiHost, BenchStartsEachRankOnItsEmulatedHost) {
   };
   EXPECT_EQ(count("\"wrong\":0,"), 2) << json;
   EXPECT_EQ(count("\"wrong\":"), 2) << json;
-  // The hosts share this machine's cores: the calibration measured what they move together.
+  // The hosts share this machine's cores: the calibration measured what they move together,
+  // over TCP and in the hosts' own groups.
   const auto k = dtrain::comm::CostModel::read_file(out + ".links.json");
   EXPECT_GT(k.beta_machine, 0.0) << slurp(out + ".links.json");
+  EXPECT_GT(k.beta_machine_shm, 0.0) << slurp(out + ".links.json");
 }
 
 }  // namespace
