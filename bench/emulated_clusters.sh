@@ -5,7 +5,7 @@
 # $ROUNDS rounds (default 3); dtrain first measures the links (--calibrate) and prints the cost
 # model's time beside each measured one (--model). Needs root. JSON lines and the calibration
 # files land in $OUT (default bench-results/emulated).
-#   [ROUNDS=3] [OUT=dir] [PROFILES="1gbe 10gbe"] [HOSTS="2 4 8"] sudo bash bench/emulated_clusters.sh [build/bin/dtrain]
+#   [ROUNDS=3] [OUT=dir] [PROFILES="1gbe 10gbe"] [HOSTS="2 4 8"] [PER_HOST="1 2"] sudo bash bench/emulated_clusters.sh [build/bin/dtrain]
 set -euo pipefail
 dtrain=$(realpath "${1:-build/bin/dtrain}")
 here=$(dirname "$(realpath "$0")")
@@ -20,7 +20,7 @@ for profile in ${PROFILES:-1gbe 10gbe}; do
   sizes=4K,64K,1M,16M
   [ "$profile" = 1gbe ] || sizes=4K,64K,1M,16M,64M
   for hosts in ${HOSTS:-2 4 8}; do
-    for per_host in 1 2; do
+    for per_host in ${PER_HOST:-1 2}; do
       np=$((hosts * per_host))
       (( np <= 8 )) || continue
       echo "== all-reduce, $hosts hosts x $per_host rank(s), $profile"
