@@ -158,6 +158,13 @@ TEST(CostModelChoice, HostsOfOneMachineShareWhatItsCoresMove) {
   // Unmeasured, each host's memory is its own.
   const double unmeasured = inner(hosts4x2, k) - inner(hosts4x2_apart, k);
   EXPECT_NEAR(unmeasured, 0.0, 1e-9);
+  // In the cache the hosts share (64 KiB on 8 ranks), the steps cost what one pair measured.
+  auto small = [&](const Topology& t) {
+    return CostModel(busy).cost("hierarchical", CollectiveKind::kAllreduce, 64 << 10, 8, t);
+  };
+  EXPECT_NEAR(small(hosts4x2) - CostModel(busy).best_cost(CollectiveKind::kAllreduce, 32 << 10, 4, cross),
+              small(hosts4x2_apart) - CostModel(busy).best_cost(CollectiveKind::kAllreduce, 32 << 10, 4, CostModel::cross_of(hosts4x2_apart)),
+              1e-12);
 }
 
 TEST(CostModelChoice, UnevenHostsStillSplitButNotForAllGather) {
