@@ -199,9 +199,10 @@ double CostModel::hierarchical(CollectiveKind kind, double M, int n, const Topol
   LinkCost in = t.level == Topology::Level::kHosts ? k_.shm() : k_.host();
   if (t.level == Topology::Level::kRacks) in.beta *= t.nic_sharers;
   // Hosts of one machine: every host's inner steps run at once, on the same cores and memory;
-  // beyond the cache they share (four buffers' worth a rank, as below), at the rate measured so.
+  // beyond the cache they share, at the rate measured so. As for a flat group below: four
+  // buffers' worth a rank, times the ranks per core, here of the whole machine (every host's).
   if (t.level == Topology::Level::kHosts && t.one_machine &&
-      4 * t.hosts * k * M >= k_.cache_bytes)
+      4 * t.hosts * k * M * t.hosts * t.oversubscription >= k_.cache_bytes)
     in.beta = std::max(in.beta, k_.beta_machine_shm);
   const double lk = log2_ceil(static_cast<int>(k));
   Topology cross = cross_of(t);

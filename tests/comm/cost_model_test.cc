@@ -158,13 +158,14 @@ TEST(CostModelChoice, HostsOfOneMachineShareWhatItsCoresMove) {
   // Unmeasured, each host's memory is its own.
   const double unmeasured = inner(hosts4x2, k) - inner(hosts4x2_apart, k);
   EXPECT_NEAR(unmeasured, 0.0, 1e-9);
-  // In the cache the hosts share (64 KiB on 8 ranks), the steps cost what one pair measured.
-  auto small = [&](const Topology& t) {
-    return CostModel(busy).cost("hierarchical", CollectiveKind::kAllreduce, 64 << 10, 8, t);
+  // In the cache the hosts share (64 KiB on 8 ranks), the steps cost what one pair measured;
+  // at 1 MiB, 8 ranks on the cores of one machine are beyond it.
+  auto inner_at = [&](size_t bytes, const Topology& t) {
+    return CostModel(busy).cost("hierarchical", CollectiveKind::kAllreduce, bytes, 8, t) -
+           CostModel(busy).best_cost(CollectiveKind::kAllreduce, bytes / 2, 4, CostModel::cross_of(t));
   };
-  EXPECT_NEAR(small(hosts4x2) - CostModel(busy).best_cost(CollectiveKind::kAllreduce, 32 << 10, 4, cross),
-              small(hosts4x2_apart) - CostModel(busy).best_cost(CollectiveKind::kAllreduce, 32 << 10, 4, CostModel::cross_of(hosts4x2_apart)),
-              1e-12);
+  EXPECT_NEAR(inner_at(64 << 10, hosts4x2), inner_at(64 << 10, hosts4x2_apart), 1e-12);
+  EXPECT_GT(inner_at(1 << 20, hosts4x2), 2 * inner_at(1 << 20, hosts4x2_apart));
 }
 
 TEST(CostModelChoice, UnevenHostsStillSplitButNotForAllGather) {
