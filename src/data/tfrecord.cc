@@ -175,8 +175,11 @@ bool load_index(const std::string& path, uint64_t file_size, std::vector<uint64_
   for (uint64_t i = 0; i < n; ++i) {
     offsets[i] = get_u64(raw.data() + 8 * i);
     const uint64_t end = i + 1 < n ? get_u64(raw.data() + 8 * (i + 1)) : file_size;
-    if ((i > 0 && offsets[i] < previous + kFraming) || end < offsets[i] + kFraming ||
-        (i == 0 && offsets[0] != 0))
+    // Differences, not sums: an offset near 2^64 must not wrap round to look small.
+    const bool after_previous =
+        i == 0 ? offsets[0] == 0 : offsets[i] >= previous && offsets[i] - previous >= kFraming;
+    const bool fits = end <= file_size && offsets[i] <= end && end - offsets[i] >= kFraming;
+    if (!after_previous || !fits)
       throw InvalidArgumentError(fmt::format(
           "{} is damaged: record {}'s offset {} is inconsistent; rebuild it with `dtrain data "
           "index {}`",

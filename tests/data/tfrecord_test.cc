@@ -198,6 +198,19 @@ TEST(TfRecord, DamageIsNamedWithTheFileTheRecordAndItsOffset) {
   EXPECT_NE(text.find("cut.tfrecord.index is stale"), std::string::npos) << text;
   EXPECT_NE(text.find("dtrain data index"), std::string::npos) << text;
 
+  // An index whose last offset is so large that adding a record's framing wraps round (found by
+  // tfrecord_fuzz): named as damaged, not read as a record of 2^64 bytes.
+  fs::copy_file(path, dir + "/wrap.tfrecord");
+  fs::copy_file(path + ".index", dir + "/wrap.tfrecord.index");
+  {
+    std::fstream index(dir + "/wrap.tfrecord.index", std::ios::in | std::ios::out | std::ios::binary);
+    index.seekp(-8, std::ios::end);
+    const std::string all_ones(8, '\xff');
+    index.write(all_ones.data(), 8);
+  }
+  text = refusal([&] { TfRecordFile f(dir + "/wrap.tfrecord"); });
+  EXPECT_NE(text.find("wrap.tfrecord.index is damaged"), std::string::npos) << text;
+
   // An index that is not one.
   fs::copy_file(path, dir + "/junk.tfrecord");
   std::ofstream(dir + "/junk.tfrecord.index") << "not an index at all, just text";
