@@ -119,17 +119,22 @@ class EmulatedHosts:
                    *command("workers.py", name, backend, args)]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
-        results = []
-        for r, p in enumerate(procs):
-            try:
-                out, _ = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise AssertionError(f"{name} on {world} ranks over {self.n} hosts did not "
-                                     f"finish within {timeout} s")
-            results.append(Rank(r, p.returncode, out))
-        return results
+        return collect(procs, timeout, f"{name} on {world} ranks over {self.n} hosts")
+
+
+def collect(procs, timeout, what):
+    """Each process's [Rank], in order; all are killed, and the test fails, when one is not done
+    within `timeout` seconds."""
+    results = []
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"{what} did not finish within {timeout} s")
+        results.append(Rank(r, p.returncode, out))
+    return results
 
 
 def run_with_envs(envs, name, *args, backend="dtrain", timeout=180, drop=(), script="workers.py"):
@@ -143,16 +148,7 @@ def run_with_envs(envs, name, *args, backend="dtrain", timeout=180, drop=(), scr
         cmd = command(script, name, backend, args)
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    results = []
-    for r, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError(f"{name} did not finish within {timeout} s")
-        results.append(Rank(r, p.returncode, out))
-    return results
+    return collect(procs, timeout, name)
 
 
 def check_ok(results):
