@@ -41,9 +41,10 @@ struct CostConstants {
   // (emulated hosts, containers of one node), where the kernel's copies and the virtual links'
   // work bind before the links do. 0 = none measured: each flow as fast as its link.
   double beta_machine = 0;
-  // The same for shared memory: seconds per byte of one pair of ranks' exchange while a pair on
-  // every host of the machine exchanges at once, beyond the cache (the hierarchy's steps inside
-  // the hosts). 0 = none measured: each host's memory and cores its own.
+  // The same for shared memory: seconds per byte (as the hierarchy's formula counts them) of
+  // its steps inside the hosts, a reduce-scatter and an all-gather beyond the cache, with every
+  // host of the machine running them at once. 0 = none measured: each host's memory and cores
+  // its own.
   double beta_machine_shm = 0;
   // What one collective call costs beyond its messages: the hand-over to the group's executor
   // and back to the waiting caller. The hierarchical forms pay it for each inner collective.

@@ -172,7 +172,8 @@ CostConstants NativeProcessGroup::measure_links(CostConstants k) {
     steps(1);
     const double took = slowest_together(busy, i, [&] { return steps(kMachineIters); });
     // The hierarchy's formula: 2 (k-1)/k M at the inner rate.
-    if (i == 0) machine_shm = took / (2.0 * (k - 1) / k * static_cast<double>(block * k * 4));
+    if (i == 0)
+      machine_shm = took / (2.0 * (k - 1) / k * static_cast<double>(all.size() * sizeof(float)));
   }
   const std::string key = fmt::format("{}/measured_links", name_);
   if (rank_ == 0) {
