@@ -6,10 +6,13 @@
 # kernel has it), and loss (netem, else nftables); hosts can sit in racks whose switches meet
 # through a slower link. Needs root and iproute2 (nftables for loss without netem).
 #
-#   netns-hosts.sh up NAME N SUBNET [--profile P] [--racks R] [--rack-profile P]
+#   netns-hosts.sh up NAME N SUBNET [--profile P] [--racks R] [--rack-profile P] [--cc ALGO]
 #        hosts NAME-h0..NAME-h(N-1) at SUBNET.1..SUBNET.N, in R racks of consecutive hosts; this
 #        machine reaches them at SUBNET.254 (the "head", unshaped: stores and launchers live here);
-#        /run/dtrain-netns/NAME.topology.json says which hosts share a rack (DTRAIN_TOPOLOGY)
+#        /run/dtrain-netns/NAME.topology.json says which hosts share a rack (DTRAIN_TOPOLOGY).
+#        The hosts' TCP congestion control is ALGO, default cubic (Linux's default), whatever
+#        this machine uses: a VM image's bbr paced every flow that starts after an idle spell
+#        below the link's rate (docs/scaling.md), which a cluster's cubic hosts do not
 #   netns-hosts.sh down NAME               removes everything NAME made
 #   netns-hosts.sh shape NAME I P          gives host I's link profile P (both directions)
 #   netns-hosts.sh loss NAME I PERCENT     drops PERCENT of host I's packets, each way (0 = none)
@@ -167,10 +170,11 @@ case "$cmd" in
     n=${3:?hosts}
     subnet=${4:?subnet}
     shift 4
-    profile=none racks=1 rack_profile=none
+    profile=none racks=1 rack_profile=none cc=cubic
     while [ $# -gt 0 ]; do
       case "$1" in
         --profile) profile=$2; shift 2 ;;
+        --cc) cc=$2; shift 2 ;;
         --racks) racks=$2; shift 2 ;;
         --rack-profile) rack_profile=$2; shift 2 ;;
         *) echo "netns-hosts: unknown option '$1'" >&2; exit 2 ;;
@@ -186,9 +190,20 @@ case "$cmd" in
         fi
       done
     fi
+    # A namespace may only pick what this machine allows (a list for every namespace): cubic is
+    # built into Debian's kernels but a VM image may allow only its own choice.
+    cc_dir=/proc/sys/net/ipv4
+    if ! grep -qw -- "$cc" "$cc_dir/tcp_available_congestion_control"; then
+      echo "netns-hosts: congestion control '$cc' is not in this kernel (it has: $(cat "$cc_dir/tcp_available_congestion_control"))" >&2
+      exit 2
+    fi
+    if ! grep -qw -- "$cc" "$cc_dir/tcp_allowed_congestion_control"; then
+      echo "netns-hosts: allowing congestion control $cc on this machine (tcp_allowed_congestion_control) for the hosts" >&2
+      echo "$(cat "$cc_dir/tcp_allowed_congestion_control") $cc" >"$cc_dir/tcp_allowed_congestion_control"
+    fi
     mkdir -p "$state_dir"
-    printf 'n=%s\nsubnet=%s\nracks=%s\nprofile=%s\nrack_profile=%s\n' \
-      "$n" "$subnet" "$racks" "$profile" "$rack_profile" >"$state_dir/$name"
+    printf 'n=%s\nsubnet=%s\nracks=%s\nprofile=%s\nrack_profile=%s\ncc=%s\n' \
+      "$n" "$subnet" "$racks" "$profile" "$rack_profile" "$cc" >"$state_dir/$name"
     ip netns add "$switch"
     ip -n "$switch" link add core type bridge
     ip -n "$switch" link set core up
@@ -210,6 +225,7 @@ case "$cmd" in
       host="$name-h$i"
       rack=$(( i * racks / n ))
       ip netns add "$host"
+      ip netns exec "$host" sysctl -qw net.ipv4.tcp_congestion_control="$cc"
       ip link add "$name-e$i" type veth peer name "$name-s$i"
       ip link set "$name-e$i" netns "$host"
       ip link set "$name-s$i" netns "$switch"
