@@ -213,6 +213,14 @@ TEST(MultiHost, UnevenHostsRunByLeaders) {
   run_all(hosts, {0, 0, 1, 0}, 29734, "check", {}, "split=hosts parts=2 per_part=3 uneven");
 }
 
+TEST(MultiHost, SixRanksOnThreeHosts) {
+  Hosts hosts(3);
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  // Halving-doubling folds two ranks in and forwards 1 MiB blocks across hosts, partly over
+  // shared memory (a host's two ranks are partners at its second step).
+  run_all(hosts, {0, 0, 1, 1, 2, 2}, 29740, "check", {}, "split=hosts parts=3 per_part=2 uniform");
+}
+
 TEST(MultiHost, HostsInTwoRacksSplitTwice) {
   Hosts hosts(4, "--racks 2 --profile rate=2gbit --rack-profile rate=500mbit");
   if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
