@@ -166,7 +166,6 @@ class NativeProcessGroup : public ProcessGroup,
   mutable std::mutex choices_mu_;
   mutable std::array<Choice, 16> choices_{};
   Topology topology_;
-  bool spans_hosts_ = false;  // ranks on two or more hosts, as every rank sees it (start())
   Split split_ = Split::kHostsOrRacks;
   bool internal() const { return split_ != Split::kHostsOrRacks; }
   // Split into hosts or racks (see algorithms/allreduce_hierarchical.cc): this rank's part, and

@@ -174,9 +174,7 @@ void NativeProcessGroup::start() {
   topology_.oversubscription = oversubscription_;
   topology_.one_machine = true;
   const std::string machine = transport::machine_of(device_->host_of(members_[rank_]));
-  spans_hosts_ = false;
   for (int i = 0; i < size_; ++i) {
-    spans_hosts_ |= device_->host_of(members_[i]) != device_->host_of(members_[0]);
     topology_.one_machine &= transport::machine_of(device_->host_of(members_[i])) == machine;
     if (i == rank_) continue;
     auto& p = *device_->pair(members_[i]);
@@ -673,7 +671,6 @@ std::shared_ptr<Work> NativeProcessGroup::collective(const CollectiveCall& call,
                           .op = args.op,
                           .root = args.root,
                           .hierarchy = &hierarchy_,
-                          .spans_hosts = spans_hosts_,
                           .out_offsets = args.out_blocks.offsets,
                           .out_sizes = args.out_blocks.sizes,
                           .in_offsets = args.in_blocks.offsets,

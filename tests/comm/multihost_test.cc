@@ -216,8 +216,8 @@ TEST(MultiHost, UnevenHostsRunByLeaders) {
 TEST(MultiHost, SixRanksOnThreeHosts) {
   Hosts hosts(3);
   if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
-  // Halving-doubling folds two ranks in and forwards 1 MiB blocks across hosts, partly over
-  // shared memory (a host's two ranks are partners at its second step).
+  // Three hosts: the hierarchy's cross groups have three ranks (no power of two), and the flat
+  // halving-doubling folds two ranks in, its steps partly over shared memory.
   run_all(hosts, {0, 0, 1, 1, 2, 2}, 29740, "check", {}, "split=hosts parts=3 per_part=2 uniform");
 }
 

@@ -41,8 +41,6 @@ struct Invocation {
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   const Hierarchy* hierarchy = nullptr;  // the group's split (the hierarchical forms)
-  bool spans_hosts = false;              // the group's ranks sit on two or more hosts (alike on
-                                         // every rank, unlike which peers are on shared memory)
   // Per rank, in bytes: where its block lies in `out` and in `in` (all-gather(-v), all-to-all).
   std::span<const size_t> out_offsets, out_sizes, in_offsets, in_sizes;
 };

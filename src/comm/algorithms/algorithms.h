@@ -23,8 +23,7 @@ Segment segment(size_t count, int parts, int i);
 
 // all-reduce, in place on `data` (count elements)
 void allreduce_ring(CollectiveContext& ctx, std::byte* data, size_t count);
-void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t count,
-                                bool spans_hosts);
+void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t count);
 void allreduce_recursive_doubling(CollectiveContext& ctx, std::byte* data, size_t count);
 void allreduce_central(CollectiveContext& ctx, std::byte* data, size_t count);
 // Ranks of one host reading each other's buffers (needs ctx.can_read_all()).

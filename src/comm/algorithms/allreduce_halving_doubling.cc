@@ -20,14 +20,6 @@
 // sends into it only after it has received all of that range. Over TCP, messages move in
 // chunks, each reduced while the next is on the wire.
 //
-// Across hosts, with blocks of a TCP chunk or more, the doubling steps forward each block as it
-// arrives instead of step by step: its own block goes to every partner at once, and a piece
-// received from the partner of step x goes on at once to the partners of the steps before x. Step
-// by step, the largest exchange comes last and begins only when both partners have finished every
-// step before it, so each step's wait for the slower of two ranks adds up across many hosts
-// (docs/scaling.md). Every partner sends in one order that both sides compute (blocks_sent), so
-// the messages of a pair still match in order.
-//
 // Cost: 2 log2(p) alpha + 2 (p-1)/p M beta + (p-1)/p M gamma (+ the fold). As bandwidth-lean as
 // the ring with log2(p) instead of N-1 latency terms: the choice for mid-sized messages.
 #include <algorithm>
@@ -51,29 +43,9 @@ struct Range {
   size_t lo, hi;  // elements
 };
 
-// The range virtual rank `v` of `p` owns, fully reduced, after the halving steps.
-Range block_of(int v, int p, size_t count) {
-  Range cur{0, count};
-  for (int d = p / 2; d >= 1; d /= 2) {
-    const size_t mid = cur.lo + (cur.hi - cur.lo) / 2;
-    cur = (v & d) == 0 ? Range{cur.lo, mid} : Range{mid, cur.hi};
-  }
-  return cur;
-}
-
-// The blocks (by owner) that virtual rank `u` sends its partner of halving step `i` in the
-// forwarding doubling, in order: its own, then what it received from the partner of each later
-// step, latest step first, each in the order that partner sent it. `bits[x]` is step x's bit.
-void blocks_sent(int u, size_t i, const std::vector<int>& bits, std::vector<int>& out) {
-  out.push_back(u);
-  for (size_t x = bits.size(); x-- > i + 1;) blocks_sent(u ^ bits[x], x, bits, out);
-}
-
 // One halving step (and the doubling step that retraces it).
 struct Step {
-  int partner;        // group rank
-  int vpartner;       // its virtual rank
-  size_t index;       // 0 for the first halving step
+  int partner;
   size_t per;         // elements per message
   bool reducing;      // TCP: halving messages reduce into `keep` as they arrive
   Range keep;         // reduced here, then sent back whole in the doubling step
@@ -84,8 +56,7 @@ struct Step {
 
 }  // namespace
 
-void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t count,
-                                bool spans_hosts) {
+void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t count) {
   const int n = ctx.size();
   if (n == 1) return;
   const size_t elem = ctx.element_size();
@@ -107,15 +78,6 @@ void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t 
   }
   if (fold.new_rank >= 0) {
     const int v = fold.new_rank;
-    std::vector<int> bits;
-    for (int d = fold.p / 2; d >= 1; d /= 2) bits.push_back(d);
-    // Forwarding doubling across hosts, where every block is a TCP chunk or more: smaller ones
-    // would go as p-1 messages instead of log2(p). On one host every step is as fast as the
-    // cores, and the extra flows at once only share them (8 ranks over TCP on 2 cores: 5%
-    // slower). Decided from what every rank knows alike (a pair must agree on the order of its
-    // messages), whatever the transport of each pair.
-    const bool forwarding =
-        spans_hosts && count / fold.p >= std::max<size_t>(1, kTcpChunkBytes / elem);
     // Calls `one(lo, n)` for each chunk of `r`.
     auto chunks = [](const Range& r, size_t per, auto&& one) {
       for (size_t lo = r.lo; lo < r.hi; lo += per) one(lo, std::min(per, r.hi - lo));
@@ -129,24 +91,14 @@ void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t 
                 ? ctx.recv_reduce(s.partner, data + lo * elem, k * elem)
                 : ctx.recv(s.partner, scratch + (s.scratch_at + lo - s.keep.lo) * elem, k * elem));
       });
-      if (!forwarding) {
-        chunks(s.give, s.per, [&](size_t lo, size_t k) {
-          s.doubling_recvs.push_back(ctx.recv(s.partner, data + lo * elem, k * elem));
-        });
-        return;
-      }
-      // `give` is the partner's range after this step, sent block by block in its order.
-      std::vector<int> owners;
-      blocks_sent(s.vpartner, s.index, bits, owners);
-      for (int w : owners)
-        chunks(block_of(w, fold.p, count), s.per, [&](size_t lo, size_t k) {
-          s.doubling_recvs.push_back(ctx.recv(s.partner, data + lo * elem, k * elem));
-        });
+      chunks(s.give, s.per, [&](size_t lo, size_t k) {
+        s.doubling_recvs.push_back(ctx.recv(s.partner, data + lo * elem, k * elem));
+      });
     };
     std::vector<Step> steps;
     Range cur{0, count};
     size_t scratch_at = 0;
-    for (int d : bits) {
+    for (int d = fold.p / 2; d >= 1; d /= 2) {
       const size_t mid = cur.lo + (cur.hi - cur.lo) / 2;
       const bool low = (v & d) == 0;
       const int partner = fold.old_rank(v ^ d);
@@ -154,8 +106,6 @@ void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t 
       const size_t per =
           tcp ? std::max<size_t>(1, kTcpChunkBytes / elem) : std::max<size_t>(1, cur.hi - cur.lo);
       Step s{partner,
-             v ^ d,
-             steps.size(),
              per,
              tcp,
              low ? Range{cur.lo, mid} : Range{mid, cur.hi},
@@ -190,42 +140,11 @@ void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t 
         });
       }
     }
-    if (!forwarding) {
-      for (auto s = steps.rbegin(); s != steps.rend(); ++s) {
-        chunks(s->keep, s->per, [&](size_t lo, size_t k) {
-          sends.push_back(ctx.send(s->partner, data + lo * elem, k * elem));
-        });
-        ctx.wait(s->doubling_recvs);
-      }
-    } else {
-      // This rank's block to every partner, the latest step's first; then each piece from the
-      // partner of step x, as it arrives, to the partners of the steps before x.
-      const Range mine = steps.back().keep;
-      for (auto s = steps.rbegin(); s != steps.rend(); ++s)
-        chunks(mine, s->per, [&](size_t lo, size_t k) {
-          sends.push_back(ctx.send(s->partner, data + lo * elem, k * elem));
-        });
-      for (size_t x = steps.size(); x-- > 0;) {
-        std::vector<int> owners;
-        blocks_sent(steps[x].vpartner, x, bits, owners);
-        size_t r = 0;
-        for (int w : owners) {
-          const Range b = block_of(w, fold.p, count);
-          std::vector<size_t> sent(x, b.lo);  // how far each earlier partner has it
-          chunks(b, steps[x].per, [&](size_t lo, size_t k) {
-            ctx.wait(steps[x].doubling_recvs[r++]);
-            // What has arrived, in the messages of each pair (shared memory takes it whole).
-            for (size_t i = x; i-- > 0;) {
-              while (sent[i] < b.hi) {
-                const size_t n = std::min(steps[i].per, b.hi - sent[i]);
-                if (sent[i] + n > lo + k) break;
-                sends.push_back(ctx.send(steps[i].partner, data + sent[i] * elem, n * elem));
-                sent[i] += n;
-              }
-            }
-          });
-        }
-      }
+    for (auto s = steps.rbegin(); s != steps.rend(); ++s) {
+      chunks(s->keep, s->per, [&](size_t lo, size_t k) {
+        sends.push_back(ctx.send(s->partner, data + lo * elem, k * elem));
+      });
+      ctx.wait(s->doubling_recvs);
     }
     ctx.wait(sends);
   }
@@ -252,7 +171,7 @@ extern const Algorithm kAllreduceHalvingDoubling{
         },
     .run =
         [](const Invocation& i) {
-          allreduce_halving_doubling(i.ctx, bytes_of(i.out), i.out.numel, i.spans_hosts);
+          allreduce_halving_doubling(i.ctx, bytes_of(i.out), i.out.numel);
         },
 };
 
