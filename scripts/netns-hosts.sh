@@ -10,9 +10,10 @@
 #        hosts NAME-h0..NAME-h(N-1) at SUBNET.1..SUBNET.N, in R racks of consecutive hosts; this
 #        machine reaches them at SUBNET.254 (the "head", unshaped: stores and launchers live here);
 #        /run/dtrain-netns/NAME.topology.json says which hosts share a rack (DTRAIN_TOPOLOGY).
-#        The hosts' TCP congestion control is ALGO, default cubic (Linux's default), whatever
-#        this machine uses: a VM image's bbr paced every flow that starts after an idle spell
-#        below the link's rate (docs/scaling.md), which a cluster's cubic hosts do not
+#        The hosts' TCP congestion control is ALGO, default cubic (Linux's default; where it
+#        cannot be had, this machine's, said so), whatever this machine uses: a VM image's bbr
+#        paced every flow that starts after an idle spell below the link's rate
+#        (docs/scaling.md), which a cluster's cubic hosts do not
 #   netns-hosts.sh down NAME               removes everything NAME made
 #   netns-hosts.sh shape NAME I P          gives host I's link profile P (both directions)
 #   netns-hosts.sh loss NAME I PERCENT     drops PERCENT of host I's packets, each way (0 = none)
@@ -170,11 +171,11 @@ case "$cmd" in
     n=${3:?hosts}
     subnet=${4:?subnet}
     shift 4
-    profile=none racks=1 rack_profile=none cc=cubic
+    profile=none racks=1 rack_profile=none cc=cubic cc_asked=
     while [ $# -gt 0 ]; do
       case "$1" in
         --profile) profile=$2; shift 2 ;;
-        --cc) cc=$2; shift 2 ;;
+        --cc) cc=$2; cc_asked=1; shift 2 ;;
         --racks) racks=$2; shift 2 ;;
         --rack-profile) rack_profile=$2; shift 2 ;;
         *) echo "netns-hosts: unknown option '$1'" >&2; exit 2 ;;
@@ -190,16 +191,23 @@ case "$cmd" in
         fi
       done
     fi
-    # A namespace may only pick what this machine allows (a list for every namespace): cubic is
-    # built into Debian's kernels but a VM image may allow only its own choice.
+    # A namespace may only pick what this machine allows (one list for every namespace), and a
+    # VM image may allow only its own choice. Where cubic cannot be had, the hosts keep this
+    # machine's and say so; a congestion control asked for by name must be there.
     cc_dir=/proc/sys/net/ipv4
-    if ! grep -qw -- "$cc" "$cc_dir/tcp_available_congestion_control"; then
-      echo "netns-hosts: congestion control '$cc' is not in this kernel (it has: $(cat "$cc_dir/tcp_available_congestion_control"))" >&2
-      exit 2
-    fi
-    if ! grep -qw -- "$cc" "$cc_dir/tcp_allowed_congestion_control"; then
+    keep="the hosts keep this machine's $(cat "$cc_dir/tcp_congestion_control" 2>/dev/null)"
+    if ! grep -qw -- "$cc" "$cc_dir/tcp_available_congestion_control" 2>/dev/null; then
+      echo "netns-hosts: this kernel has no congestion control '$cc' (it has: $(cat "$cc_dir/tcp_available_congestion_control" 2>/dev/null))" >&2
+      [ -z "$cc_asked" ] || exit 2
+      echo "netns-hosts: $keep" >&2
+      cc=
+    elif ! grep -qw -- "$cc" "$cc_dir/tcp_allowed_congestion_control"; then
       echo "netns-hosts: allowing congestion control $cc on this machine (tcp_allowed_congestion_control) for the hosts" >&2
-      echo "$(cat "$cc_dir/tcp_allowed_congestion_control") $cc" >"$cc_dir/tcp_allowed_congestion_control"
+      if ! (echo "$(cat "$cc_dir/tcp_allowed_congestion_control") $cc" >"$cc_dir/tcp_allowed_congestion_control") 2>/dev/null; then
+        echo "netns-hosts: cannot allow $cc here (tcp_allowed_congestion_control is read-only): $keep" >&2
+        [ -z "$cc_asked" ] || exit 2
+        cc=
+      fi
     fi
     mkdir -p "$state_dir"
     printf 'n=%s\nsubnet=%s\nracks=%s\nprofile=%s\nrack_profile=%s\ncc=%s\n' \
@@ -225,7 +233,7 @@ case "$cmd" in
       host="$name-h$i"
       rack=$(( i * racks / n ))
       ip netns add "$host"
-      ip netns exec "$host" sysctl -qw net.ipv4.tcp_congestion_control="$cc"
+      [ -z "$cc" ] || ip netns exec "$host" sysctl -qw net.ipv4.tcp_congestion_control="$cc"
       ip link add "$name-e$i" type veth peer name "$name-s$i"
       ip link set "$name-e$i" netns "$host"
       ip link set "$name-s$i" netns "$switch"
