@@ -11,9 +11,9 @@
 #        machine reaches them at SUBNET.254 (the "head", unshaped: stores and launchers live here);
 #        /run/dtrain-netns/NAME.topology.json says which hosts share a rack (DTRAIN_TOPOLOGY).
 #        The hosts' TCP congestion control is ALGO, default cubic (Linux's default; where it
-#        cannot be had, this machine's, said so), whatever this machine uses: a VM image's bbr
-#        paced every flow that starts after an idle spell below the link's rate
-#        (docs/scaling.md), which a cluster's cubic hosts do not
+#        cannot be had, this machine's, said so), whatever this machine uses: with a VM image's
+#        bbr, a connection that had idled started again below the link's rate, which made
+#        every collective that changes partners step by step slow (docs/scaling.md)
 #   netns-hosts.sh down NAME               removes everything NAME made
 #   netns-hosts.sh shape NAME I P          gives host I's link profile P (both directions)
 #   netns-hosts.sh loss NAME I PERCENT     drops PERCENT of host I's packets, each way (0 = none)
