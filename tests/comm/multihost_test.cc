@@ -329,4 +329,24 @@ TEST(MultiHost, BenchStartsEachRankOnItsEmulatedHost) {
   EXPECT_GT(k.beta_machine_shm, 0.0) << slurp(out + ".links.json");
 }
 
+// `--algo all` on an emulated cluster times what its shape allows: the hierarchical form only
+// where some host holds two ranks (a rank asked for one it cannot run fails the whole bench).
+TEST(MultiHost, BenchAlgoAllTimesWhatTheClusterCanRun) {
+  Hosts hosts;
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  for (int np : {2, 4}) {
+    const std::string out = ::testing::TempDir() + "/bench_all_" + hosts.name + std::to_string(np);
+    const std::string command = std::string(DTRAIN_BIN_DIR) + "/dtrain bench allreduce --np " +
+                                std::to_string(np) + " --netns " + hosts.name +
+                                " --algo all --sizes 4K --iters 3 --warmup 1 > " + out +
+                                ".log 2>&1";
+    ASSERT_EQ(std::system(command.c_str()), 0) << slurp(out + ".log");
+    const std::string log = slurp(out + ".log");
+    for (const char* name : {"dtrain-ring(us)", "dtrain-recursive_doubling(us)", "dtrain-central(us)"})
+      EXPECT_NE(log.find(name), std::string::npos) << name << " with " << np << " ranks:\n" << log;
+    EXPECT_EQ(log.find("dtrain-hierarchical(us)") != std::string::npos, np == 4) << log;
+    EXPECT_EQ(log.find("dtrain-direct"), std::string::npos) << "no rank reads another host's memory\n" << log;
+  }
+}
+
 }  // namespace

@@ -938,15 +938,21 @@ std::vector<std::string> all_algorithms(const BenchArgs& a, const Plan& p) {
     throw InvalidArgumentError(
         "dtrain bench: --algo all times every algorithm of one collective: name exactly one "
         "(all_reduce, broadcast, reduce, all_gather, ...)");
-  std::vector<std::string> names;
-  for (const comm::algo::Algorithm* al : comm::algo::algorithms_of(*kind_of(p.collectives[0]))) {
-    const bool parts =
-        al->needs == comm::algo::Needs::kParts || al->needs == comm::algo::Needs::kUniformParts;
-    if (parts && a.netns.empty()) continue;  // one host
-    if (al->needs == comm::algo::Needs::kReadAll && (a.transport == "tcp" || !a.netns.empty()))
-      continue;
-    names.emplace_back(al->name);
+  // The shape the ranks will see: one host, or the emulated cluster's blocks of ranks.
+  comm::Topology t;
+  t.can_read_all = a.netns.empty() && a.transport != "tcp";
+  if (const auto cluster = read_cluster(a.netns)) {
+    std::vector<int> per_host(cluster->hosts);
+    for (int r = 0; r < a.np; ++r) ++per_host[cluster->host_of(r, a.np)];
+    t.hosts = static_cast<int>(std::count_if(per_host.begin(), per_host.end(),
+                                             [](int k) { return k > 0; }));
+    t.per_host = *std::max_element(per_host.begin(), per_host.end());
+    t.uniform = std::all_of(per_host.begin(), per_host.begin() + t.hosts,
+                            [&](int k) { return k == t.per_host; });
   }
+  std::vector<std::string> names;
+  for (const comm::algo::Algorithm* al : comm::algo::algorithms_of(*kind_of(p.collectives[0])))
+    if (comm::algo::can_run(*al, t, a.np)) names.emplace_back(al->name);
   return names;
 }
 
