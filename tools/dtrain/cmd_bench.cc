@@ -944,8 +944,8 @@ std::vector<std::string> all_algorithms(const BenchArgs& a, const Plan& p) {
   if (const auto cluster = read_cluster(a.netns)) {
     std::vector<int> per_host(cluster->hosts);
     for (int r = 0; r < a.np; ++r) ++per_host[cluster->host_of(r, a.np)];
-    t.hosts = static_cast<int>(std::count_if(per_host.begin(), per_host.end(),
-                                             [](int k) { return k > 0; }));
+    t.hosts = static_cast<int>(
+        std::count_if(per_host.begin(), per_host.end(), [](int k) { return k > 0; }));
     t.per_host = *std::max_element(per_host.begin(), per_host.end());
     t.uniform = std::all_of(per_host.begin(), per_host.begin() + t.hosts,
                             [&](int k) { return k == t.per_host; });
