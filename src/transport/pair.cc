@@ -25,6 +25,11 @@
 namespace dtrain::transport {
 namespace {
 
+// Keepalive: silent for 2 s, then five probes a second apart; the same 7 s bound a connection
+// with unacknowledged data (TCP_USER_TIMEOUT, net::set_keepalive).
+constexpr int kKeepaliveIdleS = 2;
+constexpr int kKeepaliveIntervalS = 1;
+constexpr int kKeepaliveProbes = 5;
 constexpr size_t kMaxIov = 64;
 // Where an arriving group-failed notice is kept while its text is read (no data tag is 0).
 constexpr uint64_t kControlQueue = 0;
@@ -69,7 +74,7 @@ Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options, s
   // A peer whose host vanished (no FIN, no RST) is noticed within ~7 s even when idle. Five
   // probes, not three: on a lossy link (2% each way) three lost in a row, and with them an idle
   // connection of a healthy job, came once in a few runs of a test with a 400 ms blackout.
-  net::set_keepalive(fd_.get(), 2, 1, 5);
+  net::set_keepalive(fd_.get(), kKeepaliveIdleS, kKeepaliveIntervalS, kKeepaliveProbes);
   std::lock_guard lock(mu_);
   rearm_locked();
 }
@@ -86,9 +91,18 @@ std::exception_ptr Pair::connection_error(const std::string& what, int err) cons
                       fmt::format("the connection to {} was closed by the peer while {} (the "
                                   "process probably exited or was killed)",
                                   peer_text(), what));
+  // The kernel gave up on the peer (TCP_USER_TIMEOUT, set with the keepalive): say what that
+  // means, since "Connection timed out" reads like a slow peer.
+  const std::string why =
+      err == ETIMEDOUT
+          ? fmt::format(": its host acknowledged nothing for {} s (the connection's limit): it is "
+                        "down or unreachable, or the network between dropped every packet for "
+                        "that long; check that host and the links to it",
+                        kKeepaliveIdleS + kKeepaliveIntervalS * kKeepaliveProbes)
+          : "";
   return make_error(ErrorKind::kPeerFailure,
-                    fmt::format("the connection to {} broke while {}: {} (errno {})", peer_text(),
-                                what, std::strerror(err), err));
+                    fmt::format("the connection to {} broke while {}: {} (errno {}){}", peer_text(),
+                                what, std::strerror(err), err, why));
 }
 
 std::unique_lock<std::mutex> Pair::lock_to_post() {

@@ -177,6 +177,11 @@ void lose_a_host(bool cut_link) {
     ::kill(ranks[3].pid, SIGKILL);
   }
   expect_survivors_name_the_lost(ranks, 2, lost, 30s, 20s);
+  if (cut_link) {
+    // No FIN, no RST: the kernel gave up on the silent peer, and the error says what that means.
+    const std::string logs = slurp(ranks[0].log) + slurp(ranks[1].log);
+    EXPECT_NE(logs.find("its host acknowledged nothing for 7 s"), std::string::npos) << logs;
+  }
 }
 
 TEST(MultiHost, LosingAHostFailsTheSurvivorsNamingIt) { lose_a_host(false); }
