@@ -95,10 +95,11 @@ std::exception_ptr Pair::connection_error(const std::string& what, int err) cons
   // means, since "Connection timed out" reads like a slow peer.
   const std::string why =
       err == ETIMEDOUT
-          ? fmt::format(": its host acknowledged nothing for {} s (the connection's limit): it is "
-                        "down or unreachable, or the network between dropped every packet for "
-                        "that long; check that host and the links to it",
-                        kKeepaliveIdleS + kKeepaliveIntervalS * kKeepaliveProbes)
+          ? fmt::format(
+                ": its host acknowledged nothing for {} s (the connection's limit): it is "
+                "down or unreachable, or the network between dropped every packet for "
+                "that long; check that host and the links to it",
+                kKeepaliveIdleS + kKeepaliveIntervalS * kKeepaliveProbes)
           : "";
   return make_error(ErrorKind::kPeerFailure,
                     fmt::format("the connection to {} broke while {}: {} (errno {}){}", peer_text(),
