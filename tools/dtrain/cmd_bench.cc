@@ -942,8 +942,8 @@ std::vector<std::string> all_algorithms(const BenchArgs& a, const Plan& p) {
   comm::Topology t;
   t.can_read_all = a.netns.empty() && a.transport != "tcp";
   if (const auto cluster = read_cluster(a.netns)) {
-    std::vector<int> per_host(cluster->hosts);
-    for (int r = 0; r < a.np; ++r) ++per_host[cluster->host_of(r, a.np)];
+    std::vector<int> per_host;
+    for (int h = 0; h < cluster->hosts; ++h) per_host.push_back(cluster->ranks_on(h, a.np));
     t.hosts = static_cast<int>(
         std::count_if(per_host.begin(), per_host.end(), [](int k) { return k > 0; }));
     t.per_host = *std::max_element(per_host.begin(), per_host.end());
