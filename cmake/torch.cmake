@@ -1,18 +1,44 @@
 # dtrain_torch: everything that includes LibTorch (DDP, the distributed optimizer, the sampler,
 # Fashion-MNIST, safetensors, the timeline, checkpoints), the train_fashion_mnist example, and (from
-# tests/torch) their tests. Built only when LibTorch is found (Debian: libtorch-dev).
+# tests/torch) their tests. Built only when the Python environment holds a supported torch
+# (cmake/python_env.cmake): its LibTorch is the one every target links.
 #
-# One LibTorch translation unit takes ~18 s to compile, so the torch code is kept in few files;
-# files that need no LibTorch header (coordinator, timeline) compile in a second.
+# One LibTorch translation unit takes half a minute to compile, so the torch code is kept in few
+# files; files that need no LibTorch header (coordinator, timeline) compile in a second.
 
-list(APPEND CMAKE_PREFIX_PATH /usr/lib/x86_64-linux-gnu/cmake/Torch)
-find_package(Torch QUIET)
-if(NOT Torch_FOUND)
-  message(STATUS "LibTorch not found (install libtorch-dev): dtrain_torch, train_fashion_mnist "
-                 "and the torch tests are skipped")
+if(NOT DTRAIN_TORCH_VERSION)
   return()
 endif()
+# A CUDA wheel's TorchConfig looks for a CUDA toolkit (it links torch's CUDA libraries); the one
+# in /usr/local/cuda serves for compiling and linking, without a GPU.
+if(NOT DEFINED CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
+  set(CUDAToolkit_ROOT /usr/local/cuda)
+endif()
+# dtrain compiles no CUDA code: naming the architecture keeps that config from compiling a probe
+# for the GPUs present (in the C++ dialect of this project, which CMake 3.25 cannot give nvcc).
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "9.0")
+endif()
+set(CMAKE_CUDA_STANDARD 17)
+find_package(Torch REQUIRED)
 message(STATUS "LibTorch: ${TORCH_INSTALL_PREFIX}")
+# torch's include folder carries its own fmt (a newer one than Debian's spdlog is built with),
+# searched before /usr/include: Debian's fmt and spdlog, through links in a folder given with -I
+# (searched before every -isystem folder), win for every target that includes torch's headers.
+set(_system_headers ${CMAKE_BINARY_DIR}/system_headers)
+file(MAKE_DIRECTORY ${_system_headers})
+foreach(_header fmt/format.h spdlog/spdlog.h)
+  get_filename_component(_lib ${_header} DIRECTORY)
+  find_path(_dir_${_lib} ${_header} NO_CMAKE_PATH NO_CMAKE_ENVIRONMENT_PATH)
+  if(_dir_${_lib} AND NOT EXISTS ${_system_headers}/${_lib})
+    file(CREATE_LINK ${_dir_${_lib}}/${_lib} ${_system_headers}/${_lib} SYMBOLIC)
+  endif()
+endforeach()
+add_library(dtrain_system_headers INTERFACE)
+target_include_directories(dtrain_system_headers INTERFACE $<BUILD_INTERFACE:${_system_headers}>)
+# Programs find LibTorch where the wheel keeps it, built or installed.
+list(APPEND CMAKE_BUILD_RPATH "${DTRAIN_TORCH_LIB_DIR}")
+list(APPEND CMAKE_INSTALL_RPATH "${DTRAIN_TORCH_LIB_DIR}")
 
 find_package(ZLIB REQUIRED)
 
@@ -46,7 +72,7 @@ target_include_directories(dtrain_torch_objects
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch_objects
-  PUBLIC dtrain_core dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding ${TORCH_LIBRARIES}
+  PUBLIC dtrain_system_headers dtrain_core dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 
 add_library(dtrain_torch STATIC src/torch/runtime.cc)
@@ -54,7 +80,7 @@ target_include_directories(dtrain_torch
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch
-  PUBLIC dtrain_torch_objects dtrain_core dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding
+  PUBLIC dtrain_system_headers dtrain_torch_objects dtrain_core dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding
          ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 

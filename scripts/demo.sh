@@ -4,10 +4,12 @@
 # shared-memory transport), one epoch. Extra arguments go to train_fashion_mnist, e.g.
 # --strategy optimizer.
 # It installs under /usr/local (CMAKE_INSTALL_PREFIX): the dtrain tool, the headers, the
-# libraries and the CMake package (find_package(dtrain), dtrain.pc), and the Python package for
-# /usr/bin/python3 (import dtrain, import dtrain.torch).
+# libraries and the CMake package (find_package(dtrain), dtrain.pc); and the Python package into
+# the environment scripts/install-deps.sh made (/opt/dtrain/venv: import dtrain, import
+# dtrain.torch), whose torch every part of dtrain is built against.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 # What `cmake --install` installs, and the main job's trainer; not the tests.
 available=$(ninja -C build -t targets all 2>/dev/null |

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Installs every Debian package dtrain needs to build, test and run its main job.
-# Idempotent: packages already present are skipped, so a second run takes a second.
-# Run as root (or with sudo available) on Debian 12.
-#   scripts/install-deps.sh   what the build, the tests, the backends and the Python package need
-# (--bench is accepted for older instructions: python3-torch, the torch peer of `dtrain bench`,
-# is always installed now, since the Python package needs it.)
+# Installs what dtrain needs to build, test and run its main job: Debian's packages, then a
+# Python virtual environment holding PyTorch from PyPI (Debian's own python3 refuses pip installs,
+# PEP 668, and its torch is 1.13). Idempotent: what is present is skipped, so a second run takes
+# seconds. Run as root (or with sudo available) on Debian 12.
+#   scripts/install-deps.sh            packages, and the environment at $DTRAIN_VENV
+#   DTRAIN_VENV=DIR                    where the environment is (default /opt/dtrain/venv)
+#   DTRAIN_TORCH_VERSION=2.15.0        which torch to install into it (default: the one below)
 set -euo pipefail
 
 for arg in "$@"; do
   case "$arg" in
-    --bench) ;;
+    --bench) ;;  # accepted for older instructions: the bench's peers are always installed
     -h|--help)
-      echo "usage: scripts/install-deps.sh"
+      sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
       exit 0 ;;
     *) echo "install-deps: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
+venv=${DTRAIN_VENV:-/opt/dtrain/venv}
+# The newest torch dtrain is tested with; scripts/torch-versions.sh builds and tests any other.
+torch_version=${DTRAIN_TORCH_VERSION:-2.15.0}
 
 packages=(
   # toolchain
@@ -32,12 +36,12 @@ packages=(
   procps iproute2
   # the emulated clusters of scripts/netns-hosts.sh: loss and delay spikes without netem
   nftables
-  # dtrain_torch and the Fashion-MNIST job: LibTorch, the data, jemalloc, OpenBLAS as libblas.so.3
-  libtorch-dev dataset-fashion-mnist libjemalloc-dev libopenblas0-pthread
+  # the Fashion-MNIST job's data, and jemalloc (LibTorch itself comes with torch, below)
+  dataset-fashion-mnist libjemalloc-dev
   # the Gloo and MPI backends, and the gloo/mpi peers of `dtrain bench`
   libgloo-dev libopenmpi-dev openmpi-bin
-  # the Python package (torch.distributed backend): Debian's torch, pybind11, headers; its tests
-  python3-torch python3-dev pybind11-dev python3-pytest python3-numpy
+  # the Python package: headers, the virtual environment, pybind11 for a build without torch
+  python3-dev python3-venv pybind11-dev
   # tests/launch/engines_test: a throwaway single-node Slurm (slurmctld, slurmd, srun, munge)
   # and the Kubernetes manifests read with PyYAML
   slurm-wlm munge python3-yaml
@@ -50,15 +54,38 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
-fi
-
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "install-deps: done"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} Debian packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The Python environment: Debian's interpreter (the python3 first on PATH may be another), torch
+# from PyPI (a CUDA build, several GB with its nvidia-* packages; it runs on CPU too), and what
+# the tests and `pip install .` use. The build, the tests and `dtrain run` use its interpreter.
+py="$venv/bin/python"
+if [ ! -x "$py" ]; then
+  echo "install-deps: making the virtual environment $venv (Debian's /usr/bin/python3)"
+  $sudo mkdir -p "$(dirname "$venv")"
+  $sudo /usr/bin/python3 -m venv "$venv"
+fi
+have=$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
+if [ "$have" != "$torch_version" ]; then
+  echo "install-deps: installing torch $torch_version from PyPI into $venv (found: ${have:-none};" \
+       "about 3 GB, a minute or more)"
+  $sudo "$py" -m pip install --progress-bar on --disable-pip-version-check \
+    "torch==$torch_version"
+fi
+# numpy, pytest, PyYAML (the Kubernetes manifests' tests), the build backend of `pip install .`,
+# and expecttest (torch's own test suite imports it: bench/torch_suite.py)
+if ! "$py" -c "import numpy, pytest, yaml, scikit_build_core, build, expecttest" 2>/dev/null; then
+  $sudo "$py" -m pip install -q --disable-pip-version-check numpy pytest pyyaml \
+    scikit-build-core build expecttest
+fi
+echo "install-deps: done; the Python environment is $venv (python: $py, torch $("$py" -c \
+'import torch; print(torch.__version__)'))"

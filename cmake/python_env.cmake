@@ -1,0 +1,74 @@
+# The Python environment dtrain builds for, and the torch installed in it.
+#
+# One LibTorch: the one inside the torch wheel of that environment. The C++ layer (src/torch, the
+# examples, the tools that link LibTorch) and the Python extension both build against it, so a
+# program and a script of the same job run the same torch.
+#
+# The interpreter: Python3_EXECUTABLE when given (scikit-build-core gives it for `pip install .`),
+# else the virtual environment scripts/install-deps.sh makes (DTRAIN_VENV, /opt/dtrain/venv), else
+# the python3 CMake finds. The python3 first on PATH may be another interpreter without torch.
+#
+# Sets: Python3_* (Interpreter, Development.Module), DTRAIN_TORCH_VERSION ("" without torch),
+# DTRAIN_TORCH_DIR (site-packages/torch), DTRAIN_TORCH_LIB_DIR, DTRAIN_PYBIND11_INCLUDE_DIR.
+
+set(DTRAIN_VENV "/opt/dtrain/venv" CACHE PATH "the Python environment scripts/install-deps.sh makes")
+if(NOT Python3_EXECUTABLE AND Python_EXECUTABLE)
+  set(Python3_EXECUTABLE "${Python_EXECUTABLE}")
+endif()
+if(NOT Python3_EXECUTABLE AND EXISTS "${DTRAIN_VENV}/bin/python")
+  set(Python3_EXECUTABLE "${DTRAIN_VENV}/bin/python")
+endif()
+find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
+
+# The range this code is written and tested for (python/dtrain/torch/_version.py says the same
+# to a user at import).
+set(DTRAIN_TORCH_MIN "2.11")
+set(DTRAIN_TORCH_BELOW "2.16")
+
+set(DTRAIN_TORCH_VERSION "")
+set(DTRAIN_TORCH_DIR "")
+if(Python3_Interpreter_FOUND)
+  # PYTHONPATH unset: under `pip install .` with build isolation, pip points it at the isolated
+  # build environment, which hides the torch installed in the environment being built for.
+  execute_process(
+    COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH ${Python3_EXECUTABLE} -c
+      "import os, torch, torch.utils; print(torch.__version__.split('+')[0]); print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.utils.cmake_prefix_path)"
+    RESULT_VARIABLE _torch_rc OUTPUT_VARIABLE _torch_out ERROR_VARIABLE _torch_err
+    OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(_torch_rc EQUAL 0)
+    string(REPLACE "\n" ";" _torch_out "${_torch_out}")
+    list(GET _torch_out 0 DTRAIN_TORCH_VERSION)
+    list(GET _torch_out 1 DTRAIN_TORCH_DIR)
+    list(GET _torch_out 2 DTRAIN_TORCH_CXX11_ABI)
+    list(GET _torch_out 3 DTRAIN_TORCH_CMAKE_PREFIX)
+    set(DTRAIN_TORCH_LIB_DIR "${DTRAIN_TORCH_DIR}/lib")
+    if(DTRAIN_TORCH_VERSION VERSION_LESS DTRAIN_TORCH_MIN OR
+       NOT DTRAIN_TORCH_VERSION VERSION_LESS DTRAIN_TORCH_BELOW)
+      message(WARNING "torch ${DTRAIN_TORCH_VERSION} in ${Python3_EXECUTABLE} is outside the range "
+                      "dtrain supports (${DTRAIN_TORCH_MIN} <= torch < ${DTRAIN_TORCH_BELOW}): "
+                      "building without torch. Install a supported torch into that environment "
+                      "(scripts/install-deps.sh, or pip install 'torch==2.15.*').")
+      set(DTRAIN_TORCH_VERSION "")
+    else()
+      list(PREPEND CMAKE_PREFIX_PATH "${DTRAIN_TORCH_CMAKE_PREFIX}")
+      message(STATUS "torch ${DTRAIN_TORCH_VERSION} (${DTRAIN_TORCH_DIR}), C++11 ABI ${DTRAIN_TORCH_CXX11_ABI}")
+    endif()
+  else()
+    string(REGEX REPLACE "\n$" "" _torch_err "${_torch_err}")
+    string(REGEX MATCH "[^\n]*$" _torch_err "${_torch_err}")
+    message(STATUS "No torch in ${Python3_EXECUTABLE} (${_torch_err}): dtrain_torch, the examples "
+                   "that train and dtrain.torch are skipped; scripts/install-deps.sh installs it")
+  endif()
+endif()
+
+# pybind11: torch's own copy when there is a torch (an extension that passes torch's objects must
+# be built with the pybind11 torch was), else Debian's pybind11-dev.
+set(DTRAIN_PYBIND11_INCLUDE_DIR "")
+if(DTRAIN_TORCH_VERSION AND EXISTS "${DTRAIN_TORCH_DIR}/include/pybind11/pybind11.h")
+  set(DTRAIN_PYBIND11_INCLUDE_DIR "${DTRAIN_TORCH_DIR}/include")
+else()
+  find_package(pybind11 CONFIG QUIET)
+  if(pybind11_FOUND)
+    set(DTRAIN_PYBIND11_INCLUDE_DIR "${pybind11_INCLUDE_DIRS}")
+  endif()
+endif()
