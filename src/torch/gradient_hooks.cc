@@ -12,13 +12,14 @@
 #include "dtrain/torch/tensor_view.h"
 #include "dtrain/torch/timeline.h"
 #include "torch/coordinator.h"
+#include "torch/autograd_node.h"
 
 namespace dtrain {
 
 struct GradientHooks::Slot {
   std::string name;
   at::Tensor param;
-  std::shared_ptr<torch::autograd::Node> accumulator;
+  AutogradNodePtr accumulator;
   uintptr_t hook_key = 0;
   int passes = 0;  // backward passes since the last synchronize
   std::shared_ptr<Coordinator::Handle> handle;

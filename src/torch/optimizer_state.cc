@@ -94,7 +94,7 @@ std::unique_ptr<torch::optim::OptimizerParamState> adam_state(
 
 }  // namespace
 
-std::string param_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+void* param_key(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
 OptimizerType optimizer_type(const torch::optim::Optimizer& opt) {
   if (dynamic_cast<const torch::optim::SGD*>(&opt) != nullptr) return OptimizerType::kSgd;

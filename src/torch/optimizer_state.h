@@ -30,7 +30,7 @@ enum class OptimizerType { kSgd, kAdam, kAdamW };
 OptimizerType optimizer_type(const torch::optim::Optimizer& opt);
 const char* type_name(OptimizerType t);
 // The key of a parameter in an optimizer's state().
-std::string param_key(const at::Tensor& p);
+void* param_key(const at::Tensor& p);
 
 // The names of the module's parameters by tensor identity (the optimizer holds the same tensors).
 std::map<const void*, std::string> parameter_names(const torch::nn::Module& module);

@@ -12,10 +12,7 @@
 
 #include "dtrain/process_group.h"
 #include "dtrain/torch/comm_hook.h"
-
-namespace torch::autograd {
-struct Node;
-}
+#include "torch/autograd_node.h"
 
 namespace dtrain {
 
@@ -70,7 +67,7 @@ class Reducer {
   std::shared_ptr<CommHook> hook_;
   ReducerOptions options_;
 
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooks alive
+  std::vector<AutogradNodePtr> accumulators_;  // keeps the hooks alive
   std::vector<uintptr_t> hook_keys_;
 
   std::vector<std::unique_ptr<Bucket>> buckets_;

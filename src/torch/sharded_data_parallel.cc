@@ -34,6 +34,7 @@
 #include "dtrain/torch/broadcast.h"
 #include "dtrain/torch/tensor_view.h"
 #include "dtrain/torch/timeline.h"
+#include "torch/autograd_node.h"
 
 namespace dtrain {
 
@@ -44,7 +45,7 @@ struct ShardedDataParallel::Unit {
   std::vector<std::vector<int64_t>> shapes;
   std::vector<int64_t> offsets, numels;
   int64_t numel = 0, padded = 0, shard_numel = 0;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep the hooks and shapes
+  std::vector<AutogradNodePtr> accumulators;  // keep the hooks and shapes
   std::vector<uintptr_t> hook_keys;
 
   at::Tensor full;       // padded flat parameters; its storage is released at stage 3
