@@ -1,9 +1,9 @@
-"""dtrain for PyTorch: the ``torch.distributed`` backend ``"dtrain"``, and Horovod's API.
+"""dtrain for PyTorch 2.x: the ``torch.distributed`` backend ``"dtrain"``, and Horovod's API.
 
-Importing this module registers the backend (see :mod:`dtrain.torch.backend`)::
+The backend (see :mod:`dtrain.torch.backend`) is found by torch through its entry point, and
+registered by importing this module::
 
     import torch.distributed as dist
-    import dtrain.torch  # noqa: F401
     dist.init_process_group("dtrain")          # was "gloo"
 
 It is also a drop-in for ``horovod.torch``: a Horovod script changes its import line only::
@@ -22,7 +22,11 @@ what is supported and how it differs from Horovod.
 CRC-checked checkpoints in the C++ format; mid-epoch, on any number of ranks) to Python.
 """
 
-from dtrain.torch.backend import BACKEND, ProcessGroup
+from dtrain.torch import _torch_version
+
+_torch_version.check()  # before the extension loads: a clear error for another torch or Python
+
+from dtrain.torch.backend import BACKEND, backend_of, register  # noqa: E402
 from dtrain.torch.collectives import (Adasum, Average, Max, Min, Product, Sum, allgather,
                                       allgather_async, allreduce, allreduce_, allreduce_async,
                                       allreduce_async_, alltoall, barrier, broadcast, broadcast_,
@@ -41,3 +45,5 @@ from dtrain.torch.functions import (allgather_object, broadcast_object, broadcas
 from dtrain.torch.optimizer import DistributedOptimizer
 from dtrain._torch import ProgressReporter  # steps for `dtrain run --metrics-port`
 from dtrain._torch import announce_resumed  # where a resumed job started, for `dtrain run`
+
+register()

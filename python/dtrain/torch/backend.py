@@ -1,54 +1,72 @@
 """The ``torch.distributed`` backend ``"dtrain"``: dtrain's native process group under PyTorch.
 
-Importing ``dtrain.torch`` registers the backend; a script written for torchrun and gloo changes
-one word::
+A script written for torchrun and gloo changes one word::
 
     import torch.distributed as dist
-    import dtrain.torch  # noqa: F401
     dist.init_process_group("dtrain")          # was "gloo"
     model = torch.nn.parallel.DistributedDataParallel(model)
 
-and runs under ``dtrain run -n 2 -- python3 train.py`` (or torchrun, mpirun with the torch
-variables set, srun). Every collective and point-to-point operation of torch 1.13's
-ProcessGroup is served, ``recv`` from any source included. Errors arrive as ``RuntimeError`` with
+and runs under ``dtrain run -n 2 -- python train.py`` (or torchrun, mpirun, srun). Installed
+with pip, torch finds the backend through its entry point (``torch.distributed.backends``);
+``import dtrain.torch`` registers it as well. It is a ``c10d::Backend`` for the devices cpu and
+cuda, so every operation torch 2.x's ProcessGroup sends reaches it: collectives, point to point
+(``recv`` from any source included), the coalesced forms that DTensor and FSDP2 use, the
+coalescing manager. A failed operation raises ``torch.distributed.DistBackendError`` with
 dtrain's full text: this rank, the peer and its address, the operation and its sequence number,
 the time waited against the limit.
 
-The group's timeout is the one given to ``init_process_group``; torch's default of 30 minutes
-means dtrain's default instead (``DTRAIN_TIMEOUT``, 300 s), so a dead peer is named in minutes,
-not half an hour. ``DTRAIN_*`` variables (transport, algorithm, logging) keep their meaning.
+The group's timeout is the one given to ``init_process_group``; torch's default (10 or 30
+minutes) means dtrain's default instead (``DTRAIN_TIMEOUT``, 300 s), so a dead peer is named in
+minutes, not half an hour. ``DTRAIN_*`` variables (transport, algorithm, logging) keep their
+meaning.
 """
 
 import atexit as _atexit
 import os as _os
 from datetime import timedelta
+from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as _dist
+import torch.distributed.rendezvous as _rendezvous
 
 from dtrain import _torch
 
 BACKEND = "dtrain"
+DEVICES = ("cpu", "cuda")
 
-ProcessGroup = _torch.ProcessGroup
+# torch.distributed's default timeouts (10 minutes for NCCL-style groups, 30 for the others): a
+# script that does not pass one gets dtrain's.
+_TORCH_DEFAULT_TIMEOUTS = (timedelta(minutes=10), timedelta(minutes=30))
 
-# torch.distributed's default timeout: a script that does not pass one gets dtrain's.
-_TORCH_DEFAULT_TIMEOUT = timedelta(minutes=30)
 
-
-def _create(options, pg_options=None):
+def _create(options, backend_options=None):
     """The backend's creator, called by torch on each member of a new group."""
     timeout = options.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
-    if timeout == _TORCH_DEFAULT_TIMEOUT:
+    if timeout in _TORCH_DEFAULT_TIMEOUTS:
         timeout = timedelta(0)  # dtrain's default (DTRAIN_TIMEOUT)
     group_id = str(options.group_id)
     if group_id in ("", "0"):
         name = "world"
     else:  # errors then say "collective #3 of group 1[0,2]": torch's group name, global ranks
         name = f"{group_id}[{','.join(map(str, options.global_ranks_in_group))}]"
-    return _torch.ProcessGroup(options.store, options.group_rank, options.group_size, timeout,
-                               name)
+    return _torch.create_backend(options.store, options.group_rank, options.group_size, timeout,
+                                 name)
+
+
+def backend_of(group=None):
+    """The dtrain backend under ``group`` (torch's ProcessGroup; default the world), or None
+    when the group has another backend or torch.distributed is not initialized."""
+    if not _dist.is_initialized():
+        return None
+    group = group if group is not None else _dist.group.WORLD
+    import torch
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except RuntimeError:
+        return None
+    return backend if _torch.is_dtrain_backend(backend) else None
 
 
 def _adopt_launcher_variables():
@@ -67,11 +85,33 @@ def _adopt_launcher_variables():
         _os.environ.setdefault(var, str(identity[key]))
 
 
-_adopt_launcher_variables()
+def _wrap_env_rendezvous():
+    """Reads the launcher's variables when init_process_group("env://", the default) runs
+    without rank and world size of its own, not at import: a program that passes them (the
+    mp.spawn pattern) never depends on what its environment says."""
+    handlers = getattr(_rendezvous, "_rendezvous_handlers", None)
+    torch_env = handlers.get("env") if isinstance(handlers, dict) else None
+    if torch_env is None or getattr(torch_env, "_dtrain", False):
+        return
+
+    def env_handler(url, **kwargs):
+        query = parse_qs(urlparse(url).query)
+        if "rank" not in query or "world_size" not in query:
+            _adopt_launcher_variables()
+        return torch_env(url, **kwargs)
+
+    env_handler._dtrain = True
+    handlers["env"] = env_handler
+
+
+def register():
+    """Registers the backend with torch.distributed (idempotent). torch calls it through the
+    entry point ``torch.distributed.backends``; ``import dtrain.torch`` calls it too."""
+    _wrap_env_rendezvous()
+    if BACKEND.upper() not in _dist.Backend._plugins:
+        _dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=list(DEVICES))
+
 
 # Before the interpreter finalizes, let the backend's threads finish running futures' Python
 # callbacks: Python ends a thread that asks for the GIL after that, which aborts the process.
 _atexit.register(_torch._quiesce)
-
-if BACKEND.upper() not in _dist.Backend._plugins:
-    _dist.Backend.register_backend(BACKEND, _create, extended_api=True)

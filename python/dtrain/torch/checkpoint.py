@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from dtrain import _torch
-from dtrain.torch.backend import ProcessGroup
+from dtrain.torch.backend import backend_of
 
 __all__ = ["CheckpointManager", "Checkpoint", "DistributedSampler"]
 
@@ -52,11 +52,12 @@ def _group(group):
         pg = dist.distributed_c10d._get_default_group()
     else:
         return None  # a single process
-    if not isinstance(pg, ProcessGroup):
+    backend = backend_of(pg)
+    if backend is None:
         raise ValueError("dtrain.torch checkpoints need torch.distributed on the backend 'dtrain' "
                          f"(this group's backend is {dist.get_backend(pg)!r}); or pass none and "
                          "run a single process")
-    return pg
+    return backend
 
 
 def _optimizer_type(optimizer):

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dtrain import _torch
-from dtrain.torch.backend import BACKEND, ProcessGroup
+from dtrain.torch.backend import BACKEND, backend_of
 from dtrain.torch.compression import Compression
 
 # Horovod's values, so that code passing the numbers keeps working.
@@ -99,8 +99,8 @@ def init(comm=None, process_sets=None):
             dist.init_process_group(BACKEND, store=dist.HashStore(), rank=0, world_size=1)
         else:
             dist.init_process_group(BACKEND)
-    group = dist.distributed_c10d._get_default_group()
-    if not isinstance(group, ProcessGroup):
+    group = backend_of()
+    if group is None:
         raise RuntimeError(
             f"dtrain.torch.init(): torch.distributed was initialized with the backend "
             f"{dist.get_backend()!r}; Horovod's API on dtrain needs the backend 'dtrain': call "

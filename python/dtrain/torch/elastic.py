@@ -36,10 +36,9 @@ import copy
 import functools
 import numbers
 
-import torch.distributed as dist
-
 from dtrain import _torch
 from dtrain.torch import collectives
+from dtrain.torch.backend import backend_of
 from dtrain.torch.checkpoint import _finish_load, _model, _optimizer_type
 from dtrain.torch.functions import (broadcast_object, broadcast_optimizer_state,
                                     broadcast_parameters)
@@ -128,7 +127,7 @@ class TorchState:
 
     def _manager(self):
         if self._commits is None and self.model is not None:
-            group = dist.distributed_c10d._get_default_group()
+            group = backend_of()
             self._commits = _torch.commit_manager(group) or False
         return self._commits or None
 
@@ -138,7 +137,7 @@ class TorchState:
             return False
         parameters, buffers = _model(self.model)
         loaded = _torch.resume_newest([(self._commits, "in-memory commit")],
-                                      dist.distributed_c10d._get_default_group(), parameters,
+                                      backend_of(), parameters,
                                       buffers, _optimizer_type(self.optimizer),
                                       self.optimizer.param_groups
                                       if self.optimizer is not None else [])

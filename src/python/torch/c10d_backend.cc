@@ -1,4 +1,4 @@
-#include "python/torch/c10d_process_group.h"
+#include "python/torch/c10d_backend.h"
 
 #include <numeric>
 
@@ -14,14 +14,38 @@ namespace {
 
 using std::chrono::milliseconds;
 
-DType dtype_of(const at::Tensor& t) {
-  // bool travels as a byte (0 or 1); reductions map to logical ones (reduce_op below).
-  return t.scalar_type() == at::kBool ? DType::kU8 : dtrain::to_dtype(t.scalar_type());
+// Whether dtrain has a type of its own for `t`'s elements (it reduces those).
+bool typed(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kChar:
+    case at::kByte:
+    case at::kInt:
+    case at::kLong:
+    case at::kBool:
+      return true;
+    default:
+      return false;
+  }
 }
 
-// The view dtrain reads and writes: the tensor's own memory, which must be contiguous.
+// How an operation that only moves data counts `t`: in its own elements where dtrain has their
+// type, else in bytes (float8, uint16, complex ...: any dtype moves, none needs arithmetic).
+int64_t unit_bytes(const at::Tensor& t) { return typed(t) ? 1 : t.element_size(); }
+
+DType dtype_of(const at::Tensor& t) {
+  // bool travels as a byte (0 or 1); reductions map to logical ones (reduce_op below).
+  if (t.scalar_type() == at::kBool) return DType::kU8;
+  return typed(t) ? dtrain::to_dtype(t.scalar_type()) : DType::kU8;
+}
+
+// The view dtrain reads and writes: the tensor's own memory, which must be contiguous. Its
+// elements are bytes where dtrain has no type for them (unit_bytes).
 TensorView view_of(const at::Tensor& t) {
-  TensorView v{t.data_ptr(), static_cast<size_t>(t.numel()), dtype_of(t)};
+  TensorView v{t.data_ptr(), static_cast<size_t>(t.numel() * unit_bytes(t)), dtype_of(t)};
   if (t.is_cuda()) {
     v.device = Device::kCuda;
     v.device_index = t.get_device();
@@ -45,6 +69,12 @@ at::Tensor& single(std::vector<at::Tensor>& tensors, const char* op) {
 }
 
 ReduceOp reduce_op(const c10d::ReduceOp& op, const at::Tensor& t, const char* what) {
+  if (!typed(t))
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: {} cannot reduce {} tensors (it reduces float, double, half, bfloat16, "
+        "int8, uint8, int32, int64 and bool; every dtype can be broadcast, gathered, scattered, "
+        "sent and exchanged all to all)",
+        what, c10::toString(t.scalar_type())));
   const bool boolean = t.scalar_type() == at::kBool;
   switch (op.op_) {
     case c10d::ReduceOp::SUM:
@@ -80,13 +110,11 @@ void premultiply(const c10d::ReduceOp& op, at::Tensor& t) {
   if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return;
   auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
   if (s == nullptr) throw InvalidArgumentError("dtrain backend: PREMUL_SUM without its factor");
-  if (!s->tensor_factors.empty())
-    t.mul_(s->tensor_factors.at(0).to(t.device()));
+  if (s->tensor_factor.defined())
+    t.mul_(s->tensor_factor.to(t.device()));
   else
     t.mul_(s->double_factor);
 }
-
-milliseconds timeout_of(milliseconds t) { return t == c10d::kUnsetTimeout ? milliseconds(0) : t; }
 
 // A contiguous tensor the operation can use in place of `t`: `t` itself when it is contiguous,
 // else a copy (copied back by the caller once the operation succeeds, when `t` is an output).
@@ -140,7 +168,7 @@ void copy_in(at::Tensor& flat, const std::vector<at::Tensor>& sources) {
 
 }  // namespace
 
-C10dProcessGroup::C10dProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+C10dBackend::C10dProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                    const Options& options)
     : c10d::ProcessGroup(rank, size), completer_(std::make_shared<FutureCompleter>()) {
   ProcessGroupOptions o;
@@ -154,15 +182,15 @@ C10dProcessGroup::C10dProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
   init();
 }
 
-C10dProcessGroup::~C10dProcessGroup() = default;
+C10dBackend::~C10dProcessGroup() = default;
 
-c10::intrusive_ptr<C10dWork> C10dProcessGroup::make_work(c10d::OpType type, const char* title,
+c10::intrusive_ptr<C10dWork> C10dBackend::make_work(c10d::OpType type, const char* title,
                                                          bool collective) {
   if (collective) seq_.fetch_add(1);
   return c10::make_intrusive<C10dWork>(rank_, type, title, collective ? completer_ : nullptr);
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> C10dBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
   at::Tensor t = single(tensors, "broadcast");
   at::Tensor buf = contiguous(t);
@@ -175,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::broadcast(std::vector<at::Tenso
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
   at::Tensor t = single(tensors, "all_reduce");
   const ReduceOp op = reduce_op(opts.reduceOp, t, "all_reduce");
@@ -189,7 +217,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allreduce(std::vector<at::Tenso
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allreduce_coalesced(
+c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   if (tensors.empty())
     throw InvalidArgumentError("dtrain backend: allreduce_coalesced of an empty list");
@@ -206,7 +234,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allreduce_coalesced(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::reduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
   at::Tensor t = single(tensors, "reduce");
   const ReduceOp op = reduce_op(opts.reduceOp, t, "reduce");
@@ -224,7 +252,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::reduce(std::vector<at::Tensor>&
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allgather(
+c10::intrusive_ptr<c10d::Work> C10dBackend::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
   at::Tensor in = contiguous(single(inputs, "all_gather"));
@@ -243,7 +271,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allgather(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::_allgather_base(
+c10::intrusive_ptr<c10d::Work> C10dBackend::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
   check_same(output, input, "all_gather_into_tensor", "the output");
   if (output.numel() != input.numel() * size_)
@@ -261,21 +289,33 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::_allgather_base(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allgather_coalesced(
+c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  if (outputs.size() != inputs.size())
+  // torch's layout: one list per rank, each holding that rank's copy of every input.
+  if (outputs.size() != static_cast<size_t>(size_))
     throw InvalidArgumentError(
-        fmt::format("dtrain backend: allgather_coalesced: {} output lists for {} inputs",
-                    outputs.size(), inputs.size()));
+        fmt::format("dtrain backend: allgather_coalesced: {} output lists; it takes one per rank "
+                    "of the group ({}), each with one tensor per input",
+                    outputs.size(), size_));
   if (inputs.empty())
     throw InvalidArgumentError("dtrain backend: allgather_coalesced of an empty list");
-  // One all-gather of every input laid end to end: rank r's block is its inputs in order.
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    check_same(inputs[i], inputs[0], "allgather_coalesced", "every input");
-    check_list(outputs[i], size_, inputs[i].numel(), inputs[i], "allgather_coalesced",
-               "an output list");
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    if (outputs[r].size() != inputs.size())
+      throw InvalidArgumentError(fmt::format(
+          "dtrain backend: allgather_coalesced: output list {} has {} tensors for {} inputs", r,
+          outputs[r].size(), inputs.size()));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_same(outputs[r][i], inputs[i], "allgather_coalesced", "an output");
+      if (outputs[r][i].numel() != inputs[i].numel())
+        throw InvalidArgumentError(fmt::format(
+            "dtrain backend: allgather_coalesced: output {} of rank {} has {} elements, input {} "
+            "has {}",
+            i, r, outputs[r][i].numel(), i, inputs[i].numel()));
+    }
   }
+  for (const auto& t : inputs) check_same(t, inputs[0], "allgather_coalesced", "every input");
+  // One all-gather of every input laid end to end: rank r's block is its inputs in order.
   at::Tensor block = flat_like(inputs, inputs[0]);
   copy_in(block, inputs);
   at::Tensor flat = at::empty({block.numel() * size_}, block.options());
@@ -283,16 +323,8 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allgather_coalesced(
   work->add(pg_->allgather(view_of(flat), view_of(block), {.timeout = timeout_of(opts.timeout)}));
   work->keep_alive(block);
   work->keep_alive(flat);
-  const int n = size_;
-  work->then([outputs, flat, n, per = block.numel()]() mutable {
-    for (int r = 0; r < n; ++r) {
-      int64_t off = r * per;
-      for (auto& list : outputs) {
-        auto& d = list[r];
-        d.copy_(flat.narrow(0, off, d.numel()).view(d.sizes()));
-        off += d.numel();
-      }
-    }
+  work->then([outputs, flat, per = block.numel()]() mutable {
+    for (size_t r = 0; r < outputs.size(); ++r) copy_out(flat.narrow(0, r * per, per), outputs[r]);
   });
   std::vector<at::Tensor> result;
   for (auto& list : outputs) result.insert(result.end(), list.begin(), list.end());
@@ -300,7 +332,49 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::allgather_coalesced(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::gather(
+c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  if (outputs.size() != inputs.size() || inputs.empty())
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: allgather_into_tensor_coalesced: {} outputs for {} inputs (one each, "
+        "at least one)",
+        outputs.size(), inputs.size()));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_same(outputs[i], inputs[i], "allgather_into_tensor_coalesced", "an output");
+    if (outputs[i].numel() != inputs[i].numel() * size_)
+      throw InvalidArgumentError(fmt::format(
+          "dtrain backend: allgather_into_tensor_coalesced: output {} has {} elements; it needs "
+          "world size x input = {} x {}",
+          i, outputs[i].numel(), size_, inputs[i].numel()));
+  }
+  if (inputs.size() == 1) return _allgather_base(outputs[0], inputs[0], opts);
+  for (const auto& t : inputs)
+    check_same(t, inputs[0], "allgather_into_tensor_coalesced", "every input");
+  // One all-gather of the inputs laid end to end; output i takes piece i of every rank's block.
+  at::Tensor block = flat_like(inputs, inputs[0]);
+  copy_in(block, inputs);
+  at::Tensor flat = at::empty({block.numel() * size_}, block.options());
+  auto work = make_work(c10d::OpType::ALLGATHER_COALESCED,
+                        "dtrain:allgather_into_tensor_coalesced", true);
+  work->add(pg_->allgather(view_of(flat), view_of(block), {.timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(block);
+  work->keep_alive(flat);
+  const int n = size_;
+  work->then([outputs, inputs, flat, n, per = block.numel()]() mutable {
+    int64_t off = 0;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const int64_t k = inputs[i].numel();
+      // rank r's copy of input i sits at r * per + off in flat: a strided view of n rows of k.
+      outputs[i].copy_(flat.view({n, per}).narrow(1, off, k).reshape(outputs[i].sizes()));
+      off += k;
+    }
+  });
+  work->set_result(outputs);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dBackend::gather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::GatherOptions& opts) {
   at::Tensor in = contiguous(single(inputs, "gather"));
@@ -332,7 +406,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::gather(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::scatter(
+c10::intrusive_ptr<c10d::Work> C10dBackend::scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ScatterOptions& opts) {
   at::Tensor output = single(outputs, "scatter");
@@ -362,7 +436,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::scatter(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::reduce_scatter(
+c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   at::Tensor output = single(outputs, "reduce_scatter");
@@ -385,7 +459,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::reduce_scatter(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::_reduce_scatter_base(
+c10::intrusive_ptr<c10d::Work> C10dBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   check_same(output, input, "reduce_scatter_tensor", "the output");
   if (input.numel() != output.numel() * size_)
@@ -410,7 +484,52 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::_reduce_scatter_base(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::alltoall_base(
+c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  if (outputs.size() != inputs.size() || inputs.empty())
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: reduce_scatter_tensor_coalesced: {} outputs for {} inputs (one each, "
+        "at least one)",
+        outputs.size(), inputs.size()));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_same(outputs[i], inputs[i], "reduce_scatter_tensor_coalesced", "an output");
+    if (inputs[i].numel() != outputs[i].numel() * size_)
+      throw InvalidArgumentError(fmt::format(
+          "dtrain backend: reduce_scatter_tensor_coalesced: input {} has {} elements; it needs "
+          "world size x output = {} x {}",
+          i, inputs[i].numel(), size_, outputs[i].numel()));
+  }
+  if (inputs.size() == 1) return _reduce_scatter_base(outputs[0], inputs[0], opts);
+  for (const auto& t : inputs)
+    check_same(t, inputs[0], "reduce_scatter_tensor_coalesced", "every input");
+  const ReduceOp op = reduce_op(opts.reduceOp, outputs[0], "reduce_scatter_tensor_coalesced");
+  // Block r of the flat input (for rank r) is block r of every input in turn; the flat output
+  // is every output laid end to end.
+  int64_t per = 0;
+  for (const auto& t : outputs) per += t.numel();
+  const int n = size_;
+  at::Tensor flat_in = at::empty({per * n}, inputs[0].options());
+  int64_t off = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int64_t k = outputs[i].numel();
+    flat_in.view({n, per}).narrow(1, off, k).copy_(inputs[i].reshape({n, k}));
+    off += k;
+  }
+  premultiply(opts.reduceOp, flat_in);
+  at::Tensor flat_out = at::empty({per}, outputs[0].options());
+  auto work = make_work(c10d::OpType::REDUCE_SCATTER, "dtrain:reduce_scatter_tensor_coalesced",
+                        true);
+  work->add(pg_->reduce_scatter(view_of(flat_out), view_of(flat_in),
+                                {.op = op, .timeout = timeout_of(opts.timeout)}));
+  work->keep_alive(flat_in);
+  work->keep_alive(flat_out);
+  work->then([outputs, flat_out]() mutable { copy_out(flat_out, outputs); });
+  work->set_result(outputs);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
     std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
   check_same(output, input, "all_to_all_single", "the output");
@@ -431,7 +550,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::alltoall_base(
               "dtrain backend: all_to_all_single: {} has {} rows, not a multiple of the world "
               "size {}; pass its split sizes",
               what, rows, size_));
-        std::fill(c.begin(), c.end(), static_cast<size_t>(rows / size_ * row));
+        std::fill(c.begin(), c.end(), static_cast<size_t>(rows / size_ * row * unit_bytes(t)));
         return c;
       }
       if (splits.size() != static_cast<size_t>(size_))
@@ -443,7 +562,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::alltoall_base(
         if (splits[i] < 0)
           throw InvalidArgumentError(fmt::format(
               "dtrain backend: all_to_all_single: split size {} of {} is negative", i, what));
-        c[i] = static_cast<size_t>(splits[i] * row);
+        c[i] = static_cast<size_t>(splits[i] * row * unit_bytes(t));
         total += splits[i];
       }
       if (total != rows)
@@ -464,7 +583,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::alltoall_base(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::alltoall(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllToAllOptions& opts) {
   if (inputs.size() != static_cast<size_t>(size_) || outputs.size() != static_cast<size_t>(size_))
@@ -474,8 +593,9 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::alltoall(std::vector<at::Tensor
   for (const auto& t : inputs) check_same(t, inputs[0], "all_to_all", "every input");
   for (const auto& t : outputs) check_same(t, inputs[0], "all_to_all", "every output");
   std::vector<size_t> in_counts, out_counts;
-  for (const auto& t : inputs) in_counts.push_back(static_cast<size_t>(t.numel()));
-  for (const auto& t : outputs) out_counts.push_back(static_cast<size_t>(t.numel()));
+  for (const auto& t : inputs) in_counts.push_back(static_cast<size_t>(t.numel() * unit_bytes(t)));
+  for (const auto& t : outputs)
+    out_counts.push_back(static_cast<size_t>(t.numel() * unit_bytes(t)));
   at::Tensor in = flat_like(inputs, inputs[0]), out = flat_like(outputs, inputs[0]);
   copy_in(in, inputs);
   auto work = make_work(c10d::OpType::ALLTOALL, "dtrain:all_to_all", true);
@@ -488,7 +608,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::alltoall(std::vector<at::Tensor
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::send(std::vector<at::Tensor>& tensors, int dst,
+c10::intrusive_ptr<c10d::Work> C10dBackend::send(std::vector<at::Tensor>& tensors, int dst,
                                                       int tag) {
   at::Tensor t = contiguous(single(tensors, "send"));
   auto work = make_work(c10d::OpType::SEND, "dtrain:send", false);
@@ -497,7 +617,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::send(std::vector<at::Tensor>& t
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::recv(std::vector<at::Tensor>& tensors, int src,
+c10::intrusive_ptr<c10d::Work> C10dBackend::recv(std::vector<at::Tensor>& tensors, int src,
                                                       int tag) {
   at::Tensor t = single(tensors, "recv");
   at::Tensor buf = contiguous(t);
@@ -509,7 +629,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::recv(std::vector<at::Tensor>& t
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> C10dBackend::recvAnysource(std::vector<at::Tensor>& tensors,
                                                                int tag) {
   at::Tensor t = single(tensors, "recv");
   at::Tensor buf = contiguous(t);
@@ -521,15 +641,27 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::recvAnysource(std::vector<at::T
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dProcessGroup::barrier(const c10d::BarrierOptions& opts) {
+c10::intrusive_ptr<c10d::Work> C10dBackend::barrier(const c10d::BarrierOptions& opts) {
   auto work = make_work(c10d::OpType::BARRIER, "dtrain:barrier", true);
   work->add(pg_->barrier({.timeout = timeout_of(opts.timeout)}));
   return work;
 }
 
-void C10dProcessGroup::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+void C10dBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   seq_.fetch_add(1);
   pg_->barrier({.timeout = timeout_of(opts.timeout)})->wait();
+}
+
+std::shared_ptr<dtrain::ProcessGroup> dtrain_group(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                                   const char* what) {
+  if (!backend) return nullptr;
+  auto* ours = dynamic_cast<C10dBackend*>(backend.get());
+  if (ours == nullptr)
+    throw InvalidArgumentError(fmt::format(
+        "{}: the group's backend is {}, not dtrain's: make the group with "
+        "init_process_group('dtrain') or new_group(backend='dtrain')",
+        what, backend->getBackendName()));
+  return ours->shared_group();
 }
 
 }  // namespace dtrain::python

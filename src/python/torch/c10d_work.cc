@@ -13,11 +13,31 @@
 
 namespace dtrain::python {
 
+namespace {
+
+// torch's scripts catch torch.distributed.DistBackendError for a failed collective (torch turns
+// c10::DistBackendError into it); the text stays dtrain's, whole.
+std::exception_ptr as_backend_error(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error&) {
+    return error;  // torch's own (DistBackendError, or an error of a copy back): as it is
+  } catch (const std::exception& e) {
+    return std::make_exception_ptr(
+        c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, e.what()));
+  } catch (...) {
+    return error;
+  }
+}
+
+}  // namespace
+
 C10dWork::C10dWork(int rank, c10d::OpType type, const char* profiling_title,
-                   const std::shared_ptr<FutureCompleter>& completer)
+                   const std::shared_ptr<FutureCompleter>& completer, uint64_t sequence)
     : c10d::Work(rank, type, profiling_title),
       completer_(completer),
-      has_future_(completer != nullptr) {}
+      has_future_(completer != nullptr),
+      sequence_(sequence) {}
 
 bool C10dWork::settle(std::optional<std::chrono::milliseconds> timeout) {
   std::unique_lock lock(settle_mu_, std::defer_lock);
@@ -31,6 +51,10 @@ bool C10dWork::settle(std::optional<std::chrono::milliseconds> timeout) {
     if (completed_) return true;
   }
   std::exception_ptr error;
+  for (auto& part : parts_) {
+    if (!part->settle(timeout)) return false;  // another thread is at it: not done yet
+    if (auto e = part->exception(); e && !error) error = e;
+  }
   for (auto& w : works_) {
     try {
       w->wait(timeout);
@@ -47,7 +71,7 @@ bool C10dWork::settle(std::optional<std::chrono::milliseconds> timeout) {
       error = std::current_exception();
     }
   }
-  finish(error);
+  finish(error ? as_backend_error(error) : nullptr);
   alive_.clear();
   complete_future();
   return true;
@@ -60,6 +84,8 @@ bool C10dWork::isCompleted() {
   }
   for (auto& w : works_)
     if (!w->is_completed()) return false;
+  for (auto& part : parts_)
+    if (!part->isCompleted()) return false;
   // Every part is done: settle it here (copies back, if any) unless another thread is at it.
   return settle(std::chrono::milliseconds(0)) && c10d::Work::isCompleted();
 }
@@ -87,9 +113,10 @@ bool C10dWork::wait(std::chrono::milliseconds timeout) {
   std::optional<std::chrono::milliseconds> limit;
   if (timeout > std::chrono::milliseconds(0)) limit = timeout;
   if (!settle(limit))
-    throw TimeoutError(fmt::format(
-        "rank {}: wait on {} timed out after {} ms (another thread is still waiting for it)", rank_,
-        c10d::opTypeToString(opType_), timeout.count()));
+    C10_THROW_ERROR(DistBackendError,
+                    fmt::format("rank {}: wait on {} timed out after {} ms (another thread is "
+                                "still waiting for it)",
+                                rank_, c10d::opTypeToString(opType_), timeout.count()));
   std::lock_guard l(mutex_);
   if (exception_) std::rethrow_exception(exception_);
   return true;

@@ -1,10 +1,11 @@
 // C10dWork: the c10d::Work that the dtrain backend hands torch for every operation.
 //
-// It holds the dtrain Works the operation was split into, the tensors they read and write (alive
-// until it ends), and what to do once they succeed (copy a staging buffer back into the caller's
-// tensors, for example). Whoever sees it end first settles it: the thread in wait(), a poll of
+// It holds the dtrain Works the operation was split into (or, for a coalesced group of
+// operations, their C10dWorks), the tensors they read and write (alive until it ends), and what
+// to do once they succeed (copy a staging buffer back into the caller's tensors, for example). Whoever sees it end first settles it: the thread in wait(), a poll of
 // isCompleted(), or the group's FutureCompleter once a future was asked for (DDP's buckets, comm
-// hooks). Errors keep dtrain's full text: rank, peer, operation, sequence number, elapsed time.
+// hooks). Errors arrive as torch's DistBackendError with dtrain's full text: rank, peer,
+// operation, sequence number, elapsed time.
 #pragma once
 
 #include <functional>
@@ -26,11 +27,13 @@ class FutureCompleter;
 class C10dWork : public c10d::Work {
  public:
   // `completer` is the group's (null for point-to-point works, which have no future).
+  // `sequence`: the group's count of collectives once this one was issued (0 for point to point).
   C10dWork(int rank, c10d::OpType type, const char* profiling_title,
-           const std::shared_ptr<FutureCompleter>& completer);
+           const std::shared_ptr<FutureCompleter>& completer, uint64_t sequence);
 
   // Building it (before it is returned to torch; not thread-safe).
   void add(std::shared_ptr<dtrain::Work> work) { works_.push_back(std::move(work)); }
+  void add(c10::intrusive_ptr<C10dWork> part) { parts_.push_back(std::move(part)); }
   void then(std::function<void()> on_success) { on_success_ = std::move(on_success); }
   void set_result(std::vector<at::Tensor> outputs) { outputs_ = std::move(outputs); }
   void keep_alive(at::Tensor t) { alive_.push_back(std::move(t)); }
@@ -46,6 +49,7 @@ class C10dWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout) override;
   // Point-to-point works have no future, as with gloo; collectives do.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override { return sequence_; }
 
   // Waits for every dtrain Work, runs on_success, completes the future. Never throws; the
   // error is recorded. With a timeout, false when another thread is settling it and did not
@@ -56,6 +60,7 @@ class C10dWork : public c10d::Work {
   void complete_future();
 
   std::vector<std::shared_ptr<dtrain::Work>> works_;
+  std::vector<c10::intrusive_ptr<C10dWork>> parts_;
   std::function<void()> on_success_;
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> alive_;
@@ -63,6 +68,7 @@ class C10dWork : public c10d::Work {
   // then destroy (and join) that thread. Expired once the group is gone.
   std::weak_ptr<FutureCompleter> completer_;
   bool has_future_ = false;  // a collective: getFuture() is allowed
+  uint64_t sequence_ = 0;
 
   std::timed_mutex settle_mu_;  // one thread settles; the others wait for it (bounded)
   std::mutex future_mu_;        // guards future_ and future_done_

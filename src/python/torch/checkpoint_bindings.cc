@@ -22,7 +22,8 @@
 #include "dtrain/torch/commit.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "python/torch/bindings.h"
-#include "python/torch/c10d_process_group.h"
+#include "python/torch/c10d_backend.h"
+#include "torch/optimizer_state.h"
 
 namespace py = pybind11;
 
@@ -60,10 +61,6 @@ std::shared_ptr<torch::nn::Module> shell(const Named& parameters, const Named& b
     module->register_buffer(leaf, t);
   }
   return root;
-}
-
-std::string state_key(const at::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());  // how LibTorch's optimizers key state
 }
 
 double number(const py::dict& d, const char* key) {
@@ -140,7 +137,7 @@ OptimizerTwin twin(const std::string& type, const py::list& groups, const py::di
         if (!tensor("momentum_buffer").defined()) continue;
         auto st = std::make_unique<torch::optim::SGDParamState>();
         st->momentum_buffer(tensor("momentum_buffer"));
-        t.optimizer->state()[state_key(p)] = std::move(st);
+        t.optimizer->state()[param_key(p)] = std::move(st);
       } else {
         if (!s.contains("step")) continue;
         py::object step = s["step"];  // a tensor in torch 1.13, a number before
@@ -151,7 +148,7 @@ OptimizerTwin twin(const std::string& type, const py::list& groups, const py::di
           st->exp_avg(tensor("exp_avg"));
           st->exp_avg_sq(tensor("exp_avg_sq"));
           if (tensor("max_exp_avg_sq").defined()) st->max_exp_avg_sq(tensor("max_exp_avg_sq"));
-          t.optimizer->state()[state_key(p)] = std::move(st);
+          t.optimizer->state()[param_key(p)] = std::move(st);
         };
         if (type == "Adam") {
           fill(std::make_unique<torch::optim::AdamParamState>());
@@ -193,7 +190,7 @@ py::tuple restored(const OptimizerTwin& t) {
     }
     groups.append(d);
     for (const auto& p : t.params[g]) {
-      auto it = t.optimizer->state().find(state_key(p));
+      auto it = t.optimizer->state().find(param_key(p));
       if (it == t.optimizer->state().end()) {
         states.append(py::none());
         continue;
@@ -251,7 +248,7 @@ void bind_checkpoints(py::module_& m) {
       m, "CheckpointManager", "dtrain's C++ CheckpointManager (python/dtrain/torch/checkpoint.py).")
       .def(py::init([](std::string dir, int keep, int writer_rank, bool async_write,
                        std::chrono::milliseconds write_timeout,
-                       const c10::intrusive_ptr<C10dProcessGroup>& group) {
+                       const c10::intrusive_ptr<c10d::Backend>& group) {
              CheckpointOptions o;
              o.dir = std::move(dir);
              o.keep = keep;
@@ -259,7 +256,7 @@ void bind_checkpoints(py::module_& m) {
              o.async = async_write;
              o.write_timeout = write_timeout;
              return std::make_unique<CheckpointManager>(
-                 o, group ? group->shared_group() : std::shared_ptr<ProcessGroup>());
+                 o, dtrain_group(group, "CheckpointManager"));
            }),
            py::arg("dir"), py::arg("keep"), py::arg("writer_rank"), py::arg("async_write"),
            py::arg("write_timeout"), py::arg("group"))
@@ -312,8 +309,8 @@ void bind_checkpoints(py::module_& m) {
 
   m.def(
       "commit_manager",
-      [](const c10::intrusive_ptr<C10dProcessGroup>& group) -> std::unique_ptr<CheckpointManager> {
-        auto pg = group ? group->shared_group() : std::shared_ptr<ProcessGroup>();
+      [](const c10::intrusive_ptr<c10d::Backend>& group) -> std::unique_ptr<CheckpointManager> {
+        auto pg = dtrain_group(group, "commit_manager");
         auto options = commit_options_from_env(pg.get());
         if (!options) return nullptr;
         return std::make_unique<CheckpointManager>(*options, pg);
@@ -324,18 +321,18 @@ void bind_checkpoints(py::module_& m) {
   m.def(
       "resume_newest",
       [](const std::vector<std::pair<CheckpointManager*, std::string>>& sources,
-         const c10::intrusive_ptr<C10dProcessGroup>& group, const Named& parameters,
+         const c10::intrusive_ptr<c10d::Backend>& group, const Named& parameters,
          const Named& buffers, const std::string& type, const py::list& groups) -> py::object {
         auto module = shell(parameters, buffers);
         std::optional<OptimizerTwin> opt;
         if (!type.empty()) opt = twin(type, groups, py::dict());
         std::vector<ResumeSource> list;
         for (const auto& [manager, kind] : sources) list.push_back({manager, kind});
+        auto pg = dtrain_group(group, "resume_newest");
         std::optional<Resumed> resumed;
         {
           py::gil_scoped_release release;
-          resumed = resume_newest(list, *module, opt ? opt->optimizer.get() : nullptr,
-                                  group ? &group->group() : nullptr);
+          resumed = resume_newest(list, *module, opt ? opt->optimizer.get() : nullptr, pg.get());
         }
         if (!resumed) return py::none();
         py::dict d = loaded_dict(resumed->checkpoint);

@@ -1,8 +1,8 @@
 // dtrain._torch: the torch.distributed backend "dtrain" (python/dtrain/torch/backend.py registers
 // it), the Session under the Horovod-compatible API (python/dtrain/torch/collectives.py), and the
 // checkpoints and sampler (checkpoint_bindings.cc).
-// Of the backend only the constructor is bound: torch's own bindings of ProcessGroup and Work
-// call the rest through their virtual functions, releasing the GIL as they do for gloo. Every
+// Of the backend only the creator is bound: torch's own bindings of Backend and Work call the
+// rest through their virtual functions, releasing the GIL as they do for gloo. Every
 // blocking call of the Session releases the GIL; waits on the coordinator come back every slice
 // so that Python can deliver Ctrl-C between them.
 #include <fmt/format.h>
@@ -15,13 +15,13 @@
 #include "python/interrupt.h"
 #include "python/progress_binding.h"
 #include "python/torch/bindings.h"
-#include "python/torch/c10d_process_group.h"
+#include "python/torch/c10d_backend.h"
 #include "python/torch/c10d_work.h"
 #include "python/torch/session.h"
 
 namespace py = pybind11;
 using dtrain::python::AsyncAllreduce;
-using dtrain::python::C10dProcessGroup;
+using dtrain::python::C10dBackend;
 using dtrain::python::Session;
 using release = py::call_guard<py::gil_scoped_release>;
 
@@ -59,14 +59,16 @@ void bind_session(py::module_& m) {
   py::class_<Session>(m, "Session",
                       "What hvd.init() sets up: a group for blocking collectives and a\n"
                       "coordinator for named asynchronous all-reduces.")
-      .def(py::init([](const c10::intrusive_ptr<C10dProcessGroup>& pg,
+      .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& group,
                        std::chrono::microseconds cycle_time, size_t fusion_threshold,
                        std::chrono::milliseconds stall_timeout) {
              dtrain::python::SessionOptions o;
              o.cycle_time = cycle_time;
              o.fusion_threshold_bytes = fusion_threshold;
              o.stall_timeout = stall_timeout;
-             return std::make_unique<Session>(pg->shared_group(), o);
+             auto pg = dtrain::python::dtrain_group(group, "hvd.init");
+             if (!pg) throw dtrain::InvalidArgumentError("hvd.init: no group");
+             return std::make_unique<Session>(pg, o);
            }),
            py::arg("group"), py::arg("cycle_time"), py::arg("fusion_threshold"),
            py::arg("stall_timeout"), release())
@@ -134,25 +136,36 @@ void bind_session(py::module_& m) {
 }  // namespace
 
 PYBIND11_MODULE(_torch, m) {
-  m.doc() = "dtrain's native process group as a torch.distributed backend (torch 1.13)";
-  // c10d's ProcessGroup must be known to pybind11 before a class can derive from it.
+  m.doc() = "dtrain's native process group as a torch.distributed backend (torch 2.x)";
+  // torch's bindings (Backend, Store, Work) must be known to pybind11 before they are used here.
   py::module_::import("torch.distributed");
   dtrain::python::bind_progress(m);
-  py::class_<C10dProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<C10dProcessGroup>>(
-      m, "ProcessGroup",
-      "A dtrain process group behind torch.distributed's ProcessGroup API. Made by\n"
-      "init_process_group(backend='dtrain') and new_group(); not meant to be built by hand.")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       std::chrono::milliseconds timeout, std::string name) {
-             C10dProcessGroup::Options o;
-             o.name = std::move(name);
-             o.timeout = timeout;
-             return c10::make_intrusive<C10dProcessGroup>(store, rank, size, o);
-           }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-           py::arg("name") = "world",
-           // Connecting waits for every member: other Python threads run meanwhile.
-           py::call_guard<py::gil_scoped_release>());
+  // The backend's creator (python/dtrain/torch/backend.py). It returns torch's Backend type: torch
+  // binds Backend with its own holder, whose destructor lets go of the GIL, and the object is
+  // used through torch's API; dtrain's own calls find the dtrain group under it (dtrain_group).
+  m.def(
+      "create_backend",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+         std::chrono::milliseconds timeout,
+         std::string name) -> c10::intrusive_ptr<c10d::Backend> {
+        C10dBackend::GroupOptions o;
+        o.name = std::move(name);
+        o.timeout = timeout;
+        return c10::make_intrusive<C10dBackend>(store, rank, size, o);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+      py::arg("name") = "world",
+      // Connecting waits for every member: other Python threads run meanwhile.
+      py::call_guard<py::gil_scoped_release>(),
+      "A dtrain group as a torch c10d Backend. Made by init_process_group(backend='dtrain') and\n"
+      "new_group(); not meant to be called by hand.");
+  m.def(
+      "is_dtrain_backend",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend) {
+        return dynamic_cast<C10dBackend*>(backend.get()) != nullptr;
+      },
+      py::arg("backend"));
+  m.attr("torch_built_for") = DTRAIN_TORCH_BUILT_FOR;
   m.def(
       "_quiesce", [] { dtrain::python::FutureCompleter::quiesce_all(std::chrono::seconds(10)); },
       "Waits until no thread of the backend runs a future's callbacks (registered with atexit).",
