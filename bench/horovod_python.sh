@@ -18,15 +18,15 @@ jemalloc=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 malloc_conf=oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1
 run() {
   case $1 in
-    python) "$dtrain" run -n "$np" -- /usr/bin/python3 examples/python/horovod_fashion_mnist.py \
+    python) "$dtrain" run -n "$np" -- python3 examples/python/horovod_fashion_mnist.py \
               --threads 1 --max-steps "$steps" --log-every 100000 ;;
     # The same, with the allocator the C++ programs link (docs/pytorch.md, "Speed").
     python_jemalloc) LD_PRELOAD=$jemalloc MALLOC_CONF=$malloc_conf "$dtrain" run -n "$np" -- \
-              /usr/bin/python3 examples/python/horovod_fashion_mnist.py --threads 1 \
+              python3 examples/python/horovod_fashion_mnist.py --threads 1 \
               --max-steps "$steps" --log-every 100000 ;;
     cpp) "$dtrain" run -n "$np" -- "$bin/train_fashion_mnist" --strategy optimizer --threads 1 \
               --max-steps "$steps" ;;
-    ddp_gloo) "$dtrain" run -n "$np" -- /usr/bin/python3 bench/torch_ddp_fashion_mnist.py \
+    ddp_gloo) "$dtrain" run -n "$np" -- python3 bench/torch_ddp_fashion_mnist.py \
               --max-steps "$steps" --backend gloo ;;
   esac
 }

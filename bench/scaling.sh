@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # images/s of the Fashion-MNIST ConvNet (1 thread per rank, batch 100 per rank) against the
 # number of ranks, for dtrain's C++ DDP (train_fashion_mnist) and PyTorch's DDP on gloo
-# (bench/torch_ddp_fashion_mnist.py, Debian's python3-torch) side by side, and the plot of
+# (bench/torch_ddp_fashion_mnist.py, the environment's torch) side by side, and the plot of
 # docs/performance.md (docs/scaling.svg, labelled with this machine). On a machine with C cores,
 # ranks beyond C share cores: the curves then show what oversubscription costs.
 #   bash bench/scaling.sh [build/bin] [max ranks, default 4]      STEPS=150 by default
@@ -22,7 +22,7 @@ for n in $(seq 1 "$max"); do
         --max-steps "$steps" 2>&1 | grep -o 'RESULT .*')
       d=$(ips "$line")
     else
-      line=$(OMP_NUM_THREADS=1 "$bin/dtrain" run -n "$n" --master-port 0 -- /usr/bin/python3 \
+      line=$(OMP_NUM_THREADS=1 "$bin/dtrain" run -n "$n" --master-port 0 -- python3 \
         "$here/torch_ddp_fashion_mnist.py" --max-steps "$steps" --backend gloo 2>&1 | grep -o 'RESULT .*')
       t=$(ips "$line")
     fi

@@ -1,7 +1,7 @@
 """dist.all_reduce from Python: torch.distributed on dtrain's backend against torch's gloo backend,
 in one run, alternating rounds (docs/performance.md, "PyTorch on dtrain").
 
-    build/bin/dtrain run -n 2 -- /usr/bin/python3 bench/torch_allreduce.py --rounds 5
+    build/bin/dtrain run -n 2 -- python3 bench/torch_allreduce.py --rounds 5
 
 The default group is gloo's and a second group over the same ranks is dtrain's; each round times
 both on every size (the order alternates from round to round). A size's time in a round is the

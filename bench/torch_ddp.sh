@@ -15,7 +15,7 @@ for r in $(seq 1 "$rounds"); do
   order="dtrain gloo"
   if (( r % 2 == 0 )); then order="gloo dtrain"; fi
   for b in $order; do
-    line=$("$dtrain" run -n "$np" -- /usr/bin/python3 bench/torch_ddp_fashion_mnist.py \
+    line=$("$dtrain" run -n "$np" -- python3 bench/torch_ddp_fashion_mnist.py \
              --max-steps "$steps" --backend "$b" | grep -o 'RESULT .*' | sed 's/^RESULT //')
     v=$(/usr/bin/python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print("%.0f %.6f" % (r["images_per_sec"], r["final_loss"]))' "$line")
     echo "round $r $b: images/s and final loss: $v"

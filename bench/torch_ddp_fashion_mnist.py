@@ -1,10 +1,10 @@
 """PyTorch DDP on the same Fashion-MNIST ConvNet as build/bin/train_fashion_mnist: the reference
 that dtrain's data-parallel throughput is compared with (docs/performance.md).
 
-    OMP_NUM_THREADS=1 build/bin/dtrain run -n 2 -- /usr/bin/python3 bench/torch_ddp_fashion_mnist.py --max-steps 300
+    OMP_NUM_THREADS=1 build/bin/dtrain run -n 2 -- python3 bench/torch_ddp_fashion_mnist.py --max-steps 300
     ... torch_ddp_fashion_mnist.py --backend dtrain     # the same script on dtrain's backend
 
-Uses Debian's python3-torch (gloo backend, or dtrain's with --backend dtrain and
+Uses the environment's torch (gloo backend, or dtrain's with --backend dtrain and
 PYTHONPATH=build/python unless the package is installed; RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
 from the launcher) and Debian's dataset-fashion-mnist; prints one `RESULT {json}` line from rank 0, with
 the same fields as train_fashion_mnist.

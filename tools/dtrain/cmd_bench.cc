@@ -60,7 +60,12 @@ using bench::Op;
 using bench::Result;
 
 constexpr const char* kDefaultSizes = "4K,64K,1M,16M,64M";
+// The interpreter of the environment dtrain was built for (it holds torch): the torch peer's.
+#ifdef DTRAIN_PYTHON_EXECUTABLE
+constexpr const char* kPythonPath = DTRAIN_PYTHON_EXECUTABLE;
+#else
 constexpr const char* kPythonPath = "/usr/bin/python3";
+#endif
 constexpr std::chrono::milliseconds kKillGrace{2000};
 
 struct BenchArgs {
@@ -745,8 +750,9 @@ std::optional<Outcome> run_peer(launch::Supervisor& supervisor, const std::strin
         probe_args);
     if (!probe.failure.empty())
       return skip(
-          "python3 cannot import torch.distributed (install python3-torch, e.g. "
-          "with scripts/install-deps.sh)");
+          fmt::format("{} cannot import torch.distributed (install torch into that environment, "
+                      "e.g. with scripts/install-deps.sh)",
+                      kPythonPath));
     uint16_t port = free_port();
     for (int r = 0; r < a.np; ++r) {
       auto env = rank_env(r, a.np, port);

@@ -148,6 +148,29 @@ std::string self_executable() {
   return path.string();
 }
 
+// `python` or `python3` as the worker command means the environment dtrain belongs to: the one
+// whose bin/ holds this executable (pip installed it there), else the one it was built for. The
+// python3 first on PATH is often another interpreter, without torch or dtrain. A path, or any
+// other name, runs as given.
+void use_the_environments_python(std::vector<std::string>& command) {
+  if (command.empty() || (command[0] != "python" && command[0] != "python3")) return;
+  std::error_code ec;
+  const auto beside = std::filesystem::path(self_executable()).parent_path() / "python";
+  std::string python;
+  if (std::filesystem::exists(beside, ec) && std::filesystem::exists(beside.parent_path().parent_path() / "pyvenv.cfg", ec))
+    python = beside.string();
+#ifdef DTRAIN_PYTHON_EXECUTABLE
+  else if (std::filesystem::exists(DTRAIN_PYTHON_EXECUTABLE, ec))
+    python = DTRAIN_PYTHON_EXECUTABLE;
+#endif
+  if (python.empty()) return;
+  fmt::print(stderr,
+             "dtrain run: {} is {} (the Python environment dtrain is installed for; give a path "
+             "to run another)\n",
+             command[0], python);
+  command[0] = python;
+}
+
 // The store of the job, hosted by this launcher (node 0 only).
 std::unique_ptr<TcpStoreServer> start_store(const RunArgs& a) {
   TcpStoreServerOptions o;
@@ -485,6 +508,7 @@ CLI::App* add_run_command(CLI::App& app) {
     a.port_given = port->count() > 0;
     const bool is_elastic = max_restarts->count() > 0 || endpoint->count() > 0 ||
                             rdzv_id->count() > 0 || elastic->nnodes.find(':') != std::string::npos;
+    use_the_environments_python(a.command);
     int code = 0;
     if (is_elastic) {
       if (a.servers > 0)
