@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+# The interpreter pytest runs under: the environment dtrain was built for (tests/CMakeLists.txt).
+PYTHON = sys.executable
 
 
 def free_port():

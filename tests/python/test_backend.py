@@ -3,6 +3,7 @@ every operation against values computed locally, sub-groups, DDP against gloo, f
 import json
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -27,6 +28,18 @@ def test_ranks_on_two_hosts_find_each_other_by_the_route_to_the_master():
         if hosts.skip:
             pytest.skip(hosts.skip)
         harness.check_ok(hosts.run(2, "ops"))
+
+
+def test_mp_spawn_with_world_size_in_the_environment_and_no_rank():
+    # The tutorials' pattern: import dtrain.torch must not read the launcher's variables (here
+    # WORLD_SIZE without RANK); init_process_group gets rank and world size as arguments.
+    env = harness.env_for(0, 2, 0)
+    for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    p = subprocess.run(harness.command("workers.py", "spawned", "dtrain", [harness.free_port(), 2]),
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "every spawned rank checked" in p.stdout
 
 
 @pytest.mark.parametrize("method", ["tcp", "file", "store"])

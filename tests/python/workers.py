@@ -156,11 +156,17 @@ def check_everything(rank, world, group=None, tag=""):
     dist.all_reduce_coalesced(ts, **g)
     expect(ts[0], reduced(dist.ReduceOp.SUM, world, 3, torch.float32), f"{tag}all_reduce_coalesced 0")
     expect(ts[1], reduced(dist.ReduceOp.SUM, world, 5, torch.float32), f"{tag}all_reduce_coalesced 1")
-    outs = [[torch.zeros(3) for _ in range(world)], [torch.zeros(5) for _ in range(world)]]
-    dist.all_gather_coalesced(outs, [value(rank, 3, torch.float32), value(rank, 5, torch.float32)], **g)
+    # all_gather_coalesced: one output list per rank, each with a tensor per input (five inputs,
+    # so that no world size makes the two layouts alike).
+    sizes = (3, 5, 1, 2, 4)
+    outs = [[torch.zeros(k) for k in sizes] for _ in range(world)]
+    dist.all_gather_coalesced(outs, [value(rank, k, torch.float32) for k in sizes], **g)
     for r in range(world):
-        expect(outs[0][r], value(r, 3, torch.float32), f"{tag}all_gather_coalesced 0 block {r}")
-        expect(outs[1][r], value(r, 5, torch.float32), f"{tag}all_gather_coalesced 1 block {r}")
+        for i, k in enumerate(sizes):
+            expect(outs[r][i], value(r, k, torch.float32),
+                   f"{tag}all_gather_coalesced rank {r} input {i}")
+    check_torch2_paths(rank, world, group, tag)
+    check_bytes_only_dtypes(rank, world, group, tag)
     # Non-contiguous tensors: results land in the caller's tensor.
     t = value(rank, 12, torch.float32).view(3, 4).t()
     dist.all_reduce(t, **g)
@@ -228,10 +234,116 @@ def check_everything(rank, world, group=None, tag=""):
     dist.barrier(**g)
 
 
+def check_bytes_only_dtypes(rank, world, group, tag):
+    """Dtypes dtrain has no arithmetic for move as bytes: broadcast, gathers, all to all, point to
+    point; reducing one fails in the call, naming the dtype."""
+    g = {"group": group} if group is not None else {}
+    gr = (lambda r: dist.distributed_c10d._get_global_rank(group, r)) if group is not None else (lambda r: r)
+    for dtype in (torch.uint16, torch.float8_e4m3fn, torch.complex64, torch.int16):
+        def val(r, n=6):
+            return (torch.arange(n, dtype=torch.float32) + r + 1).to(dtype)
+        what = f"{tag}{dtype}"
+        t = val(rank)
+        dist.broadcast(t, gr(0), **g)
+        assert torch.equal(t.view(torch.uint8), val(0).view(torch.uint8)), f"broadcast {what}"
+        flat = torch.zeros(6 * world, dtype=dtype)
+        dist.all_gather_into_tensor(flat, val(rank), **g)
+        want = torch.cat([val(r) for r in range(world)])
+        assert torch.equal(flat.view(torch.uint8), want.view(torch.uint8)), f"all_gather {what}"
+        src = torch.cat([val(rank * 4 + j, 2) for j in range(world)])
+        out = torch.zeros(2 * world, dtype=dtype)
+        dist.all_to_all_single(out, src, **g)
+        want = torch.cat([val(i * 4 + rank, 2) for i in range(world)])
+        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8)), f"all_to_all {what}"
+        if world > 1 and rank < 2:
+            if rank == 0:
+                dist.send(val(7), gr(1), **g)
+            else:
+                got = torch.zeros(6, dtype=dtype)
+                dist.recv(got, gr(0), **g)
+                assert torch.equal(got.view(torch.uint8), val(7).view(torch.uint8)), f"recv {what}"
+    try:
+        dist.all_reduce(torch.ones(3, dtype=torch.uint16), **g)
+    except RuntimeError as e:
+        assert "cannot reduce UInt16 tensors" in str(e), str(e)
+    else:
+        raise AssertionError(f"{tag}all_reduce of uint16 did not fail")
+    dist.barrier(**g)
+
+
+def check_torch2_paths(rank, world, group, tag):
+    """What torch 2.x's own tools send: functional collectives (DTensor's path, which reaches the
+    backend as allgather_into_tensor_coalesced and reduce_scatter_tensor_coalesced even for one
+    tensor), the coalescing manager, and batched point to point."""
+    import warnings
+
+    import torch.distributed._functional_collectives as funcol
+    pg = group if group is not None else dist.group.WORLD
+    SUM = dist.ReduceOp.SUM
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # 2.15 renames some of these
+        got = funcol.all_reduce(value(rank, 6, torch.float32), "sum", pg).wait()
+        expect(got, reduced(SUM, world, 6, torch.float32), f"{tag}functional all_reduce")
+        got = funcol.all_reduce(value(rank, 6, torch.float32), "avg", pg).wait()
+        expect(got, reduced(dist.ReduceOp.AVG, world, 6, torch.float32), f"{tag}functional avg")
+        got = funcol.all_gather_tensor(value(rank, 4, torch.bfloat16).view(2, 2), 0, pg).wait()
+        expect(got, torch.cat([value(r, 4, torch.bfloat16).view(2, 2) for r in range(world)]),
+               f"{tag}functional all_gather_tensor")
+        got = funcol.reduce_scatter_tensor(torch.cat([value(rank, 4, torch.float32)] * world),
+                                           "sum", 0, pg).wait()
+        expect(got, reduced(SUM, world, 4, torch.float32) * 1, f"{tag}functional reduce_scatter")
+        got = funcol.all_gather_into_tensor_coalesced(
+            [value(rank, 3, torch.float32), value(rank, 5, torch.float32)], pg)
+        for i, k in enumerate((3, 5)):
+            expect(got[i].wait() if hasattr(got[i], "wait") else got[i],
+                   torch.cat([value(r, k, torch.float32) for r in range(world)]),
+                   f"{tag}functional all_gather_into_tensor_coalesced {i}")
+        ins = [torch.cat([value(rank, k, torch.float32) + j for j in range(world)]) for k in (2, 3)]
+        got = funcol.reduce_scatter_tensor_coalesced(ins, "sum", [0, 0], pg)
+        for i, k in enumerate((2, 3)):
+            want = sum(value(r, k, torch.float32) + rank for r in range(world))
+            expect(got[i].wait() if hasattr(got[i], "wait") else got[i], want,
+                   f"{tag}functional reduce_scatter_tensor_coalesced {i}")
+    # The coalescing manager: several all-reduces as one Work.
+    ts = [value(rank, k, torch.float32) for k in (2, 7)]
+    with dist._coalescing_manager(group=pg, device=torch.device("cpu"), async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t, group=pg)
+    cm.wait()
+    for t, k in zip(ts, (2, 7)):
+        expect(t, reduced(SUM, world, k, torch.float32), f"{tag}coalescing manager all_reduce")
+    if world > 1:  # batched point to point around the ring (coalesced by the backend)
+        gr = lambda r: dist.distributed_c10d._get_global_rank(group, r) if group is not None else r  # noqa: E731
+        out = torch.zeros(4)
+        reqs = dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, value(rank, 4, torch.float32), gr((rank + 1) % world), pg),
+            dist.P2POp(dist.irecv, out, gr((rank - 1) % world), pg)])
+        for q in reqs:
+            q.wait()
+        expect(out, value((rank - 1) % world, 4, torch.float32), f"{tag}batch_isend_irecv")
+
+
 def ops(backend):
     rank, world = init(backend)
     check_everything(rank, world)
     print(f"rank {rank}: every operation checked", flush=True)
+
+
+def spawned(backend, port, world):
+    """The mp.spawn pattern of torch's tutorials: WORLD_SIZE may be set in the environment, RANK
+    is not, and each process passes rank and world size to init_process_group itself."""
+    import torch.multiprocessing as mp
+    mp.spawn(_spawned_rank, args=(backend, int(port), int(world)), nprocs=int(world), join=True)
+    print("every spawned rank checked", flush=True)
+
+
+def _spawned_rank(rank, backend, port, world):
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    t = value(rank, 5, torch.float32)
+    dist.all_reduce(t)
+    expect(t, reduced(dist.ReduceOp.SUM, world, 5, torch.float32), "all_reduce after mp.spawn")
+    dist.destroy_process_group()
 
 
 def subgroups(backend):
@@ -294,8 +406,10 @@ def killed(backend, victim):
             dist.all_reduce(t)
     except RuntimeError as e:
         took = time.monotonic() - start
-        print(f"rank {rank}: failed after {took:.2f} s: {e}", flush=True)
+        print(f"rank {rank}: failed after {took:.2f} s: {type(e).__name__}: {e}", flush=True)
         assert took < 20, f"took {took:.1f} s against a 60 s timeout"
+        # torch's own kind for a failed collective, so that scripts catching it see ours too.
+        assert isinstance(e, dist.DistBackendError), f"{type(e)} is not DistBackendError"
         sys.exit(3)
     sys.exit(0)
 
@@ -310,8 +424,10 @@ def mismatch(backend):
         dist.all_reduce(t, op=dist.ReduceOp.MAX if rank == 1 else dist.ReduceOp.SUM)
     except RuntimeError as e:
         took = time.monotonic() - start
-        print(f"rank {rank}: failed after {took:.2f} s: {e}", flush=True)
+        print(f"rank {rank}: failed after {took:.2f} s: {type(e).__name__}: {e}", flush=True)
         assert took < 20, f"took {took:.1f} s against a 60 s timeout"
+        # torch's own kind for a failed collective, so that scripts catching it see ours too.
+        assert isinstance(e, dist.DistBackendError), f"{type(e)} is not DistBackendError"
         sys.exit(3)
     sys.exit(0)
 
