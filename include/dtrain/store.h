@@ -108,10 +108,10 @@ struct TcpStoreServerOptions {
   std::string job_id;     // empty = DTRAIN_JOB_ID
   std::string token;      // empty = DTRAIN_AUTH_TOKEN
   std::chrono::milliseconds handshake_timeout{10'000};
-  // Also serve PyTorch's TCPStore clients (torch 1.13's protocol), so that a script's
+  // Also serve PyTorch's TCPStore clients (torch 2.x's protocol and 1.13's), so that a script's
   // init_process_group meets this store under TORCHELASTIC_USE_AGENT_STORE=True, as under
-  // torchrun. Their protocol cannot authenticate: with a token set they are refused. Their silent
-  // second connection (watch_key callbacks) is held open instead of timing out.
+  // torchrun. Their protocol cannot authenticate: with a token set they are refused. 1.13's
+  // silent second connection (watch_key callbacks) is held open instead of timing out.
   bool torch_clients = false;
 };
 

@@ -88,6 +88,9 @@ struct TcpStoreServer::Impl {
   bool first_byte(Connection& c, uint8_t& byte);
   void serve_torch(Connection& c);
   Response handle(const Request& req);
+  Response append(const std::string& key, const Bytes& suffix);
+  Response wait_for_count(const std::string& key, int64_t at_least,
+                          std::chrono::milliseconds timeout);
   bool all_present(const std::vector<std::string>& keys) const;
   std::vector<std::string> missing(const std::vector<std::string>& keys) const;
   void reap_finished();
@@ -219,9 +222,50 @@ Response TcpStoreServer::Impl::handle(const Request& req) {
   return resp;
 }
 
+// torch 2.x's APPEND: dtrain's own protocol has no such command, so torch's clients reach it here.
+Response TcpStoreServer::Impl::append(const std::string& key, const Bytes& suffix) {
+  Response resp;
+  std::lock_guard lock(data_mutex);
+  auto it = data.find(key);
+  const size_t current = it == data.end() ? 0 : it->second.size();
+  if (current + suffix.size() > store::kMaxValueBytes) {
+    resp.status = Status::kInvalid;
+    resp.error = fmt::format(
+        "appending {} bytes to key '{}' ({} bytes) would go over the value limit of {} bytes",
+        suffix.size(), key, current, store::kMaxValueBytes);
+    return resp;
+  }
+  if (it == data.end()) it = data.emplace(key, Bytes{}).first;
+  it->second.insert(it->second.end(), suffix.begin(), suffix.end());
+  data_changed.notify_all();
+  return resp;
+}
+
+// torch 2.x's BARRIER: waits for a counter (decimal text, as add writes it) to reach a number.
+Response TcpStoreServer::Impl::wait_for_count(const std::string& key, int64_t at_least,
+                                              std::chrono::milliseconds timeout) {
+  Response resp;
+  std::unique_lock lock(data_mutex);
+  auto reached = [&] {
+    auto it = data.find(key);
+    return store::add_to_value(it == data.end() ? nullptr : &it->second, 0, key) >= at_least;
+  };
+  try {
+    if (data_changed.wait_for(lock, timeout, [&] { return stopping || reached(); }) && !stopping)
+      return resp;
+  } catch (const InvalidArgumentError& e) {
+    resp.status = Status::kInvalid;
+    resp.error = e.what();
+    return resp;
+  }
+  resp.status = stopping ? Status::kError : Status::kTimeout;
+  if (stopping) resp.error = "the store server is shutting down";
+  return resp;
+}
+
 // Waits for the client's first byte and peeks at it; false when the client hung up (or the
 // server stopped) first. With torch clients served, a connection that stays silent is held:
-// torch's client opens one (for watch_key callbacks) that never speaks unless asked to.
+// torch 1.13's client opens one (for watch_key callbacks) that never speaks unless asked to.
 bool TcpStoreServer::Impl::first_byte(Connection& c, uint8_t& byte) {
   const int fd = c.fd.get();
   const Deadline deadline =
@@ -296,8 +340,16 @@ void TcpStoreServer::Impl::serve_torch(Connection& c) {
   }
   const std::string context = fmt::format("store server, torch client {}", c.peer);
   try {
-    store::serve_torch_client(c.fd.get(), {[this](const Request& r) { return handle(r); }},
-                              context);
+    store::TorchClientHooks hooks;
+    hooks.handle = [this](const Request& r) { return handle(r); };
+    hooks.append = [this](const std::string& key, const Bytes& suffix) {
+      return append(key, suffix);
+    };
+    hooks.wait_for_count = [this](const std::string& key, int64_t at_least,
+                                  std::chrono::milliseconds timeout) {
+      return wait_for_count(key, at_least, timeout);
+    };
+    store::serve_torch_client(c.fd.get(), hooks, context);
   } catch (const std::exception& e) {
     bool stopping_now;
     {

@@ -1,8 +1,9 @@
-// `dtrain store --port P [--host H] [--job-id J]`: a standalone rendezvous store in the
-// foreground until SIGINT or SIGTERM. Its first line on stdout is
+// `dtrain store --port P [--host H] [--job-id J] [--torch-clients]`: a standalone rendezvous
+// store in the foreground until SIGINT or SIGTERM. Its first line on stdout is
 //   dtrain store: serving on HOST:PORT
 // with the real port when --port 0 asked for any free one, so a script can read it.
-// DTRAIN_AUTH_TOKEN, when set, is required of every client.
+// DTRAIN_AUTH_TOKEN, when set, is required of every client. --torch-clients also serves
+// torch.distributed.TCPStore clients (torch 2.x and 1.13), as the store of `dtrain run` does.
 #include <pthread.h>
 #include <signal.h>
 
@@ -25,6 +26,7 @@ struct StoreFlags {
   std::string host;
   int port = 29500;
   std::string job_id;
+  bool torch_clients = false;
 };
 
 void run_store(const StoreFlags& flags) {
@@ -41,6 +43,7 @@ void run_store(const StoreFlags& flags) {
   options.host = flags.host;
   options.port = static_cast<uint16_t>(flags.port);
   options.job_id = flags.job_id;
+  options.torch_clients = flags.torch_clients;
   TcpStoreServer server(options);
   std::printf("dtrain store: serving on %s:%u\n",
               flags.host.empty() ? "0.0.0.0" : flags.host.c_str(),
@@ -66,6 +69,9 @@ CLI::App* add_store_command(CLI::App& app) {
   cmd->add_option("--host", flags->host, "Address to listen on (default: every interface)");
   cmd->add_option("--job-id", flags->job_id,
                   "Job id clients must present (default: DTRAIN_JOB_ID)");
+  cmd->add_flag("--torch-clients", flags->torch_clients,
+                "Also serve torch.distributed.TCPStore clients (torch 2.x and 1.13), as under "
+                "`dtrain run`; refused when DTRAIN_AUTH_TOKEN is set");
   cmd->callback([flags] { run_store(*flags); });
   return cmd;
 }
