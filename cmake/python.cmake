@@ -57,7 +57,7 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/dtrain DESTINATION ${DTRAIN_PYTHO
         COMPONENT python FILES_MATCHING PATTERN "*.py")
 
 # What the package was built for: dtrain.torch compares it with the torch and Python it meets.
-configure_file(${PROJECT_SOURCE_DIR}/python/dtrain/_build_info.py.in
+configure_file(${PROJECT_SOURCE_DIR}/cmake/build_info.py.in
                ${DTRAIN_PYTHON_DIR}/dtrain/_build_info.py @ONLY)
 install(FILES ${DTRAIN_PYTHON_DIR}/dtrain/_build_info.py
         DESTINATION ${DTRAIN_PYTHON_INSTALL_DIR}/dtrain COMPONENT python)

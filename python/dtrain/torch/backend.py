@@ -22,12 +22,12 @@ meaning.
 """
 
 import atexit as _atexit
+import importlib as _importlib
 import os as _os
 from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as _dist
-import torch.distributed.rendezvous as _rendezvous
 
 from dtrain import _torch
 
@@ -89,7 +89,9 @@ def _wrap_env_rendezvous():
     """Reads the launcher's variables when init_process_group("env://", the default) runs
     without rank and world size of its own, not at import: a program that passes them (the
     mp.spawn pattern) never depends on what its environment says."""
-    handlers = getattr(_rendezvous, "_rendezvous_handlers", None)
+    # The module (torch.distributed.rendezvous is also the name of a function there).
+    module = _importlib.import_module("torch.distributed.rendezvous")
+    handlers = getattr(module, "_rendezvous_handlers", None)
     torch_env = handlers.get("env") if isinstance(handlers, dict) else None
     if torch_env is None or getattr(torch_env, "_dtrain", False):
         return
