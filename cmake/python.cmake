@@ -38,8 +38,8 @@ function(dtrain_python_module target name)
     CXX_VISIBILITY_PRESET hidden)
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/src)
   target_include_directories(${target} SYSTEM PRIVATE ${DTRAIN_PYBIND11_INCLUDE_DIR})
-  if(TARGET dtrain_system_headers)  # torch's include folder (pybind11's) also holds a fmt
-    target_link_libraries(${target} PRIVATE dtrain_system_headers)
+  if(TARGET dtrain_torch_env)  # torch's include folder (pybind11's) also holds a fmt
+    target_link_libraries(${target} PRIVATE dtrain_torch_env)
   endif()
   add_dependencies(${target} dtrain_python_files)
   install(TARGETS ${target} LIBRARY DESTINATION ${DTRAIN_PYTHON_INSTALL_DIR}/dtrain

@@ -34,8 +34,20 @@ foreach(_header fmt/format.h spdlog/spdlog.h)
     file(CREATE_LINK ${_dir_${_lib}}/${_lib} ${_system_headers}/${_lib} SYMBOLIC)
   endif()
 endforeach()
-add_library(dtrain_system_headers INTERFACE)
-target_include_directories(dtrain_system_headers INTERFACE $<BUILD_INTERFACE:${_system_headers}>)
+# dtrain_torch_env: what every target built against the environment's torch needs.
+add_library(dtrain_torch_env INTERFACE)
+target_include_directories(dtrain_torch_env INTERFACE $<BUILD_INTERFACE:${_system_headers}>)
+# A CUDA wheel's libraries need the NCCL and CUDA runtime of PyPI's nvidia-* packages beside
+# torch, which they find at run time by their own RUNPATH; the linker, checking their symbols,
+# must look there before the toolkit's older copies that torch's CMake package puts on the rpath.
+# (cmake/install.cmake gives dtrain::torch's users the same option.)
+set(DTRAIN_TORCH_LINK_OPTIONS "")
+file(GLOB _nvidia_lib_dirs LIST_DIRECTORIES true "${DTRAIN_TORCH_DIR}/../nvidia/*/lib")
+if(_nvidia_lib_dirs)
+  list(JOIN _nvidia_lib_dirs ":" _nvidia_lib_path)
+  set(DTRAIN_TORCH_LINK_OPTIONS "LINKER:-rpath-link,${_nvidia_lib_path}")
+  target_link_options(dtrain_torch_env INTERFACE ${DTRAIN_TORCH_LINK_OPTIONS})
+endif()
 # Programs find LibTorch where the wheel keeps it, built or installed.
 list(APPEND CMAKE_BUILD_RPATH "${DTRAIN_TORCH_LIB_DIR}")
 list(APPEND CMAKE_INSTALL_RPATH "${DTRAIN_TORCH_LIB_DIR}")
@@ -72,7 +84,7 @@ target_include_directories(dtrain_torch_objects
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch_objects
-  PUBLIC dtrain_system_headers dtrain_core dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding ${TORCH_LIBRARIES}
+  PUBLIC dtrain_torch_env dtrain_core dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 
 add_library(dtrain_torch STATIC src/torch/runtime.cc)
@@ -80,7 +92,7 @@ target_include_directories(dtrain_torch
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch
-  PUBLIC dtrain_system_headers dtrain_torch_objects dtrain_core dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding
+  PUBLIC dtrain_torch_env dtrain_torch_objects dtrain_core dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding
          ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 

@@ -4,24 +4,28 @@
 # checks the others dtrain supports (2.11 to 2.15), one environment and one build folder each.
 # Usage: scripts/torch-versions.sh VERSION [ctest arguments]
 #   e.g. scripts/torch-versions.sh 2.11.0          (about 40 minutes on 2 cores)
-# The environment is /opt/dtrain/venv-torch-VERSION (Debian's Python, torch from PyPI); the
-# build is build-torch-VERSION/. Run scripts/install-deps.sh first for the Debian packages.
+#   DTRAIN_BASE_PYTHON=/path/to/python3.12 scripts/torch-versions.sh 2.11.0   (another Python)
+# The environment is /opt/dtrain/venv-torch-VERSION-pyX.Y (DTRAIN_BASE_PYTHON, default Debian's
+# /usr/bin/python3; torch from PyPI); the build is build-torch-VERSION-pyX.Y/. Run
+# scripts/install-deps.sh first for the Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=${1:?usage: scripts/torch-versions.sh VERSION [ctest arguments], e.g. 2.11.0}
 shift
-venv=/opt/dtrain/venv-torch-$version
+base=${DTRAIN_BASE_PYTHON:-/usr/bin/python3}
+pyver=$("$base" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+venv=/opt/dtrain/venv-torch-$version-py$pyver
 py=$venv/bin/python
 if [ ! -x "$py" ]; then
-  echo "torch-versions: making $venv"
-  /usr/bin/python3 -m venv "$venv"
+  echo "torch-versions: making $venv ($base)"
+  "$base" -m venv "$venv"
 fi
 if [ "$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "$version" ]; then
   echo "torch-versions: installing torch $version from PyPI into $venv"
   "$py" -m pip install --progress-bar on --disable-pip-version-check "torch==$version" numpy pytest pyyaml
 fi
 export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
-build=build-torch-$version
+build=build-torch-$version-py$pyver
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_BUILD_TESTS=ON \
   -DPython3_EXECUTABLE="$py" -DDTRAIN_TEST_DIRS="torch" >/dev/null
 cmake --build "$build" -j"$(nproc)"

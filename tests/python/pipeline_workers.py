@@ -124,7 +124,9 @@ def killed_stage():
         took = time.monotonic() - started
         text = str(e)
         assert took < 15, f"failed after {took:.1f} s: {text}"
-        assert "rank 2" in text and "step 1" in text, text
+        # Under 1F1B the first stages end a step last: rank 0 or 1 may still be in step 0 when
+        # rank 2, done with it, dies.
+        assert "rank 2" in text and ("step 1" in text or "step 0" in text), text
         print(f"FAILED AS EXPECTED after {took:.2f} s: {text}", flush=True)
         sys.exit(3)
     raise AssertionError("the step after rank 2 died succeeded")
