@@ -157,7 +157,8 @@ void use_the_environments_python(std::vector<std::string>& command) {
   std::error_code ec;
   const auto beside = std::filesystem::path(self_executable()).parent_path() / "python";
   std::string python;
-  if (std::filesystem::exists(beside, ec) && std::filesystem::exists(beside.parent_path().parent_path() / "pyvenv.cfg", ec))
+  if (std::filesystem::exists(beside, ec) &&
+      std::filesystem::exists(beside.parent_path().parent_path() / "pyvenv.cfg", ec))
     python = beside.string();
 #ifdef DTRAIN_PYTHON_EXECUTABLE
   else if (std::filesystem::exists(DTRAIN_PYTHON_EXECUTABLE, ec))

@@ -168,9 +168,12 @@ void copy_in(at::Tensor& flat, const std::vector<at::Tensor>& sources) {
 
 }  // namespace
 
-C10dBackend::C10dProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                   const Options& options)
-    : c10d::ProcessGroup(rank, size), completer_(std::make_shared<FutureCompleter>()) {
+C10dBackend::C10dBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                         const GroupOptions& options)
+    : c10d::Backend(rank, size),
+      completer_(std::make_shared<FutureCompleter>()),
+      options_(c10::make_intrusive<c10d::Backend::Options>("dtrain", options.timeout)) {
+  options_->group_name = options.name;
   ProcessGroupOptions o;
   o.name = options.name;
   o.timeout = options.timeout;
@@ -179,19 +182,59 @@ C10dBackend::C10dProcessGroup(const c10::intrusive_ptr<c10d::Store>& store, int 
   // within the grace, still overlapping backward.
   o.async_grace = std::chrono::microseconds(200);
   pg_ = dtrain::ProcessGroup::create(std::make_shared<C10dStore>(store), rank, size, o);
-  init();
 }
 
-C10dBackend::~C10dProcessGroup() = default;
+C10dBackend::~C10dBackend() = default;
+
+milliseconds C10dBackend::timeout_of(milliseconds t) const {
+  // Unset: setTimeout's, else 0, which dtrain reads as the group's own default.
+  return t == c10d::kUnsetTimeout ? default_timeout_.load() : t;
+}
 
 c10::intrusive_ptr<C10dWork> C10dBackend::make_work(c10d::OpType type, const char* title,
-                                                         bool collective) {
-  if (collective) seq_.fetch_add(1);
-  return c10::make_intrusive<C10dWork>(rank_, type, title, collective ? completer_ : nullptr);
+                                                    bool collective) {
+  const uint64_t seq = collective ? seq_.fetch_add(1) + 1 : 0;
+  auto work =
+      c10::make_intrusive<C10dWork>(rank_, type, title, collective ? completer_ : nullptr, seq);
+  if (coalesced_) coalesced_->push_back(work);
+  return work;
+}
+
+void C10dBackend::startCoalescing() {
+  if (coalesced_)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain backend: startCoalescing on rank {} of group {} while already coalescing (end "
+        "the first with endCoalescing)",
+        rank_, pg_->name()));
+  coalesced_.emplace();
+}
+
+c10::intrusive_ptr<c10d::Work> C10dBackend::endCoalescing() {
+  if (!coalesced_)
+    throw InvalidArgumentError(
+        fmt::format("dtrain backend: endCoalescing on rank {} of group {} without startCoalescing",
+                    rank_, pg_->name()));
+  std::vector<c10::intrusive_ptr<C10dWork>> parts = std::move(*coalesced_);
+  coalesced_.reset();
+  auto work = c10::make_intrusive<C10dWork>(rank_, c10d::OpType::COALESCED, "dtrain:coalesced",
+                                            completer_, seq_.load());
+  std::vector<at::Tensor> outputs;
+  for (auto& part : parts) {
+    for (auto& t : part->result()) outputs.push_back(t);
+    work->add(std::move(part));
+  }
+  work->set_result(std::move(outputs));
+  return work;
+}
+
+void C10dBackend::setTimeout(milliseconds timeout) { default_timeout_.store(timeout); }
+
+void C10dBackend::abort() {
+  pg_->abort(fmt::format("torch aborted the process group on rank {}", rank_));
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::broadcast(std::vector<at::Tensor>& tensors,
-                                                           const c10d::BroadcastOptions& opts) {
+                                                      const c10d::BroadcastOptions& opts) {
   at::Tensor t = single(tensors, "broadcast");
   at::Tensor buf = contiguous(t);
   auto work = make_work(c10d::OpType::BROADCAST, "dtrain:broadcast", true);
@@ -204,7 +247,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::broadcast(std::vector<at::Tensor>& t
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce(std::vector<at::Tensor>& tensors,
-                                                           const c10d::AllreduceOptions& opts) {
+                                                      const c10d::AllreduceOptions& opts) {
   at::Tensor t = single(tensors, "all_reduce");
   const ReduceOp op = reduce_op(opts.reduceOp, t, "all_reduce");
   at::Tensor buf = contiguous(t);
@@ -235,7 +278,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_coalesced(
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tensors,
-                                                        const c10d::ReduceOptions& opts) {
+                                                   const c10d::ReduceOptions& opts) {
   at::Tensor t = single(tensors, "reduce");
   const ReduceOp op = reduce_op(opts.reduceOp, t, "reduce");
   const bool root = opts.rootRank == rank_;
@@ -252,9 +295,9 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tens
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dBackend::allgather(
-    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> C10dBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::AllgatherOptions& opts) {
   at::Tensor in = contiguous(single(inputs, "all_gather"));
   if (outputs.size() != 1)
     throw InvalidArgumentError(fmt::format(
@@ -271,8 +314,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dBackend::_allgather_base(
-    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> C10dBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                            const c10d::AllgatherOptions& opts) {
   check_same(output, input, "all_gather_into_tensor", "the output");
   if (output.numel() != input.numel() * size_)
     throw InvalidArgumentError(fmt::format(
@@ -355,8 +398,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_into_tensor_coalesced(
   at::Tensor block = flat_like(inputs, inputs[0]);
   copy_in(block, inputs);
   at::Tensor flat = at::empty({block.numel() * size_}, block.options());
-  auto work = make_work(c10d::OpType::ALLGATHER_COALESCED,
-                        "dtrain:allgather_into_tensor_coalesced", true);
+  auto work =
+      make_work(c10d::OpType::ALLGATHER_COALESCED, "dtrain:allgather_into_tensor_coalesced", true);
   work->add(pg_->allgather(view_of(flat), view_of(block), {.timeout = timeout_of(opts.timeout)}));
   work->keep_alive(block);
   work->keep_alive(flat);
@@ -374,9 +417,9 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_into_tensor_coalesced(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dBackend::gather(
-    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::GatherOptions& opts) {
+c10::intrusive_ptr<c10d::Work> C10dBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const c10d::GatherOptions& opts) {
   at::Tensor in = contiguous(single(inputs, "gather"));
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor flat;
@@ -406,9 +449,9 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::gather(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dBackend::scatter(
-    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
-    const c10d::ScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> C10dBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                    std::vector<std::vector<at::Tensor>>& inputs,
+                                                    const c10d::ScatterOptions& opts) {
   at::Tensor output = single(outputs, "scatter");
   at::Tensor out = contiguous(output);
   const int root = static_cast<int>(opts.rootRank);
@@ -518,8 +561,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter_tensor_coalesced(
   }
   premultiply(opts.reduceOp, flat_in);
   at::Tensor flat_out = at::empty({per}, outputs[0].options());
-  auto work = make_work(c10d::OpType::REDUCE_SCATTER, "dtrain:reduce_scatter_tensor_coalesced",
-                        true);
+  auto work =
+      make_work(c10d::OpType::REDUCE_SCATTER, "dtrain:reduce_scatter_tensor_coalesced", true);
   work->add(pg_->reduce_scatter(view_of(flat_out), view_of(flat_in),
                                 {.op = op, .timeout = timeout_of(opts.timeout)}));
   work->keep_alive(flat_in);
@@ -529,9 +572,10 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter_tensor_coalesced(
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall_base(
-    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
-    std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
+c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                          std::vector<int64_t>& output_split_sizes,
+                                                          std::vector<int64_t>& input_split_sizes,
+                                                          const c10d::AllToAllOptions& opts) {
   check_same(output, input, "all_to_all_single", "the output");
   at::Tensor in = contiguous(input), out = contiguous(output);
   auto work = make_work(c10d::OpType::ALLTOALL_BASE, "dtrain:all_to_all_single", true);
@@ -584,8 +628,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall_base(
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall(std::vector<at::Tensor>& outputs,
-                                                          std::vector<at::Tensor>& inputs,
-                                                          const c10d::AllToAllOptions& opts) {
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllToAllOptions& opts) {
   if (inputs.size() != static_cast<size_t>(size_) || outputs.size() != static_cast<size_t>(size_))
     throw InvalidArgumentError(
         fmt::format("dtrain backend: all_to_all: {} inputs and {} outputs; the group has {} ranks",
@@ -609,7 +653,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall(std::vector<at::Tensor>& ou
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::send(std::vector<at::Tensor>& tensors, int dst,
-                                                      int tag) {
+                                                 int tag) {
   at::Tensor t = contiguous(single(tensors, "send"));
   auto work = make_work(c10d::OpType::SEND, "dtrain:send", false);
   work->add(pg_->isend(view_of(t), dst, tag));
@@ -618,7 +662,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::send(std::vector<at::Tensor>& tensor
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::recv(std::vector<at::Tensor>& tensors, int src,
-                                                      int tag) {
+                                                 int tag) {
   at::Tensor t = single(tensors, "recv");
   at::Tensor buf = contiguous(t);
   auto work = make_work(c10d::OpType::RECV, "dtrain:recv", false);
@@ -630,7 +674,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::recv(std::vector<at::Tensor>& tensor
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::recvAnysource(std::vector<at::Tensor>& tensors,
-                                                               int tag) {
+                                                          int tag) {
   at::Tensor t = single(tensors, "recv");
   at::Tensor buf = contiguous(t);
   auto work = make_work(c10d::OpType::RECVANYSOURCE, "dtrain:recv_anysource", false);
@@ -657,10 +701,10 @@ std::shared_ptr<dtrain::ProcessGroup> dtrain_group(const c10::intrusive_ptr<c10d
   if (!backend) return nullptr;
   auto* ours = dynamic_cast<C10dBackend*>(backend.get());
   if (ours == nullptr)
-    throw InvalidArgumentError(fmt::format(
-        "{}: the group's backend is {}, not dtrain's: make the group with "
-        "init_process_group('dtrain') or new_group(backend='dtrain')",
-        what, backend->getBackendName()));
+    throw InvalidArgumentError(
+        fmt::format("{}: the group's backend is {}, not dtrain's: make the group with "
+                    "init_process_group('dtrain') or new_group(backend='dtrain')",
+                    what, backend->getBackendName()));
   return ours->shared_group();
 }
 

@@ -2,10 +2,11 @@
 //
 // It holds the dtrain Works the operation was split into (or, for a coalesced group of
 // operations, their C10dWorks), the tensors they read and write (alive until it ends), and what
-// to do once they succeed (copy a staging buffer back into the caller's tensors, for example). Whoever sees it end first settles it: the thread in wait(), a poll of
-// isCompleted(), or the group's FutureCompleter once a future was asked for (DDP's buckets, comm
-// hooks). Errors arrive as torch's DistBackendError with dtrain's full text: rank, peer,
-// operation, sequence number, elapsed time.
+// to do once they succeed (copy a staging buffer back into the caller's tensors, for example).
+// Whoever sees it end first settles it: the thread in wait(), a poll of isCompleted(), or the
+// group's FutureCompleter once a future was asked for (DDP's buckets, comm hooks). Errors arrive as
+// torch's DistBackendError with dtrain's full text: rank, peer, operation, sequence number, elapsed
+// time.
 #pragma once
 
 #include <functional>

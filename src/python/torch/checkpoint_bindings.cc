@@ -137,7 +137,7 @@ OptimizerTwin twin(const std::string& type, const py::list& groups, const py::di
         if (!tensor("momentum_buffer").defined()) continue;
         auto st = std::make_unique<torch::optim::SGDParamState>();
         st->momentum_buffer(tensor("momentum_buffer"));
-        t.optimizer->state()[param_key(p)] = std::move(st);
+        t.optimizer->state()[optimizer_state::param_key(p)] = std::move(st);
       } else {
         if (!s.contains("step")) continue;
         py::object step = s["step"];  // a tensor in torch 1.13, a number before
@@ -148,7 +148,7 @@ OptimizerTwin twin(const std::string& type, const py::list& groups, const py::di
           st->exp_avg(tensor("exp_avg"));
           st->exp_avg_sq(tensor("exp_avg_sq"));
           if (tensor("max_exp_avg_sq").defined()) st->max_exp_avg_sq(tensor("max_exp_avg_sq"));
-          t.optimizer->state()[param_key(p)] = std::move(st);
+          t.optimizer->state()[optimizer_state::param_key(p)] = std::move(st);
         };
         if (type == "Adam") {
           fill(std::make_unique<torch::optim::AdamParamState>());
@@ -190,7 +190,7 @@ py::tuple restored(const OptimizerTwin& t) {
     }
     groups.append(d);
     for (const auto& p : t.params[g]) {
-      auto it = t.optimizer->state().find(param_key(p));
+      auto it = t.optimizer->state().find(optimizer_state::param_key(p));
       if (it == t.optimizer->state().end()) {
         states.append(py::none());
         continue;
@@ -255,8 +255,8 @@ void bind_checkpoints(py::module_& m) {
              o.writer_rank = writer_rank;
              o.async = async_write;
              o.write_timeout = write_timeout;
-             return std::make_unique<CheckpointManager>(
-                 o, dtrain_group(group, "CheckpointManager"));
+             return std::make_unique<CheckpointManager>(o,
+                                                        dtrain_group(group, "CheckpointManager"));
            }),
            py::arg("dir"), py::arg("keep"), py::arg("writer_rank"), py::arg("async_write"),
            py::arg("write_timeout"), py::arg("group"))

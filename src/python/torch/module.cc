@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "dtrain/error.h"
 #include "dtrain/identity.h"
 #include "dtrain/reduce_op.h"
 #include "python/interrupt.h"
@@ -146,8 +147,7 @@ PYBIND11_MODULE(_torch, m) {
   m.def(
       "create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-         std::chrono::milliseconds timeout,
-         std::string name) -> c10::intrusive_ptr<c10d::Backend> {
+         std::chrono::milliseconds timeout, std::string name) -> c10::intrusive_ptr<c10d::Backend> {
         C10dBackend::GroupOptions o;
         o.name = std::move(name);
         o.timeout = timeout;
