@@ -113,3 +113,19 @@ def _close(a, b, tol=1e-5):
     if isinstance(a, list):
         return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b))
     return abs(a - b) <= tol * max(1.0, abs(b))
+
+
+@pytest.mark.parametrize("name", ["collectives", "ddp", "fsdp2"])
+def test_training_through_torch_2_tools_matches_one_process(name):
+    # device_workers.py: DDP and FSDP2 (fully_shard per layer, resharding after forward or not)
+    # on dtrain reach the losses and weights of one process trained on the whole batch. The GPU
+    # check (scripts/gpu_check.sh) runs the same file with cuda.
+    env = harness.env_for(0, 1, 0)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    p = subprocess.run([os.environ.get("DTRAIN_BIN", "dtrain"), "run", "-n", "2", "--",
+                        harness.PYTHON, os.path.join(harness.HERE, "device_workers.py"), name, "cpu"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in range(2):
+        assert f"rank {r}: {name} on cpu checked" in p.stdout, p.stdout
