@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-import dtrain.torch  # noqa: F401  registers the backend
+import dtrain.torch  # noqa: F401  registers the backend (torch < 2.15 has no entry-point hook)
 
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -39,14 +39,18 @@ def iterations(nbytes):
 
 
 def time_one(group, t, iters, warmup, world):
+    # On a GPU a call may return before the reduction is done (gloo's): time until it is.
+    sync = torch.cuda.synchronize if t.is_cuda else (lambda: None)
     for _ in range(warmup):
         dist.all_reduce(t, group=group)
     times = []
     dist.barrier(group=group)
     for _ in range(iters):
         t.fill_(1.0)
+        sync()
         start = time.perf_counter()
         dist.all_reduce(t, group=group)
+        sync()
         times.append(time.perf_counter() - start)
     if not bool((t == world).all()):
         raise SystemExit(f"rank {dist.get_rank()}: wrong all_reduce result on {group}")
@@ -59,8 +63,13 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--json", help="write every round's result as a JSON line here (rank 0)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the tensors are (cuda: every rank on GPU 0)")
     a = p.parse_args()
     torch.set_num_threads(1)
+    device = torch.device(a.device)
+    if a.device == "cuda":
+        torch.cuda.set_device(0)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     groups = {"gloo": dist.group.WORLD, "dtrain": dist.new_group(backend="dtrain")}
@@ -70,18 +79,19 @@ def main():
     for r in range(a.rounds):
         order = list(groups) if r % 2 == 0 else list(reversed(groups))
         for n in sizes:
-            t = torch.ones(n // 4)
+            t = torch.ones(n // 4, device=device)
             for b in order:
                 times = time_one(groups[b], t, iterations(n), a.warmup, world)
                 # The slowest rank's time of each iteration, then the median over iterations.
-                per_iter = torch.tensor(times, dtype=torch.float64)
+                per_iter = torch.tensor(times, dtype=torch.float64, device=device)
                 dist.all_reduce(per_iter, op=dist.ReduceOp.MAX, group=groups["gloo"])
-                us = statistics.median(per_iter.tolist()) * 1e6
+                us = statistics.median(per_iter.cpu().tolist()) * 1e6
                 results[(n, b)].append(us)
                 lines.append({"round": r + 1, "bytes": n, "backend": b, "world_size": world,
-                              "median_us": us})
+                              "device": a.device, "median_us": us})
     if rank == 0:
-        print(f"# dist.all_reduce f32 sum, {world} ranks, {a.rounds} rounds: median us of the "
+        print(f"# dist.all_reduce f32 sum on {a.device}, torch {torch.__version__}, {world} ranks, "
+              f"{a.rounds} rounds: median us of the "
               f"rounds [lowest, highest]; ratio gloo/dtrain, median [range]")
         print(f"{'bytes':>10} {'dtrain us':>26} {'gloo us':>26} {'ratio':>22}")
         for n in sizes:

@@ -6,6 +6,12 @@
 #                                       (default build/) into .gpu/, with the shared libraries
 #                                       they need that a CUDA machine may lack (NCCL excepted: the
 #                                       GPU machine's own is used, it is too large to carry)
+#   scripts/gpu_check.sh pack-torch BUILD
+#                                       here: adds the Python package and the dtrain command of
+#                                       BUILD, built for the GPU machine's torch and Python (e.g.
+#                                       DTRAIN_BASE_PYTHON=python3.12 scripts/torch-versions.sh
+#                                       2.11.0 builds build-torch-2.11.0-py3.12/), with the
+#                                       Debian libraries they need
 #   scripts/gpu_check.sh run OUT        there: runs them from .gpu/ and writes logs and the
 #                                       backend records into OUT
 #
@@ -13,7 +19,9 @@
 # CUDA tensors with three ranks on one GPU, each through the shared collectives suite) and
 # gpu_bench (dtrain's nccl all_reduce against NCCL itself, the staging against plain copies),
 # then, where python3 has a CUDA build of torch, bench/peers/torch_nccl_peer.py (PyTorch's own
-# NCCL backend on the same sizes).
+# NCCL backend on the same sizes), and with a packed Python package, backend "dtrain" from torch
+# on CUDA tensors (tests/python/device_workers.py: collectives, DDP, FSDP2 on 2 ranks sharing the
+# GPU) and dist.all_reduce on CUDA tensors, dtrain against torch's gloo, in one run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,10 +45,30 @@ pack)
   grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
   du -sh .gpu
   ;;
+pack-torch)
+  build=${2:?usage: scripts/gpu_check.sh pack-torch BUILD}
+  [[ -f $build/python/dtrain/__init__.py && -x $build/bin/dtrain ]] ||
+    { echo "gpu_check: $build has no Python package or dtrain command: build it first" >&2; exit 1; }
+  mkdir -p .gpu/lib .gpu/python
+  rm -rf .gpu/python/dtrain && cp -r "$build/python/dtrain" .gpu/python/
+  find .gpu/python -name '*.so' -exec strip --strip-debug {} +
+  strip -o .gpu/dtrain "$build/bin/dtrain"
+  # What they link beyond the C and C++ runtimes, Python, torch and its nvidia-* libraries
+  # (the GPU machine's own torch brings those).
+  for lib in $(ldd .gpu/dtrain .gpu/python/dtrain/*.so | awk '/=>/ {print $3}' | sort -u); do
+    case $(basename "$lib") in
+      libc.so* | libm.so* | libstdc++* | libgcc_s* | libpthread* | libdl.so* | librt.so* | \
+      libpython* | libtorch* | libc10* | libnccl* | libcudart* | libcu* | libnv* | libshm*) ;;
+      *) cp -L "$lib" .gpu/lib/ ;;
+    esac
+  done
+  grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+  du -sh .gpu
+  ;;
 run)
   out=${2:?usage: scripts/gpu_check.sh run OUT}
   mkdir -p "$out"
-  [[ -x .gpu/nccl_backend_test ]] || { echo "gpu_check: no .gpu/ here: run 'scripts/gpu_check.sh pack' first and carry .gpu" >&2; exit 1; }
+  [[ -x .gpu/nccl_backend_test || -x .gpu/dtrain ]] || { echo "gpu_check: no .gpu/ here: run 'scripts/gpu_check.sh pack' first and carry .gpu" >&2; exit 1; }
   nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null ||
              dirname "$(find /usr /opt -name 'libnccl.so.2' 2>/dev/null | head -1)")
   export LD_LIBRARY_PATH=$PWD/.gpu/lib:$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -50,13 +78,26 @@ run)
     echo "NCCL from: $nccl_dir"
     ldd .gpu/nccl_backend_test | grep -E 'not found|nccl|cudart'
   } 2>&1 | tee "$out/machine.txt"
-  bin_dir=$(cat .gpu/bin_dir)
-  mkdir -p "$bin_dir" && rm -rf "$bin_dir/../backend_support"
   status=0
-  timeout 300 .gpu/nccl_backend_test --gtest_brief=0 2>&1 | tee "$out/nccl_backend_test.txt" || status=1
-  cp "$bin_dir"/../backend_support/*.jsonl "$out"/ 2>/dev/null
-  timeout 200 .gpu/gpu_bench --rounds 5 --iters 20 --json "$out/gpu_bench.jsonl" 2>&1 |
-    tee "$out/gpu_bench.txt" || status=1
+  if [[ -x .gpu/nccl_backend_test ]]; then
+    bin_dir=$(cat .gpu/bin_dir)
+    mkdir -p "$bin_dir" && rm -rf "$bin_dir/../backend_support"
+    timeout 300 .gpu/nccl_backend_test --gtest_brief=0 2>&1 | tee "$out/nccl_backend_test.txt" || status=1
+    cp "$bin_dir"/../backend_support/*.jsonl "$out"/ 2>/dev/null
+    timeout 200 .gpu/gpu_bench --rounds 5 --iters 20 --json "$out/gpu_bench.jsonl" 2>&1 |
+      tee "$out/gpu_bench.txt" || status=1
+  fi
+  if [[ -x .gpu/dtrain ]]; then
+    # Backend "dtrain" from the machine's own torch, on CUDA tensors, 2 ranks on the one GPU.
+    python3 -c 'import torch, sys; print("torch", torch.__version__, "CUDA", torch.version.cuda, sys.version.split()[0])' 2>&1 | tee -a "$out/machine.txt"
+    for name in collectives ddp fsdp2; do
+      PYTHONPATH=$PWD/.gpu/python PYTHONUNBUFFERED=1 timeout 240 .gpu/dtrain run -n 2 -- \
+        python3 tests/python/device_workers.py "$name" cuda 2>&1 | tee "$out/torch_$name.txt" || status=1
+    done
+    PYTHONPATH=$PWD/.gpu/python PYTHONUNBUFFERED=1 timeout 300 .gpu/dtrain run -n 2 -- \
+      python3 bench/torch_allreduce.py --device cuda --rounds 3 --sizes 4K,64K,1M,16M,64M \
+      --json "$out/torch_allreduce_cuda.jsonl" 2>&1 | tee "$out/torch_allreduce_cuda.txt" || status=1
+  fi
   # PyTorch's own NCCL backend, where the machine's python3 has a CUDA build of torch.
   if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     PYTHONUNBUFFERED=1 timeout 200 python3 bench/peers/torch_nccl_peer.py --rounds 5 --iters 20 \

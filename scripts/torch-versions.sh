@@ -28,7 +28,7 @@ export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 build=build-torch-$version-py$pyver
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_BUILD_TESTS=ON \
   -DPython3_EXECUTABLE="$py" -DDTRAIN_TEST_DIRS="torch" >/dev/null
-cmake --build "$build" -j"$(nproc)"
+cmake --build "$build" -j"${DTRAIN_JOBS:-$(nproc)}"
 # Only tests/torch and the Python package's tests are built there.
 if [ $# -eq 0 ]; then set -- -E '^format\.'; fi
 ctest --test-dir "$build" --output-on-failure --timeout 600 -j1 "$@"
