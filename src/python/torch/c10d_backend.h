@@ -37,7 +37,7 @@ class C10dBackend : public c10d::Backend {
  public:
   struct GroupOptions {
     std::string name = "world";  // names the group in errors: "collective #3 of group world"
-    // 0 = DTRAIN_TIMEOUT's default; torch's own default of 30 minutes maps to it as well
+    // 0 = DTRAIN_TIMEOUT's default (python/dtrain/torch/backend.py maps torch's defaults to it)
     std::chrono::milliseconds timeout{0};
   };
   C10dBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
