@@ -26,7 +26,8 @@ if __name__ == "__main__" and not _CHILD:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backends", default="gloo,dtrain")
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("-k", dest="pattern", default="", help="only tests whose name holds this")
+    parser.add_argument("-k", dest="pattern", default="",
+                        help="only tests whose name holds one of these (comma-separated)")
     parser.add_argument("--json", default="", help="write every test's outcome here")
     parser.add_argument("--timeout", type=float, default=7200, help="seconds per backend")
     args = parser.parse_args()
@@ -129,7 +130,7 @@ if __name__ == "__main__":
     loader = unittest.TestLoader()
     pattern = os.environ.get("DTRAIN_TORCH_SUITE_PATTERN", "")
     if pattern:
-        loader.testNamePatterns = [f"*{pattern}*"]
+        loader.testNamePatterns = [f"*{p}*" for p in pattern.split(",")]
     suite = loader.loadTestsFromTestCase(TestDistBackendWithSpawn)
     runner = unittest.TextTestRunner(resultclass=_Record, verbosity=2, stream=sys.stderr)
     result = runner.run(suite)

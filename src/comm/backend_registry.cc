@@ -19,7 +19,9 @@ struct KnownBackend {
 // Every backend name dtrain knows, whether or not this build has it.
 constexpr KnownBackend kKnown[] = {
     {"native", ""},
-    {"gloo", "install libgloo-dev and rebuild"},
+    {"gloo",
+     "install libgloo-dev and rebuild; a program that links LibTorch never has it (a torch wheel "
+     "carries a Gloo of its own, which cannot share a process with Debian's)"},
     {"mpi", "install libopenmpi-dev and rebuild"},
     {"nccl", "build on a machine with the CUDA toolkit and NCCL in /usr/local/cuda"},
 };

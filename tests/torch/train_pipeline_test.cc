@@ -32,7 +32,7 @@ std::string run_command(const std::string& command, int& status) {
 
 // train_pipeline on `n` ranks (1: without dtrain run) with `flags`; its RESULT (and its output).
 nlohmann::json train(int n, const std::string& flags, std::string* printed = nullptr) {
-  const std::string program = kBin + "/train_pipeline --train-samples 3000 --threads 1 " + flags;
+  const std::string program = kBin + "/train_pipeline --train-samples 6000 --threads 1 " + flags;
   const std::string command =
       "timeout 200 " +
       (n == 1 ? program : kBin + "/dtrain run -n " + std::to_string(n) + " --no-prefix -- " + program) +
