@@ -250,9 +250,15 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce(std::vector<at::Tensor>& t
                                                       const c10d::AllreduceOptions& opts) {
   at::Tensor t = single(tensors, "all_reduce");
   const ReduceOp op = reduce_op(opts.reduceOp, t, "all_reduce");
+  auto work = make_work(c10d::OpType::ALLREDUCE, "dtrain:all_reduce", true);
+  if (size_ == 1 && opts.reduceOp.op_ != c10d::ReduceOp::PREMUL_SUM) {
+    // Every reduction of one rank's tensor is that tensor: a Work that has ended, no hand-off to
+    // the group's thread (a script run alone calls all_reduce as often as a job does).
+    work->set_result({t});
+    return work;
+  }
   at::Tensor buf = contiguous(t);
   premultiply(opts.reduceOp, buf);
-  auto work = make_work(c10d::OpType::ALLREDUCE, "dtrain:all_reduce", true);
   work->add(pg_->allreduce(view_of(buf), {.op = op, .timeout = timeout_of(opts.timeout)}));
   work->keep_alive(buf);
   if (!buf.is_same(t)) work->then([t, buf]() mutable { t.copy_(buf); });
