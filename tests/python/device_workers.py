@@ -83,12 +83,10 @@ def _reference(device, world, steps):
     return losses, model
 
 
-def ddp(device):
-    rank, world, dev = init(device)
-    steps = 5
+def _train_like_one_process(model, rank, world, dev, steps, what):
+    """Trains `model` (wrapped) on this rank's share of each batch; the mean loss of every step
+    must be the one process's. Returns that process's model, to compare the weights with."""
     want_losses, ref = _reference(dev, world, steps)
-    model = nn.parallel.DistributedDataParallel(_model(0).to(dev),
-                                                device_ids=[0] if device == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(steps):
         x, y = _batch(step, world, dev)
@@ -98,7 +96,15 @@ def ddp(device):
         opt.step()
         mean = loss.detach().clone()
         dist.all_reduce(mean)
-        check(mean / world, torch.tensor(want_losses[step]), f"ddp loss of step {step}", 1e-4)
+        check(mean / world, torch.tensor(want_losses[step]), f"{what} loss of step {step}", 1e-4)
+    return ref
+
+
+def ddp(device):
+    rank, world, dev = init(device)
+    model = nn.parallel.DistributedDataParallel(_model(0).to(dev),
+                                                device_ids=[0] if device == "cuda" else None)
+    ref = _train_like_one_process(model, rank, world, dev, 5, "ddp")
     for (name, p), q in zip(model.module.named_parameters(), ref.parameters()):
         check(p.detach(), q.detach(), f"ddp weight {name}", 1e-4)
     print(f"rank {rank}: ddp on {device} checked", flush=True)
@@ -107,25 +113,14 @@ def ddp(device):
 def fsdp2(device):
     from torch.distributed.fsdp import fully_shard
     rank, world, dev = init(device)
-    steps = 4
     for reshard in (True, False):
-        want_losses, ref = _reference(dev, world, steps)
         model = _model(0).to(dev)
         for layer in model:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, reshard_after_forward=reshard)
         fully_shard(model, reshard_after_forward=reshard)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for step in range(steps):
-            x, y = _batch(step, world, dev)
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x[rank::world]), y[rank::world])
-            loss.backward()
-            opt.step()
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)
-            check(mean / world, torch.tensor(want_losses[step]),
-                  f"fsdp2 (reshard_after_forward={reshard}) loss of step {step}", 1e-4)
+        ref = _train_like_one_process(model, rank, world, dev, 4,
+                                      f"fsdp2 (reshard_after_forward={reshard})")
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):
             check(p.full_tensor().detach(), q.detach(),
                   f"fsdp2 (reshard_after_forward={reshard}) weight {name}", 1e-4)
