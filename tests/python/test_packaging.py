@@ -39,6 +39,10 @@ def test_a_wheel_installs_into_a_fresh_environment_with_torch_and_trains(tmp_pat
     # --no-isolation: the build uses this environment's torch (an isolated one would hold none).
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # the build tree's package must not stand in for the wheel
+    # The compiler scripts/test.sh's build used (Python's sysconfig names another spelling of
+    # it), so that ccache serves that build's objects (pyproject.toml's build-dir).
+    env.setdefault("CXX", "c++")
+    env.setdefault("CC", "cc")
     p = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir",
                         str(dist_dir), SOURCE], env=env, capture_output=True, text=True,
                        timeout=2400)
