@@ -81,7 +81,7 @@ def test_a_wheel_installs_into_a_fresh_environment_with_torch_and_trains(tmp_pat
 def test_a_python_without_torch_is_told_which_interpreter_and_where_dtrain_is(tmp_path):
     # dtrain's package found by an interpreter that has no torch (Debian's own, here).
     env = harness.env_for(0, 1, 0)
-    p = subprocess.run(["/usr/bin/python3", "-c", "import dtrain.torch"], env=env,
+    p = subprocess.run(["/usr/bin/python3", "-c", "import dtrain.torch"], env=env, cwd=tmp_path,
                        capture_output=True, text=True, timeout=60)
     if "No module named 'dtrain'" in p.stderr or p.returncode == 0:
         pytest.skip("/usr/bin/python3 cannot see the build tree's package, or has torch")

@@ -11,6 +11,8 @@ import sys
 
 try:
     import torch
+    if not hasattr(torch, "__version__"):  # a folder named torch, not the package
+        raise ImportError(f"'torch' is the folder {list(torch.__path__)}, not PyTorch")
 except ImportError as e:  # another interpreter than the environment's, most often
     import dtrain
     try:
