@@ -27,7 +27,8 @@ set(DTRAIN_TORCH_BELOW "2.16")
 
 set(DTRAIN_TORCH_VERSION "")
 set(DTRAIN_TORCH_DIR "")
-if(Python3_Interpreter_FOUND)
+# -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON builds without torch (scripts/fuzz.sh's clang build).
+if(Python3_Interpreter_FOUND AND NOT CMAKE_DISABLE_FIND_PACKAGE_Torch)
   # PYTHONPATH unset: under `pip install .` with build isolation, pip points it at the isolated
   # build environment, which hides the torch installed in the environment being built for.
   execute_process(
