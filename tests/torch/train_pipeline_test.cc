@@ -88,7 +88,7 @@ TEST(TrainPipeline, ResumedAfterAStopEndsWithTheParametersOfAnUnbrokenRun) {
   // Stops (as a preempted job would) after step 25: the newest checkpoint is of step 25.
   int status = -1;
   std::string out = run_command("timeout 200 " + kBin + "/dtrain run -n 2 --no-prefix -- " + kBin +
-                                    "/train_pipeline --train-samples 3000 --threads 1 " + common +
+                                    "/train_pipeline --train-samples 6000 --threads 1 " + common +
                                     "--checkpoint-dir " + dir + "/b --stop-after-steps 25 2>&1",
                                 status);
   ASSERT_EQ(status, 0) << out;
