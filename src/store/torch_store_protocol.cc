@@ -116,7 +116,10 @@ class Connection {
             "{}: the first {} bytes of the connection did not arrive within {} ms (got {})",
             context_, size, kBodyTimeout.count(), n < 0 ? 0 : n));
       if (n > 0) {
-        // Some bytes are there but not all: the rest follow from the same write, so a short nap.
+        // Some bytes are there but not all: the rest follow from the same write, so a short nap,
+        // unless the client already hung up (then no more will come).
+        pollfd p{fd_, POLLRDHUP, 0};
+        if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP)) != 0) return false;
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       } else {
         pollfd p{fd_, POLLIN, 0};
