@@ -597,3 +597,12 @@ def progress(backend, steps):
 
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])
+    if sys.argv[2:3] == ["gloo"]:
+        # torch's gloo, the reference the tests compare with, can abort the process at exit:
+        # while a group lives on after destroy_process_group (DDP holds it), a gloo worker
+        # thread that drops the last reference to a Python tensor during interpreter
+        # finalization asks for the GIL and is ended inside a destructor (seen on torch 2.15;
+        # pytorch PR 179291). Its results are written by now: leave without finalizing.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
