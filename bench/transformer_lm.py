@@ -1,6 +1,6 @@
 """A transformer language model of about 30M parameters on synthetic tokens: the model where
 communication matters (135 MB of fp32 gradients against a few tokens of compute per rank),
-shared by the benchmarks that need one (bench/torch_ddp_transformer.py).
+shared by the benchmarks that need one (bench/torch_transformer.py).
 
     TransformerLM()              # 8 layers, width 512, 8 heads, vocabulary 8192: 33.7M parameters
     tokens(step, rank, batch, seq)   # the same synthetic batch for a (step, rank) everywhere

@@ -17,7 +17,8 @@ the time waited against the limit.
 
 The group's timeout is the one given to ``init_process_group``; torch's default (10 or 30
 minutes) means dtrain's default instead (``DTRAIN_TIMEOUT``, 300 s), so a dead peer is named in
-minutes, not half an hour. ``DTRAIN_*`` variables (transport, algorithm, logging) keep their
+minutes, not half an hour. A group made later without a timeout of its own (``new_group``, a
+``DeviceMesh``) takes the one given to ``init_process_group``. ``DTRAIN_*`` variables (transport, algorithm, logging) keep their
 meaning.
 """
 
@@ -39,18 +40,27 @@ DEVICES = ("cpu", "cuda")
 _TORCH_DEFAULT_TIMEOUTS = (timedelta(minutes=10), timedelta(minutes=30))
 
 
+# The timeout the script gave init_process_group (0: none, dtrain's default). Groups made later
+# without one of their own (new_group, DeviceMesh, FSDP2 and DTensor through it) take it: a script
+# that asks for 10 s expects a mesh whose ranks disagree to fail in 10 s, not in torch's 30 min.
+_world_timeout = timedelta(0)
+
+
 def _create(options, backend_options=None):
     """The backend's creator, called by torch on each member of a new group."""
+    global _world_timeout
     timeout = options.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
-    if timeout in _TORCH_DEFAULT_TIMEOUTS:
-        timeout = timedelta(0)  # dtrain's default (DTRAIN_TIMEOUT)
+    own = timeout not in _TORCH_DEFAULT_TIMEOUTS
     group_id = str(options.group_id)
     if group_id in ("", "0"):
         name = "world"
+        _world_timeout = timeout if own else timedelta(0)
     else:  # errors then say "collective #3 of group 1[0,2]": torch's group name, global ranks
         name = f"{group_id}[{','.join(map(str, options.global_ranks_in_group))}]"
+    if not own:
+        timeout = _world_timeout
     return _torch.create_backend(options.store, options.group_rank, options.group_size, timeout,
                                  name)
 

@@ -57,24 +57,30 @@ TensorView view_of(const at::Tensor& t) {
   return v;
 }
 
+using OpSite = C10dBackend::OpSite;
+
+std::string str(const OpSite& s) {
+  return fmt::format("{} on rank {} of group {}", s.op, s.rank, s.group);
+}
+
 // The one tensor torch passes per process (lists of several are for one process driving several
 // GPUs, which dtrain does not do: one process per GPU).
-at::Tensor& single(std::vector<at::Tensor>& tensors, const char* op) {
+at::Tensor& single(std::vector<at::Tensor>& tensors, const OpSite& op) {
   if (tensors.size() != 1)
     throw InvalidArgumentError(fmt::format(
         "dtrain backend: {} takes one tensor per process, got a list of {} (run one process "
         "per device)",
-        op, tensors.size()));
+        str(op), tensors.size()));
   return tensors[0];
 }
 
-ReduceOp reduce_op(const c10d::ReduceOp& op, const at::Tensor& t, const char* what) {
+ReduceOp reduce_op(const c10d::ReduceOp& op, const at::Tensor& t, const OpSite& what) {
   if (!typed(t))
     throw InvalidArgumentError(fmt::format(
         "dtrain backend: {} cannot reduce {} tensors (it reduces float, double, half, bfloat16, "
         "int8, uint8, int32, int64 and bool; every dtype can be broadcast, gathered, scattered, "
         "sent and exchanged all to all)",
-        what, c10::toString(t.scalar_type())));
+        str(what), c10::toString(t.scalar_type())));
   const bool boolean = t.scalar_type() == at::kBool;
   switch (op.op_) {
     case c10d::ReduceOp::SUM:
@@ -102,7 +108,7 @@ ReduceOp reduce_op(const c10d::ReduceOp& op, const at::Tensor& t, const char* wh
   throw InvalidArgumentError(
       fmt::format("dtrain backend: {} with reduce op {} on {} tensors is "
                   "not supported",
-                  what, static_cast<int>(op.op_), c10::toString(t.scalar_type())));
+                  str(what), static_cast<int>(op.op_), c10::toString(t.scalar_type())));
 }
 
 // PREMUL_SUM (torch.distributed._make_nccl_premul_sum): multiply by the factor, then sum.
@@ -177,6 +183,9 @@ C10dBackend::C10dBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   ProcessGroupOptions o;
   o.name = options.name;
   o.timeout = options.timeout;
+  // torch's timeout bounds the group's making too (its store waits): members that never come,
+  // such as ranks that built different meshes, fail the call within it.
+  o.connect_timeout = options.timeout;
   // torch's blocking calls wait right after the asynchronous call: let them run the collective
   // on their own thread (docs/performance.md, "PyTorch on dtrain"). DDP's all-reduces start
   // within the grace, still overlapping backward.
@@ -235,7 +244,7 @@ void C10dBackend::abort() {
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                       const c10d::BroadcastOptions& opts) {
-  at::Tensor t = single(tensors, "broadcast");
+  at::Tensor t = single(tensors, site("broadcast"));
   at::Tensor buf = contiguous(t);
   auto work = make_work(c10d::OpType::BROADCAST, "dtrain:broadcast", true);
   work->add(pg_->broadcast(view_of(buf), {.root = static_cast<int>(opts.rootRank),
@@ -248,8 +257,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::broadcast(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
-  at::Tensor t = single(tensors, "all_reduce");
-  const ReduceOp op = reduce_op(opts.reduceOp, t, "all_reduce");
+  at::Tensor t = single(tensors, site("all_reduce"));
+  const ReduceOp op = reduce_op(opts.reduceOp, t, site("all_reduce"));
   auto work = make_work(c10d::OpType::ALLREDUCE, "dtrain:all_reduce", true);
   if (size_ == 1 && opts.reduceOp.op_ != c10d::ReduceOp::PREMUL_SUM) {
     // Every reduction of one rank's tensor is that tensor: a Work that has ended, no hand-off to
@@ -271,7 +280,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_coalesced(
   if (tensors.empty())
     throw InvalidArgumentError("dtrain backend: allreduce_coalesced of an empty list");
   for (const auto& t : tensors) check_same(t, tensors[0], "allreduce_coalesced", "every tensor");
-  const ReduceOp op = reduce_op(opts.reduceOp, tensors[0], "allreduce_coalesced");
+  const ReduceOp op = reduce_op(opts.reduceOp, tensors[0], site("allreduce_coalesced"));
   at::Tensor flat = flat_like(tensors, tensors[0]);
   copy_in(flat, tensors);
   premultiply(opts.reduceOp, flat);
@@ -285,8 +294,8 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_coalesced(
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tensors,
                                                    const c10d::ReduceOptions& opts) {
-  at::Tensor t = single(tensors, "reduce");
-  const ReduceOp op = reduce_op(opts.reduceOp, t, "reduce");
+  at::Tensor t = single(tensors, site("reduce"));
+  const ReduceOp op = reduce_op(opts.reduceOp, t, site("reduce"));
   const bool root = opts.rootRank == rank_;
   // dtrain's reduce leaves the other ranks' buffers undefined; torch users expect theirs intact.
   at::Tensor buf = root ? contiguous(t) : t.contiguous().clone();
@@ -304,7 +313,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tens
 c10::intrusive_ptr<c10d::Work> C10dBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllgatherOptions& opts) {
-  at::Tensor in = contiguous(single(inputs, "all_gather"));
+  at::Tensor in = contiguous(single(inputs, site("all_gather")));
   if (outputs.size() != 1)
     throw InvalidArgumentError(fmt::format(
         "dtrain backend: all_gather takes one output list per process, got {}", outputs.size()));
@@ -426,7 +435,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> C10dBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                    std::vector<at::Tensor>& inputs,
                                                    const c10d::GatherOptions& opts) {
-  at::Tensor in = contiguous(single(inputs, "gather"));
+  at::Tensor in = contiguous(single(inputs, site("gather")));
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor flat;
   std::vector<at::Tensor> outs;
@@ -458,7 +467,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::gather(std::vector<std::vector<at::T
 c10::intrusive_ptr<c10d::Work> C10dBackend::scatter(std::vector<at::Tensor>& outputs,
                                                     std::vector<std::vector<at::Tensor>>& inputs,
                                                     const c10d::ScatterOptions& opts) {
-  at::Tensor output = single(outputs, "scatter");
+  at::Tensor output = single(outputs, site("scatter"));
   at::Tensor out = contiguous(output);
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor flat;
@@ -488,12 +497,12 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::scatter(std::vector<at::Tensor>& out
 c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  at::Tensor output = single(outputs, "reduce_scatter");
+  at::Tensor output = single(outputs, site("reduce_scatter"));
   if (inputs.size() != 1)
     throw InvalidArgumentError(fmt::format(
         "dtrain backend: reduce_scatter takes one input list per process, got {}", inputs.size()));
   check_list(inputs[0], size_, output.numel(), output, "reduce_scatter", "the input list");
-  const ReduceOp op = reduce_op(opts.reduceOp, output, "reduce_scatter");
+  const ReduceOp op = reduce_op(opts.reduceOp, output, site("reduce_scatter"));
   at::Tensor flat = flat_like(inputs[0], output);
   copy_in(flat, inputs[0]);
   premultiply(opts.reduceOp, flat);
@@ -516,7 +525,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::_reduce_scatter_base(
         "dtrain backend: reduce_scatter_tensor: the input has {} elements; it needs world size "
         "x output = {} x {}",
         input.numel(), size_, output.numel()));
-  const ReduceOp op = reduce_op(opts.reduceOp, output, "reduce_scatter_tensor");
+  const ReduceOp op = reduce_op(opts.reduceOp, output, site("reduce_scatter_tensor"));
   at::Tensor in = contiguous(input);
   if (opts.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM) {
     in = in.clone();  // the caller's input stays as it was
@@ -552,7 +561,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter_tensor_coalesced(
   if (inputs.size() == 1) return _reduce_scatter_base(outputs[0], inputs[0], opts);
   for (const auto& t : inputs)
     check_same(t, inputs[0], "reduce_scatter_tensor_coalesced", "every input");
-  const ReduceOp op = reduce_op(opts.reduceOp, outputs[0], "reduce_scatter_tensor_coalesced");
+  const ReduceOp op = reduce_op(opts.reduceOp, outputs[0], site("reduce_scatter_tensor_coalesced"));
   // Block r of the flat input (for rank r) is block r of every input in turn; the flat output
   // is every output laid end to end.
   int64_t per = 0;
@@ -660,7 +669,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall(std::vector<at::Tensor>& ou
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::send(std::vector<at::Tensor>& tensors, int dst,
                                                  int tag) {
-  at::Tensor t = contiguous(single(tensors, "send"));
+  at::Tensor t = contiguous(single(tensors, site("send")));
   auto work = make_work(c10d::OpType::SEND, "dtrain:send", false);
   work->add(pg_->isend(view_of(t), dst, tag));
   work->keep_alive(t);
@@ -669,7 +678,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::send(std::vector<at::Tensor>& tensor
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::recv(std::vector<at::Tensor>& tensors, int src,
                                                  int tag) {
-  at::Tensor t = single(tensors, "recv");
+  at::Tensor t = single(tensors, site("recv"));
   at::Tensor buf = contiguous(t);
   auto work = make_work(c10d::OpType::RECV, "dtrain:recv", false);
   work->add(pg_->irecv(view_of(buf), src, tag));
@@ -681,7 +690,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::recv(std::vector<at::Tensor>& tensor
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::recvAnysource(std::vector<at::Tensor>& tensors,
                                                           int tag) {
-  at::Tensor t = single(tensors, "recv");
+  at::Tensor t = single(tensors, site("recv"));
   at::Tensor buf = contiguous(t);
   auto work = make_work(c10d::OpType::RECVANYSOURCE, "dtrain:recv_anysource", false);
   work->add(pg_->irecv_any(view_of(buf), tag));

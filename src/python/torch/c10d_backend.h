@@ -109,7 +109,15 @@ class C10dBackend : public c10d::Backend {
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
+  // An operation as errors name it ("all_reduce on rank 1 of group world"), formatted only then.
+  struct OpSite {
+    const char* op;
+    int rank;
+    const std::string& group;
+  };
+
  private:
+  OpSite site(const char* op) const { return {op, rank_, pg_->name()}; }
   // A new Work for one operation; while coalescing, also remembered for endCoalescing.
   c10::intrusive_ptr<C10dWork> make_work(c10d::OpType type, const char* title, bool collective);
   // An operation's timeout: its own, else setTimeout's, else 0 (the dtrain group's default).
