@@ -2,6 +2,7 @@
 // JSON form of a schedule.
 #include "dtrain/pipeline/schedule.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -107,7 +108,8 @@ std::string describe(const Action& a) {
 
 std::vector<int> Schedule::stages_of(int rank) const {
   std::vector<int> out;
-  for (int s = rank; s < stages(); s += ranks) out.push_back(s);
+  for (int s = 0; s < stages(); ++s)
+    if (rank_of(s) == rank) out.push_back(s);
   return out;
 }
 
@@ -180,6 +182,7 @@ std::string to_json(const Schedule& s) {
   j["ranks"] = s.ranks;
   j["virtual_stages"] = s.virtual_stages;
   j["microbatches"] = s.microbatches;
+  if (!s.placement.empty()) j["placement"] = s.placement;
   auto& ranks = j["actions"] = nlohmann::json::array();
   for (const auto& list : s.actions) {
     auto row = nlohmann::json::array();
@@ -230,6 +233,26 @@ Schedule schedule_from_json(std::string_view text) {
     throw InvalidArgumentError(fmt::format(
         "pipeline schedule: {} stages x {} micro-batches is more than {} forward passes a step",
         s.stages(), s.microbatches, kMaxPasses));
+  if (j.contains("placement")) {
+    const auto& placement = j["placement"];
+    if (!placement.is_array() || static_cast<int>(placement.size()) != s.stages())
+      throw InvalidArgumentError(fmt::format(
+          "pipeline schedule: 'placement' must list the rank of each of the {} stages",
+          s.stages()));
+    std::vector<int> held(s.ranks, 0);
+    for (size_t st = 0; st < placement.size(); ++st) {
+      const int r = integer(nlohmann::json{{"rank", placement[st]}}, "rank",
+                            fmt::format("the placement of stage {}", st), 0, s.ranks - 1);
+      s.placement.push_back(r);
+      ++held[r];
+    }
+    for (int r = 0; r < s.ranks; ++r)
+      if (held[r] != s.virtual_stages)
+        throw InvalidArgumentError(fmt::format(
+            "pipeline schedule: the placement gives rank {} {} stages; each holds {} "
+            "(virtual_stages)",
+            r, held[r], s.virtual_stages));
+  }
   const auto& ranks = field(j, "actions", "the schedule");
   if (!ranks.is_array() || static_cast<int>(ranks.size()) != s.ranks)
     throw InvalidArgumentError(fmt::format(
@@ -252,7 +275,13 @@ Schedule schedule_from_json(std::string_view text) {
     }
     s.actions.push_back(std::move(list));
   }
-  return s;
+  const bool transfers = std::any_of(s.actions.begin(), s.actions.end(), [](const auto& list) {
+    return std::any_of(list.begin(), list.end(), [](const Action& a) {
+      return a.op != Op::kForward && a.op != Op::kBackward && a.op != Op::kBackwardInput &&
+             a.op != Op::kBackwardWeight;
+    });
+  });
+  return transfers ? s : with_communication(std::move(s));
 }
 
 }  // namespace dtrain::pipeline

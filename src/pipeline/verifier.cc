@@ -19,6 +19,9 @@ constexpr double kNotYet = -1;
 struct Events {
   int m;
   std::vector<double> forward, backward, weight, sent_act, sent_grad, recv_act, recv_grad;
+  // Whether the pass's backward was split (backward_input, then backward_weight): a schedule may
+  // choose per pass (torch's DualPipeV does).
+  std::vector<char> split;
   Events(int stages, int microbatches)
       : m(microbatches),
         forward(size_t(stages) * m, kNotYet),
@@ -27,7 +30,8 @@ struct Events {
         sent_act(forward),
         sent_grad(forward),
         recv_act(forward),
-        recv_grad(forward) {}
+        recv_grad(forward),
+        split(forward.size(), 0) {}
   static bool done(double t) { return t != kNotYet; }
   size_t at(const Action& a) const { return size_t(a.stage) * m + a.microbatch; }
   size_t at(int stage, int mb) const { return size_t(stage) * m + mb; }
@@ -79,7 +83,6 @@ ScheduleReport verify(const Schedule& s, const Costs& costs) {
                                stages, m, kMaxPasses);
     return report;
   }
-  const bool split = s.split_backward();
   Events ev(stages, m);
   std::vector<size_t> pc(p, 0);
   std::vector<double> clock(p, 0);
@@ -133,20 +136,19 @@ ScheduleReport verify(const Schedule& s, const Costs& costs) {
         break;
       case Op::kBackward:
       case Op::kBackwardInput:
-        if ((a.op == Op::kBackward) == split)
-          return fail(
-              "the schedule mixes whole backwards with split ones (backward_input and "
-              "backward_weight)");
         if (Events::done(ev.backward[k])) return fail("the backward runs twice");
         if (!Events::done(ev.forward[k])) return fail("its forward has not run");
         if (a.stage < last && !Events::done(ev.recv_grad[k]))
           return fail("its output's gradient has not been received (no recv_gradient before it)");
         ev.backward[k] = start + cost_of(a.op, costs);
+        ev.split[k] = a.op == Op::kBackwardInput;
         if (a.op == Op::kBackward) --held[r];
         break;
       case Op::kBackwardWeight:
         if (Events::done(ev.weight[k])) return fail("the weight gradient runs twice");
         if (!Events::done(ev.backward[k])) return fail("its backward_input has not run");
+        if (!ev.split[k])
+          return fail("its backward was whole (backward), which computed the weight gradient");
         ev.weight[k] = start + costs.backward_weight;
         --held[r];
         break;
@@ -236,8 +238,8 @@ ScheduleReport verify(const Schedule& s, const Costs& costs) {
       if (!Events::done(ev.forward[k]))
         missing("forward");
       else if (!Events::done(ev.backward[k]))
-        missing(split ? "backward_input" : "backward");
-      else if (split && !Events::done(ev.weight[k]))
+        missing(s.split_backward() ? "backward_input" : "backward");
+      else if (ev.split[k] && !Events::done(ev.weight[k]))
         missing("backward_weight");
       else if (st < last && Events::done(ev.sent_act[k]) &&
                !Events::done(ev.recv_act[ev.at(st + 1, i)]))

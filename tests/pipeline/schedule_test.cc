@@ -123,6 +123,29 @@ TEST(Schedules, JsonRoundTrip) {
   EXPECT_EQ(back.actions, s.actions);
 }
 
+// torch's V-shaped schedules (ZBVZeroBubble): rank r holds stages r and 2p-1-r, and their lists
+// name compute passes only; the transfers are placed as make_schedule places them, a stage's
+// output to the next one on the same rank included.
+TEST(Schedules, APlacedScheduleOfComputePassesGetsItsTransfers) {
+  const std::string text = R"({"schedule":"v","ranks":2,"virtual_stages":2,"microbatches":1,
+    "placement":[0,1,1,0],"actions":[
+    [{"op":"forward","stage":0,"microbatch":0},{"op":"forward","stage":3,"microbatch":0},
+     {"op":"backward","stage":3,"microbatch":0},{"op":"backward","stage":0,"microbatch":0}],
+    [{"op":"forward","stage":1,"microbatch":0},{"op":"forward","stage":2,"microbatch":0},
+     {"op":"backward","stage":2,"microbatch":0},{"op":"backward","stage":1,"microbatch":0}]]})";
+  Schedule s = schedule_from_json(text);
+  EXPECT_EQ(s.placement, (std::vector<int>{0, 1, 1, 0}));
+  EXPECT_EQ(s.rank_of(3), 0);
+  EXPECT_EQ(s.stages_of(1), (std::vector<int>{1, 2}));
+  const std::vector<Action> rank1 = {
+      {Op::kRecvActivation, 1, 0}, {Op::kForward, 1, 0},       {Op::kSendActivation, 1, 0},
+      {Op::kRecvActivation, 2, 0}, {Op::kForward, 2, 0},       {Op::kSendActivation, 2, 0},
+      {Op::kRecvGradient, 2, 0},   {Op::kBackward, 2, 0},      {Op::kSendGradient, 2, 0},
+      {Op::kRecvGradient, 1, 0},   {Op::kBackward, 1, 0},      {Op::kSendGradient, 1, 0}};
+  EXPECT_EQ(s.actions[1], rank1);
+  EXPECT_EQ(schedule_from_json(to_json(s)).placement, s.placement);
+}
+
 TEST(Schedules, MalformedJsonIsNamed) {
   auto message = [](const std::string& text) {
     try {
@@ -133,6 +156,12 @@ TEST(Schedules, MalformedJsonIsNamed) {
     return std::string("(no error)");
   };
   EXPECT_NE(message("{").find("not JSON"), std::string::npos);
+  EXPECT_NE(message(R"({"schedule":"x","ranks":2,"virtual_stages":1,"microbatches":1,"placement":[0,0],"actions":[[],[]]})")
+                .find("the placement gives rank 0 2 stages; each holds 1"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"schedule":"x","ranks":2,"virtual_stages":1,"microbatches":1,"placement":[0,2],"actions":[[],[]]})")
+                .find("the placement of stage 1 has rank 2"),
+            std::string::npos);
   EXPECT_NE(message(R"({"schedule":"x","ranks":1e300,"virtual_stages":1,"microbatches":1,"actions":[[]]})")
                 .find("ranks"),
             std::string::npos);

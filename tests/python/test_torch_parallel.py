@@ -4,6 +4,9 @@ distributed checkpoints saved at one world size and layout and loaded at another
 torch.compile. Each run reaches the losses and weights of one process trained on the whole batch;
 FSDP2 runs on gloo too, the path where gloo once summed gradients instead of averaging them
 (pytorch#162338), to show the reference agrees."""
+import json
+import os
+import subprocess
 import time
 
 import pytest
@@ -90,3 +93,29 @@ def test_ranks_that_build_different_meshes_fail_within_the_timeout():
     assert "group 1[0,2] rendezvous: rank(s) 1 did not connect" in results[0].out, results[0].out
     for r in results[1:]:
         assert "as collective #1 of group world failed" in r.out, r.out
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS",
+                                      "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"])
+def test_dtrain_pipeline_plan_checks_torchs_schedules(tmp_path, schedule):
+    # dtrain.torch.pipelining exports torch's own description of the schedule (pipeline_order)
+    # for 4 ranks and 8 micro-batches; dtrain's verifier runs it.
+    plan = tmp_path / "plan.json"
+    subprocess.run([harness.PYTHON, "-m", "dtrain.torch.pipelining", schedule, "--ranks", "4",
+                    "--microbatches", "8", "-o", str(plan)], check=True, timeout=120,
+                   env=harness.env_for(0, 1, 0))
+    exported = json.loads(plan.read_text())
+    assert exported["ranks"] == 4 and exported["microbatches"] == 8
+    p = subprocess.run([os.environ.get("DTRAIN_BIN", "dtrain"), "pipeline-plan", "--check",
+                        str(plan), "--quiet"], capture_output=True, text=True, timeout=60)
+    # torch 2.15's Schedule1F1B describes its last rank forwarding micro-batches 1..8 (its runtime
+    # runs 0..7): the verifier must name that; every other order must verify.
+    beyond = [(r, i, a) for r, acts in enumerate(exported["actions"]) for i, a in enumerate(acts)
+              if a["microbatch"] >= 8]
+    if beyond:
+        r, i, a = beyond[0]
+        assert p.returncode != 0, p.stdout
+        assert f"action {i} of rank {r} has microbatch {a['microbatch']}" in p.stderr, p.stderr
+    else:
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "bubble" in p.stdout and "peak micro-batches held per rank" in p.stdout, p.stdout

@@ -8,7 +8,8 @@
 //
 // A model of `stages()` stages (ranks x virtual_stages) is cut into consecutive pieces; stage s
 // lives on rank s % ranks, so a rank with several virtual stages holds every ranks-th piece (the
-// interleaved layout of Megatron-LM). Generators are registered by name (registry below); each
+// interleaved layout of Megatron-LM), unless the schedule places its stages itself (`placement`:
+// torch's V-shaped schedules put stages r and 2p-1-r on rank r). Generators are registered by name (registry below); each
 // lives in a file of its own that explains how it orders the passes, its bubble and its memory.
 #pragma once
 
@@ -53,10 +54,13 @@ struct Schedule {
   int virtual_stages = 1;                    // stages per rank (v)
   int microbatches = 1;                      // m
   std::vector<std::vector<Action>> actions;  // actions[r]: rank r's list, in order
+  // placement[stage]: the rank holding it, virtual_stages stages each; empty: stage % ranks.
+  // Only verified and drawn: dtrain's runners run their own schedules, which leave it empty.
+  std::vector<int> placement;
 
   int stages() const { return ranks * virtual_stages; }
-  int rank_of(int stage) const { return stage % ranks; }
-  // This rank's stages, in model order (rank r: r, r + p, r + 2p, ...).
+  int rank_of(int stage) const { return placement.empty() ? stage % ranks : placement[stage]; }
+  // This rank's stages, in model order (round robin: r, r + p, r + 2p, ...).
   std::vector<int> stages_of(int rank) const;
   // Whether backward is split into input- and weight-gradient passes.
   bool split_backward() const;
@@ -89,7 +93,11 @@ struct ScheduleInfo {
 void register_schedule(ScheduleInfo info);
 std::vector<ScheduleInfo> registered_schedules();
 
-// Serialisation (JSON), so a schedule can be written, edited and checked by the verifier.
+// Serialisation (JSON), so a schedule can be written, edited and checked by the verifier:
+//   {"schedule": NAME, "ranks": p, "virtual_stages": v, "microbatches": m,
+//    "placement": [rank of stage 0, ...] (optional), "actions": [[{"op", "stage", "microbatch"}]]}
+// Lists of compute passes only (no send or receive anywhere, as torch's pipelining schedules
+// describe themselves) get their transfers placed as make_schedule places them.
 std::string to_json(const Schedule& schedule);
 Schedule schedule_from_json(std::string_view text);  // InvalidArgumentError on malformed input
 
