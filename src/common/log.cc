@@ -13,7 +13,16 @@ namespace dtrain::log {
 namespace {
 
 std::shared_ptr<spdlog::logger> make_logger() {
-  auto logger = spdlog::stderr_color_mt("dtrain");
+  // Each Python extension module (dtrain._core, dtrain._torch) carries its own copy of this code,
+  // but both use the one spdlog library and its registry: the second to log takes the first's.
+  if (auto existing = spdlog::get("dtrain")) return existing;
+  std::shared_ptr<spdlog::logger> logger;
+  try {
+    logger = spdlog::stderr_color_mt("dtrain");
+  } catch (const spdlog::spdlog_ex&) {
+    if (auto existing = spdlog::get("dtrain")) return existing;  // registered meanwhile
+    throw;
+  }
   logger->set_pattern("[%H:%M:%S.%e] [dtrain %^%l%$] %v");
   const std::string wanted = env::get_string(env::kLogLevel);
   if (auto level = parse_level(wanted)) {

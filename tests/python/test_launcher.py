@@ -11,8 +11,8 @@ import harness
 DTRAIN = os.environ.get("DTRAIN_BIN", os.path.join(os.path.dirname(__file__), "../../build/bin/dtrain"))
 
 
-def dtrain_run(args, timeout=240):
-    env = harness.env_for(0, 1, 0)
+def dtrain_run(args, timeout=240, env_extra=None):
+    env = harness.env_for(0, 1, 0, env_extra)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     return subprocess.run([DTRAIN, "run", *args], env=env, capture_output=True, text=True,
@@ -27,6 +27,13 @@ def test_dtrain_run_starts_a_torchrun_script_unchanged(tmp_path, backend):
     assert p.returncode == 0, p.stdout + p.stderr
     result = json.loads(out.read_text())
     assert len(result["losses"]) == 12
+
+
+def test_torch_distributed_and_dtrains_own_api_in_one_process():
+    p = dtrain_run(["-n", "2", "--", harness.PYTHON, os.path.join(harness.HERE, "workers.py"),
+                    "both_apis", "dtrain"], env_extra={"DTRAIN_LOG_LEVEL": "debug"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("both APIs checked") == 2, p.stdout
 
 
 def test_every_operation_under_dtrain_run(tmp_path):

@@ -595,6 +595,21 @@ def progress(backend, steps):
     dist.destroy_process_group()
 
 
+def both_apis(backend):
+    """torch.distributed on backend `backend` and dtrain's own API (dtrain.init) in one process,
+    each logging: both extension modules share one logger."""
+    import numpy as np
+    rank, world = init(backend)
+    native = dtrain.init()
+    t = torch.ones(3) * (rank + 1)
+    dist.all_reduce(t)
+    expect(t, torch.full((3,), float(sum(range(1, world + 1)))), "torch all_reduce")
+    a = native.allreduce(np.full(3, rank + 1.0))
+    assert a.tolist() == [float(sum(range(1, world + 1)))] * 3, a
+    print(f"rank {rank}: both APIs checked", flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])
     if sys.argv[2:3] == ["gloo"]:
