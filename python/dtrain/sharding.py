@@ -260,7 +260,7 @@ class ShardedDataParallel:
             return
         with torch.no_grad():
             if not unit.whole:
-                unit.full.storage().resize_(unit.padded)
+                unit.full.untyped_storage().resize_(unit.padded * unit.full.element_size())
             unit.full.copy_(torch.from_numpy(self.group.allgather(unit.shard.detach().numpy())))
             if not unit.whole:
                 for i, p in enumerate(unit.params):
@@ -274,7 +274,7 @@ class ShardedDataParallel:
             return
         for p in unit.params:
             p.data = torch.empty(0)
-        unit.full.storage().resize_(0)
+        unit.full.untyped_storage().resize_(0)
         unit.whole = unit.current = False
 
     def _begin_forward(self):
