@@ -236,9 +236,9 @@ Schedule schedule_from_json(std::string_view text) {
   if (j.contains("placement")) {
     const auto& placement = j["placement"];
     if (!placement.is_array() || static_cast<int>(placement.size()) != s.stages())
-      throw InvalidArgumentError(fmt::format(
-          "pipeline schedule: 'placement' must list the rank of each of the {} stages",
-          s.stages()));
+      throw InvalidArgumentError(
+          fmt::format("pipeline schedule: 'placement' must list the rank of each of the {} stages",
+                      s.stages()));
     std::vector<int> held(s.ranks, 0);
     for (size_t st = 0; st < placement.size(); ++st) {
       const int r = integer(nlohmann::json{{"rank", placement[st]}}, "rank",
@@ -248,10 +248,10 @@ Schedule schedule_from_json(std::string_view text) {
     }
     for (int r = 0; r < s.ranks; ++r)
       if (held[r] != s.virtual_stages)
-        throw InvalidArgumentError(fmt::format(
-            "pipeline schedule: the placement gives rank {} {} stages; each holds {} "
-            "(virtual_stages)",
-            r, held[r], s.virtual_stages));
+        throw InvalidArgumentError(
+            fmt::format("pipeline schedule: the placement gives rank {} {} stages; each holds {} "
+                        "(virtual_stages)",
+                        r, held[r], s.virtual_stages));
   }
   const auto& ranks = field(j, "actions", "the schedule");
   if (!ranks.is_array() || static_cast<int>(ranks.size()) != s.ranks)

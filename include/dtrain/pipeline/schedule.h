@@ -9,8 +9,9 @@
 // A model of `stages()` stages (ranks x virtual_stages) is cut into consecutive pieces; stage s
 // lives on rank s % ranks, so a rank with several virtual stages holds every ranks-th piece (the
 // interleaved layout of Megatron-LM), unless the schedule places its stages itself (`placement`:
-// torch's V-shaped schedules put stages r and 2p-1-r on rank r). Generators are registered by name (registry below); each
-// lives in a file of its own that explains how it orders the passes, its bubble and its memory.
+// torch's V-shaped schedules put stages r and 2p-1-r on rank r). Generators are registered by name
+// (registry below); each lives in a file of its own that explains how it orders the passes, its
+// bubble and its memory.
 #pragma once
 
 #include <cstdint>
