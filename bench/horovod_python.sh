@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Horovod-style training from Python on dtrain (examples/python/horovod_fashion_mnist.py), also
-# with jemalloc preloaded as the C++ programs link it, against the C++ example with the same
+# Horovod-style training from Python on dtrain (examples/python/horovod_fashion_mnist.py), with
+# glibc's malloc (--no-jemalloc) and with the jemalloc `dtrain run` preloads by default, against the C++ example with the same
 # algorithm (train_fashion_mnist --strategy optimizer) and against PyTorch DDP on gloo
 # (bench/torch_ddp_fashion_mnist.py): the Fashion-MNIST ConvNet, 2 ranks, 1 thread each, batch 100
 # per rank, STEPS steps; the four alternate in rotating order, ROUNDS times. Prints each run's
@@ -14,19 +14,18 @@ rounds=${ROUNDS:-5}
 steps=${STEPS:-300}
 np=${NP:-2}
 export PYTHONPATH="$PWD/build/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
-jemalloc=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
-malloc_conf=oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1
 run() {
   case $1 in
-    python) "$dtrain" run -n "$np" -- python3 examples/python/horovod_fashion_mnist.py \
+    python) "$dtrain" run --no-jemalloc -n "$np" -- python3 examples/python/horovod_fashion_mnist.py \
               --threads 1 --max-steps "$steps" --log-every 100000 ;;
     # The same, with the allocator the C++ programs link (docs/pytorch.md, "Speed").
-    python_jemalloc) LD_PRELOAD=$jemalloc MALLOC_CONF=$malloc_conf "$dtrain" run -n "$np" -- \
+    python_jemalloc) "$dtrain" run -n "$np" -- \
               python3 examples/python/horovod_fashion_mnist.py --threads 1 \
               --max-steps "$steps" --log-every 100000 ;;
     cpp) "$dtrain" run -n "$np" -- "$bin/train_fashion_mnist" --strategy optimizer --threads 1 \
               --max-steps "$steps" ;;
-    ddp_gloo) "$dtrain" run -n "$np" -- python3 bench/torch_ddp_fashion_mnist.py \
+    # PyTorch's DDP as a gloo user runs it (no jemalloc), the reference of the earlier figures.
+    ddp_gloo) "$dtrain" run --no-jemalloc -n "$np" -- python3 bench/torch_ddp_fashion_mnist.py \
               --max-steps "$steps" --backend gloo ;;
   esac
 }

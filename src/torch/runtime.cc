@@ -14,16 +14,14 @@
 #include <ATen/Parallel.h>
 
 #include "common/env.h"
+#include "common/jemalloc_conf.h"
 #include "dtrain/error.h"
 #include "dtrain/identity.h"
 
-// jemalloc's start-up options, read when it initialises (before main); MALLOC_CONF, read after
-// it, wins. Its defaults purge freed pages back to the kernel within seconds, and at once for
-// blocks of 8 MiB and more, while LibTorch frees and re-allocates the same tens of MB every
-// step: 15,000 page faults a step of the ConvNet here, a third of the step's time. Keep them
-// instead (the process's peak stays resident, as with PyTorch's caching allocators).
+// jemalloc's start-up options (common/jemalloc_conf.h says why), read when it initialises, before
+// main; MALLOC_CONF, read after it, wins.
 extern "C" {
-const char* malloc_conf = "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1";
+const char* malloc_conf = dtrain::kJemallocConf;
 }
 
 namespace dtrain {

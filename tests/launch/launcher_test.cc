@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "common/jemalloc_conf.h"
 #include "common/socket.h"
 #include "launch/cpu_binding.h"
 #include "launch/launched.h"
@@ -103,6 +105,41 @@ TEST(CpuShare, EqualContiguousSharesOrNone) {
 
 // `dtrain run` gives each worker its share of the CPUs it may use itself (--bind auto, the
 // default, as mpirun binds to cores), and none with --bind none or more workers than CPUs.
+// jemalloc for the workers (launch/allocator_preload.h): preloaded with dtrain's settings unless
+// opted out; a MALLOC_CONF, or an allocator in LD_PRELOAD, that the user set is kept.
+TEST_F(LauncherTest, WorkersGetJemallocUnlessTheyChooseOtherwise) {
+  auto show = [](std::vector<std::string> flags, std::vector<std::string> env) {
+    std::vector<std::string> args = {"run", "--master-port", "0", "--no-prefix"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    for (const char* a : {"--", "sh", "-c", "echo \"alloc [$LD_PRELOAD] [$MALLOC_CONF]\""})
+      args.push_back(a);
+    env.insert(env.begin(), "/usr/bin/env");
+    auto run = std::make_unique<Launched>(args, env);
+    EXPECT_EQ(exit_code(run->wait(seconds(20))), 0) << run->err();
+    return run;
+  };
+  auto plain = show({}, {"-u", "LD_PRELOAD", "-u", "MALLOC_CONF"});
+  if (plain->err().find("jemalloc preloaded") == std::string::npos)
+    GTEST_SKIP() << "this build preloads no jemalloc (none found, or sanitizers): " << plain->err();
+  EXPECT_NE(plain->out().find("libjemalloc.so"), std::string::npos) << plain->out();
+  EXPECT_NE(plain->out().find(std::string("] [") + kJemallocConf + "]"), std::string::npos)
+      << plain->out();
+
+  auto off = show({"--no-jemalloc"}, {"-u", "LD_PRELOAD", "-u", "MALLOC_CONF"});
+  EXPECT_NE(off->out().find("alloc [] []"), std::string::npos) << off->out();
+  EXPECT_EQ(off->err().find("jemalloc"), std::string::npos) << off->err();
+
+  auto conf = show({}, {"-u", "LD_PRELOAD", "MALLOC_CONF=narenas:2"});
+  EXPECT_NE(conf->out().find("libjemalloc.so"), std::string::npos) << conf->out();
+  EXPECT_NE(conf->out().find("] [narenas:2]"), std::string::npos) << conf->out();
+
+  const std::string tcmalloc = (dir_ / "libtcmalloc.so").string();  // named, never loaded
+  auto other = show({}, {"-u", "MALLOC_CONF", "LD_PRELOAD=" + tcmalloc});
+  EXPECT_NE(other->out().find("alloc [" + tcmalloc + "] []"), std::string::npos) << other->out();
+  EXPECT_NE(other->err().find("LD_PRELOAD names tcmalloc already"), std::string::npos)
+      << other->err();
+}
+
 TEST_F(LauncherTest, WorkersAreBoundToTheirShareOfTheCpus) {
   const std::vector<int> cpus = launch::allowed_cpus();
   ASSERT_FALSE(cpus.empty());
