@@ -1,16 +1,14 @@
-"""Data-parallel training of a transformer where communication matters, by torch's wrappers and
-dtrain's, over backend "dtrain" and over gloo, in one run, alternating rounds
-(docs/performance.md).
+"""Data-parallel training of a transformer where communication matters, by torch's wrappers over
+backend "dtrain" and over gloo, in one run, alternating rounds (docs/performance.md).
 
     dtrain run -n 2 -- python3 bench/torch_transformer.py --runs ddp:gloo,ddp:dtrain
-    dtrain run -n 2 -- python3 bench/torch_transformer.py --runs fsdp2:gloo,fsdp2:dtrain,sharding
+    dtrain run -n 2 -- python3 bench/torch_transformer.py --runs fsdp2:gloo,fsdp2:dtrain
 
-Each run is WRAPPER:BACKEND: `ddp` (DistributedDataParallel), `fsdp2` (`fully_shard` per encoder
+Each run is WRAPPER:BACKEND: `ddp` (DistributedDataParallel) or `fsdp2` (`fully_shard` per encoder
 layer and on the whole) on the default group (gloo) or a second group over the same ranks
-(dtrain); `sharding` is dtrain.sharding's ZeRO-3 (dtrain's own Python ZeRO, units the model's
-layers) on a dtrain world. The model is bench/transformer_lm.py's (33.7M parameters); each rank
+(dtrain). The model is bench/transformer_lm.py's (33.7M parameters); each rank
 trains on --tokens tokens per step (16 by default), so the step is mostly communication: DDP's
-all-reduce of 135 MB of gradients, FSDP2's and ZeRO-3's all-gather of each layer's parameters
+all-reduce of 135 MB of gradients, FSDP2's all-gather of each layer's parameters
 (forward and backward) and reduce-scatter of its gradients. Each round builds the model from the
 same seed and times --steps steps after one warm-up step, every run in turn, the order reversed
 from round to round. Rank 0 prints each run's median step time [lowest, highest round],
@@ -33,20 +31,12 @@ import torch.nn.functional as F
 import dtrain.torch  # noqa: F401  registers the backend (torch < 2.15 has no entry-point hook)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from transformer_lm import TransformerLM, as_sequential, parameters, tokens  # noqa: E402
-
-_world = None  # dtrain's own world, for dtrain.sharding (made once)
+from transformer_lm import TransformerLM, parameters, tokens  # noqa: E402
 
 
 def wrap(model, how, group):
     if how == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model, process_group=group)
-    if how == "sharding":
-        global _world
-        import dtrain
-        import dtrain.sharding
-        _world = _world or dtrain.init()
-        return dtrain.sharding.ShardedDataParallel(as_sequential(model), _world, stage=3)
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
     mesh = DeviceMesh.from_group(group, "cpu")
@@ -91,8 +81,7 @@ def run_round(how, group, steps, seq, rank):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", default="ddp:gloo,ddp:dtrain",
-                   help="comma-separated WRAPPER:BACKEND (ddp or fsdp2 on gloo or dtrain), or "
-                        "sharding (dtrain.sharding's ZeRO-3)")
+                   help="comma-separated WRAPPER:BACKEND (ddp or fsdp2 on gloo or dtrain)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--tokens", type=int, default=16, help="tokens per rank per step")
@@ -101,10 +90,8 @@ def main():
     a = p.parse_args()
     runs = a.runs.split(",")
     for run in runs:
-        if run != "sharding" and run.split(":") not in ([w, b] for w in ("ddp", "fsdp2")
-                                                        for b in ("gloo", "dtrain")):
-            p.error(f"--runs: {run!r} is not ddp:gloo, ddp:dtrain, fsdp2:gloo, fsdp2:dtrain or "
-                    f"sharding")
+        if run.split(":") not in ([w, b] for w in ("ddp", "fsdp2") for b in ("gloo", "dtrain")):
+            p.error(f"--runs: {run!r} is not ddp:gloo, ddp:dtrain, fsdp2:gloo or fsdp2:dtrain")
     torch.set_num_threads(a.threads)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -115,7 +102,7 @@ def main():
     lines = []
     for i in range(a.rounds):
         for run in (runs if i % 2 == 0 else list(reversed(runs))):
-            how, backend = (run.split(":") + ["dtrain"])[:2]
+            how, backend = run.split(":")
             s, l, m = run_round(how, groups[backend], a.steps, a.tokens, rank)
             step_s[run].append(s)
             peak[run].append(m)

@@ -3,7 +3,6 @@ communication matters (135 MB of fp32 gradients against a few tokens of compute 
 shared by the benchmarks that need one (bench/torch_transformer.py).
 
     TransformerLM()              # 8 layers, width 512, 8 heads, vocabulary 8192: 33.7M parameters
-    as_sequential(model)         # the same modules and function as an nn.Sequential
     tokens(step, rank, batch, seq)   # the same synthetic batch for a (step, rank) everywhere
 """
 import torch
@@ -38,29 +37,3 @@ def tokens(step, rank, batch, seq, vocab=8192):
 def parameters(model):
     return sum(p.numel() for p in model.parameters())
 
-
-class _Embed(nn.Module):
-    def __init__(self, lm):
-        super().__init__()
-        self.embed, self.position = lm.embed, lm.position
-
-    def forward(self, tokens):
-        return self.embed(tokens) + self.position(torch.arange(tokens.shape[1],
-                                                               device=tokens.device))
-
-
-class _CausalLayer(nn.Module):
-    def __init__(self, layer):
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, x):
-        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
-        return self.layer(x, src_mask=mask, is_causal=True)
-
-
-def as_sequential(lm):
-    """`lm`'s modules (shared, not copied) as an nn.Sequential computing the same function: the
-    form that wrappers cutting a model at its children (dtrain.sharding's units) expect."""
-    return nn.Sequential(_Embed(lm), *(_CausalLayer(layer) for layer in lm.blocks.layers),
-                         lm.norm, lm.head)

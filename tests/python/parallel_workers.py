@@ -86,16 +86,22 @@ def lm_loss(logits, targets):
     return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
-def reference(n, steps=STEPS, blocks=2):
+def sgd(params):
+    return torch.optim.SGD(params, lr=LR)
+
+
+def reference(n, steps=STEPS, blocks=2, optimizer=sgd, clip=0.0):
     """One process on batches of n: the losses and the model every distributed run must reach."""
     model = make_model(blocks)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = optimizer(model.parameters())
     losses = []
     for step in range(steps):
         x, y = batch(step, n)
         opt.zero_grad()
         loss = lm_loss(model(x), y)
         loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         losses.append(loss.item())
     return losses, model
@@ -121,7 +127,7 @@ def check(got, want, what, tol):
 
 
 def check_weights(model, ref, what, tol):
-    ours = dict(model.named_parameters())
+    ours = {n.removeprefix("module."): p for n, p in model.named_parameters()}  # DDP's names too
     for name, q in ref.named_parameters():
         check(full(ours[name]), q.detach(), f"{what}: weight {name}", tol)
 
@@ -132,11 +138,14 @@ def mean_over_ranks(loss, group=None):
     return t / dist.get_world_size(group)
 
 
-def train_data_parallel(model, rank, world, what, tol, micro=1, before_micro=None):
+def train_data_parallel(model, rank, world, what, tol, micro=1, before_micro=None, optimizer=sgd,
+                        clip=0.0, one_process_optimizer=None):
     """Each rank trains on its share of the batch (micro-batches of it accumulated when micro > 1);
-    the mean loss and the weights must be the one process's on the whole batch."""
-    want, ref = reference(4 * world)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    the mean loss and the weights must be the one process's on the whole batch. `optimizer`
+    makes the optimizer from parameters (the one process's: `one_process_optimizer`, else the
+    same); `clip` > 0 clips the gradients' global norm."""
+    want, ref = reference(4 * world, optimizer=one_process_optimizer or optimizer, clip=clip)
+    opt = optimizer(model.parameters())
     for step in range(STEPS):
         x, y = batch(step, 4 * world)
         x, y = x[rank::world], y[rank::world]
@@ -148,6 +157,8 @@ def train_data_parallel(model, rank, world, what, tol, micro=1, before_micro=Non
             loss = lm_loss(model(x[m::micro]), y[m::micro]) / micro
             loss.backward()
             total = total + loss.detach()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         check(mean_over_ranks(total), want[step], f"{what}: loss of step {step}", tol)
     check_weights(model, ref, what, tol)
@@ -190,6 +201,38 @@ def fsdp2(backend, variant):
     else:
         raise ValueError(variant)
     print(f"rank {rank}: fsdp2 {variant} checked", flush=True)
+
+
+def zero(backend, stage, kind, clip="0"):
+    """ZeRO's stages with torch's own tools: 1 is DDP with ZeroRedundancyOptimizer (optimizer
+    state sharded), 2 FSDP2 keeping parameters whole after forward, 3 FSDP2 resharding them;
+    KIND is sgd (with momentum), adam or adamw; CLIP > 0 clips the gradients' global norm."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    rank, world = init(backend)
+    stage, clip = int(stage), float(clip)
+    # Adam's eps well above rounding: attention's key biases get gradients that are zero but for
+    # rounding, which Adam would otherwise scale up to whole steps of noise.
+    cls, extra = {"sgd": (torch.optim.SGD, {"momentum": 0.9}),
+                  "adam": (torch.optim.Adam, {"eps": 1e-3}),
+                  "adamw": (torch.optim.AdamW, {"eps": 1e-3, "weight_decay": 0.1})}[kind]
+    lr = LR if kind == "sgd" else 0.01
+
+    def plain_optimizer(params):
+        return cls(params, lr=lr, **extra)
+
+    if stage == 1:
+        model = nn.parallel.DistributedDataParallel(make_model())
+
+        def optimizer(params):
+            return ZeroRedundancyOptimizer(params, optimizer_class=cls, lr=lr, **extra)
+
+        train_data_parallel(model, rank, world, f"zero-1 {kind}", 2e-5, optimizer=optimizer,
+                            clip=clip, one_process_optimizer=plain_optimizer)
+    else:
+        model = shard_blocks(make_model(), reshard_after_forward=stage == 3)
+        train_data_parallel(model, rank, world, f"zero-{stage} {kind}", 2e-5,
+                            optimizer=plain_optimizer, clip=clip)
+    print(f"rank {rank}: zero {stage} {kind} checked", flush=True)
 
 
 def tp_plan(sequence_parallel):

@@ -1,5 +1,5 @@
 """torch 2.x's own parallelism on backend "dtrain" (tests/python/parallel_workers.py): FSDP2,
-DTensor tensor and sequence parallelism, 2-D meshes, redistribution, every pipelining schedule,
+ZeRO's stages with torch's tools, DTensor tensor and sequence parallelism, 2-D meshes, redistribution, every pipelining schedule,
 distributed checkpoints saved at one world size and layout and loaded at another, DDP around
 torch.compile. Each run reaches the losses and weights of one process trained on the whole batch;
 FSDP2 runs on gloo too, the path where gloo once summed gradients instead of averaging them
@@ -29,6 +29,14 @@ def check_all(results, text):
 @pytest.mark.parametrize("variant", ["reshard", "keep", "bf16", "accumulate"])
 def test_fsdp2_trains_as_one_process(variant, backend):
     check_all(run(2, "fsdp2", variant, backend=backend), f"fsdp2 {variant}")
+
+
+@pytest.mark.parametrize("stage,kind,clip", [(1, "sgd", "0.5"), (1, "adam", "0"), (2, "adam", "0"),
+                                             (3, "adamw", "0.5"), (3, "sgd", "0")])
+def test_zero_stages_with_torchs_tools_train_as_one_process(stage, kind, clip):
+    # ZeRO from Python (docs/python.md): 1 is DDP with ZeroRedundancyOptimizer, 2 and 3 FSDP2
+    # keeping or resharding parameters after forward; clip > 0 clips the global norm.
+    check_all(run(2, "zero", stage, kind, clip), f"zero {stage} {kind}")
 
 
 def test_hsdp_on_a_2d_mesh_trains_as_one_process():
