@@ -1,9 +1,9 @@
 // The allocator `dtrain run` gives its workers: jemalloc, preloaded, with dtrain's settings
-// (common/jemalloc_conf.h). Python jobs train faster with it (PyTorch DDP on Fashion-MNIST 28%,
-// docs/performance.md): torch's CPU tensors come from malloc, and glibc's returns their pages to
-// the kernel every step. A program linked with jemalloc (dtrain's LibTorch programs) loads the
-// same library either way. Left alone: an LD_PRELOAD that already names an allocator or a
-// sanitizer runtime, and builds without jemalloc or with sanitizers (no path).
+// (common/jemalloc_conf.h). Python jobs train faster with it (docs/performance.md): torch's CPU
+// tensors come from malloc, and glibc's returns their pages to the kernel every step. A program
+// linked with jemalloc (dtrain's LibTorch programs) loads the same library either way. Left
+// alone: an LD_PRELOAD that already names an allocator or a sanitizer runtime, and builds without
+// jemalloc or with sanitizers (no path).
 #pragma once
 
 #include <string>

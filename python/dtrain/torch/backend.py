@@ -18,8 +18,8 @@ the time waited against the limit.
 The group's timeout is the one given to ``init_process_group``; torch's default (10 or 30
 minutes) means dtrain's default instead (``DTRAIN_TIMEOUT``, 300 s), so a dead peer is named in
 minutes, not half an hour. A group made later without a timeout of its own (``new_group``, a
-``DeviceMesh``) takes the one given to ``init_process_group``. ``DTRAIN_*`` variables (transport, algorithm, logging) keep their
-meaning.
+``DeviceMesh``) takes the one given to ``init_process_group``. ``DTRAIN_*`` variables
+(transport, algorithm, logging) keep their meaning.
 """
 
 import atexit as _atexit
