@@ -1,7 +1,7 @@
 // jemalloc's settings for training: keep freed pages instead of purging them. Its defaults hand
 // freed pages back to the kernel within seconds, and at once for blocks of 8 MiB and more, while
-// LibTorch frees and re-allocates the same tens of MB every step: 15,000 page faults a step of the
-// ConvNet here, a third of the step's time. Kept, the process's peak stays resident, as with
+// LibTorch frees and re-allocates the same tens of MB every step, so every step faults them in
+// again (docs/performance.md measures the cost). Kept, the process's peak stays resident, as with
 // PyTorch's caching allocators. dtrain's LibTorch programs compile it in (src/torch/runtime.cc);
 // `dtrain run` gives it to the workers it preloads jemalloc into (launch/allocator_preload.h).
 #pragma once
