@@ -71,9 +71,9 @@ if(TARGET dtrain_torch)
     target_link_libraries(dtrain_torch_interface INTERFACE "-Wl,--no-as-needed,${JEMALLOC_LIBRARY}")
   endif()
   target_link_libraries(dtrain_torch_interface INTERFACE -Wl,--as-needed)
-  if(DTRAIN_TORCH_LINK_OPTIONS)  # the torch wheel's NCCL and CUDA runtime first (torch.cmake)
-    target_link_options(dtrain_torch_interface INTERFACE ${DTRAIN_TORCH_LINK_OPTIONS})
-  endif()
+  # libstdc++ before LibTorch, the torch wheel's NCCL and CUDA runtime first (torch.cmake).
+  target_link_options(dtrain_torch_shared PRIVATE ${DTRAIN_TORCH_LINK_OPTIONS})
+  target_link_options(dtrain_torch_interface INTERFACE ${DTRAIN_TORCH_LINK_OPTIONS})
   list(APPEND _exported dtrain_torch_shared dtrain_torch_interface)
 endif()
 

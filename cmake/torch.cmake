@@ -41,13 +41,16 @@ target_include_directories(dtrain_torch_env INTERFACE $<BUILD_INTERFACE:${_syste
 # torch, which they find at run time by their own RUNPATH; the linker, checking their symbols,
 # must look there before the toolkit's older copies that torch's CMake package puts on the rpath.
 # (cmake/install.cmake gives dtrain::torch's users the same option.)
-set(DTRAIN_TORCH_LINK_OPTIONS "")
+# PyPI's LibTorch exports private copies of libstdc++'s std::filesystem (libtorch_cpu.so; in 2.11
+# libtorch.so too, whose remove_all jumps to address 0). The loader binds a program's or module's
+# references to the first of its dependencies that defines them, so libstdc++ goes first.
+set(DTRAIN_TORCH_LINK_OPTIONS "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
 file(GLOB _nvidia_lib_dirs LIST_DIRECTORIES true "${DTRAIN_TORCH_DIR}/../nvidia/*/lib")
 if(_nvidia_lib_dirs)
   list(JOIN _nvidia_lib_dirs ":" _nvidia_lib_path)
-  set(DTRAIN_TORCH_LINK_OPTIONS "LINKER:-rpath-link,${_nvidia_lib_path}")
-  target_link_options(dtrain_torch_env INTERFACE ${DTRAIN_TORCH_LINK_OPTIONS})
+  list(APPEND DTRAIN_TORCH_LINK_OPTIONS "LINKER:-rpath-link,${_nvidia_lib_path}")
 endif()
+target_link_options(dtrain_torch_env INTERFACE ${DTRAIN_TORCH_LINK_OPTIONS})
 # Programs find LibTorch where the wheel keeps it, built or installed.
 list(APPEND CMAKE_BUILD_RPATH "${DTRAIN_TORCH_LIB_DIR}")
 list(APPEND CMAKE_INSTALL_RPATH "${DTRAIN_TORCH_LIB_DIR}")

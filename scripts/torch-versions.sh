@@ -20,9 +20,12 @@ if [ ! -x "$py" ]; then
   echo "torch-versions: making $venv ($base)"
   "$base" -m venv "$venv"
 fi
-if [ "$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null)" != "$version" ]; then
+# torch, and what the tests use (the wheel's build backend among them, as scripts/install-deps.sh).
+if ! "$py" -c "import torch, numpy, pytest, yaml, scikit_build_core, build, expecttest
+assert torch.__version__.split('+')[0] == '$version'" 2>/dev/null; then
   echo "torch-versions: installing torch $version from PyPI into $venv"
-  "$py" -m pip install --progress-bar on --disable-pip-version-check "torch==$version" numpy pytest pyyaml
+  "$py" -m pip install --progress-bar on --disable-pip-version-check "torch==$version" numpy \
+    pytest pyyaml scikit-build-core build expecttest
 fi
 export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 build=build-torch-$version-py$pyver
