@@ -1,6 +1,5 @@
-"""torch.distributed.pipelining on backend "dtrain" against dtrain's own pipeline runner
-(dtrain.pipeline), on stages of calibrated cost, in one run, alternating rounds
-(docs/performance.md, docs/pipeline.md).
+"""torch.distributed.pipelining on backend "dtrain" against the same on gloo, on stages of
+calibrated cost, in one run, alternating rounds (docs/performance.md, docs/pipeline.md).
 
     dtrain run -n 2 -- python3 bench/torch_pipeline.py --schedules gpipe,1f1b --rounds 5
 
@@ -8,11 +7,11 @@ Each rank holds one stage: a forward that takes --forward-ms and a backward that
 --backward-ms (sleeps, so that ranks sharing cores do not slow each other and the time is the
 schedule's), on activations of --width floats per sample. A step pushes --microbatches
 micro-batches of --batch samples through. For each schedule, torch's (ScheduleGPipe,
-Schedule1F1B over a torch group on backend dtrain) and dtrain's (the same names, over a dtrain
-world) run --steps steps after a warm-up, the order of the runners alternating from round to
-round. Rank 0 prints each runner's median step time [lowest, highest round], the measured
-bubble (1 - the compute a rank does over the step time) and the verifier's prediction for the
-same costs (dtrain pipeline-plan's bubble with transfer 0).
+Schedule1F1B) over a group on backend dtrain and over one on gloo run --steps steps after a
+warm-up, the order of the backends alternating from round to round. Rank 0 prints each one's
+median step time [lowest, highest round], the measured bubble (1 - the compute a rank does over
+the step time) and the verifier's prediction for the same costs (dtrain pipeline-plan's bubble
+with transfer 0).
 """
 import argparse
 import statistics
@@ -21,7 +20,6 @@ import time
 import torch
 import torch.distributed as dist
 
-import dtrain
 import dtrain.pipeline
 import dtrain.torch  # noqa: F401  registers the backend
 
@@ -72,20 +70,6 @@ def run_torch(name, a, rank, world, group):
     return statistics.median(times)
 
 
-def run_dtrain(name, a, native):
-    pipe = dtrain.pipeline.Pipeline([Stage(a.forward_ms / 1e3, a.backward_ms / 1e3)], native,
-                                    schedule=name, microbatches=a.microbatches)
-    x = torch.ones(a.batch * a.microbatches, a.width)
-    times = []
-    for step in range(a.steps + 1):
-        native.barrier()
-        start = time.perf_counter()
-        pipe.step(x, x, loss_fn)
-        if step > 0:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--schedules", default="gpipe,1f1b")
@@ -100,15 +84,14 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("dtrain")
     rank, world = dist.get_rank(), dist.get_world_size()
-    group = dist.new_group(backend="dtrain")  # the pipeline's own, as torch advises
-    native = dtrain.init()
+    groups = {b: dist.new_group(backend=b) for b in ("dtrain", "gloo")}  # the pipeline's own
     results = {}
     for i in range(a.rounds):
         for name in a.schedules.split(","):
-            runners = [("torch", lambda: run_torch(name, a, rank, world, group)),
-                       ("dtrain", lambda: run_dtrain(name, a, native))]
-            for runner, fn in (runners if i % 2 == 0 else list(reversed(runners))):
-                results.setdefault((name, runner), []).append(fn())
+            backends = ["dtrain", "gloo"] if i % 2 == 0 else ["gloo", "dtrain"]
+            for backend in backends:
+                results.setdefault((name, backend), []).append(
+                    run_torch(name, a, rank, world, groups[backend]))
     if rank == 0:
         compute = a.microbatches * (a.forward_ms + a.backward_ms) / 1e3
         print(f"# {world} stages, {a.microbatches} micro-batches of {a.batch} x {a.width} floats, "
@@ -118,10 +101,10 @@ def main():
             plan = dtrain.pipeline.verify(dtrain.pipeline.schedule(name, world, a.microbatches),
                                           forward=a.forward_ms, backward_input=a.backward_ms,
                                           backward_weight=0.0)
-            for runner in ("torch", "dtrain"):
-                v = results[(name, runner)]
+            for backend in ("dtrain", "gloo"):
+                v = results[(name, backend)]
                 med = statistics.median(v)
-                print(f"{name:>6} {runner:>6} {med * 1e3:8.1f} [{min(v) * 1e3:.1f}, "
+                print(f"{name:>6} {backend:>6} {med * 1e3:8.1f} [{min(v) * 1e3:.1f}, "
                       f"{max(v) * 1e3:.1f}]  bubble {1 - compute / med:.3f}  "
                       f"verifier {plan['bubble']:.3f}")
     dist.destroy_process_group()

@@ -210,7 +210,9 @@ int run(const Flags& flags) {
   for (int64_t epoch = at.epoch; epoch < flags.epochs && !stopped; ++epoch) {
     sampler.set_epoch(static_cast<uint64_t>(epoch), epoch == at.epoch ? at.epoch_consumed : 0);
     while (auto indices = sampler.next(static_cast<size_t>(flags.batch_size))) {
-      if (static_cast<int>(indices->size()) < flags.microbatches) break;  // the epoch's tail
+      // The epoch's short tail is skipped, as by the Python example (torch's schedules there need
+      // every step's micro-batches of one shape), so that the two train alike.
+      if (static_cast<int>(indices->size()) < flags.batch_size) break;
       auto idx = torch::tensor(std::vector<int64_t>(indices->begin(), indices->end()), torch::kLong);
       sgd->zero_grad();
       at::Tensor loss = pipe.step(train.images.index_select(0, idx),

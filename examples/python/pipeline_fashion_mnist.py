@@ -1,15 +1,16 @@
-"""A deep MLP on Fashion-MNIST cut into pipeline stages with dtrain.pipeline (torch modules).
+"""A deep MLP on Fashion-MNIST cut into pipeline stages: torch.distributed.pipelining on dtrain.
 
     dtrain run -n 2 -- python3 examples/python/pipeline_fashion_mnist.py --stages 2
-    dtrain run -n 4 -- python3 examples/python/pipeline_fashion_mnist.py --stages 2 --schedule zb-h1
+    dtrain run -n 4 -- python3 examples/python/pipeline_fashion_mnist.py --stages 2 --schedule GPipe
 
-The ranks are stages x replicas (dtrain.ParallelLayout). The model is the C++ example's
-(examples/train_pipeline.cc): Flatten, then --layers Linear layers of --hidden units with ReLU
-between them, He-initialised, cut into stages of about equal parameter counts. Each replica
-trains on its own share of every epoch (torch's DistributedSampler); its batch is cut into
---microbatches micro-batches that the --schedule runs through the stages. World rank 0 prints
-the test accuracy and last one machine-readable line:
-    RESULT {"stages": 2, "replicas": 1, "schedule": "1f1b", "steps": ..., "final_loss": ...,
+The ranks are stages x replicas (a DeviceMesh of ("pp", "dp")), on backend "dtrain". The model is
+the C++ example's (examples/train_pipeline.cc): Flatten, then --layers Linear layers of --hidden
+units with ReLU between them, He-initialised, cut into stages of about equal parameter counts
+(dtrain.pipeline.balance_by_parameters). Each replica trains on its own share of every epoch
+(torch's DistributedSampler); its batch is cut into --microbatches micro-batches that torch's
+--schedule runs through the stages; each stage's gradients are averaged over its replicas.
+World rank 0 prints the test accuracy and last one machine-readable line:
+    RESULT {"stages": 2, "replicas": 1, "schedule": "1F1B", "steps": ..., "final_loss": ...,
             "test_accuracy": ..., "images_per_sec": ...}
 """
 import argparse
@@ -18,16 +19,19 @@ import json
 import os
 import time
 
-import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.pipelining as pp
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.data
+from torch.distributed.device_mesh import init_device_mesh
 
-import dtrain
 import dtrain.pipeline
+import dtrain.torch  # registers backend "dtrain" (an installed dtrain needs no import)
 
 DATA = "/usr/share/datasets/fashion-mnist"
+SCHEDULES = ["GPipe", "1F1B"]  # torch's schedules of one stage per rank
 
 
 def read_idx(path, images):
@@ -67,8 +71,7 @@ def make_model(layers, hidden):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", type=int, default=0, help="pipeline stages (0 = every rank)")
-    parser.add_argument("--schedule", default="1f1b",
-                        choices=[name for name, _, _ in dtrain.pipeline.schedules()])
+    parser.add_argument("--schedule", default="1F1B", choices=SCHEDULES)
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=256)
@@ -79,22 +82,30 @@ def main():
     args = parser.parse_args()
 
     torch.set_num_threads(1)
-    world = dtrain.init()
-    stages = args.stages or world.size
-    layout = dtrain.ParallelLayout(world, pipeline_stages=stages)
+    dist.init_process_group("dtrain")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    stages = args.stages or world
+    if world % stages:
+        raise SystemExit(f"pipeline_fashion_mnist: {world} ranks cannot make {stages} stages")
+    replicas = world // stages
+    mesh = init_device_mesh("cpu", (stages, replicas), mesh_dim_names=("pp", "dp"))
+    stage_index, replica = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
     torch.manual_seed(0)  # the same model on every rank; each keeps its stage
     model = make_model(args.layers, args.hidden)
     cuts = dtrain.pipeline.balance_by_parameters(model, stages)
-    stage = model[cuts[layout.stage]:cuts[layout.stage + 1]]
-    pipe = dtrain.pipeline.Pipeline([stage], layout.pipeline_group, schedule=args.schedule,
-                                    microbatches=args.microbatches, data_group=layout.data_group)
-    opt = torch.optim.SGD(pipe.parameters(), lr=args.lr, momentum=0.9)
+    module = model[cuts[stage_index]:cuts[stage_index + 1]]
+    stage = pp.PipelineStage(module, stage_index, stages, torch.device("cpu"),
+                             group=mesh["pp"].get_group())
+    schedule = getattr(pp, f"Schedule{args.schedule}")(
+        stage, n_microbatches=args.microbatches, loss_fn=F.cross_entropy)
+    first, last = stage_index == 0, stage_index == stages - 1
+    opt = torch.optim.SGD(module.parameters(), lr=args.lr, momentum=0.9)
 
     x, y = dataset("train", args.train_samples)
     test_x, test_y = dataset("test", 0)
     sampler = torch.utils.data.distributed.DistributedSampler(
-        torch.utils.data.TensorDataset(x, y), num_replicas=layout.replicas,
-        rank=layout.replica, shuffle=True, seed=0)
+        torch.utils.data.TensorDataset(x, y), num_replicas=replicas, rank=replica, shuffle=True,
+        seed=0)
     steps, images, losses = 0, 0, []
     started = time.perf_counter()
     for epoch in range(args.epochs):
@@ -102,42 +113,43 @@ def main():
         order = torch.tensor(list(sampler))
         for i in range(0, len(order), args.batch_size):
             idx = order[i:i + args.batch_size]
-            if len(idx) < args.microbatches:
+            if len(idx) < args.batch_size:  # torch's schedules need one micro-batch shape
                 break
             opt.zero_grad()
-            loss = pipe.step(x[idx], y[idx], F.cross_entropy)
+            mb_losses = []
+            schedule.step(x[idx] if first else None, target=y[idx] if last else None,
+                          losses=mb_losses if last else None)
+            if replicas > 1:  # the stage's gradients averaged over its replicas
+                for p in module.parameters():
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=mesh["dp"].get_group())
             opt.step()
             steps += 1
-            images += len(idx) * layout.replicas
-            if loss is not None:
-                losses.append(loss.item())
+            images += len(idx) * replicas
+            if last:
+                losses.append(float(torch.stack(mb_losses).detach().mean()))
     seconds = time.perf_counter() - started
 
-    # Test accuracy: each replica scores its share through its pipeline; sums over the job.
-    correct = seen = 0
-    share = torch.arange(layout.replica, len(test_y), layout.replicas)
-    for i in range(0, len(share), 1000):
-        idx = share[i:i + 1000]
-        out = pipe.forward(test_x[idx])
-        if out is not None:
-            correct += int((out.argmax(1) == test_y[idx]).sum())
-            seen += len(idx)
-    last = pipe.holds_last_stage() and layout.replica == 0
-    totals = np.array([correct, seen, np.mean(losses[-20:]) if last and losses else 0.0],
-                      np.float64)
-    world.allreduce(totals)
-    if world.rank == 0:
-        accuracy = totals[0] / max(1.0, totals[1])
+    # Test accuracy on the whole model: each stage's first replica sends its layers to every
+    # rank, and each rank scores its share of the test set.
+    for k in range(stages):
+        owner = int(mesh.mesh[k, 0])
+        for p in model[cuts[k]:cuts[k + 1]].parameters():
+            dist.broadcast(p.data, src=owner)
+    with torch.no_grad():
+        share = torch.arange(rank, len(test_y), world)
+        correct, seen = int((model(test_x[share]).argmax(1) == test_y[share]).sum()), len(share)
+    totals = torch.tensor([correct, seen, sum(losses[-20:]) / max(1, len(losses[-20:]))
+                           if last and replica == 0 else 0.0], dtype=torch.float64)
+    dist.all_reduce(totals)
+    if rank == 0:
+        accuracy = float(totals[0] / max(1.0, float(totals[1])))
         print(f"test accuracy {accuracy:.4f}, {seconds:.1f} s, {images / seconds:.0f} images/s")
         print("RESULT " + json.dumps({
-            "stages": stages, "replicas": layout.replicas, "schedule": args.schedule,
-            "steps": steps, "final_loss": float(totals[2]), "test_accuracy": float(accuracy),
+            "stages": stages, "replicas": replicas, "schedule": args.schedule, "steps": steps,
+            "final_loss": float(totals[2]), "test_accuracy": accuracy,
             "images_per_sec": images / seconds}), flush=True)
-    world.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except dtrain.Error as e:  # the full text: rank, stage, step, action, peer
-        raise SystemExit(f"pipeline_fashion_mnist: {e}")
+    main()

@@ -9,8 +9,8 @@ Without torch, on NumPy arrays (anything with the buffer protocol)::
     pg.allreduce(x)                       # in place; op="sum" by default
     pg.send(x, dst=1) / pg.recv(x, src=0) / pg.isend(...).wait()
 
-The parameter server: :mod:`dtrain.ps`; sharded record files: :mod:`dtrain.data`; pipeline
-parallelism for torch modules: :mod:`dtrain.pipeline`. With PyTorch: ``import dtrain.torch`` registers the
+The parameter server: :mod:`dtrain.ps`; sharded record files: :mod:`dtrain.data`; cutting a
+model into pipeline stages and verifying schedules: :mod:`dtrain.pipeline`. With PyTorch: ``import dtrain.torch`` registers the
 ``torch.distributed`` backend ``"dtrain"`` and is a drop-in for ``horovod.torch``.
 
 Blocking calls release the GIL, and Ctrl-C interrupts them (KeyboardInterrupt naming what was

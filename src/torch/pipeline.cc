@@ -638,45 +638,6 @@ torch::nn::Sequential slice(const torch::nn::Sequential& model, size_t begin, si
   return out;
 }
 
-std::vector<size_t> balance(const std::vector<double>& costs, int parts) {
-  const size_t n = costs.size();
-  if (parts < 1 || static_cast<size_t>(parts) > n)
-    throw InvalidArgumentError(fmt::format(
-        "balance: {} modules cannot make {} stages of at least one module each", n, parts));
-  // best[k][i]: the least largest part when the first i modules make k parts.
-  std::vector<double> prefix(n + 1, 0);
-  for (size_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
-  const double inf = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> best(parts + 1, std::vector<double>(n + 1, inf));
-  std::vector<std::vector<size_t>> from(parts + 1, std::vector<size_t>(n + 1, 0));
-  best[0][0] = 0;
-  for (int k = 1; k <= parts; ++k) {
-    for (size_t i = k; i <= n; ++i) {
-      for (size_t j = k - 1; j < i; ++j) {
-        const double v = std::max(best[k - 1][j], prefix[i] - prefix[j]);
-        if (v < best[k][i]) {
-          best[k][i] = v;
-          from[k][i] = j;
-        }
-      }
-    }
-  }
-  // The least largest part is best[parts][n]; many cuts reach it. Fill each part from the left as
-  // far as that bound allows (leaving a module for each part after it), so modules that cost
-  // nothing (activations, Flatten) join the part before them instead of making parts of their own.
-  const double bound = best[parts][n] * (1 + 1e-12);
-  std::vector<size_t> cuts(parts + 1, 0);
-  size_t i = 0;
-  for (int k = 0; k < parts; ++k) {
-    cuts[k] = i;
-    double sum = costs[i++];  // at least one module
-    while (i < n && n - i > static_cast<size_t>(parts - k - 1) && sum + costs[i] <= bound)
-      sum += costs[i++];
-  }
-  cuts[parts] = n;
-  return cuts;
-}
-
 std::vector<size_t> balance_by_parameters(const torch::nn::Sequential& model, int parts) {
   std::vector<double> costs;
   for (const auto& m : model->children()) {

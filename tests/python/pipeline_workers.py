@@ -1,15 +1,19 @@
 """Ranks of tests/python/test_pipeline.py: `python3 pipeline_workers.py NAME ARGS...` under the
-harness (RANK, WORLD_SIZE, MASTER_ADDR/PORT set). Each prints OK on success."""
+harness (RANK, WORLD_SIZE, MASTER_ADDR/PORT set): torch.distributed.pipelining on backend
+"dtrain", stages cut by dtrain.pipeline. Each prints OK, or exits 3 after the expected failure."""
+import datetime
 import os
 import signal
 import sys
 import time
 
 import torch
+import torch.distributed as dist
+import torch.distributed.pipelining as pp
 import torch.nn.functional as F
 
-import dtrain
 import dtrain.pipeline
+import dtrain.torch  # noqa: F401  (registers backend "dtrain")
 
 
 def make_model():
@@ -29,129 +33,59 @@ def batch(seed, rows):
     return torch.randn(rows, 6, generator=g), torch.randint(0, 4, (rows,), generator=g)
 
 
-def my_stages(model, p, v, rank):
-    cuts = dtrain.pipeline.balance_by_parameters(model, p * v)
-    return [model[cuts[s]:cuts[s + 1]] for s in range(rank, p * v, p)]
+def pipeline(name="1F1B"):
+    """This rank's stage of make_model() cut into one stage per rank, and torch's schedule."""
+    dist.init_process_group("dtrain", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = make_model()
+    cuts = dtrain.pipeline.balance_by_parameters(model, world)
+    stage = pp.PipelineStage(model[cuts[rank]:cuts[rank + 1]], rank, world, torch.device("cpu"))
+    schedule = getattr(pp, f"Schedule{name}")(stage, n_microbatches=4, loss_fn=F.cross_entropy)
+    return rank, world, schedule
 
 
-def reference(x, y):
-    ref = make_model()
-    loss = F.cross_entropy(ref(x), y)
-    loss.backward()
-    return loss.item(), {n: p.grad for n, p in ref.named_parameters()}
+def step(schedule, rank, world, x, y):
+    schedule.step(x if rank == 0 else None, target=y if rank == world - 1 else None)
 
 
-def check_grads(stages, ref, what):
-    checked = 0
-    for stage in stages:
-        for name, p in stage.named_parameters():
-            want = ref[name]
-            diff = (p.grad - want).abs().max().item()
-            scale = max(want.abs().max().item(), 1e-6)
-            assert diff <= 1e-5 * scale, f"{what}: {name} differs by {diff} (largest {scale})"
-            checked += 1
-    assert checked > 0, f"{what}: no parameters on this rank"
-
-
-def grads_match(schedule, virtual_stages):
-    """One step of `schedule` for 1, 3 and 8 micro-batches against the unsplit model."""
-    v = int(virtual_stages)
-    world = dtrain.init()
-    for m in (1, 3, 8):
-        stages = my_stages(make_model(), world.size, v, world.rank)
-        pipe = dtrain.pipeline.Pipeline(stages, world, schedule=schedule, microbatches=m,
-                                        virtual_stages=v)
-        x, y = batch(7, 16)
-        loss = pipe.step(x, y, F.cross_entropy)
-        ref_loss, ref = reference(x, y)
-        check_grads(stages, ref, f"{schedule} m={m}")
-        if pipe.holds_last_stage():
-            assert abs(loss.item() - ref_loss) < 1e-5, (loss.item(), ref_loss)
-        else:
-            assert loss is None
-    # Forward only, rows changing: the unsplit model's output on the last stage.
-    for rows in (5, 2):
-        x, _ = batch(rows, rows)
-        out = pipe.forward(x)
-        if pipe.holds_last_stage():
-            with torch.no_grad():
-                assert torch.allclose(out, make_model()(x), atol=1e-6)
-        else:
-            assert out is None
-    print("OK", flush=True)
-
-
-def pipeline_times_data():
-    """4 ranks = 2 stages x 2 replicas, each replica half the batch: one process's training."""
-    world = dtrain.init()
-    layout = dtrain.ParallelLayout(world, pipeline_stages=2)
-    assert (layout.stage, layout.replica) == (world.rank // 2, world.rank % 2), repr(layout)
-    stages = my_stages(make_model(), 2, 1, layout.stage)
-    pipe = dtrain.pipeline.Pipeline(stages, layout.pipeline_group, schedule="zb-h1",
-                                    microbatches=4, data_group=layout.data_group)
-    opt = torch.optim.SGD(pipe.parameters(), lr=0.1)
-    ref = make_model()
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for step in range(3):
-        x, y = batch(100 + step, 16)
-        half = slice(8 * layout.replica, 8 * layout.replica + 8)
-        opt.zero_grad()
-        pipe.step(x[half], y[half], F.cross_entropy)
-        opt.step()
-        ref_opt.zero_grad()
-        F.cross_entropy(ref(x), y).backward()
-        ref_opt.step()
-    want = dict(ref.named_parameters())
-    for name, p in stages[0].named_parameters():
-        diff = (p - want[name]).abs().max().item()
-        assert diff < 1e-5, f"{name} differs from one process by {diff}"
-    print("OK", flush=True)
+def expect_failure(what, run, says=()):
+    started = time.monotonic()
+    try:
+        run()
+    except dist.DistBackendError as e:
+        took, text = time.monotonic() - started, str(e)
+        assert took < 15, f"{what}: failed after {took:.1f} s: {text}"
+        for s in says:
+            assert s in text, f"{what}: {s!r} not in: {text}"
+        print(f"FAILED AS EXPECTED after {took:.2f} s: {text}", flush=True)
+        os._exit(3)  # the group's peers are gone: no orderly shutdown
+    raise AssertionError(f"{what} succeeded")
 
 
 def killed_stage():
-    """Rank 2 of 4 dies before its second step: every other rank raises, naming it, at once."""
-    world = dtrain.init(timeout=60)
-    stages = my_stages(make_model(), 4, 1, world.rank)
-    pipe = dtrain.pipeline.Pipeline(stages, world, schedule="1f1b", microbatches=4)
+    """Rank 2 of 4 dies between steps: every other rank raises within seconds."""
+    rank, world, schedule = pipeline("1F1B")
     x, y = batch(1, 16)
-    pipe.step(x, y, F.cross_entropy)
-    # Under 1F1B the first stages end a step last: every rank is done with step 0 before rank 2
-    # dies, so that every failure is in step 1.
-    world.barrier()
-    if world.rank == 2:
+    step(schedule, rank, world, x, y)
+    dist.barrier()  # every rank is done with the first step before rank 2 dies
+    if rank == 2:
         os.kill(os.getpid(), signal.SIGKILL)
-    started = time.monotonic()
-    try:
-        pipe.step(x, y, F.cross_entropy)
-    except dtrain.Error as e:
-        took = time.monotonic() - started
-        text = str(e)
-        assert took < 15, f"failed after {took:.1f} s: {text}"
-        assert "rank 2" in text and "step 1" in text, text
-        print(f"FAILED AS EXPECTED after {took:.2f} s: {text}", flush=True)
-        sys.exit(3)
-    raise AssertionError("the step after rank 2 died succeeded")
+    # Ranks 1 and 3 exchange with rank 2 and name it; rank 0 learns it from rank 1.
+    says = ("rank 2",) if rank in (1, 3) else ()
+    expect_failure("the step after rank 2 died", lambda: step(schedule, rank, world, x, y), says)
 
 
-def mismatched_options():
-    world = dtrain.init()
-    stages = my_stages(make_model(), 2, 1, world.rank)
-    try:
-        dtrain.pipeline.Pipeline(stages, world, schedule="1f1b",
-                                 microbatches=4 if world.rank == 0 else 8)
-    except dtrain.InvalidArgumentError as e:
-        assert "give every rank the same options" in str(e), str(e)
-    else:
-        raise AssertionError("different micro-batch counts were accepted")
-    pipe = dtrain.pipeline.Pipeline(stages, world, schedule="gpipe", microbatches=4)
-    x, y = batch(3, 3)
-    try:
-        pipe.step(x, y, F.cross_entropy)
-    except dtrain.Error as e:
-        assert "has 3 rows: it cannot make 4 micro-batches" in str(e), str(e)
-    else:
-        raise AssertionError("3 rows for 4 micro-batches were accepted")
-    print("OK", flush=True)
+def changed_shape():
+    """torch's schedules keep the shapes of their first step; a batch of another size is
+    refused on the receiving rank naming both sizes, and every rank fails."""
+    rank, world, schedule = pipeline("GPipe")
+    x, y = batch(2, 16)
+    step(schedule, rank, world, x, y)
+    x, y = batch(3, 12)
+    # 4 rows of 16 activations expected per micro-batch, 3 sent.
+    says = ("256 bytes does not match", "rank 0 sent 192 bytes") if rank == 1 else ()
+    expect_failure("a step of 12 rows after one of 16",
+                   lambda: step(schedule, rank, world, x, y), says)
 
 
 if __name__ == "__main__":

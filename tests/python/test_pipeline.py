@@ -1,6 +1,8 @@
-"""dtrain.pipeline: torch modules as pipeline stages over real processes. Every schedule's
-gradients equal the unsplit model's; pipeline x data parallel trains as one process; a killed
-stage fails every rank naming it; the schedules are the C++ ones (`dtrain pipeline-plan`)."""
+"""Pipelines from Python: torch.distributed.pipelining on backend "dtrain", stages cut by
+dtrain.pipeline. The example trains as the C++ runner's does, as 2 stages and as 2 stages x 2
+replicas; a killed stage fails every rank within seconds; a batch of another shape is named; the
+schedules and the verifier are the C++ ones (`dtrain pipeline-plan`). Every torch schedule's
+gradients are checked against one process in test_torch_parallel.py."""
 import json
 import os
 import subprocess
@@ -20,21 +22,8 @@ def run(world, name, *args, timeout=120):
                        script="pipeline_workers.py")
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"])
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_gradients_equal_the_unsplit_models(schedule, ranks):
-    v = 2 if schedule == "interleaved-1f1b" else 1
-    for r in run(ranks, "grads_match", schedule, v):
-        assert r.code == 0 and "OK" in r.out, f"rank {r.rank}:\n{r.out}"
-
-
-def test_pipeline_times_data_parallel_trains_as_one_process():
-    for r in run(4, "pipeline_times_data"):
-        assert r.code == 0 and "OK" in r.out, f"rank {r.rank}:\n{r.out}"
-
-
-def test_a_killed_stage_fails_every_rank_naming_it():
-    results = run(4, "killed_stage", timeout=60)
+def test_a_killed_stage_fails_every_rank_within_seconds():
+    results = run(4, "killed_stage", timeout=90)
     for r in results:
         if r.rank == 2:
             assert r.code == -9, r.out
@@ -42,9 +31,9 @@ def test_a_killed_stage_fails_every_rank_naming_it():
             assert r.code == 3 and "FAILED AS EXPECTED" in r.out, f"rank {r.rank}:\n{r.out}"
 
 
-def test_mismatched_options_and_small_batches_are_named():
-    for r in run(2, "mismatched_options"):
-        assert r.code == 0 and "OK" in r.out, f"rank {r.rank}:\n{r.out}"
+def test_a_batch_of_another_shape_is_refused_naming_both_sizes():
+    for r in run(2, "changed_shape", timeout=90):
+        assert r.code == 3 and "FAILED AS EXPECTED" in r.out, f"rank {r.rank}:\n{r.out}"
 
 
 def test_the_schedules_are_the_ones_dtrain_pipeline_plan_prints(tmp_path):
@@ -79,18 +68,20 @@ def _result(argv):
 
 @pytest.mark.skipif(not os.path.exists("/usr/share/datasets/fashion-mnist"),
                     reason="dataset-fashion-mnist is not installed")
-def test_the_example_learns_as_two_stages_and_as_the_cpp_example_does():
+@pytest.mark.parametrize("world,schedule", [(2, "1F1B"), (4, "GPipe")])
+def test_the_example_trains_as_the_cpp_runner_does(world, schedule):
     flags = ["--stages", "2", "--train-samples", "6000"]
-    result = _result([DTRAIN, "run", "-n", "2", "--no-prefix", "--", harness.PYTHON, EXAMPLE,
-                      *flags])
-    assert result["stages"] == 2 and result["replicas"] == 1
-    assert result["test_accuracy"] > 0.65, result
+    result = _result([DTRAIN, "run", "-n", str(world), "--no-prefix", "--", harness.PYTHON,
+                      EXAMPLE, *flags, "--schedule", schedule])
+    assert result["stages"] == 2 and result["replicas"] == world // 2
+    assert result["test_accuracy"] > 0.6, result
     assert result["final_loss"] < 1.2, result
     # The same model, seed, data order and schedule in C++ (examples/train_pipeline.cc): LibTorch
     # and torch draw the same numbers, so the two train alike, to rounding.
     cpp = os.path.join(os.path.dirname(DTRAIN), "train_pipeline")
     if os.path.exists(cpp):
-        theirs = _result([DTRAIN, "run", "-n", "2", "--no-prefix", "--", cpp, "--threads", "1",
-                          *flags])
+        theirs = _result([DTRAIN, "run", "-n", str(world), "--no-prefix", "--", cpp,
+                          "--threads", "1", *flags, "--schedule", schedule.lower()])
+        assert theirs["steps"] == result["steps"], (theirs, result)
         assert abs(theirs["final_loss"] - result["final_loss"]) < 1e-4, (theirs, result)
         assert abs(theirs["test_accuracy"] - result["test_accuracy"]) < 0.005, (theirs, result)

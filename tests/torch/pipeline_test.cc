@@ -420,11 +420,7 @@ TEST(PipelineCheckpoint, AStageKilledMidSaveResumesEveryStageFromTheStepBefore) 
   std::filesystem::remove_all(dir);
 }
 
-TEST(Pipeline, BalanceCutsTheLeastLargestPart) {
-  EXPECT_EQ(balance({1, 1, 1, 1}, 2), (std::vector<size_t>{0, 2, 4}));
-  EXPECT_EQ(balance({5, 1, 1, 1, 1, 1}, 2), (std::vector<size_t>{0, 1, 6}));
-  EXPECT_EQ(balance({1, 2, 3, 4, 5}, 3), (std::vector<size_t>{0, 3, 4, 5}));
-  EXPECT_THROW(balance({1, 2}, 3), InvalidArgumentError);
+TEST(Pipeline, BalanceByParametersCutsTheModelIntoSlicesThatKeepItsNames) {
   auto model = make_model();
   auto cuts = balance_by_parameters(model, 4);
   EXPECT_EQ(cuts.front(), 0u);

@@ -43,6 +43,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include "dtrain/pipeline/balance.h"
 #include "dtrain/pipeline/schedule.h"
 #include "dtrain/process_group.h"
 
@@ -109,7 +110,7 @@ class Pipeline {
 // their names in `model` ("3.weight" stays "3.weight"), so checkpoints and comparisons line up.
 torch::nn::Sequential slice(const torch::nn::Sequential& model, size_t begin, size_t end);
 // Contiguous parts whose largest cost is the least possible (each part at least one module).
-std::vector<size_t> balance(const std::vector<double>& costs, int parts);
+using pipeline::balance;
 // By parameter count (modules without parameters cost nothing).
 std::vector<size_t> balance_by_parameters(const torch::nn::Sequential& model, int parts);
 // By measured time: each module's forward and backward on `sample` (the model's input), the

@@ -1,16 +1,13 @@
 // dtrain._core's pipeline pieces for python/dtrain/pipeline.py: the schedules (as lists of
-// (op, stage, micro-batch) tuples per rank), the verifier, the message header the C++ runner
-// speaks, and ParallelLayout. The runner itself is Python (its stages are torch modules); what it
-// runs and what it sends are these.
-#include <fmt/format.h>
+// (op, stage, micro-batch) tuples per rank), the verifier, the cutting of a model into stages,
+// and ParallelLayout. Python runs pipelines with torch.distributed.pipelining (docs/pipeline.md).
 #include <pybind11/stl.h>
 
-#include "dtrain/error.h"
 #include "dtrain/parallel_layout.h"
+#include "dtrain/pipeline/balance.h"
 #include "dtrain/pipeline/chart.h"
 #include "dtrain/pipeline/schedule.h"
 #include "dtrain/pipeline/verifier.h"
-#include "pipeline/message.h"
 #include "python/core/bindings.h"
 
 namespace py = pybind11;
@@ -81,49 +78,8 @@ void bind_pipeline(py::module_& m) {
       py::arg("backward_weight") = 1.0, py::arg("transfer") = 0.0,
       "Runs a schedule (its JSON) offline: {'ok', 'error', 'bubble', 'makespan', 'busy',\n"
       "'peak_microbatches', 'chart'}.");
-  m.def(
-      "pipeline_encode_header",
-      [](int direction, int stage, int microbatch, int64_t step, int microbatches,
-         uint32_t schedule_id, const std::string& dtype, const std::vector<int64_t>& shape) {
-        if (direction != 1 && direction != 2)
-          throw InvalidArgumentError(
-              fmt::format("pipeline: direction {} is not 1 or 2", direction));
-        MessageHeader h;
-        h.direction = static_cast<Direction>(direction);
-        h.stage = stage;
-        h.microbatch = microbatch;
-        h.step = step;
-        h.microbatches = microbatches;
-        h.schedule_id = schedule_id;
-        h.dtype = parse_dtype(dtype);
-        h.shape = shape;
-        auto bytes = encode(h);
-        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-      },
-      py::arg("direction"), py::arg("stage"), py::arg("microbatch"), py::arg("step"),
-      py::arg("microbatches"), py::arg("schedule_id"), py::arg("dtype"), py::arg("shape"));
-  m.def(
-      "pipeline_decode_header",
-      [](const py::buffer& b) {
-        py::buffer_info info = b.request();
-        MessageHeader h =
-            decode(std::span<const std::byte>(static_cast<const std::byte*>(info.ptr),
-                                              static_cast<size_t>(info.size * info.itemsize)));
-        return py::make_tuple(static_cast<int>(h.direction), h.stage, h.microbatch, h.step,
-                              h.microbatches, h.schedule_id, std::string(to_string(h.dtype)),
-                              h.shape, describe(h));
-      },
-      py::arg("header"),
-      "(direction, stage, microbatch, step, microbatches, schedule_id, dtype, shape, text)");
-  m.def("pipeline_schedule_id", &schedule_id, py::arg("name"), py::arg("ranks"),
-        py::arg("virtual_stages"));
-  m.def(
-      "pipeline_message_tag",
-      [](int direction, int stage, int microbatch, int stages) {
-        return message_tag(static_cast<Direction>(direction), stage, microbatch, stages);
-      },
-      py::arg("direction"), py::arg("stage"), py::arg("microbatch"), py::arg("stages"));
-  m.attr("PIPELINE_HEADER_BYTES") = kHeaderBytes;
+  m.def("pipeline_balance", &balance, py::arg("costs"), py::arg("parts"),
+        "Cut points of contiguous parts whose largest cost is the least possible.");
 
   py::class_<ParallelLayout, std::shared_ptr<ParallelLayout>>(
       m, "ParallelLayout",
