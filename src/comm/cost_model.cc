@@ -286,6 +286,7 @@ algo::CostInput CostModel::input(const algo::Algorithm& a, size_t bytes, int n,
   // 4 ranks on 2 cores between 512 KiB and 1 MiB, 2 ranks between 2 and 4 MiB.
   const bool spills = topology.local && 4 * c.N * c.M * topology.oversubscription >= k_.cache_bytes;
   c.reread = spills ? 2.0 : 0.0;
+  c.trip = topology.local ? 2.0 : 1.0;
   c.chunks = c.M / (256.0 * 1024.0);
   c.p = static_cast<double>(std::bit_floor(static_cast<unsigned>(n)));
   c.lp = std::log2(c.p);

@@ -115,13 +115,26 @@ void check_others(ProcessGroup& pg) {
       check_values(out, t, count * n, [&](size_t i) { return small(static_cast<int>(i / std::max<size_t>(count, 1)), i % std::max<size_t>(count, 1)); },
                     fmt::format("rank {}: all_gather {} {}", rank, algo, c));
     }
-    {
-      // reduce_scatter: block r of the sum.
+    for (const std::string& algo : one_host_algorithms(comm::CollectiveKind::kReduceScatter)) {
+      // reduce_scatter: block r of the sum (of the maximum); the input stays as it was.
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+        auto in = filled(t, count * n, rank);
+        const auto before = in;
+        std::vector<std::byte> out(count * 4);
+        pg.reduce_scatter(view(out, t), view(in, t), {.op = op, .algorithm = algo})->wait();
+        check_values(out, t, count, [&](size_t i) { return expected_reduction(op, t, n, rank * count + i); },
+                      fmt::format("rank {}: reduce_scatter {} {} {}", rank, algo, to_string(op), c));
+        RANK_CHECK(in == before, "reduce_scatter {} changed its input", algo);
+      }
+      // In place: the output is this rank's block of the input (the hierarchical all-reduce's).
       auto in = filled(t, count * n, rank);
-      std::vector<std::byte> out(count * 4);
-      pg.reduce_scatter(view(out, t), view(in, t), {.op = ReduceOp::kSum})->wait();
-      check_values(out, t, count, [&](size_t i) { return expected_reduction(ReduceOp::kSum, t, n, rank * count + i); },
-                    fmt::format("rank {}: reduce_scatter {}", rank, c));
+      TensorView mine = view(in, t);
+      mine.data = in.data() + static_cast<size_t>(rank) * count * 4;
+      mine.numel = count;
+      pg.reduce_scatter(mine, view(in, t), {.op = ReduceOp::kSum, .algorithm = algo})->wait();
+      std::vector<std::byte> block(in.begin() + rank * count * 4, in.begin() + (rank + 1) * count * 4);
+      check_values(block, t, count, [&](size_t i) { return expected_reduction(ReduceOp::kSum, t, n, rank * count + i); },
+                    fmt::format("rank {}: reduce_scatter {} in place {}", rank, algo, c));
     }
     {
       // all_to_all: block j of rank r holds 1000*r + j*count + i.

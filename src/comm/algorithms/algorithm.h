@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/collective.h"
@@ -26,6 +27,10 @@ struct CostInput {
   LinkCost link;      // the slowest link its messages cross; beta scaled by the flows sharing it
   double gamma = 0;   // seconds per byte reduced
   double reread = 0;  // extra passes over the buffer where it spills out of the cache (rings)
+  // Copies a byte costs on its way through the transport, counted in beta: 2 on shared memory
+  // (into a ring and out), 1 over sockets. The all-gather and reduce-scatter rings pay it where
+  // the direct forms copy once; the all-reduce formulas still count 1 (docs/algorithms.md).
+  double trip = 1;
   double chunks = 0;  // M in 256 KiB chunks (chunked algorithms pay a message for each)
   double p = 1;       // the largest power of two <= N
   double lp = 0;      // log2 p
@@ -52,6 +57,21 @@ inline void place_own_block(const Invocation& i) {
   const int r = i.ctx.rank();
   std::byte* to = bytes_of(i.out) + i.out_offsets[r];
   if (i.out_sizes[r] > 0 && to != i.in.data) std::memmove(to, i.in.data, i.out_sizes[r]);
+}
+
+// Every rank sends `*mine` to every other and receives theirs into theirs[p] (the direct
+// algorithms' rounds: buffer addresses out, "done with your buffer" back). Null pointers: an
+// empty message each way, a round that only synchronises.
+template <typename T>
+void all_exchange(CollectiveContext& ctx, const T* mine, T* theirs) {
+  const int n = ctx.size(), r = ctx.rank();
+  std::vector<CollectiveContext::RequestPtr> reqs;
+  for (int p = 0; p < n; ++p) {
+    if (p == r) continue;
+    reqs.push_back(ctx.recv(p, theirs ? theirs + p : nullptr, theirs ? sizeof(T) : 0));
+    reqs.push_back(ctx.send(p, mine, mine ? sizeof(T) : 0));
+  }
+  ctx.wait(reqs);
 }
 
 // What the group must offer beyond its ranks.

@@ -32,12 +32,13 @@ extern const Algorithm kAllgatherBruck{
     .name = "bruck",
     .kind = CollectiveKind::kAllgather,
     .file = "allgather_bruck.cc",
-    .formula = "ceil(log2 N) alpha + (N-1) M beta + a local rotation",
+    .formula = "ceil(log2 N) alpha + (N-1) t M beta + a local rotation, t copies a trip",
     .chosen = "small blocks (recursive doubling for any N)",
     // The rotation copies the gathered buffer once more: modelled as a memory copy at 15 GB/s.
     .cost =
         [](const CostInput& c) {
-          return c.log2n * c.link.alpha + (c.N - 1) * c.M * c.link.beta + c.N * c.M / 15e9;
+          return c.log2n * c.link.alpha + (c.N - 1) * (c.trip + c.reread) * c.M * c.link.beta +
+                 c.N * c.M / 15e9;
         },
     .run =
         [](const Invocation& i) {

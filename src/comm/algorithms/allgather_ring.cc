@@ -31,14 +31,19 @@ void run_ring(const Invocation& i) {
 }
 }  // namespace
 
+// On shared memory a block's trip is two copies (CostInput::trip), and beyond the cache each
+// goes through memory (CostInput::reread), as the ring all-reduce's.
 extern const Algorithm kAllgatherRing{
     .name = "ring",
     .kind = CollectiveKind::kAllgather,
     .file = "allgather_ring.cc",
-    .formula = "(N-1)(alpha + M beta), M one rank's block",
-    .chosen = "large blocks",
+    .formula = "(N-1)(alpha + t M beta), M one rank's block, t copies a trip",
+    .chosen = "large blocks where the direct form cannot run (across hosts)",
     .flows = Flows::kOnePerHost,
-    .cost = [](const CostInput& c) { return (c.N - 1) * (c.link.alpha + c.M * c.link.beta); },
+    .cost =
+        [](const CostInput& c) {
+          return (c.N - 1) * (c.link.alpha + (c.trip + c.reread) * c.M * c.link.beta);
+        },
     .run = run_ring,
 };
 

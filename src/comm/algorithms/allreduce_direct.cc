@@ -54,18 +54,6 @@ struct Hello {
   int32_t page_fd;  // rank 0 only: its descriptor of the shared page (-1: none)
 };
 
-template <typename T>
-void all_exchange(CollectiveContext& ctx, const T* mine, T* theirs) {
-  const int n = ctx.size(), r = ctx.rank();
-  std::vector<CollectiveContext::RequestPtr> reqs;
-  for (int p = 0; p < n; ++p) {
-    if (p == r) continue;
-    reqs.push_back(ctx.recv(p, theirs ? theirs + p : nullptr, theirs ? sizeof(T) : 0));
-    reqs.push_back(ctx.send(p, mine, mine ? sizeof(T) : 0));
-  }
-  ctx.wait(reqs);
-}
-
 // The first call of the group: rank 0 offers its page, the others adopt it, and all agree
 // whether everyone has it (one more round).
 void set_up_claims(CollectiveContext& ctx, const std::vector<Hello>& hello) {

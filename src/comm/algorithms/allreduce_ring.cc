@@ -135,17 +135,21 @@ extern const Algorithm kAllreduceRing{
     .run = [](const Invocation& i) { allreduce_ring(i.ctx, bytes_of(i.out), i.out.numel); },
 };
 
-// Reduces a copy of the input (the caller's stays as it was) and keeps this rank's block.
+// Reduces a copy of the input (the caller's stays as it was) and keeps this rank's block: a
+// copy in and a copy out beside the ring's trips (CostInput::trip copies each).
 extern const Algorithm kReduceScatterRing{
     .name = "ring",
     .kind = CollectiveKind::kReduceScatter,
     .file = "allreduce_ring.cc",
-    .formula = "(N-1) alpha + (N-1)/N M (beta + gamma)",
-    .chosen = "always",
+    .formula = "(N-1) alpha + (N-1)/N M (t beta + gamma) + (N+1)/N M beta, t copies a trip",
+    .chosen = "across hosts, and small buffers on one (the direct form's two rounds cost more)",
     .flows = Flows::kOnePerHost,
     .cost =
         [](const CostInput& c) {
-          return (c.N - 1) * c.link.alpha + (c.N - 1) / c.N * c.M * (c.link.beta + c.gamma);
+          return (c.N - 1) * c.link.alpha +
+                 (c.N - 1) / c.N *
+                     ((c.trip + c.reread) * c.M * c.link.beta + c.chunks * c.link.alpha) +
+                 (c.N - 1) / c.N * c.M * c.gamma + (c.N + 1) / c.N * c.M * c.link.beta;
         },
     .run =
         [](const Invocation& i) {

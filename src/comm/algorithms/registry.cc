@@ -13,8 +13,9 @@ namespace dtrain::comm::algo {
 extern const Algorithm kAllreduceRing, kAllreduceHalvingDoubling, kAllreduceRecursiveDoubling,
     kAllreduceCentral, kAllreduceDirect, kAllreduceHierarchical, kBroadcastTree,
     kBroadcastScatterAllgather, kBroadcastHierarchical, kReduceTree, kReduceRing, kAllgatherRing,
-    kAllgatherBruck, kAllgatherHierarchical, kAllgathervRing, kReduceScatterRing, kGatherLinear,
-    kScatterLinear, kAlltoallPairwise, kAlltoallvPairwise, kBarrierDissemination;
+    kAllgatherBruck, kAllgatherDirect, kAllgatherHierarchical, kAllgathervRing, kReduceScatterRing,
+    kReduceScatterDirect, kGatherLinear, kScatterLinear, kAlltoallPairwise, kAlltoallvPairwise,
+    kBarrierDissemination;
 
 namespace {
 
@@ -32,9 +33,11 @@ constexpr std::array kAll = {
     &kReduceRing,
     &kAllgatherRing,
     &kAllgatherBruck,
+    &kAllgatherDirect,
     &kAllgatherHierarchical,
     &kAllgathervRing,
     &kReduceScatterRing,
+    &kReduceScatterDirect,
     &kGatherLinear,
     &kScatterLinear,
     &kAlltoallPairwise,
