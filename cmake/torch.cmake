@@ -128,6 +128,16 @@ endif()
 add_executable(pipeline_bench bench/pipeline_bench.cc)
 target_link_libraries(pipeline_bench PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt)
 
+# tensor_parallel_bench: transformer blocks on dtrain's tensor-parallel layers, beside torch's
+# DTensor (bench/tensor_parallel.sh; docs/performance.md, "Tensor parallelism").
+add_executable(tensor_parallel_bench bench/tensor_parallel_bench.cc)
+target_link_libraries(tensor_parallel_bench PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt nlohmann_json::nlohmann_json)
+
+# transformer_bench: DDP and ZeRO 1-3 on the transformer of bench/transformer_lm.py, in C++
+# (bench/transformer.sh puts it beside torch's DDP and FSDP2).
+add_executable(transformer_bench bench/transformer_bench.cc)
+target_link_libraries(transformer_bench PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt nlohmann_json::nlohmann_json)
+
 # sharded_bench: DDP against ZeRO stages 1-3, throughput and model-state memory
 # (docs/performance.md, "Sharded data parallelism"); run it under `dtrain run -n 2`.
 add_executable(sharded_bench bench/sharded_bench.cc)
