@@ -78,9 +78,11 @@ class UnavailableError : public Error {
 // on with its kind (its meaning for retrying) unchanged.
 std::exception_ptr make_error(ErrorKind kind, const std::string& message);
 [[noreturn]] void throw_error(ErrorKind kind, const std::string& message);
-// The error `e` again, its kind kept, its message `context: <e's message>` (a dtrain::Error; any
-// other exception becomes an InternalError, a std::bad_alloc a ResourceExhaustedError).
-[[noreturn]] void rethrow_with_context(std::exception_ptr e, const std::string& context);
+// The error `e` again, its kind kept, its message `context: <e's message>` and, when `after` is
+// given, `. <after>` (a dtrain::Error; any other exception becomes an InternalError, a
+// std::bad_alloc a ResourceExhaustedError).
+[[noreturn]] void rethrow_with_context(std::exception_ptr e, const std::string& context,
+                                       const std::string& after = "");
 
 // The kind of a failed system call's errno: out of space or descriptors is kResourceExhausted,
 // EIO kDataLoss, EINTR/EAGAIN/EBUSY kUnavailable, the rest (a path that does not exist, no

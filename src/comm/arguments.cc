@@ -159,6 +159,10 @@ void check_alltoall(const GroupInfo& info, const TensorView& out, const TensorVi
         info.rank, in.numel, out.numel, info.size));
 }
 
+std::string AlltoallvTotals::describe(DType dtype) const {
+  return fmt::format("{}, sends {} elements, receives {}", to_string(dtype), in, out);
+}
+
 AlltoallvTotals check_alltoallv(const GroupInfo& info, const TensorView& out,
                                 const std::vector<size_t>& out_counts, const TensorView& in,
                                 const std::vector<size_t>& in_counts) {

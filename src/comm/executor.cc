@@ -54,15 +54,15 @@ void CollectiveWork::wait_until_done(std::optional<std::chrono::milliseconds> ti
     if (auto e = completion_.error()) std::rethrow_exception(e);
     return;
   }
-  bool spin = true;
+  std::chrono::microseconds spin{0};
   if (auto ex = executor_.lock()) {
     ex->help(this);
-    spin = ex->spin_waits_ || !in_collective;
+    if (ex->options_.spin_inside_collectives || !in_collective) spin = ex->options_.spin;
   }
   // The worker is running it: a quick collective ends before a sleep would even begin.
-  for (auto spin_end = Clock::now() + std::chrono::microseconds(spin ? 50 : 0);
-       !completion_.done() && Clock::now() < spin_end;) {
-  }
+  if (spin.count() > 0)
+    for (auto spin_end = Clock::now() + spin; !completion_.done() && Clock::now() < spin_end;) {
+    }
   // The collective enforces its own deadline on every message; the slack only covers the
   // time to notice and report it.
   const Deadline limit = timeout ? Deadline::after(*timeout)
@@ -81,9 +81,9 @@ void CollectiveWork::wait_until_done(std::optional<std::chrono::milliseconds> ti
   if (auto e = completion_.error()) std::rethrow_exception(e);
 }
 
-Executor::Executor(std::function<void(std::exception_ptr)> on_failure, bool spin_waits)
+Executor::Executor(std::function<void(std::exception_ptr)> on_failure, ExecutorOptions options)
     : on_failure_(std::move(on_failure)),
-      spin_waits_(spin_waits),
+      options_(options),
       wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
       timer_(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK)) {
   if (!wake_.valid() || !timer_.valid())

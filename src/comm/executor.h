@@ -71,16 +71,24 @@ class CollectiveWork : public Work {
   Completion completion_;
 };
 
+struct ExecutorOptions {
+  // How long a thread waiting for a collective the worker runs busy-polls before it sleeps
+  // (DTRAIN_SPIN_US; 0: never): a quick collective ends before a sleep would even begin.
+  std::chrono::microseconds spin{50};
+  // False where the machine's ranks outnumber its cores: then a wait inside another collective
+  // (the hierarchical forms' inner ones) sleeps at once, since the inner group's worker needs
+  // the core it would spin on; the caller's own wait still spins (measured,
+  // docs/performance.md).
+  bool spin_inside_collectives = true;
+};
+
 class Executor : public std::enable_shared_from_this<Executor> {
  public:
   friend class CollectiveWork;
   // on_failure is called (on the running thread) when a collective fails, before its Work
   // completes; it decides what the failure does to the group.
-  // `spin_waits`: a thread waiting for a collective busy-polls briefly before it sleeps. False
-  // where the machine's ranks outnumber its cores: then a wait inside another collective (the
-  // hierarchical forms' inner ones) sleeps at once, since the inner group's worker needs the
-  // core it would spin on; the caller's own wait still spins (measured, docs/performance.md).
-  explicit Executor(std::function<void(std::exception_ptr)> on_failure, bool spin_waits = true);
+  explicit Executor(std::function<void(std::exception_ptr)> on_failure,
+                    ExecutorOptions options = {});
   ~Executor();
   void start();
 
@@ -132,7 +140,7 @@ class Executor : public std::enable_shared_from_this<Executor> {
   void arm_timer_locked(Clock::time_point when);
 
   std::function<void(std::exception_ptr)> on_failure_;
-  const bool spin_waits_;
+  const ExecutorOptions options_;
   net::Fd wake_;            // eventfd: a collective to start now, or stop
   net::Fd timer_;           // timerfd: the first queued collective's grace is over
   std::mutex queue_mu_;     // guards queue_ and timer_set_

@@ -12,15 +12,15 @@
 namespace dtrain::comm {
 namespace {
 
-std::string key(const std::string& group, uint32_t seq, int rank) {
-  return fmt::format("{}/postmortem/{}/{}", group, seq, rank);
-}
-
 std::string latest_key(const std::string& group, int rank) {
   return fmt::format("{}/postmortem/latest/{}", group, rank);
 }
 
 }  // namespace
+
+std::string postmortem_key(const std::string& group, uint32_t seq, int rank) {
+  return fmt::format("{}/postmortem/{}/{}", group, seq, rank);
+}
 
 void CallHistory::called(uint32_t seq, const CollectiveCall& call) {
   std::lock_guard lock(mu_);
@@ -65,7 +65,7 @@ std::string CallHistory::describe(uint32_t seq) const {
 void publish_postmortem(Store& store, const std::string& group, int rank, uint32_t seq,
                         const std::string& entry) {
   try {
-    store.set(key(group, seq, rank), std::string_view(entry));
+    store.set(postmortem_key(group, seq, rank), std::string_view(entry));
     // Also as this rank's latest word, for a post-mortem of another collective number (ranks
     // that time out in different collectives at once still learn where the others are).
     store.set(latest_key(group, rank), fmt::format("at collective #{} {}", seq, entry));
@@ -77,7 +77,7 @@ void publish_postmortem(Store& store, const std::string& group, int rank, uint32
 std::string collect_postmortem(Store& store, const std::string& group, int size, uint32_t seq,
                                std::chrono::milliseconds wait, const LostConnection& lost) {
   std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(key(group, seq, r));
+  for (int r = 0; r < size; ++r) keys.push_back(postmortem_key(group, seq, r));
   const Deadline deadline = Deadline::after(wait);
   std::map<std::string, std::vector<int>> by_entry;
   std::vector<int> silent;

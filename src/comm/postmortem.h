@@ -18,6 +18,9 @@
 
 namespace dtrain::comm {
 
+// The store key of rank `rank`'s statement on collective #seq of `group`.
+std::string postmortem_key(const std::string& group, uint32_t seq, int rank);
+
 // The recent collectives of one group on this rank.
 class CallHistory {
  public:

@@ -94,15 +94,6 @@ Options with_timeout(Options options, std::chrono::milliseconds left) {
   return options;
 }
 
-// Rethrows the current exception with `context` in front and `after` behind, keeping its kind.
-[[noreturn]] void rethrow_with(const std::string& context, const std::string& after) {
-  try {
-    throw;
-  } catch (const Error& e) {
-    throw_error(e.kind(), fmt::format("{} failed: {}. Post-mortem: {}", context, e.what(), after));
-  }
-}
-
 }  // namespace
 
 NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, int size,
@@ -189,7 +180,8 @@ void NativeProcessGroup::start() {
         // A wait that timed out: the collective stuck is the first one not completed here.
         on_collective_failed(history_.first_unfinished(), e);
       },
-      /*spin_waits=*/!device_->oversubscribed());
+      ExecutorOptions{.spin = device_->spin(),
+                      .spin_inside_collectives = !device_->oversubscribed()});
   executor_->start();
   transport::Device::GroupHandlers handlers;
   handlers.mark = [this](uint32_t seq, std::exception_ptr e) {
@@ -584,10 +576,14 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
     const std::string entry = failed_seq == seq
                                   ? fmt::format("called {} and failed", call.describe())
                                   : history_.describe(failed_seq);
+    // Arrived before the statement: a peer that waits for the statement finds the arrival, and
+    // does not call this rank "not arrived" beside "rank R called ... and failed".
+    if (size_ > 1 && failed_seq == seq) watchdog_->publish_arrival(seq);
     std::string after = postmortem(failed_seq, entry);
     if (size_ > 1 && failed_seq == seq) after += "; " + watchdog_->arrivals(seq);
     watchdog_->leave();
-    rethrow_with(label.describe(), after);
+    rethrow_with_context(std::current_exception(), label.describe() + " failed",
+                         "Post-mortem: " + after);
   }
   watchdog_->leave();
   history_.finished(seq);

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm/postmortem.h"
 #include "common/log.h"
 
 namespace dtrain::comm {
@@ -60,6 +61,15 @@ void Watchdog::leave() {
 
 std::string Watchdog::arrivals(uint32_t seq) { return read_arrivals(seq).text; }
 
+void Watchdog::publish_arrival(uint32_t seq) {
+  int64_t at;
+  {
+    std::lock_guard lock(mu_);
+    at = arrived_ms_locked();
+  }
+  publish(seq, at);
+}
+
 Watchdog::Arrivals Watchdog::read_arrivals(uint32_t seq) {
   int64_t mine;
   {
@@ -76,7 +86,9 @@ Watchdog::Arrivals Watchdog::read_arrivals(uint32_t seq) {
     for (int r = 0; r < size_; ++r) {
       const std::string key = fmt::format("{}/arrive/{}/{}", group_, seq, r);
       if (!store_.check({key})) {
-        absent.push_back(r);
+        // A rank that made a post-mortem statement on this collective has said what it did
+        // (called it, or not yet): "not arrived" beside that would contradict or repeat it.
+        if (!store_.check({postmortem_key(group_, seq, r)})) absent.push_back(r);
         continue;
       }
       int64_t at = std::stoll(store_.get_string(key));
@@ -121,13 +133,18 @@ void Watchdog::report(uint32_t seq, const std::string& what,
 }
 
 void Watchdog::run(std::stop_token stop) {
+  using Clock = std::chrono::steady_clock;
+  // Idle (or before a collective's first deadline is known), look in at this pace; otherwise
+  // wake at the next thing due, so that reports come at the threshold and its multiples.
+  const auto idle = std::chrono::milliseconds(std::min<int64_t>(threshold_.count() / 4 + 1, 1000));
   std::unique_lock lock(mu_);
   while (!stop.stop_requested()) {
-    cv_.wait_for(lock, stop,
-                 std::chrono::milliseconds(std::min<int64_t>(threshold_.count() / 4 + 1, 1000)),
-                 [] { return false; });
+    Clock::time_point wake = Clock::now() + idle;
+    if (seq_ != 0)
+      wake = std::min(wake, since_ + (published_ != seq_ ? threshold_ / 2 : next_report_));
+    cv_.wait_until(lock, stop, wake, [] { return false; });
     if (stop.stop_requested() || seq_ == 0) continue;
-    auto waited = std::chrono::steady_clock::now() - since_;
+    const auto waited = Clock::now() - since_;
     // Every rank stuck this long says when it arrived, well before anyone reports, so that the
     // report finds every waiting rank's entry.
     if (waited >= threshold_ / 2 && published_ != seq_) {
@@ -140,7 +157,13 @@ void Watchdog::run(std::stop_token stop) {
       continue;
     }
     if (waited < next_report_) continue;
-    next_report_ = waited + threshold_;  // and again one interval later, until it ends
+    // Past its limit the call is failing, and its error says all this and more: nothing more
+    // is due for it.
+    if (limit_ != std::chrono::milliseconds::max() && waited >= limit_) {
+      next_report_ = Clock::duration::max() / 2;
+      continue;
+    }
+    while (next_report_ <= waited) next_report_ += threshold_;  // 4, 8, 12 s: no drift
     const uint32_t seq = seq_;
     const std::string what = call_.describe();
     const auto limit = limit_;

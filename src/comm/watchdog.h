@@ -32,6 +32,9 @@ class Watchdog {
   void leave();
   // "rank 0 at 12:00:01.234 (waited 3.0 s); not arrived: ranks 2, 3", after publishing ours.
   std::string arrivals(uint32_t seq);
+  // Publishes this rank's arrival at the running collective `seq`: a failing rank does so before
+  // its post-mortem statement, so that a peer that read the statement finds the arrival too.
+  void publish_arrival(uint32_t seq);
 
  private:
   void run(std::stop_token stop);

@@ -67,17 +67,19 @@ void throw_error(ErrorKind kind, const std::string& message) {
   std::rethrow_exception(make_error(kind, message));
 }
 
-void rethrow_with_context(std::exception_ptr e, const std::string& context) {
+void rethrow_with_context(std::exception_ptr e, const std::string& context,
+                          const std::string& after) {
+  const std::string tail = after.empty() ? "" : ". " + after;
   try {
     std::rethrow_exception(e);
   } catch (const Error& err) {
-    throw_error(err.kind(), context + ": " + err.what());
+    throw_error(err.kind(), context + ": " + err.what() + tail);
   } catch (const std::bad_alloc&) {
-    throw ResourceExhaustedError(context + ": out of memory");
+    throw ResourceExhaustedError(context + ": out of memory" + tail);
   } catch (const std::exception& err) {
-    throw InternalError(context + ": " + err.what());
+    throw InternalError(context + ": " + err.what() + tail);
   } catch (...) {
-    throw InternalError(context + ": an exception that is not a std::exception");
+    throw InternalError(context + ": an exception that is not a std::exception" + tail);
   }
 }
 

@@ -53,6 +53,7 @@ class Device {
   const std::string& rack_of(int rank) const { return racks_[rank]; }  // "" = not told
   // More ranks on this machine (all its network namespaces) than cores: waits yield.
   bool oversubscribed() const { return options_.oversubscribed; }
+  std::chrono::microseconds spin() const { return options_.spin; }
   // Fails every pending and future operation on every pair with `error`.
   void abort(std::exception_ptr error);
 

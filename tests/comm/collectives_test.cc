@@ -445,6 +445,10 @@ TEST(Collectives, MismatchFailsEveryRankWithNames) {
                    "case {}: message lacks detail: {}", c.name, m);
         RANK_CHECK(took < 15s, "case {}: took {} ms", c.name,
                    std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+        // Every rank called collective #2: none is said not to have arrived at it (beside its
+        // own statement that it called it).
+        RANK_CHECK(m.find("not arrived") == std::string::npos,
+                   "case {}: the post-mortem contradicts itself: {}", c.name, m);
         std::fprintf(stderr, "case %s rank %d failed after %lld ms: %s\n", c.name, rank,
                      static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()), m.c_str());
         // Rank 0 hosts the store: it stays until the others have read their post-mortems (each
@@ -709,7 +713,52 @@ TEST(Collectives, StragglerIsNamedInTheLog) {
   EXPECT_NE(text.find("rank 1 at"), std::string::npos) << text;
   EXPECT_NE(text.find(report, text.find(report) + 1), std::string::npos)
       << "reported once, not every interval: " << text;
+  // At the threshold and its multiples (1, 2, 3 s), not drifting by the watchdog's wake-ups.
+  std::vector<double> waits;
+  for (size_t at = text.find(report); at != std::string::npos; at = text.find(report, at + 1))
+    waits.push_back(std::stod(text.substr(at + report.size())));
+  ASSERT_GE(waits.size(), 2u) << text;
+  for (size_t i = 0; i < waits.size(); ++i)
+    EXPECT_NEAR(waits[i], 1.0 * static_cast<double>(i + 1), 0.2) << "report " << i << ": " << text;
   EXPECT_EQ(rank1.find("has waited"), std::string::npos) << "rank 1 reported too: " << rank1;
+}
+
+// A collective past its limit is failing: its error is the report, and no progress line follows
+// it saying the call "has waited 3.1 s of its 2 s limit".
+TEST(Collectives, NoProgressReportPastTheLimit) {
+  const int port = free_port();
+  const std::string log = ::testing::TempDir() + "/dtrain_past_limit_" + std::to_string(::getpid());
+  auto results = run_ranks(2, [&](int rank) {
+    ::setenv("DTRAIN_STRAGGLER_SECONDS", "1", 1);
+    if (rank == 0) {
+      FILE* f = std::freopen(log.c_str(), "w", stderr);
+      RANK_CHECK(f != nullptr, "cannot redirect stderr");
+    }
+    auto pg = make_group(rank, 2, port);
+    pg->barrier()->wait();
+    std::vector<float> v(4, 1.0f);
+    if (rank == 0) {
+      try {
+        pg->allreduce(TensorView::of(v), {.timeout = 2s})->wait();
+        RANK_CHECK(false, "all_reduce without a partner succeeded");
+      } catch (const TimeoutError&) {
+      }
+      std::this_thread::sleep_for(1500ms);  // a report would have come by now
+      std::fflush(stderr);
+    } else {
+      std::this_thread::sleep_for(6s);  // never calls it
+    }
+  }, 60s);
+  expect_all_ok(results);
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::remove(log.c_str());
+  const std::string text = ss.str();
+  const std::string report = "has waited ";
+  ASSERT_NE(text.find(report), std::string::npos) << "no report within the limit: " << text;
+  for (size_t at = text.find(report); at != std::string::npos; at = text.find(report, at + 1))
+    EXPECT_LT(std::stod(text.substr(at + report.size())), 2.0) << text;
 }
 
 // Over TCP a stopped rank (SIGSTOP: alive, its connections open, silent) is named as one that

@@ -210,7 +210,10 @@ void GlooProcessGroup::connect(gloo::rendezvous::Store& store,
   }
   context->setTimeout(timeout_);
   context_ = std::move(context);
-  executor_ = std::make_shared<comm::Executor>([this](std::exception_ptr e) { mark_failed(e); });
+  executor_ = std::make_shared<comm::Executor>(
+      [this](std::exception_ptr e) { mark_failed(e); },
+      comm::ExecutorOptions{
+          .spin = std::chrono::microseconds(env::get_int(env::kSpinUs).value_or(50))});
   executor_->start();
   DTRAIN_LOG_DEBUG("rank {}: gloo group {} of {} ranks connected via {}", rank_, name_, size_,
                    device_->str());
@@ -516,9 +519,8 @@ std::shared_ptr<Work> GlooProcessGroup::alltoallv(const TensorView& out,
                                                   const AlltoallOptions& o) {
   const auto totals = comm::check_alltoallv(info(), out, out_counts, in, in_counts);
   const size_t elem = element_size(in.dtype);
-  return submit("all_to_all_v",
-                fmt::format("{} x {} out, {} in", to_string(in.dtype), totals.in, totals.out),
-                o.timeout, [this, out, in, out_counts, in_counts, elem](const Slot& s) {
+  return submit("all_to_all_v", totals.describe(in.dtype), o.timeout,
+                [this, out, in, out_counts, in_counts, elem](const Slot& s) {
                   std::vector<int64_t> out_bytes(size_), in_bytes(size_);
                   for (int i = 0; i < size_; ++i) {
                     out_bytes[i] = static_cast<int64_t>(out_counts[i] * elem);

@@ -348,9 +348,8 @@ std::shared_ptr<Work> MpiProcessGroup::alltoallv(const TensorView& out,
   const size_t elem = element_size(in.dtype);
   check_count(totals.out * elem, "all_to_all_v");
   check_count(totals.in * elem, "all_to_all_v");
-  return start(MpiWork::Kind::kCollective, "all_to_all_v",
-               fmt::format("{} x {} out, {} in", to_string(in.dtype), totals.in, totals.out),
-               o.timeout, [&](MpiWork& w) {
+  return start(MpiWork::Kind::kCollective, "all_to_all_v", totals.describe(in.dtype), o.timeout,
+               [&](MpiWork& w) {
                  auto layout = [&](const std::vector<size_t>& counts, std::vector<int>& bytes,
                                    std::vector<int>& displs) {
                    int off = 0;

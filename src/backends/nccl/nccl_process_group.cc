@@ -468,8 +468,8 @@ std::shared_ptr<Work> NcclProcessGroup::alltoallv(const TensorView& out,
   const size_t elem = element_size(in.dtype);
   const std::string who = fmt::format("rank {}: all_to_all_v", rank_);
   return collective(
-      "all_to_all_v", fmt::format("{} x {} out, {} in", to_string(in.dtype), totals.in, totals.out),
-      o.timeout, [this, out, in, out_counts, in_counts, elem, who](ncclComm_t c, cudaStream_t s) {
+      "all_to_all_v", totals.describe(in.dtype), o.timeout,
+      [this, out, in, out_counts, in_counts, elem, who](ncclComm_t c, cudaStream_t s) {
         std::vector<size_t> in_at(size_), out_at(size_);
         for (int p = 1; p < size_; ++p) {
           in_at[p] = in_at[p - 1] + in_counts[p - 1] * elem;
