@@ -288,13 +288,13 @@ bool peer_is_on_this_host(int fd) {
   return false;
 }
 
-void set_keepalive(int fd, int idle_s, int interval_s, int count) {
+void set_keepalive(int fd, const Keepalive& k) {
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
-  unsigned int user_timeout_ms = static_cast<unsigned>((idle_s + interval_s * count) * 1000);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &k.idle_s, sizeof(k.idle_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &k.interval_s, sizeof(k.interval_s));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &k.probes, sizeof(k.probes));
+  unsigned int user_timeout_ms = static_cast<unsigned>(k.limit_s() * 1000);
   ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
 }
 

@@ -106,7 +106,7 @@ class ServerLink {
         fmt::format("ps worker {} connecting to server {} at {}", o.worker, index_, address_);
     fd_ = net::connect_tcp(net::parse_host_port(address_, "ps server address"), deadline, context);
     net::set_nodelay(fd_.get());
-    net::set_keepalive(fd_.get(), 2, 1, 3);
+    net::set_keepalive(fd_.get(), net::kPeerKeepalive);
     // On one host, Reno rather than a pacing BBR, which measured slower on loopback
     // (docs/parameter_server.md).
     if (net::peer_is_on_this_host(fd_.get())) net::use_loopback_congestion_control(fd_.get());

@@ -68,8 +68,8 @@ constexpr int kMaxPending = 256;
 constexpr std::chrono::milliseconds kHandshakeTime{10'000};
 // How long a connection claiming a worker index that a live connection holds waits for the
 // holder to go (a restarted worker's old process is usually gone at once; a dead machine is
-// found by TCP keepalive within ~5 s) before it is refused.
-constexpr std::chrono::milliseconds kHolderGrace{6'000};
+// found by TCP keepalive, net::kPeerKeepalive) before it is refused.
+constexpr std::chrono::seconds kHolderGrace{net::kPeerKeepalive.limit_s() + 1};
 // A request's payload is read (and its buffer grown) this much at a time.
 constexpr size_t kPayloadSlice = size_t{1} << 20;
 
@@ -226,7 +226,7 @@ struct Server::Impl {
   bool admit(const std::shared_ptr<Connection>& conn) {
     try {
       net::set_nodelay(conn->fd.get());
-      net::set_keepalive(conn->fd.get(), 2, 1, 3);
+      net::set_keepalive(conn->fd.get(), net::kPeerKeepalive);
       if (net::peer_is_on_this_host(conn->fd.get()))  // as the client does
         net::use_loopback_congestion_control(conn->fd.get());
       const Deadline until = Deadline::after(kHandshakeTime);

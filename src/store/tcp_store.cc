@@ -133,7 +133,7 @@ TcpStore::TcpStore(const TcpStoreOptions& options) : impl_(std::make_unique<Impl
   const Deadline deadline = Deadline::after(options.connect_timeout);
   s.fd = net::connect_tcp(s.address, deadline, s.me + ": connecting to the store");
   net::set_nodelay(s.fd.get());
-  net::set_keepalive(s.fd.get(), 30, 5, 3);
+  net::set_keepalive(s.fd.get(), net::kStoreKeepalive);
   net::Hello hello;
   hello.role = net::Role::kStoreClient;
   hello.rank = options.rank;

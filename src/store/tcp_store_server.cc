@@ -424,7 +424,7 @@ void TcpStoreServer::Impl::accept_loop() {
     conn->peer = net::peer_name(raw);
     conn->source = conn->peer.substr(0, conn->peer.rfind(':'));
     net::set_nodelay(raw);
-    net::set_keepalive(raw, 30, 5, 3);
+    net::set_keepalive(raw, net::kStoreKeepalive);
     Connection& c = *conn;
     std::lock_guard lock(connections_mutex);
     make_room_for(c.source);

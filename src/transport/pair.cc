@@ -25,11 +25,6 @@
 namespace dtrain::transport {
 namespace {
 
-// Keepalive: silent for 2 s, then five probes a second apart; the same 7 s bound a connection
-// with unacknowledged data (TCP_USER_TIMEOUT, net::set_keepalive).
-constexpr int kKeepaliveIdleS = 2;
-constexpr int kKeepaliveIntervalS = 1;
-constexpr int kKeepaliveProbes = 5;
 constexpr size_t kMaxIov = 64;
 // Where an arriving group-failed notice is kept while its text is read (no data tag is 0).
 constexpr uint64_t kControlQueue = 0;
@@ -71,10 +66,8 @@ Pair::Pair(std::shared_ptr<Loop> loop, net::Fd fd, const PairOptions& options, s
       stream_(make_stream(fd_.get(), options_.same_host, std::move(segment), segment_creator)) {
   net::set_nonblocking(fd_.get(), true);
   net::set_nodelay(fd_.get());
-  // A peer whose host vanished (no FIN, no RST) is noticed within ~7 s even when idle. Five
-  // probes, not three: on a lossy link (2% each way) three lost in a row, and with them an idle
-  // connection of a healthy job, came once in a few runs of a test with a 400 ms blackout.
-  net::set_keepalive(fd_.get(), kKeepaliveIdleS, kKeepaliveIntervalS, kKeepaliveProbes);
+  // A peer whose host vanished (no FIN, no RST) is noticed within ~7 s even when idle.
+  net::set_keepalive(fd_.get(), net::kPeerKeepalive);
   std::lock_guard lock(mu_);
   rearm_locked();
 }
@@ -99,7 +92,7 @@ std::exception_ptr Pair::connection_error(const std::string& what, int err) cons
                 ": its host acknowledged nothing for {} s (the connection's limit): it is "
                 "down or unreachable, or the network between dropped every packet for "
                 "that long; check that host and the links to it",
-                kKeepaliveIdleS + kKeepaliveIntervalS * kKeepaliveProbes)
+                net::kPeerKeepalive.limit_s())
           : "";
   return make_error(ErrorKind::kPeerFailure,
                     fmt::format("the connection to {} broke while {}: {} (errno {}){}", peer_text(),

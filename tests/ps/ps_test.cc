@@ -1,6 +1,8 @@
 // The parameter server over real processes and sockets: servers and workers are forked processes
 // that meet through a store; values are checked against references computed here.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -519,6 +521,46 @@ TEST(PsTest, ServerCheckpointRestoresTablesAndOptimizerState) {
       server);
   expect_all_ok(check);
   std::filesystem::remove_all(dir);
+}
+
+// The keepalive probes a TCP socket of this process sends before giving up on its peer, for each
+// socket connected to or from `port` on loopback.
+std::vector<int> keepalive_probes_on_port(uint16_t port) {
+  std::vector<int> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(e.path().filename());
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+        ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 ||
+        local.ss_family != AF_INET)
+      continue;
+    const uint16_t lp = ntohs(reinterpret_cast<sockaddr_in&>(local).sin_port);
+    const uint16_t pp = ntohs(reinterpret_cast<sockaddr_in&>(peer).sin_port);
+    if (lp != port && pp != port) continue;
+    int probes = 0;
+    socklen_t len = sizeof(probes);
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, &len) == 0) out.push_back(probes);
+  }
+  return out;
+}
+
+// Both ends of a worker's link keep the transport's keepalive (five probes): three lost in a row
+// on a lossy link closed healthy connections (src/common/socket.h).
+TEST(PsTest, WorkerLinksKeepThePeersKeepalive) {
+  ps::ServerOptions so;
+  so.listen_host = "127.0.0.1";
+  ps::Server server(so);
+  ps::ClientOptions co;
+  co.servers = {server.address()};
+  ps::Client client(co);
+  std::vector<float> w(4, 1.0f);
+  client.create_dense("w", TensorView::of(w), {});
+  const auto colon = server.address().rfind(':');
+  const auto port = static_cast<uint16_t>(std::stoi(server.address().substr(colon + 1)));
+  const auto probes = keepalive_probes_on_port(port);
+  ASSERT_GE(probes.size(), 2u) << "the client's socket and the server's";
+  for (int p : probes) EXPECT_EQ(p, net::kPeerKeepalive.probes);
 }
 
 // Without a token, one forged hello claiming worker 0 used to retire the real worker 0 and fail
