@@ -45,6 +45,9 @@ constexpr milliseconds kSettleTime{250};
 constexpr milliseconds kReapAfterKillTime{5000};
 // A worker that writes a line longer than this gets it split, keeping memory bounded.
 constexpr size_t kMaxLine = 64 * 1024;
+// A worker's stderr lines that come closer together than this are one burst (a traceback, a
+// post-mortem) and are relayed together; a quiet worker's lines wait at most this long.
+constexpr std::chrono::milliseconds kBurstPause{30};
 
 // SIGUSR1 is Slurm's usual early warning of a preemption (`--signal=USR1@90`): passed on as a
 // warning (no stop, no SIGKILL after it), so that workers with a dtrain::Preemption save and exit
@@ -84,6 +87,10 @@ struct Stream {
   int out_fd = -1;  // where its lines are relayed
   bool is_stderr = false;
   std::string partial;  // the line being written, not yet ended by '\n'
+  // stderr: complete lines held until the worker pauses (kBurstPause), then relayed in one
+  // write, so that two ranks' tracebacks, written line by line at once, do not interleave.
+  std::string held;
+  std::chrono::steady_clock::time_point last_read;
 };
 
 struct Worker {
@@ -282,6 +289,7 @@ class Run {
   void loop() {
     for (;;) {
       auto now = Clock::now();
+      flush_paused(now);
       if (stopping_ && !killed_ && now >= kill_at_) kill_all();
       if (!stopping_ && settle_until_ && now >= *settle_until_) stop_after_failure();
       if (!stopping_ && services_stop_at_ && now >= *services_stop_at_) {
@@ -295,8 +303,12 @@ class Run {
       if (all_exited && !all_exited_at_) all_exited_at_ = now;
       bool streams_open = false;
       for (auto& w : workers_) streams_open = streams_open || w.out.fd.valid() || w.err.fd.valid();
-      if (all_exited && (!streams_open || now >= *all_exited_at_ + kDrainTime)) return;
+      if (all_exited && (!streams_open || now >= *all_exited_at_ + kDrainTime)) {
+        flush_paused(now, true);
+        return;
+      }
       if (killed_ && !all_exited && now >= killed_at_ + kReapAfterKillTime) {
+        flush_paused(now, true);
         DTRAIN_LOG_ERROR("{}: {} worker(s) did not exit {} ms after SIGKILL; giving up on them",
                          options_.name, running_count(), kReapAfterKillTime.count());
         return;
@@ -345,6 +357,8 @@ class Run {
     if (!stopping_ && services_stop_at_) earliest(*services_stop_at_);
     if (killed_) earliest(killed_at_ + kReapAfterKillTime);
     if (all_exited_at_) earliest(*all_exited_at_ + kDrainTime);
+    for (const auto& w : workers_)
+      if (!w.err.held.empty()) earliest(w.err.last_read + kBurstPause);
     if (!next) return -1;
     auto left = std::chrono::duration_cast<milliseconds>(*next - now).count() + 1;
     return static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
@@ -442,6 +456,7 @@ class Run {
     settle_until_.reset();
     // Their last words are in their pipes already: read them before choosing and reporting.
     for (Worker* w : failed_) drain(w->err);
+    flush_paused(Clock::now(), true);
     root_cause_ = choose_root_cause();
     stop(SIGTERM);
     if (options_.on_failure) {
@@ -550,7 +565,8 @@ class Run {
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
     Worker& w = worker_of(s);
     if (n <= 0) {  // EOF (or an error, which ends the stream all the same)
-      if (!s.partial.empty()) relay_line(w, s, std::exchange(s.partial, {}));
+      if (!s.partial.empty()) append_line(w, s, std::exchange(s.partial, {}), s.held);
+      flush_held(s);
       s.fd.reset();
       return;
     }
@@ -562,13 +578,29 @@ class Run {
       append_line(w, s, std::string_view(s.partial).substr(start, nl - start), text);
     s.partial.erase(0, start);
     if (s.partial.size() >= kMaxLine) append_line(w, s, std::exchange(s.partial, {}), text);
-    write_out(s.out_fd, text);
+    if (!s.is_stderr) {
+      write_out(s.out_fd, text);
+      return;
+    }
+    s.held += text;
+    s.last_read = Clock::now();
+    if (s.held.size() >= kMaxLine) flush_held(s);
   }
 
   void relay_line(Worker& w, Stream& s, std::string_view line) {
     std::string text;
     append_line(w, s, line, text);
     write_out(s.out_fd, text);
+  }
+
+  void flush_held(Stream& s) {
+    if (!s.held.empty()) write_out(s.out_fd, std::exchange(s.held, {}));
+  }
+
+  // Relays the bursts of workers that paused (every burst with `all`).
+  void flush_paused(Clock::time_point now, bool all = false) {
+    for (auto& w : workers_)
+      if (!w.err.held.empty() && (all || now >= w.err.last_read + kBurstPause)) flush_held(w.err);
   }
 
   void append_line(Worker& w, const Stream& s, std::string_view line, std::string& text) {

@@ -227,6 +227,23 @@ TEST_F(LauncherTest, OutputIsPrefixedPerRank) {
   }
 }
 
+// Two ranks writing a traceback line by line at the same moment: each rank's lines stay
+// together in `dtrain run`'s output instead of alternating.
+TEST_F(LauncherTest, EachRanksBurstOfLinesStaysTogether) {
+  Launched run({"run", "-n", "2", "--master-port", "0", "sh", "-c",
+                "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo \"frame $i of $RANK\" >&2; "
+                "j=0; while [ $j -lt 2000 ]; do j=$((j+1)); done; done"});  // ~1 ms, no fork
+  ASSERT_EQ(exit_code(run.wait(seconds(20))), 0) << run.err();
+  std::vector<int> order;  // the rank of each frame line, in the order relayed
+  std::istringstream lines(run.err());
+  for (std::string line; std::getline(lines, line);)
+    if (line.find(" frame ") != std::string::npos) order.push_back(line[6] - '0');
+  ASSERT_EQ(order.size(), 24u) << run.err();
+  int switches = 0;
+  for (size_t i = 1; i < order.size(); ++i) switches += order[i] != order[i - 1];
+  EXPECT_EQ(switches, 1) << "the ranks' lines interleave:\n" << run.err();
+}
+
 TEST_F(LauncherTest, NoPrefixRelaysLinesUntouched) {
   Launched run({"run", "-n", "2", "--master-port", "0", "--no-prefix", "sh", "-c",
                 "echo hello $RANK; echo oops >&2"});
