@@ -84,7 +84,11 @@ std::string text_chart(const Schedule& s, const ScheduleReport& report) {
     if (!is_pass(t.action.op)) continue;
     const auto first = static_cast<size_t>(std::llround(t.start / unit));
     const auto last = static_cast<size_t>(std::llround(t.end / unit));
-    for (size_t c = first; c < last && c < columns; ++c) cells[t.rank][c] = label(s, t.action);
+    // A pass longer than one unit (a whole backward, B + W) is labelled once and continued
+    // with dashes: "B0 --" is one backward, "B0 B0" would read as two.
+    const std::string name = label(s, t.action);
+    for (size_t c = first; c < last && c < columns; ++c)
+      cells[t.rank][c] = c == first ? name : std::string(name.size(), '-');
   }
   std::string out;
   const int digits = static_cast<int>(fmt::format("{}", s.ranks - 1).size());

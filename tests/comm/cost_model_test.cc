@@ -290,6 +290,19 @@ TEST(PredictCommand, PrintsATableWritesCsvAndSvgAndRefusesBadInput) {
                                     "--network", links, "--ranks", "16", "--layouts", "ddp-ring"});
   ASSERT_TRUE(slow.ok()) << slow.output;
   EXPECT_NE(slow.output.find("0.12 GB/s"), std::string::npos) << slow.output;
+  // The file's measured link inside hosts stands unless --intra names another.
+  k.alpha_local = 7e-6;
+  k.beta_local = 1 / 3.5e9;
+  const auto measured = write("measured.json", CostModel::to_json(k, "test"));
+  auto kept = testing::run_command({kDtrain, "predict", "--params", "100M", "--compute-ms", "100",
+                                    "--network", measured, "--ranks", "16"});
+  ASSERT_TRUE(kept.ok()) << kept.output;
+  EXPECT_NE(kept.output.find("inside 7.0 us + 3.5 GB/s"), std::string::npos) << kept.output;
+  auto asked = testing::run_command({kDtrain, "predict", "--params", "100M", "--compute-ms",
+                                     "100", "--network", measured, "--ranks", "16", "--intra",
+                                     "nvlink"});
+  ASSERT_TRUE(asked.ok()) << asked.output;
+  EXPECT_NE(asked.output.find("inside 5.0 us + 40.0 GB/s"), std::string::npos) << asked.output;
   auto bad = testing::run_command({kDtrain, "predict", "--params", "1M", "--compute-ms", "10",
                                    "--network", write("bad3.json", "{")});
   EXPECT_NE(bad.exit_code, 0);

@@ -145,7 +145,15 @@ TEST(PipelinePlan, PrintsTheChartAndTheBubbleOnALineOfItsOwn) {
   auto r = dtrain({"pipeline-plan", "--schedule", "1f1b", "--stages", "4", "--microbatches", "8"});
   ASSERT_TRUE(r.ok()) << r.describe() << r.output;
   EXPECT_NE(r.output.find("\nbubble 0.273\n"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("rank 3 | .  .  .  F0 B0 B0 F1"), std::string::npos) << r.output;
+  // One backward (B + W, two units) is one label and a dash, not two labels.
+  EXPECT_NE(r.output.find("rank 3 | .  .  .  F0 B0 -- F1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("costs F 1, B 2 (a whole backward: input 1 + weight 1), transfer 0"),
+            std::string::npos)
+      << r.output;
+  // With a split backward, B and W are passes of their own.
+  auto z = dtrain({"pipeline-plan", "--schedule", "zb-h1", "--stages", "2", "--microbatches", "2"});
+  ASSERT_TRUE(z.ok()) << z.output;
+  EXPECT_NE(z.output.find("costs F 1, B 1, W 1, transfer 0"), std::string::npos) << z.output;
   EXPECT_NE(r.output.find("peak micro-batches held per rank: 4 3 2 1"), std::string::npos);
 
   auto i = dtrain({"pipeline-plan", "--schedule", "interleaved-1f1b", "--stages", "4",

@@ -178,6 +178,25 @@ TEST(SchedSimCommand, ComparesPoliciesAndWritesJsonAndSvg) {
       << r.output;
 }
 
+// With no arguments it replays Pollux's baseline; Pollux's workloads are named by their path
+// where dtrain keeps them, from any folder (an installed dtrain has no data/pollux here).
+TEST(SchedSimCommand, DefaultsToPolluxsBaselineAndFindsPolluxsWorkloadsFromAnywhere) {
+  auto r = testing::run_command({"sh", "-c", "cd / && " + kDtrain + " sched-sim"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  EXPECT_NE(r.output.find("no workload given: replaying Pollux's workload 6"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(" 3470 s "), std::string::npos) << r.output;  // published: 3,469.7 s
+  r = testing::run_command(
+      {"sh", "-c", "cd / && " + kDtrain + " sched-sim --policy fifo workloads-2.0/workload-3.csv"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  EXPECT_NE(r.output.find("workload-3.csv: "), std::string::npos) << r.output;
+  r = testing::run_command({kDtrain, "sched-sim", "workloads/workload-9.csv"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("workload 'workloads/workload-9.csv' does not exist, here or under"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(SchedSimCommand, BadChoicesFailWithOneClearLine) {
   auto r = testing::run_command(
       {kDtrain, "sched-sim", "--policy", "lottery", kData + "/workloads/workload-6.csv"});

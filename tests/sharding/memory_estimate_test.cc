@@ -79,12 +79,41 @@ TEST(MemoryEstimate, BadOptionsAreNamed) {
 
 const std::string kDtrain = std::string(DTRAIN_BIN_DIR) + "/dtrain";
 
+// The line of `output` that starts with `name`.
+std::string line_of(const std::string& output, const std::string& name) {
+  const size_t at = output.find("\n" + name);
+  if (at == std::string::npos) return "";
+  return output.substr(at + 1, output.find('\n', at + 1) - at - 1);
+}
+
 TEST(EstimateCommand, PrintsTheModelStatesLine) {
   auto r = testing::run_command({kDtrain, "estimate", "--params", "100000000", "--optimizer",
                                  "adam", "--precision", "fp32", "--world-size", "4", "--layout",
                                  "zero3"});
   ASSERT_TRUE(r.ok()) << r.output;
-  EXPECT_NE(r.output.find("\nmodel states 400000000\n"), std::string::npos) << r.output;
+  // In bytes and in MiB, as every other row.
+  EXPECT_EQ(line_of(r.output, "model states"), "model states          400000000   381.5 MiB")
+      << r.output;
+  // The counts people write: 7B, 7e9, 100M.
+  for (const char* count : {"1e8", "100M", "0.1B"}) {
+    auto same = testing::run_command({kDtrain, "estimate", "--params", count, "--optimizer",
+                                      "adam", "--world-size", "4", "--layout", "zero3"});
+    ASSERT_TRUE(same.ok()) << same.output;
+    EXPECT_NE(same.output.find("100000000 parameters"), std::string::npos) << same.output;
+  }
+  auto seven = testing::run_command({kDtrain, "estimate", "--params", "7B", "--world-size", "8"});
+  ASSERT_TRUE(seven.ok()) << seven.output;
+  EXPECT_NE(seven.output.find("7000000000 parameters"), std::string::npos) << seven.output;
+  EXPECT_EQ(seven.output.find(" 1400"), std::string::npos) << "raw bytes beside MiB:\n"
+                                                           << seven.output;
+  auto bad = testing::run_command({kDtrain, "estimate", "--params", "7X"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--params: '7X' is not a count"), std::string::npos) << bad.output;
+  // A world of one shards nothing: said, not left to be inferred from equal columns.
+  auto one = testing::run_command({kDtrain, "estimate", "--params", "1M", "--layout", "zero3"});
+  ASSERT_TRUE(one.ok()) << one.output;
+  EXPECT_NE(one.output.find("a world of one shards and cuts nothing"), std::string::npos)
+      << one.output;
   auto all = testing::run_command({kDtrain, "estimate", "--params", "1000", "--world-size", "2"});
   ASSERT_TRUE(all.ok()) << all.output;
   EXPECT_NE(all.output.find("model states"), std::string::npos);
@@ -107,12 +136,13 @@ TEST(EstimateCommand, CountsASafetensorsModel) {
   EXPECT_NE(r.output.find("6100 parameters"), std::string::npos) << r.output;
   // (6100 x 4 + 6100 x 4) / 2 sharded + the largest unit (fc1: 5000 + 100) x 4 B x 5 held in
   // backward + its shard (5100 x 4 B / 2).
-  EXPECT_NE(r.output.find("\nmodel states 136600\n"), std::string::npos) << r.output;
+  EXPECT_NE(line_of(r.output, "model states").find(" 136600 "), std::string::npos) << r.output;
   // The same model as a list of layers.
-  auto layers = testing::run_command({kDtrain, "estimate", "--layers", "5100,1000", "--world-size",
+  auto layers = testing::run_command({kDtrain, "estimate", "--layers", "5.1K,1000", "--world-size",
                                       "2", "--layout", "zero3", "--optimizer", "sgd"});
   ASSERT_TRUE(layers.ok()) << layers.output;
-  EXPECT_NE(layers.output.find("\nmodel states 136600\n"), std::string::npos) << layers.output;
+  EXPECT_NE(line_of(layers.output, "model states").find(" 136600 "), std::string::npos)
+      << layers.output;
   auto none = testing::run_command({kDtrain, "estimate"});
   EXPECT_NE(none.exit_code, 0);
   EXPECT_NE(none.output.find("give --params N, --layers N,N,... or --model"), std::string::npos)

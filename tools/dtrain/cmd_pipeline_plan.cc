@@ -61,12 +61,18 @@ void run_plan(const PlanFlags& f) {
     s = pipeline::make_schedule(f.schedule);
   }
   const pipeline::ScheduleReport report = pipeline::verify(s, f.costs);
+  // A schedule without a split backward runs B and W as one pass: say what that pass costs.
+  const auto& c = f.costs;
+  const std::string costs =
+      s.split_backward()
+          ? fmt::format("F {:g}, B {:g}, W {:g}", c.forward, c.backward_input, c.backward_weight)
+          : fmt::format("F {:g}, B {:g} (a whole backward: input {:g} + weight {:g})", c.forward,
+                        c.backward_input + c.backward_weight, c.backward_input, c.backward_weight);
   std::printf(
       "schedule %s: %d ranks x %d stage%s per rank = %d stages, %d micro-batches; "
-      "costs F %g, B %g, W %g, transfer %g\n",
+      "costs %s, transfer %g\n",
       s.name.c_str(), s.ranks, s.virtual_stages, s.virtual_stages > 1 ? "s" : "", s.stages(),
-      s.microbatches, f.costs.forward, f.costs.backward_input, f.costs.backward_weight,
-      f.costs.transfer);
+      s.microbatches, costs.c_str(), c.transfer);
   if (!report.ok) {
     std::fprintf(stderr, "dtrain pipeline-plan: the schedule is wrong: %s\n", report.error.c_str());
     std::exit(1);

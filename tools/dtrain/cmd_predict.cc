@@ -16,6 +16,7 @@
 #include "comm/scaling_model.h"
 #include "common/safetensors_file.h"
 #include "tools/dtrain/commands.h"
+#include "tools/dtrain/units.h"
 
 namespace dtrain::tools {
 namespace {
@@ -31,7 +32,7 @@ struct PredictFlags {
   int per_host = 1;
   int hosts_per_rack = 0;
   std::string network = "10gbe";
-  std::string intra = "shm";
+  std::string intra;  // empty: a calibration file's own link inside a host, else shm
   double rack_gbps = 0;
   double gamma_gbps = 0;
   std::vector<std::string> layouts{"ddp", "ddp-ring", "ddp-hierarchical", "ddp-recursive-doubling"};
@@ -55,21 +56,6 @@ constexpr Named kNetworks[] = {
 // bandwidth on a DGX-1 class machine).
 constexpr Named kIntra[] = {{"shm", 2, 10}, {"pcie", 8, 10}, {"nvlink", 5, 40}};
 
-double parse_count(const std::string& text) {
-  size_t used = 0;
-  double v = std::stod(text, &used);
-  const std::string unit = text.substr(used);
-  if (unit == "K" || unit == "k")
-    v *= 1e3;
-  else if (unit == "M" || unit == "m")
-    v *= 1e6;
-  else if (unit == "B" || unit == "G" || unit == "g")
-    v *= 1e9;
-  else if (!unit.empty())
-    throw std::invalid_argument(unit);
-  return v;
-}
-
 template <size_t N>
 const Named* find_named(const Named (&table)[N], const std::string& name) {
   for (const auto& n : table)
@@ -79,20 +65,25 @@ const Named* find_named(const Named (&table)[N], const std::string& name) {
 
 CostConstants network_constants(const PredictFlags& f) {
   CostConstants k;
-  if (const Named* n = find_named(kNetworks, f.network)) {
-    k.alpha = n->alpha_us * 1e-6;
-    k.beta = 1.0 / (n->gbytes_per_s * 1e9);
+  const Named* named = find_named(kNetworks, f.network);
+  if (named) {
+    k.alpha = named->alpha_us * 1e-6;
+    k.beta = 1.0 / (named->gbytes_per_s * 1e9);
   } else {
-    k = CostModel::read_file(f.network, k);  // a calibration file
+    k = CostModel::read_file(f.network, k);  // a calibration file: its measured links stand
   }
-  const Named* intra = find_named(kIntra, f.intra);
-  if (!intra)
-    throw std::runtime_error(
-        fmt::format("dtrain predict: --intra '{}' is not shm, pcie or nvlink", f.intra));
-  k.alpha_local = intra->alpha_us * 1e-6;
-  k.beta_local = 1.0 / (intra->gbytes_per_s * 1e9);
-  // GPUs reduce far faster than they are fed: the reduction hides behind the copies.
-  if (f.intra != "shm") k.gamma = 1.0 / 500e9;
+  // A named link inside hosts replaces a calibration file's measured one only when asked for.
+  if (named || !f.intra.empty()) {
+    const std::string name = f.intra.empty() ? "shm" : f.intra;
+    const Named* intra = find_named(kIntra, name);
+    if (!intra)
+      throw std::runtime_error(
+          fmt::format("dtrain predict: --intra '{}' is not shm, pcie or nvlink", name));
+    k.alpha_local = intra->alpha_us * 1e-6;
+    k.beta_local = 1.0 / (intra->gbytes_per_s * 1e9);
+    // GPUs reduce far faster than they are fed: the reduction hides behind the copies.
+    if (name != "shm") k.gamma = 1.0 / 500e9;
+  }
   if (f.rack_gbps > 0) {
     k.alpha_rack = k.alpha * 2;
     k.beta_rack = 1.0 / (f.rack_gbps / 8 * 0.94 * 1e9);
@@ -160,12 +151,7 @@ void run_predict(PredictFlags f) {
     }
     f.step.parameters = total;
   } else if (!f.params.empty()) {
-    try {
-      f.step.parameters = parse_count(f.params);
-    } catch (const std::exception&) {
-      throw std::runtime_error(
-          fmt::format("dtrain predict: --params '{}' is not a count such as 25.6M", f.params));
-    }
+    f.step.parameters = parse_count(f.params, "dtrain predict: --params");
   }
   if (f.step.parameters <= 0)
     throw std::runtime_error("dtrain predict: give --params N or --model FILE.safetensors");
@@ -252,7 +238,9 @@ CLI::App* add_predict_command(CLI::App& app) {
                   "Between hosts: 1gbe, 10gbe, 25gbe, 100gbe, or a calibration file (dtrain bench "
                   "allreduce --calibrate)")
       ->capture_default_str();
-  cmd->add_option("--intra", f->intra, "Inside a host: shm, pcie or nvlink")->capture_default_str();
+  cmd->add_option("--intra", f->intra,
+                  "Inside a host: shm, pcie or nvlink (default: a calibration file's own "
+                  "measured link, else shm)");
   cmd->add_option("--rack-gbps", f->rack_gbps, "Gbit/s of each rack's uplink, shared by its hosts")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--gamma-gbps", f->gamma_gbps, "GB/s of reduction")->check(CLI::PositiveNumber);

@@ -1,6 +1,7 @@
 // `dtrain sched-sim`: replay a cluster's job trace under scheduling and placement policies
 // (docs/scheduling.md).
-//   dtrain sched-sim --policy tiresias data/pollux/workloads/workload-6.csv   # Pollux's baseline
+//   dtrain sched-sim                    # Pollux's workload 6 under Tiresias: its baseline
+//   dtrain sched-sim --policy tiresias workloads/workload-6.csv   # Pollux's baseline: 3,469.7 s
 //   dtrain sched-sim --policy all --placement all --interference 0.25 --svg jct.svg W.csv
 //   dtrain sched-sim --policy all --nodes 64 --cluster 6214e9 --hours 24 philly.csv
 #include <unistd.h>
@@ -110,6 +111,24 @@ void run_sim(SimFlags f) {
   if (policies.empty() || placements.empty())
     throw std::runtime_error("dtrain sched-sim: give at least one --policy and one --placement");
 
+  if (f.workloads.empty()) {
+    f.workloads = {(fs::path(f.traces) / "workloads/workload-6.csv").string()};
+    std::printf("no workload given: replaying Pollux's workload 6 (%s)\n", f.workloads[0].c_str());
+  }
+  // A path that is not here may be one of Pollux's, relative to where dtrain keeps them
+  // (workloads-2.0/workload-3.csv), installed or in the source tree.
+  for (auto& w : f.workloads) {
+    if (fs::exists(w)) continue;
+    if (fs::exists(fs::path(f.traces) / w)) {
+      w = (fs::path(f.traces) / w).string();
+      continue;
+    }
+    throw std::runtime_error(fmt::format(
+        "dtrain sched-sim: workload '{}' does not exist, here or under {} (Pollux's are "
+        "workloads/workload-1.csv .. workload-8.csv, and the same under workloads-0.5, "
+        "workloads-1.5 and workloads-2.0)",
+        w, f.traces));
+  }
   std::vector<std::vector<JobSpec>> workloads;
   bool needs_apps = false;
   for (const auto& w : f.workloads) {
@@ -182,10 +201,9 @@ CLI::App* add_sched_sim_command(CLI::App& app) {
       "Replay a GPU cluster's job trace under scheduling and placement policies: JCT, makespan, "
       "utilization, queueing (docs/scheduling.md)");
   cmd->add_option("workload", f->workloads,
-                  "Workload CSV files: Pollux's (name,time,application,num_replicas,batch_size) or "
-                  "a job table ((timestamp|time),num_gpus,duration, e.g. philly.csv)")
-      ->required()
-      ->check(CLI::ExistingFile);
+                  "Workload CSV files: Pollux's (name,time,application,num_replicas,batch_size; "
+                  "its own by their path under --traces, e.g. workloads/workload-6.csv, the "
+                  "default) or a job table ((timestamp|time),num_gpus,duration, e.g. philly.csv)");
   cmd->add_option("--policy", f->policies, "fifo, srtf, tiresias, a comma list, or all")
       ->capture_default_str();
   cmd->add_option("--placement", f->placements, "pack, spread, auto, a comma list, or all")

@@ -10,7 +10,8 @@
 namespace dtrain::pipeline {
 
 // One row per rank, one column per time unit (the cheapest pass), passes labelled F3, B3, W3
-// (with the stage, F3:5, when ranks hold several), idle units as '.'.
+// (with the stage, F3:5, when ranks hold several) and continued with dashes where they last
+// longer ("B3 --"), idle units as '.'.
 std::string text_chart(const Schedule& schedule, const ScheduleReport& report);
 std::string svg_chart(const Schedule& schedule, const ScheduleReport& report);
 // Each pass a complete event ("ph": "X"), one thread per rank; one time unit is 1 ms.
