@@ -50,7 +50,10 @@ def _default_rank_and_size():
             return dist.get_rank(), dist.get_world_size()
     except ImportError:
         pass
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    # Whichever launcher started this process (dtrain run, torchrun, mpirun, srun, ...), as
+    # dtrain.init() reads it.
+    identity = _core.launcher_identity()
+    return identity["rank"], identity["world_size"]
 
 
 def _sample(record):
@@ -68,8 +71,8 @@ def _sample(record):
 class ShardedDataset(_Base):
     """This rank's records of the files ``shards`` (a path, glob or "@manifest", or a list).
 
-    rank, world_size: default to torch.distributed's when it is initialised, else to RANK and
-    WORLD_SIZE (set by ``dtrain run`` and torchrun), else 0 and 1. decode: called on each
+    rank, world_size: default to torch.distributed's when it is initialised, else to what the
+    launcher says (``dtrain run``, torchrun, mpirun, srun: as ``dtrain.init()``), else 0 and 1. decode: called on each
     sample (a record's bytes, or a tar sample's dict); what it returns is yielded. on_bad_record: "fail" (raise, naming the file,
     the record and its byte offset) or "skip" (replaced by another record of the epoch and
     listed in ``skipped``). timeout: seconds a record may take to arrive (default DTRAIN_TIMEOUT).

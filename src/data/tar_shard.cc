@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "data/bad_record_hint.h"
 #include "dtrain/error.h"
 
 namespace dtrain::data {
@@ -22,8 +23,8 @@ constexpr uint64_t kBlock = 512;
 [[noreturn]] void damaged(const std::string& path, uint64_t offset, const std::string& what) {
   throw InvalidArgumentError(fmt::format(
       "tar file {}: the member at byte {}: {}: the file is damaged or not an uncompressed tar "
-      "file (write it again, or train without its bad records with OnBadRecord::kSkip)",
-      path, offset, what));
+      "file ({})",
+      path, offset, what, kBadRecordHint));
 }
 
 bool pread_exact(int fd, char* data, size_t n, uint64_t offset) {

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "common/socket.h"  // net::Fd
+#include "data/bad_record_hint.h"
 #include "data/crc32c.h"
 #include "dtrain/error.h"
 
@@ -87,10 +88,9 @@ uint64_t size_of(int fd, const std::string& path) {
 
 [[noreturn]] void damaged(const std::string& path, size_t record, uint64_t offset,
                           const std::string& what) {
-  throw InvalidArgumentError(fmt::format(
-      "TFRecord file {}: record {} at byte {}: {}: the file is damaged (write it again, or train "
-      "without its bad records with OnBadRecord::kSkip)",
-      path, record, offset, what));
+  throw InvalidArgumentError(
+      fmt::format("TFRecord file {}: record {} at byte {}: {}: the file is damaged ({})", path,
+                  record, offset, what, kBadRecordHint));
 }
 
 // The offsets of every record, from the length fields (each checked against its CRC).

@@ -122,9 +122,9 @@ void Coordinator::Handle::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   if (!cv_.wait_for(lock, timeout, [&] { return done_; }))
     throw TimeoutError(fmt::format(
-        "DistributedOptimizer: tensor '{}' was not reduced within {} ms (other ranks slow to "
-        "submit it, or stalled; see the stall_timeout error if one follows)",
-        name_, timeout.count()));
+        "{}: tensor '{}' was not reduced within {} ms (other ranks slow to submit it, or "
+        "stalled; see the stall_timeout error if one follows)",
+        owner_, name_, timeout.count()));
   if (error_) std::rethrow_exception(error_);
 }
 
@@ -146,22 +146,23 @@ std::shared_ptr<Coordinator::Handle> Coordinator::submit(const std::string& name
                                                          const TensorView& tensor, ReduceOp op) {
   auto handle = std::make_shared<Handle>();
   handle->name_ = name;
+  handle->owner_ = options_.name;
   std::lock_guard lock(mutex_);
   if (error_) std::rethrow_exception(error_);
   if (stop_requested_)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: DistributedOptimizer: tensor '{}' submitted while the coordinator is stopping",
-        group_->rank(), name));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: {}: tensor '{}' submitted while the coordinator is stopping",
+                    group_->rank(), options_.name, name));
   if (join_ != nullptr)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: DistributedOptimizer: tensor '{}' submitted after this rank joined; a rank "
-        "that called join() submits nothing until every rank has joined",
-        group_->rank(), name));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: {}: tensor '{}' submitted after this rank joined; a rank "
+                    "that called join() submits nothing until every rank has joined",
+                    group_->rank(), options_.name, name));
   if (!inflight_.insert(name).second)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: DistributedOptimizer: tensor '{}' submitted again before its previous "
-        "all-reduce finished; names must be unique and each submitted once per step",
-        group_->rank(), name));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: {}: tensor '{}' submitted again before its previous "
+                    "all-reduce finished; names must be unique and each submitted once per step",
+                    group_->rank(), options_.name, name));
   incoming_.push_back(Entry{name, tensor, op, handle, false});
   return handle;
 }
@@ -169,6 +170,7 @@ std::shared_ptr<Coordinator::Handle> Coordinator::submit(const std::string& name
 std::shared_ptr<Coordinator::Handle> Coordinator::join() {
   auto handle = std::make_shared<Handle>();
   handle->name_ = "join";
+  handle->owner_ = options_.name;
   std::lock_guard lock(mutex_);
   if (error_) std::rethrow_exception(error_);
   if (join_ != nullptr)
@@ -230,10 +232,10 @@ void Coordinator::loop(std::stop_token stop) {
       return;
     }
     if (all_stopping) {
-      fail(std::make_exception_ptr(AbortedError(fmt::format(
-          "rank {}: DistributedOptimizer: the coordinator stopped before these tensors were "
-          "reduced",
-          group_->rank()))));
+      fail(std::make_exception_ptr(
+          AbortedError(fmt::format("rank {}: {}: the coordinator stopped before these tensors were "
+                                   "reduced",
+                                   group_->rank(), options_.name))));
       return;
     }
     next += options_.cycle_time;
@@ -297,10 +299,11 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
   if (stopping) {
     if (stop_seen_ == Clock::time_point{}) stop_seen_ = Clock::now();
     if (!all_stopping && Clock::now() - stop_seen_ > options_.timeout)
-      throw TimeoutError(fmt::format(
-          "rank {}: DistributedOptimizer: destroyed, but ranks [{}] kept theirs running for {} "
-          "ms; destroy it on every rank at the same point",
-          me, fmt::join(ranks_where(stopping_ranks, false), ", "), options_.timeout.count()));
+      throw TimeoutError(
+          fmt::format("rank {}: {}: destroyed, but ranks [{}] kept theirs running for {} "
+                      "ms; destroy it on every rank at the same point",
+                      me, options_.name, fmt::join(ranks_where(stopping_ranks, false), ", "),
+                      options_.timeout.count()));
   }
   if (joined_count == n) {
     // Every rank joined (so none has anything pending): the one that came last is the highest
@@ -475,10 +478,10 @@ std::string Coordinator::rank0_update(const std::vector<std::vector<Request>>& a
         table_order_.push_back(q.name);
       } else if (!(p.request == q)) {
         p.mismatch = fmt::format(
-            "DistributedOptimizer: tensor '{}' differs between ranks: rank {} submitted {} "
+            "{}: tensor '{}' differs between ranks: rank {} submitted {} "
             "elements of {} reduced with {}, rank {} submitted {} elements of {} reduced with {}; "
             "every rank must submit the same tensors under the same names",
-            q.name, p.first_rank, p.request.numel, to_string(p.request.dtype),
+            options_.name, q.name, p.first_rank, p.request.numel, to_string(p.request.dtype),
             to_string(p.request.op), r, q.numel, to_string(q.dtype), to_string(q.op));
       }
       p.ranks[r] = 1;
@@ -506,10 +509,11 @@ std::string Coordinator::rank0_stall_error(const std::vector<std::vector<uint8_t
   auto describe = [&](const std::string& name, const std::vector<uint8_t>& ranks,
                       Clock::time_point since) {
     return fmt::format(
-        "DistributedOptimizer: tensor '{}' is ready on ranks [{}] but missing on ranks [{}] "
+        "{}: tensor '{}' is ready on ranks [{}] but missing on ranks [{}] "
         "after {:.1f} s (stall_timeout {:.1f} s); every rank must submit the same tensors each "
         "step: same model, same parameters requiring grad, step() called as often on every rank",
-        name, fmt::join(ranks_where(ranks, true), ", "), fmt::join(ranks_where(ranks, false), ", "),
+        options_.name, name, fmt::join(ranks_where(ranks, true), ", "),
+        fmt::join(ranks_where(ranks, false), ", "),
         std::chrono::duration<double>(now - since).count(),
         std::chrono::duration<double>(options_.stall_timeout).count());
   };

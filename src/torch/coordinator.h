@@ -31,6 +31,8 @@
 namespace dtrain {
 
 struct CoordinatorOptions {
+  // Who reduces the tensors, as the errors say it: "DistributedOptimizer", "Horovod API".
+  std::string name = "DistributedOptimizer";
   size_t fusion_threshold_bytes = size_t{64} << 20;
   std::chrono::microseconds cycle_time{1000};
   std::chrono::milliseconds stall_timeout{60000};
@@ -55,6 +57,7 @@ class Coordinator {
    private:
     friend class Coordinator;
     std::string name_;
+    std::string owner_;         // CoordinatorOptions::name
     mutable std::mutex mutex_;  // guards done_ and error_
     std::condition_variable cv_;
     bool done_ = false;

@@ -47,6 +47,28 @@ def test_python_takes_the_records_cpp_deals(shards):
             assert [number(b) for b in data] == ids
 
 
+@pytest.mark.parametrize("launcher", [
+    {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "2",
+     "OMPI_COMM_WORLD_LOCAL_SIZE": "3"},
+    {"SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_LOCALID": "2", "SLURM_NTASKS_PER_NODE": "3",
+     "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost"},
+])
+def test_the_rank_comes_from_whichever_launcher_started_the_process(shards, launcher):
+    # Under mpirun or srun (no RANK, no WORLD_SIZE) a dataset is rank 2 of 3, as dtrain.init() is.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE") and
+           not k.startswith(("OMPI_", "PMI_", "SLURM_"))}
+    env.update(launcher)
+    code = (f"import dtrain.data; d = dtrain.data.ShardedDataset({shards!r}, seed=5); "
+            "print(*[r[3] for r in d.records()])")
+    p = subprocess.run([harness.PYTHON, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    listed = subprocess.run([DTRAIN, "data", "list", "--rank", "2", "--world-size", "3",
+                             "--seed", "5", shards], check=True, capture_output=True, text=True)
+    assert p.stdout.split() == listed.stdout.split(), (p.stdout, listed.stdout)
+
+
 def test_each_epoch_covers_every_record_once(shards):
     seen = []
     for rank in range(4):

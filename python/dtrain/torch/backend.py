@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as _dist
 
-from dtrain import _torch
+from dtrain import _core, _torch
 
 BACKEND = "dtrain"
 DEVICES = ("cpu", "cuda")
@@ -86,7 +86,7 @@ def _adopt_launcher_variables():
     and torchrun nothing changes."""
     if "RANK" in _os.environ and "WORLD_SIZE" in _os.environ:
         return
-    identity = _torch.launcher_identity()
+    identity = _core.launcher_identity()
     if identity["source"] in ("single", "torchrun", "options"):
         return
     for var, key in (("RANK", "rank"), ("WORLD_SIZE", "world_size"), ("LOCAL_RANK", "local_rank"),

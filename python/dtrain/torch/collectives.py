@@ -20,7 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dtrain import _torch
+from dtrain import _core, _torch
 from dtrain.torch.backend import BACKEND, backend_of
 from dtrain.torch.compression import Compression
 
@@ -93,7 +93,7 @@ def init(comm=None, process_sets=None):
                          "backend 'dtrain' for sub-groups)")
     if _state is not None:
         return
-    identity = _torch.launcher_identity()
+    identity = _core.launcher_identity()
     if not dist.is_initialized():
         if identity["source"] == "single" and "MASTER_ADDR" not in os.environ:
             dist.init_process_group(BACKEND, store=dist.HashStore(), rank=0, world_size=1)

@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include "dtrain/error.h"
+#include "dtrain/identity.h"
 #include "dtrain/process_group.h"
 #include "python/core/array.h"
 #include "python/core/bindings.h"
@@ -37,6 +38,23 @@ std::string describe(const char* op, const TensorView& t, const ProcessGroup& g)
 }  // namespace
 
 void bind_process_group(py::module_& m) {
+  m.def(
+      "launcher_identity",
+      [] {
+        const Identity id = resolve_identity();
+        py::dict d;
+        d["rank"] = id.rank;
+        d["world_size"] = id.world_size;
+        d["local_rank"] = id.local_rank;
+        d["local_world_size"] = id.local_world_size;
+        d["node_rank"] = id.node_rank;
+        d["master_addr"] = id.master_addr;
+        d["master_port"] = id.master_port;
+        d["source"] = id.source;
+        return d;
+      },
+      "This process's place in the job, from whichever launcher started it (dtrain run, "
+      "torchrun, mpirun, srun, a Kubernetes Indexed Job): dtrain's resolve_identity().");
   py::class_<PyWork, std::shared_ptr<PyWork>>(m, "Work",
                                               "A send or receive in flight (isend, irecv).")
       .def(

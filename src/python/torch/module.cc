@@ -11,7 +11,6 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "dtrain/error.h"
-#include "dtrain/identity.h"
 #include "dtrain/reduce_op.h"
 #include "python/interrupt.h"
 #include "python/progress_binding.h"
@@ -170,23 +169,6 @@ PYBIND11_MODULE(_torch, m) {
       "_quiesce", [] { dtrain::python::FutureCompleter::quiesce_all(std::chrono::seconds(10)); },
       "Waits until no thread of the backend runs a future's callbacks (registered with atexit).",
       py::call_guard<py::gil_scoped_release>());
-  m.def(
-      "launcher_identity",
-      [] {
-        const dtrain::Identity id = dtrain::resolve_identity();
-        py::dict d;
-        d["rank"] = id.rank;
-        d["world_size"] = id.world_size;
-        d["local_rank"] = id.local_rank;
-        d["local_world_size"] = id.local_world_size;
-        d["node_rank"] = id.node_rank;
-        d["master_addr"] = id.master_addr;
-        d["master_port"] = id.master_port;
-        d["source"] = id.source;
-        return d;
-      },
-      "This process's place in the job, from whichever launcher started it (dtrain run, "
-      "torchrun, mpirun, srun, a Kubernetes Indexed Job): dtrain's resolve_identity().");
   bind_session(m);
   dtrain::python::bind_checkpoints(m);
 }

@@ -84,6 +84,7 @@ Session::Session(const std::shared_ptr<ProcessGroup>& world, SessionOptions opti
   std::iota(all.begin(), all.end(), 0);
   ops_ = world->new_group(all);
   CoordinatorOptions co;
+  co.name = "Horovod API";  // hvd.allreduce_async, hvd.DistributedOptimizer, ...
   co.cycle_time = options_.cycle_time;
   co.fusion_threshold_bytes = options_.fusion_threshold_bytes;
   co.stall_timeout = options_.stall_timeout;
