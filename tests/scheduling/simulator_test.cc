@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -292,15 +293,26 @@ TEST(SchedSim, ReportsTheTableTheJsonAndTheChart) {
   EXPECT_NE(svg.find("<polyline"), std::string::npos);
 }
 
+// Pollux's traces and its Tiresias baseline's settings (Tiresias, spread placement).
+struct PolluxBaseline {
+  std::string data = std::string(DTRAIN_SOURCE_DIR) + "/data/pollux";
+  std::map<std::string, Application> apps =
+      load_applications(data + "/traces", data + "/applications.csv");
+  SimulationOptions options = [] {
+    SimulationOptions o;
+    o.policy = "tiresias";
+    o.placement = Placement::kSpread;
+    return o;
+  }();
+  double average_jct(const std::string& workload) const {
+    return simulate(read_workload(data + "/" + workload), apps, options).average_jct();
+  }
+};
+
 // Pollux's published Tiresias baseline on its workload 6 (its simulator README): 3,469.7 s.
-// bench/sched_sim_reproduce.sh compares all 32 published workloads.
 TEST(SchedSim, ReproducesPolluxsTiresiasBaseline) {
-  const std::string data = std::string(DTRAIN_SOURCE_DIR) + "/data/pollux";
-  const auto apps = load_applications(data + "/traces", data + "/applications.csv");
-  SimulationOptions o;
-  o.policy = "tiresias";
-  o.placement = Placement::kSpread;
-  const auto r = simulate(read_workload(data + "/workloads/workload-6.csv"), apps, o);
+  const PolluxBaseline p;
+  const auto r = simulate(read_workload(p.data + "/workloads/workload-6.csv"), p.apps, p.options);
   EXPECT_EQ(r.jobs.size(), 160u);
   EXPECT_NEAR(r.average_jct(), 3469.69375, 0.01);  // every job ends at the same second
 }
@@ -308,12 +320,8 @@ TEST(SchedSim, ReproducesPolluxsTiresiasBaseline) {
 // All 32 published workloads (8 at each job load), at the tolerance docs/scheduling.md states:
 // the largest difference is 4.3 % (workload 3 at 2x, placements Pollux interpolated).
 TEST(SchedSim, ReproducesEveryPublishedTiresiasWorkloadWithin4Point5Percent) {
-  const std::string data = std::string(DTRAIN_SOURCE_DIR) + "/data/pollux";
-  const auto apps = load_applications(data + "/traces", data + "/applications.csv");
-  SimulationOptions o;
-  o.policy = "tiresias";
-  o.placement = Placement::kSpread;
-  std::ifstream published(data + "/published_average_jct.csv");
+  const PolluxBaseline p;
+  std::ifstream published(p.data + "/published_average_jct.csv");
   std::string line;
   std::getline(published, line);  // policy,load,workload,average_jct
   int compared = 0;
@@ -325,9 +333,9 @@ TEST(SchedSim, ReproducesEveryPublishedTiresiasWorkloadWithin4Point5Percent) {
       f.push_back(line.substr(at, comma - at));
     }
     if (f.size() != 4 || f[0] != "tiresias") continue;
-    const std::string dir = f[1] == "1.0" ? "/workloads/" : "/workloads-" + f[1] + "/";
+    const std::string dir = f[1] == "1.0" ? "workloads/" : "workloads-" + f[1] + "/";
     const double theirs = std::stod(f[3]);
-    const double ours = simulate(read_workload(data + dir + f[2] + ".csv"), apps, o).average_jct();
+    const double ours = p.average_jct(dir + f[2] + ".csv");
     EXPECT_LE(std::abs(ours - theirs) / theirs, 0.045)
         << f[2] << " at load " << f[1] << ": " << ours << " s against " << theirs << " s";
     ++compared;
