@@ -46,8 +46,10 @@ constexpr milliseconds kReapAfterKillTime{5000};
 // A worker that writes a line longer than this gets it split, keeping memory bounded.
 constexpr size_t kMaxLine = 64 * 1024;
 // A worker's stderr lines that come closer together than this are one burst (a traceback, a
-// post-mortem) and are relayed together; a quiet worker's lines wait at most this long.
+// post-mortem) and are relayed together; a quiet worker's lines wait at most this long, a
+// worker that never pauses (a log line every few milliseconds) at most kBurstLimit.
 constexpr std::chrono::milliseconds kBurstPause{30};
+constexpr std::chrono::milliseconds kBurstLimit{250};
 
 // SIGUSR1 is Slurm's usual early warning of a preemption (`--signal=USR1@90`): passed on as a
 // warning (no stop, no SIGKILL after it), so that workers with a dtrain::Preemption save and exit
@@ -90,7 +92,11 @@ struct Stream {
   // stderr: complete lines held until the worker pauses (kBurstPause), then relayed in one
   // write, so that two ranks' tracebacks, written line by line at once, do not interleave.
   std::string held;
-  std::chrono::steady_clock::time_point last_read;
+  std::chrono::steady_clock::time_point first_held, last_read;
+  // When the held burst is relayed: after a pause, or once it has been held kBurstLimit.
+  std::chrono::steady_clock::time_point due() const {
+    return std::min(last_read + kBurstPause, first_held + kBurstLimit);
+  }
 };
 
 struct Worker {
@@ -358,7 +364,7 @@ class Run {
     if (killed_) earliest(killed_at_ + kReapAfterKillTime);
     if (all_exited_at_) earliest(*all_exited_at_ + kDrainTime);
     for (const auto& w : workers_)
-      if (!w.err.held.empty()) earliest(w.err.last_read + kBurstPause);
+      if (!w.err.held.empty()) earliest(w.err.due());
     if (!next) return -1;
     auto left = std::chrono::duration_cast<milliseconds>(*next - now).count() + 1;
     return static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
@@ -582,8 +588,9 @@ class Run {
       write_out(s.out_fd, text);
       return;
     }
-    s.held += text;
     s.last_read = Clock::now();
+    if (s.held.empty()) s.first_held = s.last_read;
+    s.held += text;
     if (s.held.size() >= kMaxLine) flush_held(s);
   }
 
@@ -600,7 +607,7 @@ class Run {
   // Relays the bursts of workers that paused (every burst with `all`).
   void flush_paused(Clock::time_point now, bool all = false) {
     for (auto& w : workers_)
-      if (!w.err.held.empty() && (all || now >= w.err.last_read + kBurstPause)) flush_held(w.err);
+      if (!w.err.held.empty() && (all || now >= w.err.due())) flush_held(w.err);
   }
 
   void append_line(Worker& w, const Stream& s, std::string_view line, std::string& text) {
