@@ -11,7 +11,8 @@
 
 namespace dtrain {
 
-enum class DType : uint8_t { kF32, kF64, kF16, kBF16, kI8, kU8, kI32, kI64 };
+// Appended only: the codes travel in messages and files.
+enum class DType : uint8_t { kF32, kF64, kF16, kBF16, kI8, kU8, kI32, kI64, kI16 };
 enum class Device : uint8_t { kCpu, kCuda };
 
 size_t element_size(DType dtype);
@@ -36,6 +37,10 @@ constexpr DType dtype_of<int8_t>() {
 template <>
 constexpr DType dtype_of<uint8_t>() {
   return DType::kU8;
+}
+template <>
+constexpr DType dtype_of<int16_t>() {
+  return DType::kI16;
 }
 template <>
 constexpr DType dtype_of<int32_t>() {

@@ -21,6 +21,8 @@ size_t element_size(DType dtype) {
       return 1;
     case DType::kU8:
       return 1;
+    case DType::kI16:
+      return 2;
     case DType::kI32:
       return 4;
     case DType::kI64:
@@ -43,6 +45,8 @@ std::string_view to_string(DType dtype) {
       return "i8";
     case DType::kU8:
       return "u8";
+    case DType::kI16:
+      return "i16";
     case DType::kI32:
       return "i32";
     case DType::kI64:
@@ -62,13 +66,14 @@ DType parse_dtype(std::string_view name) {
       {"f16", DType::kF16},   {"float16", DType::kF16},   {"half", DType::kF16},
       {"bf16", DType::kBF16}, {"bfloat16", DType::kBF16}, {"i8", DType::kI8},
       {"int8", DType::kI8},   {"u8", DType::kU8},         {"uint8", DType::kU8},
+      {"i16", DType::kI16},   {"int16", DType::kI16},     {"short", DType::kI16},
       {"i32", DType::kI32},   {"int32", DType::kI32},     {"int", DType::kI32},
       {"i64", DType::kI64},   {"int64", DType::kI64},     {"long", DType::kI64},
   };
   for (const auto& a : kAliases)
     if (a.name == name) return a.dtype;
-  throw InvalidArgumentError(
-      fmt::format("unknown dtype '{}': use one of f32, f64, f16, bf16, i8, u8, i32, i64", name));
+  throw InvalidArgumentError(fmt::format(
+      "unknown dtype '{}': use one of f32, f64, f16, bf16, i8, u8, i16, i32, i64", name));
 }
 
 }  // namespace dtrain

@@ -336,6 +336,8 @@ void visit(DType dtype, ReduceOp op, Fn&& fn) {
       return with_op.template operator()<Plain<int8_t>>();
     case DType::kU8:
       return with_op.template operator()<Plain<uint8_t>>();
+    case DType::kI16:
+      return with_op.template operator()<Plain<int16_t>>();
     case DType::kI32:
       return with_op.template operator()<Plain<int32_t>>();
     case DType::kI64:
@@ -365,7 +367,7 @@ void check_reduce_op(DType dtype, ReduceOp op) {
   if (is_bitwise(op) && is_float) {
     const char* name = op == ReduceOp::kBand ? "and" : op == ReduceOp::kBor ? "or" : "xor";
     throw InvalidArgumentError(fmt::format(
-        "bitwise {} ({}) needs an integer dtype, got {}: use i8, u8, i32 or i64 data, or sum, "
+        "bitwise {} ({}) needs an integer dtype, got {}: use i8, u8, i16, i32 or i64 data, or sum, "
         "prod, min, max or avg for floating point",
         name, to_string(op), to_string(dtype)));
   }
@@ -408,6 +410,8 @@ void scale_down(void* data, size_t count, DType dtype, size_t divisor) {
       return divide(static_cast<int8_t*>(data), count);
     case DType::kU8:
       return divide(static_cast<uint8_t*>(data), count);
+    case DType::kI16:
+      return divide(static_cast<int16_t*>(data), count);
     case DType::kI32:
       return divide(static_cast<int32_t*>(data), count);
     case DType::kI64:

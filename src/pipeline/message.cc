@@ -84,7 +84,7 @@ MessageHeader decode(std::span<const std::byte> bytes) {
       w.direction != static_cast<uint8_t>(Direction::kGradient))
     throw InvalidArgumentError(
         fmt::format("pipeline: message direction {} is unknown", w.direction));
-  if (w.dtype > static_cast<uint8_t>(DType::kI64))
+  if (w.dtype > static_cast<uint8_t>(DType::kI16))  // the last code
     throw InvalidArgumentError(fmt::format("pipeline: message dtype {} is unknown", w.dtype));
   if (w.ndim < 0 || w.ndim > static_cast<int32_t>(kMaxDims))
     throw InvalidArgumentError(fmt::format("pipeline: a message of {} dimensions", w.ndim));

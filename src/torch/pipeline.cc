@@ -193,6 +193,8 @@ struct Pipeline::Impl {
         return at::kChar;
       case DType::kU8:
         return at::kByte;
+      case DType::kI16:
+        return at::kShort;
       case DType::kI32:
         return at::kInt;
       case DType::kI64:

@@ -30,8 +30,8 @@ std::vector<std::byte> filled(DType t, size_t count, int rank) {
   return b;
 }
 
-const DType kAllTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
-                           DType::kI8,  DType::kU8,  DType::kI32, DType::kI64};
+const DType kAllTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI8,
+                           DType::kU8,  DType::kI16, DType::kI32, DType::kI64};
 const ReduceOp kFloatOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax,
                               ReduceOp::kAvg};
 const ReduceOp kIntOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax,

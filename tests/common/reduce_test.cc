@@ -17,8 +17,8 @@
 namespace dtrain {
 namespace {
 
-constexpr DType kDTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
-                             DType::kI8,  DType::kU8,  DType::kI32, DType::kI64};
+constexpr DType kDTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI8,
+                             DType::kU8,  DType::kI16, DType::kI32, DType::kI64};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax,
                              ReduceOp::kAvg, ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor};
 constexpr size_t kCounts[] = {0, 1, 7, 8, 15, 16, 17, 1000, (1u << 20) + 3};
@@ -87,6 +87,8 @@ struct Buffer {
         return at.operator()<int8_t>();
       case DType::kU8:
         return at.operator()<uint8_t>();
+      case DType::kI16:
+        return at.operator()<int16_t>();
       case DType::kI32:
         return at.operator()<int32_t>();
       case DType::kI64:
@@ -226,6 +228,9 @@ Buffer reference(const Buffer& a, const Buffer& b, ReduceOp op) {
     case DType::kU8:
       ints.operator()<uint8_t>();
       return out;
+    case DType::kI16:
+      ints.operator()<int16_t>();
+      return out;
     case DType::kI32:
       ints.operator()<int32_t>();
       return out;
@@ -356,6 +361,8 @@ TEST(Reduce, IntegerSumAndProdWrapAround) {
   EXPECT_EQ(one(int8_t{-128}, int8_t{-1}, DType::kI8, ReduceOp::kProd), int8_t{-128});
   EXPECT_EQ(one(int8_t{16}, int8_t{16}, DType::kI8, ReduceOp::kProd), int8_t{0});
   EXPECT_EQ(one(uint8_t{255}, uint8_t{1}, DType::kU8, ReduceOp::kSum), uint8_t{0});
+  EXPECT_EQ(one(int16_t{32767}, int16_t{1}, DType::kI16, ReduceOp::kSum), int16_t{-32768});
+  EXPECT_EQ(one(int16_t{-300}, int16_t{200}, DType::kI16, ReduceOp::kProd), int16_t{5536});
   EXPECT_EQ(one(uint8_t{16}, uint8_t{17}, DType::kU8, ReduceOp::kProd), uint8_t{16});
   EXPECT_EQ(one(std::numeric_limits<int32_t>::max(), 1, DType::kI32, ReduceOp::kSum),
             std::numeric_limits<int32_t>::min());

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import dtrain.torch  # noqa: F401  registers "dtrain"
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-INTS = [torch.int8, torch.uint8, torch.int32, torch.int64]
+INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
 
 
 def init(backend, timeout_s=60):

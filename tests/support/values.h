@@ -37,6 +37,7 @@ inline void put(std::vector<std::byte>& buf, DType t, size_t i, double v) {
     case DType::kBF16: { uint16_t h = f32_to_bf16_bits(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
     case DType::kI8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
     case DType::kU8: { uint8_t x = static_cast<uint8_t>(v); std::memcpy(p, &x, 1); break; }
+    case DType::kI16: { int16_t x = static_cast<int16_t>(v); std::memcpy(p, &x, 2); break; }
     case DType::kI32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
     case DType::kI64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
   }
@@ -51,6 +52,7 @@ inline double get(const std::vector<std::byte>& buf, DType t, size_t i) {
     case DType::kBF16: { uint16_t h; std::memcpy(&h, p, 2); return bf16_bits_to_f32(h); }
     case DType::kI8: { int8_t x; std::memcpy(&x, p, 1); return x; }
     case DType::kU8: { uint8_t x; std::memcpy(&x, p, 1); return x; }
+    case DType::kI16: { int16_t x; std::memcpy(&x, p, 2); return x; }
     case DType::kI32: { int32_t x; std::memcpy(&x, p, 4); return x; }
     case DType::kI64: { int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
   }

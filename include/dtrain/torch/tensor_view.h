@@ -30,6 +30,8 @@ inline DType to_dtype(at::ScalarType type) {
       return DType::kI8;
     case at::kByte:
       return DType::kU8;
+    case at::kShort:
+      return DType::kI16;
     case at::kInt:
       return DType::kI32;
     case at::kLong:
@@ -37,7 +39,7 @@ inline DType to_dtype(at::ScalarType type) {
     default:
       throw InvalidArgumentError(std::string("dtrain: tensors of dtype ") + c10::toString(type) +
                                  " cannot be communicated (supported: float, double, half, "
-                                 "bfloat16, int8, uint8, int32, int64)");
+                                 "bfloat16, int8, uint8, int16, int32, int64)");
   }
 }
 

@@ -90,6 +90,9 @@ void with_gloo_type(DType dtype, F&& f) {
     case DType::kU8:
       f(uint8_t{});
       return;
+    case DType::kI16:
+      f(int16_t{});
+      return;
     case DType::kI32:
       f(int32_t{});
       return;

@@ -69,6 +69,8 @@ std::optional<MPI_Datatype> datatype_of(DType dtype) {
       return MPI_INT8_T;
     case DType::kU8:
       return MPI_UINT8_T;
+    case DType::kI16:
+      return MPI_INT16_T;
     case DType::kI32:
       return MPI_INT32_T;
     case DType::kI64:

@@ -38,8 +38,13 @@ ncclDataType_t type_of(DType dtype) {
       return ncclInt32;
     case DType::kI64:
       return ncclInt64;
+    case DType::kI16:
+      break;  // NCCL has no 16-bit integer type
   }
-  throw InternalError(fmt::format("nccl backend: no NCCL type for {}", to_string(dtype)));
+  throw InvalidArgumentError(fmt::format(
+      "nccl backend: NCCL has no type for {} tensors; convert them to int32 first, or use the "
+      "native backend",
+      to_string(dtype)));
 }
 
 // The same view, labelled CPU: for the shared size and dtype checks (comm/arguments.h), which

@@ -20,11 +20,12 @@ DType dtype_of(const py::buffer_info& info, const char* what) {
   if (f == "e" && size == 2) return DType::kF16;
   if (f == "b" && size == 1) return DType::kI8;
   if ((f == "B" || f == "?") && size == 1) return DType::kU8;
+  if (f == "h" && size == 2) return DType::kI16;
   if ((f == "i" || f == "l") && size == 4) return DType::kI32;
   if ((f == "l" || f == "q") && size == 8) return DType::kI64;
   throw InvalidArgumentError(fmt::format(
       "{}: arrays of format '{}' ({} bytes per element) cannot be communicated; use float32, "
-      "float64, float16, int8, uint8, int32 or int64",
+      "float64, float16, int8, uint8, int16, int32 or int64",
       what, info.format, size));
 }
 
@@ -74,6 +75,9 @@ py::array new_array(DType dtype, size_t numel) {
       break;
     case DType::kU8:
       name = "uint8";
+      break;
+    case DType::kI16:
+      name = "int16";
       break;
     case DType::kI32:
       name = "int32";
