@@ -70,6 +70,7 @@ add_library(dtrain_torch_objects OBJECT
   src/torch/reducer.cc
   src/torch/distributed_data_parallel.cc
   src/torch/coordinator.cc
+  src/torch/negotiated_calls.cc
   src/torch/gradient_hooks.cc
   src/torch/distributed_optimizer.cc
   src/torch/parameter_server.cc

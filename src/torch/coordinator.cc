@@ -30,7 +30,6 @@ constexpr uint8_t kFlagJoined = 8;      // joined: zeros for whatever the others
 
 constexpr uint8_t kAnswerOk = 0;
 constexpr uint8_t kAnswerStall = 1;
-constexpr uint8_t kAnswerMismatch = 2;
 
 class Writer {
  public:
@@ -134,7 +133,9 @@ Coordinator::Coordinator(std::shared_ptr<ProcessGroup> group, CoordinatorOptions
   thread_ = std::jthread([this](std::stop_token stop) { loop(stop); });
 }
 
-Coordinator::~Coordinator() {
+Coordinator::~Coordinator() { stop(); }
+
+void Coordinator::stop() {
   {
     std::lock_guard lock(mutex_);
     stop_requested_ = true;
@@ -142,8 +143,36 @@ Coordinator::~Coordinator() {
   if (thread_.joinable()) thread_.join();
 }
 
+Coordinator::Request Coordinator::request_of(const Entry& e) {
+  if (e.call.kind == 0) return Request{e.name, e.tensor.dtype, e.tensor.numel, e.op};
+  return Request{e.name,      e.call.dtype,     0,          ReduceOp::kSum,
+                 e.call.kind, e.call.signature, e.call.text};
+}
+
 std::shared_ptr<Coordinator::Handle> Coordinator::submit(const std::string& name,
                                                          const TensorView& tensor, ReduceOp op) {
+  Entry e;
+  e.name = name;
+  e.tensor = tensor;
+  e.op = op;
+  e.call.kind = 0;
+  return enqueue(std::move(e));
+}
+
+std::shared_ptr<Coordinator::Handle> Coordinator::submit_call(
+    const std::string& name, CallRequest request, std::function<void(ProcessGroup&)> body) {
+  if (request.kind == 0)
+    throw InternalError("Coordinator::submit_call: kind 0 is the all-reduce's; use submit()");
+  Entry e;
+  e.name = name;
+  e.op = ReduceOp::kSum;
+  e.call = std::move(request);
+  e.body = std::move(body);
+  return enqueue(std::move(e));
+}
+
+std::shared_ptr<Coordinator::Handle> Coordinator::enqueue(Entry entry) {
+  const std::string& name = entry.name;
   auto handle = std::make_shared<Handle>();
   handle->name_ = name;
   handle->owner_ = options_.name;
@@ -160,10 +189,11 @@ std::shared_ptr<Coordinator::Handle> Coordinator::submit(const std::string& name
                     group_->rank(), options_.name, name));
   if (!inflight_.insert(name).second)
     throw InvalidArgumentError(
-        fmt::format("rank {}: {}: tensor '{}' submitted again before its previous "
-                    "all-reduce finished; names must be unique and each submitted once per step",
+        fmt::format("rank {}: {}: '{}' submitted again before its previous one finished; names "
+                    "must be unique among the calls in flight",
                     group_->rank(), options_.name, name));
-  incoming_.push_back(Entry{name, tensor, op, handle, false});
+  entry.handle = handle;
+  incoming_.push_back(std::move(entry));
   return handle;
 }
 
@@ -182,6 +212,7 @@ std::shared_ptr<Coordinator::Handle> Coordinator::join() {
         "(synchronize) first",
         group_->rank(), inflight_.size()));
   join_ = handle;
+  joined_at_ = std::chrono::system_clock::now();
   return handle;
 }
 
@@ -252,19 +283,21 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
   const int n = group_->size();
   const int me = group_->rank();
   const size_t bit_bytes = (options_.cache_capacity + 7) / 8;
-  const size_t state_bytes = 1 + bit_bytes;
+  // Flags, one bit per cached tensor, and when this rank joined (microseconds of the wall clock:
+  // the ranks' phases in a cycle differ, their clocks agree, exactly on one host).
+  const size_t state_bytes = 1 + bit_bytes + 8;
   auto cached_id = [&](const Entry& e) -> std::optional<size_t> {
     auto it = cache_id_.find(e.name);
-    if (it == cache_id_.end() ||
-        !(cache_[it->second] == Request{e.name, e.tensor.dtype, e.tensor.numel, e.op}))
-      return std::nullopt;
+    if (it == cache_id_.end() || !(cache_[it->second] == request_of(e))) return std::nullopt;
     return it->second;
   };
 
   std::shared_ptr<Handle> join;
+  std::chrono::system_clock::time_point joined_at;
   {
     std::lock_guard lock(mutex_);
     join = join_;
+    joined_at = joined_at_;
   }
   std::vector<uint8_t> state(state_bytes, 0);
   for (const auto& e : pending_) {
@@ -276,7 +309,13 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
   }
   if (stopping) state[0] |= kFlagStopping;
   if (me == 0 && !stall_error_.empty()) state[0] |= kFlagReport;
-  if (join != nullptr) state[0] |= kFlagJoined;
+  if (join != nullptr) {
+    state[0] |= kFlagJoined;
+    auto when = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(joined_at.time_since_epoch())
+            .count());
+    for (int i = 0; i < 8; ++i) state[1 + bit_bytes + i] = static_cast<uint8_t>(when >> (8 * i));
+  }
 
   std::vector<uint8_t> all(state_bytes * static_cast<size_t>(n));
   AllgatherOptions ao;
@@ -306,14 +345,18 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
                       options_.timeout.count()));
   }
   if (joined_count == n) {
-    // Every rank joined (so none has anything pending): the one that came last is the highest
-    // rank among those that joined since the previous cycle, the same answer on every rank.
+    // Every rank joined (so none has anything pending): the one that came last joined latest
+    // (the highest rank of equals). Cycles cannot tell: each rank reads its state at its own
+    // moment of the cycle. Every rank reads the same times, so gives the same answer.
+    auto joined_when = [&](int r) {
+      uint64_t when = 0;
+      for (int i = 0; i < 8; ++i)
+        when |= uint64_t{all[r * state_bytes + 1 + bit_bytes + i]} << (8 * i);
+      return when;
+    };
     int last = n - 1;
-    for (int r = n - 1; r >= 0; --r)
-      if (joined_before_.empty() || joined_before_[r] == 0) {
-        last = r;
-        break;
-      }
+    for (int r = n - 2; r >= 0; --r)
+      if (joined_when(r) > joined_when(last)) last = r;
     joined_before_.clear();
     {
       std::lock_guard lock(mutex_);
@@ -353,13 +396,16 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
     for (auto& e : pending_) {
       if (e.sent || cached_id(e)) continue;
       e.sent = true;
-      mine.push_back(Request{e.name, e.tensor.dtype, e.tensor.numel, e.op});
+      mine.push_back(request_of(e));
     }
     std::string error;
-    std::vector<Request> agreed = negotiate(mine, joined, error);
+    std::vector<Refusal> refused;
+    std::vector<Request> agreed = negotiate(mine, joined, error, refused);
     if (!error.empty()) throw TimeoutError(fmt::format("rank {}: {}", me, error));
+    refuse(refused);
     for (auto& q : agreed) {
-      if (cache_.size() < options_.cache_capacity && cache_id_.count(q.name) == 0) {
+      // Calls are negotiated each time: with ranks joined they must fail, not run from the cache.
+      if (q.kind == 0 && cache_.size() < options_.cache_capacity && cache_id_.count(q.name) == 0) {
         cache_id_[q.name] = cache_.size();
         cache_.push_back(q);
       }
@@ -377,17 +423,45 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
   if (me == 0) stall_error_ = rank0_stall_error(holders);
 }
 
+void Coordinator::refuse(const std::vector<Refusal>& refused) {
+  if (refused.empty()) return;
+  std::vector<std::pair<std::shared_ptr<Handle>, std::string>> failed;
+  std::vector<Entry> rest;
+  for (auto& e : pending_) {
+    auto it = std::find_if(refused.begin(), refused.end(),
+                           [&](const Refusal& r) { return r.name == e.name; });
+    if (it == refused.end()) {
+      rest.push_back(std::move(e));
+    } else {
+      failed.emplace_back(e.handle, it->why);
+    }
+  }
+  pending_ = std::move(rest);
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [h, why] : failed) inflight_.erase(h->name_);
+  }
+  for (const auto& [h, why] : failed)
+    h->finish(std::make_exception_ptr(
+        InvalidArgumentError(fmt::format("rank {}: {}", group_->rank(), why))));
+}
+
 std::vector<Coordinator::Request> Coordinator::negotiate(const std::vector<Request>& mine,
                                                          const std::vector<uint8_t>& joined,
-                                                         std::string& error) {
+                                                         std::string& error,
+                                                         std::vector<Refusal>& refused) {
   const int n = group_->size();
+  auto write_request = [](Writer& w, const Request& q) {
+    w.str(q.name);
+    w.u8(static_cast<uint8_t>(q.dtype));
+    w.u64(q.numel);
+    w.u8(static_cast<uint8_t>(q.op));
+    w.u8(q.kind);
+    w.u64(q.signature);
+    w.str(q.text);
+  };
   Writer w;
-  for (const auto& r : mine) {
-    w.str(r.name);
-    w.u8(static_cast<uint8_t>(r.dtype));
-    w.u64(r.numel);
-    w.u8(static_cast<uint8_t>(r.op));
-  }
+  for (const auto& r : mine) write_request(w, r);
   std::vector<uint8_t>& payload = w.bytes();
   std::vector<int64_t> size = {static_cast<int64_t>(payload.size())};
   std::vector<int64_t> sizes(n);
@@ -409,6 +483,9 @@ std::vector<Coordinator::Request> Coordinator::negotiate(const std::vector<Reque
     q.dtype = static_cast<DType>(rd.u8());
     q.numel = rd.u64();
     q.op = static_cast<ReduceOp>(rd.u8());
+    q.kind = rd.u8();
+    q.signature = rd.u64();
+    q.text = rd.str();
     return q;
   };
 
@@ -422,24 +499,22 @@ std::vector<Coordinator::Request> Coordinator::negotiate(const std::vector<Reque
       at += counts[r];
     }
     std::vector<Request> ready;
-    std::string mismatch = rank0_update(requests, joined, ready);
-    if (!mismatch.empty()) {
-      answer.u8(kAnswerMismatch);
-      answer.str(mismatch);
-    } else if (!stall_error_.empty()) {
+    std::vector<Refusal> refusals;
+    rank0_update(requests, joined, ready, refusals);
+    if (!stall_error_.empty()) {
       answer.u8(kAnswerStall);
       answer.str(stall_error_);
     } else {
       answer.u8(kAnswerOk);
       answer.str("");
     }
-    // The whole request, not just the name: a joined rank never saw it and needs its size.
-    for (const auto& q : ready) {
-      answer.str(q.name);
-      answer.u8(static_cast<uint8_t>(q.dtype));
-      answer.u64(q.numel);
-      answer.u8(static_cast<uint8_t>(q.op));
+    answer.u64(refusals.size());
+    for (const auto& r : refusals) {
+      answer.str(r.name);
+      answer.str(r.why);
     }
+    // The whole request, not just the name: a joined rank never saw it and needs its size.
+    for (const auto& q : ready) write_request(answer, q);
   }
   std::vector<int64_t> answer_size = {static_cast<int64_t>(answer.bytes().size())};
   BroadcastOptions bo;
@@ -453,17 +528,21 @@ std::vector<Coordinator::Request> Coordinator::negotiate(const std::vector<Reque
   Reader rd(bytes.data(), bytes.size());
   uint8_t kind = rd.u8();
   std::string message = rd.str();
-  if (kind == kAnswerMismatch)
-    throw InvalidArgumentError(fmt::format("rank {}: {}", group_->rank(), message));
   if (kind == kAnswerStall) error = message;
+  for (uint64_t k = rd.u64(); k > 0; --k) {
+    Refusal r;
+    r.name = rd.str();
+    r.why = rd.str();
+    refused.push_back(std::move(r));
+  }
   std::vector<Request> agreed;
   while (!rd.done()) agreed.push_back(read_request(rd));
   return agreed;
 }
 
-std::string Coordinator::rank0_update(const std::vector<std::vector<Request>>& all,
-                                      const std::vector<uint8_t>& joined,
-                                      std::vector<Request>& ready) {
+void Coordinator::rank0_update(const std::vector<std::vector<Request>>& all,
+                               const std::vector<uint8_t>& joined, std::vector<Request>& ready,
+                               std::vector<Refusal>& refused) {
   const size_t n = all.size();
   const auto now = Clock::now();
   for (size_t r = 0; r < n; ++r) {
@@ -476,11 +555,20 @@ std::string Coordinator::rank0_update(const std::vector<std::vector<Request>>& a
         p.ranks.assign(n, 0);
         p.since = now;
         table_order_.push_back(q.name);
+      } else if (!(p.request == q) && (p.request.kind != 0 || q.kind != 0)) {
+        p.mismatch = fmt::format(
+            "{}: '{}' differs between ranks: rank {} called {}, rank {} called {}; every rank "
+            "must make the same calls under the same names (it ran on no rank; the others go "
+            "on)",
+            options_.name, q.name, p.first_rank,
+            p.request.kind == 0 ? "an all-reduce" : p.request.text, r,
+            q.kind == 0 ? "an all-reduce" : q.text);
       } else if (!(p.request == q)) {
         p.mismatch = fmt::format(
             "{}: tensor '{}' differs between ranks: rank {} submitted {} "
             "elements of {} reduced with {}, rank {} submitted {} elements of {} reduced with {}; "
-            "every rank must submit the same tensors under the same names",
+            "every rank must submit the same tensors under the same names (this tensor was "
+            "reduced on no rank; the others go on)",
             options_.name, q.name, p.first_rank, p.request.numel, to_string(p.request.dtype),
             to_string(p.request.op), r, q.numel, to_string(q.dtype), to_string(q.op));
       }
@@ -492,16 +580,26 @@ std::string Coordinator::rank0_update(const std::vector<std::vector<Request>>& a
     Pending& p = table_.at(name);
     size_t count = 0;
     for (size_t r = 0; r < n; ++r) count += (p.ranks[r] | joined[r]) != 0;
+    std::vector<int> joined_out;  // joined ranks that did not submit this call
+    for (size_t r = 0; r < n; ++r)
+      if (joined[r] != 0 && p.ranks[r] == 0) joined_out.push_back(static_cast<int>(r));
+    if (count == n && p.mismatch.empty() && p.request.kind != 0 && !joined_out.empty())
+      p.mismatch = fmt::format(
+          "{}: {} '{}' cannot run while ranks [{}] have joined (join()): only all-reduces go on "
+          "with joined ranks, which contribute zeros",
+          options_.name, p.request.text, name, fmt::join(joined_out, ", "));
     if (count == n) {
-      if (!p.mismatch.empty()) return p.mismatch;
-      ready.push_back(p.request);
+      if (p.mismatch.empty()) {
+        ready.push_back(p.request);
+      } else {
+        refused.push_back(Refusal{name, p.mismatch});
+      }
       table_.erase(name);
     } else {
       still.push_back(name);
     }
   }
   table_order_ = std::move(still);
-  return "";
 }
 
 std::string Coordinator::rank0_stall_error(const std::vector<std::vector<uint8_t>>& cached_bits) {
@@ -527,11 +625,26 @@ std::string Coordinator::rank0_stall_error(const std::vector<std::vector<uint8_t
   return "";
 }
 
-void Coordinator::execute(const std::vector<Request>& tensors, int contributing, bool joined) {
-  if (tensors.empty()) return;
+void Coordinator::execute(const std::vector<Request>& agreed, int contributing, bool joined) {
+  if (agreed.empty()) return;
   const int n = group_->size();
   std::unordered_map<std::string, size_t> index;
   for (size_t i = 0; i < pending_.size(); ++i) index[pending_[i].name] = i;
+  // The calls run after the all-reduces, in the agreed order: the same on every rank.
+  std::vector<Request> tensors;
+  std::vector<size_t> calls;  // indices into pending_
+  for (const auto& q : agreed) {
+    if (q.kind == 0) {
+      tensors.push_back(q);
+      continue;
+    }
+    auto it = index.find(q.name);
+    if (it == index.end())
+      throw InternalError(
+          fmt::format("coordinator: rank {} was told to run '{}', which it never submitted",
+                      group_->rank(), q.name));
+    calls.push_back(it->second);
+  }
   // What this rank reduces for each agreed tensor: its own buffer, or zeros when it has joined.
   std::vector<TensorView> views;
   std::vector<std::vector<std::byte>> zeros;
@@ -583,7 +696,8 @@ void Coordinator::execute(const std::vector<Request>& tensors, int contributing,
       ++j;
     }
     // With ranks joined, an average is over the ranks that contributed.
-    const bool partial_average = kind.op == ReduceOp::kAvg && contributing < n;
+    const bool partial_average =
+        kind.op == ReduceOp::kAvg && contributing < n && !options_.average_over_all_ranks;
     ro.op = partial_average ? ReduceOp::kSum : kind.op;
     TensorView whole = views[order[i]];
     if (j > i + 1) {
@@ -614,6 +728,14 @@ void Coordinator::execute(const std::vector<Request>& tensors, int contributing,
     }
     ++collectives;
     i = j;
+  }
+  for (size_t k : calls) {
+    const auto started = Clock::now();
+    pending_[k].body(*group_);
+    finished[k] = 1;
+    if (Timeline* t = Timeline::get())
+      t->add(pending_[k].call.text, "coordinator", started, Clock::now(), "{}");
+    ++collectives;
   }
   std::vector<Entry> rest;
   std::vector<std::shared_ptr<Handle>> done;

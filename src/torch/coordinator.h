@@ -8,14 +8,17 @@
 // in cache order. When some rank has a tensor not in the cache (or rank 0 has an error to
 // report), a negotiation follows: every rank's new (name, dtype, count) requests reach rank 0,
 // which answers with the tensors now ready on every rank, in the order they became ready there;
-// the answer enters every rank's cache identically. Ready tensors are grouped by dtype and fused
-// into buffers of up to fusion_threshold_bytes, one all-reduce each.
+// the answer enters every rank's cache identically. A tensor submitted with another dtype, size
+// or op on some rank fails on every rank (its handle throws), and the coordinator goes on, as
+// Horovod's does; a tensor missing on some ranks past stall_timeout stops it. Ready tensors are
+// grouped by dtype and fused into buffers of up to fusion_threshold_bytes, one all-reduce each.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,6 +41,10 @@ struct CoordinatorOptions {
   std::chrono::milliseconds stall_timeout{60000};
   size_t cache_capacity = 1024;
   std::chrono::milliseconds timeout{0};  // of each collective; 0 = the group's
+  // With ranks joined, an average divides by the ranks that contributed (dtrain's C++
+  // DistributedOptimizer), or by all of them, the joined ones' zeros included (Horovod's and
+  // torch's Join default).
+  bool average_over_all_ranks = false;
 };
 
 class Coordinator {
@@ -78,7 +85,10 @@ class Coordinator {
   // its thread issues collectives concurrently with the caller's).
   Coordinator(std::shared_ptr<ProcessGroup> group, CoordinatorOptions options = {});
   // Collective: returns once every rank's coordinator is stopping (bounded by the group timeout).
-  ~Coordinator();
+  // Submissions fail afterwards. Whoever owns the coordinator's lifetime on every rank at the
+  // same point (a session's close) calls it: other holders may let go of it at any time.
+  void stop();
+  ~Coordinator();  // stop()
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
@@ -87,6 +97,18 @@ class Coordinator {
   // the coordinator's error once it failed.
   std::shared_ptr<Handle> submit(const std::string& name, const TensorView& tensor,
                                  ReduceOp op = ReduceOp::kAvg);
+  // A collective other than an all-reduce (Horovod's asynchronous allgather, broadcast,
+  // alltoall), matched across ranks by name like a tensor and run by `body` on the coordinator's
+  // group once every rank submitted the name, in the same order on every rank. Never cached (it
+  // is negotiated each time); with ranks joined it fails, as in Horovod.
+  struct CallRequest {
+    uint8_t kind = 1;  // the caller's code, not 0 (the all-reduce's)
+    DType dtype = DType::kU8;
+    uint64_t signature = 0;  // what every rank's call must share: shape, root, ...
+    std::string text;        // how errors describe this rank's call: "allgather of f32 [17]"
+  };
+  std::shared_ptr<Handle> submit_call(const std::string& name, CallRequest request,
+                                      std::function<void(ProcessGroup&)> body);
   // This rank has no more tensors to submit: it takes part in the others' reductions with zeros
   // until every rank has joined, then the handle is done (last_joined() says who came last).
   std::shared_ptr<Handle> join();
@@ -101,15 +123,25 @@ class Coordinator {
     TensorView tensor;
     ReduceOp op;
     std::shared_ptr<Handle> handle;
-    bool sent = false;  // request already sent to rank 0
+    bool sent = false;                        // request already sent to rank 0
+    CallRequest call;                         // kind 0: an all-reduce of `tensor`
+    std::function<void(ProcessGroup&)> body;  // a call's collective
   };
   struct Request {  // also what every rank caches of a tensor once agreed
     std::string name;
     DType dtype;
     uint64_t numel;
     ReduceOp op;
-    bool operator==(const Request&) const = default;
+    uint8_t kind = 0;  // 0: all-reduce; else a CallRequest's
+    uint64_t signature = 0;
+    std::string text;  // not compared: only for errors
+    bool operator==(const Request& o) const {
+      return name == o.name && dtype == o.dtype && numel == o.numel && op == o.op &&
+             kind == o.kind && signature == o.signature;
+    }
   };
+  static Request request_of(const Entry& e);
+  std::shared_ptr<Handle> enqueue(Entry entry);
   struct Pending {  // rank 0's table of tensors not yet ready everywhere
     Request request;
     int first_rank = 0;          // the rank whose request is `request`
@@ -118,12 +150,21 @@ class Coordinator {
     std::string mismatch;
   };
 
+  struct Refusal {  // a tensor the ranks submitted differently: it fails on every rank alone
+    std::string name;
+    std::string why;
+  };
+
   void loop(std::stop_token stop);
   void cycle(bool stopping, bool& all_stopping);
   std::vector<Request> negotiate(const std::vector<Request>& mine,
-                                 const std::vector<uint8_t>& joined, std::string& error);
-  std::string rank0_update(const std::vector<std::vector<Request>>& all,
-                           const std::vector<uint8_t>& joined, std::vector<Request>& ready);
+                                 const std::vector<uint8_t>& joined, std::string& error,
+                                 std::vector<Refusal>& refused);
+  void rank0_update(const std::vector<std::vector<Request>>& all,
+                    const std::vector<uint8_t>& joined, std::vector<Request>& ready,
+                    std::vector<Refusal>& refused);
+  // Fails the handles of the refused tensors submitted here; the coordinator goes on.
+  void refuse(const std::vector<Refusal>& refused);
   std::string rank0_stall_error(const std::vector<std::vector<uint8_t>>& cached_bits);
   // contributing: ranks that have not joined; joined: whether this rank has.
   void execute(const std::vector<Request>& tensors, int contributing, bool joined);
@@ -133,9 +174,10 @@ class Coordinator {
   CoordinatorOptions options_;
 
   mutable std::mutex mutex_;  // guards incoming_, inflight_, error_, stats_, stop_requested_,
-                              // join_
+                              // join_, joined_at_
   std::vector<Entry> incoming_;
-  std::shared_ptr<Handle> join_;  // set while this rank has joined
+  std::shared_ptr<Handle> join_;                     // set while this rank has joined
+  std::chrono::system_clock::time_point joined_at_;  // when join_ was set
   std::unordered_set<std::string> inflight_;
   std::exception_ptr error_;
   Stats stats_;

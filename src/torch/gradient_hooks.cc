@@ -24,6 +24,7 @@ struct GradientHooks::Slot {
   int passes = 0;  // backward passes since the last synchronize
   std::shared_ptr<Coordinator::Handle> handle;
   at::Tensor compressed;  // fp16 copy on the wire
+  at::Tensor dense;       // a sparse gradient, reduced whole (Horovod's sparse_as_dense)
 };
 
 GradientHooks::GradientHooks(std::shared_ptr<Coordinator> coordinator,
@@ -86,18 +87,23 @@ void GradientHooks::submit(size_t index) {
   at::Tensor& grad = s.param.mutable_grad();
   if (!grad.defined()) {
     grad = at::zeros_like(s.param, at::MemoryFormat::Contiguous);  // unused here: reduce zeros
+  } else if (grad.is_sparse()) {
+    // An embedding's rows: reduced as a dense tensor, handed back sparse by finish(). (Horovod
+    // gathers the rows instead unless sparse_as_dense; the sum is the same.)
+    s.dense = grad.to_dense().contiguous();
   } else if (!grad.is_contiguous()) {
     grad = grad.contiguous();
   }
-  if (options_.prescale != 1.0) grad.mul_(options_.prescale);
+  at::Tensor& reduced = s.dense.defined() ? s.dense : grad;
+  if (options_.prescale != 1.0) reduced.mul_(options_.prescale);
   TensorView view;
-  if (options_.compression == Compression::kFp16 && grad.is_floating_point() &&
-      grad.scalar_type() != at::kHalf) {
-    s.compressed = grad.to(at::kHalf);
+  if (options_.compression == Compression::kFp16 && reduced.is_floating_point() &&
+      reduced.scalar_type() != at::kHalf) {
+    s.compressed = reduced.to(at::kHalf);
     view = dtrain::view_of(s.compressed);
   } else {
     s.compressed = at::Tensor();
-    view = dtrain::view_of(grad);
+    view = dtrain::view_of(reduced);
   }
   s.handle = coordinator_->submit(s.name, view, options_.op);
 }
@@ -110,10 +116,13 @@ void GradientHooks::submit_missing() {
 }
 
 void GradientHooks::finish(Slot& s) {
-  if (s.compressed.defined()) s.param.mutable_grad().copy_(s.compressed);
-  if (options_.postscale != 1.0) s.param.mutable_grad().mul_(options_.postscale);
+  at::Tensor& reduced = s.dense.defined() ? s.dense : s.param.mutable_grad();
+  if (s.compressed.defined()) reduced.copy_(s.compressed);
+  if (options_.postscale != 1.0) reduced.mul_(options_.postscale);
+  if (s.dense.defined()) s.param.mutable_grad() = s.dense.to_sparse();
   s.handle = nullptr;
   s.compressed = at::Tensor();
+  s.dense = at::Tensor();
   s.passes = 0;
 }
 

@@ -130,11 +130,11 @@ def collectives():
     (hvd.allreduce(x, op=hvd.Sum) * (r + 1)).sum().backward()
     expect(x.grad, torch.full((4,), float(sum(q + 1 for q in range(n)))), "grad of allreduce")
     x = value(r, (r + 1,)).requires_grad_()
-    (hvd.allgather(x) * 2).sum().backward()
-    expect(x.grad, torch.full((r + 1,), 2.0 * n), "grad of allgather")
+    (hvd.allgather(x) * (hvd.size() + r)).sum().backward()  # the average over the ranks
+    expect(x.grad, torch.full((r + 1,), n + (n - 1) / 2), "grad of allgather")
     x = value(r, (3,)).requires_grad_()
-    hvd.broadcast(x, 0).sum().backward()
-    expect(x.grad, torch.full((3,), float(n) if r == 0 else 0.0), "grad of broadcast")
+    (hvd.broadcast(x, 0) * (r + 1)).sum().backward()
+    expect(x.grad, torch.full((3,), (n + 1) / 2 if r == 0 else 0.0), "grad of broadcast")
 
     assert hvd.broadcast_object({"from": r, "list": [r] * 3}, root_rank=n - 1) == \
         {"from": n - 1, "list": [n - 1] * 3}
@@ -245,8 +245,8 @@ def optimizer(variant):
 
 
 def join():
-    """Rank r has r + 1 batches; the ranks that ran out join, and the others' averages are
-    over the ranks still training."""
+    """Rank r has r + 1 batches; the ranks that ran out join and contribute zeros: the
+    averages are over every rank, as in Horovod."""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     model, reference = _model(), _model()
@@ -262,7 +262,7 @@ def join():
         per_rank = [_grads(reference, q, [step]) for q in range(step, n)]
         ref_opt.zero_grad()
         for p, g in zip(reference.parameters(), zip(*per_rank)):
-            p.grad = sum(g) / len(g)
+            p.grad = sum(g) / n
         ref_opt.step()
         if step == r:  # out of data: wait for the others, contributing zeros
             last = hvd.join()
@@ -287,8 +287,8 @@ def errors():
         (lambda: hvd.alltoall(torch.ones(n + 1)) if n > 1 else hvd.alltoall(torch.ones(2),
                                                                             splits=[1]),
          "alltoall"),
-        (lambda: hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Sum, prescale_factor=2.0),
-         "floating-point tensors only"),
+        (lambda: hvd.alltoall(torch.ones(n), splits=torch.ones(n)), "splits must hold integers"),
+        (lambda: hvd.broadcast(torch.ones(2), root_rank=n), f"not a rank of this job of {n}"),
         (lambda: hvd.DistributedOptimizer(torch.optim.SGD(_model().parameters(), lr=0.1),
                                           named_parameters=[("a", torch.nn.Parameter(
                                               torch.ones(1)))]),
@@ -320,6 +320,168 @@ def errors():
     else:
         raise AssertionError("allreduce after shutdown did not raise")
     print(f"rank {r}: every error checked")
+
+
+def _raises(call, *texts):
+    """The text of the error `call` raises; each of `texts` must be in it."""
+    try:
+        call()
+    except (ValueError, RuntimeError) as e:
+        for text in texts:
+            assert text in str(e), f"rank {hvd.rank()}: expected {text!r} in: {e}"
+        return str(e)
+    raise AssertionError(f"rank {hvd.rank()}: no error; expected {texts}")
+
+
+def negotiation():
+    """As in Horovod, the ranks agree on every call before its data moves: calls that differ
+    fail on every rank, naming each rank's call, and the session goes on."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    assert n >= 2
+
+    def works():  # the session is still usable
+        expect(hvd.allreduce(torch.ones(3), op=hvd.Sum), torch.full((3,), float(n)), "after")
+
+    # Shapes, dtypes, roots, kinds that differ: the same error everywhere, then the next call.
+    _raises(lambda: hvd.allreduce(torch.ones(2 + (r == 1)), op=hvd.Sum),
+            "the ranks' calls differ, so none of them ran",
+            "called allreduce of f32 [2] with sum", "rank 1 called allreduce of f32 [3] with sum")
+    works()
+    _raises(lambda: hvd.allgather(torch.ones(2, 3, dtype=torch.float64 if r == 1 else
+                                             torch.float32)),
+            "rank 1 called allgather of f64 [2, 3]")
+    works()
+    _raises(lambda: hvd.broadcast(torch.ones(2), root_rank=min(r, 1)),
+            "rank 0 called broadcast of f32 [2] from rank 0",
+            "called broadcast of f32 [2] from rank 1")
+    works()
+    _raises(lambda: hvd.allgather(torch.ones(2)) if r == 0 else hvd.barrier(),
+            "rank 0 called allgather of f32 [2]", "called barrier()")
+    works()
+    # Arguments only rank 0 finds wrong: it says why, the others that it refused; none waits.
+    if r == 0:
+        _raises(lambda: hvd.alltoall(torch.ones(n), splits=[n + 1] + [0] * (n - 1)),
+                "must be", "non-negative row counts")
+    else:
+        _raises(lambda: hvd.alltoall(torch.ones(n)), "rank 0 called alltoall",
+                "refused its arguments")
+    works()
+    # Through the coordinator: a name submitted with other sizes fails alone.
+    _raises(lambda: hvd.synchronize(hvd.allreduce_async(torch.ones(2 + (r == 1)), name="odd")),
+            "tensor 'odd' differs between ranks", "the others go on")
+    expect(hvd.synchronize(hvd.allreduce_async(torch.ones(4), name="odd", op=hvd.Sum)),
+           torch.full((4,), float(n)), "the coordinator goes on")
+
+    # int16, as every other integer type.
+    short = value(r, (5,), torch.int16)
+    expect(hvd.allreduce(short, op=hvd.Sum), sum(value(q, (5,)) for q in range(n)), "int16 sum")
+    expect(hvd.allgather(short), torch.cat([value(q, (5,), torch.int16) for q in range(n)]),
+           "int16 allgather")
+    expect(hvd.broadcast(short, n - 1), value(n - 1, (5,), torch.int16), "int16 broadcast")
+
+    # Horovod's scaling of integers: in double precision, truncated.
+    got = hvd.allreduce(torch.full((3,), 7, dtype=torch.int32), op=hvd.Sum, prescale_factor=0.5)
+    expect(got, torch.full((3,), 3 * n, dtype=torch.int32), "prescaled int32")
+
+    # Asynchronous allgather, broadcast and alltoall run in call order on the session's thread.
+    handles = [hvd.allgather_async(value(r, (2,), dtype), name=f"g{k}")
+               for k, dtype in enumerate([torch.int8, torch.int16, torch.float64])]
+    _raises(lambda: hvd.allgather_async(torch.ones(1), name="g0"), "'g0' submitted again")
+    b = value(r, (3,))
+    hb = hvd.broadcast_async_(b, 0)
+    ha = hvd.alltoall_async(torch.arange(2 * n) + 10 * r, splits=[2] * n)
+    for k, (h, dtype) in enumerate(zip(handles, [torch.int8, torch.int16, torch.float64])):
+        expect(hvd.synchronize(h), torch.cat([value(q, (2,), dtype) for q in range(n)]),
+               f"allgather_async {dtype}")
+    assert hvd.synchronize(hb) is b
+    expect(b, value(0, (3,)), "broadcast_async_")
+    out, received = hvd.synchronize(ha)
+    expect(out, torch.cat([torch.arange(2 * r, 2 * r + 2) + 10 * q for q in range(n)]),
+           "alltoall_async")
+    expect(received, [2] * n, "alltoall_async received")
+    gathered = hvd.grouped_allgather([value(r, (1,)), value(r, (r + 1, 2), torch.int64)])
+    expect(gathered[1], torch.cat([value(q, (q + 1, 2), torch.int64) for q in range(n)]),
+           "grouped_allgather")
+
+    # Sparse all-reduce (gathered indices and values), against the dense sum.
+    dense = torch.zeros(6, 2)
+    dense[r % 6] = r + 1.0
+    dense[5] = 1.0
+    result = hvd.sparse_allreduce_async(dense.to_sparse(), name="emb", op=hvd.Sum)()
+    want = torch.zeros(6, 2)
+    for q in range(n):
+        want[q % 6] += q + 1.0
+    want[5] += n
+    expect(result.to_dense(), want, "sparse_allreduce_async")
+
+    # grouped_allreduce is differentiable.
+    xs = [torch.ones(3, requires_grad=True), torch.ones(2, requires_grad=True)]
+    for out in hvd.grouped_allreduce(xs, op=hvd.Sum):
+        out.backward(torch.ones_like(out))
+    for x in xs:
+        expect(x.grad, torch.full(x.shape, float(n)), "grad of grouped_allreduce")
+
+    for built in (hvd.ccl_built, hvd.ddl_built, hvd.cuda_built, hvd.rocm_built, hvd.mpi_built):
+        assert built() is False, built
+    hvd.shutdown()
+    print(f"rank {r}: negotiation checked")
+
+
+def joined_calls():
+    """Rank 0 joins at once: the others' blocking all-reduces take its zeros (an average over
+    every rank, as Horovod's), their allgather fails naming the joined rank; then they join."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    if r == 0:
+        last = hvd.join()
+    else:
+        expect(hvd.allreduce(torch.full((4,), float(r)), op=hvd.Sum),
+               torch.full((4,), float(sum(range(1, n)))), "sum with rank 0 joined")
+        expect(hvd.allreduce(torch.full((4,), float(r))),
+               torch.full((4,), sum(range(1, n)) / n), "average with rank 0's zeros")
+        _raises(lambda: hvd.allgather(torch.ones(2)), "cannot run while ranks [0] have joined")
+        last = hvd.join()
+    assert last != 0, f"rank {r}: join() says rank 0 joined last"
+    assert hvd.allgather_object(last) == [last] * n
+    hvd.shutdown()
+    print(f"rank {r}: joined calls checked")
+
+
+def sparse_optimizer():
+    """An embedding's sparse gradients through the DistributedOptimizer: the step SparseAdam
+    takes on the average over the ranks; broadcast_optimizer_state makes the state first."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    model = torch.nn.Embedding(10, 3, sparse=True)
+    reference = torch.nn.Embedding(10, 3, sparse=True)
+    reference.load_state_dict(model.state_dict())
+    inputs = [torch.tensor([[1, 2, 4], [4, 3 + q, 9]]) for q in range(n)]
+    opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(model.parameters()), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    assert set(opt._parameter_names.values()) == {"weight"}, opt._parameter_names
+    before = model.weight.detach().clone()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    expect(model.weight.detach(), before, "broadcast_optimizer_state leaves the weights")
+    assert model.weight.grad is not None, "no zero gradient made"
+    model(inputs[r]).sum().backward()
+    opt.step()
+    ref_opt = torch.optim.SparseAdam(list(reference.parameters()), lr=0.1)
+    # As broadcast_optimizer_state made the state: a step on zeros, the weights kept.
+    reference.weight.grad = torch.zeros_like(reference.weight).to_sparse()
+    ref_opt.step()
+    reference.weight.data.copy_(before)
+    grads = []
+    for q in range(n):
+        reference.zero_grad()
+        reference(inputs[q]).sum().backward()
+        grads.append(reference.weight.grad.to_dense())
+    reference.weight.grad = (sum(grads) / n).to_sparse()
+    ref_opt.step()
+    expect(model.weight.detach(), reference.weight.detach(), "SparseAdam on the average")
+    hvd.shutdown()
+    print(f"rank {r}: sparse optimizer checked")
 
 
 def stall():

@@ -60,6 +60,22 @@ def test_wrong_use_fails_with_the_cause(world):
     harness.check_ok(hvd(world, "errors"))
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_calls_that_differ_fail_on_every_rank_and_the_session_goes_on(world):
+    results = hvd(world, "negotiation")
+    harness.check_ok(results)
+    assert all("negotiation checked" in r.out for r in results)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_joined_rank_takes_part_in_blocking_allreduces(world):
+    harness.check_ok(hvd(world, "joined_calls"))
+
+
+def test_sparse_gradients_reduce_through_the_distributed_optimizer():
+    harness.check_ok(hvd(2, "sparse_optimizer"))
+
+
 def test_a_tensor_missing_on_other_ranks_fails_every_rank_naming_it():
     harness.check_ok(hvd(2, "stall", env={"DTRAIN_STALL_TIMEOUT": "1"}, timeout=60))
 

@@ -1,7 +1,8 @@
 // The DistributedOptimizer's coordinator over real processes: tensors submitted in different
 // orders still reduce together (fused, then from the cache), each with its own op; a tensor
-// missing on one rank fails everywhere with an error naming it and the ranks; ranks that join
-// early contribute zeros until the last one joins.
+// missing on one rank fails everywhere with an error naming it and the ranks; one submitted with
+// different sizes fails alone on every rank and the coordinator goes on; ranks that join early
+// contribute zeros until the last one joins.
 #include "torch/coordinator.h"
 
 #include <gtest/gtest.h>
@@ -94,6 +95,35 @@ TEST(Coordinator, TensorMissingOnOneRankGivesANamedError) {
     RANK_CHECK(message.find("ready on ranks [0]") != std::string::npos, "message: {}", message);
     RANK_CHECK(message.find("missing on ranks [1]") != std::string::npos, "message: {}", message);
     RANK_CHECK(message.find(fmt::format("rank {}", rank)) == 0, "message: {}", message);
+  }, 60s);
+  expect_all_ok(results);
+}
+
+TEST(Coordinator, ATensorSubmittedDifferentlyFailsOnEveryRankAndTheOthersGoOn) {
+  const int port = testing::free_port();
+  auto results = run_ranks(2, [&](int rank) {
+    auto pg = make_group(rank, 2, port);
+    Coordinator coordinator(pg, CoordinatorOptions{});
+    std::vector<float> good(4, 1.0f + rank), bad(rank == 0 ? 3 : 5, 1.0f);
+    auto h_good = coordinator.submit("good", TensorView::of(good), ReduceOp::kSum);
+    auto h_bad = coordinator.submit("bad", TensorView::of(bad), ReduceOp::kSum);
+    std::string message;
+    try {
+      h_bad->wait(10s);
+    } catch (const InvalidArgumentError& e) {
+      message = e.what();
+    }
+    RANK_CHECK(message.find(fmt::format("rank {}: ", rank)) == 0, "message: {}", message);
+    RANK_CHECK(message.find("tensor 'bad' differs between ranks") != std::string::npos,
+               "message: {}", message);
+    RANK_CHECK(message.find("the others go on") != std::string::npos, "message: {}", message);
+    h_good->wait(10s);
+    RANK_CHECK(good[0] == 3.0f, "good: {}", good[0]);
+    RANK_CHECK(coordinator.error() == nullptr, "the coordinator stopped");
+    // The same name again, now alike: it runs.
+    std::vector<float> again(2, 1.0f);
+    coordinator.submit("bad", TensorView::of(again), ReduceOp::kSum)->wait(10s);
+    RANK_CHECK(again[0] == 2.0f, "again: {}", again[0]);
   }, 60s);
   expect_all_ok(results);
 }

@@ -29,14 +29,17 @@ _torch_version.check()  # before the extension loads: a clear error for another 
 from dtrain.torch.backend import BACKEND, backend_of, register  # noqa: E402
 from dtrain.torch.collectives import (Adasum, Average, Max, Min, Product, Sum, allgather,
                                       allgather_async, allreduce, allreduce_, allreduce_async,
-                                      allreduce_async_, alltoall, barrier, broadcast, broadcast_,
-                                      broadcast_async, broadcast_async_, cross_rank, cross_size,
-                                      global_process_set,
-                                      grouped_allreduce, grouped_allreduce_,
-                                      grouped_allreduce_async, grouped_allreduce_async_, gloo_built,
-                                      gloo_enabled, init, is_initialized, join, local_rank,
-                                      local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-                                      nccl_built, poll, rank, shutdown, size, synchronize)
+                                      allreduce_async_, alltoall, alltoall_async, barrier,
+                                      broadcast, broadcast_, broadcast_async, broadcast_async_,
+                                      ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                                      global_process_set, grouped_allgather,
+                                      grouped_allgather_async, grouped_allreduce,
+                                      grouped_allreduce_, grouped_allreduce_async,
+                                      grouped_allreduce_async_, gloo_built, gloo_enabled, init,
+                                      is_initialized, join, local_rank, local_size, mpi_built,
+                                      mpi_enabled, mpi_threads_supported, nccl_built, poll, rank,
+                                      rocm_built, shutdown, size, sparse_allreduce_async,
+                                      synchronize)
 from dtrain.torch.checkpoint import Checkpoint, CheckpointManager, DistributedSampler
 from dtrain.torch.compression import Compression
 from dtrain.torch import elastic

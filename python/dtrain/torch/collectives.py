@@ -1,11 +1,14 @@
 """Horovod's collective API (``hvd.init``, ``hvd.allreduce``, ...) on dtrain.
 
 ``init()`` starts torch.distributed with the backend ``"dtrain"`` (unless the script already did)
-and opens a session on that group: blocking collectives run on a dtrain group of their own, on
-the calling thread with the GIL released; asynchronous all-reduces (``allreduce_async_``,
+and opens a session on that group. As in Horovod, the ranks agree on every call before its data
+moves: calls that differ between ranks (shape, dtype, root, op, kind) fail on every rank with an
+error naming each rank's call, and the session goes on. Blocking ``allreduce``, ``allgather``,
+``broadcast`` and ``alltoall`` run on the calling thread with the GIL released; their ``_async``
+forms run in call order on a thread of the session. Asynchronous all-reduces (``allreduce_async_``,
 ``grouped_allreduce``, the DistributedOptimizer's gradients) go to dtrain's C++ coordinator,
 which matches them across ranks by name, fuses them and reduces them in one order everywhere.
-Waits on the coordinator come back to Python every 100 ms, so Ctrl-C interrupts them.
+Waits come back to Python every 100 ms, so Ctrl-C interrupts them.
 
 Ops: ``Average`` (the default), ``Sum``, ``Min``, ``Max``, ``Product``. ``Adasum`` is not
 implemented and says so.
@@ -194,6 +197,22 @@ def nccl_built():
     return False
 
 
+def ccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
 def _op(op, average):
     if average is not None:
         warnings.warn("the 'average' argument is deprecated (as in Horovod); pass op=Average or "
@@ -215,6 +234,11 @@ def _name(kind, name):
     return name if name is not None else f"{kind}.noname.{next(_state.names)}"
 
 
+def _given(name):
+    """A blocking call's name: the caller's, or "" (blocking calls match in call order)."""
+    return "" if name is None else str(name)
+
+
 def _new_handle(async_op, result, finish=None):
     handle = next(_state.next_handle)
     _state.handles[handle] = (async_op, result, finish)
@@ -224,6 +248,18 @@ def _new_handle(async_op, result, finish=None):
 def _wait(async_op):
     while not async_op.wait_some(_SLICE):
         pass
+
+
+class _Every:
+    """Waits for every call of a group."""
+    def __init__(self, calls):
+        self.calls = calls
+
+    def wait_some(self, slice_):
+        return all(c.wait_some(slice_) for c in self.calls)
+
+    def done(self):
+        return all(c.done() for c in self.calls)
 
 
 def synchronize(handle):
@@ -238,7 +274,7 @@ def synchronize(handle):
     finally:
         if async_op is None or async_op.done():
             del _state.handles[handle]
-    return finish(result) if finish is not None else result
+    return finish(async_op, result) if finish is not None else result
 
 
 def poll(handle):
@@ -289,7 +325,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     target = tensor if tensor.is_contiguous() else tensor.contiguous()
     with torch.no_grad():
         _session().allreduce_(_dense(target), op_name, float(prescale_factor),
-                              float(postscale_factor))
+                              float(postscale_factor), _given(name))
         if target is not tensor:
             tensor.copy_(target)
     return tensor
@@ -297,10 +333,10 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, op_name, prescale, postscale):
+    def forward(ctx, tensor, op_name, prescale, postscale, name):
         ctx.args = (op_name, prescale, postscale)
         output = tensor.detach().clone(memory_format=torch.contiguous_format)
-        _session().allreduce_(_dense(output), op_name, prescale, postscale)
+        _session().allreduce_(_dense(output), op_name, prescale, postscale, name)
         return output
 
     @staticmethod
@@ -308,7 +344,7 @@ class _Allreduce(torch.autograd.Function):
         op_name, prescale, postscale = ctx.args
         grad = grad_output.detach().clone(memory_format=torch.contiguous_format)
         _session().allreduce_(grad, op_name, prescale, postscale)
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 @_whole_job
@@ -318,7 +354,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     op_name = _op(op, average)
     compressed, ctx = compression.compress(tensor)
     reduced = _Allreduce.apply(compressed, op_name, float(prescale_factor),
-                               float(postscale_factor))
+                               float(postscale_factor), _given(name))
     return compression.decompress(reduced, ctx)
 
 
@@ -337,15 +373,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
         ops.append(_state.session.allreduce_async_(_dense(t), f"{base}.{i}", op_name,
                                                    float(prescale_factor),
                                                    float(postscale_factor)))
-
-    class _All:  # waits for every member
-        def wait_some(self, slice_):
-            return all(o.wait_some(slice_) for o in ops)
-
-        def done(self):
-            return all(o.done() for o in ops)
-
-    return _new_handle(_All(), list(tensors))
+    return _new_handle(_Every(ops), list(tensors))
 
 
 @_whole_job
@@ -363,13 +391,29 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                                                 postscale_factor))
 
 
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op, prescale, postscale, name, *tensors):
+        ctx.args = (op, prescale, postscale)
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op, prescale,
+                                                         postscale)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, prescale, postscale = ctx.args
+        grads = [g.contiguous() for g in grads]
+        reduced = synchronize(grouped_allreduce_async(grads, None, None, op, prescale, postscale))
+        return (None, None, None, None, *reduced)
+
+
 @_whole_job
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=None):
-    """The reductions of a list of tensors, reduced together; new tensors."""
+    """The reductions of a list of tensors, reduced together; new tensors (differentiable)."""
+    op = {v: k for k, v in _OPS.items()}[_op(op, average)]
     compressed = [compression.compress(t) for t in tensors]
-    outputs = synchronize(grouped_allreduce_async([c for c, _ in compressed], average, name, op,
-                                                  prescale_factor, postscale_factor))
+    outputs = _GroupedAllreduce.apply(op, float(prescale_factor), float(postscale_factor), name,
+                                      *[c for c, _ in compressed])
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outputs, compressed)]
 
 
@@ -377,29 +421,68 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor):
+    def forward(ctx, tensor, name):
         ctx.rows = tensor.shape[0] if tensor.dim() > 0 else 1
-        return _session().allgather(_dense(tensor.detach()))
+        return _session().allgather(_dense(tensor.detach()), name).output
 
     @staticmethod
     def backward(ctx, grad_output):
+        # As Horovod: the average of every rank's gradient, then this rank's rows of it.
         grad = grad_output.detach().clone(memory_format=torch.contiguous_format)
-        _session().allreduce_(grad, "sum", 1.0, 1.0)
-        rows = _session().allgather(torch.tensor([ctx.rows], dtype=torch.int64))
+        _session().allreduce_(grad, "avg", 1.0, 1.0)
+        rows = _session().allgather(torch.tensor([ctx.rows], dtype=torch.int64)).output
         offset = int(rows[:rank()].sum())
-        return grad.narrow(0, offset, ctx.rows)
+        return grad.narrow(0, offset, ctx.rows), None
 
 
 @_whole_job
 def allgather(tensor, name=None, process_set=None):
     """Every rank's tensor concatenated along dimension 0, in rank order; the first dimension
     may differ between ranks (differentiable)."""
-    return _Allgather.apply(tensor)
+    return _Allgather.apply(tensor, _given(name))
+
+
+def _output(async_call, _):
+    return async_call.output
 
 
 @_whole_job
 def allgather_async(tensor, name=None, process_set=None):
-    return _new_handle(None, allgather(tensor, name))
+    """Queues an allgather; synchronize(handle) returns the gathered tensor."""
+    return _new_handle(_session().allgather(_dense(tensor.detach()), _name("allgather", name),
+                                            True), None, _output)
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, *tensors):
+        ctx.rows = [t.shape[0] if t.dim() > 0 else 1 for t in tensors]
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        # As allgather's: the average of every rank's gradients, then this rank's rows of each.
+        grads = [g.contiguous() for g in grads]
+        reduced = synchronize(grouped_allreduce_async(grads, op=Average))
+        rows = _session().allgather(torch.tensor([ctx.rows], dtype=torch.int64)).output
+        offsets = rows[:rank()].sum(dim=0).tolist()
+        return (None, *[g.narrow(0, int(o), n)
+                        for g, o, n in zip(reduced, offsets, ctx.rows)])
+
+
+@_whole_job
+def grouped_allgather(tensors, name=None, process_set=None):
+    """allgather of every tensor of the list; the gathered tensors, in the list's order
+    (differentiable)."""
+    return list(_GroupedAllgather.apply(name, *tensors))
+
+
+@_whole_job
+def grouped_allgather_async(tensors, name=None, process_set=None):
+    base = _name("grouped_allgather", name)
+    calls = [_session().allgather(_dense(t.detach()), f"{base}.{i}", True)
+             for i, t in enumerate(tensors)]
+    return _new_handle(_Every(calls), None, lambda every, _: [c.output for c in every.calls])
 
 
 @_whole_job
@@ -407,7 +490,7 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
     """root_rank's tensor, in place on every rank; returns `tensor`."""
     target = tensor if tensor.is_contiguous() else tensor.contiguous()
     with torch.no_grad():
-        _session().broadcast_(_dense(target), int(root_rank))
+        _session().broadcast_(_dense(target), int(root_rank), _given(name))
         if target is not tensor:
             tensor.copy_(target)
     return tensor
@@ -415,49 +498,69 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank):
+    def forward(ctx, tensor, root_rank, name):
         ctx.root_rank = root_rank
         output = tensor.detach().clone(memory_format=torch.contiguous_format)
-        _session().broadcast_(_dense(output), root_rank)
+        _session().broadcast_(_dense(output), root_rank, name)
         return output
 
     @staticmethod
     def backward(ctx, grad_output):
+        # As Horovod: the average of every rank's gradient, on the root only.
         grad = grad_output.detach().clone(memory_format=torch.contiguous_format)
-        _session().allreduce_(grad, "sum", 1.0, 1.0)
+        _session().allreduce_(grad, "avg", 1.0, 1.0)
         if rank() != ctx.root_rank:
             grad.zero_()
-        return grad, None
+        return grad, None, None
 
 
 @_whole_job
 def broadcast(tensor, root_rank, name=None, process_set=None):
     """root_rank's tensor, as a new tensor on every rank (differentiable)."""
-    return _Broadcast.apply(tensor, int(root_rank))
-
-
-@_whole_job
-def broadcast_async(tensor, root_rank, name=None, process_set=None):
-    return _new_handle(None, broadcast(tensor, root_rank, name))
+    return _Broadcast.apply(tensor, int(root_rank), _given(name))
 
 
 @_whole_job
 def broadcast_async_(tensor, root_rank, name=None, process_set=None):
-    return _new_handle(None, broadcast_(tensor, root_rank, name))
+    """Queues an in-place broadcast; synchronize(handle) returns `tensor`."""
+    if not tensor.is_contiguous():
+        raise ValueError("broadcast_async_: the tensor must be contiguous")
+    call = _session().broadcast_(_dense(tensor), int(root_rank), _name("broadcast", name), True)
+    return _new_handle(call, tensor)
+
+
+@_whole_job
+def broadcast_async(tensor, root_rank, name=None, process_set=None):
+    """Like broadcast_async_, into a new tensor."""
+    output = tensor.detach().clone(memory_format=torch.contiguous_format)
+    return broadcast_async_(output, root_rank, name)
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits):
-        output, received = _session().alltoall(_dense(tensor.detach()), splits)
-        ctx.received = received.tolist()
-        ctx.mark_non_differentiable(received)
-        return output, received
+    def forward(ctx, tensor, splits, name):
+        call = _session().alltoall(_dense(tensor.detach()), splits, name)
+        ctx.received = call.received.tolist()
+        ctx.mark_non_differentiable(call.received)
+        return call.output, call.received
 
     @staticmethod
     def backward(ctx, grad_output, _):
-        grad, _ = _session().alltoall(grad_output.contiguous(), ctx.received)
-        return grad, None
+        grad = _session().alltoall(grad_output.contiguous(), ctx.received).output
+        return grad, None, None
+
+
+def _splits(splits):
+    """Horovod's splits: a list or an integer tensor of row counts, one per rank."""
+    if splits is None:
+        return []
+    if torch.is_tensor(splits) and (splits.is_floating_point() or splits.is_complex()):
+        raise ValueError(f"alltoall: splits must hold integers (int32 as in Horovod), not "
+                         f"{splits.dtype}")
+    values = torch.as_tensor(splits).tolist()
+    if not all(isinstance(v, int) for v in values):
+        raise ValueError(f"alltoall: splits must be whole row counts, got {values}")
+    return values
 
 
 @_whole_job
@@ -465,9 +568,36 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
     """Slices of dimension 0 go to the ranks in order (splits[j] rows to rank j; equal slices
     when splits is None); returns what arrived, and with splits given also the rows received
     from each rank (as Horovod does)."""
-    split_list = [] if splits is None else [int(s) for s in torch.as_tensor(splits).tolist()]
-    output, received = _Alltoall.apply(tensor, split_list)
+    output, received = _Alltoall.apply(tensor, _splits(splits), _given(name))
     return output if splits is None else (output, received)
+
+
+@_whole_job
+def alltoall_async(tensor, splits=None, name=None, process_set=None):
+    """Queues an alltoall; synchronize(handle) returns what alltoall would."""
+    call = _session().alltoall(_dense(tensor.detach()), _splits(splits), _name("alltoall", name),
+                               True)
+    return _new_handle(call, None,
+                       lambda c, _: c.output if splits is None else (c.output, c.received))
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
+    """Reduces a sparse COO tensor by gathering every rank's indices and values (Horovod's
+    sparse all-reduce); returns a function that waits and gives the coalesced sparse result."""
+    op_name = _op(op, None)
+    if op_name not in ("avg", "sum"):
+        raise ValueError("sparse_allreduce_async: only Average and Sum reduce sparse tensors")
+    t = tensor.coalesce()
+    base = _name("sparse_allreduce", name)
+    indices = _session().allgather(t.indices().t().contiguous(), f"{base}.indices", True)
+    values = _session().allgather(t.values().contiguous(), f"{base}.values", True)
+    every = _Every([indices, values])
+
+    def result():
+        _wait(every)
+        gathered = values.output / size() if op_name == "avg" else values.output
+        return torch.sparse_coo_tensor(indices.output.t(), gathered, t.shape).coalesce()
+    return result
 
 
 # --- synchronization --------------------------------------------------------------------------
@@ -478,11 +608,10 @@ def barrier(process_set=None):
 
 
 def join(device=-1):
-    """This rank has run out of data: it takes part in the other ranks' asynchronous
-    all-reduces (the DistributedOptimizer's included) with zeros until every rank has joined,
-    and an Average divides by the ranks that contributed. Returns the rank that joined last.
-    Blocking collectives (allreduce, allgather, broadcast) are not covered: call them only after
-    every rank has joined."""
-    waiting = _session().join()
-    _wait(waiting)
-    return waiting.last_joined()
+    """This rank has run out of data: it takes part in the other ranks' all-reduces (blocking,
+    asynchronous and the DistributedOptimizer's) with zeros until every rank has joined; an
+    Average divides by every rank, as in Horovod. Their other collectives fail, naming the
+    joined ranks. Returns the rank that joined last (every rank gets the same answer)."""
+    coordinated = _session().join()  # returns once every rank's blocking calls joined
+    _wait(coordinated)
+    return coordinated.last_joined()

@@ -55,7 +55,25 @@ def allgather_object(obj, name=None, process_set=None):
 
 def broadcast_optimizer_state(optimizer, root_rank=0):
     """Overwrites every rank's optimizer state (and hyperparameters such as the learning rate)
-    with root_rank's."""
+    with root_rank's. An optimizer that has not stepped yet gets its state first, as in Horovod:
+    parameters that require grad and have none get zero gradients, and one step of the wrapped
+    optimizer makes the state; the parameters are put back as they were."""
+    if not optimizer.state_dict()["state"]:
+        params = [p for group in optimizer.param_groups for p in group["params"]
+                  if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+        kept = [p.detach().clone() for p in params]
+        if hasattr(optimizer, "_dtrain_hooks"):  # its own step would reduce the zeros
+            optimizer.__class__.__mro__[1].step(optimizer)
+        else:
+            optimizer.step()
+        with torch.no_grad():
+            for p, k in zip(params, kept):
+                p.copy_(k)
     state = broadcast_object(optimizer.state_dict(), root_rank)
     if collectives.rank() != root_rank:
         optimizer.load_state_dict(state)

@@ -39,8 +39,10 @@ class _DistributedOptimizer:
                                  f"the optimizer are not in it (indices {unnamed[:8]})")
             in_optimizer = {id(p) for p in all_params}
             named = [(f"allreduce.{n}", p) for n, p in named_parameters if id(p) in in_optimizer]
+            self._parameter_names = {p: n for n, p in named_parameters if id(p) in in_optimizer}
         else:
             named = [(f"allreduce.noname.{i}", p) for i, p in enumerate(all_params)]
+            self._parameter_names = {p: n for n, p in named}  # Horovod's attribute
 
         if compression not in (Compression.none, Compression.fp16):
             raise ValueError("DistributedOptimizer: compression must be Compression.none or "
@@ -82,8 +84,8 @@ class _DistributedOptimizer:
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
-                              "optimizer.skip_synchronize(): the gradients are reduced again; "
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "after optimizer.synchronize(): the gradients are reduced again; "
                               "wrap step() in `with optimizer.skip_synchronize():`")
             self.synchronize()
         self._synchronized = False
@@ -108,7 +110,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     named_parameters: model.named_parameters(), so that errors name the parameters; without it
     they are numbered. backward_passes_per_step: backward passes whose gradients accumulate
-    locally before one reduction. compression: Compression.fp16 sends half the bytes."""
+    locally before one reduction. compression: Compression.fp16 sends half the bytes. Sparse
+    gradients (an nn.Embedding's with sparse=True) are reduced as dense tensors and handed back
+    sparse, whatever sparse_as_dense says."""
     if num_groups or groups:
         warnings.warn("DistributedOptimizer: num_groups and groups are ignored; dtrain's "
                       "coordinator fuses ready gradients by size (DTRAIN_FUSION_THRESHOLD)")

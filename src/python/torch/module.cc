@@ -21,6 +21,7 @@
 
 namespace py = pybind11;
 using dtrain::python::AsyncAllreduce;
+using dtrain::python::AsyncCall;
 using dtrain::python::C10dBackend;
 using dtrain::python::Session;
 using release = py::call_guard<py::gil_scoped_release>;
@@ -45,6 +46,15 @@ void bind_session(py::module_& m) {
       .def("done", &AsyncAllreduce::done)
       .def_property_readonly("tensor", &AsyncAllreduce::tensor)
       .def("last_joined", &AsyncAllreduce::last_joined);
+
+  py::class_<AsyncCall, std::shared_ptr<AsyncCall>>(
+      m, "AsyncCall",
+      "An allgather, broadcast or alltoall: queued on the coordinator, or done (blocking).")
+      .def("wait_some", &AsyncCall::wait_some, py::arg("slice"), release(),
+           "Waits up to `slice`; True once done. Raises the call's error.")
+      .def("done", &AsyncCall::done)
+      .def_property_readonly("output", &AsyncCall::output)
+      .def_property_readonly("received", &AsyncCall::received);
 
   py::class_<dtrain::GradientHooks>(
       m, "GradientHooks",
@@ -78,29 +88,34 @@ void bind_session(py::module_& m) {
       .def_property_readonly("size", &Session::size)
       .def(
           "allreduce_",
-          [](Session& s, const at::Tensor& t, const std::string& op, double pre, double post) {
+          [](Session& s, const at::Tensor& t, const std::string& op, double pre, double post,
+             const std::string& name) {
             blocking(s, "allreduce", t,
-                     [&] { s.allreduce_(t, dtrain::parse_reduce_op(op), pre, post); });
+                     [&] { s.allreduce_(t, dtrain::parse_reduce_op(op), pre, post, name); });
           },
-          py::arg("tensor"), py::arg("op"), py::arg("prescale"), py::arg("postscale"))
+          py::arg("tensor"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
+          py::arg("name") = "")
       .def(
           "broadcast_",
-          [](Session& s, const at::Tensor& t, int root) {
-            blocking(s, "broadcast", t, [&] { s.broadcast_(t, root); });
+          [](Session& s, const at::Tensor& t, int root, const std::string& name, bool async_op) {
+            return blocking(s, "broadcast", t,
+                            [&] { return s.broadcast_(t, root, name, async_op); });
           },
-          py::arg("tensor"), py::arg("root"))
+          py::arg("tensor"), py::arg("root"), py::arg("name") = "", py::arg("async_op") = false)
       .def(
           "allgather",
-          [](Session& s, const at::Tensor& t) {
-            return blocking(s, "allgather", t, [&] { return s.allgather(t); });
+          [](Session& s, const at::Tensor& t, const std::string& name, bool async_op) {
+            return blocking(s, "allgather", t, [&] { return s.allgather(t, name, async_op); });
           },
-          py::arg("tensor"))
+          py::arg("tensor"), py::arg("name") = "", py::arg("async_op") = false)
       .def(
           "alltoall",
-          [](Session& s, const at::Tensor& t, const std::vector<int64_t>& splits) {
-            return blocking(s, "alltoall", t, [&] { return s.alltoall(t, splits); });
+          [](Session& s, const at::Tensor& t, const std::vector<int64_t>& splits,
+             const std::string& name, bool async_op) {
+            return blocking(s, "alltoall", t,
+                            [&] { return s.alltoall(t, splits, name, async_op); });
           },
-          py::arg("tensor"), py::arg("splits"))
+          py::arg("tensor"), py::arg("splits"), py::arg("name") = "", py::arg("async_op") = false)
       .def("barrier",
            [](Session& s) {
              dtrain::python::run_interruptibly(
@@ -114,7 +129,11 @@ void bind_session(py::module_& m) {
           },
           py::arg("tensor"), py::arg("name"), py::arg("op"), py::arg("prescale"),
           py::arg("postscale"), release())
-      .def("join", &Session::join, release())
+      .def("join",
+           [](Session& s) {
+             return dtrain::python::run_interruptibly(
+                 s.group(), fmt::format("join (rank {})", s.rank()), [&] { return s.join(); });
+           })
       .def(
           "gradient_hooks",
           [](Session& s, std::vector<std::pair<std::string, at::Tensor>> named,

@@ -17,17 +17,16 @@ using dtrain::view_of;
 
 namespace {
 
-// A scaling factor other than 1 needs a floating-point tensor.
-void check_scale(const at::Tensor& tensor, double factor, const char* what) {
-  if (factor != 1.0 && !tensor.is_floating_point())
-    throw InvalidArgumentError(
-        fmt::format("{} {} applies to floating-point tensors only; this one holds {}", what, factor,
-                    c10::toString(tensor.scalar_type())));
-}
-
-void scale(const at::Tensor& tensor, double factor, const char* what) {
-  check_scale(tensor, factor, what);
-  if (factor != 1.0) tensor.mul_(factor);
+// Horovod's scaling: integers in double precision and truncated back, halves in float.
+void scale(const at::Tensor& tensor, double factor) {
+  if (factor == 1.0) return;
+  if (!tensor.is_floating_point()) {
+    tensor.copy_(tensor.to(at::kDouble).mul_(factor));
+  } else if (tensor.element_size() < 4) {
+    tensor.copy_(tensor.to(at::kFloat).mul_(factor));
+  } else {
+    tensor.mul_(factor);
+  }
 }
 
 // The rows of dimension 0 and the number of elements in one row.
@@ -36,16 +35,6 @@ std::pair<int64_t, int64_t> rows_of(const at::Tensor& t) {
   int64_t row = 1;
   for (int64_t d = 1; d < t.dim(); ++d) row *= t.size(d);
   return {t.size(0), row};
-}
-
-// Identifies the dtype and the dimensions after the first, which every rank must share.
-int64_t row_signature(const at::Tensor& t) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-  mix(static_cast<uint64_t>(t.scalar_type()));
-  mix(static_cast<uint64_t>(std::max<int64_t>(t.dim(), 1)));
-  for (int64_t d = 1; d < t.dim(); ++d) mix(static_cast<uint64_t>(t.size(d)));
-  return static_cast<int64_t>(h >> 1);
 }
 
 std::vector<int64_t> shape_with_rows(const at::Tensor& t, int64_t rows) {
@@ -64,6 +53,17 @@ AsyncAllreduce::AsyncAllreduce(std::shared_ptr<Coordinator::Handle> handle, at::
       postscale_(postscale),
       limit_(limit) {}
 
+AsyncCall::AsyncCall(std::shared_ptr<Coordinator::Handle> handle, std::shared_ptr<Result> result,
+                     std::chrono::milliseconds limit)
+    : handle_(std::move(handle)), result_(std::move(result)), limit_(limit) {}
+
+bool AsyncCall::wait_some(std::chrono::milliseconds slice) {
+  if (handle_ == nullptr || handle_->wait_for(slice)) return true;
+  if (std::chrono::steady_clock::now() - submitted_ > limit_)
+    handle_->wait(std::chrono::milliseconds(0));  // throws the TimeoutError naming the call
+  return false;
+}
+
 bool AsyncAllreduce::wait_some(std::chrono::milliseconds slice) {
   if (!handle_->wait_for(slice)) {
     if (std::chrono::steady_clock::now() - submitted_ > limit_)
@@ -72,7 +72,7 @@ bool AsyncAllreduce::wait_some(std::chrono::milliseconds slice) {
   }
   if (!finished_) {
     finished_ = true;
-    if (tensor_.defined() && postscale_ != 1.0) tensor_.mul_(postscale_);
+    if (tensor_.defined()) scale(tensor_, postscale_);
   }
   return true;
 }
@@ -88,12 +88,19 @@ Session::Session(const std::shared_ptr<ProcessGroup>& world, SessionOptions opti
   co.cycle_time = options_.cycle_time;
   co.fusion_threshold_bytes = options_.fusion_threshold_bytes;
   co.stall_timeout = options_.stall_timeout;
+  co.average_over_all_ranks = true;  // Horovod's join: the joined ranks' zeros count
   coordinator_ = std::make_shared<Coordinator>(world->new_group(all), co);
+  calls_ = std::make_unique<NegotiatedCalls>(ops_);
 }
 
 Session::~Session() { close(); }
 
-void Session::close() { coordinator_.reset(); }
+void Session::close() {
+  calls_.reset();
+  // Stopped here, on every rank at once: a DistributedOptimizer's hooks may hold it longer.
+  if (coordinator_ != nullptr) coordinator_->stop();
+  coordinator_.reset();
+}
 
 void Session::open() const {
   if (coordinator_ == nullptr)
@@ -105,72 +112,101 @@ std::chrono::milliseconds Session::wait_limit() const {
   return options_.stall_timeout + ops_->timeout();
 }
 
-void Session::allreduce_(const at::Tensor& tensor, ReduceOp op, double prescale, double postscale) {
-  TensorView view = view_of(tensor);
-  scale(tensor, prescale, "prescale_factor");
-  AllreduceOptions o;
-  o.op = op;
-  o.async_op = false;
-  ops_->allreduce(view, o)->wait();
-  scale(tensor, postscale, "postscale_factor");
+void Session::run(const Call& call, const std::function<void()>& check,
+                  const NegotiatedCalls::Body& body) {
+  open();
+  try {
+    check();
+  } catch (const InvalidArgumentError&) {
+    calls_->refuse(call);  // the other ranks fail rather than wait for this one
+    throw;
+  }
+  calls_->run(call, body);
 }
 
-void Session::broadcast_(const at::Tensor& tensor, int root) {
-  BroadcastOptions o;
-  o.root = root;
-  o.async_op = false;
-  ops_->broadcast(view_of(tensor), o)->wait();
+std::shared_ptr<AsyncCall> Session::queue(const Call& call, const std::string& name,
+                                          const std::function<void()>& check,
+                                          std::function<void(ProcessGroup&)> body,
+                                          std::shared_ptr<AsyncCall::Result> result) {
+  open();
+  check();  // the other ranks' calls of this name fail after the stall timeout, naming it
+  Coordinator::CallRequest request;
+  request.kind = static_cast<uint8_t>(call.kind);
+  request.dtype = static_cast<DType>(call.dtype);
+  request.signature = call.signature();
+  request.text = call.describe();
+  return std::make_shared<AsyncCall>(coordinator_->submit_call(name, request, std::move(body)),
+                                     std::move(result), wait_limit());
 }
 
-at::Tensor Session::allgather(const at::Tensor& tensor) {
-  const at::Tensor t = tensor.contiguous();
-  const auto [rows, row] = rows_of(t);
-  const int n = size();
-  std::vector<int64_t> mine = {rows, row_signature(t)};
-  std::vector<int64_t> all(2 * static_cast<size_t>(n));
-  AllgatherOptions go;
-  go.async_op = false;
-  ops_->allgather(TensorView::of(all), TensorView::of(mine), go)->wait();
-  std::vector<size_t> counts(static_cast<size_t>(n));
+void Session::allreduce_(const at::Tensor& tensor, ReduceOp op, double prescale, double postscale,
+                         const std::string& name) {
+  const Call c = Call::of(Call::Kind::kAllreduce, to_dtype(tensor.scalar_type()),
+                          tensor.sizes().vec(), static_cast<int64_t>(op), name);
+  run(
+      c, [&] { view_of(tensor); },
+      [&](const NegotiatedCalls::Agreed&) {
+        // Ranks that joined contribute zeros; an average divides by every rank, as Horovod's.
+        scale(tensor, prescale);
+        AllreduceOptions o;
+        o.op = op;
+        o.async_op = false;
+        ops_->allreduce(view_of(tensor), o)->wait();
+        scale(tensor, postscale);
+      });
+}
+
+std::shared_ptr<AsyncCall> Session::broadcast_(const at::Tensor& tensor, int root,
+                                               const std::string& name, bool async_op) {
+  const Call c = Call::of(Call::Kind::kBroadcast, to_dtype(tensor.scalar_type()),
+                          tensor.sizes().vec(), root, name);
+  auto check = [&] {
+    view_of(tensor);
+    if (root < 0 || root >= size())
+      throw InvalidArgumentError(
+          fmt::format("rank {}: broadcast: root rank {} is not a rank of this job of {}", rank(),
+                      root, size()));
+  };
+  auto body = [tensor, root](ProcessGroup& group) {
+    BroadcastOptions o;
+    o.root = root;
+    o.async_op = false;
+    group.broadcast(view_of(tensor), o)->wait();
+  };
+  auto result = std::make_shared<AsyncCall::Result>();
+  result->output = tensor;
+  if (async_op) return queue(c, name, check, body, result);
+  run(c, check, [&](const NegotiatedCalls::Agreed&) { body(*ops_); });
+  return std::make_shared<AsyncCall>(nullptr, result, wait_limit());
+}
+
+namespace {
+
+// Every rank's rows of `t` (rows[r] from rank r), concatenated along dimension 0.
+at::Tensor gather_rows(ProcessGroup& group, const at::Tensor& t, const std::vector<int64_t>& rows) {
+  const int64_t row = rows_of(t).second;
+  std::vector<size_t> counts;
   int64_t total = 0;
-  for (int r = 0; r < n; ++r) {
-    if (all[2 * r + 1] != mine[1])
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: allgather: rank {} passed a tensor whose dtype or dimensions after the first "
-          "differ from this rank's {} of shape [{}]; only the first dimension may differ",
-          rank(), r, c10::toString(t.scalar_type()), fmt::join(t.sizes(), ", ")));
-    counts[r] = static_cast<size_t>(all[2 * r] * row);
-    total += all[2 * r];
+  for (int64_t r : rows) {
+    counts.push_back(static_cast<size_t>(r * row));
+    total += r;
   }
   at::Tensor out = at::empty(shape_with_rows(t, total), t.options());
-  ops_->allgatherv(view_of(out), view_of(t), counts, go)->wait();
+  AllgatherOptions o;
+  o.async_op = false;
+  group.allgatherv(view_of(out), view_of(t), counts, o)->wait();
   return out;
 }
 
-std::pair<at::Tensor, at::Tensor> Session::alltoall(const at::Tensor& tensor,
-                                                    const std::vector<int64_t>& splits) {
-  const at::Tensor t = tensor.contiguous();
-  const auto [rows, row] = rows_of(t);
-  const int n = size();
-  std::vector<int64_t> send(splits);
-  if (send.empty()) {
-    if (rows % n != 0)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: alltoall: {} rows cannot be split equally over {} ranks; pass splits", rank(),
-          rows, n));
-    send.assign(static_cast<size_t>(n), rows / n);
-  }
-  if (static_cast<int>(send.size()) != n ||
-      std::accumulate(send.begin(), send.end(), int64_t{0}) != rows ||
-      std::any_of(send.begin(), send.end(), [](int64_t s) { return s < 0; }))
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: alltoall: splits [{}] must be {} non-negative row counts adding up to the "
-        "tensor's {} rows",
-        rank(), fmt::join(send, ", "), n, rows));
+// Sends send[j] rows of `t` to rank j; returns what arrived and the rows from each rank.
+std::pair<at::Tensor, at::Tensor> exchange_rows(ProcessGroup& group, const at::Tensor& t,
+                                                std::vector<int64_t> send) {
+  const int n = group.size();
+  const int64_t row = rows_of(t).second;
   std::vector<int64_t> recv(static_cast<size_t>(n));
-  AlltoallOptions ao;
-  ao.async_op = false;
-  ops_->alltoall(TensorView::of(recv), TensorView::of(send), ao)->wait();
+  AlltoallOptions o;
+  o.async_op = false;
+  group.alltoall(TensorView::of(recv), TensorView::of(send), o)->wait();
   std::vector<size_t> send_counts(send.size()), recv_counts(recv.size());
   int64_t total = 0;
   for (int r = 0; r < n; ++r) {
@@ -179,14 +215,92 @@ std::pair<at::Tensor, at::Tensor> Session::alltoall(const at::Tensor& tensor,
     total += recv[r];
   }
   at::Tensor out = at::empty(shape_with_rows(t, total), t.options());
-  ops_->alltoallv(view_of(out), recv_counts, view_of(t), send_counts, ao)->wait();
+  group.alltoallv(view_of(out), recv_counts, view_of(t), send_counts, o)->wait();
   return {out, at::tensor(at::ArrayRef<int64_t>(recv)).to(at::kInt)};  // Horovod's are int32
 }
 
+}  // namespace
+
+std::shared_ptr<AsyncCall> Session::allgather(const at::Tensor& tensor, const std::string& name,
+                                              bool async_op) {
+  const at::Tensor t = tensor.contiguous();
+  const Call c =
+      Call::of(Call::Kind::kAllgather, to_dtype(t.scalar_type()), t.sizes().vec(), 0, name);
+  auto result = std::make_shared<AsyncCall::Result>();
+  auto check = [&] { view_of(t); };
+  if (async_op)
+    return queue(
+        c, name, check,
+        [t, result](ProcessGroup& group) {
+          // The coordinator agreed on everything but the rows, which each rank tells first.
+          std::vector<int64_t> mine = {rows_of(t).first};
+          std::vector<int64_t> rows(static_cast<size_t>(group.size()));
+          AllgatherOptions o;
+          o.async_op = false;
+          group.allgather(TensorView::of(rows), TensorView::of(mine), o)->wait();
+          result->output = gather_rows(group, t, rows);
+        },
+        result);
+  run(c, check, [&](const NegotiatedCalls::Agreed& agreed) {
+    std::vector<int64_t> rows;
+    for (const Call& theirs : agreed.calls) rows.push_back(theirs.rows());
+    result->output = gather_rows(*ops_, t, rows);
+  });
+  return std::make_shared<AsyncCall>(nullptr, result, wait_limit());
+}
+
+std::shared_ptr<AsyncCall> Session::alltoall(const at::Tensor& tensor,
+                                             const std::vector<int64_t>& splits,
+                                             const std::string& name, bool async_op) {
+  const at::Tensor t = tensor.contiguous();
+  const Call c =
+      Call::of(Call::Kind::kAlltoall, to_dtype(t.scalar_type()), t.sizes().vec(), 0, name);
+  const int64_t rows = rows_of(t).first;
+  const int n = size();
+  std::vector<int64_t> send(splits);
+  auto check = [&] {
+    view_of(t);
+    if (send.empty()) {
+      if (rows % n != 0)
+        throw InvalidArgumentError(fmt::format(
+            "rank {}: alltoall: {} rows cannot be split equally over {} ranks; pass splits", rank(),
+            rows, n));
+      send.assign(static_cast<size_t>(n), rows / n);
+    }
+    if (static_cast<int>(send.size()) != n ||
+        std::accumulate(send.begin(), send.end(), int64_t{0}) != rows ||
+        std::any_of(send.begin(), send.end(), [](int64_t s) { return s < 0; }))
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: alltoall: splits [{}] must be {} non-negative row counts adding up to the "
+          "tensor's {} rows",
+          rank(), fmt::join(send, ", "), n, rows));
+  };
+  auto result = std::make_shared<AsyncCall::Result>();
+  if (async_op) {
+    check();  // before the body takes the splits it fills in
+    return queue(
+        c, name, [] {},
+        [t, send, result](ProcessGroup& group) {
+          std::tie(result->output, result->received) = exchange_rows(group, t, send);
+        },
+        result);
+  }
+  run(c, check, [&](const NegotiatedCalls::Agreed&) {
+    std::tie(result->output, result->received) = exchange_rows(*ops_, t, send);
+  });
+  return std::make_shared<AsyncCall>(nullptr, result, wait_limit());
+}
+
 void Session::barrier() {
-  BarrierOptions o;
-  o.async_op = false;
-  ops_->barrier(o)->wait();
+  Call c;
+  c.kind = Call::Kind::kBarrier;
+  run(
+      c, [] {},
+      [this](const NegotiatedCalls::Agreed&) {
+        BarrierOptions o;
+        o.async_op = false;
+        ops_->barrier(o)->wait();
+      });
 }
 
 std::shared_ptr<AsyncAllreduce> Session::allreduce_async_(const at::Tensor& tensor,
@@ -194,19 +308,18 @@ std::shared_ptr<AsyncAllreduce> Session::allreduce_async_(const at::Tensor& tens
                                                           double prescale, double postscale) {
   open();
   TensorView view = view_of(tensor);
-  check_scale(tensor, postscale,
-              "postscale_factor");  // applied by the first wait that sees it done
-  scale(tensor, prescale, "prescale_factor");
+  scale(tensor, prescale);  // and postscale by the first wait that sees it done
   return std::make_shared<AsyncAllreduce>(coordinator_->submit(name, view, op), tensor, postscale,
                                           wait_limit());
 }
 
 std::shared_ptr<AsyncAllreduce> Session::join() {
   open();
-  return std::make_shared<AsyncAllreduce>(coordinator_->join(), at::Tensor(), 1.0,
-                                          // bounded by the peers staying alive: the cycles fail
-                                          // when one dies
-                                          std::chrono::hours(24 * 365));
+  // Bounded by the peers staying alive: the cycles fail when one dies.
+  auto coordinated = std::make_shared<AsyncAllreduce>(coordinator_->join(), at::Tensor(), 1.0,
+                                                      std::chrono::hours(24 * 365));
+  calls_->join();
+  return coordinated;
 }
 
 std::unique_ptr<GradientHooks> Session::gradient_hooks(

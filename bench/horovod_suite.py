@@ -1,0 +1,123 @@
+"""Horovod's own PyTorch tests on dtrain: test/parallel/test_torch.py, horovod.torch mapped to
+dtrain.torch.
+
+    git clone --depth 1 https://github.com/horovod/horovod /tmp/horovod  # not in its PyPI sdist
+    /opt/dtrain/venv/bin/python -m pip install cloudpickle mock         # its test utils import them
+    /opt/dtrain/venv/bin/python bench/horovod_suite.py --tests /tmp/horovod/test -n 2
+
+Runs the selection (by default the issue's: the allreduce, allgather, broadcast and alltoall
+tests and the optimizer's, without process sets) under `dtrain run -n N`, with a shim package
+`horovod` on the path whose `horovod.torch` is `dtrain.torch` (and the one helper of Horovod's
+runner that the tests' utils import). HOROVOD_RANK is set as horovodrun's Gloo mode sets it, so
+every test ends with hvd.barrier() and hvd.shutdown() and the next one calls hvd.init() again.
+Each rank writes a junit report; a test passes when it passed on every rank. Prints the counts
+and each failure's first line; docs/pytorch.md records them.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+SELECTION = ("(allreduce or allgather or broadcast or alltoall or optimizer or compression or "
+             "model_parallelism or duplicate_names or requires_grad or clipping or "
+             "synchronize_step or named_parameters or sparse) and not process_sets")
+
+SHIM = {
+    "horovod/__init__.py":
+        "import os\n"
+        "# As horovodrun's Gloo mode: the tests shut Horovod down after each test when it is set.\n"
+        "os.environ.setdefault('HOROVOD_RANK', os.environ.get('RANK', '0'))\n",
+    "horovod/torch/__init__.py": "from dtrain.torch import *  # noqa: F401,F403\n",
+    "horovod/runner/__init__.py": "",
+    "horovod/runner/util/__init__.py": "",
+    "horovod/runner/util/threads.py":
+        "import threading\n\n\n"
+        "def in_thread(target, args=(), name=None, daemon=True, silent=False):\n"
+        "    thread = threading.Thread(target=target, args=args, name=name, daemon=daemon)\n"
+        "    thread.start()\n"
+        "    return thread\n",
+}
+
+
+def outcomes(report):
+    """{test name: (outcome, first line of the message)} from one rank's junit report."""
+    result = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        outcome, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome, message = "failed", (child.get("message") or "").split("\n")[0]
+            elif child.tag == "skipped":
+                outcome, message = "skipped", (child.get("message") or "").split("\n")[0]
+        result[case.get("name")] = (outcome, message)
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tests", required=True,
+                        help="the test/ folder of a checkout of github.com/horovod/horovod")
+    parser.add_argument("-n", type=int, default=2, help="ranks")
+    parser.add_argument("-k", default=SELECTION, help="pytest's -k expression")
+    parser.add_argument("--dtrain", default=os.environ.get("DTRAIN_BIN") or shutil.which("dtrain")
+                        or "dtrain", help="the dtrain binary")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds for the whole run")
+    args = parser.parse_args()
+    suite = os.path.join(args.tests, "parallel", "test_torch.py")
+    if not os.path.exists(suite):
+        sys.exit(f"horovod_suite: no {suite}; pass --tests with the test/ folder of a Horovod "
+                 f"checkout")
+    for module in ("cloudpickle", "mock", "pytest"):
+        try:
+            __import__(module)
+        except ImportError:
+            sys.exit(f"horovod_suite: Horovod's test utils need {module}: "
+                     f"{sys.executable} -m pip install {module}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for path, text in SHIM.items():
+            os.makedirs(os.path.join(tmp, os.path.dirname(path)), exist_ok=True)
+            with open(os.path.join(tmp, path), "w") as f:
+                f.write(text)
+        path = os.pathsep.join(p for p in [tmp, os.environ.get("PYTHONPATH", "")] if p)
+        env = dict(os.environ, PYTHONPATH=path, DTRAIN_PYTHONPATH=path)
+        rank_cmd = (f"exec {sys.executable} -m pytest -q -p no:cacheprovider {suite} "
+                    f"-k \"$SELECTION\" --junitxml={tmp}/rank-$RANK.xml")
+        env["SELECTION"] = args.k
+        command = [args.dtrain, "run", "-n", str(args.n), "--", "sh", "-c", rank_cmd]
+        log = os.path.abspath("horovod_suite.log")
+        print(f"horovod_suite: {len(args.k) and 'the selection'} at {args.n} ranks; each rank's "
+              f"pytest output goes to {log}", flush=True)
+        with open(log, "w") as f:
+            subprocess.run(command, env=env, cwd=os.path.dirname(suite), stdout=f,
+                           stderr=subprocess.STDOUT, timeout=args.timeout)
+        reports = [os.path.join(tmp, f"rank-{r}.xml") for r in range(args.n)]
+        missing = [r for r in reports if not os.path.exists(r)]
+        if missing:
+            sys.exit(f"horovod_suite: no report from {missing}: see {log}")
+        per_rank = [outcomes(r) for r in reports]
+    merged = {}
+    for name in per_rank[0]:
+        results = [ranks.get(name, ("failed", "not run on this rank")) for ranks in per_rank]
+        failed = [m for o, m in results if o == "failed"]
+        if failed:
+            merged[name] = ("failed", failed[0])
+        elif all(o == "skipped" for o, _ in results):
+            merged[name] = ("skipped", results[0][1])
+        else:
+            merged[name] = ("passed", "")
+    kinds = [o for o, _ in merged.values()]
+    ran = kinds.count("passed") + kinds.count("failed")
+    print(f"\n| selected | passed | skipped | failed | passed of those that ran |\n"
+          f"|---|---|---|---|---|\n"
+          f"| {len(kinds)} | {kinds.count('passed')} | {kinds.count('skipped')} | "
+          f"{kinds.count('failed')} | {kinds.count('passed') / max(ran, 1):.1%} |")
+    for name, (outcome, message) in sorted(merged.items()):
+        if outcome != "passed":
+            print(f"{outcome:8} {name}: {message[:160]}")
+
+
+if __name__ == "__main__":
+    main()
