@@ -367,6 +367,12 @@ def negotiation():
         _raises(lambda: hvd.alltoall(torch.ones(n)), "rank 0 called alltoall",
                 "refused its arguments")
     works()
+    # A dtype dtrain cannot carry, on rank 0 only: the others fail too, none waits.
+    if r == 0:
+        _raises(lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64)), "cannot be")
+    else:
+        _raises(lambda: hvd.allreduce(torch.ones(2)), "refused its arguments")
+    works()
     # Through the coordinator: a name submitted with other sizes fails alone.
     _raises(lambda: hvd.synchronize(hvd.allreduce_async(torch.ones(2 + (r == 1)), name="odd")),
             "tensor 'odd' differs between ranks", "the others go on")

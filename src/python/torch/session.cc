@@ -37,6 +37,18 @@ std::pair<int64_t, int64_t> rows_of(const at::Tensor& t) {
   return {t.size(0), row};
 }
 
+// What this rank calls with `t`. A dtype dtrain cannot carry is left out (-1): the call's check
+// refuses it then, and the other ranks fail with it instead of waiting.
+Call call_of(Call::Kind kind, const at::Tensor& t, int64_t op_or_root, const std::string& name) {
+  Call c = Call::of(kind, DType::kU8, t.sizes().vec(), op_or_root, name);
+  try {
+    c.dtype = static_cast<int64_t>(to_dtype(t.scalar_type()));
+  } catch (const InvalidArgumentError&) {
+    c.dtype = -1;
+  }
+  return c;
+}
+
 std::vector<int64_t> shape_with_rows(const at::Tensor& t, int64_t rows) {
   std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
   if (shape.empty()) shape.push_back(1);
@@ -141,8 +153,7 @@ std::shared_ptr<AsyncCall> Session::queue(const Call& call, const std::string& n
 
 void Session::allreduce_(const at::Tensor& tensor, ReduceOp op, double prescale, double postscale,
                          const std::string& name) {
-  const Call c = Call::of(Call::Kind::kAllreduce, to_dtype(tensor.scalar_type()),
-                          tensor.sizes().vec(), static_cast<int64_t>(op), name);
+  const Call c = call_of(Call::Kind::kAllreduce, tensor, static_cast<int64_t>(op), name);
   run(
       c, [&] { view_of(tensor); },
       [&](const NegotiatedCalls::Agreed&) {
@@ -158,8 +169,7 @@ void Session::allreduce_(const at::Tensor& tensor, ReduceOp op, double prescale,
 
 std::shared_ptr<AsyncCall> Session::broadcast_(const at::Tensor& tensor, int root,
                                                const std::string& name, bool async_op) {
-  const Call c = Call::of(Call::Kind::kBroadcast, to_dtype(tensor.scalar_type()),
-                          tensor.sizes().vec(), root, name);
+  const Call c = call_of(Call::Kind::kBroadcast, tensor, root, name);
   auto check = [&] {
     view_of(tensor);
     if (root < 0 || root >= size())
@@ -224,8 +234,7 @@ std::pair<at::Tensor, at::Tensor> exchange_rows(ProcessGroup& group, const at::T
 std::shared_ptr<AsyncCall> Session::allgather(const at::Tensor& tensor, const std::string& name,
                                               bool async_op) {
   const at::Tensor t = tensor.contiguous();
-  const Call c =
-      Call::of(Call::Kind::kAllgather, to_dtype(t.scalar_type()), t.sizes().vec(), 0, name);
+  const Call c = call_of(Call::Kind::kAllgather, t, 0, name);
   auto result = std::make_shared<AsyncCall::Result>();
   auto check = [&] { view_of(t); };
   if (async_op)
@@ -253,8 +262,7 @@ std::shared_ptr<AsyncCall> Session::alltoall(const at::Tensor& tensor,
                                              const std::vector<int64_t>& splits,
                                              const std::string& name, bool async_op) {
   const at::Tensor t = tensor.contiguous();
-  const Call c =
-      Call::of(Call::Kind::kAlltoall, to_dtype(t.scalar_type()), t.sizes().vec(), 0, name);
+  const Call c = call_of(Call::Kind::kAlltoall, t, 0, name);
   const int64_t rows = rows_of(t).first;
   const int n = size();
   std::vector<int64_t> send(splits);
