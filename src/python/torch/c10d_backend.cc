@@ -79,8 +79,8 @@ ReduceOp reduce_op(const c10d::ReduceOp& op, const at::Tensor& t, const OpSite& 
   if (!typed(t))
     throw InvalidArgumentError(fmt::format(
         "dtrain backend: {} cannot reduce {} tensors (it reduces float, double, half, bfloat16, "
-        "int8, uint8, int16, int32, int64 and bool; every dtype can be broadcast, gathered, scattered, "
-        "sent and exchanged all to all)",
+        "int8, uint8, int16, int32, int64 and bool; every dtype can be broadcast, gathered, "
+        "scattered, sent and exchanged all to all)",
         str(what), c10::toString(t.scalar_type())));
   const bool boolean = t.scalar_type() == at::kBool;
   switch (op.op_) {
