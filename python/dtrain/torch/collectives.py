@@ -4,10 +4,11 @@
 and opens a session on that group. As in Horovod, the ranks agree on every call before its data
 moves: calls that differ between ranks (shape, dtype, root, op, kind) fail on every rank with an
 error naming each rank's call, and the session goes on. Blocking ``allreduce``, ``allgather``,
-``broadcast`` and ``alltoall`` run on the calling thread with the GIL released; their ``_async``
-forms run in call order on a thread of the session. Asynchronous all-reduces (``allreduce_async_``,
-``grouped_allreduce``, the DistributedOptimizer's gradients) go to dtrain's C++ coordinator,
-which matches them across ranks by name, fuses them and reduces them in one order everywhere.
+``broadcast`` and ``alltoall`` run on the calling thread with the GIL released, in call order.
+Asynchronous calls (``allreduce_async_``, ``grouped_allreduce``, the DistributedOptimizer's
+gradients, ``allgather_async``, ``broadcast_async``, ``alltoall_async``) go to dtrain's C++
+coordinator, which matches them across ranks by name, fuses the all-reduces and runs every call
+in one order everywhere.
 Waits come back to Python every 100 ms, so Ctrl-C interrupts them.
 
 Ops: ``Average`` (the default), ``Sum``, ``Min``, ``Max``, ``Product``. ``Adasum`` is not
