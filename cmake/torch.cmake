@@ -64,13 +64,10 @@ add_library(dtrain_torch_objects OBJECT
   src/torch/distributed_sampler.cc
   src/torch/fashion_mnist.cc
   src/torch/safetensors.cc
-  src/torch/timeline.cc
   src/torch/broadcast.cc
   src/torch/comm_hook.cc
   src/torch/reducer.cc
   src/torch/distributed_data_parallel.cc
-  src/torch/coordinator.cc
-  src/torch/negotiated_calls.cc
   src/torch/gradient_hooks.cc
   src/torch/distributed_optimizer.cc
   src/torch/parameter_server.cc
@@ -88,7 +85,7 @@ target_include_directories(dtrain_torch_objects
   PUBLIC ${PROJECT_SOURCE_DIR}/include
   PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(dtrain_torch_objects
-  PUBLIC dtrain_torch_env dtrain_core dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding ${TORCH_LIBRARIES}
+  PUBLIC dtrain_torch_env dtrain_core dtrain_horovod dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 
 add_library(dtrain_torch STATIC src/torch/runtime.cc)

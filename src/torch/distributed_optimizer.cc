@@ -10,7 +10,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/torch/timeline.h"
-#include "torch/coordinator.h"
+#include "horovod/coordinator.h"
 #include "torch/gradient_hooks.h"
 
 namespace dtrain {

@@ -11,8 +11,8 @@
 #include "dtrain/error.h"
 #include "dtrain/torch/tensor_view.h"
 #include "dtrain/torch/timeline.h"
+#include "horovod/coordinator.h"
 #include "torch/autograd_node.h"
-#include "torch/coordinator.h"
 
 namespace dtrain {
 

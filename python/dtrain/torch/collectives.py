@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from dtrain import _core, _torch
+from dtrain._horovod_settings import session_settings
 from dtrain.torch.backend import BACKEND, backend_of
 from dtrain.torch.compression import Compression
 
@@ -68,24 +69,6 @@ class _State:
 _state = None
 
 
-def _number(names, default, kind, minimum, maximum):
-    """The first of the environment variables `names` that is set, checked; else `default`."""
-    for name in names:
-        text = os.environ.get(name)
-        if text is None or text == "":
-            continue
-        try:
-            value = kind(text)
-        except ValueError:
-            raise ValueError(f"{name}={text!r} is not a number; unset it or give a "
-                             f"{kind.__name__} from {minimum} to {maximum}") from None
-        if not minimum <= value <= maximum:  # also refuses nan
-            raise ValueError(f"{name}={text!r} is out of range: give a {kind.__name__} from "
-                             f"{minimum} to {maximum}")
-        return value
-    return default
-
-
 def init(comm=None, process_sets=None):
     """Joins the job: this process's rank and size come from whichever launcher started it
     (dtrain run, torchrun, mpirun, srun); a process started alone is a world of one. Calling it
@@ -109,13 +92,7 @@ def init(comm=None, process_sets=None):
             f"dtrain.torch.init(): torch.distributed was initialized with the backend "
             f"{dist.get_backend()!r}; Horovod's API on dtrain needs the backend 'dtrain': call "
             f"dist.init_process_group('dtrain') instead, or let init() do it")
-    cycle_ms = _number(["DTRAIN_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME"], 1.0, float, 0.01, 1000.0)
-    fusion = _number(["DTRAIN_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"], 64 << 20, int, 0,
-                     1 << 40)
-    stall_s = _number(["DTRAIN_STALL_TIMEOUT", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"], 60.0,
-                      float, 0.001, 86400.0)
-    session = _torch.Session(group, timedelta(milliseconds=cycle_ms), fusion,
-                             timedelta(seconds=stall_s))
+    session = _torch.Session(group, *session_settings())
     _state = _State(session, identity)
 
 

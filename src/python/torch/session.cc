@@ -10,6 +10,7 @@
 #include "dtrain/error.h"
 #include "dtrain/torch/tensor_view.h"
 #include "dtrain/torch/timeline.h"
+#include "horovod/rows.h"
 
 namespace dtrain::python {
 
@@ -194,38 +195,19 @@ namespace {
 
 // Every rank's rows of `t` (rows[r] from rank r), concatenated along dimension 0.
 at::Tensor gather_rows(ProcessGroup& group, const at::Tensor& t, const std::vector<int64_t>& rows) {
-  const int64_t row = rows_of(t).second;
-  std::vector<size_t> counts;
-  int64_t total = 0;
-  for (int64_t r : rows) {
-    counts.push_back(static_cast<size_t>(r * row));
-    total += r;
-  }
-  at::Tensor out = at::empty(shape_with_rows(t, total), t.options());
-  AllgatherOptions o;
-  o.async_op = false;
-  group.allgatherv(view_of(out), view_of(t), counts, o)->wait();
+  at::Tensor out = at::empty(
+      shape_with_rows(t, std::accumulate(rows.begin(), rows.end(), int64_t{0})), t.options());
+  dtrain::gather_rows(group, view_of(t), rows, rows_of(t).second, view_of(out));
   return out;
 }
 
 // Sends send[j] rows of `t` to rank j; returns what arrived and the rows from each rank.
 std::pair<at::Tensor, at::Tensor> exchange_rows(ProcessGroup& group, const at::Tensor& t,
-                                                std::vector<int64_t> send) {
-  const int n = group.size();
-  const int64_t row = rows_of(t).second;
-  std::vector<int64_t> recv(static_cast<size_t>(n));
-  AlltoallOptions o;
-  o.async_op = false;
-  group.alltoall(TensorView::of(recv), TensorView::of(send), o)->wait();
-  std::vector<size_t> send_counts(send.size()), recv_counts(recv.size());
-  int64_t total = 0;
-  for (int r = 0; r < n; ++r) {
-    send_counts[r] = static_cast<size_t>(send[r] * row);
-    recv_counts[r] = static_cast<size_t>(recv[r] * row);
-    total += recv[r];
-  }
-  at::Tensor out = at::empty(shape_with_rows(t, total), t.options());
-  group.alltoallv(view_of(out), recv_counts, view_of(t), send_counts, o)->wait();
+                                                const std::vector<int64_t>& send) {
+  const std::vector<int64_t> recv = rows_to_receive(group, send);
+  at::Tensor out = at::empty(
+      shape_with_rows(t, std::accumulate(recv.begin(), recv.end(), int64_t{0})), t.options());
+  dtrain::exchange_rows(group, view_of(t), send, recv, rows_of(t).second, view_of(out));
   return {out, at::tensor(at::ArrayRef<int64_t>(recv)).to(at::kInt)};  // Horovod's are int32
 }
 
@@ -242,12 +224,7 @@ std::shared_ptr<AsyncCall> Session::allgather(const at::Tensor& tensor, const st
         c, name, check,
         [t, result](ProcessGroup& group) {
           // The coordinator agreed on everything but the rows, which each rank tells first.
-          std::vector<int64_t> mine = {rows_of(t).first};
-          std::vector<int64_t> rows(static_cast<size_t>(group.size()));
-          AllgatherOptions o;
-          o.async_op = false;
-          group.allgather(TensorView::of(rows), TensorView::of(mine), o)->wait();
-          result->output = gather_rows(group, t, rows);
+          result->output = gather_rows(group, t, rows_of_every_rank(group, rows_of(t).first));
         },
         result);
   run(c, check, [&](const NegotiatedCalls::Agreed& agreed) {

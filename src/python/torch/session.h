@@ -21,9 +21,9 @@
 #include <ATen/core/Tensor.h>
 
 #include "dtrain/process_group.h"
-#include "torch/coordinator.h"
+#include "horovod/coordinator.h"
+#include "horovod/negotiated_calls.h"
 #include "torch/gradient_hooks.h"
-#include "torch/negotiated_calls.h"
 
 namespace dtrain::python {
 

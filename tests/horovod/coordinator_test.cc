@@ -3,7 +3,7 @@
 // missing on one rank fails everywhere with an error naming it and the ranks; one submitted with
 // different sizes fails alone on every rank and the coordinator goes on; ranks that join early
 // contribute zeros until the last one joins.
-#include "torch/coordinator.h"
+#include "horovod/coordinator.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // NegotiatedCalls over real processes: calls that differ fail on every rank with one text and the
 // group goes on; a rank that refuses its own arguments fails the others' call instead of leaving
 // them waiting; a joined rank gives zeros to the others' all-reduces and fails their other calls.
-#include "torch/negotiated_calls.h"
+#include "horovod/negotiated_calls.h"
 
 #include <gtest/gtest.h>
 

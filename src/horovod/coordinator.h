@@ -60,6 +60,10 @@ class Coordinator {
     bool done() const;
     // For the handle of join(): the rank that joined last (every rank gets the same answer).
     int last_joined() const;
+    // Calls `callback` once, with the error or null, when the handle is done (at once if it
+    // is), on the thread that finishes it: usually the coordinator's, which it must not hold
+    // long. For callers that cannot block a thread in wait(): TensorFlow's asynchronous kernels.
+    void on_done(std::function<void(std::exception_ptr)> callback);
 
    private:
     friend class Coordinator;
@@ -70,6 +74,7 @@ class Coordinator {
     bool done_ = false;
     std::exception_ptr error_;
     int last_joined_ = -1;
+    std::vector<std::function<void(std::exception_ptr)>> callbacks_;
     void finish(std::exception_ptr error, int last_joined = -1);
   };
 
@@ -93,10 +98,12 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   // Queues an in-place all-reduce of `tensor` under `name`; the buffer must stay valid until the
-  // handle is done. Every rank submits a name with the same dtype, element count and op. Throws
-  // the coordinator's error once it failed.
+  // handle is done. Every rank submits a name with the same dtype, element count and op, and the
+  // same `shape` when one is given (a caller that knows it: Horovod refuses [17, 1311] beside
+  // [17, 23, 57]). Throws the coordinator's error once it failed.
   std::shared_ptr<Handle> submit(const std::string& name, const TensorView& tensor,
-                                 ReduceOp op = ReduceOp::kAvg);
+                                 ReduceOp op = ReduceOp::kAvg,
+                                 const std::vector<int64_t>& shape = {});
   // A collective other than an all-reduce (Horovod's asynchronous allgather, broadcast,
   // alltoall), matched across ranks by name like a tensor and run by `body` on the coordinator's
   // group once every rank submitted the name, in the same order on every rank. Never cached (it

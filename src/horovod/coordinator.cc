@@ -3,7 +3,7 @@
 // Cost per cycle: one allgather of 1 + cache_capacity/8 bytes per rank. A negotiation adds an
 // allgather of sizes, an allgatherv of the requests and two broadcasts of rank 0's answer; in
 // the steady state every tensor is cached and there is none.
-#include "torch/coordinator.h"
+#include "horovod/coordinator.h"
 
 #include <algorithm>
 #include <cstring>
@@ -91,13 +91,29 @@ std::vector<int> ranks_where(const std::vector<uint8_t>& flags, bool value) {
 }  // namespace
 
 void Coordinator::Handle::finish(std::exception_ptr error, int last_joined) {
+  std::vector<std::function<void(std::exception_ptr)>> callbacks;
   {
     std::lock_guard lock(mutex_);
     done_ = true;
-    error_ = std::move(error);
+    error_ = error;
     last_joined_ = last_joined;
+    callbacks.swap(callbacks_);
   }
   cv_.notify_all();
+  for (auto& callback : callbacks) callback(error);
+}
+
+void Coordinator::Handle::on_done(std::function<void(std::exception_ptr)> callback) {
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(mutex_);
+    if (!done_) {
+      callbacks_.push_back(std::move(callback));
+      return;
+    }
+    error = error_;
+  }
+  callback(error);
 }
 
 int Coordinator::Handle::last_joined() const {
@@ -144,18 +160,24 @@ void Coordinator::stop() {
 }
 
 Coordinator::Request Coordinator::request_of(const Entry& e) {
-  if (e.call.kind == 0) return Request{e.name, e.tensor.dtype, e.tensor.numel, e.op};
+  if (e.call.kind == 0)
+    return Request{e.name, e.tensor.dtype, e.tensor.numel, e.op, 0, e.call.signature, e.call.text};
   return Request{e.name,      e.call.dtype,     0,          ReduceOp::kSum,
                  e.call.kind, e.call.signature, e.call.text};
 }
 
 std::shared_ptr<Coordinator::Handle> Coordinator::submit(const std::string& name,
-                                                         const TensorView& tensor, ReduceOp op) {
+                                                         const TensorView& tensor, ReduceOp op,
+                                                         const std::vector<int64_t>& shape) {
   Entry e;
   e.name = name;
   e.tensor = tensor;
   e.op = op;
   e.call.kind = 0;
+  if (!shape.empty()) {
+    e.call.signature = std::hash<std::string>{}(fmt::format("{}", fmt::join(shape, ",")));
+    e.call.text = fmt::format("{} [{}]", to_string(tensor.dtype), fmt::join(shape, ", "));
+  }
   return enqueue(std::move(e));
 }
 
@@ -564,13 +586,16 @@ void Coordinator::rank0_update(const std::vector<std::vector<Request>>& all,
             p.request.kind == 0 ? "an all-reduce" : p.request.text, r,
             q.kind == 0 ? "an all-reduce" : q.text);
       } else if (!(p.request == q)) {
+        auto tensor = [](const Request& t) {
+          return t.text.empty() ? fmt::format("{} elements of {}", t.numel, to_string(t.dtype))
+                                : t.text;
+        };
         p.mismatch = fmt::format(
-            "{}: tensor '{}' differs between ranks: rank {} submitted {} "
-            "elements of {} reduced with {}, rank {} submitted {} elements of {} reduced with {}; "
-            "every rank must submit the same tensors under the same names (this tensor was "
-            "reduced on no rank; the others go on)",
-            options_.name, q.name, p.first_rank, p.request.numel, to_string(p.request.dtype),
-            to_string(p.request.op), r, q.numel, to_string(q.dtype), to_string(q.op));
+            "{}: tensor '{}' differs between ranks: rank {} submitted {} reduced with {}, rank "
+            "{} submitted {} reduced with {}; every rank must submit the same tensors under the "
+            "same names (this tensor was reduced on no rank; the others go on)",
+            options_.name, q.name, p.first_rank, tensor(p.request), to_string(p.request.op), r,
+            tensor(q), to_string(q.op));
       }
       p.ranks[r] = 1;
     }

@@ -1,7 +1,7 @@
 // NegotiatedCalls: agreement before every call, call order, and joined ranks (see the header).
 //
 // Cost per call: one allgather of 120 bytes per rank before the collective itself.
-#include "torch/negotiated_calls.h"
+#include "horovod/negotiated_calls.h"
 
 #include <algorithm>
 

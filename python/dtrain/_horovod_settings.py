@@ -1,0 +1,32 @@
+"""The settings of a Horovod API session (dtrain.torch, dtrain.tensorflow), from the environment:
+dtrain's names first, then Horovod's, so that a Horovod job's settings keep working."""
+import os
+from datetime import timedelta
+
+
+def _number(names, default, kind, minimum, maximum):
+    """The first of the environment variables `names` that is set, checked; else `default`."""
+    for name in names:
+        text = os.environ.get(name)
+        if text is None or text == "":
+            continue
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"{name}={text!r} is not a number; unset it or give a "
+                             f"{kind.__name__} from {minimum} to {maximum}") from None
+        if not minimum <= value <= maximum:  # also refuses nan
+            raise ValueError(f"{name}={text!r} is out of range: give a {kind.__name__} from "
+                             f"{minimum} to {maximum}")
+        return value
+    return default
+
+
+def session_settings():
+    """(cycle time, fusion threshold in bytes, stall timeout) of the coordinator."""
+    cycle_ms = _number(["DTRAIN_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME"], 1.0, float, 0.01, 1000.0)
+    fusion = _number(["DTRAIN_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"], 64 << 20, int, 0,
+                     1 << 40)
+    stall_s = _number(["DTRAIN_STALL_TIMEOUT", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"], 60.0,
+                      float, 0.001, 86400.0)
+    return timedelta(milliseconds=cycle_ms), fusion, timedelta(seconds=stall_s)
