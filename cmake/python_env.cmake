@@ -73,3 +73,40 @@ else()
     set(DTRAIN_PYBIND11_INCLUDE_DIR "${pybind11_INCLUDE_DIRS}")
   endif()
 endif()
+
+# TensorFlow (optional: `pip install .[tensorflow]`, scripts/install-deps.sh --tensorflow): its
+# version, headers, framework library and C++ ABI, for dtrain._tensorflow (cmake/tensorflow.cmake).
+# Its ops are compiled against that TensorFlow's headers, so the module loads under that release
+# only; python/dtrain/tensorflow/__init__.py says so to a user with another.
+set(DTRAIN_TENSORFLOW_MIN "2.21")
+set(DTRAIN_TENSORFLOW_BELOW "2.22")
+set(DTRAIN_TENSORFLOW_VERSION "")
+if(Python3_Interpreter_FOUND AND NOT CMAKE_DISABLE_FIND_PACKAGE_TensorFlow)
+  execute_process(
+    COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH TF_CPP_MIN_LOG_LEVEL=3 ${Python3_EXECUTABLE} -c
+      "import tensorflow as tf; s = tf.sysconfig; print(tf.__version__); print(s.get_include()); print(s.get_lib()); print(s.CXX11_ABI_FLAG)"
+    RESULT_VARIABLE _tf_rc OUTPUT_VARIABLE _tf_out ERROR_QUIET OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(_tf_rc EQUAL 0)
+    string(REPLACE "\n" ";" _tf_out "${_tf_out}")
+    list(GET _tf_out 0 _tf_version)
+    list(GET _tf_out 1 DTRAIN_TENSORFLOW_INCLUDE_DIR)
+    list(GET _tf_out 2 DTRAIN_TENSORFLOW_LIB_DIR)
+    list(GET _tf_out 3 DTRAIN_TENSORFLOW_CXX11_ABI)
+    if(_tf_version VERSION_LESS DTRAIN_TENSORFLOW_MIN OR
+       NOT _tf_version VERSION_LESS DTRAIN_TENSORFLOW_BELOW)
+      message(WARNING "TensorFlow ${_tf_version} in ${Python3_EXECUTABLE} is outside the range "
+                      "dtrain supports (${DTRAIN_TENSORFLOW_MIN} <= tensorflow < "
+                      "${DTRAIN_TENSORFLOW_BELOW}): building without dtrain.tensorflow. Install "
+                      "a supported one (pip install 'tensorflow-cpu==2.21.*').")
+    elseif(NOT DTRAIN_TENSORFLOW_CXX11_ABI EQUAL 1)
+      message(WARNING "TensorFlow ${_tf_version} is built with the pre-C++11 ABI of libstdc++, "
+                      "which dtrain is not: building without dtrain.tensorflow")
+    else()
+      set(DTRAIN_TENSORFLOW_VERSION "${_tf_version}")
+      message(STATUS "TensorFlow ${DTRAIN_TENSORFLOW_VERSION} (${DTRAIN_TENSORFLOW_LIB_DIR})")
+    endif()
+  else()
+    message(STATUS "No TensorFlow in ${Python3_EXECUTABLE}: dtrain.tensorflow is skipped "
+                   "(scripts/install-deps.sh --tensorflow installs it)")
+  endif()
+endif()

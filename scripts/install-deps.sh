@@ -6,13 +6,17 @@
 #   scripts/install-deps.sh            packages, and the environment at $DTRAIN_VENV
 #   DTRAIN_VENV=DIR                    where the environment is (default /opt/dtrain/venv)
 #   DTRAIN_TORCH_VERSION=2.15.0        which torch to install into it (default: the one below)
+#   --tensorflow                       also TensorFlow (tensorflow-cpu from PyPI, about 600 MB):
+#                                      the build then has dtrain.tensorflow, and the tests test it
 set -euo pipefail
 
+tensorflow=""
 for arg in "$@"; do
   case "$arg" in
     --bench) ;;  # accepted for older instructions: the bench's peers are always installed
+    --tensorflow) tensorflow=1 ;;
     -h|--help)
-      sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
       exit 0 ;;
     *) echo "install-deps: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
@@ -86,6 +90,17 @@ fi
 if ! "$py" -c "import numpy, pytest, yaml, scikit_build_core, build, expecttest" 2>/dev/null; then
   $sudo "$py" -m pip install -q --disable-pip-version-check numpy pytest pyyaml \
     scikit-build-core build expecttest
+fi
+# The release dtrain.tensorflow is built and tested against (cmake/python_env.cmake's range).
+tf_version=2.21.0
+if [ -n "$tensorflow" ]; then
+  have_tf=$("$py" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu"))' \
+            2>/dev/null || true)
+  if [ "$have_tf" != "$tf_version" ]; then
+    echo "install-deps: installing tensorflow-cpu $tf_version from PyPI into $venv (found:" \
+         "${have_tf:-none}; about 600 MB)"
+    $sudo "$py" -m pip install -q --disable-pip-version-check "tensorflow-cpu==$tf_version"
+  fi
 fi
 echo "install-deps: done; the Python environment is $venv (python: $py, torch $("$py" -c \
 'import torch; print(torch.__version__)'))"

@@ -1,0 +1,292 @@
+"""Horovod's TensorFlow collectives (``hvd.init``, ``hvd.allreduce``, ...) on dtrain.
+
+Every collective is a TensorFlow op (``DtrainAllreduce``, ``DtrainAllgather``, ``DtrainBroadcast``,
+``DtrainAlltoall``, ``DtrainJoin``) whose kernel hands the tensor to dtrain's C++ coordinator and
+finishes when the coordinator is done with it, so the ops work eagerly and inside
+``tf.function``, where TensorFlow runs them concurrently. The coordinator matches the ranks'
+calls by name (the op's node name in a graph, or ``name=``), fuses the all-reduces and runs every
+call in one order on every rank. Calls that differ between ranks (shape, dtype, op, root) fail
+on every rank with ``tf.errors.FailedPreconditionError`` naming each rank's call, and the next
+calls go on; a rank's own wrong argument raises ``tf.errors.InvalidArgumentError``.
+
+Ops: ``Average`` (the default), ``Sum``, ``Min``, ``Max``, ``Product``. ``Adasum`` and process
+sets are not implemented and say so.
+"""
+import atexit
+import functools
+
+import tensorflow as tf
+
+from dtrain import _core
+from dtrain._horovod_settings import session_settings
+from dtrain.tensorflow._library import ops as _ops, session as _session
+from dtrain.tensorflow.compression import Compression
+
+# Horovod's values, so that code passing the numbers keeps working.
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+_OPS = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
+
+# Horovod's process sets are not supported: every call spans the whole job. Passing this one (or
+# None) is accepted, as Horovod's default.
+global_process_set = None
+
+_identity = None
+
+
+def _whole_job(function):
+    """Refuses a process_set other than the whole job's, instead of silently ignoring it."""
+    @functools.wraps(function)
+    def checked(*args, **kwargs):
+        if kwargs.get("process_set") is not None:
+            raise ValueError(f"{function.__name__}: process sets are not supported by "
+                             f"dtrain.tensorflow; every call spans the whole job")
+        return function(*args, **kwargs)
+    return checked
+
+
+def init(comm=None, process_sets=None):
+    """Joins the job: rank and size come from whichever launcher started this process (dtrain
+    run, torchrun, mpirun, srun); a process started alone is a world of one. Calling it again
+    does nothing. Collective: every rank calls it."""
+    global _identity
+    if comm is not None or process_sets is not None:
+        raise ValueError("dtrain.tensorflow.init(): comm and process_sets are not supported; "
+                         "every process of the job takes part")
+    if _session.is_initialized():
+        return
+    _identity = _core.launcher_identity()
+    _session.init(None, *session_settings())
+
+
+def shutdown():
+    """Stops the session (collective); init() may be called again afterwards."""
+    _session.shutdown()
+
+
+atexit.register(shutdown)
+
+
+def is_initialized():
+    return _session.is_initialized()
+
+
+def rank():
+    return _session.rank()
+
+
+def size():
+    return _session.size()
+
+
+def _launcher(key):
+    if not _session.is_initialized():
+        raise ValueError("dtrain.tensorflow has not been initialized; call "
+                         "dtrain.tensorflow.init() (as hvd.init()) first")
+    return _identity[key]
+
+
+def local_rank():
+    return _launcher("local_rank")
+
+
+def local_size():
+    return _launcher("local_world_size")
+
+
+def cross_rank():
+    """The index of this process's node."""
+    return _launcher("node_rank")
+
+
+def cross_size():
+    """The number of nodes (processes per node being equal, as launchers start them)."""
+    return max(1, size() // max(1, local_size()))
+
+
+def is_homogeneous():
+    return True
+
+
+# As tensors, for code written against Horovod's ops (the job's size is fixed while it runs).
+def rank_op(process_set_id=0):
+    return tf.constant(rank(), dtype=tf.int32)
+
+
+def size_op(process_set_id=0):
+    return tf.constant(size(), dtype=tf.int32)
+
+
+def local_rank_op():
+    return tf.constant(local_rank(), dtype=tf.int32)
+
+
+def local_size_op():
+    return tf.constant(local_size(), dtype=tf.int32)
+
+
+def _false():
+    return False
+
+
+mpi_threads_supported = mpi_enabled = mpi_built = gloo_enabled = gloo_built = _false
+nccl_built = ddl_built = ccl_built = cuda_built = rocm_built = _false
+
+
+def _op_of(op, average=None):
+    """Horovod's op argument (and its deprecated `average`), as dtrain's code."""
+    if average is not None:
+        if op is not None:
+            raise ValueError("allreduce: give op or average (deprecated), not both")
+        op = Average if average else Sum
+    if op is None:
+        op = Average
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not implemented by dtrain.tensorflow; use Average "
+                                  "or Sum")
+    if op not in _OPS:
+        raise ValueError(f"unknown reduction op {op!r}: use hvd.Average, Sum, Min, Max or "
+                         f"Product")
+    return op
+
+
+def _scaled(tensor, factor):
+    """Horovod's scaling: integers in double precision and truncated back, halves in float."""
+    if factor == 1.0:
+        return tensor
+    dtype = tensor.dtype
+    if dtype.is_integer:
+        return tf.cast(tf.cast(tensor, tf.float64) * factor, dtype)
+    if dtype in (tf.float16, tf.bfloat16):
+        return tf.cast(tf.cast(tensor, tf.float32) * factor, dtype)
+    return tensor * tf.cast(factor, dtype)
+
+
+def _allreduce(tensor, op=Average, prescale_factor=1.0, postscale_factor=1.0, name=None):
+    """The all-reduce op itself on a dense tensor, scaled before and after."""
+    reduced = _ops.dtrain_allreduce(_scaled(tensor, prescale_factor),
+                                    reduce_op=_session.reduce_op(_OPS[op]),
+                                    tensor_name=name or "")
+    return _scaled(reduced, postscale_factor)
+
+
+@_whole_job
+def allreduce(tensor, average=None, device_dense="", device_sparse="",
+              compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
+              name=None, process_set=global_process_set, ignore_name_scope=False):
+    """Every rank's `tensor` reduced with `op` (Average by default). A tf.IndexedSlices (a sparse
+    gradient) is allgathered, values and indices, instead: its average divides the values."""
+    op = _op_of(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        if op not in (Sum, Average):
+            raise NotImplementedError("only Sum and Average are supported with tf.IndexedSlices")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("prescale_factor and postscale_factor are not supported "
+                                      "with tf.IndexedSlices")
+        values = allgather(tensor.values, name=name and f"{name}.values")
+        indices = allgather(tensor.indices, name=name and f"{name}.indices")
+        if op == Average:
+            values = values / tf.cast(size(), values.dtype)
+        return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+    tensor = tf.convert_to_tensor(tensor)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _allreduce(compressed, op, prescale_factor, postscale_factor, name)
+    return compression.decompress(reduced, ctx)
+
+
+@_whole_job
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, name=None, process_set=global_process_set,
+                      ignore_name_scope=False):
+    """allreduce of each tensor; the coordinator fuses them into as few all-reduces as fit."""
+    return [allreduce(t, average=average, compression=compression, op=op,
+                      prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                      name=name and f"{name}.{i}")
+            for i, t in enumerate(tensors)]
+
+
+@tf.RegisterGradient("DtrainAllreduce")
+def _allreduce_grad(op, grad):
+    code = op.get_attr("reduce_op")
+    if code not in (_session.reduce_op("sum"), _session.reduce_op("avg")):
+        raise NotImplementedError("the gradient of an all-reduce is defined for Sum and Average "
+                                  "only")
+    return _ops.dtrain_allreduce(grad, reduce_op=code)
+
+
+@_whole_job
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Every rank's `tensor` concatenated along dimension 0, whose size may differ between
+    ranks (the other dimensions may not)."""
+    return _ops.dtrain_allgather(tensor, tensor_name=name or "")
+
+
+@_whole_job
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
+                      process_set=global_process_set):
+    return [allgather(t, name=name and f"{name}.{i}") for i, t in enumerate(tensors)]
+
+
+@tf.RegisterGradient("DtrainAllgather")
+def _allgather_grad(op, grad):
+    # Every rank's gradient of the whole result, averaged; this rank's rows of it.
+    grad = _ops.dtrain_allreduce(grad, reduce_op=_session.reduce_op("avg"))
+    rows = tf.reshape(tf.shape(op.inputs[0], out_type=tf.int64)[0:1], [1])
+    every = tf.reshape(_ops.dtrain_allgather(rows), [size()])
+    return tf.split(grad, every, axis=0)[rank()]
+
+
+@_whole_job
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
+    """Rank `root_rank`'s `tensor`, on every rank."""
+    return _ops.dtrain_broadcast(tensor, root_rank=root_rank, tensor_name=name or "")
+
+
+@tf.RegisterGradient("DtrainBroadcast")
+def _broadcast_grad(op, grad):
+    reduced = _ops.dtrain_allreduce(grad, reduce_op=_session.reduce_op("avg"))
+    return reduced if rank() == op.get_attr("root_rank") else reduced * 0
+
+
+@_whole_job
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Assigns rank `root_rank`'s values to `variables` on every rank; returns them."""
+    from dtrain.tensorflow.functions import broadcast_variables
+    broadcast_variables(variables, root_rank, name=name)
+    return variables
+
+
+@_whole_job
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
+    """Sends splits[j] rows of `tensor` to rank j (equal parts when splits is None); returns
+    what arrived, in rank order, and how many rows came from each rank."""
+    if splits is None:
+        splits = tf.zeros([0], dtype=tf.int32)  # the kernel splits equally
+    else:
+        splits = tf.cast(tf.convert_to_tensor(splits), tf.int32)
+    return _ops.dtrain_alltoall(tensor, splits, tensor_name=name or "")
+
+
+@tf.RegisterGradient("DtrainAlltoall")
+def _alltoall_grad(op, grad, grad_received_splits):
+    # The rows go back where they came from.
+    back, _ = _ops.dtrain_alltoall(grad, op.outputs[1])
+    return [back, None]
+
+
+def join():
+    """This rank has run out of data: it takes part in the others' all-reduces with zeros until
+    every rank has joined. Returns the rank that joined last."""
+    return int(_ops.dtrain_join())
+
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank has called it."""
+    allreduce(tf.zeros([1]), op=Sum, name="dtrain.barrier")

@@ -1,0 +1,78 @@
+"""Variables and Python objects across ranks: broadcast_variables, broadcast_object,
+allgather_object, as in Horovod."""
+import io
+import pickle
+
+import numpy as np
+import tensorflow as tf
+
+from dtrain.tensorflow.collectives import allgather, broadcast, rank, size
+
+
+def _name_of(variable, index):
+    return getattr(variable, "path", None) or getattr(variable, "name", None) or str(index)
+
+
+@tf.function(autograph=False)
+def _broadcast_all(variables, root_rank, prefix):
+    # In one graph: the broadcasts run concurrently and the coordinator takes them in few cycles.
+    for i, v in enumerate(variables):
+        v.assign(broadcast(v, root_rank, name=f"{prefix}.{i}.{_name_of(v, i)}"))
+
+
+def _tf_variable(variable):
+    """A Keras 3 variable's tf.Variable (it wraps one); a tf.Variable itself."""
+    if isinstance(variable, tf.Variable):
+        return variable
+    inner = getattr(variable, "value", None)
+    if isinstance(inner, tf.Variable):
+        return inner
+    raise ValueError(f"broadcast_variables: {type(variable).__name__} is not a variable")
+
+
+def broadcast_variables(variables, root_rank, name=None, process_set=None):
+    """Assigns rank `root_rank`'s values to `variables` (tf.Variable or Keras variables) on
+    every rank."""
+    variables = [_tf_variable(v) for v in variables]
+    if not variables:
+        return
+    if tf.executing_eagerly():
+        _broadcast_all(variables, root_rank, name or "broadcast_variables")
+    else:  # a TF1 graph: the assignments, as ops to run
+        return tf.group(*[v.assign(broadcast(v, root_rank, name=f"{name}.{i}" if name else None))
+                          for i, v in enumerate(variables)])
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
+    """Rank `root_rank`'s picklable `obj`, on every rank."""
+    name = name or type(obj).__name__
+    payload = pickle.dumps(obj) if rank() == root_rank else b""
+    length = broadcast(tf.constant([len(payload)], dtype=tf.int64), root_rank,
+                       name=f"broadcast_object.{name}.length")
+    data = np.zeros(int(length.numpy()[0]), dtype=np.uint8)
+    if rank() == root_rank:
+        data = np.frombuffer(payload, dtype=np.uint8)
+    data = broadcast(tf.constant(data), root_rank, name=f"broadcast_object.{name}.data")
+    return pickle.load(io.BytesIO(data.numpy().tobytes()))
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None):
+    """A function that broadcasts its argument from `root_rank`, as Horovod's."""
+    def fn(obj):
+        return broadcast_object(obj, root_rank, name=name)
+    return fn
+
+
+def allgather_object(obj, session=None, name=None, process_set=None):
+    """Every rank's picklable `obj`, in rank order."""
+    name = name or type(obj).__name__
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    lengths = allgather(tf.constant([payload.size], dtype=tf.int64),
+                        name=f"allgather_object.{name}.lengths").numpy()
+    data = allgather(tf.constant(payload), name=f"allgather_object.{name}.data").numpy()
+    objects, start = [], 0
+    for n in lengths:
+        objects.append(pickle.loads(data[start:start + int(n)].tobytes()))
+        start += int(n)
+    assert len(objects) == size()
+    return objects

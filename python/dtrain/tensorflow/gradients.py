@@ -1,0 +1,60 @@
+"""Gradients all-reduced across ranks, as DistributedGradientTape and the DistributedOptimizers
+do it: dense or sparse, compressed, predivided, each under a name that is the same on every rank
+and at every step (so that the coordinator serves it from its cache)."""
+import tensorflow as tf
+
+from dtrain.tensorflow.collectives import Average, Sum, _op_of, allreduce, size
+from dtrain.tensorflow.compression import Compression
+
+
+class GradientReducer:
+    """Reduces a list of gradients (None kept) of the variables `names` describe."""
+
+    def __init__(self, prefix, compression=Compression.none, sparse_as_dense=False, op=Average,
+                 gradient_predivide_factor=1.0):
+        op = _op_of(op)
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor needs op=Average")
+        self.prefix = prefix
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.op = op
+        self.predivide = gradient_predivide_factor
+        self._function = None
+
+    def _reduce(self, grads, names):
+        out = []
+        for grad, name in zip(grads, names):
+            if grad is None:
+                out.append(None)
+                continue
+            if self.sparse_as_dense and isinstance(grad, tf.IndexedSlices):
+                grad = tf.convert_to_tensor(grad)
+            key = f"{self.prefix}.{name}"
+            if self.predivide != 1.0 and not isinstance(grad, tf.IndexedSlices):
+                # Horovod's predivision: a sum of grad/f, then times f/size.
+                out.append(allreduce(grad, op=Sum, compression=self.compression,
+                                     prescale_factor=1.0 / self.predivide,
+                                     postscale_factor=self.predivide / size(), name=key))
+            else:
+                out.append(allreduce(grad, op=self.op, compression=self.compression, name=key))
+        return out
+
+    def __call__(self, grads, names):
+        if size() == 1:
+            return list(grads)
+        if tf.executing_eagerly():
+            # In one graph the all-reduces run together and fuse, instead of one by one.
+            if self._function is None:
+                self._function = tf.function(self._reduce, autograph=False)
+            return self._function(list(grads), list(names))
+        return self._reduce(grads, names)
+
+
+def names_of(variables):
+    """Names for the gradients of `variables` that every rank computes the same way."""
+    names = []
+    for i, v in enumerate(variables):
+        label = getattr(v, "path", None) or getattr(v, "name", None) or "grad"
+        names.append(f"{i}.{label}")
+    return names

@@ -1,0 +1,115 @@
+"""Horovod's Keras callbacks on dtrain."""
+import keras
+import numpy as np
+import tensorflow as tf
+
+from dtrain.tensorflow.collectives import Average, allreduce, size
+from dtrain.tensorflow.functions import broadcast_variables
+
+
+def _model_variables(model):
+    variables = list(model.variables)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        more = optimizer.variables
+        variables += list(more() if callable(more) else more)
+    return variables
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Makes every rank start from rank `root_rank`'s model and optimizer state: after the first
+    batch, when the optimizer's slots exist (its update used all-reduced gradients, so the ranks
+    then agree)."""
+
+    def __init__(self, root_rank=0, device=""):
+        super().__init__()
+        self.root_rank = root_rank
+        self.done = False
+
+    def on_train_begin(self, logs=None):
+        broadcast_variables(self.model.variables, self.root_rank, name="initial")
+
+    def on_batch_end(self, batch, logs=None):
+        if self.done:
+            return
+        broadcast_variables(_model_variables(self.model), self.root_rank, name="first_batch")
+        self.done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replaces each epoch's metrics by their average over the ranks; place it before the
+    callbacks that read them (checkpoints, early stopping, learning-rate schedules)."""
+
+    def __init__(self, device=""):
+        super().__init__()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs:
+            return
+        for key in sorted(logs):
+            value = logs[key]
+            if isinstance(value, (int, float, np.floating, np.integer)) or (
+                    hasattr(value, "shape") and np.ndim(value) == 0):
+                averaged = allreduce(tf.constant(float(value), tf.float64), op=Average,
+                                     name=f"MetricAverageCallback.{key}")
+                logs[key] = float(averaged.numpy())
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Sets the learning rate to initial_lr * multiplier(epoch) from start_epoch to end_epoch;
+    `staircase`: once per epoch, else at every batch with a fractional epoch."""
+
+    def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None, staircase=True,
+                 momentum_correction=True, steps_per_epoch=None):
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch = 0
+
+    def _in_range(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _set(self, epoch):
+        self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+        if self._in_range(epoch) and self.staircase:
+            self._set(epoch)
+
+    def on_batch_begin(self, batch, logs=None):
+        if self.staircase or not self._in_range(self.current_epoch):
+            return
+        steps = self.steps_per_epoch or self.params.get("steps")
+        if not steps:
+            raise ValueError("LearningRateScheduleCallback(staircase=False) needs "
+                             "steps_per_epoch when the epoch's length is not known")
+        self._set(self.current_epoch + batch / steps)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Goya et al.'s warmup: the learning rate grows from initial_lr / size to initial_lr over
+    `warmup_epochs`, batch by batch, for large global batches."""
+
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
+                 steps_per_epoch=None, verbose=0):
+        def multiplier(epoch):
+            return 1.0 / size() * (epoch * (size() - 1) / warmup_epochs + 1)
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0:
+            print(f"Epoch {epoch + 1}: finished the learning-rate warmup at "
+                  f"{float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)):g}")

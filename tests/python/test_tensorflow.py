@@ -1,0 +1,72 @@
+"""Horovod's TensorFlow API (`import dtrain.tensorflow as hvd`) in real processes over real
+sockets (tests/python/harness.py): every collective against values computed locally, the ops
+inside tf.function with their gradients, DistributedGradientTape and Keras' model.fit against one
+process on the whole batches, join, and errors; `import dtrain` without TensorFlow."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import harness
+
+ROOT = os.path.normpath(os.path.join(harness.HERE, "..", ".."))
+DTRAIN = os.environ.get("DTRAIN_BIN", os.path.join(ROOT, "build/bin/dtrain"))
+EXAMPLE = os.path.join(ROOT, "examples/python/horovod_keras_fashion_mnist.py")
+
+
+def tf_run(world, name, *args, timeout=240):
+    return harness.run(world, name, *args, backend=None, script="tf_workers.py",
+                       timeout=timeout)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_collective_matches_local_values(world):
+    results = tf_run(world, "collectives")
+    harness.check_ok(results)
+    assert all("every collective checked" in r.out for r in results)
+
+
+@pytest.mark.parametrize("name", ["graph", "tape", "join", "errors"])
+def test_at_two_ranks(name):
+    harness.check_ok(tf_run(2, name))
+
+
+def test_keras_fit_trains_as_one_process_on_the_whole_batches():
+    harness.check_ok(tf_run(2, "keras_fit"))
+
+
+def test_keras_fit_at_three_ranks():
+    harness.check_ok(tf_run(3, "keras_fit"))
+
+
+def test_the_keras_example_trains_under_dtrain_run(tmp_path):
+    checkpoint = tmp_path / "model.keras"
+    p = subprocess.run([DTRAIN, "run", "-n", "2", "--", harness.PYTHON, EXAMPLE, "--epochs", "1",
+                        "--limit", "6000", "--checkpoint", str(checkpoint)],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=harness.env_for(0, 1, 0)["PYTHONPATH"]))
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [line for line in p.stdout.splitlines() if "RESULT " in line]
+    assert len(lines) == 1, p.stdout  # rank 0 only
+    result = json.loads(lines[0].split("RESULT ", 1)[1])
+    assert result["world_size"] == 2 and result["test_accuracy"] > 0.70, result
+    assert checkpoint.exists()  # written by rank 0
+
+
+def test_neither_dtrain_nor_dtrain_torch_imports_tensorflow():
+    code = ("import sys, dtrain, dtrain.torch; "
+            "assert 'tensorflow' not in sys.modules, 'TensorFlow imported'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=harness.env_for(0, 1, 0), timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
+
+
+def test_another_tensorflow_is_refused_at_import_naming_both_versions():
+    code = ("import tensorflow as tf; tf.__version__ = '2.19.0'\n"
+            "try:\n    import dtrain.tensorflow\nexcept ImportError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=harness.env_for(0, 1, 0), timeout=120)
+    assert "built for TensorFlow 2.21" in out.stdout and "2.19.0" in out.stdout, \
+        out.stdout + out.stderr

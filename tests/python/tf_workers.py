@@ -1,0 +1,253 @@
+"""The per-rank bodies of dtrain.tensorflow's tests: `python3 tf_workers.py NAME [ARGS]`.
+
+Each imports dtrain.tensorflow as hvd (as a Horovod script would), runs under the variables
+tests/python/harness.py sets, checks every result against values computed locally and exits 0;
+a mismatch raises, which exits non-zero with the traceback.
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import dtrain.tensorflow as hvd  # noqa: E402
+
+
+def expect(got, want, what, tol=1e-6):
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or not np.allclose(got.astype(np.float64),
+                                                  want.astype(np.float64), rtol=tol, atol=tol):
+        raise AssertionError(f"rank {hvd.rank()}: {what}: got {got.tolist()}, want "
+                             f"{want.tolist()}")
+
+
+def value(r, shape=(3, 4), dtype=np.float32):
+    """Rank r's tensor: small integers that every dtype holds exactly."""
+    return ((np.arange(int(np.prod(shape))) % 7) + r + 1).reshape(shape).astype(dtype)
+
+
+DTYPES = [np.float32, np.float64, np.float16, np.int32, np.int64, np.int16, np.int8, np.uint8]
+
+
+def collectives():
+    hvd.init()
+    hvd.init()  # a second call does nothing
+    r, n = hvd.rank(), hvd.size()
+    assert hvd.is_initialized() and hvd.local_rank() == r and hvd.local_size() == n
+    every = [value(q) for q in range(n)]
+    for dtype in DTYPES:
+        mine = tf.constant(value(r, dtype=dtype))
+        total = sum(v.astype(np.float64) for v in every)
+        expect(hvd.allreduce(mine, op=hvd.Sum), total, f"sum of {dtype.__name__}")
+        expect(hvd.allreduce(mine, op=hvd.Min), value(0), f"min of {dtype.__name__}")
+        expect(hvd.allreduce(mine, op=hvd.Max), value(n - 1), f"max of {dtype.__name__}")
+        if np.issubdtype(dtype, np.floating):
+            expect(hvd.allreduce(mine), total / n, f"average of {dtype.__name__}", 1e-3)
+    expect(hvd.allreduce(tf.constant(value(r)), op=hvd.Product),
+           np.prod([v.astype(np.float64) for v in every], axis=0), "product")
+    expect(hvd.allreduce(tf.constant(value(r)), op=hvd.Sum, prescale_factor=0.5,
+                         postscale_factor=3.0), 1.5 * sum(every), "scaled sum")
+    expect(hvd.allreduce(tf.constant(value(r, dtype=np.int32)), op=hvd.Sum,
+                         postscale_factor=0.5),
+           np.trunc(0.5 * sum(v.astype(np.float64) for v in every)), "integers scaled")
+    expect(hvd.allreduce(tf.constant(value(r)), op=hvd.Sum, compression=hvd.Compression.fp16),
+           sum(every), "fp16 compression")
+    grouped = hvd.grouped_allreduce([tf.constant(value(r)), tf.constant(value(r, (5,)))],
+                                    op=hvd.Sum)
+    expect(grouped[1], sum(value(q, (5,)) for q in range(n)), "grouped")
+    # Rows of different counts per rank.
+    gathered = hvd.allgather(tf.constant(value(r, (r + 1, 2))))
+    expect(gathered, np.concatenate([value(q, (q + 1, 2)) for q in range(n)]), "allgather")
+    flags = hvd.allgather(tf.constant([r % 2 == 0]))
+    expect(flags, [q % 2 == 0 for q in range(n)], "allgather of bool")
+    expect(hvd.broadcast(tf.constant(value(r)), n - 1), value(n - 1), "broadcast")
+    # Rank r sends q + 1 rows to rank q, each row [r, q].
+    rows = np.array([[r, q] for q in range(n) for _ in range(q + 1)], dtype=np.int64)
+    out, received = hvd.alltoall(tf.constant(rows), splits=[q + 1 for q in range(n)])
+    expect(out, [[q, r] for q in range(n) for _ in range(r + 1)], "alltoall")
+    expect(received, [r + 1] * n, "alltoall's received splits")
+    out, received = hvd.alltoall(tf.constant(np.full((2 * n, 1), r)))
+    expect(out, [[q] for q in range(n) for _ in range(2)], "alltoall in equal parts")
+    assert hvd.broadcast_object({"from": r}, root_rank=0) == {"from": 0}
+    assert hvd.allgather_object(("rank", r)) == [("rank", q) for q in range(n)]
+    v = tf.Variable(value(r))
+    hvd.broadcast_variables([v], root_rank=0)
+    expect(v, value(0), "broadcast_variables")
+    hvd.barrier()
+    print("every collective checked", flush=True)
+
+
+def graph():
+    """Inside tf.function TensorFlow runs the ops concurrently, in any order per rank: the
+    coordinator matches them by node name and runs them; gradients as Horovod defines them."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+
+    @tf.function
+    def step(x):
+        # Order of creation differs by rank; a graph's node names do not.
+        parts = [hvd.allreduce(x * (i + 1), op=hvd.Sum) for i in range(8)]
+        if r % 2:
+            parts.reverse()
+        return tf.add_n(parts), hvd.allgather(x[:r + 1])
+
+    for _ in range(3):
+        total, gathered = step(tf.constant([float(r + 1)] * 4))
+    want = sum(q + 1 for q in range(n)) * sum(range(1, 9))
+    expect(total, [want] * 4, "eight all-reduces in one graph")
+    expect(gathered, [float(q + 1) for q in range(n) for _ in range(q + 1)], "graph allgather")
+
+    w = tf.Variable([1.0, 2.0, 3.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(hvd.allreduce(w * (r + 1), op=hvd.Sum))
+    # Horovod's gradient of an all-reduce is the all-reduce of the gradients: n ones, summed.
+    expect(tape.gradient(loss, w), [n * (r + 1)] * 3, "gradient of a sum")
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(hvd.allgather(w * (r + 1)))
+    expect(tape.gradient(loss, w), [r + 1.0] * 3, "gradient of an allgather")
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(hvd.broadcast(w * 2.0, 0))
+    expect(tape.gradient(loss, w), [2.0 if r == 0 else 0.0] * 3, "gradient of a broadcast")
+    print("graph checked", flush=True)
+
+
+def tape():
+    """DistributedGradientTape: each rank's gradient of its shard is the average of them all,
+    as one process's on the whole batch."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(8 * n, 3)).astype(np.float32)
+    y = rng.normal(size=(8 * n, 1)).astype(np.float32)
+    w = tf.Variable(rng.normal(size=(3, 1)).astype(np.float32))
+    emb = tf.Variable(rng.normal(size=(10, 3)).astype(np.float32))
+    ids = np.arange(8 * n) % 10
+
+    def loss_of(xs, ys, idx):
+        return tf.reduce_mean((tf.matmul(xs + tf.gather(emb, idx), w) - ys) ** 2)
+
+    shard = slice(8 * r, 8 * (r + 1))
+    for sparse_as_dense in (False, True):
+        with tf.GradientTape() as t:
+            loss = loss_of(x[shard], y[shard], ids[shard])
+        t = hvd.DistributedGradientTape(t, sparse_as_dense=sparse_as_dense)
+        gw, gemb = t.gradient(loss, [w, emb])
+        with tf.GradientTape() as whole:
+            loss = loss_of(x, y, ids)
+        want_w, want_emb = whole.gradient(loss, [w, emb])
+        expect(gw, want_w, "dense gradient", 1e-5)
+        expect(tf.convert_to_tensor(gemb), tf.convert_to_tensor(want_emb), "embedding gradient",
+               1e-5)
+        assert isinstance(gemb, tf.IndexedSlices) != sparse_as_dense, type(gemb)
+    print("tape checked", flush=True)
+
+
+def _model(seed):
+    import keras
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"),
+                             keras.layers.Dense(1)])
+
+
+def keras_fit():
+    """model.fit with DistributedOptimizer and the callbacks: every rank ends with the weights of
+    one process trained on the whole batches (SGD, averaged gradients), though each rank began
+    from its own random weights."""
+    import keras
+    import dtrain.tensorflow.keras as khvd
+    khvd.init()
+    r, n = khvd.rank(), khvd.size()
+    rng = np.random.default_rng(3)
+    per, steps = 8, 6
+    x = rng.normal(size=(per * n * steps, 4)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], np.float32)).astype(np.float32)
+    # Step s uses rows [s*per*n, (s+1)*per*n); rank r's share of it is its r-th slice.
+    mine = np.concatenate([np.arange(s * per * n + r * per, s * per * n + (r + 1) * per)
+                           for s in range(steps)])
+
+    reference = _model(0)  # rank 0's initial weights, trained by one process on whole batches
+    reference.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    reference.fit(x, y, batch_size=per * n, epochs=2, shuffle=False, verbose=0)
+
+    model = _model(r)  # each rank's own initial weights: the callback makes them rank 0's
+    opt = khvd.DistributedOptimizer(keras.optimizers.SGD(0.05))
+    assert isinstance(opt, keras.optimizers.SGD)
+    model.compile(optimizer=opt, loss="mse")
+    history = model.fit(x[mine], y[mine], batch_size=per, epochs=2, shuffle=False, verbose=0,
+                        callbacks=[khvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                   khvd.callbacks.MetricAverageCallback()])
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        expect(got, want, "weights after model.fit", 1e-4)
+    losses = khvd.allgather_object(history.history["loss"])
+    assert all(np.allclose(losses[0], other) for other in losses), losses
+
+    # The warmup ramps the learning rate from lr / size to lr over the warmup epochs.
+    model.compile(optimizer=khvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    warm = khvd.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=2, steps_per_epoch=steps)
+    history = model.fit(x[mine], y[mine], batch_size=per, epochs=3, shuffle=False, verbose=0,
+                        callbacks=[warm])
+    lr = history.history["lr"]
+    expect(lr[:2], [0.1 / n * ((e + (steps - 1) / steps) * (n - 1) / 2 + 1) for e in range(2)],
+           "warmup learning rates", 1e-5)
+    print("keras checked", flush=True)
+
+
+def join():
+    """Rank r runs r + 1 steps; the ranks that ran out of data join and add zeros."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for step in range(r + 1):
+        got = hvd.allreduce(tf.constant([1.0]), op=hvd.Sum, name="step")
+        expect(got, [n - step], f"step {step} with {step} ranks joined")
+    assert hvd.join() == n - 1
+    print("join checked", flush=True)
+
+
+def errors():
+    """Calls that differ between ranks fail on every rank and the next calls go on; a rank's own
+    wrong argument fails on that rank; messages name the ranks' calls."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    for shape in ([3 + r], [2, 6] if r == 0 else [2, 3, 2]):
+        try:
+            hvd.allreduce(tf.ones(shape))
+            raise AssertionError("an all-reduce of different shapes succeeded")
+        except tf.errors.FailedPreconditionError as e:
+            assert "differs between ranks" in str(e) and "rank 0 submitted" in str(e), str(e)
+    try:
+        hvd.allgather(tf.ones([2, 3 + r]))
+        raise AssertionError("an allgather of different row shapes succeeded")
+    except tf.errors.FailedPreconditionError as e:
+        assert "allgather of" in str(e), str(e)
+    try:
+        hvd.broadcast(tf.ones([2]), r)
+        raise AssertionError("broadcasts from different roots succeeded")
+    except tf.errors.FailedPreconditionError as e:
+        assert "from rank" in str(e), str(e)
+    expect(hvd.allreduce(tf.ones([2]), op=hvd.Sum), [n, n], "the call after the errors")
+    for bad in (lambda: hvd.broadcast(tf.ones([1]), n),
+                lambda: hvd.alltoall(tf.ones([n + 1])),
+                lambda: hvd.alltoall(tf.ones([n]), splits=[n + 1] + [0] * (n - 1))):
+        try:
+            bad()
+            raise AssertionError("a wrong argument was taken")
+        except tf.errors.InvalidArgumentError as e:
+            assert f"rank {r}:" in str(e), str(e)
+    try:
+        hvd.allreduce(tf.ones([1]), op=hvd.Adasum)
+        raise AssertionError("Adasum was taken")
+    except NotImplementedError:
+        pass
+    hvd.shutdown()
+    try:
+        hvd.allreduce(tf.ones([1]))
+        raise AssertionError("a call after shutdown() was taken")
+    except tf.errors.FailedPreconditionError as e:
+        assert "init()" in str(e), str(e)
+    print("errors checked", flush=True)
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](*sys.argv[2:])
