@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-20}
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DDTRAIN_FUZZ=ON -DDTRAIN_BUILD_TESTS=OFF -DDTRAIN_BUILD_EXAMPLES=OFF \
-  -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON >/dev/null
+  -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON -DCMAKE_DISABLE_FIND_PACKAGE_TensorFlow=ON >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target fuzz_all
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export DTRAIN_LOG_LEVEL=off  # the refusals are expected: their log lines would only slow the runs

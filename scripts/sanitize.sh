@@ -20,7 +20,7 @@ case "$kind" in
   tsan)
     dir=build-tsan
     flags=(-DDTRAIN_SANITIZE=thread "-DDTRAIN_TEST_DIRS=common;store;transport;comm;ps;data"
-           -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON)
+           -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON -DCMAKE_DISABLE_FIND_PACKAGE_TensorFlow=ON)
     # The tests' ranks are forked children that may _exit with threads running (a crash, on
     # purpose), and some fork from a parent that runs a store server's threads: neither is a bug,
     # but TSan reports the first (thread leak) and kills the second (die_after_fork).
