@@ -38,6 +38,7 @@
 #include "launch/gpu_topology.h"
 #include "launch/metrics/metrics_endpoint.h"
 #include "launch/supervisor.h"
+#include "launch/tf_config.h"
 #include "tools/dtrain/commands.h"
 #include "tools/dtrain/spelling.h"
 
@@ -61,6 +62,7 @@ struct RunArgs {
   bool server_program = false;  // servers run the worker command (DTRAIN_ROLE=server)
   int metrics_port = -1;        // >= 0: serve Prometheus metrics there (0: any free port)
   bool no_jemalloc = false;     // leave the workers' allocator alone (launch/allocator_preload.h)
+  bool tf_config = false;       // give each worker (and server) the TF_CONFIG of the cluster
   std::vector<std::string> command;
 };
 
@@ -353,6 +355,8 @@ int run_job(const RunArgs& a) {
   const auto cpus =
       a.bind == "auto" && a.servers == 0 ? launch::allowed_cpus() : std::vector<int>{};
   const auto gpus = plan_gpus(a, cpus);
+  launch::TfConfigs tf;
+  if (a.tf_config) tf = launch::tf_configs(a.master_addr, world_size, a.servers);
   for (int local = 0; local < a.nproc; ++local) {
     int rank = a.node_rank * a.nproc + local;
     options.workers.push_back(launch::WorkerSpec{
@@ -379,6 +383,7 @@ int run_job(const RunArgs& a) {
       options.workers.back().env.emplace_back("CUDA_VISIBLE_DEVICES", gpus[local].visible);
       if (!gpus[local].cpus.empty()) options.workers.back().cpus = gpus[local].cpus;
     }
+    if (a.tf_config) options.workers.back().env.emplace_back("TF_CONFIG", tf.workers[rank]);
     if (a.servers > 0) {
       auto& env = options.workers.back().env;
       env.emplace_back("DTRAIN_ROLE", "worker");
@@ -403,6 +408,7 @@ int run_job(const RunArgs& a) {
                                {"DTRAIN_AGENT_STORE", "1"}},
                               {},
                               fmt::format("server {}", i)};
+      if (a.tf_config) spec.env.emplace_back("TF_CONFIG", tf.servers[i]);
       spec.service = true;  // stopped once every worker has exited, whatever they said
       if (!a.server_program) spec.command = {self_executable(), "ps-server"};
       options.workers.push_back(std::move(spec));
@@ -463,6 +469,10 @@ CLI::App* add_run_command(CLI::App& app) {
   cmd->add_flag("--server-program", args->server_program,
                 "The servers run the worker command with DTRAIN_ROLE=server instead of `dtrain "
                 "ps-server`");
+  cmd->add_flag("--tf-config", args->tf_config,
+                "Give each process the TF_CONFIG of the cluster (one node), so that TensorFlow's "
+                "own strategies run under dtrain run: every rank a worker, or with --servers "
+                "rank 0 the chief and the servers ps tasks (docs/tensorflow.md)");
   cmd->add_option("--metrics-port", args->metrics_port,
                   "Serve the workers' progress (dtrain::ProgressReporter) and the restarts as "
                   "Prometheus metrics at http://HOST:PORT/metrics (0: any free port; "
@@ -534,6 +544,11 @@ CLI::App* add_run_command(CLI::App& app) {
     use_the_environments_python(a.command);
     preload_jemalloc(a.no_jemalloc);
     int code = 0;
+    if (a.tf_config && (is_elastic || a.nnodes > 1 || elastic->nnodes != "1"))
+      throw InvalidArgumentError(
+          "dtrain run: --tf-config describes the processes of one node, started once: it "
+          "cannot be combined with --nnodes above 1 or an elastic run yet; on several nodes "
+          "set TF_CONFIG in each node's environment");
     if (is_elastic) {
       if (a.servers > 0)
         throw InvalidArgumentError(
