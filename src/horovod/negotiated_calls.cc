@@ -36,6 +36,8 @@ const char* kind_name(Call::Kind kind) {
       return "barrier";
     case Call::Kind::kJoin:
       return "join";
+    case Call::Kind::kReducescatter:
+      return "reducescatter";
   }
   return "an unknown call";
 }
@@ -81,7 +83,7 @@ std::string Call::describe() const {
   const std::string dtype_name =
       dtype >= 0 ? std::string(to_string(static_cast<DType>(dtype))) : "?";
   std::string s = fmt::format("{} of {} [{}]", kind_name(kind), dtype_name, shape);
-  if (kind == Kind::kAllreduce)
+  if (kind == Kind::kAllreduce || kind == Kind::kReducescatter)
     s += fmt::format(" with {}", to_string(static_cast<ReduceOp>(op_or_root)));
   if (kind == Kind::kBroadcast) s += fmt::format(" from rank {}", op_or_root);
   if (name != 0) s += fmt::format(" named #{:08x}", name >> 32);

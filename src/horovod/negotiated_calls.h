@@ -28,7 +28,15 @@
 namespace dtrain {
 
 struct Call {
-  enum class Kind : int64_t { kAllreduce = 1, kAllgather, kBroadcast, kAlltoall, kBarrier, kJoin };
+  enum class Kind : int64_t {
+    kAllreduce = 1,
+    kAllgather,
+    kBroadcast,
+    kAlltoall,
+    kBarrier,
+    kJoin,
+    kReducescatter
+  };
   static constexpr size_t kMaxDims = 8;  // a 9th dimension on is folded into the 8th's hash
 
   Kind kind = Kind::kBarrier;

@@ -24,4 +24,12 @@ std::vector<int64_t> rows_to_receive(ProcessGroup& group, std::vector<int64_t> s
 void exchange_rows(ProcessGroup& group, const TensorView& in, const std::vector<int64_t>& send,
                    const std::vector<int64_t>& recv, int64_t row, const TensorView& out);
 
+// The rows of dimension 0 each rank keeps of a reduce-scatter of `rows` rows over `size` ranks:
+// equal parts, one more for each of the first rows % size ranks (Horovod's split).
+std::vector<int64_t> scattered_rows(int64_t rows, int size);
+// Every rank's `in` (`rows` rows of `row` elements, the same shape on every rank) reduced with
+// `op`; this rank's part of the result (scattered_rows) into `out`.
+void reduce_scatter_rows(ProcessGroup& group, const TensorView& in, int64_t rows, int64_t row,
+                         ReduceOp op, const TensorView& out);
+
 }  // namespace dtrain

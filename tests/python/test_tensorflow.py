@@ -28,9 +28,18 @@ def test_every_collective_matches_local_values(world):
     assert all("every collective checked" in r.out for r in results)
 
 
-@pytest.mark.parametrize("name", ["graph", "tape", "join", "errors"])
+@pytest.mark.parametrize("name", ["graph", "tape", "join", "errors", "reducescatter", "layers",
+                                  "accumulate", "graph_v1"])
 def test_at_two_ranks(name):
     harness.check_ok(tf_run(2, name))
+
+
+def test_reducescatter_at_three_ranks():
+    harness.check_ok(tf_run(3, "reducescatter"))
+
+
+def test_elastic_state_commits_and_resumes(tmp_path):
+    harness.check_ok(tf_run(2, "elastic_state", str(tmp_path)))
 
 
 def test_keras_fit_trains_as_one_process_on_the_whole_batches():
@@ -53,6 +62,15 @@ def test_the_keras_example_trains_under_dtrain_run(tmp_path):
     result = json.loads(lines[0].split("RESULT ", 1)[1])
     assert result["world_size"] == 2 and result["test_accuracy"] > 0.70, result
     assert checkpoint.exists()  # written by rank 0
+
+
+def test_tensorflows_own_strategy_runs_under_dtrain_run_with_tf_config():
+    p = subprocess.run([DTRAIN, "run", "-n", "2", "--tf-config", "--", harness.PYTHON,
+                        os.path.join(harness.HERE, "tf_workers.py"), "strategy"],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=harness.env_for(0, 1, 0)["PYTHONPATH"]))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("strategy checked") == 2, p.stdout
 
 
 def test_neither_dtrain_nor_dtrain_torch_imports_tensorflow():

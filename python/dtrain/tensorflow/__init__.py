@@ -7,24 +7,53 @@ eagerly and inside ``tf.function``, with Horovod's gradients. Needs the TensorFl
 dtrain was built against (``pip install '.[tensorflow]'``); ``import dtrain`` and ``import
 dtrain.torch`` never import TensorFlow.
 """
-from dtrain.tensorflow.collectives import (Adasum, Average, Max, Min, Product, Sum,  # noqa: F401
-                                           allgather, allreduce, alltoall, barrier, broadcast,
-                                           broadcast_, ccl_built, cross_rank, cross_size,
-                                           cuda_built, ddl_built, gloo_built, gloo_enabled,
-                                           global_process_set, grouped_allgather,
-                                           grouped_allreduce, init, is_homogeneous,
-                                           is_initialized, join, local_rank, local_rank_op,
-                                           local_size, local_size_op, mpi_built, mpi_enabled,
-                                           mpi_threads_supported, nccl_built, rank, rank_op,
-                                           rocm_built, shutdown, size, size_op)
+import tensorflow as tf
+
+from dtrain.tensorflow.collectives import (  # noqa: F401
+    Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier, broadcast,
+    broadcast_, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
+    global_process_set, grouped_allgather, grouped_allreduce, grouped_reducescatter, init,
+    is_homogeneous, is_initialized, join, local_rank, local_rank_op, local_size, local_size_op,
+    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rank_op, reducescatter,
+    rocm_built, shutdown, size, size_op)
+from dtrain.tensorflow import elastic  # noqa: F401
 from dtrain.tensorflow.compression import Compression  # noqa: F401
-from dtrain.tensorflow.functions import (allgather_object, broadcast_object,  # noqa: F401
-                                         broadcast_object_fn, broadcast_variables)
-from dtrain.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
+from dtrain.tensorflow.functions import (allgather_object, broadcast_global_variables,  # noqa: F401
+                                         broadcast_object, broadcast_object_fn,
+                                         broadcast_variables)
+from dtrain.tensorflow.gradient_tape import (DistributedGradientTape,  # noqa: F401
+                                             PartialDistributedGradientTape)
+from dtrain.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 
 
-def DistributedOptimizer(optimizer, *args, **kwargs):
-    """A Keras optimizer whose gradients are all-reduced across ranks before they are applied
-    (see dtrain.tensorflow.keras.DistributedOptimizer)."""
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
+                         device_sparse="", compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=None, scale_local_gradients=True):
+    """An optimizer whose gradients are all-reduced across ranks before they are applied: a
+    Keras optimizer (see dtrain.tensorflow.keras.DistributedOptimizer), or a
+    tf.compat.v1.train.Optimizer in a TF1 graph."""
+    if process_set is not None:
+        raise ValueError("DistributedOptimizer: process sets are not supported by "
+                         "dtrain.tensorflow; every call spans the whole job")
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        from dtrain.tensorflow.optimizer_v1 import DistributedOptimizerV1
+        return DistributedOptimizerV1(
+            optimizer, name, use_locking, compression, sparse_as_dense, op,
+            gradient_predivide_factor, backward_passes_per_step, average_aggregated_gradients,
+            scale_local_gradients)
     from dtrain.tensorflow import keras as _keras
-    return _keras.DistributedOptimizer(optimizer, *args, **kwargs)
+    return _keras.DistributedOptimizer(
+        optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        scale_local_gradients=scale_local_gradients)
+
+
+def BroadcastGlobalVariablesHook(root_rank, device=""):
+    """A tf.compat.v1 SessionRunHook that broadcasts the global variables from `root_rank` once
+    the session is created."""
+    from dtrain.tensorflow.optimizer_v1 import BroadcastGlobalVariablesHook as Hook
+    return Hook(root_rank, device)

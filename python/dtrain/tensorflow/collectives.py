@@ -220,6 +220,41 @@ def _allreduce_grad(op, grad):
 
 
 @_whole_job
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Every rank's `tensor` (the same shape on every rank) reduced with `op` (Average or Sum);
+    this rank's part of dimension 0: equal parts, one more row for each of the first
+    rows % size ranks."""
+    op = _op_of(op)
+    if op not in (Average, Sum):
+        raise NotImplementedError("reducescatter supports Average and Sum")
+    tensor = tf.convert_to_tensor(tensor)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _ops.dtrain_reducescatter(_scaled(compressed, prescale_factor),
+                                        reduce_op=_session.reduce_op(_OPS[op]),
+                                        tensor_name=name or "")
+    return compression.decompress(_scaled(reduced, postscale_factor), ctx)
+
+
+@_whole_job
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
+                          name=None, process_set=global_process_set, ignore_name_scope=False,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    return [reducescatter(t, compression=compression, op=op, name=name and f"{name}.{i}",
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+            for i, t in enumerate(tensors)]
+
+
+@tf.RegisterGradient("DtrainReducescatter")
+def _reducescatter_grad(op, grad):
+    # Horovod's: this rank's part of the gradient gathered back, times the ranks for a sum.
+    if op.get_attr("reduce_op") == _session.reduce_op("sum"):
+        grad = grad * tf.cast(size(), grad.dtype)
+    return _ops.dtrain_allgather(grad)
+
+
+@_whole_job
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Every rank's `tensor` concatenated along dimension 0, whose size may differ between
     ranks (the other dimensions may not)."""
@@ -283,8 +318,8 @@ def _alltoall_grad(op, grad, grad_received_splits):
 
 def join():
     """This rank has run out of data: it takes part in the others' all-reduces with zeros until
-    every rank has joined. Returns the rank that joined last."""
-    return int(_ops.dtrain_join())
+    every rank has joined. Returns the rank that joined last (an int32 tensor, as Horovod's)."""
+    return _ops.dtrain_join()
 
 
 def barrier(process_set=global_process_set):

@@ -35,12 +35,23 @@ def broadcast_variables(variables, root_rank, name=None, process_set=None):
     every rank."""
     variables = [_tf_variable(v) for v in variables]
     if not variables:
-        return
+        return None
     if tf.executing_eagerly():
         _broadcast_all(variables, root_rank, name or "broadcast_variables")
-    else:  # a TF1 graph: the assignments, as ops to run
-        return tf.group(*[v.assign(broadcast(v, root_rank, name=f"{name}.{i}" if name else None))
-                          for i, v in enumerate(variables)])
+        return None
+    # A TF1 graph: the assignments, as one op to run.
+    return tf.group(*[v.assign(broadcast(v, root_rank, name=f"{name}.{i}" if name else None))
+                      for i, v in enumerate(variables)])
+
+
+def broadcast_global_variables(root_rank):
+    """A TF1 graph's op that assigns rank `root_rank`'s values to every global variable. Eager
+    code has no global variables: broadcast_variables(model.variables, root_rank) there."""
+    if tf.executing_eagerly():
+        raise RuntimeError("broadcast_global_variables() needs a TF1 graph (tf.compat.v1); in "
+                           "eager code use broadcast_variables(variables, root_rank) or the "
+                           "Keras callback BroadcastGlobalVariablesCallback")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):

@@ -1,10 +1,10 @@
 """DistributedGradientTape: a tf.GradientTape whose gradient() returns the gradients all-reduced
-across ranks, as Horovod's."""
+across ranks, as Horovod's; PartialDistributedGradientTape keeps some layers' gradients local."""
 import tensorflow as tf
 
 from dtrain.tensorflow.collectives import Average
 from dtrain.tensorflow.compression import Compression
-from dtrain.tensorflow.gradients import GradientReducer, names_of
+from dtrain.tensorflow.gradients import GradientReducer
 
 
 class _Distributed:
@@ -13,10 +13,21 @@ class _Distributed:
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
-        flat_sources = tf.nest.flatten(sources)
-        flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        reduced = self._dtrain_reducer(flat_grads, names_of(flat_sources))
+        reduced = self._dtrain_reducer(tf.nest.flatten(grads), tf.nest.flatten(sources))
         return tf.nest.pack_sequence_as(grads, reduced)
+
+    def register_local_source(self, source):
+        """`source`'s gradient stays on this rank (a model-parallel part, say)."""
+        self._dtrain_reducer.register_local(source)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       unconnected_gradients=tf.UnconnectedGradients.NONE):
+        """(the gradients of the local sources, of the others), each in `sources`' order."""
+        grads = self.gradient(target, sources, output_gradients, unconnected_gradients)
+        local, others = [], []
+        for source, grad in zip(tf.nest.flatten(sources), tf.nest.flatten(grads)):
+            (local if id(source) in self._dtrain_reducer.local else others).append(grad)
+        return local, others
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
@@ -31,5 +42,32 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
     tape = cls.__new__(cls)
     tape.__dict__ = gradtape.__dict__  # the same recording: wrapping copies nothing
     tape._dtrain_reducer = GradientReducer("DistributedGradientTape", compression,
-                                           sparse_as_dense, op, gradient_predivide_factor)
+                                           sparse_as_dense, op, gradient_predivide_factor,
+                                           scale_local_gradients)
+    return tape
+
+
+def local_variables_of(local_layers):
+    """The trainable variables of `local_layers` (one Keras layer, a list of them, or None)."""
+    import keras
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("local_layers: every local layer must be a Keras layer")
+    return [v for layer in local_layers for v in layer.trainable_weights]
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=None, local_layers=None,
+                                   scale_local_gradients=True):
+    """A DistributedGradientTape that leaves the gradients of `local_layers` on this rank."""
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for v in local_variables_of(local_layers):
+        tape.register_local_source(v)
     return tape

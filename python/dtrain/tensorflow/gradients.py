@@ -1,17 +1,27 @@
 """Gradients all-reduced across ranks, as DistributedGradientTape and the DistributedOptimizers
 do it: dense or sparse, compressed, predivided, each under a name that is the same on every rank
-and at every step (so that the coordinator serves it from its cache)."""
+and at every step (so that the coordinator serves it from its cache). Variables registered as
+local keep their own gradient (divided by the ranks when scale_local_gradients, as Horovod's)."""
 import tensorflow as tf
 
 from dtrain.tensorflow.collectives import Average, Sum, _op_of, allreduce, size
 from dtrain.tensorflow.compression import Compression
 
 
+def _names_of(variables):
+    """Names for the gradients of `variables` that every rank computes the same way."""
+    names = []
+    for i, v in enumerate(variables):
+        label = getattr(v, "path", None) or getattr(v, "name", None) or "grad"
+        names.append(f"{i}.{label}")
+    return names
+
+
 class GradientReducer:
-    """Reduces a list of gradients (None kept) of the variables `names` describe."""
+    """Reduces a list of gradients (None kept) of a list of variables."""
 
     def __init__(self, prefix, compression=Compression.none, sparse_as_dense=False, op=Average,
-                 gradient_predivide_factor=1.0):
+                 gradient_predivide_factor=1.0, scale_local_gradients=True):
         op = _op_of(op)
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor needs op=Average")
@@ -20,16 +30,24 @@ class GradientReducer:
         self.sparse_as_dense = sparse_as_dense
         self.op = op
         self.predivide = gradient_predivide_factor
+        self.scale_local = scale_local_gradients
+        self.local = set()  # id() of the variables whose gradients stay on this rank
         self._function = None
 
-    def _reduce(self, grads, names):
+    def register_local(self, variable):
+        self.local.add(id(variable))
+
+    def _reduce(self, grads, names, local):
         out = []
-        for grad, name in zip(grads, names):
+        for grad, name, is_local in zip(grads, names, local):
             if grad is None:
                 out.append(None)
                 continue
             if self.sparse_as_dense and isinstance(grad, tf.IndexedSlices):
                 grad = tf.convert_to_tensor(grad)
+            if is_local:
+                out.append(grad / tf.cast(size(), grad.dtype) if self.scale_local else grad)
+                continue
             key = f"{self.prefix}.{name}"
             if self.predivide != 1.0 and not isinstance(grad, tf.IndexedSlices):
                 # Horovod's predivision: a sum of grad/f, then times f/size.
@@ -40,21 +58,15 @@ class GradientReducer:
                 out.append(allreduce(grad, op=self.op, compression=self.compression, name=key))
         return out
 
-    def __call__(self, grads, names):
+    def __call__(self, grads, variables):
+        grads, variables = list(grads), list(variables)
+        local = [id(v) in self.local for v in variables]
         if size() == 1:
-            return list(grads)
+            return grads
+        names = _names_of(variables)
         if tf.executing_eagerly():
             # In one graph the all-reduces run together and fuse, instead of one by one.
             if self._function is None:
                 self._function = tf.function(self._reduce, autograph=False)
-            return self._function(list(grads), list(names))
-        return self._reduce(grads, names)
-
-
-def names_of(variables):
-    """Names for the gradients of `variables` that every rank computes the same way."""
-    names = []
-    for i, v in enumerate(variables):
-        label = getattr(v, "path", None) or getattr(v, "name", None) or "grad"
-        names.append(f"{i}.{label}")
-    return names
+            return self._function(grads, names, local)
+        return self._reduce(grads, names, local)

@@ -1,6 +1,6 @@
-// The TensorFlow ops of dtrain.tensorflow: DtrainAllreduce, DtrainBroadcast, DtrainAllgather,
-// DtrainAlltoall, DtrainJoin. Each kernel is asynchronous: it hands its tensors to the session
-// (session.h) and finishes from the coordinator's callback, so a graph's other ops keep
+// The TensorFlow ops of dtrain.tensorflow: DtrainAllreduce, DtrainReducescatter, DtrainBroadcast,
+// DtrainAllgather, DtrainAlltoall, DtrainJoin. Each kernel is asynchronous: it hands its tensors to
+// the session (session.h) and finishes from the coordinator's callback, so a graph's other ops keep
 // TensorFlow's threads. The library registers them when tf.load_op_library loads it
 // (python/dtrain/tensorflow/_ops.py), before Python imports the same file as dtrain._tensorflow.
 #include <cstring>
@@ -186,6 +186,24 @@ class AllgatherKernel : public CollectiveKernel {
   }
 };
 
+class ReducescatterKernel : public CollectiveKernel {
+ public:
+  explicit ReducescatterKernel(tf::OpKernelConstruction* c) : CollectiveKernel(c) {
+    int64_t op = 0;
+    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &op));
+    op_ = static_cast<ReduceOp>(op);
+  }
+
+ private:
+  void start(Session& session, tf::OpKernelContext* ctx, Session::Done finish) override {
+    const tf::Tensor& in = ctx->input(0);
+    session.reducescatter(
+        call_name(), view_of(in), shape_of(in.shape()), op_,
+        [ctx](int64_t rows) { return rows_output(ctx, 0, rows); }, std::move(finish));
+  }
+  ReduceOp op_ = ReduceOp::kSum;
+};
+
 class AlltoallKernel : public CollectiveKernel {
  public:
   using CollectiveKernel::CollectiveKernel;
@@ -276,6 +294,15 @@ REGISTER_OP("DtrainAllreduce")
     .SetShapeFn(same_shape)
     .Doc("Every rank's tensor reduced with reduce_op (dtrain's ReduceOp), matched by name.");
 
+REGISTER_OP("DtrainReducescatter")
+    .Attr("T: " DTRAIN_REDUCIBLE)
+    .Attr("reduce_op: int")
+    .Attr("tensor_name: string = ''")
+    .Input("tensor: T")
+    .Output("reduced: T")
+    .SetShapeFn(rows_shape)
+    .Doc("Every rank's tensor reduced with reduce_op; this rank's part of dimension 0.");
+
 REGISTER_OP("DtrainBroadcast")
     .Attr("T: " DTRAIN_MOVABLE)
     .Attr("root_rank: int")
@@ -317,6 +344,7 @@ REGISTER_OP("DtrainJoin")
     .Doc("This rank has no more data: zeros for the others' all-reduces until every rank joins.");
 
 REGISTER_KERNEL_BUILDER(Name("DtrainAllreduce").Device(tf::DEVICE_CPU), AllreduceKernel);
+REGISTER_KERNEL_BUILDER(Name("DtrainReducescatter").Device(tf::DEVICE_CPU), ReducescatterKernel);
 REGISTER_KERNEL_BUILDER(Name("DtrainBroadcast").Device(tf::DEVICE_CPU), BroadcastKernel);
 REGISTER_KERNEL_BUILDER(Name("DtrainAllgather").Device(tf::DEVICE_CPU), AllgatherKernel);
 REGISTER_KERNEL_BUILDER(Name("DtrainAlltoall").Device(tf::DEVICE_CPU), AlltoallKernel);

@@ -29,8 +29,8 @@ std::pair<int64_t, int64_t> rows_of(const std::vector<int64_t>& shape) {
 }
 
 Coordinator::CallRequest request_of(Call::Kind kind, const TensorView& t,
-                                    const std::vector<int64_t>& shape, int64_t root) {
-  const Call c = Call::of(kind, t.dtype, shape, root, "");
+                                    const std::vector<int64_t>& shape, int64_t op_or_root) {
+  const Call c = Call::of(kind, t.dtype, shape, op_or_root, "");
   Coordinator::CallRequest request;
   request.kind = static_cast<uint8_t>(kind);
   request.dtype = t.dtype;
@@ -153,6 +153,24 @@ void Session::alltoall(const std::string& name, const TensorView& input,
         const TensorView out =
             allocate(std::accumulate(received->begin(), received->end(), int64_t{0}));
         exchange_rows(group, input, send, *received, row, out);
+      },
+      std::move(done));
+}
+
+void Session::reducescatter(const std::string& name, const TensorView& input,
+                            const std::vector<int64_t>& shape, ReduceOp op, Allocate allocate,
+                            Done done) {
+  if (shape.empty())
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: reducescatter '{}': a scalar has no dimension 0 to scatter; give a tensor of "
+        "at least one dimension",
+        rank(), name));
+  const auto [rows, row] = rows_of(shape);
+  queue(
+      name, request_of(Call::Kind::kReducescatter, input, shape, static_cast<int64_t>(op)),
+      [input, rows = rows, row = row, op, allocate = std::move(allocate)](ProcessGroup& group) {
+        const int64_t mine = scattered_rows(rows, group.size())[static_cast<size_t>(group.rank())];
+        reduce_scatter_rows(group, input, rows, row, op, allocate(mine));
       },
       std::move(done));
 }

@@ -71,6 +71,11 @@ class Session {
   void alltoall(const std::string& name, const TensorView& input, const std::vector<int64_t>& shape,
                 std::vector<int64_t> send, Allocate allocate,
                 std::shared_ptr<std::vector<int64_t>> received, Done done);
+  // Every rank's `input` (of `shape`, the same on every rank) reduced with `op`; this rank's
+  // part of dimension 0 (equal parts, one more row for each of the first rows % size ranks)
+  // into the buffer `allocate` gives.
+  void reducescatter(const std::string& name, const TensorView& input,
+                     const std::vector<int64_t>& shape, ReduceOp op, Allocate allocate, Done done);
   // This rank has no more data: it takes part in the others' all-reduces with zeros until every
   // rank has joined. `done` gets the rank that joined last.
   void join(std::function<void(std::exception_ptr, int last_joined)> done);

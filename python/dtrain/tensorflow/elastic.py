@@ -1,0 +1,172 @@
+"""Horovod's elastic API for TensorFlow (``hvd.elastic.TensorFlowKerasState``,
+``TensorFlowState``, ``@hvd.elastic.run``) on dtrain's elastic launcher.
+
+    import dtrain.tensorflow as hvd
+    hvd.init()
+    state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            ...
+            state.commit()
+
+    train(state)
+
+```dtrain run -n 4 --max-restarts 3 -- python3 train.py```
+
+As with dtrain.torch's: when a worker fails, `dtrain run` starts every worker again and they
+resume from the newest commit any of them holds. ``commit()`` keeps a copy in the process (what
+``restore()`` returns to) and, under an elastic launcher, writes this rank's variables and
+numbers to ``DTRAIN_COMMIT_DIR`` (node-local memory the launcher keeps across restarts; replaced
+whole, by rename, so a crash mid-write leaves the previous commit). ``@run`` loads the newest
+commit of any rank on the rank that holds it and makes every rank start from it (``sync()``).
+The state's attributes other than the model, optimizer and variables must be numbers.
+"""
+import functools
+import numbers
+import os
+
+import numpy as np
+
+from dtrain.tensorflow import collectives
+from dtrain.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+
+__all__ = ["TensorFlowState", "TensorFlowKerasState", "run"]
+
+
+class TensorFlowState:
+    """Variables and named numbers (epoch, batch, ...) that training resumes from. Set and read
+    the numbers as attributes."""
+
+    def __init__(self, variables=None, **numbers_):
+        object.__setattr__(self, "_names", [])
+        object.__setattr__(self, "_explicit_variables", list(variables or []))
+        for name, value in numbers_.items():
+            setattr(self, name, value)
+        self._saved = None
+        self._commits = 0
+        self._root = 0  # the rank whose state sync() spreads
+        self._reset_callbacks = []
+
+    def __setattr__(self, name, value):
+        if not name.startswith("_") and name not in ("model", "optimizer"):
+            if not isinstance(value, numbers.Number):
+                raise TypeError(f"{type(self).__name__}.{name} = {value!r}: the state's "
+                                f"attributes other than the model and optimizer must be numbers")
+            if name not in self._names:
+                self._names.append(name)
+        object.__setattr__(self, name, value)
+
+    def variables(self):
+        return self._explicit_variables
+
+    def _values(self):
+        return {name: getattr(self, name) for name in self._names}
+
+    def _set_values(self, values):
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    def save(self):
+        """The in-process copy that restore() returns to."""
+        self._saved = ([np.array(v.numpy()) for v in self.variables()], self._values())
+
+    def restore(self):
+        """Back to the last commit (in this process)."""
+        if self._saved is None:
+            return
+        arrays, values = self._saved
+        for v, a in zip(self.variables(), arrays):
+            v.assign(a)
+        self._set_values(values)
+
+    def commit(self):
+        """Saves the state in this process and, under an elastic launcher, for a restarted job."""
+        self.save()
+        self._commits += 1
+        path = _commit_path(collectives.rank())
+        if path is not None:
+            arrays, values = self._saved
+            tmp = f"{path}.tmp"
+            with open(tmp, "wb") as f:
+                np.savez(f, *arrays, _commits=self._commits, _names=np.array(list(values)),
+                         _values=np.array([float(x) for x in values.values()]))
+            os.replace(tmp, path)
+
+    def sync(self):
+        """Collective: every rank takes the state of rank 0 (or of the rank that resumed)."""
+        broadcast_variables(self.variables(), self._root, name="elastic.sync")
+        self._set_values(broadcast_object(self._values(), self._root, name="elastic.values"))
+        self._commits = broadcast_object(self._commits, self._root, name="elastic.commits")
+        self._root = 0
+        self.save()
+
+    def register_reset_callbacks(self, callbacks):
+        """Called after the state was restored from a commit, e.g. to scale the learning rate to
+        the new number of workers."""
+        self._reset_callbacks.extend(callbacks)
+
+    def _resume(self):
+        """Collective: loads the newest commit any rank holds on that rank. True if one was."""
+        path = _commit_path(collectives.rank())
+        mine = -1
+        if path is not None and os.path.exists(path):
+            with np.load(path) as f:
+                mine = int(f["_commits"])
+        every = allgather_object(mine, name="elastic.resume")
+        best = max(every)
+        if best < 0:
+            return False
+        self._root = every.index(best)
+        if collectives.rank() == self._root:
+            with np.load(path) as f:
+                for i, v in enumerate(self.variables()):
+                    v.assign(f[f"arr_{i}"])
+                for name, value in zip(f["_names"], f["_values"]):
+                    old = getattr(self, str(name), 0.0)
+                    setattr(self, str(name), type(old)(value) if isinstance(old, int) else
+                            float(value))
+            self._commits = best
+            print(f"rank {collectives.rank()}: resumed from commit {best} ({path})", flush=True)
+        return True
+
+
+class TensorFlowKerasState(TensorFlowState):
+    """A Keras model, its optimizer and named numbers."""
+
+    def __init__(self, model, optimizer=None, **numbers_):
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "optimizer", optimizer or getattr(model, "optimizer", None))
+        super().__init__(None, **numbers_)
+
+    def variables(self):
+        variables = list(self.model.variables)
+        if self.optimizer is not None:
+            more = self.optimizer.variables
+            variables += list(more() if callable(more) else more)
+        return variables
+
+
+def _commit_path(rank):
+    folder = os.environ.get("DTRAIN_COMMIT_DIR")
+    if not folder:
+        return None
+    os.makedirs(os.path.join(folder, "tensorflow"), exist_ok=True)
+    return os.path.join(folder, "tensorflow", f"rank{rank}.npz")
+
+
+def run(function):
+    """Runs `function(state, ...)` from the newest commit of the job, if a restart left one,
+    with every rank starting from the same state."""
+    @functools.wraps(function)
+    def wrapper(state, *args, **kwargs):
+        if not collectives.is_initialized():
+            collectives.init()
+        resumed = state._resume()
+        state.sync()
+        if resumed:
+            for callback in state._reset_callbacks:
+                callback()
+        return function(state, *args, **kwargs)
+    return wrapper

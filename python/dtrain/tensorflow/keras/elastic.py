@@ -1,0 +1,58 @@
+"""Horovod's elastic Keras API (``hvd.elastic.KerasState``, ``@hvd.elastic.run`` and the state's
+callbacks) on dtrain's elastic launcher: see dtrain.tensorflow.elastic."""
+import keras
+
+from dtrain.tensorflow.elastic import TensorFlowKerasState, run  # noqa: F401
+
+__all__ = ["KerasState", "run", "CommitStateCallback", "UpdateBatchStateCallback",
+           "UpdateEpochStateCallback"]
+
+
+class KerasState(TensorFlowKerasState):
+    """A Keras model, its optimizer and named numbers (epoch, batch, ...)."""
+
+    def __init__(self, model, optimizer=None, backend=None, **numbers_):
+        super().__init__(model, optimizer, **numbers_)
+
+
+class CommitStateCallback(keras.callbacks.Callback):
+    """Commits the state every `batches_per_commit` batches and at the end of each epoch."""
+
+    def __init__(self, state, batches_per_commit=1):
+        super().__init__()
+        self.state = state
+        self.batches_per_commit = batches_per_commit
+        self.batches = 0
+
+    def on_batch_end(self, batch, logs=None):
+        self.batches += 1
+        if self.batches % self.batches_per_commit == 0:
+            self.state.commit()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.commit()
+
+
+class UpdateBatchStateCallback(keras.callbacks.Callback):
+    """Keeps state.batch at the next batch to train."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def on_batch_end(self, batch, logs=None):
+        self.state.batch = batch + 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.batch = 0
+
+
+class UpdateEpochStateCallback(keras.callbacks.Callback):
+    """Keeps state.epoch at the next epoch to train."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.epoch = epoch + 1
