@@ -29,7 +29,10 @@ _COMMON_SHIM = {
     "horovod/__init__.py":
         "import os\n"
         "# As horovodrun's Gloo mode: the tests shut Horovod down after each test when it is set.\n"
-        "os.environ.setdefault('HOROVOD_RANK', os.environ.get('RANK', '0'))\n",
+        "os.environ.setdefault('HOROVOD_RANK', os.environ.get('RANK', '0'))\n"
+        "# The tests compare hvd.rank() and hvd.size() with these, as mpirun sets them.\n"
+        "os.environ.setdefault('PMI_RANK', os.environ.get('RANK', '0'))\n"
+        "os.environ.setdefault('PMI_SIZE', os.environ.get('WORLD_SIZE', '1'))\n",
     "horovod/runner/__init__.py": "",
     "horovod/runner/util/__init__.py": "",
     "horovod/runner/util/threads.py":

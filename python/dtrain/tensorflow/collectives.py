@@ -291,22 +291,23 @@ def _broadcast_grad(op, grad):
 
 @_whole_job
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """Assigns rank `root_rank`'s values to `variables` on every rank; returns them."""
-    from dtrain.tensorflow.functions import broadcast_variables
-    broadcast_variables(variables, root_rank, name=name)
-    return variables
+    """Assigns rank `root_rank`'s values to `variables` on every rank; returns the assigned
+    values (in a TF1 graph: tensors that do the assignment when evaluated)."""
+    return [v.assign(broadcast(v, root_rank, name=name and f"{name}.{i}"))
+            for i, v in enumerate(variables)]
 
 
 @_whole_job
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
     """Sends splits[j] rows of `tensor` to rank j (equal parts when splits is None); returns
-    what arrived, in rank order, and how many rows came from each rank."""
-    if splits is None:
-        splits = tf.zeros([0], dtype=tf.int32)  # the kernel splits equally
-    else:
-        splits = tf.cast(tf.convert_to_tensor(splits), tf.int32)
-    return _ops.dtrain_alltoall(tensor, splits, tensor_name=name or "")
+    what arrived, in rank order, and (when splits were given, as Horovod's) how many rows came
+    from each rank."""
+    given = splits is not None
+    splits = tf.cast(tf.convert_to_tensor(splits), tf.int32) if given else \
+        tf.zeros([0], dtype=tf.int32)  # the kernel splits equally
+    output, received = _ops.dtrain_alltoall(tensor, splits, tensor_name=name or "")
+    return (output, received) if given else output
 
 
 @tf.RegisterGradient("DtrainAlltoall")

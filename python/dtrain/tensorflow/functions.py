@@ -54,23 +54,36 @@ def broadcast_global_variables(root_rank):
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
+def _value(tensor, session):
+    """The tensor's value: at once when eager, else run in `session` (or the default one, or a
+    session of its own)."""
+    if tf.executing_eagerly():
+        return tensor.numpy()
+    session = session or tf.compat.v1.get_default_session()
+    if session is not None:
+        return session.run(tensor)
+    with tf.compat.v1.Session() as own:
+        return own.run(tensor)
+
+
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
-    """Rank `root_rank`'s picklable `obj`, on every rank."""
+    """Rank `root_rank`'s picklable `obj`, on every rank (in a TF1 graph, run in `session`)."""
     name = name or type(obj).__name__
     payload = pickle.dumps(obj) if rank() == root_rank else b""
-    length = broadcast(tf.constant([len(payload)], dtype=tf.int64), root_rank,
-                       name=f"broadcast_object.{name}.length")
-    data = np.zeros(int(length.numpy()[0]), dtype=np.uint8)
+    length = _value(broadcast(tf.constant([len(payload)], dtype=tf.int64), root_rank,
+                              name=f"broadcast_object.{name}.length"), session)
+    data = np.zeros(int(length[0]), dtype=np.uint8)
     if rank() == root_rank:
         data = np.frombuffer(payload, dtype=np.uint8)
-    data = broadcast(tf.constant(data), root_rank, name=f"broadcast_object.{name}.data")
-    return pickle.load(io.BytesIO(data.numpy().tobytes()))
+    data = _value(broadcast(tf.constant(data), root_rank, name=f"broadcast_object.{name}.data"),
+                  session)
+    return pickle.load(io.BytesIO(data.tobytes()))
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None):
     """A function that broadcasts its argument from `root_rank`, as Horovod's."""
     def fn(obj):
-        return broadcast_object(obj, root_rank, name=name)
+        return broadcast_object(obj, root_rank, session, name=name)
     return fn
 
 
@@ -78,9 +91,9 @@ def allgather_object(obj, session=None, name=None, process_set=None):
     """Every rank's picklable `obj`, in rank order."""
     name = name or type(obj).__name__
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-    lengths = allgather(tf.constant([payload.size], dtype=tf.int64),
-                        name=f"allgather_object.{name}.lengths").numpy()
-    data = allgather(tf.constant(payload), name=f"allgather_object.{name}.data").numpy()
+    lengths = _value(allgather(tf.constant([payload.size], dtype=tf.int64),
+                               name=f"allgather_object.{name}.lengths"), session)
+    data = _value(allgather(tf.constant(payload), name=f"allgather_object.{name}.data"), session)
     objects, start = [], 0
     for n in lengths:
         objects.append(pickle.loads(data[start:start + int(n)].tobytes()))

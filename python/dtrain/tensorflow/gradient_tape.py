@@ -22,11 +22,13 @@ class _Distributed:
 
     def get_local_and_global_gradients(self, target, sources, output_gradients=None,
                                        unconnected_gradients=tf.UnconnectedGradients.NONE):
-        """(the gradients of the local sources, of the others), each in `sources`' order."""
+        """([(source, gradient)] of the local sources, [(source, gradient)] of the others), each
+        in `sources`' order, as Horovod's."""
         grads = self.gradient(target, sources, output_gradients, unconnected_gradients)
         local, others = [], []
         for source, grad in zip(tf.nest.flatten(sources), tf.nest.flatten(grads)):
-            (local if id(source) in self._dtrain_reducer.local else others).append(grad)
+            is_local = id(source) in self._dtrain_reducer.local
+            (local if is_local else others).append((source, grad))
         return local, others
 
 

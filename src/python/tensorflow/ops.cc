@@ -56,9 +56,15 @@ TensorView view_of(const tf::Tensor& t) {
   return TensorView::raw(const_cast<char*>(t.tensor_data().data()), t.TotalBytes());
 }
 
-std::vector<int64_t> shape_of(const tf::TensorShape& s) {
+// The tensor's shape as view_of(t) sees it: a type moved as bytes gets a last dimension of its
+// element's bytes (a scalar becomes one row of them), so that rows keep their meaning.
+std::vector<int64_t> shape_of(const tf::Tensor& t) {
   std::vector<int64_t> shape;
-  for (int d = 0; d < s.dims(); ++d) shape.push_back(s.dim_size(d));
+  for (int d = 0; d < t.dims(); ++d) shape.push_back(t.dim_size(d));
+  if (!dtype_of(t.dtype())) {
+    if (shape.empty()) shape.push_back(1);
+    shape.push_back(static_cast<int64_t>(tf::DataTypeSize(t.dtype())));
+  }
   return shape;
 }
 
@@ -154,7 +160,7 @@ class AllreduceKernel : public CollectiveKernel {
  private:
   void start(Session& session, tf::OpKernelContext* ctx, Session::Done finish) override {
     tf::Tensor* out = in_place_output(ctx);
-    session.allreduce(call_name(), view_of(*out), shape_of(out->shape()), op_, std::move(finish));
+    session.allreduce(call_name(), view_of(*out), shape_of(*out), op_, std::move(finish));
   }
   ReduceOp op_ = ReduceOp::kSum;
 };
@@ -168,7 +174,7 @@ class BroadcastKernel : public CollectiveKernel {
  private:
   void start(Session& session, tf::OpKernelContext* ctx, Session::Done finish) override {
     tf::Tensor* out = in_place_output(ctx);
-    session.broadcast(call_name(), view_of(*out), shape_of(out->shape()), root_, std::move(finish));
+    session.broadcast(call_name(), view_of(*out), shape_of(*out), root_, std::move(finish));
   }
   int root_ = 0;
 };
@@ -181,7 +187,7 @@ class AllgatherKernel : public CollectiveKernel {
   void start(Session& session, tf::OpKernelContext* ctx, Session::Done finish) override {
     const tf::Tensor& in = ctx->input(0);
     session.allgather(
-        call_name(), view_of(in), shape_of(in.shape()),
+        call_name(), view_of(in), shape_of(in),
         [ctx](int64_t rows) { return rows_output(ctx, 0, rows); }, std::move(finish));
   }
 };
@@ -198,7 +204,7 @@ class ReducescatterKernel : public CollectiveKernel {
   void start(Session& session, tf::OpKernelContext* ctx, Session::Done finish) override {
     const tf::Tensor& in = ctx->input(0);
     session.reducescatter(
-        call_name(), view_of(in), shape_of(in.shape()), op_,
+        call_name(), view_of(in), shape_of(in), op_,
         [ctx](int64_t rows) { return rows_output(ctx, 0, rows); }, std::move(finish));
   }
   ReduceOp op_ = ReduceOp::kSum;
@@ -217,7 +223,7 @@ class AlltoallKernel : public CollectiveKernel {
     for (int64_t i = 0; i < flat.size(); ++i) send.push_back(flat(i));
     auto received = std::make_shared<std::vector<int64_t>>();
     session.alltoall(
-        call_name(), view_of(in), shape_of(in.shape()), std::move(send),
+        call_name(), view_of(in), shape_of(in), std::move(send),
         [ctx](int64_t rows) { return rows_output(ctx, 0, rows); }, received,
         [ctx, received, finish = std::move(finish)](std::exception_ptr error) {
           if (!error) {

@@ -21,18 +21,23 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     batch, when the optimizer's slots exist (its update used all-reduced gradients, so the ranks
     then agree)."""
 
-    def __init__(self, root_rank=0, device=""):
+    def __init__(self, root_rank=0, device="", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
+        self.local = {id(v) for v in local_variables or []}  # kept as each rank has them
         self.done = False
 
+    def _shared(self, variables):
+        return [v for v in variables if id(v) not in self.local]
+
     def on_train_begin(self, logs=None):
-        broadcast_variables(self.model.variables, self.root_rank, name="initial")
+        broadcast_variables(self._shared(self.model.variables), self.root_rank, name="initial")
 
     def on_batch_end(self, batch, logs=None):
         if self.done:
             return
-        broadcast_variables(_model_variables(self.model), self.root_rank, name="first_batch")
+        broadcast_variables(self._shared(_model_variables(self.model)), self.root_rank,
+                            name="first_batch")
         self.done = True
 
 
