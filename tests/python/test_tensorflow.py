@@ -1,7 +1,8 @@
 """Horovod's TensorFlow API (`import dtrain.tensorflow as hvd`) in real processes over real
 sockets (tests/python/harness.py): every collective against values computed locally, the ops
 inside tf.function with their gradients, DistributedGradientTape and Keras' model.fit against one
-process on the whole batches, join, and errors; `import dtrain` without TensorFlow."""
+process on the whole batches, join, and errors; Keras against dtrain's parameter servers;
+TensorFlow's own strategy under `dtrain run --tf-config`; `import dtrain` without TensorFlow."""
 import json
 import os
 import subprocess
@@ -71,6 +72,28 @@ def test_tensorflows_own_strategy_runs_under_dtrain_run_with_tf_config():
                        env=dict(os.environ, PYTHONPATH=harness.env_for(0, 1, 0)["PYTHONPATH"]))
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("strategy checked") == 2, p.stdout
+
+
+@pytest.mark.parametrize("consistency", ["sync", "async"])
+def test_keras_fit_against_dtrains_parameter_servers(consistency):
+    p = subprocess.run([DTRAIN, "run", "--servers", "1", "-n", "2", "--", harness.PYTHON,
+                        os.path.join(harness.HERE, "tf_workers.py"), "ps_keras", consistency],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=harness.env_for(0, 1, 0)["PYTHONPATH"]))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("ps_keras checked") == 2, p.stdout
+
+
+def test_the_keras_parameter_server_example_learns():
+    example = os.path.join(ROOT, "examples/python/keras_ps_ctr.py")
+    p = subprocess.run([DTRAIN, "run", "--servers", "2", "-n", "2", "--", harness.PYTHON,
+                        example, "--steps", "100"], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=harness.env_for(0, 1, 0)["PYTHONPATH"]))
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [line for line in p.stdout.splitlines() if "RESULT " in line]
+    assert len(lines) == 1, p.stdout  # worker 0 only
+    result = json.loads(lines[0].split("RESULT ", 1)[1])
+    assert result["test_logloss"] < 0.9 * result["constant_logloss"], result
 
 
 def test_neither_dtrain_nor_dtrain_torch_imports_tensorflow():

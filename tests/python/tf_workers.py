@@ -373,6 +373,47 @@ def strategy():
     print(f"worker {r} of {n}: strategy checked", flush=True)
 
 
+def ps_keras(consistency):
+    """model.fit against dtrain's parameter servers (dtrain run --servers 1): an embedding whose
+    rows live on the servers and a dense part the servers update. Synchronous: the servers end
+    with the weights of one process trained on the whole batches; asynchronous: the loss falls."""
+    import keras
+    import dtrain.tensorflow.ps as ps
+    r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rng = np.random.default_rng(11)
+    per, steps = 8, 5
+    ids = rng.integers(0, 10, size=(per * n * steps, 4))
+    y = (ids.sum(axis=1, keepdims=True) / 10.0).astype(np.float32)
+    mine = np.concatenate([np.arange(s * per * n + r * per, s * per * n + (r + 1) * per)
+                           for s in range(steps)])
+
+    def model_with(embedding):
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((4,), dtype="int64"), embedding,
+                                 keras.layers.Flatten(), keras.layers.Dense(1)])
+
+    model = model_with(ps.Embedding("emb", 3, init="zeros", lr=0.1, consistency=consistency))
+    model.compile(optimizer=ps.ServerOptimizer("sgd", lr=0.1, consistency=consistency),
+                  loss="mse")
+    history = model.fit(ids[mine], y[mine], batch_size=per, epochs=2, shuffle=False, verbose=0)
+    if consistency == "async":
+        losses = history.history["loss"]
+        assert losses[-1] < losses[0], losses
+        print("ps_keras checked", flush=True)
+        return
+    reference = model_with(keras.layers.Embedding(10, 3, embeddings_initializer="zeros"))
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    reference.fit(ids, y, batch_size=per * n, epochs=2, shuffle=False, verbose=0)
+    rows = np.empty((10, 3), np.float32)
+    ps.client().pull_rows("emb", np.arange(10, dtype=np.int64), rows).wait()
+    expect(rows, reference.layers[0].get_weights()[0], "embedding rows on the servers", 1e-4)
+    want = reference.layers[2].get_weights()
+    got = [w for w in model.get_weights() if w.shape != ()]  # the anchor is a scalar
+    for g, w in zip(got, want):
+        expect(g, w, "dense weights from the servers", 1e-4)
+    print("ps_keras checked", flush=True)
+
+
 def join():
     """Rank r runs r + 1 steps; the ranks that ran out of data join and add zeros."""
     hvd.init()
