@@ -153,7 +153,7 @@ def main():
             print(f"round {r + 1}: {which} {runs[which][-1]}", flush=True)
     rate = {k: [x["images_per_sec"] for x in v] for k, v in runs.items()}
     ratios = [a / b for a, b in zip(rate["hvd"], rate["mwms"])]
-    print(f"\n| run | images/s, median [range] | test accuracy |\n|---|---|---|")
+    print("\n| run | images/s, median [range] | test accuracy |\n|---|---|---|")
     names = {"hvd": "Horovod API on dtrain", "mwms": "MultiWorkerMirroredStrategy"}
     for k in ("hvd", "mwms"):
         accuracy = [x.get("test_accuracy") for x in runs[k] if "test_accuracy" in x]

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import harness
@@ -94,6 +95,63 @@ def test_the_keras_parameter_server_example_learns():
     assert len(lines) == 1, p.stdout  # worker 0 only
     result = json.loads(lines[0].split("RESULT ", 1)[1])
     assert result["test_logloss"] < 0.9 * result["constant_logloss"], result
+
+
+def _launch_env():
+    return dict(os.environ, PYTHONPATH=harness.env_for(0, 1, 0)["PYTHONPATH"])
+
+
+def test_elastic_state_resumes_a_restarted_job_from_its_commit(tmp_path):
+    worker = os.path.join(harness.HERE, "tf_workers.py")
+    p = subprocess.run([DTRAIN, "run", "-n", "2", "--", harness.PYTHON, worker, "elastic_fit",
+                        str(tmp_path / "straight.npz"), "0"],
+                       capture_output=True, text=True, timeout=600, env=_launch_env())
+    assert p.returncode == 0, p.stdout + p.stderr
+    # Rank 1 dies after step 7; dtrain run restarts both, which resume from the newest commit.
+    p = subprocess.run([DTRAIN, "run", "-n", "2", "--max-restarts", "1", "--", harness.PYTHON,
+                        worker, "elastic_fit", str(tmp_path / "restarted.npz"), "7"],
+                       capture_output=True, text=True, timeout=600, env=_launch_env())
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "resumed from commit 7" in p.stdout, p.stdout + p.stderr
+    with np.load(tmp_path / "straight.npz") as a, np.load(tmp_path / "restarted.npz") as b:
+        for k in a.files:
+            assert np.array_equal(a[k], b[k]), k
+
+
+def test_a_dead_peer_fails_the_next_call_naming_it():
+    results = tf_run(2, "peer_dies", timeout=120)
+    assert results[0].code == 0, results[0].out
+    assert "peer death named" in results[0].out, results[0].out
+
+
+def test_a_killed_parameter_server_fails_keras_naming_it(tmp_path):
+    port = harness.free_port()
+    cluster = {"ps": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:1"]}
+    env = _launch_env()
+    server = subprocess.Popen(
+        [DTRAIN, "ps-server"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(env, TF_CONFIG=json.dumps({"cluster": cluster,
+                                            "task": {"type": "ps", "index": 0}})))
+    flag = tmp_path / "killed"
+    worker = subprocess.Popen(
+        [harness.PYTHON, os.path.join(harness.HERE, "tf_workers.py"), "ps_server_dies",
+         str(flag)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(env, TF_CONFIG=json.dumps({"cluster": cluster,
+                                            "task": {"type": "worker", "index": 0}})))
+    try:
+        for line in worker.stdout:
+            if "trained" in line:
+                break
+        server.kill()
+        server.wait(timeout=30)
+        flag.touch()
+        out, _ = worker.communicate(timeout=120)
+    finally:
+        for p in (server, worker):
+            if p.poll() is None:
+                p.kill()
+    assert worker.returncode == 0, out
+    assert "server death named" in out, out
 
 
 def test_neither_dtrain_nor_dtrain_torch_imports_tensorflow():

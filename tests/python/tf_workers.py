@@ -414,6 +414,83 @@ def ps_keras(consistency):
     print("ps_keras checked", flush=True)
 
 
+def elastic_fit(out, crash_step):
+    """hvd.elastic under `dtrain run`: 12 steps of a DistributedOptimizer (SGD with momentum), a
+    commit after each; in the first round rank 1 dies after step `crash_step` (0: never). Rank 0
+    saves the final weights to `out`."""
+    import keras
+    import dtrain.tensorflow.keras as khvd
+    crash_step = int(crash_step)
+    khvd.init()
+    r = khvd.rank()
+    model = _model(0)
+    model.compile(optimizer=khvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)),
+                  loss="mse")
+    state = khvd.elastic.KerasState(model, step=0)
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(12, 2, 8, 4)).astype(np.float32)  # step, rank, batch
+    y = x.sum(axis=3, keepdims=True)
+
+    @khvd.elastic.run
+    def train(state):
+        while state.step < 12:
+            model.train_on_batch(x[state.step, r], y[state.step, r])
+            state.step += 1
+            state.commit()
+            if state.step == crash_step and r == 1 and \
+                    os.environ.get("DTRAIN_RESTART_COUNT", "0") == "0":
+                os._exit(3)
+
+    train(state)
+    if r == 0:
+        np.savez(out, *model.get_weights())
+    print(f"rank {r}: elastic training finished at step {state.step}", flush=True)
+
+
+def peer_dies():
+    """Rank 1 leaves mid-job: rank 0's next all-reduce fails fast with a TensorFlow error that
+    carries dtrain's text (which rank, what to do)."""
+    import time
+    hvd.init()
+    r = hvd.rank()
+    hvd.allreduce(tf.ones([4]), op=hvd.Sum, name="before")
+    if r == 1:
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        hvd.allreduce(tf.ones([4]), op=hvd.Sum, name="after")
+        raise AssertionError("an all-reduce with a dead peer succeeded")
+    except tf.errors.OpError as e:
+        elapsed = time.monotonic() - start
+        assert "rank 1" in str(e), str(e)
+        assert elapsed < 30, f"the failure took {elapsed:.1f} s"
+        print(f"peer death named in {elapsed:.1f} s: {type(e).__name__}: "
+              f"{str(e).splitlines()[0][:300]}", flush=True)
+    os._exit(0)  # the session's close would wait for the dead peer
+
+
+def ps_server_dies(flag):
+    """Keras against a parameter server that is killed between two fits (the test kills it):
+    the second fit fails with a TensorFlow error carrying dtrain's text naming the server."""
+    import time
+    import keras
+    import dtrain.tensorflow.ps as ps
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=ps.ServerOptimizer("sgd", lr=0.1, consistency="async"), loss="mse")
+    x = np.ones((16, 4), np.float32)
+    model.fit(x, x[:, :1], batch_size=8, verbose=0)
+    print("trained", flush=True)
+    while not os.path.exists(flag):
+        time.sleep(0.1)
+    try:
+        model.fit(x, x[:, :1], batch_size=8, verbose=0)
+        raise AssertionError("training went on without its server")
+    except tf.errors.OpError as e:
+        assert "ps server 0" in str(e), str(e)
+        print(f"server death named: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    os._exit(0)
+
+
 def join():
     """Rank r runs r + 1 steps; the ranks that ran out of data join and add zeros."""
     hvd.init()

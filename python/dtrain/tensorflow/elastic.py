@@ -30,7 +30,8 @@ import os
 import numpy as np
 
 from dtrain.tensorflow import collectives
-from dtrain.tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+from dtrain.tensorflow.functions import (allgather_object, broadcast_object, broadcast_variables,
+                                         model_variables)
 
 __all__ = ["TensorFlowState", "TensorFlowKerasState", "run"]
 
@@ -121,7 +122,14 @@ class TensorFlowState:
         self._root = every.index(best)
         if collectives.rank() == self._root:
             with np.load(path) as f:
-                for i, v in enumerate(self.variables()):
+                variables = self.variables()
+                stored = len([k for k in f.files if k.startswith("arr_")])
+                if stored != len(variables):
+                    raise ValueError(
+                        f"rank {collectives.rank()}: the commit {path} holds {stored} variables "
+                        f"and this state has {len(variables)}: it was written by another model "
+                        f"or optimizer; remove it (DTRAIN_COMMIT_DIR) to start afresh")
+                for i, v in enumerate(variables):
                     v.assign(f[f"arr_{i}"])
                 for name, value in zip(f["_names"], f["_values"]):
                     old = getattr(self, str(name), 0.0)
@@ -141,11 +149,7 @@ class TensorFlowKerasState(TensorFlowState):
         super().__init__(None, **numbers_)
 
     def variables(self):
-        variables = list(self.model.variables)
-        if self.optimizer is not None:
-            more = self.optimizer.variables
-            variables += list(more() if callable(more) else more)
-        return variables
+        return model_variables(self.model, self.optimizer)
 
 
 def _commit_path(rank):

@@ -30,6 +30,22 @@ def _tf_variable(variable):
     raise ValueError(f"broadcast_variables: {type(variable).__name__} is not a variable")
 
 
+def model_variables(model, optimizer=None):
+    """A Keras model's variables and its optimizer's (built now if it is not yet: its slots
+    exist from the first step on, and a broadcast or a commit must see the same list every
+    time), each once."""
+    variables = list(model.variables)
+    optimizer = optimizer or getattr(model, "optimizer", None)
+    if optimizer is not None:
+        if not getattr(optimizer, "built", True) and model.built:
+            optimizer.build(model.trainable_variables)
+        more = optimizer.variables
+        # Once it has trained, a Keras 3 optimizer lists the model's variables too.
+        seen = {id(v) for v in variables}
+        variables += [v for v in (more() if callable(more) else more) if id(v) not in seen]
+    return variables
+
+
 def broadcast_variables(variables, root_rank, name=None, process_set=None):
     """Assigns rank `root_rank`'s values to `variables` (tf.Variable or Keras variables) on
     every rank."""

@@ -4,16 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from dtrain.tensorflow.collectives import Average, allreduce, size
-from dtrain.tensorflow.functions import broadcast_variables
-
-
-def _model_variables(model):
-    variables = list(model.variables)
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None:
-        more = optimizer.variables
-        variables += list(more() if callable(more) else more)
-    return variables
+from dtrain.tensorflow.functions import broadcast_variables, model_variables
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -36,7 +27,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_batch_end(self, batch, logs=None):
         if self.done:
             return
-        broadcast_variables(self._shared(_model_variables(self.model)), self.root_rank,
+        broadcast_variables(self._shared(model_variables(self.model)), self.root_rank,
                             name="first_batch")
         self.done = True
 
