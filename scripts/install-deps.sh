@@ -6,8 +6,8 @@
 #   scripts/install-deps.sh            packages, and the environment at $DTRAIN_VENV
 #   DTRAIN_VENV=DIR                    where the environment is (default /opt/dtrain/venv)
 #   DTRAIN_TORCH_VERSION=2.15.0        which torch to install into it (default: the one below)
-#   --tensorflow                       also TensorFlow (tensorflow-cpu from PyPI, about 600 MB):
-#                                      the build then has dtrain.tensorflow, and the tests test it
+#   --tensorflow                       also TensorFlow (tensorflow-cpu and tf_keras from PyPI, about
+#                                      600 MB): the build has dtrain.tensorflow, the tests test it
 set -euo pipefail
 
 tensorflow=""
@@ -100,6 +100,12 @@ if [ -n "$tensorflow" ]; then
     echo "install-deps: installing tensorflow-cpu $tf_version from PyPI into $venv (found:" \
          "${have_tf:-none}; about 600 MB)"
     $sudo "$py" -m pip install -q --disable-pip-version-check "tensorflow-cpu==$tf_version"
+  fi
+  # Keras 2 (tf.keras under TF_USE_LEGACY_KERAS=1, which Horovod's own Keras scripts need on
+  # TensorFlow 2.16 and later). Without its dependencies: it names `tensorflow`, whose CPU build
+  # is the tensorflow-cpu above.
+  if ! "$py" -c 'import importlib.util as u; exit(u.find_spec("tf_keras") is None)'; then
+    $sudo "$py" -m pip install -q --disable-pip-version-check --no-deps "tf_keras==$tf_version"
   fi
 fi
 echo "install-deps: done; the Python environment is $venv (python: $py, torch $("$py" -c \

@@ -48,6 +48,19 @@ def test_keras_fit_trains_as_one_process_on_the_whole_batches():
     harness.check_ok(tf_run(2, "keras_fit"))
 
 
+def _has_tf_keras():
+    import importlib.util
+    return importlib.util.find_spec("tf_keras") is not None
+
+
+@pytest.mark.skipif(not _has_tf_keras(), reason="tf_keras (Keras 2) is not installed: "
+                    "scripts/install-deps.sh --tensorflow installs it")
+@pytest.mark.parametrize("kind", ["new", "legacy"])
+def test_keras2_fit_trains_as_one_process(kind):
+    harness.check_ok(harness.run(2, "keras2_fit", kind, backend=None, script="tf_workers.py",
+                                 timeout=300, env={"TF_USE_LEGACY_KERAS": "1"}))
+
+
 def test_keras_fit_at_three_ranks():
     harness.check_ok(tf_run(3, "keras_fit"))
 

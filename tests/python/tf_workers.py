@@ -491,6 +491,52 @@ def ps_server_dies(flag):
     os._exit(0)
 
 
+def keras2_fit(kind):
+    """Keras 2 (tf_keras, tf.keras under TF_USE_LEGACY_KERAS=1, as Horovod's own scripts run on
+    TensorFlow 2.16 and later): model.fit with a DistributedOptimizer around a `kind` ("new" or
+    "legacy") optimizer and the callbacks ends with the weights of one process on the whole
+    batches; with backward_passes_per_step 2 (averaged), those of one process on batches twice
+    as large."""
+    import dtrain.tensorflow.keras as khvd
+    tfk = tf.keras
+    assert tfk.__name__.startswith("tf_keras"), tfk.__name__
+    khvd.init()
+    r, n = khvd.rank(), khvd.size()
+    optimizers = tfk.optimizers.legacy if kind == "legacy" else tfk.optimizers
+    rng = np.random.default_rng(3)
+    per, steps = 8, 6
+    x = rng.normal(size=(per * n * steps, 4)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], np.float32)).astype(np.float32)
+    mine = np.concatenate([np.arange(s * per * n + r * per, s * per * n + (r + 1) * per)
+                           for s in range(steps)])
+
+    def model(seed):
+        tfk.utils.set_random_seed(seed)
+        return tfk.Sequential([tfk.layers.Dense(8, activation="tanh", input_shape=(4,)),
+                               tfk.layers.Dense(1)])
+
+    for passes in (1, 2):
+        reference = model(0)
+        reference.compile(optimizer=optimizers.SGD(0.05), loss="mse")
+        reference.fit(x, y, batch_size=per * n * passes, epochs=2, shuffle=False, verbose=0)
+        trained = model(r)  # the callback makes every rank start from rank 0's weights
+        opt = khvd.DistributedOptimizer(optimizers.SGD(0.05), backward_passes_per_step=passes,
+                                        average_aggregated_gradients=True)
+        trained.compile(optimizer=opt, loss="mse")
+        trained.fit(x[mine], y[mine], batch_size=per, epochs=2, shuffle=False, verbose=0,
+                    callbacks=[khvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                               khvd.callbacks.MetricAverageCallback()])
+        for got, want in zip(trained.get_weights(), reference.get_weights()):
+            expect(got, want, f"Keras 2 ({kind}) weights, {passes} pass(es) per step", 1e-4)
+    plain = tfk.layers.BatchNormalization(axis=1, fused=False)
+    synced = khvd.SyncBatchNormalization(axis=1)
+    xs = np.arange(n * 4 * 2, dtype=np.float32).reshape(n * 4, 2) ** 1.5
+    expect(synced(xs[4 * r:4 * (r + 1)], training=True),
+           plain(xs, training=True).numpy()[4 * r:4 * (r + 1)], "Keras 2 SyncBatchNormalization",
+           1e-4)
+    print("keras2 checked", flush=True)
+
+
 def join():
     """Rank r runs r + 1 steps; the ranks that ran out of data join and add zeros."""
     hvd.init()

@@ -50,13 +50,13 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
 
 
 def local_variables_of(local_layers):
-    """The trainable variables of `local_layers` (one Keras layer, a list of them, or None)."""
-    import keras
+    """The trainable variables of `local_layers` (one Keras layer, Keras 3's or 2's, a list of
+    them, or None)."""
     if local_layers is None:
         return []
-    if isinstance(local_layers, keras.layers.Layer):
+    if hasattr(local_layers, "trainable_weights"):
         local_layers = [local_layers]
-    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+    if not all(hasattr(layer, "trainable_weights") for layer in local_layers):
         raise ValueError("local_layers: every local layer must be a Keras layer")
     return [v for layer in local_layers for v in layer.trainable_weights]
 

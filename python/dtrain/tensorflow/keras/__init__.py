@@ -1,7 +1,8 @@
 """Horovod's Keras API on dtrain (``import dtrain.tensorflow.keras as hvd``): the collectives of
-dtrain.tensorflow, DistributedOptimizer for Keras 3 optimizers, and the callbacks
-(``hvd.callbacks.BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``,
-``LearningRateWarmupCallback``, ``LearningRateScheduleCallback``)."""
+dtrain.tensorflow, DistributedOptimizer for Keras 3 optimizers and for Keras 2's (tf_keras, which
+tf.keras is under TF_USE_LEGACY_KERAS=1, as Horovod's own scripts need on TensorFlow 2.16 and
+later), and the callbacks (``hvd.callbacks.BroadcastGlobalVariablesCallback``,
+``MetricAverageCallback``, ``LearningRateWarmupCallback``, ``LearningRateScheduleCallback``)."""
 import keras
 import tensorflow as tf
 
@@ -10,6 +11,7 @@ from dtrain.tensorflow import (  # noqa: F401
     allgather_object, allreduce, alltoall, broadcast, broadcast_global_variables,
     broadcast_object, broadcast_variables, cross_rank, cross_size, grouped_allreduce, init,
     is_initialized, join, local_rank, local_size, rank, reducescatter, shutdown, size)
+from dtrain.tensorflow.gradient_aggregation import LocalAggregation
 from dtrain.tensorflow.gradient_tape import local_variables_of
 from dtrain.tensorflow.gradients import GradientReducer
 from dtrain.tensorflow.keras import callbacks, elastic  # noqa: F401
@@ -40,6 +42,63 @@ class _Distributed:
         self._dtrain_reducer.register_local(var)
 
 
+class _DistributedKeras2:
+    """Mixed in before a Keras 2 (tf_keras) optimizer's class, new or legacy: apply_gradients
+    (which minimize() and model.fit call) all-reduces the gradients first, unless
+    _compute_gradients, Horovod's hook, already did. With backward_passes_per_step N > 1 the
+    gradients are aggregated locally and applied every N-th step (gradient_aggregation.py); the
+    other steps only count themselves in `iterations`."""
+
+    def _dtrain_reduce(self, grads, variables):
+        if self._agg_helper is None:
+            return self._dtrain_reducer(grads, variables)
+        return self._agg_helper(grads, variables, self._dtrain_reducer)
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        var_list = list(var_list)
+        tape = tape if tape is not None else tf.GradientTape()
+        if callable(loss):
+            with tape:
+                tape.watch(var_list)
+                loss = loss()
+        grads = tape.gradient(loss, var_list, grad_loss)
+        self._dtrain_reduced = True
+        return list(zip(self._dtrain_reduce(grads, var_list), var_list))
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        pairs = list(grads_and_vars)
+        variables = [v for _, v in pairs]
+        if not getattr(self, "_dtrain_reduced", False):
+            pairs = list(zip(self._dtrain_reduce([g for g, _ in pairs], variables), variables))
+        self._dtrain_reduced = False
+        apply = super().apply_gradients
+        if self._agg_helper is None:
+            return apply(pairs, *args, **kwargs)
+        # The slots exist before the branch (no variable may be made inside one).
+        if hasattr(self, "_create_all_weights"):
+            self._create_all_weights(variables)
+        elif not getattr(self, "built", True):
+            self.build(variables)
+
+        def apply_now():
+            apply(pairs, *args, **kwargs)
+
+        def count_only():
+            self.iterations.assign_add(1)
+
+        return tf.cond(self._agg_helper.applies_now(), apply_now, count_only)
+
+    def register_local_var(self, var):
+        """`var`'s gradient stays on this rank (a model-parallel part, say)."""
+        self._dtrain_reducer.register_local(var)
+
+
+def _keras2(optimizer):
+    """Whether `optimizer` is a Keras 2 (tf_keras) optimizer."""
+    return type(optimizer).__module__.split(".")[0] == "tf_keras" or any(
+        c.__module__.split(".")[0] == "tf_keras" for c in type(optimizer).__mro__)
+
+
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
                          compression=Compression.none, sparse_as_dense=False, op=Average,
                          gradient_predivide_factor=1.0, backward_passes_per_step=1,
@@ -50,7 +109,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if process_set is not None:
         raise ValueError("DistributedOptimizer: process sets are not supported by "
                          "dtrain.tensorflow; every call spans the whole job")
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
+    keras2 = _keras2(optimizer)
+    if not keras2 and not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(f"DistributedOptimizer: {type(optimizer).__name__} is not a Keras "
                          f"optimizer; for tf.compat.v1 optimizers use "
                          f"dtrain.tensorflow.DistributedOptimizer")
@@ -58,12 +118,17 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         raise ValueError(f"DistributedOptimizer: backward_passes_per_step must be at least 1, "
                          f"not {backward_passes_per_step}")
     base = type(optimizer)
-    cls = type(base.__name__, (_Distributed, base), {})
+    cls = type(base.__name__, (_DistributedKeras2 if keras2 else _Distributed, base), {})
     config = optimizer.get_config()
-    if backward_passes_per_step > 1:
-        # Keras' own accumulation: the all-reduce then runs once per N steps (_clip_gradients).
+    if backward_passes_per_step > 1 and not keras2:
+        # Keras 3's own accumulation: the all-reduce then runs once per N steps
+        # (_clip_gradients); Keras 2 aggregates in LocalAggregation.
         config["gradient_accumulation_steps"] = backward_passes_per_step
     distributed = cls.from_config(config)
+    if keras2:
+        distributed._agg_helper = None if backward_passes_per_step == 1 else LocalAggregation(
+            backward_passes_per_step, average_aggregated_gradients, sparse_as_dense,
+            f"{base.__name__}_aggregation")
     distributed._dtrain_average_aggregated = average_aggregated_gradients
     distributed._dtrain_variables = []
     distributed._dtrain_reducer = GradientReducer(

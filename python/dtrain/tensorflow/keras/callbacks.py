@@ -1,5 +1,5 @@
-"""Horovod's Keras callbacks on dtrain."""
-import keras
+"""Horovod's Keras callbacks on dtrain, for the Keras tf.keras is: Keras 3, or Keras 2 (tf_keras)
+under TF_USE_LEGACY_KERAS=1."""
 import numpy as np
 import tensorflow as tf
 
@@ -7,7 +7,7 @@ from dtrain.tensorflow.collectives import Average, allreduce, size
 from dtrain.tensorflow.functions import broadcast_variables, model_variables
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class BroadcastGlobalVariablesCallback(tf.keras.callbacks.Callback):
     """Makes every rank start from rank `root_rank`'s model and optimizer state: after the first
     batch, when the optimizer's slots exist (its update used all-reduced gradients, so the ranks
     then agree)."""
@@ -32,7 +32,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.done = True
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(tf.keras.callbacks.Callback):
     """Replaces each epoch's metrics by their average over the ranks; place it before the
     callbacks that read them (checkpoints, early stopping, learning-rate schedules)."""
 
@@ -51,7 +51,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
                 logs[key] = float(averaged.numpy())
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(tf.keras.callbacks.Callback):
     """Sets the learning rate to initial_lr * multiplier(epoch) from start_epoch to end_epoch;
     `staircase`: once per epoch, else at every batch with a fractional epoch."""
 
@@ -88,7 +88,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
-            logs["lr"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            logs["lr"] = float(np.asarray(self.model.optimizer.learning_rate))
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
@@ -108,4 +108,4 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         super().on_epoch_end(epoch, logs)
         if epoch == self.end_epoch - 1 and self.verbose > 0:
             print(f"Epoch {epoch + 1}: finished the learning-rate warmup at "
-                  f"{float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)):g}")
+                  f"{float(np.asarray(self.model.optimizer.learning_rate)):g}")
