@@ -23,12 +23,12 @@ whole, by rename, so a crash mid-write leaves the previous commit). ``@run`` loa
 commit of any rank on the rank that holds it and makes every rank start from it (``sync()``).
 The state's attributes other than the model, optimizer and variables must be numbers.
 """
-import functools
 import numbers
 import os
 
 import numpy as np
 
+from dtrain._elastic_run import elastic_run
 from dtrain.tensorflow import collectives
 from dtrain.tensorflow.functions import (allgather_object, broadcast_object, broadcast_variables,
                                          model_variables)
@@ -163,14 +163,4 @@ def _commit_path(rank):
 def run(function):
     """Runs `function(state, ...)` from the newest commit of the job, if a restart left one,
     with every rank starting from the same state."""
-    @functools.wraps(function)
-    def wrapper(state, *args, **kwargs):
-        if not collectives.is_initialized():
-            collectives.init()
-        resumed = state._resume()
-        state.sync()
-        if resumed:
-            for callback in state._reset_callbacks:
-                callback()
-        return function(state, *args, **kwargs)
-    return wrapper
+    return elastic_run(function, collectives)

@@ -33,10 +33,10 @@ fails, `dtrain run` stops the round and starts every worker again (on the nodes 
 The state's other attributes must be numbers (they are stored as the checkpoint's values).
 """
 import copy
-import functools
 import numbers
 
 from dtrain import _torch
+from dtrain._elastic_run import elastic_run
 from dtrain.torch import collectives
 from dtrain.torch.backend import backend_of
 from dtrain.torch.checkpoint import _finish_load, _model, _optimizer_type
@@ -156,15 +156,5 @@ class TorchState:
 
 def run(function):
     """Runs `function(state, ...)` from the newest commit of the job, if a restart left one,
-    with every rank starting from rank 0's state."""
-    @functools.wraps(function)
-    def wrapper(state, *args, **kwargs):
-        if not collectives.is_initialized():
-            collectives.init()
-        resumed = state._resume()
-        state.sync()
-        if resumed:
-            for callback in state._reset_callbacks:
-                callback()
-        return function(state, *args, **kwargs)
-    return wrapper
+    with every rank starting from the same state."""
+    return elastic_run(function, collectives)

@@ -149,20 +149,28 @@ class CollectiveKernel : public tf::AsyncOpKernel {
   std::string call_name_;
 };
 
-class AllreduceKernel : public CollectiveKernel {
+// A kernel whose op has a reduction (attribute reduce_op: dtrain's ReduceOp code).
+class ReducingKernel : public CollectiveKernel {
  public:
-  explicit AllreduceKernel(tf::OpKernelConstruction* c) : CollectiveKernel(c) {
+  explicit ReducingKernel(tf::OpKernelConstruction* c) : CollectiveKernel(c) {
     int64_t op = 0;
     OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &op));
     op_ = static_cast<ReduceOp>(op);
   }
+
+ protected:
+  ReduceOp op_ = ReduceOp::kSum;
+};
+
+class AllreduceKernel : public ReducingKernel {
+ public:
+  using ReducingKernel::ReducingKernel;
 
  private:
   void start(Session& session, tf::OpKernelContext* ctx, Session::Done finish) override {
     tf::Tensor* out = in_place_output(ctx);
     session.allreduce(call_name(), view_of(*out), shape_of(*out), op_, std::move(finish));
   }
-  ReduceOp op_ = ReduceOp::kSum;
 };
 
 class BroadcastKernel : public CollectiveKernel {
@@ -192,13 +200,9 @@ class AllgatherKernel : public CollectiveKernel {
   }
 };
 
-class ReducescatterKernel : public CollectiveKernel {
+class ReducescatterKernel : public ReducingKernel {
  public:
-  explicit ReducescatterKernel(tf::OpKernelConstruction* c) : CollectiveKernel(c) {
-    int64_t op = 0;
-    OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &op));
-    op_ = static_cast<ReduceOp>(op);
-  }
+  using ReducingKernel::ReducingKernel;
 
  private:
   void start(Session& session, tf::OpKernelContext* ctx, Session::Done finish) override {
@@ -207,7 +211,6 @@ class ReducescatterKernel : public CollectiveKernel {
         call_name(), view_of(in), shape_of(in), op_,
         [ctx](int64_t rows) { return rows_output(ctx, 0, rows); }, std::move(finish));
   }
-  ReduceOp op_ = ReduceOp::kSum;
 };
 
 class AlltoallKernel : public CollectiveKernel {
