@@ -88,7 +88,7 @@ def test_tensorflows_own_strategy_runs_under_dtrain_run_with_tf_config():
     assert p.stdout.count("strategy checked") == 2, p.stdout
 
 
-@pytest.mark.parametrize("consistency", ["sync", "async"])
+@pytest.mark.parametrize("consistency", ["sync", "async", "bounded"])
 def test_keras_fit_against_dtrains_parameter_servers(consistency):
     p = subprocess.run([DTRAIN, "run", "--servers", "1", "-n", "2", "--", harness.PYTHON,
                         os.path.join(harness.HERE, "tf_workers.py"), "ps_keras", consistency],
