@@ -21,15 +21,20 @@ waited for). Errors are ``dtrain.Error`` (a RuntimeError) or one of its kinds:
 """
 from datetime import timedelta
 
+import faulthandler as _faulthandler
+import signal as _signal
+import tempfile as _tempfile
+
 from dtrain._core import (AbortedError, DataLossError, Error, InvalidArgumentError, ParallelLayout,
                           PeerFailureError, ProcessGroup, ProgressReporter,
                           ResourceExhaustedError, TimeoutError, UnavailableError, Work,
-                          announce_resumed)
+                          announce_resumed, dump_flight_record)
+from dtrain._core import _set_python_stack_dump
 from dtrain._core import init_process_group as _init_process_group
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "init", "ProcessGroup", "Work", "ParallelLayout", "ProgressReporter",
-           "announce_resumed", "Error",
+           "announce_resumed", "dump_flight_record", "Error",
            "InvalidArgumentError", "TimeoutError", "PeerFailureError", "AbortedError",
            "DataLossError", "ResourceExhaustedError", "UnavailableError"]
 
@@ -44,3 +49,16 @@ def init(rank=None, world_size=None, init_method=None, timeout=None, name=None):
     if timeout is not None and not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     return _init_process_group(rank, world_size, init_method, timeout, name)
+
+
+def _register_python_stacks():
+    """Lets a flight-record dump (dtrain doctor) show every Python thread's stack: faulthandler
+    writes them, from its signal handler and without the GIL, to a file the dump reads back."""
+    signum = _signal.SIGRTMIN + 5
+    stacks = _tempfile.TemporaryFile()
+    _faulthandler.register(signum, file=stacks, all_threads=True, chain=False)
+    _set_python_stack_dump(int(signum), stacks.fileno())
+    return stacks
+
+
+_python_stacks = _register_python_stacks()

@@ -17,6 +17,7 @@
 #include "comm/cost_model.h"
 #include "comm/cuda_staging.h"
 #include "comm/executor.h"
+#include "comm/flight_recorder.h"
 #include "comm/postmortem.h"
 #include "comm/watchdog.h"
 #include "dtrain/process_group.h"
@@ -114,8 +115,9 @@ class NativeProcessGroup : public ProcessGroup,
   // on this thread otherwise. For ReduceOp::kAvg the result is divided by the group's size on
   // every rank, or on the root of a reduce.
   template <typename Options>
+  // `caller`: the return address in the code that called this group (the flight record's).
   std::shared_ptr<Work> collective(const CollectiveCall& call, const Options& options, size_t bytes,
-                                   Args args);
+                                   Args args, const void* caller);
   // A call on CUDA tensors: `again` (the same call) on host copies of them, through the
   // installed staging (cuda_staging.h), with what is left of the call's timeout.
   template <typename Options, typename Again>
@@ -126,12 +128,14 @@ class NativeProcessGroup : public ProcessGroup,
   // object, no function object, no queue), else through the executor.
   template <typename Body>
   std::shared_ptr<Work> submit(const CollectiveCall& call, std::string_view algorithm,
-                               std::chrono::milliseconds timeout, bool async_op, Body body);
+                               std::chrono::milliseconds timeout, bool async_op, Body body,
+                               const void* caller = nullptr);
   // One run of a collective: its context, the fingerprint check, the watchdog, the agreement
   // of rooted collectives, and on failure the post-mortem.
   template <typename Body>
   void run_collective(const CollectiveWork::Label& label, Deadline deadline,
-                      std::string_view algorithm, const std::exception_ptr& mismatched, Body& body);
+                      std::string_view algorithm, const std::exception_ptr& mismatched, Body& body,
+                      uint64_t flight);
   GroupInfo info() const { return {rank_, size_, name_, "native", "not yet"}; }
   // A collective of this group failed here: mark the group unusable and tell the peers (once).
   void on_collective_failed(uint32_t seq, std::exception_ptr error);
@@ -183,6 +187,10 @@ class NativeProcessGroup : public ProcessGroup,
   CollectiveContext::Buffer workspace_;       // likewise
   CollectiveContext::Persistent persistent_;  // likewise
   CallHistory history_;
+  uint16_t flight_group_ = 0;  // this group's name in the flight recorder
+  // Records a point-to-point call (null for a group the recorder leaves out) and returns the
+  // ticket its work ends.
+  uint64_t record_p2p(FlightCall::Kind kind, size_t bytes, int peer, int tag, const void* caller);
   std::unique_ptr<Watchdog> watchdog_;
 
   std::mutex mu_;  // guards next_seq_, children_, failure_, failed_seq_, mismatch_, mismatch_seq_

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include <fmt/format.h>
@@ -133,6 +134,7 @@ NativeProcessGroup::NativeProcessGroup(std::shared_ptr<Store> store, int rank, i
         "DTRAIN_TRANSPORT)",
         d.transport));
   device_ = std::make_shared<transport::Device>(*store_, d);
+  FlightRecorder::global().set_rank(rank, size);
   start();
   if (size_ > 1 && env::raw(env::kCostFile)) agree_on_costs();
 }
@@ -157,6 +159,7 @@ NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::ve
 }
 
 void NativeProcessGroup::start() {
+  if (!internal()) flight_group_ = FlightRecorder::global().group_id(name_);
   pairs_.assign(size_, nullptr);
   for (int i = 0; i < size_; ++i)
     if (i != rank_) pairs_[i] = device_->pair(members_[i]).get();
@@ -451,6 +454,14 @@ void NativeProcessGroup::fail_internal_groups(std::exception_ptr error) {
 
 // ---- point to point ----
 
+uint64_t NativeProcessGroup::record_p2p(FlightCall::Kind kind, size_t bytes, int peer, int tag,
+                                        const void* caller) {
+  if (internal()) return 0;
+  FlightCall call{.kind = kind, .group = flight_group_, .peer = peer, .tag = tag, .caller = caller};
+  call.call.count = bytes;
+  return FlightRecorder::global().record(call);
+}
+
 std::shared_ptr<Work> NativeProcessGroup::isend(const TensorView& tensor, int dst, int tag,
                                                 const SendOptions& options) {
   if (on_cuda(tensor))
@@ -459,8 +470,10 @@ std::shared_ptr<Work> NativeProcessGroup::isend(const TensorView& tensor, int ds
         [&](auto h, auto left) { return isend(h[0], dst, tag, with_timeout(options, left)); });
   check_peer(info(), dst, tensor, "send");
   uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
+  const uint64_t flight =
+      record_p2p(FlightCall::Kind::kSend, tensor.nbytes(), dst, tag, __builtin_return_address(0));
   return std::make_shared<PairWork>(
-      pair_of(dst).isend(t, tensor.data, tensor.nbytes(), deadline_for(options.timeout)));
+      pair_of(dst).isend(t, tensor.data, tensor.nbytes(), deadline_for(options.timeout)), flight);
 }
 
 std::shared_ptr<Work> NativeProcessGroup::irecv(const TensorView& tensor, int src, int tag,
@@ -471,8 +484,10 @@ std::shared_ptr<Work> NativeProcessGroup::irecv(const TensorView& tensor, int sr
         [&](auto h, auto left) { return irecv(h[0], src, tag, with_timeout(options, left)); });
   check_peer(info(), src, tensor, "recv");
   uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
+  const uint64_t flight =
+      record_p2p(FlightCall::Kind::kRecv, tensor.nbytes(), src, tag, __builtin_return_address(0));
   return std::make_shared<PairWork>(
-      pair_of(src).irecv(t, tensor.data, tensor.nbytes(), deadline_for(options.timeout)));
+      pair_of(src).irecv(t, tensor.data, tensor.nbytes(), deadline_for(options.timeout)), flight);
 }
 
 std::shared_ptr<Work> NativeProcessGroup::irecv_any(const TensorView& tensor, int tag,
@@ -547,7 +562,8 @@ const std::shared_ptr<Work>& finished_work() {
 template <typename Body>
 void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Deadline deadline,
                                         std::string_view algorithm,
-                                        const std::exception_ptr& mismatched, Body& body) {
+                                        const std::exception_ptr& mismatched, Body& body,
+                                        uint64_t flight) {
   const CollectiveCall& call = label.call;
   const uint32_t seq = label.seq;
   CollectiveContext ctx(rank_, size_, pairs_, make_tag(TagSpace::kCollective, group_id_, seq), call,
@@ -557,6 +573,8 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
   device_->expect(group_id_, seq, call.fingerprint());
   DTRAIN_LOG_DEBUG("{} via {}", label.describe(), algorithm);
   watchdog_->enter(seq, call, deadline.limit());
+  FlightRecorder& recorder = FlightRecorder::global();
+  recorder.started(flight);
   try {
     if (mismatched) std::rethrow_exception(mismatched);
     if (auto failed = failure_from(seq)) std::rethrow_exception(failed);
@@ -567,6 +585,8 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
   } catch (...) {
     // Tell the peers first (they fail at once), then ask everyone what they called.
     on_collective_failed(seq, std::current_exception());
+    recorder.ended(flight, false);
+    const std::string record = recorder.dump_on_failure(label.describe() + " failed");
     // When a peer reported an earlier collective failed, that one is what to explain.
     uint32_t failed_seq;
     {
@@ -582,18 +602,22 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
     std::string after = postmortem(failed_seq, entry);
     if (size_ > 1 && failed_seq == seq) after += "; " + watchdog_->arrivals(seq);
     watchdog_->leave();
+    if (!record.empty())
+      after += fmt::format(". Flight record: {} (`dtrain doctor {}` reads every rank's)", record,
+                           std::filesystem::path(record).parent_path().string());
     rethrow_with_context(std::current_exception(), label.describe() + " failed",
                          "Post-mortem: " + after);
   }
   watchdog_->leave();
   history_.finished(seq);
+  recorder.ended(flight, true);
 }
 
 template <typename Body>
 std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                                                  std::string_view algorithm,
                                                  std::chrono::milliseconds timeout, bool async_op,
-                                                 Body body) {
+                                                 Body body, const void* caller) {
   uint32_t seq, failed_seq;
   std::exception_ptr failed, mismatched;
   {
@@ -607,7 +631,16 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
   // Described only when something goes wrong: formatting costs more than a small collective.
   CollectiveWork::Label label{rank_, call, seq, name_};
   history_.called(seq, call);
+  FlightRecorder& recorder = FlightRecorder::global();
+  const uint64_t flight = internal() ? 0
+                                     : recorder.record({.kind = FlightCall::Kind::kCollective,
+                                                        .group = flight_group_,
+                                                        .seq = seq,
+                                                        .call = call,
+                                                        .algorithm = algorithm.data(),
+                                                        .caller = caller});
   if (failed) {
+    recorder.ended(flight, false);
     const std::string since =
         failed_seq == seq ? std::string("a peer failed it")
         : failed_seq == 0
@@ -620,8 +653,8 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
   }
   if (!async_op) {
     std::exception_ptr error;
-    if (executor_->run_inline([&] { run_collective(label, deadline, algorithm, mismatched, body); },
-                              error)) {
+    if (executor_->run_inline(
+            [&] { run_collective(label, deadline, algorithm, mismatched, body, flight); }, error)) {
       if (!error) return finished_work();
       auto work = std::make_shared<CollectiveWork>(nullptr, deadline, label, executor_);
       work->fail(error);
@@ -629,8 +662,8 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
     }
   }
   auto work = std::make_shared<CollectiveWork>(
-      [this, label, deadline, algorithm, mismatched, body = std::move(body)]() mutable {
-        run_collective(label, deadline, algorithm, mismatched, body);
+      [this, label, deadline, algorithm, mismatched, flight, body = std::move(body)]() mutable {
+        run_collective(label, deadline, algorithm, mismatched, body, flight);
       },
       deadline, label, executor_);
   if (async_op)
@@ -652,29 +685,31 @@ std::shared_ptr<Work> NativeProcessGroup::on_host(std::string_view op,
 
 template <typename Options>
 std::shared_ptr<Work> NativeProcessGroup::collective(const CollectiveCall& call, const Options& o,
-                                                     size_t bytes, Args args) {
+                                                     size_t bytes, Args args, const void* caller) {
   std::string_view requested;
   if constexpr (requires { o.algorithm; }) requested = o.algorithm;
   const algo::Algorithm* a = &choose(call.kind, requested, bytes);
   // The average divides where the result lands: every rank, or the root of a reduce.
   const bool average = call.op == ReduceOp::kAvg;
   const int root_only = call.kind == CollectiveKind::kReduce ? call.root : -1;
-  return submit(call, a->name, o.timeout, o.async_op,
-                [this, a, args = std::move(args), average, root_only](CollectiveContext& ctx) {
-                  a->run({.ctx = ctx,
-                          .out = args.out,
-                          .in = args.in,
-                          .op = args.op,
-                          .root = args.root,
-                          .hierarchy = &hierarchy_,
-                          .out_offsets = args.out_blocks.offsets,
-                          .out_sizes = args.out_blocks.sizes,
-                          .in_offsets = args.in_blocks.offsets,
-                          .in_sizes = args.in_blocks.sizes});
-                  if (average && (root_only < 0 || ctx.rank() == root_only))
-                    scale_down(args.out.data, args.out.numel, args.out.dtype,
-                               static_cast<size_t>(ctx.size()));
-                });
+  return submit(
+      call, a->name, o.timeout, o.async_op,
+      [this, a, args = std::move(args), average, root_only](CollectiveContext& ctx) {
+        a->run({.ctx = ctx,
+                .out = args.out,
+                .in = args.in,
+                .op = args.op,
+                .root = args.root,
+                .hierarchy = &hierarchy_,
+                .out_offsets = args.out_blocks.offsets,
+                .out_sizes = args.out_blocks.sizes,
+                .in_offsets = args.in_blocks.offsets,
+                .in_sizes = args.in_blocks.sizes});
+        if (average && (root_only < 0 || ctx.rank() == root_only))
+          scale_down(args.out.data, args.out.numel, args.out.dtype,
+                     static_cast<size_t>(ctx.size()));
+      },
+      caller);
 }
 
 std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
@@ -685,7 +720,7 @@ std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
   check_tensor(info(), t, "broadcast", "the tensor");
   check_root(info(), o.root, "broadcast");
   return collective({CollectiveKind::kBroadcast, t.dtype, ReduceOp::kSum, o.root, t.numel}, o,
-                    t.nbytes(), {.out = t, .root = o.root});
+                    t.nbytes(), {.out = t, .root = o.root}, __builtin_return_address(0));
 }
 
 std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
@@ -696,7 +731,7 @@ std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
   check_tensor(info(), t, "all_reduce", "the tensor");
   check_reduce_op(t.dtype, o.op);
   return collective({CollectiveKind::kAllreduce, t.dtype, o.op, 0, t.numel}, o, t.nbytes(),
-                    {.out = t, .op = o.op});
+                    {.out = t, .op = o.op}, __builtin_return_address(0));
 }
 
 std::shared_ptr<Work> NativeProcessGroup::reduce(const TensorView& t, const ReduceOptions& o) {
@@ -707,7 +742,7 @@ std::shared_ptr<Work> NativeProcessGroup::reduce(const TensorView& t, const Redu
   check_root(info(), o.root, "reduce");
   check_reduce_op(t.dtype, o.op);
   return collective({CollectiveKind::kReduce, t.dtype, o.op, o.root, t.numel}, o, t.nbytes(),
-                    {.out = t, .op = o.op, .root = o.root});
+                    {.out = t, .op = o.op, .root = o.root}, __builtin_return_address(0));
 }
 
 std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const TensorView& in,
@@ -718,7 +753,8 @@ std::shared_ptr<Work> NativeProcessGroup::allgather(const TensorView& out, const
   check_allgather(info(), out, in);
   return collective({CollectiveKind::kAllgather, in.dtype, ReduceOp::kSum, 0, in.numel}, o,
                     in.nbytes(),
-                    {.out = out, .in = in, .out_blocks = Blocks::equal(size_, in.nbytes())});
+                    {.out = out, .in = in, .out_blocks = Blocks::equal(size_, in.nbytes())},
+                    __builtin_return_address(0));
 }
 
 std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, const TensorView& in,
@@ -730,8 +766,8 @@ std::shared_ptr<Work> NativeProcessGroup::allgatherv(const TensorView& out, cons
   check_allgatherv(info(), out, in, counts);
   return collective(
       {CollectiveKind::kAllgatherv, in.dtype, ReduceOp::kSum, 0, digest_counts(counts)}, o,
-      in.nbytes(),
-      {.out = out, .in = in, .out_blocks = Blocks::of(counts, element_size(in.dtype))});
+      in.nbytes(), {.out = out, .in = in, .out_blocks = Blocks::of(counts, element_size(in.dtype))},
+      __builtin_return_address(0));
 }
 
 std::shared_ptr<Work> NativeProcessGroup::gather(const TensorView& out, const TensorView& in,
@@ -741,7 +777,7 @@ std::shared_ptr<Work> NativeProcessGroup::gather(const TensorView& out, const Te
                    [&](auto h, const auto& left) { return gather(h[0], h[1], left); });
   check_gather(info(), out, in, o.root);
   return collective({CollectiveKind::kGather, in.dtype, ReduceOp::kSum, o.root, in.numel}, o,
-                    in.nbytes(), {.out = out, .in = in});
+                    in.nbytes(), {.out = out, .in = in}, __builtin_return_address(0));
 }
 
 std::shared_ptr<Work> NativeProcessGroup::scatter(const TensorView& out, const TensorView& in,
@@ -751,7 +787,7 @@ std::shared_ptr<Work> NativeProcessGroup::scatter(const TensorView& out, const T
                    [&](auto h, const auto& left) { return scatter(h[0], h[1], left); });
   check_scatter(info(), out, in, o.root);
   return collective({CollectiveKind::kScatter, out.dtype, ReduceOp::kSum, o.root, out.numel}, o,
-                    out.nbytes(), {.out = out, .in = in});
+                    out.nbytes(), {.out = out, .in = in}, __builtin_return_address(0));
 }
 
 std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out,
@@ -763,7 +799,7 @@ std::shared_ptr<Work> NativeProcessGroup::reduce_scatter(const TensorView& out,
   check_reduce_scatter(info(), out, in);
   check_reduce_op(in.dtype, o.op);
   return collective({CollectiveKind::kReduceScatter, out.dtype, o.op, 0, out.numel}, o, in.nbytes(),
-                    {.out = out, .in = in, .op = o.op});
+                    {.out = out, .in = in, .op = o.op}, __builtin_return_address(0));
 }
 
 std::shared_ptr<Work> NativeProcessGroup::alltoall(const TensorView& out, const TensorView& in,
@@ -775,7 +811,8 @@ std::shared_ptr<Work> NativeProcessGroup::alltoall(const TensorView& out, const 
   Blocks blocks = Blocks::equal(size_, in.nbytes() / size_);
   return collective({CollectiveKind::kAlltoall, in.dtype, ReduceOp::kSum, 0, in.numel}, o,
                     in.nbytes() / size_,
-                    {.out = out, .in = in, .out_blocks = blocks, .in_blocks = blocks});
+                    {.out = out, .in = in, .out_blocks = blocks, .in_blocks = blocks},
+                    __builtin_return_address(0));
 }
 
 std::shared_ptr<Work> NativeProcessGroup::alltoallv(const TensorView& out,
@@ -795,11 +832,13 @@ std::shared_ptr<Work> NativeProcessGroup::alltoallv(const TensorView& out,
                     {.out = out,
                      .in = in,
                      .out_blocks = Blocks::of(out_counts, element),
-                     .in_blocks = Blocks::of(in_counts, element)});
+                     .in_blocks = Blocks::of(in_counts, element)},
+                    __builtin_return_address(0));
 }
 
 std::shared_ptr<Work> NativeProcessGroup::barrier(const BarrierOptions& o) {
-  return collective({CollectiveKind::kBarrier, DType::kU8, ReduceOp::kSum, 0, 0}, o, 0, {});
+  return collective({CollectiveKind::kBarrier, DType::kU8, ReduceOp::kSum, 0, 0}, o, 0, {},
+                    __builtin_return_address(0));
 }
 
 std::shared_ptr<ProcessGroup> NativeProcessGroup::new_group(const std::vector<int>& ranks) {

@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "comm/flight_recorder.h"
 #include "comm/p2p_work.h"
 #include "comm/wait_time.h"
 
@@ -43,9 +44,30 @@ void exclude_thread_from_wait_time() { wait_depth = 1; }  // every wait is then 
 
 namespace dtrain::comm {
 
+PairWork::PairWork(std::shared_ptr<transport::Request> request, uint64_t flight)
+    : request_(std::move(request)), flight_(flight) {
+  if (flight_ != 0) {
+    auto& recorder = FlightRecorder::global();
+    recorder.set_seq(flight_, static_cast<uint32_t>(request_->seq));
+    recorder.started(flight_);
+  }
+}
+
+PairWork::~PairWork() { note_end(); }
+
+void PairWork::note_end() {
+  if (flight_ == 0) return;
+  const bool done = request_->completion.done();
+  FlightRecorder::global().ended(flight_, done && request_->completion.error() == nullptr);
+  flight_ = 0;
+}
+
 bool PairWork::is_completed() {
   auto& r = *request_;
-  if (r.completion.done()) return true;
+  if (r.completion.done()) {
+    note_end();
+    return true;
+  }
   r.pair->try_progress();
   if (!r.completion.done() && r.deadline.expired()) {
     try {
@@ -53,12 +75,21 @@ bool PairWork::is_completed() {
     } catch (const std::exception&) {
     }
   }
-  return r.completion.done();
+  if (!r.completion.done()) return false;
+  note_end();
+  return true;
 }
 
 void PairWork::wait_until_done(std::optional<std::chrono::milliseconds> timeout) {
   auto& r = *request_;
-  r.pair->wait(r, timeout ? Deadline::after(*timeout) : r.deadline);
+  try {
+    r.pair->wait(r, timeout ? Deadline::after(*timeout) : r.deadline);
+  } catch (...) {
+    if (r.completion.done()) note_end();
+    FlightRecorder::global().dump_on_failure(r.describe() + " failed");
+    throw;
+  }
+  note_end();
 }
 
 }  // namespace dtrain::comm

@@ -138,6 +138,16 @@ struct Var {
   X(kStragglerSeconds, "DTRAIN_STRAGGLER_SECONDS", "10",                                           \
     "Report interval of waits: a collective (lowest waiting rank: who has not arrived), the "      \
     "rendezvous (rank 0: who has not registered), reaching the store. 0 = silent.")                \
+  X(kFlightRecorder, "DTRAIN_FLIGHT_RECORDER", "2000",                                             \
+    "Calls each process keeps in its flight recorder (collectives and point to point), dumped "    \
+    "on a failure, a timeout or SIGUSR2 for `dtrain doctor`. 0 = off.")                            \
+  X(kFlightDir, "DTRAIN_FLIGHT_DIR", "",                                                           \
+    "Where flight records are dumped (rank<r>.json); set by `dtrain run`. Unset: "                 \
+    "$TMPDIR/dtrain-flight.")                                                                      \
+  X(kHangSeconds, "DTRAIN_HANG_SECONDS", "60",                                                     \
+    "`dtrain run` calls a job stuck when a rank has waited in a call this long with no rank "      \
+    "completing one: it dumps every rank's flight record, prints `dtrain doctor`'s diagnosis and " \
+    "stops the job. 0 = never.")                                                                   \
   X(kTimeline, "DTRAIN_TIMELINE", "",                                                              \
     "Chrome-trace events of DDP and the distributed optimizer: trace.json makes rank r write "     \
     "trace.rank<r>.json.")                                                                         \

@@ -13,9 +13,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm/flight_recorder.h"
 #include "common/reduce.h"
 #include "dtrain/error.h"
 #include "dtrain/torch/timeline.h"
+#include "horovod/negotiated_calls.h"
 
 namespace dtrain {
 
@@ -91,6 +93,7 @@ std::vector<int> ranks_where(const std::vector<uint8_t>& flags, bool value) {
 }  // namespace
 
 void Coordinator::Handle::finish(std::exception_ptr error, int last_joined) {
+  comm::FlightRecorder::global().ended(flight_, error == nullptr);
   std::vector<std::function<void(std::exception_ptr)>> callbacks;
   {
     std::lock_guard lock(mutex_);
@@ -146,7 +149,22 @@ void Coordinator::Handle::wait(std::chrono::milliseconds timeout) {
 Coordinator::Coordinator(std::shared_ptr<ProcessGroup> group, CoordinatorOptions options)
     : group_(std::move(group)), options_(options) {
   if (options_.timeout.count() == 0) options_.timeout = group_->timeout();
+  // The negotiation's collectives run every cycle: the recorder keeps the calls they serve.
+  auto& recorder = comm::FlightRecorder::global();
+  recorder.mute(recorder.group_id(group_->name()));
+  flight_group_ = recorder.group_id(options_.name);
   thread_ = std::jthread([this](std::stop_token stop) { loop(stop); });
+}
+
+uint64_t Coordinator::record(const std::string& name, uint8_t kind, DType dtype, uint64_t count,
+                             ReduceOp op) {
+  comm::FlightCall call{
+      .kind = comm::FlightCall::Kind::kNamed, .group = flight_group_, .name = name};
+  call.call.kind = collective_kind_of(kind);  // the callers' codes are Call::Kind's
+  call.call.dtype = dtype;
+  call.call.count = count;
+  call.call.op = op;
+  return comm::FlightRecorder::global().record(call);
 }
 
 Coordinator::~Coordinator() { stop(); }
@@ -215,6 +233,9 @@ std::shared_ptr<Coordinator::Handle> Coordinator::enqueue(Entry entry) {
                     "must be unique among the calls in flight",
                     group_->rank(), options_.name, name));
   entry.handle = handle;
+  handle->flight_ = record(entry.name, entry.call.kind,
+                           entry.call.kind == 0 ? entry.tensor.dtype : entry.call.dtype,
+                           entry.tensor.numel, entry.op);
   incoming_.push_back(std::move(entry));
   return handle;
 }
@@ -235,6 +256,7 @@ std::shared_ptr<Coordinator::Handle> Coordinator::join() {
         group_->rank(), inflight_.size()));
   join_ = handle;
   joined_at_ = std::chrono::system_clock::now();
+  handle->flight_ = record("join", 0, DType::kU8, 0, ReduceOp::kSum);
   return handle;
 }
 

@@ -75,6 +75,7 @@ class Coordinator {
     std::exception_ptr error_;
     int last_joined_ = -1;
     std::vector<std::function<void(std::exception_ptr)>> callbacks_;
+    uint64_t flight_ = 0;  // the call's flight-recorder ticket
     void finish(std::exception_ptr error, int last_joined = -1);
   };
 
@@ -149,6 +150,8 @@ class Coordinator {
   };
   static Request request_of(const Entry& e);
   std::shared_ptr<Handle> enqueue(Entry entry);
+  // A flight record of the named call (comm/flight_recorder.h); its ticket.
+  uint64_t record(const std::string& name, uint8_t kind, DType dtype, uint64_t count, ReduceOp op);
   struct Pending {  // rank 0's table of tensors not yet ready everywhere
     Request request;
     int first_rank = 0;          // the rank whose request is `request`
@@ -178,6 +181,7 @@ class Coordinator {
   void fail(std::exception_ptr error);
 
   std::shared_ptr<ProcessGroup> group_;
+  uint16_t flight_group_ = 0;  // the flight recorder's name for options_.name
   CoordinatorOptions options_;
 
   mutable std::mutex mutex_;  // guards incoming_, inflight_, error_, stats_, stop_requested_,

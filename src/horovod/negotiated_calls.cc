@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm/flight_recorder.h"
 #include "dtrain/error.h"
 
 namespace dtrain {
@@ -58,6 +59,7 @@ Call Call::of(Kind kind, DType dtype, const std::vector<int64_t>& shape, int64_t
               const std::string& name) {
   Call c;
   c.kind = kind;
+  c.label = name;
   c.dtype = static_cast<int64_t>(dtype);
   c.op_or_root = op_or_root;
   c.ndim = static_cast<int64_t>(shape.size());
@@ -127,13 +129,59 @@ Call Call::decode(const int64_t* w) {
   return c;
 }
 
+comm::CollectiveKind collective_kind_of(int64_t kind) {
+  switch (static_cast<Call::Kind>(kind)) {
+    case Call::Kind::kAllgather:
+      return comm::CollectiveKind::kAllgather;
+    case Call::Kind::kBroadcast:
+      return comm::CollectiveKind::kBroadcast;
+    case Call::Kind::kAlltoall:
+      return comm::CollectiveKind::kAlltoall;
+    case Call::Kind::kBarrier:
+    case Call::Kind::kJoin:
+      return comm::CollectiveKind::kBarrier;
+    case Call::Kind::kReducescatter:
+      return comm::CollectiveKind::kReduceScatter;
+    case Call::Kind::kAllreduce:
+      break;
+  }
+  return comm::CollectiveKind::kAllreduce;
+}
+
+comm::CollectiveCall Call::flight_call() const {
+  comm::CollectiveCall c;
+  c.kind = collective_kind_of(static_cast<int64_t>(kind));
+  if (dtype >= 0) c.dtype = static_cast<DType>(dtype);
+  if (c.kind == comm::CollectiveKind::kAllreduce || c.kind == comm::CollectiveKind::kReduceScatter)
+    c.op = static_cast<ReduceOp>(op_or_root);
+  if (c.kind == comm::CollectiveKind::kBroadcast) c.root = static_cast<int>(op_or_root);
+  c.count = kind == Kind::kBarrier || kind == Kind::kJoin ? 0 : static_cast<uint64_t>(count);
+  return c;
+}
+
 NegotiatedCalls::NegotiatedCalls(std::shared_ptr<ProcessGroup> group,
                                  NegotiatedCallsOptions options)
-    : group_(std::move(group)), options_(std::move(options)) {}
+    : group_(std::move(group)), options_(std::move(options)) {
+  // Its agreement and its collectives are the machinery of one call: the record keeps the call.
+  auto& recorder = comm::FlightRecorder::global();
+  recorder.mute(recorder.group_id(group_->name()));
+  flight_group_ = recorder.group_id(options_.name);
+}
 
 void NegotiatedCalls::run(const Call& call, const Body& body) {
   std::lock_guard lock(mutex_);
-  execute(call, body);
+  auto& recorder = comm::FlightRecorder::global();
+  const uint64_t flight = recorder.record({.kind = comm::FlightCall::Kind::kNamed,
+                                           .group = flight_group_,
+                                           .call = call.flight_call(),
+                                           .name = call.label});
+  try {
+    execute(call, body);
+  } catch (...) {
+    recorder.ended(flight, false);
+    throw;
+  }
+  recorder.ended(flight, true);
 }
 
 void NegotiatedCalls::refuse(Call call) {

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/collective.h"
 #include "dtrain/process_group.h"
 
 namespace dtrain {
@@ -47,6 +48,7 @@ struct Call {
   std::array<int64_t, kMaxDims> dims{};
   uint64_t name = 0;     // a hash of the name the caller gave; 0 for an automatic one
   bool refused = false;  // the caller found its own arguments wrong: every rank's call fails
+  std::string label;     // the name itself, for this rank's flight record (not exchanged)
 
   static Call of(Kind kind, DType dtype, const std::vector<int64_t>& shape, int64_t op_or_root,
                  const std::string& name);
@@ -62,7 +64,12 @@ struct Call {
   static constexpr size_t kWords = 7 + kMaxDims;
   std::array<int64_t, kWords> encode() const;
   static Call decode(const int64_t* words);
+  // The call as the flight recorder describes a collective (comm/flight_recorder.h).
+  comm::CollectiveCall flight_call() const;
 };
+
+// The collective a Call::Kind code stands for (0, the Coordinator's all-reduce, too).
+comm::CollectiveKind collective_kind_of(int64_t kind);
 
 struct NegotiatedCallsOptions {
   std::string name = "Horovod API";  // who makes the calls, as errors say it
@@ -104,7 +111,8 @@ class NegotiatedCalls {
 
   std::shared_ptr<ProcessGroup> group_;
   NegotiatedCallsOptions options_;
-  uint64_t rounds_ = 0;  // agreement rounds so far
+  uint16_t flight_group_ = 0;  // the flight recorder's name for options_.name
+  uint64_t rounds_ = 0;        // agreement rounds so far
 
   std::mutex mutex_;  // one call at a time; guards rounds_
 };

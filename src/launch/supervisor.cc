@@ -55,7 +55,8 @@ constexpr std::chrono::milliseconds kBurstLimit{250};
 // warning (no stop, no SIGKILL after it), so that workers with a dtrain::Preemption save and exit
 // for a requeue. SIGTERM, Kubernetes' warning, is passed on and stops the job: SIGKILL follows
 // after --grace-period, which must cover a step and a checkpoint.
-int forwarded_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+// SIGUSR2 asks every worker for its flight record (comm/flight_recorder.h) and stops nothing.
+int forwarded_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
 
 sigset_t supervised_signals() {
   sigset_t set;
@@ -390,6 +391,13 @@ class Run {
                         running_count());
         warned_ = true;
         signal_all(SIGUSR1);
+      } else if (sig == SIGUSR2) {
+        DTRAIN_LOG_INFO("{}: got SIGUSR2; asking {} worker(s) for their flight records",
+                        options_.name, running_count());
+        if (options_.on_sigusr2)
+          options_.on_sigusr2();
+        else
+          signal_all(SIGUSR2);
       } else if (!stopping_) {
         interrupted_by_ = sig;
         DTRAIN_LOG_INFO("{}: got {}; passing it to {} worker(s), SIGKILL in {:g} s", options_.name,

@@ -1,6 +1,7 @@
 // The process supervisor behind `dtrain run`: starts the workers, relays their output line by line
-// with a "[rank N] " prefix, forwards SIGINT/SIGTERM/SIGHUP to them, and when one fails stops the
-// rest (SIGTERM, then SIGKILL after a grace period) and reports the first failure in one line.
+// with a "[rank N] " prefix, forwards SIGINT/SIGTERM/SIGHUP/SIGUSR1/SIGUSR2 to them, and when one
+// fails stops the rest (SIGTERM, then SIGKILL after a grace period) and reports the first failure
+// in one line.
 //
 // One thread does it all with one poll(2) over a signalfd (SIGCHLD and the forwarded signals),
 // the workers' pipes and, for the elastic agent, a stop descriptor. Each worker runs in its own
@@ -82,6 +83,9 @@ struct SupervisorOptions {
   // caller's, not relayed (`dtrain bench` takes its ranks' results this way).
   std::function<bool(int rank, std::string_view line)> take_stdout_line;
   bool report_failure = true;  // write the one-line failure summary at the end
+  // SIGUSR2 to the launcher asks for the workers' flight records: this is called (it signals
+  // the recording processes themselves), else SIGUSR2 goes to every worker's process group.
+  std::function<void()> on_sigusr2;
 };
 
 struct SupervisorResult {

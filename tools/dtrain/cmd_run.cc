@@ -36,6 +36,7 @@
 #include "launch/cpu_binding.h"
 #include "launch/elastic_agent.h"
 #include "launch/gpu_topology.h"
+#include "launch/hang_monitor.h"
 #include "launch/metrics/metrics_endpoint.h"
 #include "launch/supervisor.h"
 #include "launch/tf_config.h"
@@ -329,6 +330,29 @@ int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given
   return launch::run_elastic(o);
 }
 
+// The exit status of a job `dtrain run` stopped because it was stuck (as timeout(1)'s).
+constexpr int kStuckExitCode = 124;
+
+// The workers' DTRAIN_FLIGHT_DIR: the user's, else one for this launch. Records of an earlier
+// job there are removed, so that the hang monitor and `dtrain doctor` read this job's only.
+std::string prepare_flight_dir() {
+  std::string dir = env::get_string(env::kFlightDir);
+  if (dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    dir = fmt::format("{}/dtrain-flight-{}", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                      ::getpid());
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const auto ext = e.path().extension();
+    if (name.rfind("rank", 0) == 0 && (ext == ".json" || ext == ".beat"))
+      std::filesystem::remove(e.path(), ec);
+  }
+  return dir;
+}
+
 int run_job(const RunArgs& a) {
   validate(a);
   // Before the store starts its threads, so that they inherit the blocked signals.
@@ -345,6 +369,11 @@ int run_job(const RunArgs& a) {
     metrics = std::make_unique<launch::MetricsEndpoint>(a.metrics_port, "dtrain run");
     metrics->set_ranks(a.node_rank * a.nproc, a.nproc);
   }
+  const std::string flight_dir = prepare_flight_dir();
+  const double started =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  launch::HangMonitor hang_monitor(
+      {.dir = flight_dir, .hang = env::get_seconds(env::kHangSeconds)});
 
   launch::SupervisorOptions options;
   options.command = a.command;
@@ -375,7 +404,8 @@ int run_job(const RunArgs& a) {
          {"TORCHELASTIC_USE_AGENT_STORE", "True"},
          {"TORCHELASTIC_RESTART_COUNT", "0"},
          {"TORCHELASTIC_MAX_RESTARTS", "0"},
-         {"TORCHELASTIC_RUN_ID", env::get_string(env::kJobId)}}});
+         {"TORCHELASTIC_RUN_ID", env::get_string(env::kJobId)},
+         {std::string(env::kFlightDir.name), flight_dir}}});
     options.workers.back().cpus = launch::cpu_share(local, a.nproc, cpus);
     if (metrics)
       options.workers.back().env.emplace_back(env::kProgressDir.name, metrics->progress_dir());
@@ -414,7 +444,16 @@ int run_job(const RunArgs& a) {
       options.workers.push_back(std::move(spec));
     }
   }
-  return supervisor.run(options);
+  options.stop_fd = hang_monitor.stop_fd();
+  options.on_sigusr2 = [&hang_monitor] { hang_monitor.request_records(); };
+  const launch::SupervisorResult result = supervisor.supervise(options);
+  if (hang_monitor.fired()) return kStuckExitCode;
+  if (result.outcome == launch::SupervisorResult::Outcome::kFailed) {
+    // A failure that wrote flight records (a timeout, a mismatch, a dead peer): what they say.
+    const std::string diagnosis = launch::diagnose_directory(flight_dir, started);
+    if (!diagnosis.empty()) fmt::print(stderr, "{}", diagnosis);
+  }
+  return result.exit_code;
 }
 
 }  // namespace

@@ -1,0 +1,182 @@
+// `dtrain run` and `dtrain doctor` on jobs with a fault in them (fault_worker.cc): a rank that
+// skips a collective, one stuck in compute, ranks calling collectives in another order, a
+// send/recv deadlock, a rank 3x slower than the rest. With DTRAIN_HANG_SECONDS=10 the launcher
+// names the right rank and call within 15 s of the hang and stops the job (exit 124); `dtrain
+// doctor` reads the same records again, as text and as JSON. Plus records it must refuse.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "support/temp_dir.h"
+
+namespace dtrain::testing {
+namespace {
+
+using json = nlohmann::json;
+
+const std::string kBin = DTRAIN_BIN_DIR;
+
+struct Job {
+  CommandResult run;
+  std::string dir;  // the flight records
+};
+
+Job run_faulty(const std::string& fault, int ranks, const TempDir& dir, int steps = 10) {
+  Job job;
+  job.dir = dir.path + "/flight";
+  job.run =
+      run_command({kBin + "/dtrain", "run", "-n", std::to_string(ranks), "--",
+                   kBin + "/fault_worker", "--fault", fault, "--steps", std::to_string(steps)},
+                  {.env = {{"DTRAIN_HANG_SECONDS", "10"}, {"DTRAIN_FLIGHT_DIR", job.dir}},
+                   .timeout = std::chrono::seconds(120)});
+  return job;
+}
+
+json doctor_json(const std::string& dir, int expected_exit) {
+  auto r = run_command({kBin + "/dtrain", "doctor", dir, "--json"});
+  EXPECT_EQ(r.exit_code, expected_exit) << r.output;
+  return json::parse(r.output.substr(r.output.find('{')));
+}
+
+// The hang is at step 6, about 0.1 s after the job starts; the workers start in about 1 s.
+constexpr double kNamedWithin = 1 + 10 + 15;
+
+TEST(Doctor, ARankStuckInComputeIsNamedWithTheCollectiveTheOthersWaitIn) {
+  TempDir dir;
+  const Job job = run_faulty("compute", 3, dir);
+  EXPECT_EQ(job.run.exit_code, 124) << job.run.output;
+  EXPECT_LT(job.run.seconds, kNamedWithin) << job.run.output;
+  const std::string& out = job.run.output;
+  EXPECT_NE(out.find("no rank has completed a call for 10"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank 1 never entered collective #6 of group world, "
+                     "all_reduce(f32, 256, sum), in which ranks 0, 2 have waited"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("rank 1: it has made no call for"), std::string::npos) << out;
+  // Where it is: its thread's C++ stack, in a sleep.
+  EXPECT_NE(out.find("nanosleep", out.find("rank 1: it has made no call")), std::string::npos)
+      << out;
+  const json d = doctor_json(job.dir, 1);
+  ASSERT_FALSE(d["findings"].empty()) << d.dump(1);
+  EXPECT_EQ(d["findings"][0]["kind"], "never_entered");
+  EXPECT_EQ(d["findings"][0]["ranks"], json::array({1}));
+  EXPECT_EQ(d["findings"][0]["seq"], 6);
+  EXPECT_EQ(d["records"].size(), 3u);
+}
+
+TEST(Doctor, ARankThatSkipsACollectiveIsNamedWithWhatItWaitsInInstead) {
+  TempDir dir;
+  const Job job = run_faulty("skip", 2, dir);
+  EXPECT_EQ(job.run.exit_code, 124) << job.run.output;
+  EXPECT_LT(job.run.seconds, kNamedWithin) << job.run.output;
+  EXPECT_NE(job.run.output.find("rank 1 never entered collective #6 of group world"),
+            std::string::npos)
+      << job.run.output;
+  EXPECT_NE(job.run.output.find("rank 1: it waits in recv(1024 bytes from rank 0, tag 7)"),
+            std::string::npos)
+      << job.run.output;
+}
+
+TEST(Doctor, RanksCallingCollectivesInAnotherOrderFailAtOnceAndTheFirstDifferenceIsNamed) {
+  TempDir dir;
+  const Job job = run_faulty("order", 3, dir);
+  EXPECT_EQ(job.run.exit_code, 1) << job.run.output;
+  EXPECT_LT(job.run.seconds, kNamedWithin) << job.run.output;
+  // The launcher prints the diagnosis of the records the failure wrote, after its summary.
+  EXPECT_NE(job.run.output.find("The ranks disagree at collective #6 of group world: ranks 0, 2 "
+                                "called all_reduce(f32, 256, sum); rank 1 called "
+                                "broadcast(f32, 256, root 0)"),
+            std::string::npos)
+      << job.run.output;
+  const json d = doctor_json(job.dir, 1);
+  EXPECT_EQ(d["findings"][0]["kind"], "mismatch");
+  EXPECT_EQ(d["findings"][0]["ranks"], json::array({1}));
+}
+
+TEST(Doctor, ASendRecvDeadlockIsNamedAsACycle) {
+  TempDir dir;
+  const Job job = run_faulty("p2p", 2, dir);
+  EXPECT_EQ(job.run.exit_code, 124) << job.run.output;
+  EXPECT_LT(job.run.seconds, kNamedWithin) << job.run.output;
+  EXPECT_NE(job.run.output.find("Point-to-point deadlock: rank 0 waits in recv(1024 bytes from "
+                                "rank 1, tag 0)"),
+            std::string::npos)
+      << job.run.output;
+  EXPECT_NE(job.run.output.find("rank 1 waits in recv(1024 bytes from rank 0, tag 0)"),
+            std::string::npos)
+      << job.run.output;
+  const json d = doctor_json(job.dir, 1);
+  EXPECT_EQ(d["findings"][0]["kind"], "deadlock");
+  EXPECT_EQ(d["findings"][0]["ranks"], json::array({0, 1}));
+}
+
+TEST(Doctor, ARankThreeTimesSlowerIsNamedWhileTheJobRunsAndInItsRecords) {
+  TempDir dir;
+  // About 13 s of steps: one 10 s window of the launcher's slow-rank check.
+  const Job job = run_faulty("slow", 3, dir, 420);
+  EXPECT_EQ(job.run.exit_code, 0) << job.run.output;
+  EXPECT_NE(job.run.output.find("dtrain run: rank 1 is slow: "), std::string::npos)
+      << job.run.output;
+  EXPECT_EQ(job.run.output.find("is slow", job.run.output.find("is slow") + 1), std::string::npos)
+      << "named once: " << job.run.output;
+  EXPECT_EQ(job.run.output.find("no rank has completed"), std::string::npos) << job.run.output;
+}
+
+TEST(Doctor, TheRecordsOfARunningJobNameTheSlowRankByHowMuch) {
+  TempDir dir;
+  const std::string flight = dir.path + "/flight";
+  // SIGUSR2 to the launcher: every worker writes its record, and the job goes on.
+  auto job =
+      run_command({"sh", "-c",
+                   fmt::format("{0}/dtrain run -n 3 -- {0}/fault_worker --fault slow --steps 200 & "
+                               "sleep 4; kill -USR2 $!; wait $!",
+                               kBin)},
+                  {.env = {{"DTRAIN_FLIGHT_DIR", flight}}, .timeout = std::chrono::seconds(60)});
+  EXPECT_EQ(job.exit_code, 0) << job.output;
+  const json d = doctor_json(flight, 1);
+  ASSERT_EQ(d["findings"].size(), 1u) << d.dump(1);
+  EXPECT_EQ(d["findings"][0]["kind"], "slow");
+  EXPECT_EQ(d["findings"][0]["ranks"], json::array({1}));
+  const std::string text = d["findings"][0]["text"];
+  // 30 ms against 10 ms of compute a step: about 3x the others' time outside collectives.
+  const double factor = std::stod(text.substr(text.find("slow: ") + 6));
+  EXPECT_GT(factor, 2.0) << text;
+  EXPECT_LT(factor, 4.5) << text;
+}
+
+TEST(Doctor, AHealthyJobRunsToItsEndWithNoWordFromTheMonitor) {
+  TempDir dir;
+  const Job job = run_faulty("none", 2, dir);
+  EXPECT_EQ(job.run.exit_code, 0) << job.run.output;
+  EXPECT_NE(job.run.output.find("DONE 10 steps"), std::string::npos) << job.run.output;
+  EXPECT_EQ(job.run.output.find("dtrain doctor"), std::string::npos) << job.run.output;
+}
+
+TEST(Doctor, RefusesADirectoryWithoutRecordsAndACutRecordNamingTheFile) {
+  TempDir dir;
+  auto empty = run_command({kBin + "/dtrain", "doctor", dir.path});
+  EXPECT_EQ(empty.exit_code, 2) << empty.output;
+  EXPECT_NE(empty.output.find("no flight records (rank<R>.json) in " + dir.path), std::string::npos)
+      << empty.output;
+  std::ofstream(dir.path + "/rank0.json")
+      << R"({"format": "dtrain-flight-1", "rank": 0, "calls": [)";
+  auto cut = run_command({kBin + "/dtrain", "doctor", dir.path});
+  EXPECT_EQ(cut.exit_code, 2) << cut.output;
+  EXPECT_NE(cut.output.find(dir.path + "/rank0.json is not a whole flight record"),
+            std::string::npos)
+      << cut.output;
+  std::ofstream(dir.path + "/rank0.json") << R"({"format": "something-else"})";
+  auto other = run_command({kBin + "/dtrain", "doctor", dir.path});
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("is not a dtrain flight record (format something-else"),
+            std::string::npos)
+      << other.output;
+}
+
+}  // namespace
+}  // namespace dtrain::testing
