@@ -27,11 +27,11 @@
 namespace dtrain::comm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
+// The kernel's coarse monotonic clock (see the header): the recorder's only clock.
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  return t.tv_sec * 1'000'000'000 + t.tv_nsec;
 }
 
 int this_thread_id() {
@@ -206,8 +206,8 @@ void FlightRecorder::set_rank(int rank, int world_size) {
   auto* beat = new (page) FlightBeat();
   beat->pid = getpid();
   beat->rank = rank;
+  beat->recorded.store(local_beat_.recorded.load());
   beat->completed.store(local_beat_.completed.load());
-  beat->in_calls.store(local_beat_.in_calls.load());
   beat->inside_ns.store(local_beat_.inside_ns.load());
   beat_ = beat;  // set before this process's world group makes its first call
 }
@@ -218,7 +218,7 @@ void FlightRecorder::mute(uint16_t group) {
 
 uint64_t FlightRecorder::record(const FlightCall& call) {
   if (capacity_ == 0 || muted(call.group)) return 0;
-  const uint64_t ticket = next_.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t ticket = beat_->recorded.fetch_add(1, std::memory_order_relaxed) + 1;
   Slot& s = slots_[ticket % capacity_];
   constexpr auto r = std::memory_order_relaxed;
   s.ticket.store(0, r);
@@ -250,7 +250,6 @@ uint64_t FlightRecorder::record(const FlightCall& call) {
   s.started_ns.store(0, r);
   s.ended_ns.store(0, r);
   s.ticket.store(ticket, std::memory_order_release);
-  beat_->in_calls.fetch_add(1, r);
   return ticket;
 }
 
@@ -282,13 +281,9 @@ void FlightRecorder::ended(uint64_t ticket, bool ok) {
     s.state.store(static_cast<uint8_t>(ok ? State::kCompleted : State::kFailed), r);
   }
   FlightBeat& beat = *beat_;
-  beat.in_calls.fetch_sub(1, r);
   beat.completed.fetch_add(1, r);
-  if (since != 0) beat.inside_ns.fetch_add(now - since, r);
-  beat.last_end_unix_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  std::chrono::system_clock::now().time_since_epoch())
-                                  .count(),
-                              r);
+  // The coarse clock makes most short calls 0 ns long: nothing to add then.
+  if (since != 0 && now > since) beat.inside_ns.fetch_add(now - since, r);
 }
 
 void FlightRecorder::set_python_stacks(int signal, int fd) {
@@ -316,11 +311,11 @@ std::string FlightRecorder::dump_on_failure(std::string_view reason) {
 std::string FlightRecorder::dump(std::string_view reason) {
   using nlohmann::json;
   std::lock_guard lock(dump_mu_);
-  const int64_t steady_now = now_ns();
+  const int64_t clock_now = now_ns();
   const auto unix_now = std::chrono::system_clock::now();
   const double unix_s = std::chrono::duration<double>(unix_now.time_since_epoch()).count();
   auto to_unix = [&](int64_t ns) {
-    return ns == 0 ? json(nullptr) : json(unix_s - (steady_now - ns) * 1e-9);
+    return ns == 0 ? json(nullptr) : json(unix_s - (clock_now - ns) * 1e-9);
   };
   std::vector<std::string> groups;
   {
@@ -328,7 +323,7 @@ std::string FlightRecorder::dump(std::string_view reason) {
     groups = group_names_;
   }
   json calls = json::array();
-  const uint64_t end = next_.load();
+  const uint64_t end = beat_->recorded.load() + 1;
   const uint64_t begin = end > capacity_ ? end - capacity_ : 1;
   constexpr auto r = std::memory_order_relaxed;
   for (uint64_t t = begin; t < end && capacity_ > 0; ++t) {
@@ -417,7 +412,7 @@ std::string FlightRecorder::dump(std::string_view reason) {
            {"reason", reason},
            {"time", unix_s},
            {"completed", beat.completed.load()},
-           {"in_calls", beat.in_calls.load()},
+           {"in_calls", beat.in_calls()},
            {"capacity", capacity_},
            {"calls", std::move(calls)},
            {"threads", std::move(threads)},

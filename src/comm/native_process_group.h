@@ -131,11 +131,12 @@ class NativeProcessGroup : public ProcessGroup,
                                std::chrono::milliseconds timeout, bool async_op, Body body,
                                const void* caller = nullptr);
   // One run of a collective: its context, the fingerprint check, the watchdog, the agreement
-  // of rooted collectives, and on failure the post-mortem.
+  // of rooted collectives, and on failure the post-mortem. `flight`: its flight-recorder ticket;
+  // `queued`: it waited in the executor's queue (else it runs as it was called).
   template <typename Body>
   void run_collective(const CollectiveWork::Label& label, Deadline deadline,
                       std::string_view algorithm, const std::exception_ptr& mismatched, Body& body,
-                      uint64_t flight);
+                      uint64_t flight, bool queued);
   GroupInfo info() const { return {rank_, size_, name_, "native", "not yet"}; }
   // A collective of this group failed here: mark the group unusable and tell the peers (once).
   void on_collective_failed(uint32_t seq, std::exception_ptr error);

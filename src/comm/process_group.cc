@@ -563,7 +563,7 @@ template <typename Body>
 void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Deadline deadline,
                                         std::string_view algorithm,
                                         const std::exception_ptr& mismatched, Body& body,
-                                        uint64_t flight) {
+                                        uint64_t flight, bool queued) {
   const CollectiveCall& call = label.call;
   const uint32_t seq = label.seq;
   CollectiveContext ctx(rank_, size_, pairs_, make_tag(TagSpace::kCollective, group_id_, seq), call,
@@ -574,7 +574,8 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
   DTRAIN_LOG_DEBUG("{} via {}", label.describe(), algorithm);
   watchdog_->enter(seq, call, deadline.limit());
   FlightRecorder& recorder = FlightRecorder::global();
-  recorder.started(flight);
+  // A call run inline starts as it is recorded (the coarse clock could not tell them apart).
+  if (queued) recorder.started(flight);
   try {
     if (mismatched) std::rethrow_exception(mismatched);
     if (auto failed = failure_from(seq)) std::rethrow_exception(failed);
@@ -654,7 +655,8 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
   if (!async_op) {
     std::exception_ptr error;
     if (executor_->run_inline(
-            [&] { run_collective(label, deadline, algorithm, mismatched, body, flight); }, error)) {
+            [&] { run_collective(label, deadline, algorithm, mismatched, body, flight, false); },
+            error)) {
       if (!error) return finished_work();
       auto work = std::make_shared<CollectiveWork>(nullptr, deadline, label, executor_);
       work->fail(error);
@@ -663,7 +665,7 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
   }
   auto work = std::make_shared<CollectiveWork>(
       [this, label, deadline, algorithm, mismatched, flight, body = std::move(body)]() mutable {
-        run_collective(label, deadline, algorithm, mismatched, body, flight);
+        run_collective(label, deadline, algorithm, mismatched, body, flight, true);
       },
       deadline, label, executor_);
   if (async_op)

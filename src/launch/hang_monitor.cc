@@ -43,14 +43,14 @@ std::vector<Beat> read_beats(const std::string& dir) {
     struct Raw {
       uint64_t magic;
       int64_t pid, rank;
-      uint64_t completed;
-      int64_t in_calls, inside_ns, last_end_unix_ns;
+      uint64_t recorded, completed;
+      int64_t inside_ns;
     } raw{};
     static_assert(sizeof(Raw) == sizeof(comm::FlightBeat));
     if (::pread(fd.get(), &raw, sizeof raw, 0) != static_cast<ssize_t>(sizeof raw)) continue;
     if (raw.magic != comm::FlightBeat::kMagic) continue;
-    beats.push_back(
-        {static_cast<int>(raw.rank), raw.pid, raw.completed, raw.in_calls, raw.inside_ns});
+    beats.push_back({static_cast<int>(raw.rank), raw.pid, raw.completed,
+                     static_cast<int64_t>(raw.recorded - raw.completed), raw.inside_ns});
   }
   std::sort(beats.begin(), beats.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
   return beats;
