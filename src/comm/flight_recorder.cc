@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -284,6 +285,24 @@ void FlightRecorder::ended(uint64_t ticket, bool ok) {
   beat.completed.fetch_add(1, r);
   // The coarse clock makes most short calls 0 ns long: nothing to add then.
   if (since != 0 && now > since) beat.inside_ns.fetch_add(now - since, r);
+}
+
+std::string exit_word_path(const std::string& dir, int rank) {
+  return fmt::format("{}/rank{}.exit", dir, rank);
+}
+
+std::string launcher_exit_word(int rank, std::chrono::milliseconds wait) {
+  const std::string dir = env::get_string(env::kFlightDir);
+  if (dir.empty() || rank < 0) return "";
+  const std::string path = exit_word_path(dir, rank);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    std::ifstream in(path);
+    std::string word;
+    if (in && std::getline(in, word) && !word.empty()) return word;
+    if (std::chrono::steady_clock::now() >= deadline) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 void FlightRecorder::set_python_stacks(int signal, int fd) {

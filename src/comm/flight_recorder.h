@@ -71,6 +71,14 @@ struct FlightBeat {
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
+// DIR/rank<R>.exit, beside the records: `dtrain run`'s word on how rank R's process ended ("failed
+// with exit code 1", "was killed by SIGKILL (Killed)"), written as it is reaped, so that a peer
+// whose connection to it closed can say that it failed rather than that it left.
+std::string exit_word_path(const std::string& dir, int rank);
+// The launcher's word on world rank `rank`'s exit, waiting up to `wait` for it (the launcher
+// reaps a process after its connections have closed); "" without a launcher or a word.
+std::string launcher_exit_word(int rank, std::chrono::milliseconds wait);
+
 class FlightRecorder {
  public:
   // The process's recorder (never destroyed: threads may record until the process ends).

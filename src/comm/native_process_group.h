@@ -142,6 +142,9 @@ class NativeProcessGroup : public ProcessGroup,
   void on_collective_failed(uint32_t seq, std::exception_ptr error);
   // What went wrong with collective `seq` everywhere, from the store (see postmortem.h).
   std::string postmortem(uint32_t seq, const std::string& entry);
+  // ": rank 1's process failed with exit code 1 (dtrain run)" for the peers whose connection
+  // closed and whose launcher says they failed; "" otherwise.
+  std::string peers_failed() const;
   void start();
   Deadline deadline_for(std::chrono::milliseconds timeout) const {
     return Deadline::after(timeout.count() > 0 ? timeout : timeout_);

@@ -381,8 +381,13 @@ std::string NativeProcessGroup::postmortem(uint32_t seq, const std::string& entr
         switch (device_->pair(members_[r])->broken_by()) {
           case transport::Pair::BrokenBy::kNothing:
             return std::nullopt;
-          case transport::Pair::BrokenBy::kPeer:
+          case transport::Pair::BrokenBy::kPeer: {
+            // Under `dtrain run`, how its process ended: it failed, rather than left.
+            const std::string word =
+                launcher_exit_word(members_[r], std::chrono::milliseconds(2000));
+            if (!word.empty()) return fmt::format("gone: its process {} (dtrain run)", word);
             return "gone (its connection broke)";
+          }
           case transport::Pair::BrokenBy::kTimeout:
             // A stopped (SIGSTOP) or stuck rank: alive, silent, its connection closed by us.
             return "did not answer within the limit (stopped or stuck: the connection was "
@@ -392,6 +397,18 @@ std::string NativeProcessGroup::postmortem(uint32_t seq, const std::string& entr
         }
         return std::nullopt;
       });
+}
+
+std::string NativeProcessGroup::peers_failed() const {
+  std::string out;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || pairs_[r]->broken_by() != transport::Pair::BrokenBy::kPeer) continue;
+    // The post-mortem waited for the launcher's word already.
+    const std::string word = launcher_exit_word(members_[r], std::chrono::milliseconds(0));
+    if (!word.empty() && word != "exited with code 0")
+      out += fmt::format("{} rank {}'s process {} (dtrain run)", out.empty() ? ":" : ";", r, word);
+  }
+  return out;
 }
 
 NativeProcessGroup::~NativeProcessGroup() {
@@ -606,7 +623,7 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
     if (!record.empty())
       after += fmt::format(". Flight record: {} (`dtrain doctor {}` reads every rank's)", record,
                            std::filesystem::path(record).parent_path().string());
-    rethrow_with_context(std::current_exception(), label.describe() + " failed",
+    rethrow_with_context(std::current_exception(), label.describe() + " failed" + peers_failed(),
                          "Post-mortem: " + after);
   }
   watchdog_->leave();

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "comm/flight_recorder.h"
 #include "dtrain/error.h"
 
 namespace dtrain::launch {
@@ -484,13 +485,24 @@ Diagnosis diagnose(const std::vector<RankRecord>& records) {
   for (int r = 0; r < world; ++r)
     if (!present.count(r)) missing.push_back(r);
   if (!missing.empty()) {
+    // The launcher's word on how they ended, where it left one beside the records.
+    std::vector<std::string> words;
+    const std::string dir = std::filesystem::path(records[0].path).parent_path().string();
+    for (int r : missing) {
+      std::ifstream in(comm::exit_word_path(dir, r));
+      std::string word;
+      if (in && std::getline(in, word) && !word.empty())
+        words.push_back(fmt::format("rank {}'s process {} (dtrain run)", r, word));
+    }
     Finding f;
     f.kind = "missing";
     f.ranks = missing;
     f.text = fmt::format(
-        "No record from {} of {}: {} died, or could not write its record (a process stopped by "
-        "SIGSTOP or stuck in the kernel does not answer SIGUSR2).",
-        ranks_text(missing), world, missing.size() == 1 ? "it" : "they");
+        "No record from {} of {}: {}.", ranks_text(missing), world,
+        words.empty() ? fmt::format("{} died, or could not write its record (a process stopped "
+                                    "by SIGSTOP or stuck in the kernel does not answer SIGUSR2)",
+                                    missing.size() == 1 ? "it" : "they")
+                      : fmt::format("{}", fmt::join(words, "; ")));
     d.findings.push_back(std::move(f));
   }
   return d;

@@ -425,6 +425,7 @@ class Run {
       w.running = false;
       if (WIFEXITED(status)) w.exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) w.signal = WTERMSIG(status);
+      if (options_.on_exit) options_.on_exit(exit_of(w));
       // A worker that saved its state for a requeue (dtrain::Preemption) did not fail, whether
       // it was warned through us or not.
       if (w.signal == 0 && w.exit_code == Preemption::kRequeueExitCode) {
@@ -829,9 +830,9 @@ std::string WorkerExit::how() const {
     return fmt::format(
         "did not answer its peers (stopped or stuck: still running when {} failed naming it)",
         silent_per);
-  return signal != 0
-             ? fmt::format("was killed by {} ({})", signal_name(signal), ::strsignal(signal))
-             : fmt::format("failed with exit code {}", exit_code);
+  if (signal != 0)
+    return fmt::format("was killed by {} ({})", signal_name(signal), ::strsignal(signal));
+  return exit_code == 0 ? "exited with code 0" : fmt::format("failed with exit code {}", exit_code);
 }
 
 }  // namespace dtrain::launch

@@ -83,6 +83,9 @@ struct SupervisorOptions {
   // caller's, not relayed (`dtrain bench` takes its ranks' results this way).
   std::function<bool(int rank, std::string_view line)> take_stdout_line;
   bool report_failure = true;  // write the one-line failure summary at the end
+  // Called with every worker as it exits (successfully or not), before any other is stopped for
+  // it: `dtrain run` leaves the word for the worker's peers (see cmd_run.cc).
+  std::function<void(const WorkerExit&)> on_exit;
   // SIGUSR2 to the launcher asks for the workers' flight records: this is called (it signals
   // the recording processes themselves), else SIGUSR2 goes to every worker's process group.
   std::function<void()> on_sigusr2;

@@ -3,7 +3,7 @@ DTRAIN_HANG_SECONDS): each step all-reduces a gradient and a loss, through torch
 backend "dtrain" or through the Horovod API (`import dtrain.torch as hvd`: the gradient with the
 blocking allreduce, the loss with allreduce_async and synchronize, a metric's usual pattern).
 
-    python fault_workers.py torch|hvd none|skip|compute|order|p2p|slow [STEPS]
+    python fault_workers.py torch|hvd none|skip|compute|order|p2p|slow|raise [STEPS]
 
   skip     rank 1 skips step 6's all-reduce (torch: of the gradient, and waits for a message from
            rank 0 instead; hvd: of the loss, and goes on to the next step's gradient)
@@ -11,6 +11,7 @@ blocking allreduce, the loss with allreduce_async and synchronize, a metric's us
   order    from step 6, rank 1 calls its two all-reduces in the other order
   p2p      (torch) at step 6, ranks 0 and 1 both receive from each other first: a deadlock
   slow     rank 1 computes 3x as long as the others every step (30 ms against 10 ms)
+  raise    rank 1 raises an exception before step 6's all-reduce
 
 Each rank prints "HANG <time>" when it reaches step 6, and rank 0 "DONE" at the end.
 """
@@ -53,6 +54,8 @@ def main(frontend, fault, steps=10):
         faulty = step == 6 and rank == 1
         if fault == "compute" and faulty:
             time.sleep(600)
+        if fault == "raise" and faulty:
+            raise RuntimeError("rank 1 gives up")
         if fault == "skip" and faulty:
             if frontend == "torch":
                 receive(grad, 0, 7)

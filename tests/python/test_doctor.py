@@ -113,3 +113,15 @@ def test_a_rank_three_times_slower_is_named_while_the_job_runs(tmp_path, fronten
     assert code == 0, out
     assert "dtrain run: rank 1 is slow: " in out, out
     assert "no rank has completed" not in out, out
+
+
+def test_a_peer_that_raised_is_said_to_have_failed_not_to_have_left(tmp_path):
+    code, out, flight, _ = run_faulty(tmp_path, "torch", "raise", 2)
+    assert code == 1, out
+    # Rank 0's error, from the launcher's word on rank 1's exit.
+    assert ("collective #" in out and "failed: rank 1's process failed with exit code 1 "
+            "(dtrain run)") in out, out
+    assert "rank 1: gone: its process failed with exit code 1 (dtrain run)" in out, out
+    findings = doctor(flight)["findings"]
+    assert findings[-1]["kind"] == "missing", findings
+    assert "rank 1's process failed with exit code 1 (dtrain run)" in findings[-1]["text"]

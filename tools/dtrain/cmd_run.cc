@@ -27,6 +27,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/flight_recorder.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "common/socket.h"
@@ -347,7 +348,7 @@ std::string prepare_flight_dir() {
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     const auto ext = e.path().extension();
-    if (name.rfind("rank", 0) == 0 && (ext == ".json" || ext == ".beat"))
+    if (name.rfind("rank", 0) == 0 && (ext == ".json" || ext == ".beat" || ext == ".exit"))
       std::filesystem::remove(e.path(), ec);
   }
   return dir;
@@ -445,6 +446,13 @@ int run_job(const RunArgs& a) {
     }
   }
   options.stop_fd = hang_monitor.stop_fd();
+  // How each worker ended, for its peers' errors (comm::launcher_exit_word).
+  options.on_exit = [&flight_dir](const launch::WorkerExit& e) {
+    const std::string path = comm::exit_word_path(flight_dir, e.rank);
+    std::ofstream(path + ".tmp") << e.how() << "\n";
+    std::error_code ec;
+    std::filesystem::rename(path + ".tmp", path, ec);
+  };
   options.on_sigusr2 = [&hang_monitor] { hang_monitor.request_records(); };
   const launch::SupervisorResult result = supervisor.supervise(options);
   if (hang_monitor.fired()) return kStuckExitCode;
