@@ -30,8 +30,8 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   # libraries used by every target
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libssl-dev zlib1g-dev
-  # the tool: dtrain run's Prometheus endpoint, dtrain submit's YAML job files
-  prometheus-cpp-dev libyaml-cpp-dev
+  # the tool: dtrain run's Prometheus endpoint (served by libmicrohttpd), dtrain submit's YAML
+  prometheus-cpp-dev libmicrohttpd-dev libyaml-cpp-dev
   # tests and benchmarks; clang with libFuzzer and the sanitizer runtimes (scripts/fuzz.sh)
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-dev
   # the library tree's format (scripts/check-format.sh, run by the tests)

@@ -2,12 +2,16 @@
 // launcher's restarts, scraped over HTTP as Prometheus text while the job runs, with values that
 // follow from what the workers do (progress_worker.cc: rank 1 computes 30 ms longer each step, so
 // rank 0 waits about that long in the all-reduce).
-#include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <map>
 #include <regex>
 #include <sstream>
+
+#include <gtest/gtest.h>
 
 #include "launch/launched.h"
 
@@ -48,7 +52,7 @@ std::map<std::string, double> parse(const std::string& body) {
 }
 
 int metrics_port(Launched& run) {
-  static const std::regex re("metrics at http://0\\.0\\.0\\.0:([0-9]+)/metrics");
+  static const std::regex re("metrics at http://[0-9.]+:([0-9]+)/metrics");
   std::smatch m;
   EXPECT_TRUE(run.read_until([&] { return std::regex_search(run.err(), m, re); },
                              Deadline::after(seconds(20))))
@@ -58,7 +62,8 @@ int metrics_port(Launched& run) {
 
 // Scrapes until `done` holds of the values (at most 60 s); returns the last values.
 std::map<std::string, double> scrape_until(
-    Launched& run, int port, const std::function<bool(const std::map<std::string, double>&)>& done) {
+    Launched& run, int port,
+    const std::function<bool(const std::map<std::string, double>&)>& done) {
   const auto deadline = Deadline::after(seconds(60));
   std::map<std::string, double> v;
   while (!deadline.expired()) {
@@ -67,11 +72,12 @@ std::map<std::string, double> scrape_until(
     run.pump(milliseconds(100));
   }
   ADD_FAILURE() << "the metrics never showed what was waited for; last scrape:\n"
-                << [&] {
-                     std::string s;
-                     for (const auto& [k, x] : v) s += k + " " + std::to_string(x) + "\n";
-                     return s;
-                   }() << run.err();
+                <<
+      [&] {
+        std::string s;
+        for (const auto& [k, x] : v) s += k + " " + std::to_string(x) + "\n";
+        return s;
+      }() << run.err();
   return v;
 }
 
@@ -93,9 +99,9 @@ TEST(Metrics, AScrapeDuringTheRunShowsEachRanksStepRateAndItsComputeAgainstCommu
     EXPECT_GT(step_s, 0.045) << r;
     EXPECT_LT(step_s, 0.150) << r;
     EXPECT_NEAR(v.at("dtrain_samples_per_second" + l), 32 / step_s, 32 / step_s * 0.01) << r;
-    EXPECT_NEAR(v.at("dtrain_step_compute_seconds" + l) +
-                    v.at("dtrain_step_communication_seconds" + l),
-                step_s, 1e-6)
+    EXPECT_NEAR(
+        v.at("dtrain_step_compute_seconds" + l) + v.at("dtrain_step_communication_seconds" + l),
+        step_s, 1e-6)
         << r;
     EXPECT_EQ(v.at("dtrain_samples_total" + l), 32 * v.at("dtrain_step" + l)) << r;
     EXPECT_LT(v.at("dtrain_report_age_seconds" + l), 5) << r;
@@ -134,10 +140,88 @@ TEST(Metrics, APortInUseIsRefusedBeforeAnyWorkerStarts) {
   const auto status = run.wait(seconds(30));
   ASSERT_TRUE(status);
   EXPECT_NE(WEXITSTATUS(*status), 0);
-  EXPECT_NE(run.err().find("cannot serve metrics on port " + std::to_string(busy)),
+  EXPECT_NE(run.err().find("cannot serve metrics on 0.0.0.0:" + std::to_string(busy)),
             std::string::npos)
       << run.err();
   EXPECT_EQ(run.out().find("DONE"), std::string::npos);
+}
+
+// The port faces the network: hundreds of idle connections (which once filled the server's only
+// thread and its accept queue, so that a scrape was reset after 4 s) and connections sending
+// garbage must not keep a scrape from its answer.
+TEST(Metrics, AScrapeIsAnsweredWhileHundredsOfIdleAndGarbageConnectionsAreOpen) {
+  Launched run({"run", "-n", "1", "--metrics-port", "0", "--", kWorker, "--steps", "400",
+                "--compute-ms", "50", "--slow-ms", "0"});
+  const int port = metrics_port(run);
+  const net::HostPort at{"127.0.0.1", static_cast<uint16_t>(port)};
+  std::vector<net::Fd> idle, garbage;
+  for (int i = 0; i < 300; ++i)
+    idle.push_back(net::connect_tcp(at, Deadline::after(seconds(5)), "idle"));
+  const std::string junk = "\x16\x03\x01 not http at all\r\n\r\n";
+  for (int i = 0; i < 100; ++i) {
+    garbage.push_back(net::connect_tcp(at, Deadline::after(seconds(5)), "garbage"));
+    net::write_all(garbage.back().get(), junk.data(), junk.size(), Deadline::after(seconds(5)),
+                   "garbage");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto v = parse(scrape(port));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(2));
+  EXPECT_EQ(v.at("dtrain_local_ranks"), 1);
+}
+
+TEST(Metrics, AnIdleConnectionIsClosedWithinSeconds) {
+  Launched run({"run", "-n", "1", "--metrics-port", "0", "--", kWorker, "--steps", "400",
+                "--compute-ms", "50", "--slow-ms", "0"});
+  const int port = metrics_port(run);
+  auto fd = net::connect_tcp({"127.0.0.1", static_cast<uint16_t>(port)},
+                             Deadline::after(seconds(5)), "idle");
+  // Half a request, then nothing: a slow client holds nothing for long either.
+  net::write_all(fd.get(), "GET /metr", 9, Deadline::after(seconds(5)), "slow");
+  const auto start = std::chrono::steady_clock::now();
+  pollfd p{fd.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 15000), 1) << "the server never closed an idle connection";
+  char c;
+  EXPECT_EQ(::recv(fd.get(), &c, 1, 0), 0);  // closed, nothing sent
+  const auto closed_after = std::chrono::steady_clock::now() - start;
+  EXPECT_GT(closed_after, seconds(3));
+  EXPECT_LT(closed_after, seconds(8));
+}
+
+// Whether this machine has an IPv4 address besides loopback: "" when not.
+std::string other_address() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    char text[INET_ADDRSTRLEN];
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text, sizeof text);
+    if (std::string(text).rfind("127.", 0) != 0) found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+TEST(Metrics, MetricsAddrChoosesTheInterface) {
+  Launched run({"run", "-n", "1", "--metrics-port", "0", "--metrics-addr", "127.0.0.1", "--",
+                kWorker, "--steps", "400", "--compute-ms", "50", "--slow-ms", "0"});
+  const int port = metrics_port(run);
+  EXPECT_NE(run.err().find("metrics at http://127.0.0.1:"), std::string::npos) << run.err();
+  EXPECT_EQ(parse(scrape(port)).at("dtrain_local_ranks"), 1);
+  const std::string other = other_address();
+  if (!other.empty()) {
+    EXPECT_THROW(net::connect_tcp({other, static_cast<uint16_t>(port)}, Deadline::after(seconds(2)),
+                                  "elsewhere"),
+                 Error)
+        << "the port answered on " << other;
+  }
+
+  Launched bad({"run", "-n", "1", "--metrics-port", "0", "--metrics-addr", "every", "--", kWorker});
+  const auto status = bad.wait(seconds(30));
+  ASSERT_TRUE(status);
+  EXPECT_NE(WEXITSTATUS(*status), 0);
+  EXPECT_NE(bad.err().find("--metrics-addr is 'every': give an IPv4 address"), std::string::npos)
+      << bad.err();
 }
 
 }  // namespace

@@ -60,11 +60,12 @@ struct RunArgs {
   std::string bind = "auto";  // auto: a share of the CPUs each when they suffice; none
   int gpus_per_proc = 0;      // > 0: GPU sets from the node's topology (CUDA_VISIBLE_DEVICES)
   double grace_period_s = 3.0;
-  int servers = 0;              // parameter servers, started by node 0's launcher
-  bool server_program = false;  // servers run the worker command (DTRAIN_ROLE=server)
-  int metrics_port = -1;        // >= 0: serve Prometheus metrics there (0: any free port)
-  bool no_jemalloc = false;     // leave the workers' allocator alone (launch/allocator_preload.h)
-  bool tf_config = false;       // give each worker (and server) the TF_CONFIG of the cluster
+  int servers = 0;                       // parameter servers, started by node 0's launcher
+  bool server_program = false;           // servers run the worker command (DTRAIN_ROLE=server)
+  int metrics_port = -1;                 // >= 0: serve Prometheus metrics there (0: any free port)
+  std::string metrics_addr = "0.0.0.0";  // ... on this interface
+  bool no_jemalloc = false;  // leave the workers' allocator alone (launch/allocator_preload.h)
+  bool tf_config = false;    // give each worker (and server) the TF_CONFIG of the cluster
   std::vector<std::string> command;
 };
 
@@ -321,7 +322,8 @@ int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given
     o.local_ranks.push_back({share.visible, share.cpus});
   std::unique_ptr<launch::MetricsEndpoint> metrics;
   if (a.metrics_port >= 0) {
-    metrics = std::make_unique<launch::MetricsEndpoint>(a.metrics_port, "dtrain run");
+    metrics = std::make_unique<launch::MetricsEndpoint>(
+        launch::MetricsEndpointOptions{.port = a.metrics_port, .address = a.metrics_addr});
     o.env.emplace_back(env::kProgressDir.name, metrics->progress_dir());
     o.on_round = [&metrics, nproc = a.nproc](int restarts, int first_rank) {
       metrics->set_restarts(restarts);
@@ -367,7 +369,8 @@ int run_job(const RunArgs& a) {
 
   std::unique_ptr<launch::MetricsEndpoint> metrics;
   if (a.metrics_port >= 0) {
-    metrics = std::make_unique<launch::MetricsEndpoint>(a.metrics_port, "dtrain run");
+    metrics = std::make_unique<launch::MetricsEndpoint>(
+        launch::MetricsEndpointOptions{.port = a.metrics_port, .address = a.metrics_addr});
     metrics->set_ranks(a.node_rank * a.nproc, a.nproc);
   }
   const std::string flight_dir = prepare_flight_dir();
@@ -524,6 +527,10 @@ CLI::App* add_run_command(CLI::App& app) {
                   "Serve the workers' progress (dtrain::ProgressReporter) and the restarts as "
                   "Prometheus metrics at http://HOST:PORT/metrics (0: any free port; "
                   "docs/metrics.md)");
+  cmd->add_option("--metrics-addr", args->metrics_addr,
+                  "The interface --metrics-port listens on: 0.0.0.0 every one (Prometheus on "
+                  "another machine), 127.0.0.1 this machine only")
+      ->capture_default_str();
   cmd->add_option("--grace-period", args->grace_period_s,
                   "Seconds between SIGTERM and SIGKILL when stopping the workers")
       ->capture_default_str();

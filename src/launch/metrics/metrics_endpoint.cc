@@ -1,5 +1,8 @@
 #include "launch/metrics/metrics_endpoint.h"
 
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -13,8 +16,8 @@
 
 #include <fmt/format.h>
 #include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
 
 #include "common/log.h"
 #include "dtrain/error.h"
@@ -136,40 +139,81 @@ std::string make_report_dir() {
   return pattern;
 }
 
+// One request: GET /metrics is the text format; anything else a short error.
+MHD_Result answer(void* cls, MHD_Connection* connection, const char* url, const char* method,
+                  const char*, const char*, size_t* upload_size, void**) {
+  const auto& collector = *static_cast<const prometheus::Collectable*>(cls);
+  unsigned status = MHD_HTTP_OK;
+  std::string body, type = "text/plain; version=0.0.4; charset=utf-8";
+  if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "HEAD") != 0) {
+    if (*upload_size != 0) {  // a body we do not want: swallow it, answer at its end
+      *upload_size = 0;
+      return MHD_YES;
+    }
+    status = MHD_HTTP_METHOD_NOT_ALLOWED;
+    body = "only GET /metrics\n";
+  } else if (std::strcmp(url, "/metrics") == 0) {
+    body = prometheus::TextSerializer().Serialize(collector.Collect());
+  } else {
+    status = MHD_HTTP_NOT_FOUND;
+    body = "not found: the metrics are at /metrics\n";
+  }
+  MHD_Response* response =
+      MHD_create_response_from_buffer(body.size(), body.data(), MHD_RESPMEM_MUST_COPY);
+  if (response == nullptr) return MHD_NO;
+  MHD_add_response_header(response, "Content-Type", type.c_str());
+  const MHD_Result queued = MHD_queue_response(connection, status, response);
+  MHD_destroy_response(response);
+  return queued;
+}
+
 }  // namespace
 
-MetricsEndpoint::MetricsEndpoint(int port, std::string log_prefix) {
+void MetricsEndpoint::StopDaemon::operator()(MHD_Daemon* d) const { MHD_stop_daemon(d); }
+
+MetricsEndpoint::MetricsEndpoint(MetricsEndpointOptions options) {
+  const int port = options.port;
   if (port < 0 || port > 65535)
     throw InvalidArgumentError(
         fmt::format("--metrics-port is {}: use 1-65535, or 0 for any free port", port));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, options.address.c_str(), &addr.sin_addr) != 1)
+    throw InvalidArgumentError(
+        fmt::format("--metrics-addr is '{}': give an IPv4 address of this machine (0.0.0.0: every "
+                    "interface, 127.0.0.1: this machine only)",
+                    options.address));
   collector_ = std::make_shared<Collector>(make_report_dir());
-  // The server's threads take no signals: SIGCHLD and the forwarded signals must reach the
+  // The server's thread takes no signals: SIGCHLD and the forwarded signals must reach the
   // launcher's signalfd (launch/supervisor.h), whichever was made first.
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &old);
-  try {
-    // Every interface: Prometheus scrapes from another machine. One thread: scrapes are rare.
-    exposer_ = std::make_unique<prometheus::Exposer>(fmt::format("0.0.0.0:{}", port), 1);
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  } catch (const std::exception& e) {
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  daemon_.reset(MHD_start_daemon(
+      MHD_USE_EPOLL_INTERNAL_THREAD, static_cast<uint16_t>(port), nullptr, nullptr, &answer,
+      static_cast<prometheus::Collectable*>(collector_.get()), MHD_OPTION_SOCK_ADDR, &addr,
+      MHD_OPTION_CONNECTION_TIMEOUT, static_cast<unsigned>(options.idle_timeout.count()),
+      MHD_OPTION_CONNECTION_LIMIT, options.max_connections, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
+      MHD_OPTION_END));
+  const int err = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (!daemon_) {
     std::error_code ec;
     std::filesystem::remove_all(collector_->dir(), ec);
-    throw InvalidArgumentError(fmt::format(
-        "{}: cannot serve metrics on port {} ({}): is another job's launcher on it? Pick "
-        "another --metrics-port, or 0 for any free one",
-        log_prefix, port, e.what()));
+    throw InvalidArgumentError(
+        fmt::format("{}: cannot serve metrics on {}:{} ({}): is another job's launcher on it? Pick "
+                    "another --metrics-port, or 0 for any free one",
+                    options.log_prefix, options.address, port, std::strerror(err)));
   }
-  exposer_->RegisterCollectable(collector_);
-  const auto ports = exposer_->GetListeningPorts();
-  port_ = ports.empty() ? port : ports.front();
-  DTRAIN_LOG_INFO("{}: metrics at http://0.0.0.0:{}/metrics (Prometheus text format)", log_prefix,
-                  port_);
+  const MHD_DaemonInfo* info = MHD_get_daemon_info(daemon_.get(), MHD_DAEMON_INFO_BIND_PORT);
+  port_ = info != nullptr && info->port != 0 ? info->port : port;
+  DTRAIN_LOG_INFO("{}: metrics at http://{}:{}/metrics (Prometheus text format)",
+                  options.log_prefix, options.address, port_);
 }
 
 MetricsEndpoint::~MetricsEndpoint() {
-  exposer_.reset();  // no scrape reads the directory any more
+  daemon_.reset();  // no scrape reads the directory any more
   std::error_code ec;
   std::filesystem::remove_all(collector_->dir(), ec);
 }

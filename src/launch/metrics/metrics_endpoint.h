@@ -1,28 +1,39 @@
 // The Prometheus endpoint of `dtrain run --metrics-port P` (docs/metrics.md): what this machine's
 // workers last reported through their ProgressReporter (step, samples/s, step time split into
 // compute and communication, the age of the report) and the launcher's own counts (restarts),
-// served as the text exposition format at http://HOST:P/metrics by prometheus-cpp's exposer.
+// in Prometheus' text exposition format (prometheus-cpp's serializer) at http://ADDR:P/metrics.
+//
+// The port faces the network, so it is served by libmicrohttpd on one epoll thread: hundreds of
+// idle, slow or garbage connections cost a descriptor each, never a thread, and each is closed
+// once it has sent no whole request for `idle_timeout`; a scrape is answered meanwhile.
 //
 // The workers write their reports into a private directory (DTRAIN_PROGRESS_DIR), one file per
 // rank; a scrape reads them, so that nothing runs between scrapes and a worker never waits on
 // the launcher.
 #pragma once
 
-#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
-namespace prometheus {
-class Exposer;
-}
+struct MHD_Daemon;
 
 namespace dtrain::launch {
 
+struct MetricsEndpointOptions {
+  int port = 0;                     // 0: a free one (see MetricsEndpoint::port())
+  std::string address = "0.0.0.0";  // the interface to listen on (--metrics-addr)
+  // A connection that has not sent a whole request within this is closed.
+  std::chrono::seconds idle_timeout{5};
+  unsigned max_connections = 1000;  // open at once; more are refused at accept
+  std::string log_prefix = "dtrain run";
+};
+
 class MetricsEndpoint {
  public:
-  // Serves on every interface at `port` (0: a free one, see port()). Throws InvalidArgumentError
-  // when the port cannot be bound or the report directory cannot be made.
-  MetricsEndpoint(int port, std::string log_prefix);
+  // Throws InvalidArgumentError when the address or port cannot be bound, or the report directory
+  // cannot be made.
+  explicit MetricsEndpoint(MetricsEndpointOptions options);
   ~MetricsEndpoint();  // stops serving; removes the report directory
   MetricsEndpoint(const MetricsEndpoint&) = delete;
   MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
@@ -37,8 +48,11 @@ class MetricsEndpoint {
 
  private:
   class Collector;
+  struct StopDaemon {
+    void operator()(MHD_Daemon* d) const;
+  };
   std::shared_ptr<Collector> collector_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MHD_Daemon, StopDaemon> daemon_;
   int port_ = 0;
 };
 
