@@ -23,17 +23,24 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Beat {
-  int rank = -1;
-  int64_t pid = 0;
-  uint64_t completed = 0;
-  int64_t in_calls = 0;
-  int64_t inside_ns = 0;
-};
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
-// Every rank's beat page in `dir` (a page being created is skipped until it is whole).
-std::vector<Beat> read_beats(const std::string& dir) {
-  std::vector<Beat> beats;
+void write_all(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+std::vector<BeatReading> read_beats(const std::string& dir) {
+  std::vector<BeatReading> beats;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     if (e.path().extension() != ".beat") continue;
@@ -55,22 +62,6 @@ std::vector<Beat> read_beats(const std::string& dir) {
   std::sort(beats.begin(), beats.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
   return beats;
 }
-
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-void write_all(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
-
-}  // namespace
 
 std::string diagnose_directory(const std::string& dir, double since) {
   std::vector<RankRecord> records;
@@ -105,7 +96,7 @@ bool HangMonitor::fired() const {
 }
 
 void HangMonitor::run(std::stop_token stop) {
-  std::map<int, Beat> last;  // the previous poll's beats, by rank
+  std::map<int, BeatReading> last;  // the previous poll's beats, by rank
   auto last_progress = Clock::now();
   std::optional<Clock::time_point> stuck_since;  // someone waits and nobody completes
   // The slow-rank check: inside time and wall time at the start of its window.

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/socket.h"
 
@@ -52,6 +53,17 @@ class HangMonitor {
   bool fired_ = false;
   std::jthread thread_;  // last: starts once the rest is set
 };
+
+// One worker's beat page (comm::FlightBeat), as the launcher reads it.
+struct BeatReading {
+  int rank = -1;
+  int64_t pid = 0;
+  uint64_t completed = 0;  // calls ended
+  int64_t in_calls = 0;    // calls it is in now
+  int64_t inside_ns = 0;   // total time inside calls
+};
+// Every rank's beat page in `dir`, by rank (a page being created is skipped until it is whole).
+std::vector<BeatReading> read_beats(const std::string& dir);
 
 // The diagnosis of the records in `dir` written since `since` (seconds since the epoch), as
 // `dtrain doctor` prints it, or "" when there are none.

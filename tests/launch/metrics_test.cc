@@ -13,12 +13,14 @@
 
 #include <gtest/gtest.h>
 
+#include "command.h"
 #include "launch/launched.h"
 
 namespace dtrain::testing {
 namespace {
 
-const std::string kWorker = std::string(DTRAIN_BIN_DIR) + "/progress_worker";
+const std::string kBin = DTRAIN_BIN_DIR;
+const std::string kWorker = kBin + "/progress_worker";
 
 // GET /metrics from 127.0.0.1:port: the body.
 std::string scrape(int port) {
@@ -222,6 +224,37 @@ TEST(Metrics, MetricsAddrChoosesTheInterface) {
   EXPECT_NE(WEXITSTATUS(*status), 0);
   EXPECT_NE(bad.err().find("--metrics-addr is 'every': give an IPv4 address"), std::string::npos)
       << bad.err();
+}
+
+// `dtrain top PORT`: the same figures as a table, the slowest rank named.
+TEST(Metrics, TopShowsEveryRankAndNamesTheSlowest) {
+  Launched run({"run", "-n", "2", "--metrics-port", "0", "--", kWorker, "--steps", "400",
+                "--compute-ms", "20", "--slow-ms", "30"});
+  const int port = metrics_port(run);
+  std::this_thread::sleep_for(seconds(2));  // a report from each rank
+  const auto top = run_command({kBin + "/dtrain", "top", std::to_string(port), "--count", "2",
+                                "--interval", "1", "--plain"});
+  EXPECT_EQ(top.exit_code, 0) << top.output;
+  EXPECT_NE(top.output.find("rank     step  samples/s"), std::string::npos) << top.output;
+  // Rank 1 computes 50 ms a step, rank 0 20 ms and waits 30 ms for it.
+  EXPECT_NE(top.output.find("slowest: rank 1 computes"), std::string::npos) << top.output;
+  EXPECT_EQ(top.output.find("STUCK"), std::string::npos) << top.output;
+}
+
+// A job that hangs (rank 1 in its own code, the others in an all-reduce): top says which ranks
+// wait and which one they wait for.
+TEST(Metrics, TopNamesTheRanksAStuckJobWaitsFor) {
+  ::setenv("DTRAIN_HANG_SECONDS", "0", 1);  // the launcher leaves it running for top to see
+  Launched run({"run", "-n", "3", "--metrics-port", "0", "--", kBin + "/fault_worker", "--fault",
+                "compute"});
+  ::unsetenv("DTRAIN_HANG_SECONDS");
+  const int port = metrics_port(run);
+  const auto top = run_command({kBin + "/dtrain", "top", std::to_string(port), "--count", "6",
+                                "--interval", "1", "--plain", "--stuck-after", "3"});
+  EXPECT_EQ(top.exit_code, 0) << top.output;
+  EXPECT_NE(top.output.find("STUCK: no rank has completed a call for"), std::string::npos)
+      << top.output;
+  EXPECT_NE(top.output.find("in a call: 0, 2; not in one: 1"), std::string::npos) << top.output;
 }
 
 }  // namespace

@@ -374,6 +374,7 @@ int run_job(const RunArgs& a) {
     metrics->set_ranks(a.node_rank * a.nproc, a.nproc);
   }
   const std::string flight_dir = prepare_flight_dir();
+  if (metrics) metrics->set_flight_dir(flight_dir);
   const double started =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   launch::HangMonitor hang_monitor(

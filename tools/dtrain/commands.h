@@ -17,7 +17,9 @@ CLI::App* add_pipeline_plan_command(CLI::App& app);  // cmd_pipeline_plan.cc: sc
 CLI::App* add_estimate_command(CLI::App& app);       // cmd_estimate.cc: memory per rank, per layout
 CLI::App* add_predict_command(CLI::App& app);  // cmd_predict.cc: step time and efficiency at scale
 CLI::App* add_sched_sim_command(CLI::App& app);  // cmd_sched_sim.cc: cluster scheduling simulator
-CLI::App* add_doctor_command(CLI::App& app);     // cmd_doctor.cc: why a job hangs, from its records
+// cmd_doctor.cc: why a job hangs, fails or is slow, from every rank's flight record
+CLI::App* add_doctor_command(CLI::App& app);
+CLI::App* add_top_command(CLI::App& app);  // cmd_top.cc: a live view from dtrain run's metrics
 // cmd_submit.cc: `submit`, `jobs`, `logs`, `cancel` through the cluster's engine
 CLI::App* add_submit_commands(CLI::App& app);
 

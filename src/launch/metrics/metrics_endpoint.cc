@@ -21,6 +21,7 @@
 
 #include "common/log.h"
 #include "dtrain/error.h"
+#include "launch/hang_monitor.h"
 #include "launch/progress_file.h"
 
 namespace dtrain::launch {
@@ -39,15 +40,21 @@ class MetricsEndpoint::Collector : public prometheus::Collectable {
     std::lock_guard lock(mutex_);
     restarts_ = restarts;
   }
+  void set_flight_dir(const std::string& dir) {
+    std::lock_guard lock(mutex_);
+    flight_dir_ = dir;
+  }
   const std::string& dir() const { return dir_; }
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     int first = 0, ranks = 0, restarts = 0;
+    std::string flight_dir;
     {
       std::lock_guard lock(mutex_);
       first = first_rank_;
       ranks = ranks_;
       restarts = restarts_;
+      flight_dir = flight_dir_;
     }
     using prometheus::MetricType;
     auto family = [](const char* name, const char* help, MetricType type) {
@@ -115,14 +122,37 @@ class MetricsEndpoint::Collector : public prometheus::Collectable {
         add(comm_s, comm);
       }
     }
-    return {restarts_f, ranks_f, step,          samples,    rate, step_s,
-            compute_s,  comm_s,  compute_total, comm_total, age};
+    auto calls = family("dtrain_calls_total",
+                        "Calls (collectives, point to point, Horovod's) a rank completed",
+                        MetricType::Counter);
+    auto in_calls = family("dtrain_calls_in_progress",
+                           "Calls a rank is in now: a rank that stays in one while no rank's "
+                           "dtrain_calls_total grows is waiting for another",
+                           MetricType::Gauge);
+    auto inside = family("dtrain_seconds_in_calls_total",
+                         "A rank's time inside calls since it started (to the kernel's tick)",
+                         MetricType::Counter);
+    if (!flight_dir.empty()) {
+      for (const auto& b : read_beats(flight_dir)) {
+        if (b.rank < first || b.rank >= first + ranks) continue;
+        const prometheus::ClientMetric::Label label{"rank", std::to_string(b.rank)};
+        calls.metric.emplace_back().counter.value = static_cast<double>(b.completed);
+        calls.metric.back().label = {label};
+        in_calls.metric.emplace_back().gauge.value = static_cast<double>(b.in_calls);
+        in_calls.metric.back().label = {label};
+        inside.metric.emplace_back().counter.value = b.inside_ns * 1e-9;
+        inside.metric.back().label = {label};
+      }
+    }
+    return {restarts_f, ranks_f,       step,       samples, rate,     step_s, compute_s,
+            comm_s,     compute_total, comm_total, age,     calls,    in_calls, inside};
   }
 
  private:
   const std::string dir_;
   mutable std::mutex mutex_;
   int first_rank_ = 0, ranks_ = 0, restarts_ = 0;
+  std::string flight_dir_;
 };
 
 namespace {
@@ -223,5 +253,6 @@ void MetricsEndpoint::set_ranks(int first_rank, int count) {
   collector_->set_ranks(first_rank, count);
 }
 void MetricsEndpoint::set_restarts(int restarts) { collector_->set_restarts(restarts); }
+void MetricsEndpoint::set_flight_dir(const std::string& dir) { collector_->set_flight_dir(dir); }
 
 }  // namespace dtrain::launch

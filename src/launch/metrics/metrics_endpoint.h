@@ -1,6 +1,7 @@
 // The Prometheus endpoint of `dtrain run --metrics-port P` (docs/metrics.md): what this machine's
 // workers last reported through their ProgressReporter (step, samples/s, step time split into
-// compute and communication, the age of the report) and the launcher's own counts (restarts),
+// compute and communication, the age of the report), the calls each rank completed and is in
+// (its flight recorder's beat page), and the launcher's own counts (restarts),
 // in Prometheus' text exposition format (prometheus-cpp's serializer) at http://ADDR:P/metrics.
 //
 // The port faces the network, so it is served by libmicrohttpd on one epoll thread: hundreds of
@@ -45,6 +46,9 @@ class MetricsEndpoint {
   // The ranks whose reports are served: first_rank .. first_rank + count - 1.
   void set_ranks(int first_rank, int count);
   void set_restarts(int restarts);
+  // The workers' DTRAIN_FLIGHT_DIR: their flight recorders' beat pages, served as calls completed
+  // and in progress per rank (what `dtrain top` tells a stuck job by).
+  void set_flight_dir(const std::string& dir);
 
  private:
   class Collector;
