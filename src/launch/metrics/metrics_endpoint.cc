@@ -144,8 +144,8 @@ class MetricsEndpoint::Collector : public prometheus::Collectable {
         inside.metric.back().label = {label};
       }
     }
-    return {restarts_f, ranks_f,       step,       samples, rate,     step_s, compute_s,
-            comm_s,     compute_total, comm_total, age,     calls,    in_calls, inside};
+    return {restarts_f, ranks_f,       step,       samples, rate,  step_s,   compute_s,
+            comm_s,     compute_total, comm_total, age,     calls, in_calls, inside};
   }
 
  private:
