@@ -36,6 +36,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-dev
   # the library tree's format (scripts/check-format.sh, run by the tests)
   clang-format
+  # the test that loads dtrain run's metrics page in a headless browser (metrics_test)
+  chromium
   # process tools used by the tests (ps, kill, ip)
   procps iproute2
   # the emulated clusters of scripts/netns-hosts.sh: loss and delay spikes without netem

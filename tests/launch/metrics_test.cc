@@ -7,14 +7,17 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "command.h"
 #include "launch/launched.h"
+#include "support/temp_dir.h"
 
 namespace dtrain::testing {
 namespace {
@@ -255,6 +258,65 @@ TEST(Metrics, TopNamesTheRanksAStuckJobWaitsFor) {
   EXPECT_NE(top.output.find("STUCK: no rank has completed a call for"), std::string::npos)
       << top.output;
   EXPECT_NE(top.output.find("in a call: 0, 2; not in one: 1"), std::string::npos) << top.output;
+}
+
+// The page at /: loaded in headless Chromium (Debian's chromium) from a running job, its table,
+// plot and timeline checked against the job, and a screenshot kept as the test's artifact
+// (build/test-artifacts/metrics_page.png).
+TEST(Metrics, ThePageShowsTheJobInABrowser) {
+  const std::string chromium = find_program("chromium");
+  if (chromium.empty()) GTEST_SKIP() << "no chromium (scripts/install-deps.sh installs it)";
+  Launched run({"run", "-n", "2", "--metrics-port", "0", "--", kWorker, "--steps", "600",
+                "--compute-ms", "20", "--slow-ms", "30"});
+  const int port = metrics_port(run);
+  std::this_thread::sleep_for(seconds(4));  // a few samples of the run
+  TempDir profile;
+  const std::string url = fmt::format("http://127.0.0.1:{}/", port);
+  const std::vector<std::string> browser{chromium,
+                                         "--headless",
+                                         "--no-sandbox",
+                                         "--disable-gpu",
+                                         "--user-data-dir=" + profile.path,
+                                         "--virtual-time-budget=3000",
+                                         "--window-size=1000,1000"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto argv = browser;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back(url);
+    return run_command(argv, {.timeout = seconds(90)});
+  };
+  const auto dom = with({"--dump-dom"});
+  ASSERT_EQ(dom.exit_code, 0) << dom.output;
+  const auto v = parse(scrape(port));
+  const std::string& html = dom.output;
+  // The table: a row per rank, with the step the metrics say (the page's is a second older).
+  for (int r = 0; r < 2; ++r) {
+    const std::smatch m = [&] {
+      std::smatch m;
+      std::regex_search(
+          html, m, std::regex(fmt::format("<tr id=\"rank-{0}\"><td>{0}</td><td>([0-9]+)</td>", r)));
+      return m;
+    }();
+    ASSERT_FALSE(m.empty()) << "no row for rank " << r << " in\n" << html;
+    const double step = std::stod(m[1]);
+    EXPECT_GT(step, 10) << r;
+    EXPECT_LE(step, v.at(fmt::format("dtrain_step{{rank=\"{}\"}}", r))) << r;
+    EXPECT_GT(step, v.at(fmt::format("dtrain_step{{rank=\"{}\"}}", r)) - 60) << r;
+  }
+  // Rank 1 computes 50 ms a step against rank 0's 20.
+  EXPECT_NE(html.find("slowest: rank 1 computes"), std::string::npos) << html;
+  // Step time plotted for each rank; the last steps drawn as compute and communication.
+  EXPECT_NE(html.find("<polyline points=\""), std::string::npos) << html;
+  EXPECT_NE(html.find("data-rank=\"1\""), std::string::npos) << html;
+  EXPECT_NE(html.find("class=\"compute\""), std::string::npos) << html;
+  EXPECT_NE(html.find("class=\"communication\""), std::string::npos) << html;
+  EXPECT_NE(html.find("<div id=\"stuck\"></div>"), std::string::npos) << html;  // not stuck
+
+  const std::string artifacts = kBin + "/../test-artifacts";
+  std::filesystem::create_directories(artifacts);
+  const auto shot = with({"--screenshot=" + artifacts + "/metrics_page.png"});
+  EXPECT_EQ(shot.exit_code, 0) << shot.output;
+  EXPECT_GT(std::filesystem::file_size(artifacts + "/metrics_page.png"), 10000u);
 }
 
 }  // namespace

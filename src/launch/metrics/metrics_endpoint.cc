@@ -21,8 +21,8 @@
 
 #include "common/log.h"
 #include "dtrain/error.h"
-#include "launch/hang_monitor.h"
-#include "launch/progress_file.h"
+#include "launch/metrics/metrics_page.h"
+#include "launch/metrics/run_history.h"
 
 namespace dtrain::launch {
 
@@ -45,6 +45,10 @@ class MetricsEndpoint::Collector : public prometheus::Collectable {
     flight_dir_ = dir;
   }
   const std::string& dir() const { return dir_; }
+  RunHistory::Sources sources() const {
+    std::lock_guard lock(mutex_);
+    return {dir_, flight_dir_, first_rank_, ranks_, restarts_};
+  }
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     int first = 0, ranks = 0, restarts = 0;
@@ -96,32 +100,6 @@ class MetricsEndpoint::Collector : public prometheus::Collectable {
                       MetricType::Gauge);
     const double now =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    for (int rank = first; rank < first + ranks; ++rank) {
-      const auto r = read_progress_file(dir_ + "/" + progress_file_name(rank), rank);
-      if (!r) continue;  // not reported yet
-      const prometheus::ClientMetric::Label label{"rank", std::to_string(rank)};
-      auto add = [&](prometheus::MetricFamily& f, double value) {
-        auto& m = f.metric.emplace_back();
-        m.label = {label};
-        if (f.type == MetricType::Counter)
-          m.counter.value = value;
-        else
-          m.gauge.value = value;
-      };
-      add(step, r->step);
-      add(samples, r->samples_total);
-      add(compute_total, r->compute_seconds_total);
-      add(comm_total, r->communication_seconds_total);
-      add(age, now - r->time_unix);
-      if (r->window_steps > 0 && r->window_seconds > 0) {
-        const double per_step = r->window_seconds / r->window_steps;
-        const double comm = r->window_communication_seconds / r->window_steps;
-        add(rate, r->window_samples / r->window_seconds);
-        add(step_s, per_step);
-        add(compute_s, per_step - comm);
-        add(comm_s, comm);
-      }
-    }
     auto calls = family("dtrain_calls_total",
                         "Calls (collectives, point to point, Horovod's) a rank completed",
                         MetricType::Counter);
@@ -132,16 +110,35 @@ class MetricsEndpoint::Collector : public prometheus::Collectable {
     auto inside = family("dtrain_seconds_in_calls_total",
                          "A rank's time inside calls since it started (to the kernel's tick)",
                          MetricType::Counter);
-    if (!flight_dir.empty()) {
-      for (const auto& b : read_beats(flight_dir)) {
-        if (b.rank < first || b.rank >= first + ranks) continue;
-        const prometheus::ClientMetric::Label label{"rank", std::to_string(b.rank)};
-        calls.metric.emplace_back().counter.value = static_cast<double>(b.completed);
-        calls.metric.back().label = {label};
-        in_calls.metric.emplace_back().gauge.value = static_cast<double>(b.in_calls);
-        in_calls.metric.back().label = {label};
-        inside.metric.emplace_back().counter.value = b.inside_ns * 1e-9;
-        inside.metric.back().label = {label};
+    for (const RankFigures& f : read_figures(dir_, flight_dir, first, ranks)) {
+      const prometheus::ClientMetric::Label label{"rank", std::to_string(f.rank)};
+      auto add = [&](prometheus::MetricFamily& family, double value) {
+        auto& m = family.metric.emplace_back();
+        m.label = {label};
+        if (family.type == MetricType::Counter)
+          m.counter.value = value;
+        else
+          m.gauge.value = value;
+      };
+      if (const auto& r = f.report) {
+        add(step, r->step);
+        add(samples, r->samples_total);
+        add(compute_total, r->compute_seconds_total);
+        add(comm_total, r->communication_seconds_total);
+        add(age, now - r->time_unix);
+        if (r->window_steps > 0 && r->window_seconds > 0) {
+          const double per_step = r->window_seconds / r->window_steps;
+          const double comm = r->window_communication_seconds / r->window_steps;
+          add(rate, r->window_samples / r->window_seconds);
+          add(step_s, per_step);
+          add(compute_s, per_step - comm);
+          add(comm_s, comm);
+        }
+      }
+      if (const auto& b = f.beat) {
+        add(calls, static_cast<double>(b->completed));
+        add(in_calls, static_cast<double>(b->in_calls));
+        add(inside, b->inside_ns * 1e-9);
       }
     }
     return {restarts_f, ranks_f,       step,       samples, rate,  step_s,   compute_s,
@@ -169,10 +166,20 @@ std::string make_report_dir() {
   return pattern;
 }
 
-// One request: GET /metrics is the text format; anything else a short error.
+}  // namespace
+
+struct MetricsEndpoint::Served {
+  const prometheus::Collectable* collector;
+  const RunHistory* history;
+};
+
+namespace {
+
+// One request: GET /metrics is the text format, / the page, /history.json what it draws;
+// anything else a short error.
 MHD_Result answer(void* cls, MHD_Connection* connection, const char* url, const char* method,
                   const char*, const char*, size_t* upload_size, void**) {
-  const auto& collector = *static_cast<const prometheus::Collectable*>(cls);
+  const auto& served = *static_cast<const MetricsEndpoint::Served*>(cls);
   unsigned status = MHD_HTTP_OK;
   std::string body, type = "text/plain; version=0.0.4; charset=utf-8";
   if (std::strcmp(method, "GET") != 0 && std::strcmp(method, "HEAD") != 0) {
@@ -181,9 +188,15 @@ MHD_Result answer(void* cls, MHD_Connection* connection, const char* url, const 
       return MHD_YES;
     }
     status = MHD_HTTP_METHOD_NOT_ALLOWED;
-    body = "only GET /metrics\n";
+    body = "only GET /metrics, / and /history.json\n";
   } else if (std::strcmp(url, "/metrics") == 0) {
-    body = prometheus::TextSerializer().Serialize(collector.Collect());
+    body = prometheus::TextSerializer().Serialize(served.collector->Collect());
+  } else if (std::strcmp(url, "/") == 0) {
+    body = metrics_page();
+    type = "text/html; charset=utf-8";
+  } else if (std::strcmp(url, "/history.json") == 0) {
+    body = served.history->json();
+    type = "application/json";
   } else {
     status = MHD_HTTP_NOT_FOUND;
     body = "not found: the metrics are at /metrics\n";
@@ -215,17 +228,19 @@ MetricsEndpoint::MetricsEndpoint(MetricsEndpointOptions options) {
                     "interface, 127.0.0.1: this machine only)",
                     options.address));
   collector_ = std::make_shared<Collector>(make_report_dir());
-  // The server's thread takes no signals: SIGCHLD and the forwarded signals must reach the
-  // launcher's signalfd (launch/supervisor.h), whichever was made first.
+
+  // The server's and the sampler's threads take no signals: SIGCHLD and the forwarded signals must
+  // reach the launcher's signalfd (launch/supervisor.h), whichever was made first.
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &old);
+  history_ = std::make_unique<RunHistory>([c = collector_] { return c->sources(); });
+  served_ = std::make_unique<Served>(Served{collector_.get(), history_.get()});
   daemon_.reset(MHD_start_daemon(
       MHD_USE_EPOLL_INTERNAL_THREAD, static_cast<uint16_t>(port), nullptr, nullptr, &answer,
-      static_cast<prometheus::Collectable*>(collector_.get()), MHD_OPTION_SOCK_ADDR, &addr,
-      MHD_OPTION_CONNECTION_TIMEOUT, static_cast<unsigned>(options.idle_timeout.count()),
-      MHD_OPTION_CONNECTION_LIMIT, options.max_connections, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u,
-      MHD_OPTION_END));
+      served_.get(), MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_CONNECTION_TIMEOUT,
+      static_cast<unsigned>(options.idle_timeout.count()), MHD_OPTION_CONNECTION_LIMIT,
+      options.max_connections, MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_END));
   const int err = errno;
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (!daemon_) {
@@ -244,6 +259,7 @@ MetricsEndpoint::MetricsEndpoint(MetricsEndpointOptions options) {
 
 MetricsEndpoint::~MetricsEndpoint() {
   daemon_.reset();  // no scrape reads the directory any more
+  history_.reset();
   std::error_code ec;
   std::filesystem::remove_all(collector_->dir(), ec);
 }

@@ -2,7 +2,9 @@
 // workers last reported through their ProgressReporter (step, samples/s, step time split into
 // compute and communication, the age of the report), the calls each rank completed and is in
 // (its flight recorder's beat page), and the launcher's own counts (restarts),
-// in Prometheus' text exposition format (prometheus-cpp's serializer) at http://ADDR:P/metrics.
+// in Prometheus' text exposition format (prometheus-cpp's serializer) at http://ADDR:P/metrics,
+// and at http://ADDR:P/ a page for a browser (metrics_page.h) drawn from /history.json
+// (run_history.h).
 //
 // The port faces the network, so it is served by libmicrohttpd on one epoll thread: hundreds of
 // idle, slow or garbage connections cost a descriptor each, never a thread, and each is closed
@@ -20,6 +22,8 @@
 struct MHD_Daemon;
 
 namespace dtrain::launch {
+
+class RunHistory;
 
 struct MetricsEndpointOptions {
   int port = 0;                     // 0: a free one (see MetricsEndpoint::port())
@@ -50,13 +54,17 @@ class MetricsEndpoint {
   // and in progress per rank (what `dtrain top` tells a stuck job by).
   void set_flight_dir(const std::string& dir);
 
+  struct Served;  // what a request may read (the collector and the run's history): internal
+
  private:
   class Collector;
   struct StopDaemon {
     void operator()(MHD_Daemon* d) const;
   };
   std::shared_ptr<Collector> collector_;
-  std::unique_ptr<MHD_Daemon, StopDaemon> daemon_;
+  std::unique_ptr<RunHistory> history_;
+  std::unique_ptr<Served> served_;
+  std::unique_ptr<MHD_Daemon, StopDaemon> daemon_;  // last: stopped before the rest goes
   int port_ = 0;
 };
 
