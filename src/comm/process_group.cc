@@ -17,6 +17,7 @@
 #include "comm/cuda_staging.h"
 #include "comm/native_process_group.h"
 #include "comm/p2p_work.h"
+#include "comm/recorded_process_group.h"
 #include "common/env.h"
 #include "common/error_message.h"
 #include "common/log.h"
@@ -30,7 +31,9 @@ namespace dtrain {
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(std::shared_ptr<Store> store, int rank, int size,
                                                    const ProcessGroupOptions& options) {
-  if (auto other = backends::create_registered(store, rank, size, options)) return other;
+  // Another backend's group records its calls through a wrapper (the native one records its own).
+  if (auto other = backends::create_registered(store, rank, size, options))
+    return std::make_shared<comm::RecordedProcessGroup>(std::move(other), true);
   auto pg = std::make_shared<comm::NativeProcessGroup>(std::move(store), rank, size, options);
   return pg;
 }
