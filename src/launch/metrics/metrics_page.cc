@@ -21,7 +21,8 @@ std::string_view metrics_page() {
   .note { color: #666; }
   svg { border: 1px solid #ddd; background: #fff; }
   .legend span { display: inline-block; margin-right: 1.2em; }
-  .swatch { display: inline-block; width: .9em; height: .9em; vertical-align: middle; margin-right: .3em; }
+  .swatch { display: inline-block; width: .9em; height: .9em; vertical-align: middle;
+            margin-right: .3em; }
 </style>
 </head>
 <body>
@@ -40,14 +41,16 @@ std::string_view metrics_page() {
 <div id="steptime-legend" class="legend"></div>
 <h2>The last steps of each rank</h2>
 <div class="legend"><span><i class="swatch" style="background:#4a7fc1"></i>compute</span>
-<span><i class="swatch" style="background:#e8912d"></i>communication and waiting for the others</span></div>
+<span><i class="swatch" style="background:#e8912d"></i>communication and waiting for the others</span>
+</div>
 <svg id="timeline" width="900" height="40"></svg>
 <p class="note">Figures from each rank's ProgressReporter (steps) and flight recorder (calls),
 sampled once a second by <code>dtrain run</code>; the same as <a href="/metrics">/metrics</a>
 and <code>dtrain top</code>.</p>
 <script>
 "use strict";
-const colors = ["#4a7fc1", "#e8912d", "#3a9d5d", "#c94f4f", "#8a63b8", "#7a7a7a", "#c2a23a", "#2aa1a8"];
+const colors = ["#4a7fc1", "#e8912d", "#3a9d5d", "#c94f4f", "#8a63b8", "#7a7a7a", "#c2a23a",
+                "#2aa1a8"];
 const svgNs = "http://www.w3.org/2000/svg";
 function el(name, attrs, parent) {
   const e = document.createElementNS(svgNs, name);
@@ -130,13 +133,15 @@ function drawStepTime(h) {
     const pts = [];
     for (const s of h.samples) {
       const r = s.ranks.find(q => q.rank === rank);
-      if (r && r.step_seconds !== undefined) pts.push(x(s.time).toFixed(1) + "," + y(r.step_seconds * 1e3).toFixed(1));
+      if (r && r.step_seconds !== undefined)
+        pts.push(x(s.time).toFixed(1) + "," + y(r.step_seconds * 1e3).toFixed(1));
     }
     if (pts.length)
       el("polyline", {points: pts.join(" "), fill: "none", stroke: colors[i % colors.length],
                       "stroke-width": 2, "data-rank": rank}, svg);
     const span = document.createElement("span");
-    span.innerHTML = '<i class="swatch" style="background:' + colors[i % colors.length] + '"></i>rank ' + rank;
+    span.innerHTML = '<i class="swatch" style="background:' + colors[i % colors.length] +
+                     '"></i>rank ' + rank;
     legend.appendChild(span);
   });
 }
