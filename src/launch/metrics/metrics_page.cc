@@ -41,8 +41,8 @@ std::string_view metrics_page() {
 <div id="steptime-legend" class="legend"></div>
 <h2>The last steps of each rank</h2>
 <div class="legend"><span><i class="swatch" style="background:#4a7fc1"></i>compute</span>
-<span><i class="swatch" style="background:#e8912d"></i>communication and waiting for the others</span>
-</div>
+<span><i class="swatch" style="background:#e8912d"></i>communication and waiting for the
+others</span></div>
 <svg id="timeline" width="900" height="40"></svg>
 <p class="note">Figures from each rank's ProgressReporter (steps) and flight recorder (calls),
 sampled once a second by <code>dtrain run</code>; the same as <a href="/metrics">/metrics</a>
