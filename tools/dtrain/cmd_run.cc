@@ -336,11 +336,16 @@ int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given
 // The exit status of a job `dtrain run` stopped because it was stuck (as timeout(1)'s).
 constexpr int kStuckExitCode = 124;
 
-// The workers' DTRAIN_FLIGHT_DIR: the user's, else one for this launch. Records of an earlier
-// job there are removed, so that the hang monitor and `dtrain doctor` read this job's only.
-std::string prepare_flight_dir() {
+// The workers' DTRAIN_FLIGHT_DIR: the user's, else one for this launch (`ours`). Records of an
+// earlier job there are removed, so that the hang monitor and `dtrain doctor` read this job's only.
+struct FlightDir {
+  std::string path;
+  bool ours = false;  // made for this launch: removed after a job that succeeded without records
+};
+FlightDir prepare_flight_dir() {
   std::string dir = env::get_string(env::kFlightDir);
-  if (dir.empty()) {
+  const bool ours = dir.empty();
+  if (ours) {
     const char* tmp = std::getenv("TMPDIR");
     dir = fmt::format("{}/dtrain-flight-{}", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
                       ::getpid());
@@ -353,7 +358,15 @@ std::string prepare_flight_dir() {
     if (name.rfind("rank", 0) == 0 && (ext == ".json" || ext == ".beat" || ext == ".exit"))
       std::filesystem::remove(e.path(), ec);
   }
-  return dir;
+  return {dir, ours};
+}
+
+// Whether `dir` holds a flight record (rank<R>.json).
+bool holds_records(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().extension() == ".json") return true;
+  return false;
 }
 
 int run_job(const RunArgs& a) {
@@ -373,7 +386,8 @@ int run_job(const RunArgs& a) {
         launch::MetricsEndpointOptions{.port = a.metrics_port, .address = a.metrics_addr});
     metrics->set_ranks(a.node_rank * a.nproc, a.nproc);
   }
-  const std::string flight_dir = prepare_flight_dir();
+  const FlightDir flight = prepare_flight_dir();
+  const std::string& flight_dir = flight.path;
   if (metrics) metrics->set_flight_dir(flight_dir);
   const double started =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -464,6 +478,11 @@ int run_job(const RunArgs& a) {
     // A failure that wrote flight records (a timeout, a mismatch, a dead peer): what they say.
     const std::string diagnosis = launch::diagnose_directory(flight_dir, started);
     if (!diagnosis.empty()) fmt::print(stderr, "{}", diagnosis);
+  }
+  if (result.outcome == launch::SupervisorResult::Outcome::kSucceeded && flight.ours &&
+      !holds_records(flight_dir)) {
+    std::error_code ec;
+    std::filesystem::remove_all(flight_dir, ec);
   }
   return result.exit_code;
 }
