@@ -20,6 +20,9 @@ namespace {
 
 using nlohmann::json;
 
+// How long a rank must have waited for others before the doctor names them (see find_absent).
+constexpr double kNotableWait = 1.0;
+
 std::string ranks_text(const std::vector<int>& ranks) {
   return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
 }
@@ -205,7 +208,7 @@ std::vector<Finding> find_unsubmitted(const std::vector<RankRecord>& records) {
         absent.push_back(r.rank);
         absent_text.push_back(doing_instead(r));
       }
-    if (absent.empty()) continue;
+    if (absent.empty() || waited[name] < kNotableWait) continue;
     Finding f;
     f.kind = "never_submitted";
     f.group = example[name]->group;
@@ -355,7 +358,9 @@ std::vector<Finding> find_absent(const std::vector<RankRecord>& records) {
       absent.push_back(r.rank);
       absent_text.push_back(doing_instead(r));
     }
-    if (absent.empty() || waiting.empty()) continue;
+    // A record taken while the job runs catches ranks a moment apart: a wait is worth naming
+    // once it is longer than a step's usual skew.
+    if (absent.empty() || waiting.empty() || waited < kNotableWait) continue;
     Finding f;
     f.kind = "never_entered";
     f.group = group;

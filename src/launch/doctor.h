@@ -1,7 +1,7 @@
 // `dtrain doctor`: reads the flight records of every rank of a job (comm/flight_recorder.h, one
 // rank<R>.json each) together and says in plain words what went wrong:
-//   - which ranks never entered the collective the others wait in, and what they do instead
-//     (their last call, and where their threads are);
+//   - which ranks never entered the collective the others have waited in for a second or more,
+//     and what they do instead (their last call, and where their threads are);
 //   - the first call where ranks disagree (another collective, or other arguments);
 //   - ranks that never submitted a named (Horovod) call the others wait in;
 //   - point-to-point calls that wait on each other in a cycle (a deadlock);
