@@ -56,14 +56,9 @@ RecordedProcessGroup::RecordedProcessGroup(std::shared_ptr<ProcessGroup> inner, 
 }
 
 template <typename Run>
-std::shared_ptr<Work> RecordedProcessGroup::collective(CollectiveCall call, const void* caller,
-                                                       Run run) {
+std::shared_ptr<Work> RecordedProcessGroup::recorded(const FlightCall& call, Run run) {
   auto& recorder = FlightRecorder::global();
-  const uint64_t ticket = recorder.record({.kind = FlightCall::Kind::kCollective,
-                                           .group = flight_group_,
-                                           .seq = ++next_seq_,
-                                           .call = call,
-                                           .caller = caller});
+  const uint64_t ticket = recorder.record(call);
   recorder.started(ticket);
   std::shared_ptr<Work> work;
   try {
@@ -76,21 +71,22 @@ std::shared_ptr<Work> RecordedProcessGroup::collective(CollectiveCall call, cons
 }
 
 template <typename Run>
+std::shared_ptr<Work> RecordedProcessGroup::collective(CollectiveCall call, const void* caller,
+                                                       Run run) {
+  return recorded({.kind = FlightCall::Kind::kCollective,
+                   .group = flight_group_,
+                   .seq = ++next_seq_,
+                   .call = call,
+                   .caller = caller},
+                  std::move(run));
+}
+
+template <typename Run>
 std::shared_ptr<Work> RecordedProcessGroup::p2p(FlightCall::Kind kind, size_t bytes, int peer,
                                                 int tag, const void* caller, Run run) {
-  auto& recorder = FlightRecorder::global();
   FlightCall call{.kind = kind, .group = flight_group_, .peer = peer, .tag = tag, .caller = caller};
   call.call.count = bytes;
-  const uint64_t ticket = recorder.record(call);
-  recorder.started(ticket);
-  std::shared_ptr<Work> work;
-  try {
-    work = run();
-  } catch (...) {
-    recorder.ended(ticket, false);
-    throw;
-  }
-  return std::make_shared<RecordedWork>(std::move(work), ticket);
+  return recorded(call, std::move(run));
 }
 
 std::shared_ptr<Work> RecordedProcessGroup::isend(const TensorView& t, int dst, int tag,

@@ -56,7 +56,10 @@ class RecordedProcessGroup final : public ProcessGroup {
   void abort(const std::string& reason) override { inner_->abort(reason); }
 
  private:
-  // Records the collective `call` (numbered here), runs `run` and follows its Work.
+  // Records `call`, runs `run` (the inner group's call) and follows the Work it returns.
+  template <typename Run>
+  std::shared_ptr<Work> recorded(const FlightCall& call, Run run);
+  // The collective `call`, numbered in this group's order.
   template <typename Run>
   std::shared_ptr<Work> collective(CollectiveCall call, const void* caller, Run run);
   template <typename Run>
