@@ -75,7 +75,8 @@ dtrain_python_module(dtrain_python_core _core
   src/python/core/ps_bindings.cc
   src/python/core/data_bindings.cc
   src/python/core/pipeline_bindings.cc
-  src/python/interrupt.cc)
+  src/python/interrupt.cc
+  src/python/python_site.cc)
 target_link_libraries(dtrain_python_core PRIVATE dtrain_core dtrain_ps dtrain_data dtrain_pipeline fmt::fmt)
 # What `pip install .` builds (pyproject.toml): the package's extensions and the `dtrain` command.
 add_custom_target(dtrain_python_package)
@@ -96,7 +97,8 @@ dtrain_python_module(dtrain_python_torch _torch
   src/python/torch/c10d_store.cc
   src/python/torch/session.cc
   src/python/torch/checkpoint_bindings.cc
-  src/python/interrupt.cc)
+  src/python/interrupt.cc
+  src/python/python_site.cc)
 if(SKBUILD)
   # In a wheel, torch sits beside dtrain in site-packages.
   set_target_properties(dtrain_python_torch PROPERTIES INSTALL_RPATH "$ORIGIN/../torch/lib")

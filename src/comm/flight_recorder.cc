@@ -9,11 +9,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -33,11 +35,6 @@ int64_t now_ns() {
   timespec t{};
   clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
   return t.tv_sec * 1'000'000'000 + t.tv_nsec;
-}
-
-int this_thread_id() {
-  thread_local const int tid = static_cast<int>(syscall(SYS_gettid));
-  return tid;
 }
 
 enum class State : uint8_t { kQueued, kRunning, kCompleted, kFailed };
@@ -83,18 +80,52 @@ void on_dump_signal(int) {
 
 }  // namespace
 
-struct FlightRecorder::Slot {
+// One entry, a cache line: recording a call writes one line. What few calls need lives beside the
+// slots (Ring).
+struct alignas(64) FlightRecorder::Slot {
   // Seqlock: 0 while the recording thread fills the slot, then the ticket (release).
   std::atomic<uint64_t> ticket{0};
-  std::atomic<uint8_t> kind{0}, state{0}, collective{0}, dtype{0}, op{0};
-  std::atomic<uint16_t> group{0};
-  std::atomic<uint32_t> seq{0};
-  std::atomic<int32_t> root{0}, peer{-1}, tag{0}, tid{0};
+  // kind, collective, dtype, op, state (a byte each), the group in the top 16 bits (What)
+  std::atomic<uint64_t> what{0};
+  std::atomic<uint32_t> seq{0}, site{0};
+  std::atomic<int32_t> peer{-1};  // a collective's root
+  std::atomic<int32_t> tag{0};
   std::atomic<uint64_t> count{0};
-  std::atomic<const char*> algorithm{""};
   std::atomic<const void*> caller{nullptr};
-  std::atomic<int64_t> enqueued_ns{0}, started_ns{0}, ended_ns{0};
-  std::array<std::atomic<uint64_t>, 6> name{};  // kNamed: up to 47 bytes, NUL-terminated
+  std::atomic<int64_t> enqueued_ns{0};
+  // Microseconds after enqueued_ns, plus one; 0 until it happens.
+  std::atomic<uint32_t> started_us{0}, ended_us{0};
+};
+
+// One thread's ring: only that thread records into it (others mark its calls started and ended),
+// so the entry's number is a plain counter. A ticket is the ring's index + 1 above the entry's
+// number.
+struct FlightRecorder::Ring {
+  using Name = std::array<std::atomic<uint64_t>, 6>;  // up to 47 bytes, NUL-terminated
+  Ring(uint32_t index, size_t capacity)
+      : index(index),
+        mask(capacity - 1),
+        slots(std::make_unique<Slot[]>(capacity)),
+        algorithms(std::make_unique<std::atomic<const char*>[]>(capacity)) {}
+  const uint32_t index;
+  const uint64_t mask;  // the capacity is a power of two: a slot is a mask away, not a division
+  std::atomic<uint64_t> last{0};  // the newest entry's number
+  std::unique_ptr<Slot[]> slots;
+  std::unique_ptr<std::atomic<const char*>[]> algorithms;  // collectives'
+  std::atomic<Name*> names{nullptr};                       // named calls' (made by the first)
+  // The threads that recorded here: (first entry, tid), guarded by threads_mu_.
+  std::vector<std::pair<uint64_t, int>> owners;
+};
+constexpr int kTicketShift = 40;
+
+// A thread that records or ends calls: its ring (made on its first record) and its counter in the
+// beat. When the thread ends, the next new thread takes both over: the ring keeps its calls.
+struct FlightRecorder::Thread {
+  Ring* ring = nullptr;
+  uint32_t counter = 0;
+  bool shared_counter = false;  // beyond the beat's own counters: counts atomically
+  int tid = 0;
+  uint32_t site = 0;  // the PythonSite the thread is in
 };
 
 }  // namespace dtrain::comm
@@ -138,13 +169,112 @@ FlightRecorder& FlightRecorder::global() {
   return *recorder;
 }
 
+thread_local FlightRecorder::Thread* FlightRecorder::current_ = nullptr;
+
 FlightRecorder::FlightRecorder()
-    : capacity_(static_cast<size_t>(
-          std::max<int64_t>(0, env::get_int(env::kFlightRecorder).value_or(2000)))),
+    : capacity_([] {
+        const int64_t n = env::get_int(env::kFlightRecorder).value_or(2000);
+        return n <= 0 ? size_t{0} : std::bit_ceil(static_cast<size_t>(n));
+      }()),
       beat_(&local_beat_) {
-  if (capacity_ > 0) slots_ = new Slot[capacity_];
   local_beat_.pid = getpid();
   start_dump_thread();
+}
+
+FlightBeat::Totals FlightBeat::totals() const {
+  Totals t;
+  constexpr auto r = std::memory_order_relaxed;
+  // Ended before recorded: a call ended between the two reads is counted in neither.
+  for (const Counter& c : counters)
+    t.completed += std::atomic_ref(const_cast<uint64_t&>(c.completed)).load(r);
+  for (const Counter& c : counters) {
+    t.recorded += std::atomic_ref(const_cast<uint64_t&>(c.recorded)).load(r);
+    t.inside_ns += std::atomic_ref(const_cast<uint64_t&>(c.inside_ns)).load(r);
+  }
+  return t;
+}
+
+// The hot paths' helpers are inlined (private: used by this file only).
+[[gnu::always_inline]] inline FlightRecorder::Thread& FlightRecorder::this_thread() {
+  Thread* t = current_;
+  if (t == nullptr) [[unlikely]]
+    t = global().attach_thread();
+  return *t;
+}
+
+[[gnu::noinline]] FlightRecorder::Thread* FlightRecorder::attach_thread() {
+  // Gives the thread's Thread back when the thread ends (constructed on the first attach).
+  struct Detach {
+    FlightRecorder* recorder;
+    ~Detach() {
+      if (current_ != nullptr) recorder->detach_thread(current_);
+      current_ = nullptr;
+    }
+  };
+  thread_local Detach detach{this};
+  Thread* t;
+  {
+    std::lock_guard lock(threads_mu_);
+    if (!free_threads_.empty()) {
+      t = free_threads_.back();
+      free_threads_.pop_back();
+    } else {
+      t = new Thread();
+      const uint64_t n = std::atomic_ref(beat_.load()->counters_used).fetch_add(1);
+      t->counter = static_cast<uint32_t>(std::min<uint64_t>(n, FlightBeat::kCounters - 1));
+      t->shared_counter = n >= FlightBeat::kCounters - 1;
+    }
+  }
+  t->tid = static_cast<int>(syscall(SYS_gettid));
+  t->site = 0;
+  if (t->ring != nullptr) {
+    std::lock_guard lock(threads_mu_);
+    t->ring->owners.emplace_back(t->ring->last.load() + 1, t->tid);
+  }
+  current_ = t;
+  return t;
+}
+
+void FlightRecorder::detach_thread(Thread* t) {
+  std::lock_guard lock(threads_mu_);
+  free_threads_.push_back(t);
+}
+
+[[gnu::always_inline]] inline FlightRecorder::Ring* FlightRecorder::ring_of(Thread& t) {
+  if (t.ring != nullptr) [[likely]]
+    return t.ring;
+  return new_ring(t);
+}
+
+[[gnu::noinline]] FlightRecorder::Ring* FlightRecorder::new_ring(Thread& t) {
+  std::lock_guard lock(threads_mu_);
+  const size_t index = ring_count_.load();
+  if (index >= kMaxRings) return nullptr;  // this thread's calls go unrecorded
+  t.ring = new Ring(static_cast<uint32_t>(index), capacity_);
+  t.ring->owners.emplace_back(1, t.tid);
+  rings_[index].store(t.ring, std::memory_order_release);
+  ring_count_.store(index + 1, std::memory_order_release);
+  return t.ring;
+}
+
+[[gnu::always_inline]] inline FlightRecorder::Slot* FlightRecorder::slot_of(uint64_t ticket) const {
+  const uint64_t ring = (ticket >> kTicketShift) - 1;
+  if (ring >= kMaxRings) return nullptr;
+  const Ring* r = rings_[ring].load(std::memory_order_acquire);
+  if (r == nullptr) return nullptr;
+  Slot& s = r->slots[ticket & r->mask];
+  // Overwritten since: a call older than the ring.
+  return s.ticket.load(std::memory_order_relaxed) == ticket ? &s : nullptr;
+}
+
+[[gnu::always_inline]] inline void FlightRecorder::count(const Thread& t,
+                                                         uint64_t FlightBeat::Counter::*field,
+                                                         uint64_t n) {
+  std::atomic_ref c(beat_.load(std::memory_order_relaxed)->counters[t.counter].*field);
+  if (t.shared_counter)
+    c.fetch_add(n, std::memory_order_relaxed);
+  else
+    c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
 }
 
 void FlightRecorder::start_dump_thread() {
@@ -204,87 +334,139 @@ void FlightRecorder::set_rank(int rank, int world_size) {
   void* page = ::mmap(nullptr, sizeof(FlightBeat), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (page == MAP_FAILED) return;
-  auto* beat = new (page) FlightBeat();
+  auto* beat = new (page) FlightBeat(local_beat_);
   beat->pid = getpid();
   beat->rank = rank;
-  beat->recorded.store(local_beat_.recorded.load());
-  beat->completed.store(local_beat_.completed.load());
-  beat->inside_ns.store(local_beat_.inside_ns.load());
-  beat_ = beat;  // set before this process's world group makes its first call
+  beat_.store(beat);  // set before this process's world group makes its first call
 }
 
 void FlightRecorder::mute(uint16_t group) {
   if (group < muted_.size()) muted_[group].store(true);
 }
 
+namespace {
+
+// Where each field of Slot::what sits (its shift).
+enum class What : int {
+  kKind = 0,
+  kCollective = 8,
+  kDtype = 16,
+  kOp = 24,
+  kState = 32,
+  kGroup = 48,  // 16 bits
+};
+uint64_t what_field(uint64_t what, What f) { return (what >> static_cast<int>(f)) & 0xff; }
+uint64_t with_state(uint64_t what, State state) {
+  constexpr uint64_t kMask = uint64_t{0xff} << static_cast<int>(What::kState);
+  return (what & ~kMask) | static_cast<uint64_t>(state) << static_cast<int>(What::kState);
+}
+// Microseconds after `since`, plus one (0 means "not yet").
+uint32_t micros_after(int64_t since, int64_t now) {
+  const int64_t us = now > since ? (now - since) / 1000 : 0;
+  return static_cast<uint32_t>(std::min<int64_t>(us, UINT32_MAX - 1) + 1);
+}
+
+}  // namespace
+
 uint64_t FlightRecorder::record(const FlightCall& call) {
+  static_assert(sizeof(Slot) == 64);
   if (capacity_ == 0 || muted(call.group)) return 0;
-  const uint64_t ticket = beat_->recorded.fetch_add(1, std::memory_order_relaxed) + 1;
-  Slot& s = slots_[ticket % capacity_];
+  Thread& t = this_thread();
+  Ring* ring = ring_of(t);
+  if (ring == nullptr) return 0;
+  const uint64_t n = ring->last.load(std::memory_order_relaxed) + 1;
+  const uint64_t ticket = (uint64_t{ring->index + 1} << kTicketShift) | n;
+  Slot& s = ring->slots[n & ring->mask];
   constexpr auto r = std::memory_order_relaxed;
   s.ticket.store(0, r);
   std::atomic_thread_fence(std::memory_order_release);
-  s.kind.store(static_cast<uint8_t>(call.kind), r);
-  s.state.store(static_cast<uint8_t>(State::kQueued), r);
-  s.collective.store(static_cast<uint8_t>(call.call.kind), r);
-  s.dtype.store(static_cast<uint8_t>(call.call.dtype), r);
-  s.op.store(static_cast<uint8_t>(call.call.op), r);
-  s.group.store(call.group, r);
+  s.what.store(static_cast<uint64_t>(call.kind) |
+                   static_cast<uint64_t>(call.call.kind) << static_cast<int>(What::kCollective) |
+                   static_cast<uint64_t>(call.call.dtype) << static_cast<int>(What::kDtype) |
+                   static_cast<uint64_t>(call.call.op) << static_cast<int>(What::kOp) |
+                   uint64_t{call.group} << static_cast<int>(What::kGroup),
+               r);  // the state: queued (0)
   s.seq.store(call.seq, r);
-  s.root.store(call.call.root, r);
-  s.peer.store(call.peer, r);
+  s.site.store(t.site, r);
+  s.peer.store(call.kind == FlightCall::Kind::kCollective ? call.call.root : call.peer, r);
   s.tag.store(call.tag, r);
-  s.tid.store(this_thread_id(), r);
   s.count.store(call.call.count, r);
-  s.algorithm.store(call.algorithm, r);
   s.caller.store(call.caller, r);
-  if (call.kind == FlightCall::Kind::kNamed) {
-    std::array<char, sizeof(Slot::name)> text{};
+  s.enqueued_ns.store(call.enqueued == std::chrono::steady_clock::time_point{}
+                          ? now_ns()
+                          : call.enqueued.time_since_epoch().count(),
+                      r);
+  s.started_us.store(0, r);
+  s.ended_us.store(0, r);
+  if (call.kind == FlightCall::Kind::kCollective) {
+    ring->algorithms[n & ring->mask].store(call.algorithm, r);
+  } else if (call.kind == FlightCall::Kind::kNamed) {
+    Ring::Name* names = ring->names.load(std::memory_order_acquire);
+    if (names == nullptr) {
+      names = new Ring::Name[ring->mask + 1];
+      ring->names.store(names, std::memory_order_release);
+    }
+    std::array<char, sizeof(Ring::Name)> text{};
     std::memcpy(text.data(), call.name.data(), std::min(call.name.size(), text.size() - 1));
-    for (size_t i = 0; i < s.name.size(); ++i) {
+    for (size_t i = 0; i < text.size() / 8; ++i) {
       uint64_t word;
       std::memcpy(&word, text.data() + i * 8, 8);
-      s.name[i].store(word, r);
+      names[n & ring->mask][i].store(word, r);
     }
   }
-  s.enqueued_ns.store(now_ns(), r);
-  s.started_ns.store(0, r);
-  s.ended_ns.store(0, r);
   s.ticket.store(ticket, std::memory_order_release);
+  ring->last.store(n, std::memory_order_release);
+  count(t, &FlightBeat::Counter::recorded, 1);
   return ticket;
 }
 
 void FlightRecorder::started(uint64_t ticket) {
   if (ticket == 0) return;
-  Slot& s = slots_[ticket % capacity_];
-  if (s.ticket.load(std::memory_order_relaxed) != ticket) return;  // overwritten since
-  s.started_ns.store(now_ns(), std::memory_order_relaxed);
-  s.state.store(static_cast<uint8_t>(State::kRunning), std::memory_order_relaxed);
+  Slot* s = slot_of(ticket);
+  if (s == nullptr) return;
+  constexpr auto r = std::memory_order_relaxed;
+  s->started_us.store(micros_after(s->enqueued_ns.load(r), now_ns()), r);
+  s->what.store(with_state(s->what.load(r), State::kRunning), r);
 }
 
 void FlightRecorder::set_seq(uint64_t ticket, uint32_t seq) {
   if (ticket == 0) return;
-  Slot& s = slots_[ticket % capacity_];
-  if (s.ticket.load(std::memory_order_relaxed) == ticket)
-    s.seq.store(seq, std::memory_order_relaxed);
+  if (Slot* s = slot_of(ticket)) s->seq.store(seq, std::memory_order_relaxed);
 }
 
 void FlightRecorder::ended(uint64_t ticket, bool ok) {
   if (ticket == 0) return;
   constexpr auto r = std::memory_order_relaxed;
   const int64_t now = now_ns();
-  Slot& s = slots_[ticket % capacity_];
   int64_t since = 0;
-  if (s.ticket.load(r) == ticket) {
-    since = s.started_ns.load(r);
-    if (since == 0) since = s.enqueued_ns.load(r);
-    s.ended_ns.store(now, r);
-    s.state.store(static_cast<uint8_t>(ok ? State::kCompleted : State::kFailed), r);
+  if (Slot* s = slot_of(ticket)) {
+    const int64_t enqueued = s->enqueued_ns.load(r);
+    const uint32_t started = s->started_us.load(r);
+    since = started == 0 ? enqueued : enqueued + int64_t{started - 1} * 1000;
+    s->ended_us.store(micros_after(enqueued, now), r);
+    s->what.store(with_state(s->what.load(r), ok ? State::kCompleted : State::kFailed), r);
   }
-  FlightBeat& beat = *beat_;
-  beat.completed.fetch_add(1, r);
+  const Thread& t = this_thread();
+  count(t, &FlightBeat::Counter::completed, 1);
   // The coarse clock makes most short calls 0 ns long: nothing to add then.
-  if (since != 0 && now > since) beat.inside_ns.fetch_add(now - since, r);
+  if (since != 0 && now > since)
+    count(t, &FlightBeat::Counter::inside_ns, static_cast<uint64_t>(now - since));
+}
+
+FlightRecorder::PythonSite::PythonSite(uint32_t site) {
+  Thread& t = this_thread();
+  previous_ = t.site;
+  t.site = site;
+}
+
+FlightRecorder::PythonSite::~PythonSite() { this_thread().site = previous_; }
+
+uint32_t FlightRecorder::python_site(std::string_view text) {
+  std::lock_guard lock(sites_mu_);
+  auto [it, added] =
+      site_ids_.try_emplace(std::string(text), static_cast<uint32_t>(site_names_.size() + 1));
+  if (added) site_names_.emplace_back(text);
+  return it->second;
 }
 
 std::string exit_word_path(const std::string& dir, int rank) {
@@ -330,7 +512,7 @@ std::string FlightRecorder::dump_on_failure(std::string_view reason) {
 std::string FlightRecorder::dump(std::string_view reason) {
   using nlohmann::json;
   std::lock_guard lock(dump_mu_);
-  const int64_t clock_now = now_ns();
+  const int64_t clock_now = std::chrono::steady_clock::now().time_since_epoch().count();
   const auto unix_now = std::chrono::system_clock::now();
   const double unix_s = std::chrono::duration<double>(unix_now.time_since_epoch()).count();
   auto to_unix = [&](int64_t ns) {
@@ -341,50 +523,59 @@ std::string FlightRecorder::dump(std::string_view reason) {
     std::lock_guard g(groups_mu_);
     groups = group_names_;
   }
-  json calls = json::array();
-  const uint64_t end = beat_->recorded.load() + 1;
-  const uint64_t begin = end > capacity_ ? end - capacity_ : 1;
+  std::vector<std::string> sites;
+  {
+    std::lock_guard g(sites_mu_);
+    sites = site_names_;
+  }
   constexpr auto r = std::memory_order_relaxed;
-  for (uint64_t t = begin; t < end && capacity_ > 0; ++t) {
-    const Slot& s = slots_[t % capacity_];
-    if (s.ticket.load(std::memory_order_acquire) != t) continue;
+  // One entry, or nothing when its thread overwrote it while it was read.
+  auto describe = [&](const Ring& ring, uint64_t n, int tid) -> std::optional<json> {
+    const uint64_t t = (uint64_t{ring.index + 1} << kTicketShift) | n;
+    const Slot& s = ring.slots[n & ring.mask];
+    if (s.ticket.load(std::memory_order_acquire) != t) return std::nullopt;
     json c;
-    const auto kind = static_cast<FlightCall::Kind>(s.kind.load(r));
-    const uint16_t group = s.group.load(r);
+    const uint64_t what = s.what.load(r);
+    const auto kind = static_cast<FlightCall::Kind>(what_field(what, What::kKind));
+    const auto group = static_cast<uint16_t>(what >> static_cast<int>(What::kGroup));
     CollectiveCall call;
-    call.kind = static_cast<CollectiveKind>(s.collective.load(r));
-    call.dtype = static_cast<DType>(s.dtype.load(r));
-    call.op = static_cast<ReduceOp>(s.op.load(r));
-    call.root = s.root.load(r);
+    call.kind = static_cast<CollectiveKind>(what_field(what, What::kCollective));
+    call.dtype = static_cast<DType>(what_field(what, What::kDtype));
+    call.op = static_cast<ReduceOp>(what_field(what, What::kOp));
+    call.root = s.peer.load(r);
     call.count = s.count.load(r);
+    const int64_t enqueued = s.enqueued_ns.load(r);
+    auto after = [&](uint32_t us) { return us == 0 ? 0 : enqueued + int64_t{us - 1} * 1000; };
     c["id"] = t;
     c["kind"] = kind_name(kind);
     c["group"] = group < groups.size() ? groups[group] : "(unknown)";
     c["seq"] = s.seq.load(r);
-    c["state"] = state_name(s.state.load(r));
-    c["thread"] = s.tid.load(r);
-    c["enqueued"] = to_unix(s.enqueued_ns.load(r));
-    c["started"] = to_unix(s.started_ns.load(r));
-    c["ended"] = to_unix(s.ended_ns.load(r));
+    c["state"] = state_name(static_cast<uint8_t>(what_field(what, What::kState)));
+    c["thread"] = tid;
+    c["enqueued"] = to_unix(enqueued);
+    c["started"] = to_unix(after(s.started_us.load(r)));
+    c["ended"] = to_unix(after(s.ended_us.load(r)));
     if (kind == FlightCall::Kind::kNamed) {
-      std::array<char, sizeof(Slot::name)> text{};
-      for (size_t i = 0; i < s.name.size(); ++i) {
-        const uint64_t word = s.name[i].load(r);
-        std::memcpy(text.data() + i * 8, &word, 8);
+      std::array<char, sizeof(Ring::Name)> text{};
+      if (const Ring::Name* names = ring.names.load(std::memory_order_acquire)) {
+        for (size_t i = 0; i < text.size() / 8; ++i) {
+          const uint64_t word = names[n & ring.mask][i].load(r);
+          std::memcpy(text.data() + i * 8, &word, 8);
+        }
       }
       text.back() = '\0';
       c["name"] = std::string(text.data());
       c["op"] = to_string(call.kind);
-      const std::string what =
-          call.count == 0 ? std::string(to_string(call.kind)) : call.describe();
-      c["call"] = text[0] == '\0' ? what + ", unnamed"
-                                  : fmt::format("{} of tensor '{}'", what, text.data());
+      const std::string op = call.count == 0 ? std::string(to_string(call.kind)) : call.describe();
+      c["call"] =
+          text[0] == '\0' ? op + ", unnamed" : fmt::format("{} of tensor '{}'", op, text.data());
     } else if (kind == FlightCall::Kind::kCollective) {
       c["op"] = to_string(call.kind);
       c["call"] = call.describe();
       c["dtype"] = to_string(call.dtype);
       c["count"] = call.count;
-      c["algorithm"] = s.algorithm.load(r);
+      const char* algorithm = ring.algorithms[n & ring.mask].load(r);
+      c["algorithm"] = algorithm != nullptr ? algorithm : "";
     } else {
       const int peer = s.peer.load(r);
       c["op"] = kind_name(kind);
@@ -399,10 +590,34 @@ std::string FlightRecorder::dump(std::string_view reason) {
               : fmt::format("recv({} bytes from any rank, tag {})", call.count, s.tag.load(r));
     }
     if (const void* caller = s.caller.load(r)) c["caller"] = code_address_name(caller);
+    if (const uint32_t site = s.site.load(r); site != 0 && site <= sites.size())
+      c["python"] = sites[site - 1];
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (s.ticket.load(r) != t) continue;  // overwritten while read
-    calls.push_back(std::move(c));
+    if (s.ticket.load(r) != t) return std::nullopt;
+    return c;
+  };
+  // Every thread's ring, merged oldest first.
+  std::vector<std::pair<int64_t, json>> entries;
+  for (size_t i = 0; i < ring_count_.load(std::memory_order_acquire); ++i) {
+    const Ring& ring = *rings_[i].load(std::memory_order_acquire);
+    std::vector<std::pair<uint64_t, int>> owners;
+    {
+      std::lock_guard lock(threads_mu_);
+      owners = ring.owners;
+    }
+    const uint64_t end = ring.last.load(std::memory_order_acquire) + 1;
+    size_t owner = 0;
+    for (uint64_t n = end > ring.mask + 1 ? end - ring.mask - 1 : 1; n < end; ++n) {
+      while (owner + 1 < owners.size() && owners[owner + 1].first <= n) ++owner;
+      const int tid = owners.empty() ? 0 : owners[owner].second;
+      const int64_t enqueued = ring.slots[n & ring.mask].enqueued_ns.load(r);
+      if (auto c = describe(ring, n, tid)) entries.emplace_back(enqueued, std::move(*c));
+    }
   }
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  json calls = json::array();
+  for (auto& [at, c] : entries) calls.push_back(std::move(c));
   json threads = json::array();
   for (const ThreadStack& t : all_thread_stacks()) {
     json th{{"tid", t.tid}, {"name", t.name}, {"stack", t.frames}};
@@ -422,7 +637,7 @@ std::string FlightRecorder::dump(std::string_view reason) {
     }
   }
   const int rank = rank_.load();
-  const FlightBeat& beat = *beat_;
+  const FlightBeat::Totals totals = beat_.load()->totals();
   json out{{"format", "dtrain-flight-1"},
            {"groups", groups},
            {"rank", rank},
@@ -430,9 +645,9 @@ std::string FlightRecorder::dump(std::string_view reason) {
            {"pid", getpid()},
            {"reason", reason},
            {"time", unix_s},
-           {"completed", beat.completed.load()},
-           {"in_calls", beat.in_calls()},
-           {"capacity", capacity_},
+           {"completed", totals.completed},
+           {"in_calls", totals.in_calls()},
+           {"capacity", capacity_},  // per thread
            {"calls", std::move(calls)},
            {"threads", std::move(threads)},
            {"python_stacks", python}};

@@ -1,14 +1,20 @@
 // The flight recorder: every process keeps its last calls (collectives and point to point, of
-// every group) in a ring, always on, so that a job that hangs or fails can say what each rank
+// every group) in rings, always on, so that a job that hangs or fails can say what each rank
 // was doing and since when. `dtrain doctor` reads the dumps of all ranks together
 // (launch/doctor.h).
 //
-// Recording costs two atomic increments, two reads of the kernel's coarse clock and a few
-// relaxed stores per call: no lock, no allocation, no formatting (docs/performance.md measures
-// it on the smallest all-reduce). The coarse clock (CLOCK_MONOTONIC_COARSE, 5 ns against 28 ns
-// for the precise one on a VM) ticks every few milliseconds: a record's times are to the tick,
-// and sums of many short calls (the beat's inside time) are right on average. The ring holds
-// DTRAIN_FLIGHT_RECORDER entries (2,000; 0 turns it off).
+// Recording is cheap (docs/performance.md measures it on the smallest all-reduce): each thread
+// that calls records into a ring of its own and counts in a counter of its own, so a call costs
+// plain stores into one cache line, no atomic read-modify-write, no lock, no allocation, no
+// formatting; the time a call was enqueued comes from the clock read its caller already made
+// for the deadline, and its end costs one read of the kernel's coarse clock
+// (CLOCK_MONOTONIC_COARSE, 5 ns against 28 ns for the precise one on a VM), which ticks every
+// few milliseconds: a record's end is to the tick, and sums of many short calls (the beat's
+// inside time) are right on average. Each ring holds DTRAIN_FLIGHT_RECORDER entries (2,000,
+// rounded up to a power of two; 0 turns the recorder off).
+//
+// Python callers are named by their innermost frames of their own (not torch's or dtrain's):
+// the bindings through which Python calls hold a PythonSite while they call (PythonSite below).
 //
 // A dump, DIR/rank<R>.json with DIR = DTRAIN_FLIGHT_DIR (set by `dtrain run`; else
 // $TMPDIR/dtrain-flight), is written when a collective fails or times out, on SIGUSR2 (which
@@ -28,6 +34,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "comm/collective.h"
@@ -51,25 +58,41 @@ struct FlightCall {
   const char* algorithm = "";    // static storage (the algorithm table's names)
   const void* caller = nullptr;  // the return address in the code that called dtrain
   std::string_view name;         // kNamed: the tensor's name
+  // When it was enqueued, where the caller has read the monotonic clock already (a deadline's
+  // start); else the recorder reads it.
+  std::chrono::steady_clock::time_point enqueued{};
 };
 
-// The page DIR/rank<R>.beat: written by the worker (atomically, field by field) and read by
-// `dtrain run` (launch/hang_monitor.h). Little-endian, 64-bit fields.
+// The page DIR/rank<R>.beat: written by the worker (field by field, each a relaxed atomic store)
+// and read by `dtrain run` (launch/hang_monitor.h). Little-endian, 64-bit fields. Each thread
+// that records or ends calls counts in a counter of its own, so that counting is a plain store;
+// the reader sums them.
 struct FlightBeat {
-  static constexpr uint64_t kMagic = 0x32746165626c6664;  // "dflbeat2"
+  static constexpr uint64_t kMagic = 0x33746165626c6664;  // "dflbeat3"
+  // The page holds 4 KiB. The last counter is shared (atomically) by threads beyond the others.
+  static constexpr size_t kCounters = 160;
+  struct Counter {
+    uint64_t recorded = 0;   // calls recorded by this thread
+    uint64_t completed = 0;  // calls ended (successfully or not) by this thread
+    uint64_t inside_ns = 0;  // total time between their start and end
+  };
+  struct Totals {
+    uint64_t recorded = 0, completed = 0, inside_ns = 0;
+    // Calls this rank is in now.
+    int64_t in_calls() const {
+      return recorded > completed ? static_cast<int64_t>(recorded - completed) : 0;
+    }
+  };
   uint64_t magic = kMagic;
   int64_t pid = 0;
   int64_t rank = -1;
-  std::atomic<uint64_t> recorded{0};   // calls recorded: the last ticket
-  std::atomic<uint64_t> completed{0};  // calls ended (successfully or not)
-  std::atomic<int64_t> inside_ns{0};   // total time between a call's start and end
-  // Calls this rank is in now.
-  int64_t in_calls() const {
-    return static_cast<int64_t>(recorded.load(std::memory_order_relaxed) -
-                                completed.load(std::memory_order_relaxed));
-  }
+  uint64_t counters_used = 0;
+  std::array<Counter, kCounters> counters{};
+
+  // The sums over the counters (of a live page, or of a copy the launcher read).
+  Totals totals() const;
 };
-static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(sizeof(FlightBeat) <= 4096);
 
 // DIR/rank<R>.exit, beside the records: `dtrain run`'s word on how rank R's process ended ("failed
 // with exit code 1", "was killed by SIGKILL (Killed)"), written as it is reaped, so that a peer
@@ -97,12 +120,29 @@ class FlightRecorder {
   // This process's rank and world size, from its world group: names the dump and the beat.
   void set_rank(int rank, int world_size);
 
-  // Records a call as enqueued now; returns its ticket (0 when the recorder is off).
+  // Records a call as enqueued; returns its ticket (0 when the recorder is off).
   uint64_t record(const FlightCall& call);
   void started(uint64_t ticket);
   // A point-to-point call learns its message number once posted.
   void set_seq(uint64_t ticket, uint32_t seq);
   void ended(uint64_t ticket, bool ok);
+
+  // Where Python calls: the calls the thread records while a PythonSite lives are attributed to
+  // it. `site` is an id from python_site(); the bindings through which Python calls make one
+  // (python/core/python_site.h), a C++ program never does.
+  class PythonSite {
+   public:
+    explicit PythonSite(uint32_t site);
+    ~PythonSite();
+    PythonSite(const PythonSite&) = delete;
+    PythonSite& operator=(const PythonSite&) = delete;
+
+   private:
+    uint32_t previous_;
+  };
+  // A small number for a Python call site's text ("train.py:42 in step"), kept for the life of
+  // the process.
+  uint32_t python_site(std::string_view text);
 
   // Writes the dump and returns its path ("" when it could not; the log says why). `reason`:
   // "collective #7 of group world timed out", "SIGUSR2". A failure dumps at most once every few
@@ -120,15 +160,33 @@ class FlightRecorder {
   FlightRecorder();
   friend void* ::dtrain_flight_recorder_v1();
   struct Slot;
+  struct Ring;
+  struct Thread;
+  static Thread& this_thread();
+  Thread* attach_thread();
+  void detach_thread(Thread* t);
+  Ring* ring_of(Thread& t);
+  Ring* new_ring(Thread& t);
+  Slot* slot_of(uint64_t ticket) const;
+  void count(const Thread& t, uint64_t FlightBeat::Counter::*field, uint64_t n);
   void start_dump_thread();
+
+  static constexpr size_t kMaxRings = 1024;  // threads recording at once; more go unrecorded
 
   std::mutex groups_mu_;  // guards group_names_: few, added at group creation
   std::vector<std::string> group_names_;
+  std::mutex sites_mu_;  // guards the sites: added once per call site
+  std::unordered_map<std::string, uint32_t> site_ids_;
+  std::vector<std::string> site_names_;  // by id - 1
+  static thread_local Thread* current_;  // trivial, so that reading it costs a load
+  std::mutex threads_mu_;                // guards free_threads_ and ring creation
+  std::vector<Thread*> free_threads_;    // of threads that ended: their rings keep their calls
+  std::array<std::atomic<Ring*>, kMaxRings> rings_{};
+  std::atomic<size_t> ring_count_{0};
   std::mutex dump_mu_;                           // one dump at a time
   std::array<std::atomic<bool>, 1024> muted_{};  // by group id
   const size_t capacity_;
-  Slot* slots_ = nullptr;
-  FlightBeat* beat_;  // the mapped page under `dtrain run`, else local_beat_
+  std::atomic<FlightBeat*> beat_;  // the mapped page under `dtrain run`, else local_beat_
   FlightBeat local_beat_;
   std::atomic<int> rank_{-1};
   int world_size_ = 0;

@@ -194,7 +194,8 @@ class NativeProcessGroup : public ProcessGroup,
   uint16_t flight_group_ = 0;  // this group's name in the flight recorder
   // Records a point-to-point call (null for a group the recorder leaves out) and returns the
   // ticket its work ends.
-  uint64_t record_p2p(FlightCall::Kind kind, size_t bytes, int peer, int tag, const void* caller);
+  uint64_t record_p2p(FlightCall::Kind kind, size_t bytes, int peer, int tag, const void* caller,
+                      const Deadline& deadline);
   std::unique_ptr<Watchdog> watchdog_;
 
   std::mutex mu_;  // guards next_seq_, children_, failure_, failed_seq_, mismatch_, mismatch_seq_

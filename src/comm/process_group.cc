@@ -475,9 +475,14 @@ void NativeProcessGroup::fail_internal_groups(std::exception_ptr error) {
 // ---- point to point ----
 
 uint64_t NativeProcessGroup::record_p2p(FlightCall::Kind kind, size_t bytes, int peer, int tag,
-                                        const void* caller) {
+                                        const void* caller, const Deadline& deadline) {
   if (internal()) return 0;
-  FlightCall call{.kind = kind, .group = flight_group_, .peer = peer, .tag = tag, .caller = caller};
+  FlightCall call{.kind = kind,
+                  .group = flight_group_,
+                  .peer = peer,
+                  .tag = tag,
+                  .caller = caller,
+                  .enqueued = deadline.start()};
   call.call.count = bytes;
   return FlightRecorder::global().record(call);
 }
@@ -490,10 +495,11 @@ std::shared_ptr<Work> NativeProcessGroup::isend(const TensorView& tensor, int ds
         [&](auto h, auto left) { return isend(h[0], dst, tag, with_timeout(options, left)); });
   check_peer(info(), dst, tensor, "send");
   uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
-  const uint64_t flight =
-      record_p2p(FlightCall::Kind::kSend, tensor.nbytes(), dst, tag, __builtin_return_address(0));
-  return std::make_shared<PairWork>(
-      pair_of(dst).isend(t, tensor.data, tensor.nbytes(), deadline_for(options.timeout)), flight);
+  const Deadline deadline = deadline_for(options.timeout);
+  const uint64_t flight = record_p2p(FlightCall::Kind::kSend, tensor.nbytes(), dst, tag,
+                                     __builtin_return_address(0), deadline);
+  return std::make_shared<PairWork>(pair_of(dst).isend(t, tensor.data, tensor.nbytes(), deadline),
+                                    flight);
 }
 
 std::shared_ptr<Work> NativeProcessGroup::irecv(const TensorView& tensor, int src, int tag,
@@ -504,10 +510,11 @@ std::shared_ptr<Work> NativeProcessGroup::irecv(const TensorView& tensor, int sr
         [&](auto h, auto left) { return irecv(h[0], src, tag, with_timeout(options, left)); });
   check_peer(info(), src, tensor, "recv");
   uint64_t t = make_tag(TagSpace::kPointToPoint, group_id_, static_cast<uint32_t>(tag));
-  const uint64_t flight =
-      record_p2p(FlightCall::Kind::kRecv, tensor.nbytes(), src, tag, __builtin_return_address(0));
-  return std::make_shared<PairWork>(
-      pair_of(src).irecv(t, tensor.data, tensor.nbytes(), deadline_for(options.timeout)), flight);
+  const Deadline deadline = deadline_for(options.timeout);
+  const uint64_t flight = record_p2p(FlightCall::Kind::kRecv, tensor.nbytes(), src, tag,
+                                     __builtin_return_address(0), deadline);
+  return std::make_shared<PairWork>(pair_of(src).irecv(t, tensor.data, tensor.nbytes(), deadline),
+                                    flight);
 }
 
 std::shared_ptr<Work> NativeProcessGroup::irecv_any(const TensorView& tensor, int tag,
@@ -659,7 +666,8 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                                                         .seq = seq,
                                                         .call = call,
                                                         .algorithm = algorithm.data(),
-                                                        .caller = caller});
+                                                        .caller = caller,
+                                                        .enqueued = deadline.start()});
   if (failed) {
     recorder.ended(flight, false);
     const std::string since =

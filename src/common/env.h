@@ -139,8 +139,9 @@ struct Var {
     "Report interval of waits: a collective (lowest waiting rank: who has not arrived), the "      \
     "rendezvous (rank 0: who has not registered), reaching the store. 0 = silent.")                \
   X(kFlightRecorder, "DTRAIN_FLIGHT_RECORDER", "2000",                                             \
-    "Calls each process keeps in its flight recorder (collectives and point to point), dumped "    \
-    "on a failure, a timeout or SIGUSR2 for `dtrain doctor`. 0 = off.")                            \
+    "Calls each thread that calls keeps in the flight recorder (collectives and point to point; "  \
+    "rounded up to a power of two), dumped on a failure, a timeout or SIGUSR2 for `dtrain "        \
+    "doctor`. 0 = off.")                                                                           \
   X(kFlightDir, "DTRAIN_FLIGHT_DIR", "",                                                           \
     "Where flight records are dumped (rank<r>.json); set by `dtrain run`. Unset: "                 \
     "$TMPDIR/dtrain-flight.")                                                                      \

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/flight_recorder.h"
+#include "common/python_library.h"
 #include "dtrain/error.h"
 
 namespace dtrain::launch {
@@ -62,6 +63,7 @@ RankRecord parse(const std::string& path) {
       if (c.contains("started") && !c["started"].is_null()) call.started = c["started"];
       if (c.contains("ended") && !c["ended"].is_null()) call.ended = c["ended"];
       call.caller = c.value("caller", "");
+      call.python = c.value("python", "");
       r.calls.push_back(std::move(call));
     }
     for (const auto& t : j.value("threads", json::array()))
@@ -73,15 +75,6 @@ RankRecord parse(const std::string& path) {
         "dtrain doctor: {} is not a whole flight record ({}); was it cut short?", path, e.what()));
   }
   return r;
-}
-
-// Whether a Python frame's file is library code (dtrain's package, torch, the standard library,
-// anything installed): the frame to show is the innermost of the program's own.
-bool library_frame(const std::string& file) {
-  for (const char* part : {"/dtrain/torch/", "/dtrain/tensorflow/", "/dtrain/__init__.py",
-                           "/site-packages/", "/dist-packages/", "/lib/python3."})
-    if (file.find(part) != std::string::npos) return true;
-  return false;
 }
 
 // The innermost frame of the program's own code in each Python thread ("worker.py:30 in step"),
@@ -110,9 +103,9 @@ std::vector<std::string> python_tops(const std::string& stacks) {
       const auto sp = rest.find(' ');
       const std::string where = fmt::format("{}:{}{}", file, rest.substr(0, sp),
                                             sp == std::string::npos ? "" : rest.substr(sp));
-      if (top.empty() || (top_is_library && !library_frame(path))) {
+      if (top.empty() || (top_is_library && !is_python_library_file(path))) {
         top = where;
-        top_is_library = library_frame(path);
+        top_is_library = is_python_library_file(path);
       }
       if (line.find(" in <module>") != std::string::npos) is_main = true;
     }
@@ -142,6 +135,14 @@ std::string whereabouts(const RankRecord& r, int tid) {
 
 std::string seconds(double s) { return fmt::format("{:.1f} s", s); }
 
+// Who made the call: " at train.py:42 in step <- ..." for a Python caller, else " from main +0x55
+// (worker)".
+std::string called_by(const RecordedCall& c) {
+  if (!c.python.empty()) return " at " + c.python;
+  if (!c.caller.empty()) return " from " + c.caller;
+  return "";
+}
+
 std::string since_text(const RankRecord& r, const RecordedCall& c) {
   return seconds(r.time - c.started.value_or(c.enqueued));
 }
@@ -162,14 +163,14 @@ std::string doing_instead(const RankRecord& r) {
   std::string doing;
   int tid = latest != nullptr ? latest->thread : 0;
   if (pending != nullptr) {
-    doing = fmt::format("it waits in {}{} (since {})", pending->call, numbered(*pending),
-                        since_text(r, *pending));
+    doing = fmt::format("it waits in {}{}{} (since {})", pending->call, numbered(*pending),
+                        called_by(*pending), since_text(r, *pending));
     tid = pending->thread;
   } else if (latest != nullptr && latest->ended) {
     doing = fmt::format(
-        "it has made no call for {} since its last, {}{}, ended: it is computing, or stuck "
+        "it has made no call for {} since its last, {}{}{}, ended: it is computing, or stuck "
         "outside dtrain",
-        seconds(r.time - *latest->ended), latest->call, numbered(*latest));
+        seconds(r.time - *latest->ended), latest->call, numbered(*latest), called_by(*latest));
   } else {
     doing = "it has made no call at all";
   }
@@ -213,10 +214,12 @@ std::vector<Finding> find_unsubmitted(const std::vector<RankRecord>& records) {
     f.kind = "never_submitted";
     f.group = example[name]->group;
     f.ranks = absent;
-    f.text = fmt::format("{} never submitted {} ({}), which {} {} waited for up to {}. {}.",
+    const std::string by = called_by(*example[name]);
+    f.text = fmt::format("{} never submitted {} ({}{}), which {} {} waited for up to {}. {}.",
                          ranks_text(absent), example[name]->call, example[name]->group,
-                         ranks_text(ranks), ranks.size() == 1 ? "has" : "have",
-                         seconds(waited[name]), fmt::join(absent_text, ". "));
+                         by.empty() ? "" : "; submitted by the others" + by, ranks_text(ranks),
+                         ranks.size() == 1 ? "has" : "have", seconds(waited[name]),
+                         fmt::join(absent_text, ". "));
     out.push_back(std::move(f));
   }
   return out;
@@ -225,9 +228,13 @@ std::vector<Finding> find_unsubmitted(const std::vector<RankRecord>& records) {
 // The first group sequence number at which ranks called different collectives.
 std::optional<Finding> find_mismatch(const std::vector<RankRecord>& records) {
   std::map<std::pair<std::string, uint32_t>, std::map<std::string, std::vector<int>>> by_seq;
+  std::map<std::pair<std::string, uint32_t>, std::map<std::string, std::string>> who;  // a caller
   for (const auto& r : records)
     for (const auto& c : r.calls)
-      if (c.kind == "collective") by_seq[{c.group, c.seq}][c.call].push_back(r.rank);
+      if (c.kind == "collective") {
+        by_seq[{c.group, c.seq}][c.call].push_back(r.rank);
+        who[{c.group, c.seq}].try_emplace(c.call, called_by(c));
+      }
   std::optional<Finding> first;
   double first_time = 0;
   for (const auto& [key, calls] : by_seq) {
@@ -248,7 +255,7 @@ std::optional<Finding> find_mismatch(const std::vector<RankRecord>& records) {
     for (const auto& [call, ranks] : calls) camps_of_biggest += ranks.size() == biggest;
     std::vector<int> odd;
     for (const auto& [call, ranks] : calls) {
-      parts.push_back(fmt::format("{} called {}", ranks_text(ranks), call));
+      parts.push_back(fmt::format("{} called {}{}", ranks_text(ranks), call, who[key][call]));
       if (ranks.size() < biggest || camps_of_biggest > 1)
         odd.insert(odd.end(), ranks.begin(), ranks.end());
     }
@@ -298,8 +305,8 @@ std::optional<Finding> find_deadlock(const std::vector<RankRecord>& records) {
         std::vector<int> cycle(seen, path.end());
         std::vector<std::string> parts;
         for (int r : cycle)
-          parts.push_back(fmt::format("rank {} waits in {} (since {})", r, waits[r]->call,
-                                      since_text(*by_rank[r], *waits[r])));
+          parts.push_back(fmt::format("rank {} waits in {}{} (since {})", r, waits[r]->call,
+                                      called_by(*waits[r]), since_text(*by_rank[r], *waits[r])));
         std::vector<int> sorted = cycle;
         std::sort(sorted.begin(), sorted.end());
         Finding f;

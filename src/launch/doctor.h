@@ -33,7 +33,8 @@ struct RecordedCall {
   int thread = 0;
   double enqueued = 0;
   std::optional<double> started, ended;
-  std::string caller;
+  std::string caller;  // the C++ code that called dtrain ("main +0x55 (worker)")
+  std::string python;  // the Python code that did ("train.py:42 in step <- train.py:88 in main")
   bool pending() const { return state == "queued" || state == "running"; }
 };
 

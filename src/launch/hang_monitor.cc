@@ -46,18 +46,12 @@ std::vector<BeatReading> read_beats(const std::string& dir) {
     if (e.path().extension() != ".beat") continue;
     net::Fd fd(::open(e.path().c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd.valid()) continue;
-    // The fields as the worker lays them out (FlightBeat), read without its atomics' types.
-    struct Raw {
-      uint64_t magic;
-      int64_t pid, rank;
-      uint64_t recorded, completed;
-      int64_t inside_ns;
-    } raw{};
-    static_assert(sizeof(Raw) == sizeof(comm::FlightBeat));
-    if (::pread(fd.get(), &raw, sizeof raw, 0) != static_cast<ssize_t>(sizeof raw)) continue;
-    if (raw.magic != comm::FlightBeat::kMagic) continue;
-    beats.push_back({static_cast<int>(raw.rank), raw.pid, raw.completed,
-                     static_cast<int64_t>(raw.recorded - raw.completed), raw.inside_ns});
+    comm::FlightBeat beat;  // a copy of the worker's page
+    if (::pread(fd.get(), &beat, sizeof beat, 0) != static_cast<ssize_t>(sizeof beat)) continue;
+    if (beat.magic != comm::FlightBeat::kMagic) continue;
+    const comm::FlightBeat::Totals t = beat.totals();
+    beats.push_back({static_cast<int>(beat.rank), beat.pid, t.completed, t.in_calls(),
+                     static_cast<int64_t>(t.inside_ns)});
   }
   std::sort(beats.begin(), beats.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
   return beats;

@@ -15,6 +15,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include "python/python_site.h"
+
 namespace dtrain {
 class ProcessGroup;
 }
@@ -42,10 +44,11 @@ class InterruptibleWait {
   std::shared_ptr<Entry> entry_;
 };
 
-// Runs `call` (which blocks on `group`) with the GIL released, Ctrl-C aborting it. Call with the
-// GIL held.
+// Runs `call` (which blocks on `group`) with the GIL released, Ctrl-C aborting it, its calls
+// recorded as the Python caller's (python_site.h). Call with the GIL held.
 template <typename Call>
 auto run_interruptibly(const std::shared_ptr<ProcessGroup>& group, std::string what, Call&& call) {
+  const PythonCaller caller;
   InterruptibleWait wait(group, std::move(what));
   try {
     pybind11::gil_scoped_release release;

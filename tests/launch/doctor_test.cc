@@ -109,9 +109,13 @@ TEST(Doctor, RanksCallingCollectivesInAnotherOrderFailAtOnceAndTheFirstDifferenc
   EXPECT_EQ(job.run.exit_code, 1) << job.run.output;
   EXPECT_LT(job.run.seconds, kNamedWithin) << job.run.output;
   // The launcher prints the diagnosis of the records the failure wrote, after its summary.
+  // Each side with the code that made the call: the program and the offset in it, which
+  // `addr2line -e fault_worker 0x...` turns into a line.
   EXPECT_NE(job.run.output.find("The ranks disagree at collective #6 of group world: ranks 0, 2 "
-                                "called all_reduce(f32, 256, sum); rank 1 called "
-                                "broadcast(f32, 256, root 0)"),
+                                "called all_reduce(f32, 256, sum) from fault_worker +0x"),
+            std::string::npos)
+      << job.run.output;
+  EXPECT_NE(job.run.output.find("; rank 1 called broadcast(f32, 256, root 0) from fault_worker +0x"),
             std::string::npos)
       << job.run.output;
   const json d = doctor_json(job.dir, 1);

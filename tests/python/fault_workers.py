@@ -66,10 +66,10 @@ def main(frontend, fault, steps=10):
             receive(grad, 1 - rank)
             dist.send(grad, dst=1 - rank)
         if fault == "order" and step >= 6 and rank == 1:
-            reduce(loss, "loss")
+            reduce(loss, "loss")  # out of order
             reduce(grad, "grad")
             continue
-        reduce(grad, "grad")
+        reduce(grad, "grad")  # in order
         reduce(loss, "loss")
     if rank == 0:
         print("DONE", flush=True)

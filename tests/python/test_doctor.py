@@ -76,6 +76,8 @@ def test_a_rank_that_skips_an_all_reduce_is_named_with_what_it_does_instead(tmp_
         first = out.index("- rank")
         assert out.startswith("- rank 1 never submitted all_reduce(f32, 4, avg) of tensor 'loss'",
                               first), out
+        assert (f"submitted by the others at fault_workers.py:{line_of('hvd.synchronize')} in "
+                "reduce <- ") in out, out
         assert "rank 1: it waits in all_reduce(f32, 256, avg) of tensor 'grad'" in out, out
 
 
@@ -86,8 +88,12 @@ def test_ranks_calling_all_reduces_in_another_order_are_named(tmp_path, frontend
     if frontend == "torch":
         # The calls' fingerprints differ: every rank fails at once, and the records say where.
         assert code == 1, out
-        assert ("ranks 0, 2 called all_reduce(f32, 256, sum); rank 1 called "
-                "all_reduce(f32, 4, sum)") in out, out
+        # Each side named with the program's own lines that made the call.
+        reduce_at = f"fault_workers.py:{line_of('dist.all_reduce(t)')} in reduce"
+        assert (f"ranks 0, 2 called all_reduce(f32, 256, sum) at {reduce_at} <- "
+                f"fault_workers.py:{line_of('# in order')} in main; rank 1 called "
+                f"all_reduce(f32, 4, sum) at {reduce_at} <- "
+                f"fault_workers.py:{line_of('# out of order')} in main") in out, out
     else:
         # The loss goes through the coordinator, matched by name: each side waits for the tensor
         # the other has not sent.
@@ -102,7 +108,9 @@ def test_a_send_recv_deadlock_is_named_as_a_cycle(tmp_path):
     code, out, flight, after = run_faulty(tmp_path, "torch", "p2p", 2)
     assert code == 124, out
     assert after < NAMED_WITHIN, (after, out)
-    assert "Point-to-point deadlock: rank 0 waits in recv(1024 bytes from rank 1, tag 0)" in out
+    assert ("Point-to-point deadlock: rank 0 waits in recv(1024 bytes from rank 1, tag 0) at "
+            f"fault_workers.py:{line_of('dist.recv(')} in receive <- "
+            f"fault_workers.py:{line_of('receive(grad, 1 - rank)')} in main") in out, out
     assert doctor(flight)["findings"][0]["kind"] == "deadlock"
 
 

@@ -6,6 +6,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/torch/tensor_view.h"
+#include "python/python_site.h"
 #include "python/torch/c10d_store.h"
 #include "python/torch/c10d_work.h"
 
@@ -245,6 +246,7 @@ void C10dBackend::abort() {
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                       const c10d::BroadcastOptions& opts) {
+  const PythonCaller caller;
   at::Tensor t = single(tensors, site("broadcast"));
   at::Tensor buf = contiguous(t);
   auto work = make_work(c10d::OpType::BROADCAST, "dtrain:broadcast", true);
@@ -267,6 +269,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce(std::vector<at::Tensor>& t
     work->set_result({t});
     return work;
   }
+  const PythonCaller caller;
   at::Tensor buf = contiguous(t);
   premultiply(opts.reduceOp, buf);
   work->add(pg_->allreduce(view_of(buf), {.op = op, .timeout = timeout_of(opts.timeout)}));
@@ -278,6 +281,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce(std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const PythonCaller caller;
   if (tensors.empty())
     throw InvalidArgumentError("dtrain backend: allreduce_coalesced of an empty list");
   for (const auto& t : tensors) check_same(t, tensors[0], "allreduce_coalesced", "every tensor");
@@ -295,6 +299,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_coalesced(
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tensors,
                                                    const c10d::ReduceOptions& opts) {
+  const PythonCaller caller;
   at::Tensor t = single(tensors, site("reduce"));
   const ReduceOp op = reduce_op(opts.reduceOp, t, site("reduce"));
   const bool root = opts.rootRank == rank_;
@@ -314,6 +319,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce(std::vector<at::Tensor>& tens
 c10::intrusive_ptr<c10d::Work> C10dBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::AllgatherOptions& opts) {
+  const PythonCaller caller;
   at::Tensor in = contiguous(single(inputs, site("all_gather")));
   if (outputs.size() != 1)
     throw InvalidArgumentError(fmt::format(
@@ -332,6 +338,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather(std::vector<std::vector<at
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                             const c10d::AllgatherOptions& opts) {
+  const PythonCaller caller;
   check_same(output, input, "all_gather_into_tensor", "the output");
   if (output.numel() != input.numel() * size_)
     throw InvalidArgumentError(fmt::format(
@@ -351,6 +358,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::_allgather_base(at::Tensor& output, 
 c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  const PythonCaller caller;
   // torch's layout: one list per rank, each holding that rank's copy of every input.
   if (outputs.size() != static_cast<size_t>(size_))
     throw InvalidArgumentError(
@@ -394,6 +402,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_coalesced(
 c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
+  const PythonCaller caller;
   if (outputs.size() != inputs.size() || inputs.empty())
     throw InvalidArgumentError(fmt::format(
         "dtrain backend: allgather_into_tensor_coalesced: {} outputs for {} inputs (one each, "
@@ -436,6 +445,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allgather_into_tensor_coalesced(
 c10::intrusive_ptr<c10d::Work> C10dBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                    std::vector<at::Tensor>& inputs,
                                                    const c10d::GatherOptions& opts) {
+  const PythonCaller caller;
   at::Tensor in = contiguous(single(inputs, site("gather")));
   const int root = static_cast<int>(opts.rootRank);
   at::Tensor flat;
@@ -468,6 +478,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::gather(std::vector<std::vector<at::T
 c10::intrusive_ptr<c10d::Work> C10dBackend::scatter(std::vector<at::Tensor>& outputs,
                                                     std::vector<std::vector<at::Tensor>>& inputs,
                                                     const c10d::ScatterOptions& opts) {
+  const PythonCaller caller;
   at::Tensor output = single(outputs, site("scatter"));
   at::Tensor out = contiguous(output);
   const int root = static_cast<int>(opts.rootRank);
@@ -498,6 +509,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::scatter(std::vector<at::Tensor>& out
 c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  const PythonCaller caller;
   at::Tensor output = single(outputs, site("reduce_scatter"));
   if (inputs.size() != 1)
     throw InvalidArgumentError(fmt::format(
@@ -520,6 +532,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter(
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  const PythonCaller caller;
   check_same(output, input, "reduce_scatter_tensor", "the output");
   if (input.numel() != output.numel() * size_)
     throw InvalidArgumentError(fmt::format(
@@ -546,6 +559,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::_reduce_scatter_base(
 c10::intrusive_ptr<c10d::Work> C10dBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
+  const PythonCaller caller;
   if (outputs.size() != inputs.size() || inputs.empty())
     throw InvalidArgumentError(fmt::format(
         "dtrain backend: reduce_scatter_tensor_coalesced: {} outputs for {} inputs (one each, "
@@ -592,6 +606,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall_base(at::Tensor& output, at
                                                           std::vector<int64_t>& output_split_sizes,
                                                           std::vector<int64_t>& input_split_sizes,
                                                           const c10d::AllToAllOptions& opts) {
+  const PythonCaller caller;
   check_same(output, input, "all_to_all_single", "the output");
   at::Tensor in = contiguous(input), out = contiguous(output);
   auto work = make_work(c10d::OpType::ALLTOALL_BASE, "dtrain:all_to_all_single", true);
@@ -646,6 +661,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall_base(at::Tensor& output, at
 c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllToAllOptions& opts) {
+  const PythonCaller caller;
   if (inputs.size() != static_cast<size_t>(size_) || outputs.size() != static_cast<size_t>(size_))
     throw InvalidArgumentError(
         fmt::format("dtrain backend: all_to_all: {} inputs and {} outputs; the group has {} ranks",
@@ -670,6 +686,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::alltoall(std::vector<at::Tensor>& ou
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::send(std::vector<at::Tensor>& tensors, int dst,
                                                  int tag) {
+  const PythonCaller caller;
   at::Tensor t = contiguous(single(tensors, site("send")));
   auto work = make_work(c10d::OpType::SEND, "dtrain:send", false);
   work->add(pg_->isend(view_of(t), dst, tag));
@@ -679,6 +696,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::send(std::vector<at::Tensor>& tensor
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::recv(std::vector<at::Tensor>& tensors, int src,
                                                  int tag) {
+  const PythonCaller caller;
   at::Tensor t = single(tensors, site("recv"));
   at::Tensor buf = contiguous(t);
   auto work = make_work(c10d::OpType::RECV, "dtrain:recv", false);
@@ -691,6 +709,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::recv(std::vector<at::Tensor>& tensor
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::recvAnysource(std::vector<at::Tensor>& tensors,
                                                           int tag) {
+  const PythonCaller caller;
   at::Tensor t = single(tensors, site("recv"));
   at::Tensor buf = contiguous(t);
   auto work = make_work(c10d::OpType::RECVANYSOURCE, "dtrain:recv_anysource", false);
@@ -702,12 +721,14 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::recvAnysource(std::vector<at::Tensor
 }
 
 c10::intrusive_ptr<c10d::Work> C10dBackend::barrier(const c10d::BarrierOptions& opts) {
+  const PythonCaller caller;
   auto work = make_work(c10d::OpType::BARRIER, "dtrain:barrier", true);
   work->add(pg_->barrier({.timeout = timeout_of(opts.timeout)}));
   return work;
 }
 
 void C10dBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  const PythonCaller caller;
   seq_.fetch_add(1);
   pg_->barrier({.timeout = timeout_of(opts.timeout)})->wait();
 }

@@ -14,6 +14,7 @@
 #include "dtrain/reduce_op.h"
 #include "python/interrupt.h"
 #include "python/progress_binding.h"
+#include "python/python_site.h"
 #include "python/torch/bindings.h"
 #include "python/torch/c10d_backend.h"
 #include "python/torch/c10d_work.h"
@@ -125,10 +126,12 @@ void bind_session(py::module_& m) {
           "allreduce_async_",
           [](Session& s, const at::Tensor& t, const std::string& name, const std::string& op,
              double pre, double post) {
+            const dtrain::python::PythonCaller caller;  // while the GIL is held
+            py::gil_scoped_release release;
             return s.allreduce_async_(t, name, dtrain::parse_reduce_op(op), pre, post);
           },
           py::arg("tensor"), py::arg("name"), py::arg("op"), py::arg("prescale"),
-          py::arg("postscale"), release())
+          py::arg("postscale"))
       .def("join",
            [](Session& s) {
              return dtrain::python::run_interruptibly(
