@@ -28,6 +28,8 @@
 #include "dtrain/error.h"
 #include "dtrain/store.h"
 #include "launch/cpu_binding.h"
+#include "launch/flight_dir.h"
+#include "launch/hang_monitor.h"
 #include "launch/heartbeat.h"
 #include "launch/progress_file.h"
 #include "launch/rendezvous.h"
@@ -362,6 +364,7 @@ class Agent {
       if (!outcome.cause) {
         DTRAIN_LOG_INFO("{}: round {} finished: all {} worker(s) succeeded", prefix_, plan.round,
                         plan.world_size());
+        flight_.remove_if_unused();
         return finish(0, /*linger=*/true);
       }
       const StopCause& cause = *outcome.cause;
@@ -537,7 +540,8 @@ class Agent {
   }
 
   std::vector<WorkerSpec> worker_specs(const RoundPlan& plan, int node_rank,
-                                       const std::string& master_addr, uint16_t master_port) {
+                                       const std::string& master_addr, uint16_t master_port,
+                                       const std::string& flight_dir) {
     std::vector<WorkerSpec> workers;
     const auto cpus = options_.bind ? allowed_cpus() : std::vector<int>{};
     const int base = plan.first_rank(node_rank);
@@ -565,6 +569,7 @@ class Agent {
            {"TORCHELASTIC_RUN_ID", options_.run_id}}});
       if (!commit_dir_->path().empty())
         workers.back().env.emplace_back("DTRAIN_COMMIT_DIR", commit_dir_->path());
+      workers.back().env.emplace_back(env::kFlightDir.name, flight_dir);
       for (const auto& e : options_.env) workers.back().env.push_back(e);
       workers.back().cpus = cpu_share(local, options_.nproc, cpus);
       if (static_cast<size_t>(local) < options_.local_ranks.size()) {
@@ -619,16 +624,30 @@ class Agent {
                     prefix_, plan.round, plan.describe(), node_rank, first,
                     first + options_.nproc - 1, plan.restarts);
 
+    // Each round's records in a directory of its own: a stuck round's outlive the next.
+    const FlightDir round_flight = flight_.sub(fmt::format("round{}", plan.round));
     SupervisorOptions so;
     so.command = options_.command;
-    so.workers = worker_specs(plan, node_rank, zero.addr, *port);
+    so.workers = worker_specs(plan, node_rank, zero.addr, *port, round_flight.path());
     if (options_.on_round) options_.on_round(static_cast<int>(plan.restarts), first);
     so.prefix_output = options_.prefix_output;
     so.grace_period = options_.grace_period;
     so.report_failure = false;
     const auto started = Clock::now();
+    const double started_unix = unix_now();
     RoundWatch watch(watch_link_.store, plan, me_, rdzv_options_, started);
-    so.stop_fd = watch.fd();
+    // This machine's workers, watched as `dtrain run` watches its own: a round stuck in a
+    // collective is diagnosed, stopped and counted as a failure.
+    const auto hang_after = env::get_seconds(env::kHangSeconds);
+    HangMonitor hang({.dir = round_flight.path(),
+                      .hang = hang_after,
+                      .name = prefix_,
+                      .stopping = "this machine's workers"});
+    so.stop_fds = {watch.fd(), hang.stop_fd()};
+    so.on_exit = [&round_flight](const WorkerExit& e) {
+      round_flight.write_exit_word(e.rank, e.how());
+    };
+    so.on_sigusr2 = [&hang] { hang.request_records(); };
     so.on_failure = [&](const WorkerExit& w) {
       stopped_at_ = Clock::now();
       StopCause c;
@@ -667,6 +686,31 @@ class Agent {
 
     SupervisorResult result = supervisor_.supervise(so);
     using Outcome = SupervisorResult::Outcome;
+    if (hang.fired()) {
+      stopped_at_ = Clock::now();
+      StopCause c;
+      c.kind = Kind::kWorkerFailed;
+      c.agent = me_;
+      c.exit_code = kStuckExitCode;
+      c.round_seconds = seconds_between(started, *stopped_at_);
+      c.text = fmt::format(
+          "the workers on {} were stuck: no rank completed a call for {:g} s while some waited in "
+          "one (DTRAIN_HANG_SECONDS); flight records in {}",
+          me_.describe(), hang_after.count() / 1000.0, round_flight.path());
+      try {
+        rdzv_->stop(plan.round, c);
+      } catch (const Error& e) {
+        DTRAIN_LOG_ERROR("{}: cannot record the stuck round in the store: {}", prefix_, e.what());
+      }
+      if (auto cause = rdzv_->stop_cause(plan.round)) return {std::move(cause), 0};
+      return {c, 0};
+    }
+    if (result.outcome == Outcome::kFailed) {
+      // A failure that wrote flight records (a timeout, a mismatch, a dead peer): what they say.
+      std::string diagnosis = diagnose_directory(round_flight.path(), started_unix);
+      if (!diagnosis.empty() && diagnosis.back() == '\n') diagnosis.pop_back();
+      if (!diagnosis.empty()) say(diagnosis);
+    }
     if (result.outcome == Outcome::kInterrupted || result.interrupted_by != 0) {
       StopCause c;
       c.kind = Kind::kAgentLeft;
@@ -787,10 +831,11 @@ class Agent {
   std::unique_ptr<Rendezvous> rdzv_;
   AgentInfo me_;
   std::string nonce_;  // this run of the job, as opposed to an earlier one with the same id
-  std::optional<Clock::time_point> stopped_at_;  // when the last round stopped, by this clock
-  std::unique_ptr<CommitDir> commit_dir_;        // the workers' DTRAIN_COMMIT_DIR
-  net::HostPort store_at_;                       // the rendezvous store
-  std::unique_ptr<Heartbeat> heartbeat_;         // last: stopped and joined first
+  std::optional<Clock::time_point> stopped_at_;    // when the last round stopped, by this clock
+  std::unique_ptr<CommitDir> commit_dir_;          // the workers' DTRAIN_COMMIT_DIR
+  const FlightDir flight_ = FlightDir::prepare();  // the job's: a round<N> in it per round
+  net::HostPort store_at_;                         // the rendezvous store
+  std::unique_ptr<Heartbeat> heartbeat_;           // last: stopped and joined first
 };
 
 void validate(const ElasticOptions& o) {

@@ -196,9 +196,9 @@ void HangMonitor::on_stuck(const std::string& why) {
   std::string diagnosis = diagnose_directory(options_.dir, asked - 1);
   if (diagnosis.empty()) diagnosis = "dtrain doctor: no rank wrote a flight record in time\n";
   write_all(options_.out_fd,
-            fmt::format("{}{}: stopping the job (records: {}; `dtrain doctor {}` again for "
+            fmt::format("{}{}: stopping {} (records: {}; `dtrain doctor {}` again for "
                         "--json)\n",
-                        diagnosis, options_.name, options_.dir, options_.dir));
+                        diagnosis, options_.name, options_.stopping, options_.dir, options_.dir));
   {
     std::lock_guard lock(mu_);
     fired_ = true;

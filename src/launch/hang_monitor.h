@@ -20,12 +20,16 @@
 
 namespace dtrain::launch {
 
+// The exit status of a job stopped because it was stuck (as timeout(1)'s).
+constexpr int kStuckExitCode = 124;
+
 struct HangMonitorOptions {
   std::string dir;                        // the workers' DTRAIN_FLIGHT_DIR
   std::chrono::milliseconds hang{60000};  // 0 = never call the job stuck
   std::chrono::milliseconds poll{500};
   std::chrono::milliseconds dump_wait{5000};  // for the records after SIGUSR2
   std::string name = "dtrain run";            // how its lines begin
+  std::string stopping = "the job";           // what it stops: "stopping the job"
   int out_fd = 2;
 };
 

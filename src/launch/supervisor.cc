@@ -324,9 +324,9 @@ class Run {
       std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
       std::vector<Stream*> streams{nullptr};
       // Asked to stop from outside: watched until the stop begins.
-      const bool watch_stop = options_.stop_fd >= 0 && !stopping_;
-      if (watch_stop) {
-        fds.push_back({options_.stop_fd, POLLIN, 0});
+      const size_t stop_fds = stopping_ ? 0 : options_.stop_fds.size();
+      for (size_t i = 0; i < stop_fds; ++i) {
+        fds.push_back({options_.stop_fds[i], POLLIN, 0});
         streams.push_back(nullptr);
       }
       for (auto& w : workers_) {
@@ -342,11 +342,13 @@ class Run {
             fmt::format("{}: poll failed: {}", options_.name, std::strerror(errno)));
       if (rc <= 0) continue;
       // Output first, so that a worker's last lines are relayed before its exit is reported.
-      const size_t first_stream = watch_stop ? 2 : 1;
+      const size_t first_stream = 1 + stop_fds;
       for (size_t i = first_stream; i < fds.size(); ++i)
         if (fds[i].revents != 0) read_stream(*streams[i]);
       if (fds[0].revents != 0) read_signals();
-      if (watch_stop && fds[1].revents != 0 && !stopping_) {
+      bool asked_to_stop = false;
+      for (size_t i = 1; i < first_stream; ++i) asked_to_stop |= fds[i].revents != 0;
+      if (asked_to_stop && !stopping_) {
         DTRAIN_LOG_DEBUG("{}: asked to stop {} worker(s)", options_.name, running_count());
         stopped_by_request_ = true;
         stop(SIGTERM);
@@ -734,7 +736,7 @@ class Run {
   bool stopping_ = false;       // SIGTERM (or the forwarded signal) was sent to every worker
   // When the services still running after every worker exited are stopped.
   std::optional<Clock::time_point> services_stop_at_;
-  bool stopped_by_request_ = false;  // through options_.stop_fd
+  bool stopped_by_request_ = false;  // through options_.stop_fds
   bool killed_ = false;              // SIGKILL was sent
   Clock::time_point kill_at_{};
   Clock::time_point killed_at_{};

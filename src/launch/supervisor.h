@@ -70,10 +70,11 @@ struct SupervisorOptions {
   int stdout_fd = 1;                             // where the workers' stdout lines go
   int stderr_fd = 2;                             // their stderr lines, and the summary
 
-  // For the elastic agent, which decides about failures across machines:
-  // When readable, every worker is stopped (SIGTERM, SIGKILL after the grace period) and the
-  // result says kStopped: a worker on another machine failed. -1 = none.
-  int stop_fd = -1;
+  // When one of these is readable, every worker is stopped (SIGTERM, SIGKILL after the grace
+  // period) and the result says kStopped: the hang monitor found the job stuck, or (for the
+  // elastic agent, which decides about failures across machines) a worker on another machine
+  // failed.
+  std::vector<int> stop_fds;
   // Called once, with the first worker that fails (before the others are stopped), so that the
   // agent can tell the other machines at once.
   std::function<void(const WorkerExit&)> on_failure;
@@ -96,11 +97,11 @@ struct SupervisorResult {
     kSucceeded,    // every worker exited 0
     kFailed,       // a worker failed; first_failure says which
     kInterrupted,  // a signal to the launcher stopped the job; interrupted_by says which
-    kStopped,      // stop_fd asked for it
+    kStopped,      // stop_fds asked for it
     kRequeued,     // the workers exited with Preemption::kRequeueExitCode: run the job again
   };
   Outcome outcome = Outcome::kSucceeded;
-  int exit_code = 0;  // as Supervisor::run returns it (0 when stopped through stop_fd)
+  int exit_code = 0;  // as Supervisor::run returns it (0 when stopped through stop_fds)
   std::optional<WorkerExit> first_failure;
   int interrupted_by = 0;  // a signal told the launcher to stop (also while it was stopping)
 };

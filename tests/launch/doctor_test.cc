@@ -2,7 +2,8 @@
 // skips a collective, one stuck in compute, ranks calling collectives in another order, a
 // send/recv deadlock, a rank 3x slower than the rest. With DTRAIN_HANG_SECONDS=10 the launcher
 // names the right rank and call within 15 s of the hang and stops the job (exit 124); `dtrain
-// doctor` reads the same records again, as text and as JSON. Plus records it must refuse.
+// doctor` reads the same records again, as text and as JSON. The elastic agent does the same
+// for each round. Plus records it must refuse.
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -115,8 +116,9 @@ TEST(Doctor, RanksCallingCollectivesInAnotherOrderFailAtOnceAndTheFirstDifferenc
                                 "called all_reduce(f32, 256, sum) from fault_worker +0x"),
             std::string::npos)
       << job.run.output;
-  EXPECT_NE(job.run.output.find("; rank 1 called broadcast(f32, 256, root 0) from fault_worker +0x"),
-            std::string::npos)
+  EXPECT_NE(
+      job.run.output.find("; rank 1 called broadcast(f32, 256, root 0) from fault_worker +0x"),
+      std::string::npos)
       << job.run.output;
   const json d = doctor_json(job.dir, 1);
   EXPECT_EQ(d["findings"][0]["kind"], "mismatch");
@@ -180,6 +182,39 @@ TEST(Doctor, AHealthyJobRunsToItsEndWithNoWordFromTheMonitor) {
   EXPECT_EQ(job.run.exit_code, 0) << job.run.output;
   EXPECT_NE(job.run.output.find("DONE 10 steps"), std::string::npos) << job.run.output;
   EXPECT_EQ(job.run.output.find("dtrain doctor"), std::string::npos) << job.run.output;
+}
+
+// The elastic agent watches its rounds as `dtrain run` watches a job: a stuck round is
+// diagnosed, its workers stopped and the round counted as a failure; its records stay in a
+// directory of their own while the next round runs. Out of restarts, the job ends as stuck.
+TEST(Doctor, AnElasticRunDiagnosesAStuckRoundRestartsItAndEndsAsStuck) {
+  TempDir dir;
+  const std::string flight = dir.path + "/flight";
+  const auto run =
+      run_command({kBin + "/dtrain", "run", "-n", "2", "--max-restarts", "1", "--grace-period", "1",
+                   "--", kBin + "/fault_worker", "--fault", "compute", "--steps", "10"},
+                  {.env = {{"DTRAIN_HANG_SECONDS", "3"}, {"DTRAIN_FLIGHT_DIR", flight}},
+                   .timeout = std::chrono::seconds(120)});
+  EXPECT_EQ(run.exit_code, 124) << run.output;
+  const std::string& out = run.output;
+  for (int round : {0, 1}) {
+    const std::string records = fmt::format("{}/round{}", flight, round);
+    EXPECT_NE(out.find(fmt::format("dtrain doctor: 2 records (ranks 0, 1) in {}", records)),
+              std::string::npos)
+        << out;
+    EXPECT_TRUE(std::filesystem::exists(records + "/rank1.json")) << records;
+    EXPECT_NE(out.find(fmt::format("round {} stopped after", round)), std::string::npos) << out;
+  }
+  EXPECT_NE(out.find("rank 1 never entered collective #6 of group world"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("were stuck: no rank completed a call for 3 s while some waited in one "
+                     "(DTRAIN_HANG_SECONDS); flight records in " +
+                     flight + "/round0; restart 1 of 1 (--max-restarts)"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("that is failure 2, more than --max-restarts 1: the job ends"),
+            std::string::npos)
+      << out;
 }
 
 TEST(Doctor, RefusesADirectoryWithoutRecordsAndACutRecordNamingTheFile) {

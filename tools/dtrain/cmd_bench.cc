@@ -528,7 +528,7 @@ Outcome run_children(launch::Supervisor& supervisor, const std::string& impl,
   at.it_value.tv_nsec = static_cast<long>(limit.count() % 1'000'000'000);
   if (at.it_value.tv_sec == 0 && at.it_value.tv_nsec == 0) at.it_value.tv_nsec = 1;
   ::timerfd_settime(timer.get(), 0, &at, nullptr);
-  so.stop_fd = timer.get();
+  so.stop_fds = {timer.get()};
   const launch::SupervisorResult r = supervisor.supervise(so);
   using Ended = launch::SupervisorResult::Outcome;
   switch (r.outcome) {

@@ -27,7 +27,6 @@
 
 #include <fmt/format.h>
 
-#include "comm/flight_recorder.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "common/socket.h"
@@ -36,6 +35,7 @@
 #include "launch/allocator_preload.h"
 #include "launch/cpu_binding.h"
 #include "launch/elastic_agent.h"
+#include "launch/flight_dir.h"
 #include "launch/gpu_topology.h"
 #include "launch/hang_monitor.h"
 #include "launch/metrics/metrics_endpoint.h"
@@ -333,42 +333,6 @@ int run_elastic_job(const RunArgs& a, const ElasticArgs& e, bool node_rank_given
   return launch::run_elastic(o);
 }
 
-// The exit status of a job `dtrain run` stopped because it was stuck (as timeout(1)'s).
-constexpr int kStuckExitCode = 124;
-
-// The workers' DTRAIN_FLIGHT_DIR: the user's, else one for this launch (`ours`). Records of an
-// earlier job there are removed, so that the hang monitor and `dtrain doctor` read this job's only.
-struct FlightDir {
-  std::string path;
-  bool ours = false;  // made for this launch: removed after a job that succeeded without records
-};
-FlightDir prepare_flight_dir() {
-  std::string dir = env::get_string(env::kFlightDir);
-  const bool ours = dir.empty();
-  if (ours) {
-    const char* tmp = std::getenv("TMPDIR");
-    dir = fmt::format("{}/dtrain-flight-{}", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                      ::getpid());
-  }
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const auto ext = e.path().extension();
-    if (name.rfind("rank", 0) == 0 && (ext == ".json" || ext == ".beat" || ext == ".exit"))
-      std::filesystem::remove(e.path(), ec);
-  }
-  return {dir, ours};
-}
-
-// Whether `dir` holds a flight record (rank<R>.json).
-bool holds_records(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    if (e.path().extension() == ".json") return true;
-  return false;
-}
-
 int run_job(const RunArgs& a) {
   validate(a);
   // Before the store starts its threads, so that they inherit the blocked signals.
@@ -386,8 +350,8 @@ int run_job(const RunArgs& a) {
         launch::MetricsEndpointOptions{.port = a.metrics_port, .address = a.metrics_addr});
     metrics->set_ranks(a.node_rank * a.nproc, a.nproc);
   }
-  const FlightDir flight = prepare_flight_dir();
-  const std::string& flight_dir = flight.path;
+  const launch::FlightDir flight = launch::FlightDir::prepare();
+  const std::string& flight_dir = flight.path();
   if (metrics) metrics->set_flight_dir(flight_dir);
   const double started =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -463,27 +427,20 @@ int run_job(const RunArgs& a) {
       options.workers.push_back(std::move(spec));
     }
   }
-  options.stop_fd = hang_monitor.stop_fd();
+  options.stop_fds = {hang_monitor.stop_fd()};
   // How each worker ended, for its peers' errors (comm::launcher_exit_word).
-  options.on_exit = [&flight_dir](const launch::WorkerExit& e) {
-    const std::string path = comm::exit_word_path(flight_dir, e.rank);
-    std::ofstream(path + ".tmp") << e.how() << "\n";
-    std::error_code ec;
-    std::filesystem::rename(path + ".tmp", path, ec);
+  options.on_exit = [&flight](const launch::WorkerExit& e) {
+    flight.write_exit_word(e.rank, e.how());
   };
   options.on_sigusr2 = [&hang_monitor] { hang_monitor.request_records(); };
   const launch::SupervisorResult result = supervisor.supervise(options);
-  if (hang_monitor.fired()) return kStuckExitCode;
+  if (hang_monitor.fired()) return launch::kStuckExitCode;
   if (result.outcome == launch::SupervisorResult::Outcome::kFailed) {
     // A failure that wrote flight records (a timeout, a mismatch, a dead peer): what they say.
     const std::string diagnosis = launch::diagnose_directory(flight_dir, started);
     if (!diagnosis.empty()) fmt::print(stderr, "{}", diagnosis);
   }
-  if (result.outcome == launch::SupervisorResult::Outcome::kSucceeded && flight.ours &&
-      !holds_records(flight_dir)) {
-    std::error_code ec;
-    std::filesystem::remove_all(flight_dir, ec);
-  }
+  if (result.outcome == launch::SupervisorResult::Outcome::kSucceeded) flight.remove_if_unused();
   return result.exit_code;
 }
 
