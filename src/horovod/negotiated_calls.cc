@@ -1,9 +1,10 @@
 // NegotiatedCalls: agreement before every call, call order, and joined ranks (see the header).
 //
-// Cost per call: one allgather of 120 bytes per rank before the collective itself.
+// Cost per call: one allgather of 152 bytes per rank before the collective itself.
 #include "horovod/negotiated_calls.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -88,7 +89,9 @@ std::string Call::describe() const {
   if (kind == Kind::kAllreduce || kind == Kind::kReducescatter)
     s += fmt::format(" with {}", to_string(static_cast<ReduceOp>(op_or_root)));
   if (kind == Kind::kBroadcast) s += fmt::format(" from rank {}", op_or_root);
-  if (name != 0) s += fmt::format(" named #{:08x}", name >> 32);
+  if (name != 0)
+    s += label.empty() ? fmt::format(" named #{:08x}", name >> 32)
+                       : fmt::format(" named '{}'", label);
   if (refused) s += " and refused its arguments (its own error says why)";
   return s;
 }
@@ -113,6 +116,11 @@ std::array<int64_t, Call::kWords> Call::encode() const {
   w[5] = refused ? 1 : 0;
   w[6] = count;
   std::copy(dims.begin(), dims.end(), w.begin() + 7);
+  // The name's first bytes, so that another rank's errors can show it ("grad/layer1..." when
+  // longer).
+  std::string text = label.size() <= kLabelBytes ? label : label.substr(0, kLabelBytes - 3) + "...";
+  text.resize(kLabelWords * 8, '\0');
+  std::memcpy(w.data() + 7 + kMaxDims, text.data(), kLabelWords * 8);
   return w;
 }
 
@@ -125,7 +133,11 @@ Call Call::decode(const int64_t* w) {
   c.name = static_cast<uint64_t>(w[4]);
   c.refused = w[5] != 0;
   c.count = w[6];
-  std::copy(w + 7, w + kWords, c.dims.begin());
+  std::copy(w + 7, w + 7 + kMaxDims, c.dims.begin());
+  std::array<char, kLabelWords * 8> text{};
+  std::memcpy(text.data(), w + 7 + kMaxDims, text.size());
+  text.back() = '\0';
+  c.label = text.data();
   return c;
 }
 

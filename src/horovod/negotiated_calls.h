@@ -48,7 +48,9 @@ struct Call {
   std::array<int64_t, kMaxDims> dims{};
   uint64_t name = 0;     // a hash of the name the caller gave; 0 for an automatic one
   bool refused = false;  // the caller found its own arguments wrong: every rank's call fails
-  std::string label;     // the name itself, for this rank's flight record (not exchanged)
+  // The name itself: this rank's whole, another's up to kLabelBytes (what its errors show; the
+  // hash decides whether two calls match).
+  std::string label;
 
   static Call of(Kind kind, DType dtype, const std::vector<int64_t>& shape, int64_t op_or_root,
                  const std::string& name);
@@ -61,7 +63,9 @@ struct Call {
   // for allgather and alltoall), op or root.
   uint64_t signature() const;
 
-  static constexpr size_t kWords = 7 + kMaxDims;
+  static constexpr size_t kLabelWords = 4;
+  static constexpr size_t kLabelBytes = kLabelWords * 8 - 1;  // NUL-terminated
+  static constexpr size_t kWords = 7 + kMaxDims + kLabelWords;
   std::array<int64_t, kWords> encode() const;
   static Call decode(const int64_t* words);
   // The call as the flight recorder describes a collective (comm/flight_recorder.h).
