@@ -94,6 +94,21 @@ CollectiveCall CollectiveCall::from_fingerprint(uint64_t fp) {
   return c;
 }
 
+uint64_t CollectiveCall::head() const {
+  return static_cast<uint64_t>(kind) | static_cast<uint64_t>(dtype) << 8 |
+         static_cast<uint64_t>(op) << 16 | uint64_t{static_cast<uint32_t>(root)} << 32;
+}
+
+CollectiveCall CollectiveCall::from_head(uint64_t head, uint64_t count) {
+  CollectiveCall c;
+  c.kind = static_cast<CollectiveKind>(head & 0xff);
+  c.dtype = static_cast<DType>((head >> 8) & 0xff);
+  c.op = static_cast<ReduceOp>((head >> 16) & 0xff);
+  c.root = static_cast<int>(static_cast<uint32_t>(head >> 32));
+  c.count = count;
+  return c;
+}
+
 std::string CollectiveCall::describe() const {
   if (kind == CollectiveKind::kBarrier) return "barrier()";
   std::string s = fmt::format("{}({}", to_string(kind), to_string(dtype));

@@ -46,6 +46,10 @@ struct CollectiveCall {
   // 64 bits: kind 5 | dtype 4 | op 4 | root 13 | count 38 (values beyond a field are folded).
   uint64_t fingerprint() const;
   static CollectiveCall from_fingerprint(uint64_t fp);
+  // Everything but the count in one word, exactly (the fingerprint folds): for records that keep
+  // a call in atomic words, read by another thread (watchdog.h, postmortem.h).
+  uint64_t head() const;
+  static CollectiveCall from_head(uint64_t head, uint64_t count);
   // "all_reduce(f32, 1024, sum)", "broadcast(f32, 4096, root 0)"
   std::string describe() const;
 };

@@ -23,43 +23,51 @@ std::string postmortem_key(const std::string& group, uint32_t seq, int rank) {
 }
 
 void CallHistory::called(uint32_t seq, const CollectiveCall& call) {
-  std::lock_guard lock(mu_);
-  calls_[seq % kKeep] = Entry{seq, call};
-  if (seq > last_called_) last_called_ = seq;
+  constexpr auto r = std::memory_order_relaxed;
+  Entry& e = calls_[seq % kKeep];
+  e.seq.store(0, r);
+  std::atomic_thread_fence(std::memory_order_release);
+  e.head.store(call.head(), r);
+  e.count.store(call.count, r);
+  e.seq.store(seq, std::memory_order_release);
+  if (seq > last_called_.load(r)) last_called_.store(seq, std::memory_order_release);
 }
 
 void CallHistory::finished(uint32_t seq) {
-  std::lock_guard lock(mu_);
-  if (seq > last_finished_) last_finished_ = seq;
+  if (seq > last_finished_.load(std::memory_order_relaxed))
+    last_finished_.store(seq, std::memory_order_release);
 }
 
 uint32_t CallHistory::first_unfinished() const {
-  std::lock_guard lock(mu_);
-  return last_finished_ + 1;
+  return last_finished_.load(std::memory_order_acquire) + 1;
 }
 
 std::optional<CollectiveCall> CallHistory::call(uint32_t seq) const {
-  std::lock_guard lock(mu_);
+  if (seq == 0) return std::nullopt;
   const Entry& e = calls_[seq % kKeep];
-  if (seq == 0 || e.seq != seq) return std::nullopt;
-  return e.call;
+  if (e.seq.load(std::memory_order_acquire) != seq) return std::nullopt;
+  const CollectiveCall c = CollectiveCall::from_head(e.head.load(std::memory_order_relaxed),
+                                                     e.count.load(std::memory_order_relaxed));
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (e.seq.load(std::memory_order_relaxed) != seq) return std::nullopt;  // overwritten meanwhile
+  return c;
 }
 
 std::string CallHistory::describe(uint32_t seq) const {
-  std::lock_guard lock(mu_);
-  const Entry& e = calls_[seq % kKeep];
-  if (seq != 0 && e.seq == seq)
-    return fmt::format("called {}{}", e.call.describe(),
-                       seq <= last_finished_ ? " and completed it" : "");
-  if (last_called_ == 0)
-    return fmt::format("has not called collective #{} (nor any before it)", seq);
-  if (seq < last_called_)
+  if (auto c = call(seq))
+    return fmt::format(
+        "called {}{}", c->describe(),
+        seq <= last_finished_.load(std::memory_order_acquire) ? " and completed it" : "");
+  const uint32_t last = last_called_.load(std::memory_order_acquire);
+  if (last == 0) return fmt::format("has not called collective #{} (nor any before it)", seq);
+  const auto latest = call(last);
+  const std::string what = latest ? latest->describe() : std::string("being recorded");
+  if (seq < last)
     return fmt::format(
         "called collective #{} too long ago to say what it was (its last was #{}, "
         "{})",
-        seq, last_called_, calls_[last_called_ % kKeep].call.describe());
-  return fmt::format("has not called collective #{} yet (its last was #{}, {})", seq, last_called_,
-                     calls_[last_called_ % kKeep].call.describe());
+        seq, last, what);
+  return fmt::format("has not called collective #{} yet (its last was #{}, {})", seq, last, what);
 }
 
 void publish_postmortem(Store& store, const std::string& group, int rank, uint32_t seq,

@@ -6,10 +6,10 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 
@@ -21,10 +21,13 @@ namespace dtrain::comm {
 // The store key of rank `rank`'s statement on collective #seq of `group`.
 std::string postmortem_key(const std::string& group, uint32_t seq, int rank);
 
-// The recent collectives of one group on this rank.
+// The recent collectives of one group on this rank. Recording costs a few stores (no lock):
+// every collective records its call and its end.
 class CallHistory {
  public:
+  // One caller at a time: the group calls it while it holds the lock it numbers calls under.
   void called(uint32_t seq, const CollectiveCall& call);
+  // By the thread that ran collective #seq (the group runs one at a time).
   void finished(uint32_t seq);
   // "called all_reduce(f32, 1024, sum) and completed it", "has not called collective #9 yet
   // (its last was #8, barrier())".
@@ -37,14 +40,14 @@ class CallHistory {
 
  private:
   static constexpr size_t kKeep = 256;
+  // A seqlock: seq is 0 (empty) while the call changes, and set last.
   struct Entry {
-    uint32_t seq = 0;  // 0: empty
-    CollectiveCall call;
+    std::atomic<uint32_t> seq{0};
+    std::atomic<uint64_t> head{0}, count{0};  // the call (CollectiveCall::head)
   };
-  mutable std::mutex mu_;             // guards calls_, last_called_ and last_finished_
   std::array<Entry, kKeep> calls_{};  // collective #s at s % kKeep: the last kKeep calls
-  uint32_t last_called_ = 0;
-  uint32_t last_finished_ = 0;
+  std::atomic<uint32_t> last_called_{0};
+  std::atomic<uint32_t> last_finished_{0};
 };
 
 // Writes this rank's entry for collective `seq` of `group`.

@@ -599,7 +599,7 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
   ctx.set_persistent(&persistent_);
   device_->expect(group_id_, seq, call.fingerprint());
   DTRAIN_LOG_DEBUG("{} via {}", label.describe(), algorithm);
-  watchdog_->enter(seq, call, deadline.limit());
+  watchdog_->enter(seq, call, deadline);
   FlightRecorder& recorder = FlightRecorder::global();
   // A call run inline starts as it is recorded (the coarse clock could not tell them apart).
   if (queued) recorder.started(flight);
@@ -654,11 +654,11 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
     failed = failure_;
     failed_seq = failed_seq_;
     mismatched = mismatch_;
+    history_.called(seq, call);
   }
   const Deadline deadline = deadline_for(timeout);
   // Described only when something goes wrong: formatting costs more than a small collective.
   CollectiveWork::Label label{rank_, call, seq, name_};
-  history_.called(seq, call);
   FlightRecorder& recorder = FlightRecorder::global();
   const uint64_t flight = internal() ? 0
                                      : recorder.record({.kind = FlightCall::Kind::kCollective,

@@ -37,45 +37,49 @@ Watchdog::~Watchdog() {
   }
 }
 
-void Watchdog::enter(uint32_t seq, const CollectiveCall& call, std::chrono::milliseconds limit) {
-  std::lock_guard lock(mu_);
-  seq_ = seq;
-  call_ = call;
-  limit_ = limit;
-  since_ = std::chrono::steady_clock::now();
-  next_report_ = threshold_;
+void Watchdog::enter(uint32_t seq, const CollectiveCall& call, const Deadline& deadline) {
+  constexpr auto r = std::memory_order_relaxed;
+  seq_.store(0, r);
+  std::atomic_thread_fence(std::memory_order_release);
+  head_.store(call.head(), r);
+  count_.store(call.count, r);
+  limit_ms_.store(deadline.limit().count(), r);
+  since_ns_.store(deadline.start().time_since_epoch().count(), r);
+  seq_.store(seq, std::memory_order_release);
 }
 
-int64_t Watchdog::arrived_ms_locked() const {
-  // Wall-clock time of the arrival, derived when asked: enter() reads one clock, not two.
+void Watchdog::leave() { seq_.store(0, std::memory_order_release); }
+
+Watchdog::Running Watchdog::running() const {
+  constexpr auto r = std::memory_order_relaxed;
+  Running run;
+  run.seq = seq_.load(std::memory_order_acquire);
+  if (run.seq == 0) return run;
+  run.call = CollectiveCall::from_head(head_.load(r), count_.load(r));
+  run.limit = std::chrono::milliseconds(limit_ms_.load(r));
+  run.since =
+      std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(since_ns_.load(r)));
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (seq_.load(r) != run.seq) run.seq = 0;  // it ended (or another began) while read
+  return run;
+}
+
+int64_t Watchdog::arrived_ms() const {
+  // Wall-clock time of the arrival, derived when asked: enter() reads no clock.
+  const auto since = std::chrono::steady_clock::time_point(
+      std::chrono::steady_clock::duration(since_ns_.load(std::memory_order_relaxed)));
   const auto arrived = std::chrono::system_clock::now() -
                        std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                           std::chrono::steady_clock::now() - since_);
+                           std::chrono::steady_clock::now() - since);
   return std::chrono::duration_cast<std::chrono::milliseconds>(arrived.time_since_epoch()).count();
-}
-
-void Watchdog::leave() {
-  std::lock_guard lock(mu_);
-  seq_ = 0;
 }
 
 std::string Watchdog::arrivals(uint32_t seq) { return read_arrivals(seq).text; }
 
-void Watchdog::publish_arrival(uint32_t seq) {
-  int64_t at;
-  {
-    std::lock_guard lock(mu_);
-    at = arrived_ms_locked();
-  }
-  publish(seq, at);
-}
+void Watchdog::publish_arrival(uint32_t seq) { publish(seq, arrived_ms()); }
 
 Watchdog::Arrivals Watchdog::read_arrivals(uint32_t seq) {
-  int64_t mine;
-  {
-    std::lock_guard lock(mu_);
-    mine = arrived_ms_locked();
-  }
+  const int64_t mine = arrived_ms();
   const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();
@@ -140,35 +144,37 @@ void Watchdog::run(std::stop_token stop) {
   std::unique_lock lock(mu_);
   while (!stop.stop_requested()) {
     Clock::time_point wake = Clock::now() + idle;
-    if (seq_ != 0)
-      wake = std::min(wake, since_ + (published_ != seq_ ? threshold_ / 2 : next_report_));
+    Running run = running();
+    if (run.seq != 0 && run.seq != watched_) {  // a collective began since the last look
+      watched_ = run.seq;
+      next_report_ = threshold_;
+    }
+    if (run.seq != 0)
+      wake = std::min(wake, run.since + (published_ != run.seq ? threshold_ / 2 : next_report_));
     cv_.wait_until(lock, stop, wake, [] { return false; });
-    if (stop.stop_requested() || seq_ == 0) continue;
-    const auto waited = Clock::now() - since_;
+    if (stop.stop_requested()) continue;
+    run = running();
+    if (run.seq == 0 || run.seq != watched_) continue;
+    const auto waited = Clock::now() - run.since;
     // Every rank stuck this long says when it arrived, well before anyone reports, so that the
     // report finds every waiting rank's entry.
-    if (waited >= threshold_ / 2 && published_ != seq_) {
-      published_ = seq_;
-      const uint32_t seq = seq_;
-      const int64_t at = arrived_ms_locked();
+    if (waited >= threshold_ / 2 && published_ != run.seq) {
+      published_ = run.seq;
       lock.unlock();
-      publish(seq, at);
+      publish(run.seq, arrived_ms());
       lock.lock();
       continue;
     }
     if (waited < next_report_) continue;
     // Past its limit the call is failing, and its error says all this and more: nothing more
     // is due for it.
-    if (limit_ != std::chrono::milliseconds::max() && waited >= limit_) {
+    if (run.limit != std::chrono::milliseconds::max() && waited >= run.limit) {
       next_report_ = Clock::duration::max() / 2;
       continue;
     }
     while (next_report_ <= waited) next_report_ += threshold_;  // 4, 8, 12 s: no drift
-    const uint32_t seq = seq_;
-    const std::string what = call_.describe();
-    const auto limit = limit_;
     lock.unlock();
-    report(seq, what, waited, limit);
+    report(run.seq, run.call.describe(), waited, run.limit);
     lock.lock();
   }
 }

@@ -9,6 +9,7 @@
 // others log it at debug level). Costs nothing while collectives are quick.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "comm/collective.h"
+#include "common/deadline.h"
 #include "dtrain/store.h"
 
 namespace dtrain::comm {
@@ -27,8 +29,10 @@ class Watchdog {
            std::chrono::milliseconds threshold);
   ~Watchdog();
 
-  // `limit`: the collective's timeout, quoted in the reports.
-  void enter(uint32_t seq, const CollectiveCall& call, std::chrono::milliseconds limit);
+  // The collective `seq` runs, waited for since its deadline started (its limit is quoted in
+  // the reports). Called by the thread that runs it, one collective at a time; costs a few
+  // stores (no lock, no clock): every collective calls it.
+  void enter(uint32_t seq, const CollectiveCall& call, const Deadline& deadline);
   void leave();
   // "rank 0 at 12:00:01.234 (waited 3.0 s); not arrived: ranks 2, 3", after publishing ours.
   std::string arrivals(uint32_t seq);
@@ -46,8 +50,16 @@ class Watchdog {
   void report(uint32_t seq, const std::string& what, std::chrono::steady_clock::duration waited,
               std::chrono::milliseconds limit);
   void publish(uint32_t seq, int64_t arrived_ms);
-  // When the running collective arrived, in ms since the epoch (mu_ held).
-  int64_t arrived_ms_locked() const;
+  // The running collective as enter() described it; seq 0 when none.
+  struct Running {
+    uint32_t seq = 0;
+    CollectiveCall call;
+    std::chrono::milliseconds limit{0};
+    std::chrono::steady_clock::time_point since;
+  };
+  Running running() const;
+  // When the running collective arrived, in ms since the epoch.
+  int64_t arrived_ms() const;
 
   Store& store_;
   std::string group_;
@@ -55,12 +67,17 @@ class Watchdog {
   int size_;
   std::chrono::milliseconds threshold_;
 
-  std::mutex mu_;  // guards the fields below
+  // The running collective (Running), written by enter() and leave() as a seqlock: seq_ is 0
+  // while the rest changes and last, so that a reader that finds the same nonzero seq_ before
+  // and after reading the rest has read one collective's fields.
+  std::atomic<uint32_t> seq_{0};
+  std::atomic<uint64_t> head_{0}, count_{0};  // the call (CollectiveCall::head)
+  std::atomic<int64_t> limit_ms_{0}, since_ns_{0};
+
+  // The watchdog's thread's own (cv_ wakes it to stop).
+  std::mutex mu_;
   std::condition_variable_any cv_;
-  uint32_t seq_ = 0;     // the running collective, 0 when none
-  CollectiveCall call_;  // what the running collective is
-  std::chrono::milliseconds limit_{0};
-  std::chrono::steady_clock::time_point since_;
+  uint32_t watched_ = 0;                               // the collective next_report_ is for
   std::chrono::steady_clock::duration next_report_{};  // waited this long: report again
   uint32_t published_ = 0;
   std::jthread thread_;
