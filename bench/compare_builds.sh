@@ -4,14 +4,16 @@
 # np 2 and 4 over TCP and shared memory (CONFIGS="np:transport ...", default all four). Prints, per size, the median time of each build over
 # all its invocations' rounds, the ratio before/after (above 1: the change is faster) and the
 # spread of the invocations' own medians, which is what "no slower" must be judged against.
-#   [INVOCATIONS=3] [ROUNDS=5] [SIZES=4K:64M] [CONFIGS="2:shm 4:tcp"] bash bench/compare_builds.sh BEFORE/bin/dtrain AFTER/bin/dtrain
+# ITERS (30) is each round's calls per size: small sizes need tens of thousands (SIZES=8
+# ITERS=50000) for a round to last long enough to measure.
+#   [INVOCATIONS=3] [ROUNDS=5] [SIZES=4K:64M] [ITERS=30] [CONFIGS="2:shm 4:tcp"] bash bench/compare_builds.sh BEFORE/bin/dtrain AFTER/bin/dtrain
 set -euo pipefail
 before=${1:?usage: compare_builds.sh BEFORE_DTRAIN AFTER_DTRAIN}
 after=${2:?usage: compare_builds.sh BEFORE_DTRAIN AFTER_DTRAIN}
 invocations=${INVOCATIONS:-3}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-common=(--sizes "${SIZES:-4K:64M}" --iters 30 --warmup 5 --rounds "${ROUNDS:-5}")
+common=(--sizes "${SIZES:-4K:64M}" --iters "${ITERS:-30}" --warmup 5 --rounds "${ROUNDS:-5}")
 for config in ${CONFIGS:-2:tcp 2:shm 4:tcp 4:shm}; do
   np=${config%%:*} transport=${config#*:}
   for i in $(seq "$invocations"); do
