@@ -8,9 +8,9 @@
 // plain stores into one cache line, no atomic read-modify-write, no lock, no allocation, no
 // formatting; the time a call was enqueued comes from the clock read its caller already made
 // for the deadline, and its end costs one read of the kernel's coarse clock
-// (CLOCK_MONOTONIC_COARSE, 5 ns against 28 ns for the precise one on a VM), which ticks every
-// few milliseconds: a record's end is to the tick, and sums of many short calls (the beat's
-// inside time) are right on average. Each ring holds DTRAIN_FLIGHT_RECORDER entries (2,000,
+// (CLOCK_MONOTONIC_COARSE, a fraction of the precise one's cost: docs/performance.md), which
+// ticks every few milliseconds: a record's end is to the tick, and sums of many short calls (the
+// beat's inside time) are right on average. Each ring holds DTRAIN_FLIGHT_RECORDER entries (2,000,
 // rounded up to a power of two; 0 turns the recorder off).
 //
 // Python callers are named by their innermost frames of their own (not torch's or dtrain's):
