@@ -13,6 +13,7 @@
 #include "common/socket.h"  // net::Fd
 #include "data/bad_record_hint.h"
 #include "data/crc32c.h"
+#include "data/output_file.h"
 #include "dtrain/error.h"
 
 namespace dtrain::data {
@@ -21,7 +22,6 @@ namespace {
 constexpr char kIndexMagic[8] = {'D', 'T', 'R', 'I', 'D', 'X', '0', '1'};
 constexpr size_t kIndexHeader = 24;  // magic, record count, file size
 constexpr uint64_t kFraming = 16;    // length, its CRC, the data's CRC
-constexpr size_t kWriteBuffer = size_t{1} << 20;
 
 std::string index_path(const std::string& path) { return path + ".index"; }
 
@@ -44,18 +44,6 @@ uint32_t get_u32(const std::byte* p) {
 
 [[noreturn]] void io_error(const std::string& what, const std::string& path) {
   throw InvalidArgumentError(fmt::format("{} {} failed: {}", what, path, std::strerror(errno)));
-}
-
-void write_all(int fd, const std::byte* data, size_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      io_error("writing", path);
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
 }
 
 // Reads exactly n bytes at `offset`; false when the file ends first.
@@ -195,32 +183,16 @@ bool load_index(const std::string& path, uint64_t file_size, std::vector<uint64_
 
 void write_index_file(const std::string& path, const std::vector<uint64_t>& offsets,
                       uint64_t file_size, bool sync) {
-  const std::string ipath = index_path(path);
-  const std::string tmp = ipath + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_error("creating", tmp);
-  try {
-    std::vector<std::byte> raw(kIndexHeader + 8 * offsets.size());
-    std::memcpy(raw.data(), kIndexMagic, sizeof kIndexMagic);
-    put_u64(raw.data() + 8, offsets.size());
-    put_u64(raw.data() + 16, file_size);
-    for (size_t i = 0; i < offsets.size(); ++i)
-      put_u64(raw.data() + kIndexHeader + 8 * i, offsets[i]);
-    write_all(fd, raw.data(), raw.size(), tmp);
-    if (sync && ::fsync(fd) != 0) io_error("fsync of", tmp);
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    io_error("closing", tmp);
-  }
-  if (::rename(tmp.c_str(), ipath.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    io_error("installing", ipath);
-  }
+  std::vector<std::byte> raw(kIndexHeader + 8 * offsets.size());
+  std::memcpy(raw.data(), kIndexMagic, sizeof kIndexMagic);
+  put_u64(raw.data() + 8, offsets.size());
+  put_u64(raw.data() + 16, file_size);
+  for (size_t i = 0; i < offsets.size(); ++i)
+    put_u64(raw.data() + kIndexHeader + 8 * i, offsets[i]);
+  OutputFile out(index_path(path));
+  out.write(raw.data(), raw.size());
+  out.finish(sync);
+  out.install();
 }
 
 }  // namespace
@@ -228,75 +200,36 @@ void write_index_file(const std::string& path, const std::vector<uint64_t>& offs
 // ---- writer ----
 
 TfRecordWriter::TfRecordWriter(std::string path, TfRecordWriterOptions options)
-    : path_(std::move(path)), options_(options) {
-  const std::string tmp = path_ + ".tmp";
-  fd_ = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) io_error("creating", tmp);
-  buffer_.reserve(kWriteBuffer);
-}
+    : path_(std::move(path)), options_(options), out_(std::make_unique<OutputFile>(path_)) {}
 
-TfRecordWriter::~TfRecordWriter() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink((path_ + ".tmp").c_str());
-  }
-}
+TfRecordWriter::~TfRecordWriter() = default;
+
+uint64_t TfRecordWriter::bytes() const { return out_->bytes(); }
 
 void TfRecordWriter::write(std::string_view record) {
   write(std::span(reinterpret_cast<const std::byte*>(record.data()), record.size()));
 }
 
 void TfRecordWriter::write(std::span<const std::byte> record) {
-  if (fd_ < 0)
+  if (!out_->open())
     throw InvalidArgumentError(fmt::format("TfRecordWriter {}: write after close()", path_));
   std::byte header[12], footer[4];
   put_u64(header, record.size());
   put_u32(header + 8, masked_crc32c(header, 8));
   put_u32(footer, masked_crc32c(record.data(), record.size()));
-  offsets_.push_back(size_);
-  size_ += kFraming + record.size();
-  if (buffer_.size() + kFraming + record.size() > kWriteBuffer) flush();
-  if (record.size() >= kWriteBuffer) {  // large records go straight to the file
-    write_all(fd_, header, sizeof header, path_ + ".tmp");
-    write_all(fd_, record.data(), record.size(), path_ + ".tmp");
-    write_all(fd_, footer, sizeof footer, path_ + ".tmp");
-    return;
-  }
-  buffer_.insert(buffer_.end(), header, header + sizeof header);
-  buffer_.insert(buffer_.end(), record.begin(), record.end());
-  buffer_.insert(buffer_.end(), footer, footer + sizeof footer);
-}
-
-void TfRecordWriter::flush() {
-  write_all(fd_, buffer_.data(), buffer_.size(), path_ + ".tmp");
-  buffer_.clear();
+  offsets_.push_back(out_->bytes());
+  out_->write(header, sizeof header);
+  out_->write(record.data(), record.size());
+  out_->write(footer, sizeof footer);
 }
 
 void TfRecordWriter::close() {
-  if (fd_ < 0) return;
-  const std::string tmp = path_ + ".tmp";
-  try {
-    flush();
-    if (options_.sync && ::fsync(fd_) != 0) io_error("fsync of", tmp);
-  } catch (...) {
-    ::close(fd_);
-    fd_ = -1;
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  const int rc = ::close(fd_);
-  fd_ = -1;
-  if (rc != 0) {
-    ::unlink(tmp.c_str());
-    io_error("closing", tmp);
-  }
+  if (!out_->open()) return;
+  out_->finish(options_.sync);
   // The index first: a file without its index is merely slower to open, an index that does
   // not match its file is refused.
-  if (options_.write_index) write_index_file(path_, offsets_, size_, options_.sync);
-  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    io_error("installing", path_);
-  }
+  if (options_.write_index) write_index_file(path_, offsets_, out_->bytes(), options_.sync);
+  out_->install();
 }
 
 // ---- reader ----

@@ -2,6 +2,7 @@
 split a rank's records, an exact resume at another world size, bad records named, and bad
 arguments refused."""
 import os
+import re
 import subprocess
 
 import pytest
@@ -16,19 +17,21 @@ N = 40
 
 @pytest.fixture
 def shards(tmp_path):
-    """N records "rec-000".."rec-039" (one file each) in 3 shard files, written by `dtrain data`."""
+    """N records holding "rec-000".."rec-039" (one file each) in 3 TFRecord files, written by
+    `dtrain data` (a tf.train.Example per file)."""
     folder = tmp_path / "in"
     folder.mkdir()
     for i in range(N):
         (folder / f"{i:03d}").write_bytes(b"rec-%03d" % i)
-    subprocess.run([DTRAIN, "data", "write", "--from", str(folder), "--out",
-                    str(tmp_path / "out" / "recs"), "--shards", "3"], check=True,
+    subprocess.run([DTRAIN, "data", "write", "--from", str(folder), "--format", "tfrecord",
+                    "--out", str(tmp_path / "out" / "recs"), "--shards", "3"], check=True,
                    capture_output=True)
     return str(tmp_path / "out" / "recs-*.tfrecord")
 
 
 def number(record):
-    return int(record[4:])
+    """The N in the "rec-N" the record's Example holds."""
+    return int(re.search(rb"rec-(\d{3})", record)[1])
 
 
 def test_python_takes_the_records_cpp_deals(shards):
@@ -154,3 +157,24 @@ def test_tar_shards_give_webdataset_samples(tmp_path):
     labels = dtrain.data.ShardedDataset(str(tmp_path / "shard-*.tar"), rank=1, world_size=2,
                                         seed=3, decode=lambda s: int(s["cls"]))
     assert len(list(labels)) == 3
+
+
+def test_a_folder_written_as_tfrecord_is_read_by_tensorflow(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    src = tmp_path / "in"
+    for name, data in {"cat/0001.jpg": b"meow", "cat/0001.json": b"{}", "dog/0002.jpg": b"woof",
+                       "dog/x/0003.png": bytes(range(256))}.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(data)
+    subprocess.run([DTRAIN, "data", "write", "--from", str(src), "--format", "tfrecord", "--out",
+                    str(tmp_path / "pets"), "--shards", "2"], check=True, capture_output=True)
+    got = []
+    for path in sorted(str(p) for p in tmp_path.glob("pets-*.tfrecord")):
+        for raw in tf.data.TFRecordDataset(path):
+            f = tf.train.Example.FromString(raw.numpy()).features.feature
+            got.append({k: (v.bytes_list.value[0] if v.bytes_list.value else v.int64_list.value[0])
+                        for k, v in f.items()})
+    assert got == [{"key": b"cat/0001", "jpg": b"meow", "json": b"{}", "cls": 0},
+                   {"key": b"dog/0002", "jpg": b"woof", "cls": 1},
+                   {"key": b"dog/x/0003", "png": bytes(range(256)), "cls": 1}]
+    assert (tmp_path / "pets.classes.txt").read_text() == "cat\ndog\n"

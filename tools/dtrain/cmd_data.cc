@@ -1,7 +1,8 @@
 // `dtrain data`: shard files for dtrain::data::ShardedDataset (docs/data.md).
 //
 //   dtrain data write --fashion-mnist [--split train|test] [--limit N] --out DIR/fmnist --shards 4
-//   dtrain data write --from FOLDER --out DIR/files --shards 8   (one record per file)
+//   dtrain data write --from FOLDER --out DIR/files --shards 8   (one sample per key: tar, or
+//                                                     --format tfrecord: tf.train.Example)
 //   dtrain data inspect 'DIR/fmnist-*.tfrecord'                 (counts, sizes, every checksum; tar
 //   too) dtrain data index FILE...                                    (indexes for files made
 //   elsewhere) dtrain data list --rank 1 --world-size 4 --epoch 2 FILES     (which records a rank
@@ -12,13 +13,17 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "data/shard_file.h"
+#include "data/tar_writer.h"
+#include "data/tf_example.h"
 #include "dtrain/data/fashion_mnist.h"
 #include "dtrain/data/sharded_dataset.h"
 #include "dtrain/data/tfrecord.h"
@@ -37,7 +42,8 @@ struct WriteFlags {
   std::string fashion_mnist_dir = data::kFashionMnistDir;
   std::string split = "train";
   std::string from;
-  size_t limit = 0;  // 0 = every image or file
+  std::string format;  // tar or tfrecord; "" = the source's own (tar for --from)
+  size_t limit = 0;    // 0 = every image or sample
 };
 
 std::string human_bytes(double b) {
@@ -50,10 +56,11 @@ std::string human_bytes(double b) {
   return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
 }
 
-// Writes `count` records, record(i) giving each, into `shards` files named
-// PREFIX-00000-of-0000N.tfrecord, each a contiguous run of records.
-template <typename RecordAt>
-void write_shards(const std::string& prefix, int shards, size_t count, const RecordAt& record) {
+// Writes `count` records into `shards` files named PREFIX-00000-of-0000N.EXT, each a contiguous
+// run of records; write(i, file) adds record i to an open file (of type File, made from a path).
+template <typename File, typename Write>
+void write_shards(const std::string& prefix, std::string_view ext, int shards, size_t count,
+                  const Write& write) {
   if (shards < 1 || static_cast<size_t>(shards) > std::max<size_t>(count, 1))
     throw InvalidArgumentError(fmt::format(
         "dtrain data write: --shards {} for {} records: each shard needs at least one record",
@@ -62,24 +69,141 @@ void write_shards(const std::string& prefix, int shards, size_t count, const Rec
   if (!parent.empty()) fs::create_directories(parent);
   uint64_t bytes = 0;
   for (int s = 0; s < shards; ++s) {
-    const std::string path = fmt::format("{}-{:05d}-of-{:05d}.tfrecord", prefix, s, shards);
-    data::TfRecordWriter out(path);
+    const std::string path = fmt::format("{}-{:05d}-of-{:05d}.{}", prefix, s, shards, ext);
+    File out(path);
     const size_t begin = count * static_cast<size_t>(s) / static_cast<size_t>(shards);
     const size_t end = count * static_cast<size_t>(s + 1) / static_cast<size_t>(shards);
-    for (size_t i = begin; i < end; ++i) out.write(record(i));
+    for (size_t i = begin; i < end; ++i) write(i, out);
     out.close();
     bytes += out.bytes();
     std::printf("%s: %zu records, %s\n", path.c_str(), end - begin,
-                human_bytes(out.bytes()).c_str());
+                human_bytes(static_cast<double>(out.bytes())).c_str());
   }
-  std::printf("wrote %zu records in %d shards (%s) with their indexes\n", count, shards,
-              human_bytes(static_cast<double>(bytes)).c_str());
+  std::printf("wrote %zu records in %d shards (%s)%s\n", count, shards,
+              human_bytes(static_cast<double>(bytes)).c_str(),
+              ext == "tfrecord" ? " with their indexes" : "");
+}
+
+// A folder's files as samples, as WebDataset groups a tar's members: the key is the path under
+// the folder up to the first dot of the file's name, the part what follows ("cat/0001.jpg": key
+// "cat/0001", part "jpg"; "notes": key "notes", part ""). When every file lies in a subfolder,
+// the first-level folders are classes (as torchvision's ImageFolder): each sample gets a part
+// "cls", the class's index in the sorted folder names, unless it has a "cls" file of its own.
+struct FolderSample {
+  std::string key;
+  std::vector<std::pair<std::string, fs::path>> parts;  // (part, file), in name order
+  int cls = -1;
+};
+struct FolderSamples {
+  std::vector<FolderSample> samples;
+  std::vector<std::string> classes;
+};
+
+FolderSamples samples_of(const std::string& folder) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file()) files.push_back(fs::relative(it->path(), folder));
+  if (ec)
+    throw InvalidArgumentError(
+        fmt::format("dtrain data write: reading the folder {} failed: {}", folder, ec.message()));
+  if (files.empty())
+    throw InvalidArgumentError(fmt::format("dtrain data write: {} holds no file", folder));
+  std::map<std::string, FolderSample> by_key;
+  bool all_in_folders = true;
+  std::set<std::string> folders;
+  for (const fs::path& file : files) {
+    const std::string name = file.generic_string();
+    const size_t slash = name.rfind('/');
+    const size_t dot = name.find('.', slash == std::string::npos ? 0 : slash + 1);
+    FolderSample& s = by_key[name.substr(0, dot)];
+    s.key = name.substr(0, dot);
+    s.parts.emplace_back(dot == std::string::npos ? "" : name.substr(dot + 1), file);
+    if (slash == std::string::npos)
+      all_in_folders = false;
+    else
+      folders.insert(name.substr(0, name.find('/')));
+  }
+  FolderSamples out;
+  if (all_in_folders) out.classes.assign(folders.begin(), folders.end());
+  for (auto& [key, s] : by_key) {
+    std::sort(s.parts.begin(), s.parts.end());
+    const bool own_cls =
+        std::any_of(s.parts.begin(), s.parts.end(), [](const auto& p) { return p.first == "cls"; });
+    if (all_in_folders && !own_cls) {
+      const std::string top = key.substr(0, key.find('/'));
+      s.cls = static_cast<int>(std::lower_bound(out.classes.begin(), out.classes.end(), top) -
+                               out.classes.begin());
+    }
+    out.samples.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::string read_whole(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof())
+    throw InvalidArgumentError(fmt::format("dtrain data write: reading {} failed: {}",
+                                           path.string(), std::strerror(errno)));
+  return content;
+}
+
+void write_folder(const WriteFlags& f) {
+  const std::string format = f.format.empty() ? "tar" : f.format;
+  FolderSamples folder = samples_of(f.from);
+  std::vector<FolderSample>& samples = folder.samples;
+  if (f.limit > 0 && samples.size() > f.limit) samples.resize(f.limit);
+  if (format == "tar") {
+    write_shards<data::TarWriter>(
+        f.out, "tar", f.shards, samples.size(), [&](size_t i, data::TarWriter& out) {
+          const FolderSample& s = samples[i];
+          for (const auto& [part, file] : s.parts)
+            out.add(part.empty() ? s.key : s.key + "." + part, read_whole(fs::path(f.from) / file));
+          if (s.cls >= 0) out.add(s.key + ".cls", std::to_string(s.cls));
+        });
+  } else {
+    write_shards<data::TfRecordWriter>(
+        f.out, "tfrecord", f.shards, samples.size(), [&](size_t i, data::TfRecordWriter& out) {
+          const FolderSample& s = samples[i];
+          std::vector<std::string> contents;
+          for (const auto& part : s.parts)
+            contents.push_back(read_whole(fs::path(f.from) / part.second));
+          std::vector<data::ExampleFeature> features{{"key", std::string_view(s.key)}};
+          for (size_t p = 0; p < s.parts.size(); ++p) {
+            const std::string& part = s.parts[p].first;
+            features.push_back({part.empty() ? std::string_view("data") : std::string_view(part),
+                                std::string_view(contents[p])});
+          }
+          if (s.cls >= 0) features.push_back({"cls", int64_t{s.cls}});
+          out.write(data::encode_example(features));
+        });
+  }
+  if (folder.classes.empty()) return;
+  // The classes' names, line i naming class i, beside the shards.
+  const std::string names_path = f.out + ".classes.txt";
+  std::ofstream names(names_path);
+  for (const std::string& c : folder.classes) names << c << "\n";
+  names.close();
+  if (!names)
+    throw InvalidArgumentError(
+        fmt::format("dtrain data write: writing {} failed: {}", names_path, std::strerror(errno)));
+  std::string listed;
+  for (size_t c = 0; c < folder.classes.size() && c < 8; ++c)
+    listed += fmt::format("{}{}={}", c == 0 ? "" : ", ", folder.classes[c], c);
+  if (folder.classes.size() > 8) listed += ", ...";
+  std::printf("%zu classes from the first-level folders (%s), named in %s\n", folder.classes.size(),
+              listed.c_str(), names_path.c_str());
 }
 
 void run_write(const WriteFlags& f) {
   if (f.fashion_mnist == !f.from.empty())
     throw InvalidArgumentError(
         "dtrain data write: give exactly one source: --fashion-mnist [DIR] or --from FOLDER");
+  if (f.fashion_mnist && f.format == "tar")
+    throw InvalidArgumentError(
+        "dtrain data write: Fashion-MNIST is written as TFRecord (a label byte, then the "
+        "pixels): leave out --format tar");
   if (f.fashion_mnist) {
     if (f.split != "train" && f.split != "test")
       throw InvalidArgumentError(fmt::format(
@@ -90,35 +214,17 @@ void run_write(const WriteFlags& f) {
     std::string record(1 + pixels, '\0');
     const size_t n =
         f.limit > 0 ? std::min(f.limit, static_cast<size_t>(raw.n)) : static_cast<size_t>(raw.n);
-    write_shards(f.out, f.shards, n, [&](size_t i) {
-      // One byte of label, then the image's pixels (docs/data.md, "Fashion-MNIST records").
-      record[0] = static_cast<char>(raw.labels[i]);
-      std::copy_n(raw.images.begin() + static_cast<ptrdiff_t>(i * pixels), pixels,
-                  record.begin() + 1);
-      return std::string_view(record);
-    });
+    write_shards<data::TfRecordWriter>(
+        f.out, "tfrecord", f.shards, n, [&](size_t i, data::TfRecordWriter& out) {
+          // One byte of label, then the image's pixels (docs/data.md, "Fashion-MNIST records").
+          record[0] = static_cast<char>(raw.labels[i]);
+          std::copy_n(raw.images.begin() + static_cast<ptrdiff_t>(i * pixels), pixels,
+                      record.begin() + 1);
+          out.write(std::string_view(record));
+        });
     return;
   }
-  std::vector<fs::path> files;
-  std::error_code ec;
-  for (fs::recursive_directory_iterator it(f.from, ec), end; !ec && it != end; it.increment(ec))
-    if (it->is_regular_file()) files.push_back(it->path());
-  if (ec)
-    throw InvalidArgumentError(
-        fmt::format("dtrain data write: reading the folder {} failed: {}", f.from, ec.message()));
-  if (files.empty())
-    throw InvalidArgumentError(fmt::format("dtrain data write: {} holds no file", f.from));
-  std::sort(files.begin(), files.end());
-  if (f.limit > 0 && files.size() > f.limit) files.resize(f.limit);
-  std::string content;
-  write_shards(f.out, f.shards, files.size(), [&](size_t i) {
-    std::ifstream in(files[i], std::ios::binary);
-    content.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (!in.good() && !in.eof())
-      throw InvalidArgumentError(fmt::format("dtrain data write: reading {} failed: {}",
-                                             files[i].string(), std::strerror(errno)));
-    return std::string_view(content);
-  });
+  write_folder(f);
 }
 
 struct ListFlags {
@@ -192,8 +298,15 @@ CLI::App* add_data_command(CLI::App& app) {
   fmnist->expected(0, 1);
   write->add_option("--split", w->split, "Fashion-MNIST: train or test")->capture_default_str();
   write->add_option("--from", w->from,
-                    "From every file under FOLDER (one record per file, in path order)");
-  write->add_option("--limit", w->limit, "Only the first N images or files (0 = all)")
+                    "From every file under FOLDER: a sample per key (cat/0001.jpg and "
+                    "cat/0001.json make sample cat/0001), in key order; first-level folders are "
+                    "classes (a 'cls' part)");
+  write
+      ->add_option("--format", w->format,
+                   "tar (WebDataset; the default for --from) or tfrecord (one tf.train.Example "
+                   "per sample: 'key', a feature per part, 'cls')")
+      ->check(CLI::IsMember({"tar", "tfrecord"}));
+  write->add_option("--limit", w->limit, "Only the first N images or samples (0 = all)")
       ->check(CLI::NonNegativeNumber);
   write->callback([w, fmnist] {
     w->fashion_mnist = fmnist->count() > 0;

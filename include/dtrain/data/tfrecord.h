@@ -28,6 +28,8 @@
 
 namespace dtrain::data {
 
+class OutputFile;
+
 struct TfRecordWriterOptions {
   bool write_index = true;  // also write <path>.index
   bool sync = true;         // fsync the file and its index before installing them
@@ -48,17 +50,14 @@ class TfRecordWriter {
   void close();
 
   size_t records() const { return offsets_.size(); }
-  uint64_t bytes() const { return size_; }  // of the file so far
+  uint64_t bytes() const;  // of the file so far
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   TfRecordWriterOptions options_;
-  int fd_ = -1;
-  uint64_t size_ = 0;
+  std::unique_ptr<OutputFile> out_;
   std::vector<uint64_t> offsets_;
-  std::vector<std::byte> buffer_;  // written in large pieces
-  void flush();
 };
 
 // One TFRecord file, opened for reading records at random (pread: safe from several threads).
