@@ -7,8 +7,6 @@
 //    environment (what the Job controller or the training operator injects, plus the manifest's)
 //    is fed to resolve_identity.
 // The rank program is engines_worker (engines_worker.cc): it all-reduces and prints a RESULT line.
-#include <fmt/format.h>
-#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -17,13 +15,16 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "command.h"
 #include "common/env.h"
@@ -471,6 +472,54 @@ TEST(SlurmTest, SubmitListLogsAndCancelThroughDtrain) {
   EXPECT_NE(bad.output.find("is not a Slurm job id"), std::string::npos) << bad.output;
 }
 
+// `dtrain submit --gpus-per-proc G` under Slurm: each rank sees only its own G GPUs, numbered
+// from 0, as under `dtrain run --gpus-per-proc` (the cluster's GPUs are stand-ins that Slurm
+// allocates and binds as real ones); srun is told the CPUs per task again (since 22.05 it no
+// longer takes them from the allocation).
+TEST(SlurmTest, EachRankOfASubmittedJobSeesItsOwnGpus) {
+  START_SLURM(cluster);
+  if (!cluster.has_gpus()) GTEST_SKIP() << "no stand-in GPUs: mknod needs CAP_MKNOD";
+  CommandOptions o;
+  o.env = cluster.client_env();
+  o.cwd = cluster.dir();
+  const std::string logs = cluster.dir() + "/logs";
+  CommandResult r = run_command(
+      {kBin + "/dtrain", "submit", "--engine", "slurm", "--name", "gpus", "--procs-per-node", "2",
+       "--gpus-per-proc", "2", "--cpus-per-proc", "2", "--not-preemptible", "--log-dir", logs, "--",
+       "sh", "-c", "echo \"rank $SLURM_PROCID sees GPUs $CUDA_VISIBLE_DEVICES\""},
+      o);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("submitted job (\\d+) to Slurm")))
+      << r.output;
+  const std::string id = m[1];
+  std::string out;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < end && out.find("rank 1 sees") == std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    out = read_file(logs + "/gpus-" + id + ".out");
+  }
+  EXPECT_NE(out.find("each rank sees its own 2 GPU(s), as CUDA devices 0 to 1"), std::string::npos)
+      << out;
+  // Each task sees two, not the four of the node, and not the other task's (CUDA numbers what it
+  // sees from 0).
+  std::regex seen("rank (\\d) sees GPUs ([0-9,]*)");
+  std::map<std::string, std::string> gpus;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), seen); it != std::sregex_iterator();
+       ++it) {
+    gpus[(*it)[1]] = (*it)[2];
+  }
+  ASSERT_EQ(gpus.size(), 2u) << out << cluster.logs();
+  for (const auto& [rank, list] : gpus)
+    EXPECT_EQ(std::count(list.begin(), list.end(), ',') + 1, 2) << "rank " << rank << ": " << list;
+  EXPECT_NE(gpus["0"], gpus["1"]) << out;
+  // The CPUs per task said to srun (this test cluster binds no CPUs: the line is what to check).
+  EXPECT_NE(read_file(logs + "/gpus.sbatch")
+                .find("srun --kill-on-bad-exit=1 --cpus-per-task=2 --gpus-per-task=2 "
+                      "--gpu-bind=per_task:2 sh -c"),
+            std::string::npos);
+}
+
 // The script `dtrain submit` writes, preempted: SIGUSR1 to the tasks, the ranks save and exit 75,
 // the script requeues the job and tells the notify command, and the requeued job resumes and ends.
 TEST(SlurmTest, ASubmittedJobPreemptedIsRequeuedAndToldOf) {
@@ -572,11 +621,13 @@ TEST(SubmitTest, TheSlurmScriptAsksForWhatTheJobNeeds) {
                                 o);
   ASSERT_TRUE(r.ok()) << r.output;
   for (const char* line :
-       {"#SBATCH --nodes=2\n", "#SBATCH --ntasks-per-node=8\n", "#SBATCH --gres=gpu:a100:8\n",
-        "#SBATCH --mem=512G\n", "#SBATCH --time=1-00:00:00\n", "#SBATCH --constraint='ib&a100'\n",
-        "#SBATCH --switches=1@10:00\n", "#SBATCH --signal=USR1@90\n", "#SBATCH --requeue\n",
+       {"#SBATCH --nodes=2\n", "#SBATCH --ntasks-per-node=8\n", "#SBATCH --ntasks=16\n",
+        "#SBATCH --gpus-per-task=a100:1\n", "#SBATCH --mem=512G\n", "#SBATCH --time=1-00:00:00\n",
+        "#SBATCH --constraint='ib&a100'\n", "#SBATCH --switches=1@10:00\n",
+        "#SBATCH --signal=USR1@90\n", "#SBATCH --requeue\n",
         "#SBATCH --mail-type=BEGIN,END,FAIL,REQUEUE\n", "placement pack (sinfo did not say",
-        "\nsrun python3 train.py --name 'it'\\''s'", "-lt 5 ]; then"})
+        "\nsrun --gpus-per-task=1 --gpu-bind=per_task:1 python3 train.py --name 'it'\\''s'",
+        "-lt 5 ]; then"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
   for (const std::vector<std::string>& bad : {std::vector<std::string>{"--nodes", "0"},
                                               {"--name", "Bad_Name"},

@@ -2,11 +2,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <fmt/format.h>
 #include <netdb.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +17,8 @@
 #include <functional>
 #include <sstream>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "command.h"
 #include "support/multiproc.h"
@@ -247,6 +249,13 @@ bool SlurmCluster::start(std::chrono::milliseconds timeout) {
   const int ctld_port = free_port();
   int slurmd_port = free_port();
   while (slurmd_port == ctld_port) slurmd_port = free_port();
+  // Four stand-in GPUs, character devices as Slurm wants (each another /dev/null): it hands
+  // them out and sets each task's CUDA_VISIBLE_DEVICES as for real ones. A machine where they
+  // cannot be made (no CAP_MKNOD) gets a node without GPUs.
+  bool& gpus = gpus_;
+  gpus = true;
+  for (int g = 0; g < 4 && gpus; ++g)
+    gpus = ::mknod(fmt::format("{}/gpu{}", dir_, g).c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0;
   const std::string conf = fmt::format(
       R"(# Written by tests/launch/slurm_cluster.cc: a single-node Slurm for one test.
 ClusterName=dtraintest
@@ -281,13 +290,16 @@ ReturnToService=2
 InactiveLimit=0
 KillWait=2
 MessageTimeout=10
-NodeName={node} NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
+GresTypes=gpu
+NodeName={node} NodeAddr=127.0.0.1 CPUs=4 {gres}State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 )",
-      fmt::arg("node", node_), fmt::arg("ctld_port", ctld_port),
-      fmt::arg("slurmd_port", slurmd_port), fmt::arg("socket", socket), fmt::arg("dir", dir_));
+      fmt::arg("node", node_), fmt::arg("gres", gpus ? "Gres=gpu:4 " : ""),
+      fmt::arg("ctld_port", ctld_port), fmt::arg("slurmd_port", slurmd_port),
+      fmt::arg("socket", socket), fmt::arg("dir", dir_));
   write_file(dir_ + "/slurm.conf", conf);
   write_file(dir_ + "/plugstack.conf", "");  // not the machine's /etc/slurm/plugstack.conf
+  write_file(dir_ + "/gres.conf", gpus ? fmt::format("Name=gpu File={}/gpu[0-3]\n", dir_) : "");
 
   const std::string conf_path = dir_ + "/slurm.conf";
   spawn("slurmctld", {"slurmctld", "-D", "-i", "-f", conf_path});

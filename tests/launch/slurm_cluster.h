@@ -4,7 +4,9 @@
 // (proctrack/linuxproc, task/none), state, spool and logs in the temporary directory. Nothing of
 // the machine's own Slurm or munge is used or touched. The node declares 4 CPUs whatever the
 // machine has (SlurmdParameters=config_overrides): Slurm refuses --ntasks-per-node above a node's
-// CPUs even with --overcommit, and a job of 3 or 4 ranks is what the tests need.
+// CPUs even with --overcommit, and a job of 3 or 4 ranks is what the tests need. It also declares
+// 4 GPUs, stand-in device files in the temporary directory, which Slurm allocates and binds to
+// tasks (CUDA_VISIBLE_DEVICES) as it would real ones.
 //
 // Nothing is left running, even when the test fails or is killed: the daemons die with the test
 // (PR_SET_PDEATHSIG); job steps (slurmstepd detaches from slurmd) and their tasks are found by
@@ -37,6 +39,8 @@ class SlurmCluster {
   const std::string& dir() const { return dir_; }
   // The node's name: this host's short name, the first (only) host of SLURM_JOB_NODELIST.
   const std::string& node() const { return node_; }
+  // Whether the node has its 4 stand-in GPUs (making them needs CAP_MKNOD).
+  bool has_gpus() const { return gpus_; }
   // Variables for srun, sbatch and sinfo: SLURM_CONF and the marker.
   std::map<std::string, std::optional<std::string>> client_env() const;
   // The last lines of each daemon's output, for failure messages.
@@ -51,6 +55,7 @@ class SlurmCluster {
   std::string skip_reason_;
   std::string dir_;
   std::string node_;
+  bool gpus_ = false;
   std::vector<std::pair<std::string, pid_t>> daemons_;  // name, pid; started in this order
 };
 

@@ -3,15 +3,15 @@
 // (order, resources, notifications, requeue on 75, cancel), a YAML job file, --mem auto measured
 // by a probe run, and a 2-container job on podman when an image is given (DTRAIN_TEST_IMAGE,
 // scripts/container-test.sh builds one).
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "launch/command.h"
 #include "support/multiproc.h"
@@ -40,11 +40,11 @@ std::string read(const std::string& path) {
 json yaml_documents(const std::string& text, const std::string& dir) {
   const std::string path = dir + "/manifests.yaml";
   std::ofstream(path) << text;
-  CommandResult r = run_command(
-      {"/usr/bin/python3", "-c",
-       "import json, sys, yaml\njson.dump(list(yaml.safe_load_all(open(sys.argv[1]))), "
-       "sys.stdout)\n",
-       path});
+  CommandResult r =
+      run_command({"/usr/bin/python3", "-c",
+                   "import json, sys, yaml\njson.dump(list(yaml.safe_load_all(open(sys.argv[1]))), "
+                   "sys.stdout)\n",
+                   path});
   EXPECT_TRUE(r.ok()) << r.describe() << r.output;
   return r.ok() ? json::parse(r.output) : json::array();
 }
@@ -59,12 +59,37 @@ const json& kind(const json& docs, const std::string& k) {
 
 TEST(K8sSubmit, TheManifestsAskForTheGpusAndEachPodRunsItsNodeOfTheJob) {
   TempDir dir;
-  CommandResult r = run_command(
-      {kDtrain, "submit", "--engine", "k8s", "--dry-run", "--name", "t1", "--nodes", "2",
-       "--procs-per-node", "2", "--gpus-per-proc", "2", "--gpu-model", "NVIDIA-A100-SXM4-80GB",
-       "--mem", "64G", "--time", "1-02:00:00", "--container", "localhost/dtrain:latest",
-       "--partition", "team-a", "--notify-command", "echo \"$DTRAIN_JOB_EVENT\" >> " +
-       dir.path + "/events", "--", kWorker, "--steps", "30", "--slow-ms", "0"});
+  CommandResult r = run_command({kDtrain,
+                                 "submit",
+                                 "--engine",
+                                 "k8s",
+                                 "--dry-run",
+                                 "--name",
+                                 "t1",
+                                 "--nodes",
+                                 "2",
+                                 "--procs-per-node",
+                                 "2",
+                                 "--gpus-per-proc",
+                                 "2",
+                                 "--gpu-model",
+                                 "NVIDIA-A100-SXM4-80GB",
+                                 "--mem",
+                                 "64G",
+                                 "--time",
+                                 "1-02:00:00",
+                                 "--container",
+                                 "localhost/dtrain:latest",
+                                 "--partition",
+                                 "team-a",
+                                 "--notify-command",
+                                 "echo \"$DTRAIN_JOB_EVENT\" >> " + dir.path + "/events",
+                                 "--",
+                                 kWorker,
+                                 "--steps",
+                                 "30",
+                                 "--slow-ms",
+                                 "0"});
   ASSERT_TRUE(r.ok()) << r.output;
   json docs = yaml_documents(r.output, dir.path);
   json service = kind(docs, "Service");
@@ -159,15 +184,14 @@ class LocalQueue : public ::testing::Test {
  protected:
   CommandResult dtrain(std::vector<std::string> args, seconds timeout = seconds(60)) {
     args.insert(args.begin(), kDtrain);
-    return run_command(args, {.env = {{"DTRAIN_QUEUE_DIR", queue_.path}},
-                              .timeout = timeout,
-                              .cwd = work_.path});
+    return run_command(
+        args, {.env = {{"DTRAIN_QUEUE_DIR", queue_.path}}, .timeout = timeout, .cwd = work_.path});
   }
   std::string submit(std::vector<std::string> args) {
-    args.insert(args.begin(), {"submit", "--engine", "local", "--log-dir", work_.path,
-                               "--notify-command",
-                               "echo \"$DTRAIN_JOB_ID $DTRAIN_JOB_EVENT $DTRAIN_JOB_STATUS\" >> " +
-                                   work_.path + "/events"});
+    args.insert(args.begin(),
+                {"submit", "--engine", "local", "--log-dir", work_.path, "--notify-command",
+                 "echo \"$DTRAIN_JOB_ID $DTRAIN_JOB_EVENT $DTRAIN_JOB_STATUS\" >> " + work_.path +
+                     "/events"});
     CommandResult r = dtrain(args);
     EXPECT_TRUE(r.ok()) << r.output;
     std::smatch m;
@@ -180,8 +204,10 @@ class LocalQueue : public ::testing::Test {
   }
   // Waits until the job is in `want` (at most 90 s).
   void wait_for(const std::string& id, const std::string& want) {
-    for (int i = 0; i < 900 && state(id) != want; ++i) std::this_thread::sleep_for(milliseconds(100));
-    ASSERT_EQ(state(id), want) << "job " << id << "\n" << dtrain({"logs", "--engine", "local", id}).output;
+    for (int i = 0; i < 900 && state(id) != want; ++i)
+      std::this_thread::sleep_for(milliseconds(100));
+    ASSERT_EQ(state(id), want) << "job " << id << "\n"
+                               << dtrain({"logs", "--engine", "local", id}).output;
   }
   std::string events() { return read(work_.path + "/events"); }
   TempDir queue_, work_;
@@ -190,10 +216,10 @@ class LocalQueue : public ::testing::Test {
 TEST_F(LocalQueue, JobsRunInOrderAsTheCpusAllowAndTellTheirEvents) {
   // Two jobs of as many ranks as the machine has CPUs (at least 2): the second waits.
   const std::string n = std::to_string(std::max(2u, std::thread::hardware_concurrency()));
-  const std::string a = submit({"--procs-per-node", n, "--", kWorker, "--steps", "20",
-                                "--slow-ms", "0"});
-  const std::string b = submit({"--name", "second", "--procs-per-node", n, "--", kWorker,
-                                "--steps", "10", "--slow-ms", "0"});
+  const std::string a =
+      submit({"--procs-per-node", n, "--", kWorker, "--steps", "20", "--slow-ms", "0"});
+  const std::string b = submit({"--name", "second", "--procs-per-node", n, "--", kWorker, "--steps",
+                                "10", "--slow-ms", "0"});
   wait_for(a, "succeeded");
   wait_for(b, "succeeded");
   EXPECT_EQ(events(), a + " start 0\n" + a + " end 0\n" + b + " start 0\n" + b + " end 0\n");
@@ -207,9 +233,9 @@ TEST_F(LocalQueue, JobsRunInOrderAsTheCpusAllowAndTellTheirEvents) {
 TEST_F(LocalQueue, AJobThatSavedForARequeueRunsAgainAndACancelledOneStops) {
   // Exits 75 (as dtrain::Preemption::requeue() does) the first time, succeeds the second.
   const std::string marker = work_.path + "/first-run-done";
-  const std::string a = submit({"--max-restarts", "2", "--", "/bin/sh", "-c",
-                                "if [ -e " + marker + " ]; then echo second run; else touch " +
-                                    marker + "; exit 75; fi"});
+  const std::string a = submit(
+      {"--max-restarts", "2", "--", "/bin/sh", "-c",
+       "if [ -e " + marker + " ]; then echo second run; else touch " + marker + "; exit 75; fi"});
   wait_for(a, "succeeded");
   EXPECT_EQ(read(queue_.path + "/" + a + "/restarts"), "1\n");
   EXPECT_EQ(events(), a + " start 0\n" + a + " requeue 75\n" + a + " start 1\n" + a + " end 0\n");
@@ -231,13 +257,12 @@ TEST(JobFile, KeysAreTheFlagsAndAFlagGivenWins) {
   std::ofstream(file) << "name: from-file\nengine: slurm\nnodes: 3\nprocs-per-node: 4\n"
                          "gpus-per-proc: 1\ngpu-model: h100\nenv: {A: b}\n"
                          "command: [./train, --epochs, \"2\"]\n";
-  CommandResult r =
-      run_command({kDtrain, "submit", "--file", file, "--dry-run", "--placement", "pack",
-                   "--nodes", "2"});
+  CommandResult r = run_command(
+      {kDtrain, "submit", "--file", file, "--dry-run", "--placement", "pack", "--nodes", "2"});
   ASSERT_TRUE(r.ok()) << r.output;
-  for (const char* want : {"#SBATCH --job-name=from-file", "#SBATCH --nodes=2",
-                           "#SBATCH --ntasks-per-node=4", "#SBATCH --gres=gpu:h100:4",
-                           "export A=b", "./train --epochs 2"})
+  for (const char* want :
+       {"#SBATCH --job-name=from-file", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --ntasks=8", "#SBATCH --gpus-per-task=h100:1", "export A=b", "./train --epochs 2"})
     EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
 
   std::ofstream(file) << "name: x\nnodes: 2\nprocs_per_node: 4\n";
@@ -255,8 +280,8 @@ TEST(JobFile, KeysAreTheFlagsAndAFlagGivenWins) {
 TEST(MemAuto, AProbeRunMeasuresWhatEachNodeNeeds) {
   // Two ranks, each holding 200 MiB it has written: 2 x (200 + the interpreter) x 1.25.
   CommandResult r = run_command(
-      {kDtrain, "submit", "--dry-run", "--procs-per-node", "2", "--mem", "auto", "--", "/usr/bin/python3",
-       "-c", "import time; x = b'\\x01' * (200 << 20); time.sleep(1)"},
+      {kDtrain, "submit", "--dry-run", "--procs-per-node", "2", "--mem", "auto", "--",
+       "/usr/bin/python3", "-c", "import time; x = b'\\x01' * (200 << 20); time.sleep(1)"},
       {.timeout = seconds(60)});
   ASSERT_TRUE(r.ok()) << r.output;
   std::smatch m;
@@ -282,9 +307,8 @@ TEST_F(LocalQueue, ATwoContainerTrainingJobOnPodman) {
   if (image == nullptr || *image == '\0')
     GTEST_SKIP() << "DTRAIN_TEST_IMAGE is not set: scripts/container-test.sh builds the image "
                     "(podman) and runs this test";
-  const std::string a = submit({"--container", image, "--nodes", "2", "--procs-per-node", "1",
-                                "--", "train_fashion_mnist", "--max-steps", "60", "--threads",
-                                "1"});
+  const std::string a = submit({"--container", image, "--nodes", "2", "--procs-per-node", "1", "--",
+                                "train_fashion_mnist", "--max-steps", "60", "--threads", "1"});
   for (int i = 0; i < 3000 && state(a) != "succeeded" && state(a) != "failed"; ++i)
     std::this_thread::sleep_for(milliseconds(100));
   const std::string log = dtrain({"logs", "--engine", "local", a}).output;

@@ -35,9 +35,13 @@ std::string slurm_script(const Job& job, const std::string& placement) {
   sbatch("--job-name=" + job.name);
   sbatch(fmt::format("--nodes={}", job.nodes));
   sbatch(fmt::format("--ntasks-per-node={}", job.procs_per_node));
-  if (job.gpus_per_proc > 0)
-    sbatch(fmt::format("--gres=gpu:{}{}", job.gpu_model.empty() ? "" : job.gpu_model + ":",
-                       job.gpus_per_proc * job.procs_per_node));
+  // GPUs per task (a task count makes Slurm accept it): srun then binds each task to its own
+  // (below), as `dtrain run --gpus-per-proc` does.
+  if (job.gpus_per_proc > 0) {
+    sbatch(fmt::format("--ntasks={}", job.nodes * job.procs_per_node));
+    sbatch(fmt::format("--gpus-per-task={}{}", job.gpu_model.empty() ? "" : job.gpu_model + ":",
+                       job.gpus_per_proc));
+  }
   if (job.cpus_per_proc > 0) sbatch(fmt::format("--cpus-per-task={}", job.cpus_per_proc));
   if (!job.memory.empty()) sbatch("--mem=" + job.memory);
   if (!job.time_limit.empty()) sbatch("--time=" + job.time_limit);
@@ -90,6 +94,16 @@ std::string slurm_script(const Job& job, const std::string& placement) {
   // have saved, and srun would kill the last ones and report their signal instead of 75. A rank
   // that fails ends the others anyway: dtrain fails every rank whose peer died.
   std::string srun = job.preemptible ? "srun" : "srun --kill-on-bad-exit=1";
+  // Since Slurm 22.05 srun no longer takes --cpus-per-task from the allocation: say it again.
+  if (job.cpus_per_proc > 0) srun += fmt::format(" --cpus-per-task={}", job.cpus_per_proc);
+  // Each task sees only its own GPUs, numbered from 0 (CUDA_VISIBLE_DEVICES).
+  if (job.gpus_per_proc > 0) {
+    srun += fmt::format(" --gpus-per-task={0} --gpu-bind=per_task:{0}", job.gpus_per_proc);
+    s += fmt::format(
+        "echo \"dtrain: each rank sees its own {0} GPU(s), as CUDA devices 0 to {1} "
+        "(srun --gpu-bind=per_task:{0}); pick cuda:0, not the local rank\"\n",
+        job.gpus_per_proc, job.gpus_per_proc - 1);
+  }
   if (!job.container.empty()) srun += " --container-image=" + shell_quote(job.container);
   s += fmt::format("status=0\n{} {} || status=$?\n", srun, shell_join(job.command));
   s += stage_out;
