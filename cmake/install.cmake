@@ -84,6 +84,8 @@ install(TARGETS ${_exported} EXPORT dtrainTargets
 install(TARGETS dtrain RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # Pollux's cluster traces, read by `dtrain sched-sim` (data/pollux/README.md).
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/data/pollux/ DESTINATION ${CMAKE_INSTALL_DATADIR}/dtrain/pollux)
+# The documentation, read by `dtrain docs` (and pointed at by every command's --help).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DATADIR}/dtrain/docs)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/dtrain DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT dtrainTargets NAMESPACE dtrain:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dtrain)
 

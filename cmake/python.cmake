@@ -47,14 +47,16 @@ function(dtrain_python_module target name)
 endfunction()
 
 # The pure-Python files, copied beside the extensions at every build (a copy, not a link, so that
-# build/python is what gets installed).
-file(GLOB_RECURSE _dtrain_py CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/python/dtrain/*.py)
+# build/python is what gets installed), with the type information: py.typed and the stubs of the
+# extensions (*.pyi, PEP 561), which type checkers read in place of the compiled modules.
+file(GLOB_RECURSE _dtrain_py CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/python/dtrain/*.py
+     ${PROJECT_SOURCE_DIR}/python/dtrain/*.pyi ${PROJECT_SOURCE_DIR}/python/dtrain/py.typed)
 add_custom_target(dtrain_python_files ALL
   COMMAND ${CMAKE_COMMAND} -E copy_directory ${PROJECT_SOURCE_DIR}/python/dtrain ${DTRAIN_PYTHON_DIR}/dtrain
   DEPENDS ${_dtrain_py}
   COMMENT "Copying the dtrain Python package to ${DTRAIN_PYTHON_DIR}")
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/dtrain DESTINATION ${DTRAIN_PYTHON_INSTALL_DIR}
-        COMPONENT python FILES_MATCHING PATTERN "*.py")
+        COMPONENT python FILES_MATCHING PATTERN "*.py" PATTERN "*.pyi" PATTERN "py.typed")
 
 # What the package was built for: dtrain.torch compares it with the torch and Python it meets.
 configure_file(${PROJECT_SOURCE_DIR}/cmake/build_info.py.in
@@ -65,6 +67,12 @@ install(FILES ${DTRAIN_PYTHON_DIR}/dtrain/_build_info.py
 if(SKBUILD)
   # pip installs the `dtrain` command (run, bench, store ...) into the environment's bin/.
   install(TARGETS dtrain RUNTIME DESTINATION ${SKBUILD_SCRIPTS_DIR} COMPONENT python)
+  # Beside it, as CMake's install puts them: PREFIX/share/dtrain, found from PREFIX/bin/dtrain
+  # (`dtrain docs`, `dtrain sched-sim`).
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/
+          DESTINATION ${SKBUILD_DATA_DIR}/share/dtrain/docs COMPONENT python)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/data/pollux/
+          DESTINATION ${SKBUILD_DATA_DIR}/share/dtrain/pollux COMPONENT python)
 endif()
 
 dtrain_python_module(dtrain_python_core _core

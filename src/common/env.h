@@ -50,7 +50,8 @@ struct Var {
     "there (train_fashion_mnist --commit-every).")                                                 \
   X(kMasterAddr, "MASTER_ADDR", "",                                                                \
     "Host of the rendezvous store. Unset under mpirun: rank 0 publishes its store through MPI "    \
-    "when the program links the MPI backend, 127.0.0.1 on one node otherwise (docs/deploy.md).")   \
+    "when the program links the MPI backend, 127.0.0.1 on one node otherwise (`dtrain docs "       \
+    "deploy`).")                                                                                   \
   X(kMasterPort, "MASTER_PORT", "29500", "Port of the rendezvous store.")                          \
   X(kOmpiRank, "OMPI_COMM_WORLD_RANK", "", "Rank under OpenMPI's mpirun.")                         \
   X(kOmpiSize, "OMPI_COMM_WORLD_SIZE", "", "World size under OpenMPI's mpirun.")                   \
@@ -115,20 +116,21 @@ struct Var {
     "1 when the launcher hosts the store at MASTER_ADDR:MASTER_PORT; 0 makes rank 0 host it.")     \
   X(kBackend, "DTRAIN_BACKEND", "native",                                                          \
     "Backend of every process group: native, gloo, mpi (under mpirun) or nccl (see "               \
-    "docs/backends.md).")                                                                          \
+    "`dtrain docs backends`).")                                                                    \
   X(kAlgo, "DTRAIN_ALGO", "",                                                                      \
     "Force collective algorithms: `ring`, or per collective "                                      \
-    "`allreduce=halving_doubling,broadcast=tree` (see docs/algorithms.md).")                       \
+    "`allreduce=halving_doubling,broadcast=tree` (`dtrain docs algorithms`).")                     \
   X(kCostFile, "DTRAIN_COST_FILE", "",                                                             \
     "The cost model's link constants, as `dtrain bench allreduce --calibrate FILE` writes them "   \
-    "(docs/scaling.md); a file that is missing or corrupt is reported and the links are measured " \
+    "(`dtrain docs scaling`); a file that is missing or corrupt is reported and the links are "    \
+    "measured "                                                                                    \
     "at start-up instead.")                                                                        \
   X(kRack, "DTRAIN_RACK", "",                                                                      \
     "The rack (switch) of this process's host, for the topology-aware collectives (wins over "     \
     "DTRAIN_TOPOLOGY).")                                                                           \
   X(kTopology, "DTRAIN_TOPOLOGY", "",                                                              \
     "A JSON file {\"racks\": {\"RACK\": [\"HOST or ADDRESS\", ...]}} saying which hosts share a "  \
-    "rack (docs/algorithms.md).")                                                                  \
+    "rack (`dtrain docs algorithms`).")                                                            \
   X(kCostAlphaUs, "DTRAIN_COST_ALPHA_US", "",                                                      \
     "Cost model: microseconds per message (overrides the file).")                                  \
   X(kCostBetaGbps, "DTRAIN_COST_BETA_GBPS", "",                                                    \

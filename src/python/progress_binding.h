@@ -17,7 +17,7 @@ inline void bind_progress(pybind11::module_& m) {
   // module_local: each extension registers its own copy of the class.
   py::class_<ProgressReporter>(
       m, "ProgressReporter", py::module_local(),
-      "Reports each training step to `dtrain run --metrics-port` (docs/metrics.md): step,\n"
+      "Reports each training step to `dtrain run --metrics-port` (`dtrain docs metrics`): step,\n"
       "samples/s, and the step's time split into compute and communication (the time spent\n"
       "waiting for this library's collectives). Does nothing outside such a run.\n\n"
       "    progress = ProgressReporter(rank)\n"

@@ -8,7 +8,8 @@
 #   4. each runs on 2 ranks under the installed `dtrain run`, and its answer is checked;
 #   5. a project that adds dtrain's tree with add_subdirectory configures with dtrain::core and
 #      dtrain::torch and without our tests and examples;
-#   6. the installed `dtrain sched-sim` finds the traces installed beside it (share/dtrain/pollux).
+#   6. the installed `dtrain sched-sim` finds the traces installed beside it (share/dtrain/pollux),
+#      and `dtrain docs` the documentation (share/dtrain/docs), to which every --help points.
 # Usage: consumer.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -48,6 +49,19 @@ expect "parameters identical on every rank: yes" \
 expect "$prefix/share/dtrain/pollux" "$prefix/bin/dtrain" sched-sim --help
 expect "tiresias/spread" "$prefix/bin/dtrain" sched-sim \
   "$prefix/share/dtrain/pollux/workloads/workload-6.csv"
+expect "$prefix/share/dtrain/docs" "$prefix/bin/dtrain" docs --path
+expect "Training data in shard files" "$prefix/bin/dtrain" docs
+expect "dtrain data write --from FOLDER" "$prefix/bin/dtrain" docs data
+# Every topic a --help or the variables' table names is there.
+helps=$("$prefix/bin/dtrain" --help; "$prefix/bin/dtrain" env)
+for command in $("$prefix/bin/dtrain" --help | awk '/^Subcommands:/ {on = 1; next} on && NF {print $1}'); do
+  helps+=$("$prefix/bin/dtrain" "$command" --help)
+done
+topics=$(grep -o 'dtrain docs [a-z_]*' <<<"$helps" | sort -u | cut -d' ' -f3)
+test -n "$topics"
+for topic in $topics; do
+  "$prefix/bin/dtrain" docs "$topic" >/dev/null || { echo "dtrain docs $topic: no such topic"; exit 1; }
+done
 
 PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 export PKG_CONFIG_PATH

@@ -13,7 +13,8 @@ namespace dtrain::tools {
 CLI::App* add_algorithms_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("algorithms", "List the collective algorithms and their costs");
   auto markdown = std::make_shared<bool>(false);
-  cmd->add_flag("--markdown", *markdown, "Print the table of docs/algorithms.md");
+  cmd->add_flag("--markdown", *markdown,
+                "Print the table in Markdown, as `dtrain docs algorithms` shows it");
   cmd->callback([markdown] {
     if (*markdown) {
       fmt::print("{}", comm::algo::markdown_table());

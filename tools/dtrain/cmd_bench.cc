@@ -1064,7 +1064,7 @@ CLI::App* add_bench_command(CLI::App& app) {
       "barrier, sendrecv, a comma-separated list of them, or all. Sizes are each rank's buffer as\n"
       "nccl-tests count them. Under `dtrain run` or `mpirun` it is one rank of that job and "
       "measures\n"
-      "dtrain only. Method and bus bandwidth factors: docs/performance.md.");
+      "dtrain only. Method and bus bandwidth factors: `dtrain docs performance`.");
   cmd->add_option("coll", a->collectives, "Collective(s) to time")->required();
   cmd->add_option("--np", a->np, "Ranks to start (driver mode)")->capture_default_str();
   cmd->add_option("--sizes", a->sizes,
@@ -1104,14 +1104,14 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--deadline", a->deadline_s,
                   "Seconds each implementation's whole run may take before it is killed")
       ->capture_default_str();
-  cmd->add_option(
-      "--netns", a->netns,
-      "Run every implementation's ranks on the emulated cluster NAME that "
-      "scripts/netns-hosts.sh made, in blocks of consecutive ranks per host (docs/scaling.md)");
+  cmd->add_option("--netns", a->netns,
+                  "Run every implementation's ranks on the emulated cluster NAME that "
+                  "scripts/netns-hosts.sh made, in blocks of consecutive ranks per host (`dtrain "
+                  "docs scaling`)");
   cmd->add_option(
       "--calibrate", a->calibrate,
       "Under dtrain run: measure the links first (ping-pong per class of link) and write "
-      "the cost model's file here, for DTRAIN_COST_FILE (docs/scaling.md)");
+      "the cost model's file here, for DTRAIN_COST_FILE (`dtrain docs scaling`)");
   cmd->add_flag(
       "--model", a->model,
       "Under dtrain run: print the cost model's all-reduce time beside each measured one");

@@ -14,7 +14,8 @@ namespace dtrain::tools {
 CLI::App* add_env_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("env", "List the environment variables dtrain reads");
   auto markdown = std::make_shared<bool>(false);
-  cmd->add_flag("--markdown", *markdown, "Print the table of docs/env.md");
+  cmd->add_flag("--markdown", *markdown,
+                "Print the table in Markdown, as `dtrain docs env` shows it");
   cmd->callback([markdown] {
     if (*markdown) {
       fmt::print("| variable | default | meaning |\n|---|---|---|\n");

@@ -116,7 +116,7 @@ CLI::App* add_estimate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "estimate",
       "Bytes per rank of parameters, gradients, optimizer state and activations, for "
-      "DDP, ZeRO 1-3, tensor and pipeline layouts (docs/memory.md)");
+      "DDP, ZeRO 1-3, tensor and pipeline layouts (`dtrain docs memory`)");
   cmd->add_option("--params", f->params, "Parameters of the model: 110000000, 1.1e8, 110M, 7B");
   cmd->add_option("--model", f->model, "Count the parameters of this safetensors file instead");
   cmd->add_option("--optimizer", f->options.optimizer)

@@ -95,7 +95,7 @@ CLI::App* add_pipeline_plan_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "pipeline-plan",
       "Verify a pipeline schedule offline (every send received, no deadlock) and print its "
-      "timeline, bubble and memory (docs/pipeline.md)");
+      "timeline, bubble and memory (`dtrain docs pipeline`)");
   std::string names;
   for (const auto& s : pipeline::registered_schedules())
     names += fmt::format("\n  {:<17} {}", s.name, s.summary);

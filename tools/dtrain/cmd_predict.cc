@@ -219,7 +219,7 @@ CLI::App* add_predict_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "predict",
       "Time per step and scaling efficiency at up to thousands of ranks, per layout, from "
-      "the cost model (docs/scaling.md)");
+      "the cost model (`dtrain docs scaling`)");
   cmd->add_option("--params", f->params, "Parameters of the model: 25.6M, 1.3B or a number");
   cmd->add_option("--model", f->model, "Count the parameters of this safetensors file instead");
   cmd->add_option("--compute-ms", f->compute_ms,

@@ -64,7 +64,7 @@ int run_standalone(ps::ServerOptions options) {
 CLI::App* add_ps_server_command(CLI::App& app) {
   auto f = std::make_shared<PsServerFlags>();
   CLI::App* cmd =
-      app.add_subcommand("ps-server", "Run a parameter server (see docs/parameter_server.md)");
+      app.add_subcommand("ps-server", "Run a parameter server (`dtrain docs parameter_server`)");
   cmd->add_option("--port", f->port, "Port to listen on (default: any free port)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--host", f->options.listen_host,

@@ -458,7 +458,7 @@ CLI::App* add_run_command(CLI::App& app) {
       "       dtrain run -n N --servers S [--] CMD ARGS...   (parameter server: S servers)\n"
       "Each worker gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR\n"
       "and MASTER_PORT, as under torchrun; elastic runs add DTRAIN_RESTART_COUNT\n"
-      "(TORCHELASTIC_RESTART_COUNT). See docs/fault_tolerance.md.");
+      "(TORCHELASTIC_RESTART_COUNT). See `dtrain docs fault_tolerance`.");
   cmd->add_option("-n,--nproc-per-node,--nproc_per_node", args->nproc,
                   "Worker processes on this node")
       ->capture_default_str();
@@ -491,7 +491,7 @@ CLI::App* add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--servers", args->servers,
                   "Parameter servers to start beside the workers (node 0; see "
-                  "docs/parameter_server.md)")
+                  "`dtrain docs parameter_server`)")
       ->capture_default_str();
   cmd->add_flag("--server-program", args->server_program,
                 "The servers run the worker command with DTRAIN_ROLE=server instead of `dtrain "
@@ -499,11 +499,11 @@ CLI::App* add_run_command(CLI::App& app) {
   cmd->add_flag("--tf-config", args->tf_config,
                 "Give each process the TF_CONFIG of the cluster (one node), so that TensorFlow's "
                 "own strategies run under dtrain run: every rank a worker, or with --servers "
-                "rank 0 the chief and the servers ps tasks (docs/tensorflow.md)");
+                "rank 0 the chief and the servers ps tasks (`dtrain docs tensorflow`)");
   cmd->add_option("--metrics-port", args->metrics_port,
                   "Serve the workers' progress (dtrain::ProgressReporter) and the restarts as "
                   "Prometheus metrics at http://HOST:PORT/metrics (0: any free port; "
-                  "docs/metrics.md)");
+                  "`dtrain docs metrics`)");
   cmd->add_option("--metrics-addr", args->metrics_addr,
                   "The interface --metrics-port listens on: 0.0.0.0 every one (Prometheus on "
                   "another machine), 127.0.0.1 this machine only")

@@ -4,10 +4,8 @@
 //   dtrain sched-sim --policy tiresias workloads/workload-6.csv   # Pollux's baseline: 3,469.7 s
 //   dtrain sched-sim --policy all --placement all --interference 0.25 --svg jct.svg W.csv
 //   dtrain sched-sim --policy all --nodes 64 --cluster 6214e9 --hours 24 philly.csv
-#include <unistd.h>
 
 #include <cerrno>
-#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -27,6 +25,7 @@
 #include "scheduling/simulator.h"
 #include "scheduling/workload.h"
 #include "tools/dtrain/commands.h"
+#include "tools/dtrain/share_dir.h"
 
 #ifndef DTRAIN_SOURCE_DATA_DIR
 #define DTRAIN_SOURCE_DATA_DIR ""
@@ -71,14 +70,7 @@ void describe_models(const std::string& text, ClusterSpec& c) {
 
 // Pollux's traces: installed beside the tool (share/dtrain/pollux), else the source tree's.
 std::string default_traces() {
-  char exe[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n > 0) {
-    exe[n] = '\0';
-    const fs::path installed = fs::path(exe).parent_path().parent_path() / "share/dtrain/pollux";
-    if (fs::exists(installed / "applications.csv")) return installed.string();
-  }
-  return DTRAIN_SOURCE_DATA_DIR;
+  return share_dir("pollux", "applications.csv", DTRAIN_SOURCE_DATA_DIR);
 }
 
 std::vector<std::string> split_list(const std::string& text, const std::vector<std::string>& all) {
@@ -199,7 +191,7 @@ CLI::App* add_sched_sim_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "sched-sim",
       "Replay a GPU cluster's job trace under scheduling and placement policies: JCT, makespan, "
-      "utilization, queueing (docs/scheduling.md)");
+      "utilization, queueing (`dtrain docs scheduling`)");
   cmd->add_option("workload", f->workloads,
                   "Workload CSV files: Pollux's (name,time,application,num_replicas,batch_size; "
                   "its own by their path under --traces, e.g. workloads/workload-6.csv, the "

@@ -50,7 +50,7 @@ CLI::App* add_submit_commands(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "submit",
       "Hand a training job to an engine (Slurm, Kubernetes, this machine's queue): shape, GPUs, "
-      "memory, containers, preemption, notifications (docs/submit.md)");
+      "memory, containers, preemption, notifications (`dtrain docs submit`)");
   auto& j = f->job;
   cmd->add_option("--engine", f->engine, "slurm, k8s (Kubernetes) or local (this machine)")
       ->capture_default_str();
@@ -90,7 +90,7 @@ CLI::App* add_submit_commands(CLI::App& app) {
                 "No preemption warning and no requeue (the job ends when preempted)");
   cmd->add_option("--placement", j.placement,
                   "pack (one switch), spread, or auto: spread while the cluster is mostly idle, "
-                  "pack when it is loaded (docs/scheduling.md)")
+                  "pack when it is loaded (`dtrain docs scheduling`)")
       ->capture_default_str();
   cmd->add_option("--topology-key", j.topology_key,
                   "Kubernetes: the node label naming a rack or switch, for pack and spread")

@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   dtrain::tools::add_submit_commands(app);
   dtrain::tools::add_doctor_command(app);
   dtrain::tools::add_top_command(app);
+  dtrain::tools::add_docs_command(app);
   if (argc == 1) {  // a bare `dtrain` shows what it can do
     std::fputs(app.help().c_str(), stdout);
     return 0;

@@ -290,7 +290,7 @@ std::string k8s_manifests(const Job& job) {
   emit(out, service);
   out << YAML::BeginDoc;
   emit(out, kjob);
-  return std::string("# Written by `dtrain submit --engine k8s` (docs/submit.md).\n") +
+  return std::string("# Written by `dtrain submit --engine k8s` (`dtrain docs submit`).\n") +
          out.c_str() + "\n";
 }
 

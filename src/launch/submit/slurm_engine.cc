@@ -30,7 +30,8 @@ void check_id(const std::string& id) {
 std::string slurm_script(const Job& job, const std::string& placement) {
   namespace fs = std::filesystem;
   const std::string log = (fs::path(job.log_dir) / (job.name + "-%j.out")).string();
-  std::string s = "#!/bin/bash\n# Written by `dtrain submit --engine slurm` (docs/submit.md).\n";
+  std::string s =
+      "#!/bin/bash\n# Written by `dtrain submit --engine slurm` (`dtrain docs submit`).\n";
   auto sbatch = [&](const std::string& line) { s += "#SBATCH " + line + "\n"; };
   sbatch("--job-name=" + job.name);
   sbatch(fmt::format("--nodes={}", job.nodes));
