@@ -113,82 +113,12 @@ struct Worker {
   std::deque<std::string> stderr_tail;
 };
 
-struct ChildSetup {
-  const char* path;
-  char* const* argv;
-  char* const* envp;
-  int stdin_fd, stdout_fd, stderr_fd, status_fd;
-  pid_t parent;
-  const sigset_t* mask;
-  const cpu_set_t* cpus;  // null: keep the launcher's
-  int netns_fd;           // -1: stay in the launcher's network namespace
-};
-
-// What the status pipe carries when the child fails before its program runs.
-struct ChildFailure {
-  enum Stage : int { kExec, kNetns } stage;
-  int error;
-};
-
-// Makes `fd` the descriptor `target` and leaves it open across exec.
-void move_fd(int fd, int target) {
-  if (fd == target) {
-    ::fcntl(fd, F_SETFD, 0);
-  } else {
-    ::dup2(fd, target);
-  }
-}
-
-// Runs in the forked child: only async-signal-safe calls, since the launcher may have threads.
-[[noreturn]] void exec_child(const ChildSetup& s) {
-  ::setpgid(0, 0);
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != s.parent) ::_exit(127);  // the launcher died before prctl took effect
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  ::sigaction(SIGPIPE, &dfl, nullptr);
-  ::sigprocmask(SIG_SETMASK, s.mask, nullptr);
-  if (s.cpus) ::sched_setaffinity(0, sizeof(cpu_set_t), s.cpus);
-  if (s.netns_fd >= 0 && ::setns(s.netns_fd, CLONE_NEWNET) != 0) {
-    const ChildFailure failure{ChildFailure::kNetns, errno};
-    [[maybe_unused]] ssize_t n = ::write(s.status_fd, &failure, sizeof(failure));
-    ::_exit(127);
-  }
-  move_fd(s.stdin_fd, 0);
-  move_fd(s.stdout_fd, 1);
-  move_fd(s.stderr_fd, 2);
-  ::execve(s.path, s.argv, s.envp);
-  const ChildFailure failure{ChildFailure::kExec, errno};
-  [[maybe_unused]] ssize_t n = ::write(s.status_fd, &failure, sizeof(failure));
-  ::_exit(127);
-}
-
 // Both ends close on exec; the child dup2s the ends it keeps onto 0, 1 and 2.
 std::pair<net::Fd, net::Fd> make_pipe() {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
     throw InternalError(fmt::format("dtrain run: pipe2 failed: {}", std::strerror(errno)));
   return {net::Fd(fds[0]), net::Fd(fds[1])};
-}
-
-std::vector<std::string> build_environment(const WorkerSpec& spec) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string_view entry(*e);
-    std::string_view name = entry.substr(0, entry.find('='));
-    bool replaced = false;
-    for (const auto& [key, value] : spec.env) replaced = replaced || key == name;
-    if (!replaced) env.emplace_back(entry);
-  }
-  for (const auto& [key, value] : spec.env) env.push_back(key + "=" + value);
-  return env;
-}
-
-std::vector<char*> pointers(std::vector<std::string>& strings) {
-  std::vector<char*> p;
-  for (auto& s : strings) p.push_back(s.data());
-  p.push_back(nullptr);
-  return p;
 }
 
 class Run {
@@ -234,18 +164,12 @@ class Run {
     const std::string own_path = spec.command.empty() ? path : find_executable(spec.command.at(0));
     auto [out_r, out_w] = make_pipe();
     auto [err_r, err_w] = make_pipe();
-    auto [status_r, status_w] = make_pipe();
     w.out.fd = std::move(out_r);
     w.out.out_fd = options_.stdout_fd;
     w.err.fd = std::move(err_r);
     w.err.out_fd = options_.stderr_fd;
     w.err.is_stderr = true;
 
-    // Everything the child needs is built before fork: after it only async-signal-safe calls.
-    std::vector<std::string> args = spec.command.empty() ? options_.command : spec.command;
-    std::vector<char*> argv = pointers(args);
-    std::vector<std::string> env = build_environment(options_.workers[i]);
-    std::vector<char*> envp = pointers(env);
     const cpu_set_t cpus = to_cpu_set(spec.cpus);
     net::Fd netns;
     if (!spec.netns.empty()) {
@@ -256,40 +180,24 @@ class Run {
                         "opened: {} (made by scripts/netns-hosts.sh?)",
                         options_.name, spec.netns, w.label, std::strerror(errno)));
     }
-    ChildSetup setup{own_path.c_str(),
-                     argv.data(),
-                     envp.data(),
-                     devnull,
-                     out_w.get(),
-                     err_w.get(),
-                     status_w.get(),
-                     ::getpid(),
-                     &child_mask_,
-                     spec.cpus.empty() ? nullptr : &cpus,
-                     netns.valid() ? netns.get() : -1};
-    pid_t pid = ::fork();
-    if (pid < 0)
-      throw InternalError(
-          fmt::format("{}: fork for {} failed: {}", options_.name, w.label, std::strerror(errno)));
-    if (pid == 0) exec_child(setup);
-    // Also set the group here, so that signalling the group works before the child has run.
-    ::setpgid(pid, pid);
-    w.pid = pid;
+    SpawnOptions o{.path = own_path,
+                   .argv = spec.command.empty() ? options_.command : spec.command,
+                   .env = spec.env,
+                   .stdin_fd = devnull,
+                   .stdout_fd = out_w.get(),
+                   .stderr_fd = err_w.get(),
+                   .die_with_parent = true,
+                   .signal_mask = &child_mask_,
+                   .cpus = spec.cpus.empty() ? nullptr : &cpus,
+                   .netns_fd = netns.valid() ? netns.get() : -1};
+    const Spawned spawned = spawn(o);
+    w.pid = spawned.pid;
     w.running = true;
-    status_w.reset();
-
-    // The status pipe closes on a successful exec and says what failed otherwise.
-    pollfd p{status_r.get(), POLLIN, 0};
-    ChildFailure failure{};
-    if (::poll(&p, 1, 5000) > 0 &&
-        ::read(status_r.get(), &failure, sizeof(failure)) == sizeof(failure))
+    if (!spawned.failure.empty())
       relay_line(w, w.err,
-                 failure.stage == ChildFailure::kNetns
-                     ? fmt::format("{}: cannot enter the network namespace {}: {} (setns; root?)",
-                                   options_.name, spec.netns, std::strerror(failure.error))
-                     : fmt::format("{}: cannot execute {}: {}", options_.name, own_path,
-                                   std::strerror(failure.error)));
-    DTRAIN_LOG_DEBUG("{}: started {} as pid {}{}", options_.name, w.label, pid,
+                 fmt::format("{}: {}{}", options_.name, spawned.failure,
+                             spec.netns.empty() ? "" : " (network namespace " + spec.netns + ")"));
+    DTRAIN_LOG_DEBUG("{}: started {} as pid {}{}", options_.name, w.label, w.pid,
                      spec.cpus.empty() ? "" : ", bound to CPUs " + describe_cpus(spec.cpus));
   }
 
@@ -743,39 +651,7 @@ class Run {
   std::optional<Clock::time_point> all_exited_at_;
 };
 
-bool is_executable_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
-}
-
 }  // namespace
-
-std::string find_executable(const std::string& name) {
-  if (name.empty()) throw InvalidArgumentError("dtrain run: the worker command is empty");
-  if (name.find('/') != std::string::npos) {
-    if (!is_executable_file(name))
-      throw InvalidArgumentError(fmt::format(
-          "dtrain run: cannot run '{}': {}", name,
-          ::access(name.c_str(), F_OK) == 0 ? "it is not an executable file" : "no such file"));
-    return name;
-  }
-  const char* path_env = std::getenv("PATH");
-  // execvp's default search path when PATH is unset.
-  std::string path = path_env != nullptr ? path_env : "/bin:/usr/bin";
-  size_t start = 0;
-  for (;;) {
-    size_t colon = path.find(':', start);
-    std::string dir =
-        path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
-    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
-    if (is_executable_file(candidate)) return candidate;
-    if (colon == std::string::npos) break;
-    start = colon + 1;
-  }
-  throw InvalidArgumentError(fmt::format(
-      "dtrain run: command '{}' was not found on PATH ({}): check its name, or give its path", name,
-      path));
-}
 
 std::string signal_name(int signal) {
   const char* abbrev = ::sigabbrev_np(signal);

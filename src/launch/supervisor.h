@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "launch/spawn.h"  // find_executable
 
 namespace dtrain::launch {
 
@@ -137,11 +138,6 @@ class Supervisor {
   struct sigaction old_sigchld_;
   net::Fd signal_fd_;
 };
-
-// The file execvp would run for `name`: `name` itself when it holds a '/', else the first
-// executable regular file of that name on PATH. Throws InvalidArgumentError saying what was
-// searched when there is none.
-std::string find_executable(const std::string& name);
 
 // "SIGSEGV" for 11; "signal 99" for numbers without a name.
 std::string signal_name(int signal);

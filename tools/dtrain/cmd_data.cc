@@ -279,9 +279,9 @@ int run_inspect(const std::vector<std::string>& patterns) {
 }  // namespace
 
 CLI::App* add_data_command(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand(
-      "data",
-      "Write and check shard files (TFRecord, WebDataset tar) for ShardedDataset (`dtrain docs data`)");
+  CLI::App* cmd = app.add_subcommand("data",
+                                     "Write and check shard files (TFRecord, WebDataset tar) for "
+                                     "ShardedDataset (`dtrain docs data`)");
   cmd->require_subcommand(1);
 
   auto w = std::make_shared<WriteFlags>();

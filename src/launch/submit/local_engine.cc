@@ -28,6 +28,7 @@
 #include "common/env.h"
 #include "dtrain/error.h"
 #include "dtrain/preemption.h"
+#include "launch/spawn.h"
 
 namespace dtrain::submit {
 namespace fs = std::filesystem;
@@ -38,7 +39,7 @@ std::string local_script(const Job& job, int port, const std::string& dtrain) {
     return notifying ? fmt::format("notify {} {}\n", e, status) : "";
   };
   std::string s =
-      "#!/bin/bash\n# Written by `dtrain submit --engine local` (docs/submit.md).\nset -u\n"
+      "#!/bin/bash\n# Written by `dtrain submit --engine local` (`dtrain docs submit`).\nset -u\n"
       "restart=${DTRAIN_QUEUE_RESTART:-0}\n"
       // SIGTERM (dtrain cancel) is passed on to what runs; before anything runs, it stops here.
       "pids=()\nstop=\n"
@@ -188,35 +189,15 @@ std::vector<int> job_ids(const std::string& queue) {
 // QUEUE/runner.log), so that it outlives the submit.
 void start_runner(const std::string& queue) {
   const std::string exe = self_executable();
-  const pid_t pid = ::fork();
-  if (pid < 0) throw InvalidArgumentError("dtrain submit: cannot start the queue runner: fork");
-  if (pid == 0) {
-    ::setsid();
-    const pid_t runner = ::fork();  // the grandchild is nobody's child: no zombie
-    if (runner < 0) {
-      std::fprintf(stderr, "dtrain submit: cannot start the queue runner: %s\n",
-                   std::strerror(errno));
-      ::_exit(1);
-    }
-    if (runner > 0) ::_exit(0);
-    const int log = ::open((queue + "/runner.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    const int null = ::open("/dev/null", O_RDONLY);
-    ::dup2(null, 0);
-    if (log >= 0) {
-      ::dup2(log, 1);
-      ::dup2(log, 2);
-    }
-    if (log > 2) ::close(log);
-    if (null > 2) ::close(null);
-    ::execl(exe.c_str(), exe.c_str(), "queue-runner", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+  const launch::Spawned runner = launch::spawn({.path = exe,
+                                                .argv = {exe, "queue-runner"},
+                                                .output_file = queue + "/runner.log",
+                                                .detach = true});
+  if (!runner.failure.empty())
     throw InvalidArgumentError(fmt::format(
-        "dtrain submit: the job is queued but no runner could be started; the next submit "
-        "starts one"));
+        "dtrain submit: the job is queued but no runner could be started ({}); the next submit "
+        "starts one",
+        runner.failure));
 }
 
 // When the process started (field 22 of /proc/PID/stat, in clock ticks since boot): a pid and
@@ -399,34 +380,27 @@ int run_local_queue() {
           const std::string log = read_text(dir / "log");
           const std::string cwd = read_text(dir / "cwd");
           const std::string script = (dir / "job.sh").string();
-          std::vector<std::string> env_strings;
+          launch::SpawnOptions job{.path = "/bin/bash",
+                                   .argv = {"bash", script},
+                                   .inherit_environment = false,
+                                   .cwd = cwd,
+                                   .output_file = log};  // its own group: cancel signals it
           {
             std::ifstream in(dir / "environ", std::ios::binary);
-            for (std::string e; std::getline(in, e, '\0');)
-              if (!e.starts_with("DTRAIN_QUEUE_")) env_strings.push_back(e);
-          }
-          env_strings.push_back("DTRAIN_QUEUE_JOB=" + std::to_string(id));
-          env_strings.push_back("DTRAIN_QUEUE_RESTART=" + restarts);
-          env_strings.push_back("DTRAIN_QUEUE_CANCEL=" + (dir / "cancel").string());
-          std::vector<char*> envp;
-          for (auto& e : env_strings) envp.push_back(e.data());
-          envp.push_back(nullptr);
-          const pid_t pid = ::fork();
-          if (pid == 0) {
-            ::setpgid(0, 0);  // cancel signals the job's whole group
-            const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-            if (out >= 0) {
-              ::dup2(out, 1);
-              ::dup2(out, 2);
+            for (std::string e; std::getline(in, e, '\0');) {
+              const size_t eq = e.find('=');
+              if (eq != std::string::npos && !e.starts_with("DTRAIN_QUEUE_"))
+                job.env.emplace_back(e.substr(0, eq), e.substr(eq + 1));
             }
-            if (out > 2) ::close(out);
-            if (::chdir(cwd.c_str()) != 0) ::_exit(126);
-            char* argv[] = {const_cast<char*>("bash"), const_cast<char*>(script.c_str()), nullptr};
-            ::execve("/bin/bash", argv, envp.data());
-            ::_exit(127);
           }
+          job.env.emplace_back("DTRAIN_QUEUE_JOB", std::to_string(id));
+          job.env.emplace_back("DTRAIN_QUEUE_RESTART", restarts);
+          job.env.emplace_back("DTRAIN_QUEUE_CANCEL", (dir / "cancel").string());
+          const launch::Spawned started = launch::spawn(job);
+          const pid_t pid = started.pid;
+          if (!started.failure.empty())
+            std::fprintf(stderr, "dtrain queue-runner: job %d: %s\n", id, started.failure.c_str());
           if (pid < 0) break;
-          ::setpgid(pid, pid);
           write_text(dir / "pid", std::to_string(pid));
           write_text(dir / "started", process_start(pid));
           write_text(dir / "state", "running");

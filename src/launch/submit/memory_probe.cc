@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/error.h"
+#include "launch/spawn.h"
 
 namespace dtrain::submit {
 namespace fs = std::filesystem;
@@ -42,26 +43,18 @@ MemoryProbe probe_memory(const Job& job, std::chrono::seconds limit) {
   args.insert(args.end(), job.command.begin(), job.command.end());
   const std::string log = scratch + "/probe.log";
   const auto start = std::chrono::steady_clock::now();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (out >= 0) {
-      ::dup2(out, 1);
-      ::dup2(out, 2);
-    }
-    // In this directory, so that the command and its relative paths mean what they will in the
-    // job; its temporary files go to the scratch directory.
-    ::setenv("TMPDIR", scratch.c_str(), 1);
-    for (const auto& [k, v] : job.env) ::setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execvp(argv[0], argv.data());
-    ::_exit(127);
-  }
-  if (pid < 0) throw InvalidArgumentError("dtrain submit --mem auto: cannot fork the probe");
-  ::setpgid(pid, pid);
+  // In this directory, so that the command and its relative paths mean what they will in the
+  // job; its temporary files go to the scratch directory.
+  launch::SpawnOptions o{.path = launch::find_executable(args[0]),
+                         .argv = args,
+                         .env = {{"TMPDIR", scratch}},
+                         .output_file = log};
+  for (const auto& [k, v] : job.env) o.env.emplace_back(k, v);
+  const launch::Spawned spawned = launch::spawn(o);
+  if (!spawned.failure.empty())
+    throw InvalidArgumentError("dtrain submit --mem auto: cannot run the probe: " +
+                               spawned.failure);
+  const pid_t pid = spawned.pid;
   int status = 0;
   bool stopped = false;
   for (;;) {
