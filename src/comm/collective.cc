@@ -134,6 +134,14 @@ CollectiveContext::CollectiveContext(int rank, int size, std::span<transport::Pa
       group_name_(std::move(group_name)),
       seq_(seq) {}
 
+std::string mismatch_message(int rank, std::string_view where, int peer,
+                             const CollectiveCall& theirs, std::string_view this_rank_did) {
+  return fmt::format(
+      "rank {}: {}: rank {} called {} while this rank {}; every rank of a group must call the "
+      "same collectives in the same order with the same arguments",
+      rank, where, peer, theirs.describe(), this_rank_did);
+}
+
 std::string CollectiveContext::where() const {
   return fmt::format("collective #{} of group {}", seq_, group_name_);
 }
@@ -188,11 +196,9 @@ void CollectiveContext::wait(std::span<const RequestPtr> requests) {
   } catch (const InvalidArgumentError&) {
     for (auto* r : raw) {
       if (r->received_aux == 0) continue;
-      CollectiveCall theirs = CollectiveCall::from_fingerprint(r->received_aux);
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: {}: rank {} called {} while this rank called {}; every rank of a group must "
-          "call the same collectives in the same order with the same arguments",
-          rank_, where(), r->pair->peer_rank(), theirs.describe(), call_.describe()));
+      throw InvalidArgumentError(mismatch_message(rank_, where(), r->pair->peer_rank(),
+                                                  CollectiveCall::from_fingerprint(r->received_aux),
+                                                  "called " + call_.describe()));
     }
     throw;
   }

@@ -74,11 +74,13 @@ Agreement agreement_of(CollectiveKind kind);
 // count field, so that ranks passing different lists disagree like ranks passing other counts.
 uint64_t digest_counts(std::span<const size_t> counts);
 
-// Thrown when a peer's message carries another call's fingerprint.
-struct MismatchInfo {
-  int peer = -1;
-  CollectiveCall theirs;
-};
+// The words for a call that differs between ranks, the same on every path that finds one (the
+// fingerprint check of CollectiveContext::wait, the group's mismatch handler): "rank 0: collective
+// #3 of group world: rank 1 called broadcast(f32, 8, root 0) while this rank called ...; every rank
+// of a group must call ...". `where`: "collective #3 of group world"; `this_rank_did`: "called
+// all_reduce(...)", or what the rank's history says of #3 ("has not called collective #3 yet").
+std::string mismatch_message(int rank, std::string_view where, int peer,
+                             const CollectiveCall& theirs, std::string_view this_rank_did);
 
 // The group-local view an algorithm works with: ranks are group ranks, and messages are tagged
 // with this collective's sequence number and fingerprinted with its call.

@@ -18,6 +18,7 @@
 #include "comm/cuda_staging.h"
 #include "comm/executor.h"
 #include "comm/flight_recorder.h"
+#include "comm/hierarchy_plan.h"
 #include "comm/postmortem.h"
 #include "comm/watchdog.h"
 #include "dtrain/process_group.h"
@@ -31,10 +32,8 @@ class NativeProcessGroup : public ProcessGroup,
   // The world group: connects the device.
   NativeProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                      const ProcessGroupOptions& options);
-  // How a group may split its ranks for the hierarchical collectives: by host (else by rack,
-  // where each host holds one of its ranks), by rack only (the cross groups of a split by host),
-  // or not at all (the parts themselves).
-  enum class Split { kHostsOrRacks, kRacks, kNone };
+  // How a group may split its ranks for the hierarchical collectives (comm/hierarchy_plan.h).
+  using Split = comm::Split;
   // A sub-group over world ranks `members` sharing `parent`'s device. The groups dtrain makes for
   // itself (the hierarchy's parts and cross groups) say how they may split further.
   NativeProcessGroup(const NativeProcessGroup& parent, std::vector<int> members, uint32_t group_id,

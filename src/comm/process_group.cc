@@ -210,29 +210,21 @@ void NativeProcessGroup::start() {
     int group_peer = peer;
     for (int i = 0; i < size_; ++i)
       if (members_[i] == peer) group_peer = i;
-    const std::string their_call = CollectiveCall::from_fingerprint(theirs).describe();
-    constexpr std::string_view kRule =
-        "every rank of a group must call the same collectives in the same order with the same "
-        "arguments";
+    const CollectiveCall their_call = CollectiveCall::from_fingerprint(theirs);
+    const std::string where = fmt::format("collective #{} of group {}", seq, name_);
     std::string text;
     if (ours != 0) {
-      text = fmt::format(
-          "rank {}: collective #{} of group {}: rank {} called {} while this rank "
-          "called {}; {}",
-          rank_, seq, name_, group_peer, their_call,
-          CollectiveCall::from_fingerprint(ours).describe(), kRule);
+      text = mismatch_message(rank_, where, group_peer, their_call,
+                              "called " + CollectiveCall::from_fingerprint(ours).describe());
     } else if (auto mine = history_.call(seq); mine && mine->fingerprint() == theirs) {
       text = fmt::format(
-          "rank {}: collective #{} of group {}, {}: rank {} sent a message this "
-          "rank never received: the two ran it with different algorithms; "
-          "DTRAIN_ALGO and the `algorithm` option must be the same on every rank",
-          rank_, seq, name_, their_call, group_peer);
+          "rank {}: {}, {}: rank {} sent a message this rank never received: the two ran it with "
+          "different algorithms; DTRAIN_ALGO and the `algorithm` option must be the same on "
+          "every rank",
+          rank_, where, their_call.describe(), group_peer);
     } else {
       // The collective is over here: without this check both ranks would have gone on.
-      text = fmt::format(
-          "rank {}: collective #{} of group {}: rank {} called {} while this rank "
-          "{}; {}",
-          rank_, seq, name_, group_peer, their_call, history_.describe(seq), kRule);
+      text = mismatch_message(rank_, where, group_peer, their_call, history_.describe(seq));
       DTRAIN_LOG_ERROR("{} (the next collective of the group fails here)", text);
     }
     auto error = std::make_exception_ptr(InvalidArgumentError(text));
@@ -247,106 +239,51 @@ void NativeProcessGroup::start() {
 }
 
 void NativeProcessGroup::build_hierarchy() {
-  if (size_ < 2) return;
-  // Parts in order of their first rank; every rank computes the same.
-  auto split_by = [&](auto key) {
-    std::vector<std::string> keys;
-    std::vector<std::vector<int>> parts;  // group ranks per part
-    for (int i = 0; i < size_; ++i) {
-      const std::string& k = key(members_[i]);
-      auto it = std::find(keys.begin(), keys.end(), k);
-      if (it == keys.end()) {
-        keys.push_back(k);
-        parts.emplace_back();
-        it = keys.end() - 1;
-      }
-      parts[it - keys.begin()].push_back(i);
-    }
-    return parts;
-  };
-  auto host = [&](int m) -> const std::string& { return device_->host_of(m); };
-  auto rack = [&](int m) -> const std::string& { return device_->rack_of(m); };
-  auto worth_it = [](const std::vector<std::vector<int>>& parts) {
-    size_t most = 0;
-    for (const auto& p : parts) most = std::max(most, p.size());
-    return parts.size() >= 2 && most >= 2;
-  };
-  // What the cost model needs to know even of a group that does not split.
-  const auto racks = split_by(rack);
-  topology_.spans_racks = racks.size() > 1;
-  if (split_ == Split::kNone) return;
-  std::vector<std::vector<int>> parts;
-  Topology::Level level = Topology::Level::kHosts;
-  if (split_ == Split::kHostsOrRacks) parts = split_by(host);
-  if (!worth_it(parts)) {
-    parts = racks;
-    level = Topology::Level::kRacks;
+  std::vector<std::string> hosts, racks;
+  for (int m : members_) {
+    hosts.push_back(device_->host_of(m));
+    racks.push_back(device_->rack_of(m));
   }
-  if (!worth_it(parts)) return;
+  const HierarchyPlan plan = plan_hierarchy(hosts, racks, rank_, split_);
+  // What the cost model needs to know even of a group that does not split.
+  topology_.spans_racks = plan.spans_racks;
+  if (plan.parts.empty()) return;
 
   auto& h = hierarchy_;
-  h.part.assign(size_, 0);
-  h.index.assign(size_, 0);
+  h.part = plan.part;
+  h.index = plan.index;
+  h.uniform = plan.uniform;
+  h.my_part = plan.my_part;
   h.order.clear();
-  h.uniform = true;
-  size_t most = 0;
-  for (const auto& p : parts) {
-    h.uniform &= p.size() == parts[0].size();
-    most = std::max(most, p.size());
-  }
-  bool in_order = true;
-  size_t my_index = 0;
-  for (size_t p = 0; p < parts.size(); ++p)
-    for (size_t j = 0; j < parts[p].size(); ++j) {
-      const int r = parts[p][j];
-      if (r == rank_) h.my_part = static_cast<int>(p), my_index = j;
-      h.part[r] = static_cast<int>(p);
-      h.index[r] = static_cast<int>(j);
-      in_order &= r == static_cast<int>(h.order.size());
-      h.order.push_back(r);
-    }
-  if (in_order) h.order.clear();
-
-  topology_.level = level;
-  topology_.hosts = static_cast<int>(parts.size());
-  topology_.per_host = static_cast<int>(most);
-  topology_.uniform = h.uniform;
-  topology_.host_contiguous = in_order && h.uniform;
-  if (level == Topology::Level::kHosts) {
-    // Hosts per rack, for the cross groups' own split.
-    std::vector<std::string> rack_of_part;
-    for (const auto& p : parts) rack_of_part.push_back(rack(members_[p[0]]));
-    std::sort(rack_of_part.begin(), rack_of_part.end());
-    int run = 0, most_hosts = 0;
-    for (size_t i = 0; i < rack_of_part.size(); ++i) {
-      run = i > 0 && rack_of_part[i] == rack_of_part[i - 1] ? run + 1 : 1;
-      most_hosts = std::max(most_hosts, run);
-    }
-    topology_.racks = static_cast<int>(racks.size());
-    topology_.hosts_per_rack = most_hosts;
+  if (!plan.in_order)
+    for (const auto& p : plan.parts) h.order.insert(h.order.end(), p.begin(), p.end());
+  topology_.level = plan.level;
+  topology_.hosts = static_cast<int>(plan.parts.size());
+  topology_.per_host = plan.per_part;
+  topology_.uniform = plan.uniform;
+  topology_.host_contiguous = plan.in_order && plan.uniform;
+  if (plan.level == Topology::Level::kHosts) {
+    topology_.racks = plan.racks;
+    topology_.hosts_per_rack = plan.hosts_per_rack;
   }
 
   std::vector<int> local, cross;
-  for (int r : parts[h.my_part]) local.push_back(members_[r]);
-  if (h.uniform) {
-    for (const auto& p : parts) cross.push_back(members_[p[my_index]]);
-  } else if (my_index == 0) {
-    for (const auto& p : parts) cross.push_back(members_[p[0]]);
-  }
+  for (int r : plan.parts[plan.my_part]) local.push_back(members_[r]);
+  for (int r : plan.cross) cross.push_back(members_[r]);
   auto id = [&](const std::string& what) {
     uint32_t v = static_cast<uint32_t>(fnv1a(fmt::format("{}/{}", group_id_, what)) & 0xffffffu);
     return v == 0 ? 1u : v;
   };
-  const char* unit = level == Topology::Level::kHosts ? "host" : "rack";
+  const char* unit = plan.level == Topology::Level::kHosts ? "host" : "rack";
   local_group_ = std::make_shared<NativeProcessGroup>(
-      *this, std::move(local), id(fmt::format("local{}", h.my_part)),
-      fmt::format("{}.{}{}", name_, unit, h.my_part), Split::kNone);
+      *this, std::move(local), id(fmt::format("local{}", plan.my_part)),
+      fmt::format("{}.{}{}", name_, unit, plan.my_part), Split::kNone);
   if (!cross.empty()) {
     // A split by host leaves its cross groups to split by rack.
     cross_group_ = std::make_shared<NativeProcessGroup>(
-        *this, std::move(cross), id(fmt::format("cross{}", h.uniform ? my_index : 0)),
-        fmt::format("{}.cross{}", name_, h.uniform ? my_index : 0),
-        level == Topology::Level::kHosts ? Split::kRacks : Split::kNone);
+        *this, std::move(cross), id(fmt::format("cross{}", plan.cross_index)),
+        fmt::format("{}.cross{}", name_, plan.cross_index),
+        plan.level == Topology::Level::kHosts ? Split::kRacks : Split::kNone);
     share_links(topology_.nic_sharers);
   }
   h.local = local_group_.get();
@@ -354,7 +291,7 @@ void NativeProcessGroup::build_hierarchy() {
   DTRAIN_LOG_DEBUG(
       "rank {}: group {} spans {} {}s ({} ranks on the largest{}): hierarchical "
       "collectives available",
-      rank_, name_, parts.size(), unit, most, h.uniform ? ", all alike" : "");
+      rank_, name_, plan.parts.size(), unit, plan.per_part, h.uniform ? ", all alike" : "");
 }
 
 std::string NativeProcessGroup::hierarchy() const {
