@@ -88,10 +88,12 @@ if [ "$have" != "$torch_version" ]; then
     "torch==$torch_version"
 fi
 # numpy, pytest, PyYAML (the Kubernetes manifests' tests), the build backend of `pip install .`,
-# and expecttest (torch's own test suite imports it: bench/torch_suite.py)
-if ! "$py" -c "import numpy, pytest, yaml, scikit_build_core, build, expecttest" 2>/dev/null; then
+# expecttest (torch's own test suite imports it: bench/torch_suite.py) and mypy (the package's
+# types and stubs: tests/python/test_typing.py)
+if ! "$py" -c "import numpy, pytest, yaml, scikit_build_core, build, expecttest, mypy" \
+    2>/dev/null; then
   $sudo "$py" -m pip install -q --disable-pip-version-check numpy pytest pyyaml \
-    scikit-build-core build expecttest
+    scikit-build-core build expecttest "mypy==2.4.1"
 fi
 # The release dtrain.tensorflow is built and tested against (cmake/python_env.cmake's range).
 tf_version=2.21.0

@@ -24,6 +24,7 @@ from datetime import timedelta
 import faulthandler as _faulthandler
 import signal as _signal
 import tempfile as _tempfile
+from typing import IO
 
 from dtrain._core import (AbortedError, DataLossError, Error, InvalidArgumentError, ParallelLayout,
                           PeerFailureError, ProcessGroup, ProgressReporter,
@@ -39,7 +40,8 @@ __all__ = ["__version__", "init", "ProcessGroup", "Work", "ParallelLayout", "Pro
            "DataLossError", "ResourceExhaustedError", "UnavailableError"]
 
 
-def init(rank=None, world_size=None, init_method=None, timeout=None, name=None):
+def init(rank: int | None = None, world_size: int | None = None, init_method: str | None = None,
+         timeout: float | timedelta | None = None, name: str | None = None) -> ProcessGroup:
     """Joins the job and returns its world ProcessGroup (collective).
 
     rank, world_size: default to the launcher's (dtrain run, torchrun, mpirun, srun, a
@@ -51,7 +53,7 @@ def init(rank=None, world_size=None, init_method=None, timeout=None, name=None):
     return _init_process_group(rank, world_size, init_method, timeout, name)
 
 
-def _register_python_stacks():
+def _register_python_stacks() -> IO[bytes]:
     """Lets a flight-record dump (dtrain doctor) show every Python thread's stack: faulthandler
     writes them, from its signal handler and without the GIL, to a file the dump reads back."""
     signum = _signal.SIGRTMIN + 5

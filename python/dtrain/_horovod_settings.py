@@ -1,10 +1,15 @@
 """The settings of a Horovod API session (dtrain.torch, dtrain.tensorflow), from the environment:
 dtrain's names first, then Horovod's, so that a Horovod job's settings keep working."""
 import os
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import TypeVar
+
+_N = TypeVar("_N", int, float)
 
 
-def _number(names, default, kind, minimum, maximum):
+def _number(names: Sequence[str], default: _N, kind: type[_N], minimum: _N,
+            maximum: _N) -> _N:
     """The first of the environment variables `names` that is set, checked; else `default`."""
     for name in names:
         text = os.environ.get(name)
@@ -22,7 +27,7 @@ def _number(names, default, kind, minimum, maximum):
     return default
 
 
-def session_settings():
+def session_settings() -> tuple[timedelta, int, timedelta]:
     """(cycle time, fusion threshold in bytes, stall timeout) of the coordinator."""
     cycle_ms = _number(["DTRAIN_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME"], 1.0, float, 0.01, 1000.0)
     fusion = _number(["DTRAIN_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"], 64 << 20, int, 0,

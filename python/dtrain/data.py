@@ -27,23 +27,37 @@ batching. ``num_workers=0`` is the usual choice (the readers are threads already
 heavy ``decode``, and a position from ``consumed()`` is exact at the end of an epoch or after a
 multiple of n batches.
 """
+from __future__ import annotations
+
 import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from dtrain import _core
 
-try:  # an IterableDataset when torch is there, so that DataLoader treats it as one
-    from torch.utils.data import IterableDataset as _Base
-    from torch.utils.data import get_worker_info as _worker_info
-except ImportError:
-    _Base = object
+if TYPE_CHECKING:
+    from torch.utils.data import IterableDataset, get_worker_info as _worker_info
 
-    def _worker_info():
-        return None
+    _Base = IterableDataset[Any]
+else:
+    try:  # an IterableDataset when torch is there, so that DataLoader treats it as one
+        from torch.utils.data import IterableDataset as _Base
+        from torch.utils.data import get_worker_info as _worker_info
+    except ImportError:
+        _Base = object
+
+        def _worker_info():
+            return None
 
 __all__ = ["ShardedDataset"]
 
+# A TFRecord record's bytes, or a tar sample: {"__key__": key, member's extension: bytes}.
+Sample = bytes | dict[str, bytes | str]
+_T = TypeVar("_T")
+_Shards = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
-def _default_rank_and_size():
+
+def _default_rank_and_size() -> tuple[int, int]:
     try:
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
@@ -56,19 +70,19 @@ def _default_rank_and_size():
     return identity["rank"], identity["world_size"]
 
 
-def _sample(record):
+def _sample(record: _core.Record) -> Sample:
     """A TFRecord record's bytes; a tar sample as WebDataset gives it: {"__key__": key, part: bytes}."""
     data, key, parts = record[0], record[4], record[5]
     if not parts:
         return data
-    sample = {"__key__": key}
+    sample: dict[str, bytes | str] = {"__key__": key}
     view = memoryview(data)
     for name, offset, size in parts:
         sample[name] = bytes(view[offset:offset + size])
     return sample
 
 
-class ShardedDataset(_Base):
+class ShardedDataset(_Base, Generic[_T]):
     """This rank's records of the files ``shards`` (a path, glob or "@manifest", or a list).
 
     rank, world_size: default to torch.distributed's when it is initialised, else to what the
@@ -78,13 +92,31 @@ class ShardedDataset(_Base):
     listed in ``skipped``). timeout: seconds a record may take to arrive (default DTRAIN_TIMEOUT).
     """
 
-    def __init__(self, shards, rank=None, world_size=None, seed=0, shuffle=True,
-                 shuffle_window=8192, drop_last=False, readers=2, prefetch_records=256,
-                 prefetch_bytes=64 << 20, on_bad_record="fail", decode=None, timeout=None):
+    @overload
+    def __init__(self: ShardedDataset[Sample], shards: _Shards, rank: int | None = None,
+                 world_size: int | None = None, seed: int = 0, shuffle: bool = True,
+                 shuffle_window: int = 8192, drop_last: bool = False, readers: int = 2,
+                 prefetch_records: int = 256, prefetch_bytes: int = 64 << 20,
+                 on_bad_record: str = "fail", decode: None = None,
+                 timeout: float | None = None) -> None: ...
+
+    @overload
+    def __init__(self, shards: _Shards, rank: int | None = None, world_size: int | None = None,
+                 seed: int = 0, shuffle: bool = True, shuffle_window: int = 8192,
+                 drop_last: bool = False, readers: int = 2, prefetch_records: int = 256,
+                 prefetch_bytes: int = 64 << 20, on_bad_record: str = "fail",
+                 decode: Callable[[Sample], _T] = ..., timeout: float | None = None) -> None: ...
+
+    def __init__(self, shards: _Shards, rank: int | None = None, world_size: int | None = None,
+                 seed: int = 0, shuffle: bool = True, shuffle_window: int = 8192,
+                 drop_last: bool = False, readers: int = 2, prefetch_records: int = 256,
+                 prefetch_bytes: int = 64 << 20, on_bad_record: str = "fail",
+                 decode: Callable[[Sample], _T] | None = None,
+                 timeout: float | None = None) -> None:
         if isinstance(shards, (str, os.PathLike)):
             shards = [shards]
         default_rank, default_size = _default_rank_and_size()
-        self._options = dict(
+        self._options: dict[str, Any] = dict(
             shards=[os.fspath(s) for s in shards],
             rank=default_rank if rank is None else int(rank),
             world_size=default_size if world_size is None else int(world_size),
@@ -94,10 +126,11 @@ class ShardedDataset(_Base):
             on_bad_record=on_bad_record, timeout=timeout)
         self._decode = decode
         self._epoch, self._consumed = 0, 0
-        self._readers = {}  # (pid, workers, worker) -> the C++ dataset of that process and part
+        # (pid, workers, worker) -> the C++ dataset of that process and part
+        self._readers: dict[tuple[int, int, int], _core.ShardedDataset] = {}
         self._main = self._reader(1, 0)  # opened here: bad paths fail now, in the caller's process
 
-    def _reader(self, workers, worker):
+    def _reader(self, workers: int, worker: int) -> _core.ShardedDataset:
         key = (os.getpid(), workers, worker)
         if key not in self._readers:  # after a fork, a worker needs its own reader threads
             o = dict(self._options)
@@ -107,11 +140,11 @@ class ShardedDataset(_Base):
             self._readers[key] = _core.ShardedDataset(**o)
         return self._readers[key]
 
-    def set_epoch(self, epoch, consumed=0):
+    def set_epoch(self, epoch: int, consumed: int = 0) -> None:
         """The epoch the next iteration reads, from position ``consumed`` (0: all of it)."""
         self._epoch, self._consumed = int(epoch), int(consumed)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[_T]:
         info = _worker_info()
         reader = self._reader(info.num_workers, info.id) if info else self._main
         reader.set_epoch(self._epoch, self._consumed)
@@ -121,9 +154,10 @@ class ShardedDataset(_Base):
             if record is None:
                 return
             sample = _sample(record)
-            yield decode(sample) if decode else sample
+            # Without decode, _T is Sample (the first overload of __init__).
+            yield decode(sample) if decode else cast(_T, sample)
 
-    def records(self):
+    def records(self) -> Iterator[tuple[Sample, int, int, int]]:
         """This rank's records of the epoch as (sample, file number, record number, global id)."""
         self._main.set_epoch(self._epoch, self._consumed)
         while True:
@@ -132,27 +166,28 @@ class ShardedDataset(_Base):
                 return
             yield _sample(record), record[1], record[2], record[3]
 
-    def __len__(self):
+    def __len__(self) -> int:
         """This rank's samples in the epoch (from the position set_epoch gave)."""
         left = self.size - min(self._consumed, self.size)
-        world = self._options["world_size"]
+        world: int = self._options["world_size"]
         return left // world if self._options["drop_last"] else -(-left // world)
 
-    def consumed(self, taken):
+    def consumed(self, taken: int) -> int:
         """The epoch's position once every rank has taken ``taken`` samples of it."""
         taken = min(int(taken), len(self))
-        return min(self.size, min(self._consumed, self.size) + taken * self._options["world_size"])
+        world: int = self._options["world_size"]
+        return min(self.size, min(self._consumed, self.size) + taken * world)
 
     @property
-    def size(self):
+    def size(self) -> int:
         """Records in all the files."""
         return self._main.size
 
     @property
-    def shards(self):
+    def shards(self) -> list[str]:
         return self._main.shards
 
     @property
-    def skipped(self):
+    def skipped(self) -> list[str]:
         """The bad records replaced so far (on_bad_record="skip"), each described."""
         return self._main.skipped

@@ -17,26 +17,38 @@ float32; sparse tables hold rows of ``width`` float32 keyed by uint64 ids. Consi
 "async" or "bounded" (staleness s), as in C++ (include/dtrain/ps.h, docs/parameter_server.md).
 torch tensors are used in place, as NumPy views of their memory (CPU, contiguous).
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Union, cast
+
 from dtrain import _core
+
+if TYPE_CHECKING:
+    import torch
+
+    from dtrain._core import Buffer
 
 __all__ = ["Client", "Handle"]
 
 Handle = _core.PsHandle
+# A NumPy array (anything with the buffer protocol), or a contiguous CPU tensor.
+Array = Union["Buffer", "torch.Tensor"]
 
 _OPTIMIZER_DEFAULTS = dict(lr=0.01, momentum=0.9, beta1=0.9, beta2=0.999, eps=1e-8,
                            weight_decay=0.0, initial_accumulator=0.0)
 
 
-def _array(x, name):
+def _array(x: Array, name: str) -> Buffer:
     """NumPy arrays and buffers as they are; a torch tensor as a NumPy view of its memory."""
     if type(x).__module__.startswith("torch"):
-        if x.device.type != "cpu" or not x.is_contiguous():
+        t = cast("torch.Tensor", x)
+        if t.device.type != "cpu" or not t.is_contiguous():
             raise ValueError(f"{name}: the tensor must be a contiguous CPU tensor")
-        return x.detach().numpy()
-    return x
+        return t.detach().numpy()
+    return cast("Buffer", x)
 
 
-def _optimizer(kwargs):
+def _optimizer(kwargs: dict[str, float]) -> dict[str, float]:
     unknown = set(kwargs) - set(_OPTIMIZER_DEFAULTS)
     if unknown:
         raise TypeError(f"unknown optimizer options {sorted(unknown)}; known: "
@@ -48,19 +60,20 @@ class Client:
     """A worker's connection to the job's parameter servers (started by
     ``dtrain run --servers S``, or described by TF_CONFIG or DMLC_* variables)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._client = _core.PsClient()
 
     @property
-    def worker(self):
+    def worker(self) -> int:
         return self._client.worker
 
     @property
-    def num_servers(self):
+    def num_servers(self) -> int:
         return self._client.num_servers
 
-    def create_dense(self, name, init, optimizer="sgd", consistency="sync", staleness=0,
-                     **optimizer_options):
+    def create_dense(self, name: str, init: Array, optimizer: str = "sgd",
+                     consistency: str = "sync", staleness: int = 0,
+                     **optimizer_options: float) -> None:
         """Creates (or attaches to) a dense float32 table initialised from `init`; every worker
         creates the same tables in the same order. optimizer: sgd, momentum, adam, adagrad or
         sum (the servers only add the gradients up); its options: lr, momentum, beta1, beta2,
@@ -69,8 +82,10 @@ class Client:
                                   consistency=consistency, staleness=staleness,
                                   **_optimizer(optimizer_options))
 
-    def create_sparse(self, name, width, init="zeros", a=0.0, b=0.0, seed=0, optimizer="sgd",
-                      consistency="sync", staleness=0, evict_after_s=0, **optimizer_options):
+    def create_sparse(self, name: str, width: int, init: str = "zeros", a: float = 0.0,
+                      b: float = 0.0, seed: int = 0, optimizer: str = "sgd",
+                      consistency: str = "sync", staleness: int = 0, evict_after_s: int = 0,
+                      **optimizer_options: float) -> None:
         """Creates a sparse table of rows of `width` float32, each created on first touch:
         init "zeros", "uniform" (between a and b) or "normal" (mean a, deviation b), derived
         from the row's id and `seed`."""
@@ -78,28 +93,29 @@ class Client:
                                    consistency=consistency, staleness=staleness,
                                    evict_after_s=evict_after_s, **_optimizer(optimizer_options))
 
-    def push(self, name, grad):
+    def push(self, name: str, grad: Array) -> Handle:
         return self._client.push(name, _array(grad, "push"))
 
-    def pull(self, name, out):
+    def pull(self, name: str, out: Array) -> Handle:
         return self._client.pull(name, _array(out, "pull"))
 
-    def push_pull(self, name, grad, out):
+    def push_pull(self, name: str, grad: Array, out: Array) -> Handle:
         """A push, then a pull of values that include it (one round trip)."""
         return self._client.push_pull(name, _array(grad, "push_pull"), _array(out, "push_pull"))
 
-    def pull_rows(self, table, ids, out):
+    def pull_rows(self, table: str, ids: Array, out: Array) -> Handle:
         """Rows `ids` (uint64 or int64) of a sparse table into `out` (len(ids) x width)."""
         return self._client.pull_rows(table, _array(ids, "pull_rows"), _array(out, "pull_rows"))
 
-    def push_rows(self, table, ids, grads):
+    def push_rows(self, table: str, ids: Array, grads: Array) -> Handle:
         return self._client.push_rows(table, _array(ids, "push_rows"),
                                       _array(grads, "push_rows"))
 
-    def checkpoint(self):
+    def checkpoint(self) -> list[str]:
         """Asks every server to write a checkpoint of its tables now; returns the directories."""
         return self._client.checkpoint()
 
-    def close(self):
+    def close(self) -> None:
         """Says goodbye to the servers (a departed worker no longer holds the others back)."""
-        self._client = None
+        # The client is unusable after: its calls raise AttributeError.
+        self._client = None  # type: ignore[assignment]

@@ -203,6 +203,16 @@ def optimizer(variant):
                                    named_parameters=model.named_parameters(),
                                    backward_passes_per_step=passes, **kwargs)
     assert isinstance(opt, torch.optim.SGD)
+    steps = []
+    if variant == "subclass":
+        # A subclass of the class DistributedOptimizer made (as a library wrapping the step
+        # does): the reduction and SGD's step still run once each per step.
+        class Counted(type(opt)):
+            def step(self, closure=None):
+                steps.append(closure)
+                return super().step(closure)
+
+        opt.__class__ = Counted
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     for step in range(4):
         opt.zero_grad()
@@ -240,6 +250,7 @@ def optimizer(variant):
     with opt.skip_synchronize():
         opt.step()
     opt.zero_grad()
+    assert len(steps) == (5 if variant == "subclass" else 0), steps
     hvd.shutdown()
     print(f"rank {r}: optimizer {variant} matches the local computation")
 

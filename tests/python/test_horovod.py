@@ -29,7 +29,8 @@ def test_every_collective_matches_local_values(world):
     assert all("every collective checked" in r.out for r in results)
 
 
-@pytest.mark.parametrize("variant", ["average", "sum", "accumulate", "fp16", "predivide"])
+@pytest.mark.parametrize("variant", ["average", "sum", "accumulate", "fp16", "predivide",
+                                     "subclass"])
 def test_distributed_optimizer_steps_as_sgd_on_the_combined_gradients(variant):
     harness.check_ok(hvd(3, "optimizer", variant))
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import zipfile
 
 import pytest
 
@@ -49,6 +50,10 @@ def test_a_wheel_installs_into_a_fresh_environment_with_torch_and_trains(tmp_pat
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     wheels = list(dist_dir.glob("dtrain-*.whl"))
     assert len(wheels) == 1, list(dist_dir.iterdir())
+    # The types (PEP 561) travel with it: py.typed and the extensions' stubs.
+    names = set(zipfile.ZipFile(wheels[0]).namelist())
+    for typed in ("dtrain/py.typed", "dtrain/_core.pyi", "dtrain/_torch.pyi"):
+        assert typed in names, f"the wheel has no {typed}: {sorted(names)}"
 
     # A fresh environment holding torch: torch reaches it through a .pth line naming this
     # environment's site-packages (installing torch again would take gigabytes), after its own.

@@ -7,6 +7,10 @@ eagerly and inside ``tf.function``, with Horovod's gradients. Needs the TensorFl
 dtrain was built against (``pip install '.[tensorflow]'``); ``import dtrain`` and ``import
 dtrain.torch`` never import TensorFlow.
 """
+from __future__ import annotations
+
+from typing import Any
+
 import tensorflow as tf
 
 from dtrain.tensorflow.collectives import (  # noqa: F401
@@ -17,7 +21,7 @@ from dtrain.tensorflow.collectives import (  # noqa: F401
     mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rank_op, reducescatter,
     rocm_built, shutdown, size, size_op)
 from dtrain.tensorflow import elastic  # noqa: F401
-from dtrain.tensorflow.compression import Compression  # noqa: F401
+from dtrain.tensorflow.compression import Compression, Compressor
 from dtrain.tensorflow.functions import (allgather_object, broadcast_global_variables,  # noqa: F401
                                          broadcast_object, broadcast_object_fn,
                                          broadcast_variables)
@@ -25,12 +29,30 @@ from dtrain.tensorflow.gradient_tape import (DistributedGradientTape,  # noqa: F
                                              PartialDistributedGradientTape)
 from dtrain.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 
+__all__ = [
+    "Adasum", "Average", "Max", "Min", "Product", "Sum",
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "is_homogeneous", "rank_op", "size_op", "local_rank_op",
+    "local_size_op", "global_process_set",
+    "allgather", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
+    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "join", "reducescatter",
+    "ccl_built", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built",
+    "elastic", "Compression", "allgather_object", "broadcast_global_variables",
+    "broadcast_object", "broadcast_object_fn", "broadcast_variables",
+    "DistributedGradientTape", "PartialDistributedGradientTape", "SyncBatchNormalization",
+    "DistributedOptimizer", "BroadcastGlobalVariablesHook",
+]
 
-def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
-                         device_sparse="", compression=Compression.none, sparse_as_dense=False,
-                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=None, scale_local_gradients=True):
+
+def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: bool = False,
+                         device_dense: str = "", device_sparse: str = "",
+                         compression: type[Compressor] = Compression.none,
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
+                         op: int = Average, gradient_predivide_factor: float = 1.0,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Any = None, process_set: object = None,
+                         scale_local_gradients: bool = True) -> Any:
     """An optimizer whose gradients are all-reduced across ranks before they are applied: a
     Keras optimizer (see dtrain.tensorflow.keras.DistributedOptimizer), or a
     tf.compat.v1.train.Optimizer in a TF1 graph."""
@@ -52,7 +74,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         scale_local_gradients=scale_local_gradients)
 
 
-def BroadcastGlobalVariablesHook(root_rank, device=""):
+def BroadcastGlobalVariablesHook(root_rank: int, device: str = "") -> Any:
     """A tf.compat.v1 SessionRunHook that broadcasts the global variables from `root_rank` once
     the session is created."""
     from dtrain.tensorflow.optimizer_v1 import BroadcastGlobalVariablesHook as Hook

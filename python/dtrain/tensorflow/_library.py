@@ -1,11 +1,15 @@
 """Loads dtrain._tensorflow: first as TensorFlow's op library (its ops register while TensorFlow
 watches), then as the Python module that opens the session. Refuses a TensorFlow other than the
 one the ops were compiled against, naming both."""
+from __future__ import annotations
+
 import importlib.util
 
 import tensorflow as tf
 
 from dtrain import _build_info
+
+__all__ = ["ops", "session"]
 
 if not _build_info.TENSORFLOW_VERSION:
     raise ImportError(
@@ -15,7 +19,7 @@ if not _build_info.TENSORFLOW_VERSION:
         "--tensorflow")
 
 
-def _release(version):
+def _release(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 

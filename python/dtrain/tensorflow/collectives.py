@@ -12,15 +12,25 @@ calls go on; a rank's own wrong argument raises ``tf.errors.InvalidArgumentError
 Ops: ``Average`` (the default), ``Sum``, ``Min``, ``Max``, ``Product``. ``Adasum`` and process
 sets are not implemented and say so.
 """
+from __future__ import annotations
+
 import atexit
 import functools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 import tensorflow as tf
 
 from dtrain import _core
 from dtrain._horovod_settings import session_settings
 from dtrain.tensorflow._library import ops as _ops, session as _session
-from dtrain.tensorflow.compression import Compression
+from dtrain.tensorflow.compression import Compression, Compressor
+
+if TYPE_CHECKING:
+    from dtrain._core import LauncherIdentity
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # Horovod's values, so that code passing the numbers keeps working.
 Average = 0
@@ -35,13 +45,13 @@ _OPS = {Average: "avg", Sum: "sum", Min: "min", Max: "max", Product: "prod"}
 # None) is accepted, as Horovod's default.
 global_process_set = None
 
-_identity = None
+_identity: LauncherIdentity | None = None
 
 
-def _whole_job(function):
+def _whole_job(function: Callable[_P, _R]) -> Callable[_P, _R]:
     """Refuses a process_set other than the whole job's, instead of silently ignoring it."""
     @functools.wraps(function)
-    def checked(*args, **kwargs):
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         if kwargs.get("process_set") is not None:
             raise ValueError(f"{function.__name__}: process sets are not supported by "
                              f"dtrain.tensorflow; every call spans the whole job")
@@ -49,7 +59,7 @@ def _whole_job(function):
     return checked
 
 
-def init(comm=None, process_sets=None):
+def init(comm: object = None, process_sets: object = None) -> None:
     """Joins the job: rank and size come from whichever launcher started this process (dtrain
     run, torchrun, mpirun, srun); a process started alone is a world of one. Calling it again
     does nothing. Collective: every rank calls it."""
@@ -63,7 +73,7 @@ def init(comm=None, process_sets=None):
     _session.init(None, *session_settings())
 
 
-def shutdown():
+def shutdown() -> None:
     """Stops the session (collective); init() may be called again afterwards."""
     _session.shutdown()
 
@@ -71,65 +81,66 @@ def shutdown():
 atexit.register(shutdown)
 
 
-def is_initialized():
+def is_initialized() -> bool:
     return _session.is_initialized()
 
 
-def rank():
+def rank() -> int:
     return _session.rank()
 
 
-def size():
+def size() -> int:
     return _session.size()
 
 
-def _launcher(key):
+def _launcher(key: Literal["local_rank", "local_world_size", "node_rank"]) -> int:
     if not _session.is_initialized():
         raise ValueError("dtrain.tensorflow has not been initialized; call "
                          "dtrain.tensorflow.init() (as hvd.init()) first")
+    assert _identity is not None  # init() sets it before it opens the session
     return _identity[key]
 
 
-def local_rank():
+def local_rank() -> int:
     return _launcher("local_rank")
 
 
-def local_size():
+def local_size() -> int:
     return _launcher("local_world_size")
 
 
-def cross_rank():
+def cross_rank() -> int:
     """The index of this process's node."""
     return _launcher("node_rank")
 
 
-def cross_size():
+def cross_size() -> int:
     """The number of nodes (processes per node being equal, as launchers start them)."""
     return max(1, size() // max(1, local_size()))
 
 
-def is_homogeneous():
+def is_homogeneous() -> bool:
     return True
 
 
 # As tensors, for code written against Horovod's ops (the job's size is fixed while it runs).
-def rank_op(process_set_id=0):
+def rank_op(process_set_id: int = 0) -> tf.Tensor:
     return tf.constant(rank(), dtype=tf.int32)
 
 
-def size_op(process_set_id=0):
+def size_op(process_set_id: int = 0) -> tf.Tensor:
     return tf.constant(size(), dtype=tf.int32)
 
 
-def local_rank_op():
+def local_rank_op() -> tf.Tensor:
     return tf.constant(local_rank(), dtype=tf.int32)
 
 
-def local_size_op():
+def local_size_op() -> tf.Tensor:
     return tf.constant(local_size(), dtype=tf.int32)
 
 
-def _false():
+def _false() -> bool:
     return False
 
 
@@ -137,7 +148,7 @@ mpi_threads_supported = mpi_enabled = mpi_built = gloo_enabled = gloo_built = _f
 nccl_built = ddl_built = ccl_built = cuda_built = rocm_built = _false
 
 
-def _op_of(op, average=None):
+def _op_of(op: int | None, average: bool | None = None) -> int:
     """Horovod's op argument (and its deprecated `average`), as dtrain's code."""
     if average is not None:
         if op is not None:
@@ -154,7 +165,7 @@ def _op_of(op, average=None):
     return op
 
 
-def _scaled(tensor, factor):
+def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
     """Horovod's scaling: integers in double precision and truncated back, halves in float."""
     if factor == 1.0:
         return tensor
@@ -166,7 +177,8 @@ def _scaled(tensor, factor):
     return tensor * tf.cast(factor, dtype)
 
 
-def _allreduce(tensor, op=Average, prescale_factor=1.0, postscale_factor=1.0, name=None):
+def _allreduce(tensor: tf.Tensor, op: int = Average, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, name: str | None = None) -> tf.Tensor:
     """The all-reduce op itself on a dense tensor, scaled before and after."""
     reduced = _ops.dtrain_allreduce(_scaled(tensor, prescale_factor),
                                     reduce_op=_session.reduce_op(_OPS[op]),
@@ -175,34 +187,38 @@ def _allreduce(tensor, op=Average, prescale_factor=1.0, postscale_factor=1.0, na
 
 
 @_whole_job
-def allreduce(tensor, average=None, device_dense="", device_sparse="",
-              compression=Compression.none, op=None, prescale_factor=1.0, postscale_factor=1.0,
-              name=None, process_set=global_process_set, ignore_name_scope=False):
+def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
+              device_sparse: str = "", compression: type[Compressor] = Compression.none,
+              op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              name: str | None = None, process_set: object = global_process_set,
+              ignore_name_scope: bool = False) -> Any:
     """Every rank's `tensor` reduced with `op` (Average by default). A tf.IndexedSlices (a sparse
     gradient) is allgathered, values and indices, instead: its average divides the values."""
-    op = _op_of(op, average)
+    code = _op_of(op, average)
     if isinstance(tensor, tf.IndexedSlices):
-        if op not in (Sum, Average):
+        if code not in (Sum, Average):
             raise NotImplementedError("only Sum and Average are supported with tf.IndexedSlices")
         if prescale_factor != 1.0 or postscale_factor != 1.0:
             raise NotImplementedError("prescale_factor and postscale_factor are not supported "
                                       "with tf.IndexedSlices")
         values = allgather(tensor.values, name=name and f"{name}.values")
         indices = allgather(tensor.indices, name=name and f"{name}.indices")
-        if op == Average:
+        if code == Average:
             values = values / tf.cast(size(), values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
-    reduced = _allreduce(compressed, op, prescale_factor, postscale_factor, name)
+    reduced = _allreduce(compressed, code, prescale_factor, postscale_factor, name)
     return compression.decompress(reduced, ctx)
 
 
 @_whole_job
-def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
-                      compression=Compression.none, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, name=None, process_set=global_process_set,
-                      ignore_name_scope=False):
+def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
+                      device_dense: str = "", device_sparse: str = "",
+                      compression: type[Compressor] = Compression.none, op: int | None = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      name: str | None = None, process_set: object = global_process_set,
+                      ignore_name_scope: bool = False) -> list[Any]:
     """allreduce of each tensor; the coordinator fuses them into as few all-reduces as fit."""
     return [allreduce(t, average=average, compression=compression, op=op,
                       prescale_factor=prescale_factor, postscale_factor=postscale_factor,
@@ -211,7 +227,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
 
 
 @tf.RegisterGradient("DtrainAllreduce")
-def _allreduce_grad(op, grad):
+def _allreduce_grad(op: tf.Operation, grad: tf.Tensor) -> tf.Tensor:
     code = op.get_attr("reduce_op")
     if code not in (_session.reduce_op("sum"), _session.reduce_op("avg")):
         raise NotImplementedError("the gradient of an all-reduce is defined for Sum and Average "
@@ -220,34 +236,38 @@ def _allreduce_grad(op, grad):
 
 
 @_whole_job
-def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
-                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
-                  postscale_factor=1.0):
+def reducescatter(tensor: Any, device_dense: str = "",
+                  compression: type[Compressor] = Compression.none, op: int = Average,
+                  name: str | None = None, process_set: object = global_process_set,
+                  ignore_name_scope: bool = False, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> tf.Tensor:
     """Every rank's `tensor` (the same shape on every rank) reduced with `op` (Average or Sum);
     this rank's part of dimension 0: equal parts, one more row for each of the first
     rows % size ranks."""
-    op = _op_of(op)
-    if op not in (Average, Sum):
+    code = _op_of(op)
+    if code not in (Average, Sum):
         raise NotImplementedError("reducescatter supports Average and Sum")
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     reduced = _ops.dtrain_reducescatter(_scaled(compressed, prescale_factor),
-                                        reduce_op=_session.reduce_op(_OPS[op]),
+                                        reduce_op=_session.reduce_op(_OPS[code]),
                                         tensor_name=name or "")
     return compression.decompress(_scaled(reduced, postscale_factor), ctx)
 
 
 @_whole_job
-def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
-                          name=None, process_set=global_process_set, ignore_name_scope=False,
-                          prescale_factor=1.0, postscale_factor=1.0):
+def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
+                          compression: type[Compressor] = Compression.none, op: int = Average,
+                          name: str | None = None, process_set: object = global_process_set,
+                          ignore_name_scope: bool = False, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[tf.Tensor]:
     return [reducescatter(t, compression=compression, op=op, name=name and f"{name}.{i}",
                           prescale_factor=prescale_factor, postscale_factor=postscale_factor)
             for i, t in enumerate(tensors)]
 
 
 @tf.RegisterGradient("DtrainReducescatter")
-def _reducescatter_grad(op, grad):
+def _reducescatter_grad(op: tf.Operation, grad: tf.Tensor) -> tf.Tensor:
     # Horovod's: this rank's part of the gradient gathered back, times the ranks for a sum.
     if op.get_attr("reduce_op") == _session.reduce_op("sum"):
         grad = grad * tf.cast(size(), grad.dtype)
@@ -255,20 +275,22 @@ def _reducescatter_grad(op, grad):
 
 
 @_whole_job
-def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: object = global_process_set) -> tf.Tensor:
     """Every rank's `tensor` concatenated along dimension 0, whose size may differ between
     ranks (the other dimensions may not)."""
     return _ops.dtrain_allgather(tensor, tensor_name=name or "")
 
 
 @_whole_job
-def grouped_allgather(tensors, name=None, ignore_name_scope=False,
-                      process_set=global_process_set):
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
+                      ignore_name_scope: bool = False,
+                      process_set: object = global_process_set) -> list[tf.Tensor]:
     return [allgather(t, name=name and f"{name}.{i}") for i, t in enumerate(tensors)]
 
 
 @tf.RegisterGradient("DtrainAllgather")
-def _allgather_grad(op, grad):
+def _allgather_grad(op: tf.Operation, grad: tf.Tensor) -> tf.Tensor:
     # Every rank's gradient of the whole result, averaged; this rank's rows of it.
     grad = _ops.dtrain_allreduce(grad, reduce_op=_session.reduce_op("avg"))
     rows = tf.reshape(tf.shape(op.inputs[0], out_type=tf.int64)[0:1], [1])
@@ -277,20 +299,22 @@ def _allgather_grad(op, grad):
 
 
 @_whole_job
-def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
-              process_set=global_process_set):
+def broadcast(tensor: Any, root_rank: int, name: str | None = None,
+              ignore_name_scope: bool = False,
+              process_set: object = global_process_set) -> tf.Tensor:
     """Rank `root_rank`'s `tensor`, on every rank."""
     return _ops.dtrain_broadcast(tensor, root_rank=root_rank, tensor_name=name or "")
 
 
 @tf.RegisterGradient("DtrainBroadcast")
-def _broadcast_grad(op, grad):
+def _broadcast_grad(op: tf.Operation, grad: tf.Tensor) -> tf.Tensor:
     reduced = _ops.dtrain_allreduce(grad, reduce_op=_session.reduce_op("avg"))
     return reduced if rank() == op.get_attr("root_rank") else reduced * 0
 
 
 @_whole_job
-def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | None = None,
+               process_set: object = global_process_set) -> list[Any]:
     """Assigns rank `root_rank`'s values to `variables` on every rank; returns the assigned
     values (in a TF1 graph: tensors that do the assignment when evaluated)."""
     return [v.assign(broadcast(v, root_rank, name=name and f"{name}.{i}"))
@@ -298,8 +322,9 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
 
 
 @_whole_job
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
-             process_set=global_process_set):
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
+             ignore_name_scope: bool = False,
+             process_set: object = global_process_set) -> Any:
     """Sends splits[j] rows of `tensor` to rank j (equal parts when splits is None); returns
     what arrived, in rank order, and (when splits were given, as Horovod's) how many rows came
     from each rank."""
@@ -311,18 +336,19 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
 
 @tf.RegisterGradient("DtrainAlltoall")
-def _alltoall_grad(op, grad, grad_received_splits):
+def _alltoall_grad(op: tf.Operation, grad: tf.Tensor,
+                   grad_received_splits: tf.Tensor) -> list[tf.Tensor | None]:
     # The rows go back where they came from.
     back, _ = _ops.dtrain_alltoall(grad, op.outputs[1])
     return [back, None]
 
 
-def join():
+def join() -> tf.Tensor:
     """This rank has run out of data: it takes part in the others' all-reduces with zeros until
     every rank has joined. Returns the rank that joined last (an int32 tensor, as Horovod's)."""
     return _ops.dtrain_join()
 
 
-def barrier(process_set=global_process_set):
+def barrier(process_set: object = global_process_set) -> None:
     """Returns once every rank has called it."""
     allreduce(tf.zeros([1]), op=Sum, name="dtrain.barrier")

@@ -23,10 +23,15 @@ whole, by rename, so a crash mid-write leaves the previous commit). ``@run`` loa
 commit of any rank on the rank that holds it and makes every rank start from it (``sync()``).
 The state's attributes other than the model, optimizer and variables must be numbers.
 """
+from __future__ import annotations
+
 import numbers
 import os
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from dtrain._elastic_run import elastic_run
 from dtrain.tensorflow import collectives
@@ -35,22 +40,33 @@ from dtrain.tensorflow.functions import (allgather_object, broadcast_object, bro
 
 __all__ = ["TensorFlowState", "TensorFlowKerasState", "run"]
 
+_S = TypeVar("_S", bound="TensorFlowState")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
 
 class TensorFlowState:
     """Variables and named numbers (epoch, batch, ...) that training resumes from. Set and read
     the numbers as attributes."""
 
-    def __init__(self, variables=None, **numbers_):
+    _names: list[str]  # of the numbers, in the order they were first set
+    _explicit_variables: list[Any]
+
+    def __init__(self, variables: Iterable[Any] | None = None, **numbers_: float) -> None:
         object.__setattr__(self, "_names", [])
         object.__setattr__(self, "_explicit_variables", list(variables or []))
         for name, value in numbers_.items():
             setattr(self, name, value)
-        self._saved = None
+        self._saved: tuple[list[NDArray[Any]], dict[str, Any]] | None = None
         self._commits = 0
         self._root = 0  # the rank whose state sync() spreads
-        self._reset_callbacks = []
+        self._reset_callbacks: list[Callable[[], object]] = []
 
-    def __setattr__(self, name, value):
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any:
+            """The numbers set as attributes (epoch, batch, ...)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
         if not name.startswith("_") and name not in ("model", "optimizer"):
             if not isinstance(value, numbers.Number):
                 raise TypeError(f"{type(self).__name__}.{name} = {value!r}: the state's "
@@ -59,21 +75,21 @@ class TensorFlowState:
                 self._names.append(name)
         object.__setattr__(self, name, value)
 
-    def variables(self):
+    def variables(self) -> list[Any]:
         return self._explicit_variables
 
-    def _values(self):
+    def _values(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._names}
 
-    def _set_values(self, values):
+    def _set_values(self, values: dict[str, Any]) -> None:
         for name, value in values.items():
             setattr(self, name, value)
 
-    def save(self):
+    def save(self) -> None:
         """The in-process copy that restore() returns to."""
         self._saved = ([np.array(v.numpy()) for v in self.variables()], self._values())
 
-    def restore(self):
+    def restore(self) -> None:
         """Back to the last commit (in this process)."""
         if self._saved is None:
             return
@@ -82,12 +98,12 @@ class TensorFlowState:
             v.assign(a)
         self._set_values(values)
 
-    def commit(self):
+    def commit(self) -> None:
         """Saves the state in this process and, under an elastic launcher, for a restarted job."""
         self.save()
         self._commits += 1
         path = _commit_path(collectives.rank())
-        if path is not None:
+        if path is not None and self._saved is not None:
             arrays, values = self._saved
             tmp = f"{path}.tmp"
             with open(tmp, "wb") as f:
@@ -95,7 +111,7 @@ class TensorFlowState:
                          _values=np.array([float(x) for x in values.values()]))
             os.replace(tmp, path)
 
-    def sync(self):
+    def sync(self) -> None:
         """Collective: every rank takes the state of rank 0 (or of the rank that resumed)."""
         broadcast_variables(self.variables(), self._root, name="elastic.sync")
         self._set_values(broadcast_object(self._values(), self._root, name="elastic.values"))
@@ -103,12 +119,12 @@ class TensorFlowState:
         self._root = 0
         self.save()
 
-    def register_reset_callbacks(self, callbacks):
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], object]]) -> None:
         """Called after the state was restored from a commit, e.g. to scale the learning rate to
         the new number of workers."""
         self._reset_callbacks.extend(callbacks)
 
-    def _resume(self):
+    def _resume(self) -> bool:
         """Collective: loads the newest commit any rank holds on that rank. True if one was."""
         path = _commit_path(collectives.rank())
         mine = -1
@@ -120,7 +136,7 @@ class TensorFlowState:
         if best < 0:
             return False
         self._root = every.index(best)
-        if collectives.rank() == self._root:
+        if collectives.rank() == self._root and path is not None:
             with np.load(path) as f:
                 variables = self.variables()
                 stored = len([k for k in f.files if k.startswith("arr_")])
@@ -143,16 +159,16 @@ class TensorFlowState:
 class TensorFlowKerasState(TensorFlowState):
     """A Keras model, its optimizer and named numbers."""
 
-    def __init__(self, model, optimizer=None, **numbers_):
+    def __init__(self, model: Any, optimizer: Any = None, **numbers_: float) -> None:
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "optimizer", optimizer or getattr(model, "optimizer", None))
         super().__init__(None, **numbers_)
 
-    def variables(self):
+    def variables(self) -> list[Any]:
         return model_variables(self.model, self.optimizer)
 
 
-def _commit_path(rank):
+def _commit_path(rank: int) -> str | None:
     folder = os.environ.get("DTRAIN_COMMIT_DIR")
     if not folder:
         return None
@@ -160,7 +176,7 @@ def _commit_path(rank):
     return os.path.join(folder, "tensorflow", f"rank{rank}.npz")
 
 
-def run(function):
+def run(function: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
     """Runs `function(state, ...)` from the newest commit of the job, if a restart left one,
     with every rank starting from the same state."""
     return elastic_run(function, collectives)

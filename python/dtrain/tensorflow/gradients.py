@@ -2,13 +2,18 @@
 do it: dense or sparse, compressed, predivided, each under a name that is the same on every rank
 and at every step (so that the coordinator serves it from its cache). Variables registered as
 local keep their own gradient (divided by the ranks when scale_local_gradients, as Horovod's)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import tensorflow as tf
 
 from dtrain.tensorflow.collectives import Average, Sum, _op_of, allreduce, size
-from dtrain.tensorflow.compression import Compression
+from dtrain.tensorflow.compression import Compression, Compressor
 
 
-def _names_of(variables):
+def _names_of(variables: list[Any]) -> list[str]:
     """Names for the gradients of `variables` that every rank computes the same way."""
     names = []
     for i, v in enumerate(variables):
@@ -20,25 +25,27 @@ def _names_of(variables):
 class GradientReducer:
     """Reduces a list of gradients (None kept) of a list of variables."""
 
-    def __init__(self, prefix, compression=Compression.none, sparse_as_dense=False, op=Average,
-                 gradient_predivide_factor=1.0, scale_local_gradients=True):
-        op = _op_of(op)
-        if gradient_predivide_factor != 1.0 and op != Average:
+    def __init__(self, prefix: str, compression: type[Compressor] = Compression.none,
+                 sparse_as_dense: bool = False, op: int | None = Average,
+                 gradient_predivide_factor: float = 1.0,
+                 scale_local_gradients: bool = True) -> None:
+        code = _op_of(op)
+        if gradient_predivide_factor != 1.0 and code != Average:
             raise ValueError("gradient_predivide_factor needs op=Average")
         self.prefix = prefix
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
-        self.op = op
+        self.op = code
         self.predivide = gradient_predivide_factor
         self.scale_local = scale_local_gradients
-        self.local = set()  # id() of the variables whose gradients stay on this rank
-        self._function = None
+        self.local: set[int] = set()  # id() of the variables whose gradients stay on this rank
+        self._function: Callable[..., list[Any]] | None = None
 
-    def register_local(self, variable):
+    def register_local(self, variable: Any) -> None:
         self.local.add(id(variable))
 
-    def _reduce(self, grads, names, local):
-        out = []
+    def _reduce(self, grads: list[Any], names: list[str], local: list[bool]) -> list[Any]:
+        out: list[Any] = []
         for grad, name, is_local in zip(grads, names, local):
             if grad is None:
                 out.append(None)
@@ -58,7 +65,7 @@ class GradientReducer:
                 out.append(allreduce(grad, op=self.op, compression=self.compression, name=key))
         return out
 
-    def __call__(self, grads, variables):
+    def __call__(self, grads: Iterable[Any], variables: Iterable[Any]) -> list[Any]:
         grads, variables = list(grads), list(variables)
         local = [id(v) in self.local for v in variables]
         if size() == 1:

@@ -19,18 +19,23 @@ keeps no table in the worker: each step pulls the rows of its batch's ids and pu
 gradients back, so a table can be far larger than a worker's memory. Errors (a server or a
 worker gone, a timeout) arrive as TensorFlow errors carrying dtrain's text.
 """
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 import numpy as np
 import tensorflow as tf
+from numpy.typing import NDArray
 
 from dtrain import ps as _ps
 
 __all__ = ["Embedding", "ServerOptimizer", "client"]
 
-_client = None
+_client: _ps.Client | None = None
 
 
-def client():
+def client() -> _ps.Client:
     """This worker's connection to the job's servers (one per process)."""
     global _client
     if _client is None:
@@ -38,7 +43,7 @@ def client():
     return _client
 
 
-def _name(variable):
+def _name(variable: Any) -> str:
     return getattr(variable, "path", None) or variable.name
 
 
@@ -49,22 +54,24 @@ class Embedding(keras.layers.Layer):
     (lr, and optimizer_options: momentum, beta1, beta2, eps, weight_decay,
     initial_accumulator)."""
 
-    def __init__(self, table, width, init="uniform", a=-0.05, b=0.05, seed=0, optimizer="sgd",
-                 consistency="sync", staleness=0, lr=0.01, optimizer_options=None, **kwargs):
+    def __init__(self, table: str, width: int, init: str = "uniform", a: float = -0.05,
+                 b: float = 0.05, seed: int = 0, optimizer: str = "sgd",
+                 consistency: str = "sync", staleness: int = 0, lr: float = 0.01,
+                 optimizer_options: dict[str, float] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.table, self.width = table, width
-        self.spec = dict(init=init, a=a, b=b, seed=seed, optimizer=optimizer,
+        self.spec: dict[str, Any] = dict(init=init, a=a, b=b, seed=seed, optimizer=optimizer,
                          consistency=consistency, staleness=staleness,
                          options=dict(optimizer_options or {}, lr=lr))
         self.created = False
 
-    def build(self, input_shape):
+    def build(self, input_shape: Any) -> None:
         # Carries the push: its gradient is computed by pushing the rows' gradients, so that no
         # graph leaves the push out (ServerOptimizer has nothing to apply to it).
         self.anchor = self.add_weight(name="anchor", shape=(), initializer="zeros",
                                       trainable=True)
 
-    def _rows(self, ids):
+    def _rows(self, ids: NDArray[Any]) -> NDArray[np.float32]:
         if not self.created:
             spec = self.spec
             client().create_sparse(self.table, self.width, spec["init"], spec["a"], spec["b"],
@@ -77,22 +84,22 @@ class Embedding(keras.layers.Layer):
         client().pull_rows(self.table, ids, out).wait()
         return out
 
-    def _push(self, ids, grads):
+    def _push(self, ids: NDArray[Any], grads: NDArray[Any]) -> np.float32:
         client().push_rows(self.table, np.ascontiguousarray(ids, dtype=np.int64),
                            np.ascontiguousarray(grads, dtype=np.float32)).wait()
         return np.float32(0)
 
-    def call(self, ids):
+    def call(self, ids: Any) -> tf.Tensor:
         ids = tf.cast(ids, tf.int64)
         unique, index = tf.unique(tf.reshape(ids, [-1]))
         table = self
 
         @tf.custom_gradient
-        def lookup(anchor):
+        def lookup(anchor: tf.Tensor) -> Any:
             rows = tf.numpy_function(table._rows, [unique], tf.float32, stateful=True)
             rows = tf.reshape(rows, [-1, table.width]) + anchor * 0
 
-            def grad(upstream):
+            def grad(upstream: tf.Tensor) -> tf.Tensor:
                 pushed = tf.numpy_function(table._push, [unique, upstream], tf.float32,
                                            stateful=True)
                 return tf.reshape(pushed, [])
@@ -102,7 +109,7 @@ class Embedding(keras.layers.Layer):
         out = tf.gather(rows, index)
         return tf.reshape(out, tf.concat([tf.shape(ids), [self.width]], axis=0))
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape: Any) -> tuple[Any, ...]:
         return tuple(input_shape) + (self.width,)
 
 
@@ -110,15 +117,16 @@ class ServerOptimizer(keras.optimizers.Optimizer):
     """Keras' optimizer slot: the servers hold the dense variables and apply `optimizer` ("sgd",
     "momentum", "adam", "adagrad") with its options (lr, momentum, beta1, beta2, eps,
     weight_decay); each step pushes the gradients and pulls the new values."""
+    built: bool  # Keras' attribute
 
-    def __init__(self, optimizer="sgd", consistency="sync", staleness=0, name="ServerOptimizer",
-                 **options):
+    def __init__(self, optimizer: str = "sgd", consistency: str = "sync", staleness: int = 0,
+                 name: str = "ServerOptimizer", **options: float) -> None:
         super().__init__(learning_rate=options.get("lr", 0.01), name=name)
         self.kind, self.consistency, self.staleness = optimizer, consistency, staleness
         self.options = options
-        self._tables = {}
+        self._tables: dict[int, str] = {}
 
-    def build(self, variables):
+    def build(self, variables: Any) -> None:
         super().build(variables)
         # Keras may build the optimizer while it traces the training step: the tables are made
         # from the variables' values, outside the graph.
@@ -136,13 +144,13 @@ class ServerOptimizer(keras.optimizers.Optimizer):
                 v.assign(values)
                 self._tables[id(v)] = name
 
-    def _push_pull(self, name, grad):
+    def _push_pull(self, name: str, grad: NDArray[Any]) -> NDArray[np.float32]:
         grad = np.ascontiguousarray(grad, dtype=np.float32)
         out = np.empty_like(grad)
         client().push_pull(name, grad.reshape(-1), out.reshape(-1)).wait()
         return out
 
-    def apply(self, grads, trainable_variables=None):
+    def apply(self, grads: Any, trainable_variables: Any = None) -> None:
         variables = list(trainable_variables if trainable_variables is not None
                          else self._trainable_variables)
         if not self.built:
@@ -158,6 +166,6 @@ class ServerOptimizer(keras.optimizers.Optimizer):
             v.assign(tf.reshape(new, tf.shape(g)))
         self.iterations.assign_add(1)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"optimizer": self.kind, "consistency": self.consistency,
                 "staleness": self.staleness, "name": self.name, **self.options}

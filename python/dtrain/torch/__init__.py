@@ -24,6 +24,23 @@ CRC-checked checkpoints in the C++ format; mid-epoch, on any number of ranks) to
 
 from dtrain.torch import _torch_version
 
+__all__ = [
+    "BACKEND", "backend_of", "register",
+    "Adasum", "Average", "Max", "Min", "Product", "Sum",
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "global_process_set",
+    "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "grouped_allgather", "grouped_allgather_async",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "join", "poll", "sparse_allreduce_async", "synchronize",
+    "ccl_built", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built",
+    "Checkpoint", "CheckpointManager", "DistributedSampler", "Compression", "elastic",
+    "allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
+    "DistributedOptimizer", "ProgressReporter", "announce_resumed",
+]
+
 _torch_version.check()  # before the extension loads: a clear error for another torch or Python
 
 from dtrain.torch.backend import BACKEND, backend_of, register  # noqa: E402

@@ -31,13 +31,13 @@ MIN = (2, 11)
 BELOW = (2, 16)
 
 
-def _release(version):
+def _release(version: str) -> tuple[int, int]:
     """(major, minor) of a torch version string such as '2.15.0+cu132'."""
     parts = version.split("+")[0].split(".")
     return int(parts[0]), int(parts[1])
 
 
-def check():
+def check() -> None:
     """Raises ImportError naming the torch (or Python) found against what dtrain needs."""
     found = torch.__version__
     release = _release(found)

@@ -22,15 +22,22 @@ minutes, not half an hour. A group made later without a timeout of its own (``ne
 (transport, algorithm, logging) keep their meaning.
 """
 
+from __future__ import annotations
+
 import atexit as _atexit
 import importlib as _importlib
 import os as _os
+from collections.abc import Callable, Mapping
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as _dist
 
 from dtrain import _core, _torch
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Backend, _DistributedBackendOptions
 
 BACKEND = "dtrain"
 DEVICES = ("cpu", "cuda")
@@ -46,10 +53,10 @@ _TORCH_DEFAULT_TIMEOUTS = (timedelta(minutes=10), timedelta(minutes=30))
 _world_timeout = timedelta(0)
 
 
-def _create(options, backend_options=None):
+def _create(options: _DistributedBackendOptions, backend_options: object = None) -> Backend:
     """The backend's creator, called by torch on each member of a new group."""
     global _world_timeout
-    timeout = options.timeout
+    timeout: Any = options.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     own = timeout not in _TORCH_DEFAULT_TIMEOUTS
@@ -65,12 +72,14 @@ def _create(options, backend_options=None):
                                  name)
 
 
-def backend_of(group=None):
+def backend_of(group: _dist.ProcessGroup | None = None) -> Backend | None:
     """The dtrain backend under ``group`` (torch's ProcessGroup; default the world), or None
     when the group has another backend or torch.distributed is not initialized."""
     if not _dist.is_initialized():
         return None
     group = group if group is not None else _dist.group.WORLD
+    if group is None:
+        return None
     import torch
     try:
         backend = group._get_backend(torch.device("cpu"))
@@ -79,14 +88,14 @@ def backend_of(group=None):
     return backend if _torch.is_dtrain_backend(backend) else None
 
 
-def _adopt_launcher_variables():
+def _adopt_launcher_variables() -> None:
     """Under mpirun, srun or a Kubernetes Indexed Job, torch's env:// finds no RANK or
     WORLD_SIZE: fill them (and LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, unless
     set) from that launcher's own variables, as dtrain's C++ programs read them. Under dtrain run
     and torchrun nothing changes."""
     if "RANK" in _os.environ and "WORLD_SIZE" in _os.environ:
         return
-    identity = _core.launcher_identity()
+    identity: Mapping[str, object] = _core.launcher_identity()
     if identity["source"] in ("single", "torchrun", "options"):
         return
     for var, key in (("RANK", "rank"), ("WORLD_SIZE", "world_size"), ("LOCAL_RANK", "local_rank"),
@@ -95,28 +104,30 @@ def _adopt_launcher_variables():
         _os.environ.setdefault(var, str(identity[key]))
 
 
-def _wrap_env_rendezvous():
+def _wrap_env_rendezvous() -> None:
     """Reads the launcher's variables when init_process_group("env://", the default) runs
     without rank and world size of its own, not at import: a program that passes them (the
     mp.spawn pattern) never depends on what its environment says."""
     # The module (torch.distributed.rendezvous is also the name of a function there).
     module = _importlib.import_module("torch.distributed.rendezvous")
     handlers = getattr(module, "_rendezvous_handlers", None)
-    torch_env = handlers.get("env") if isinstance(handlers, dict) else None
+    if not isinstance(handlers, dict):
+        return
+    torch_env: Callable[..., Any] | None = handlers.get("env")
     if torch_env is None or getattr(torch_env, "_dtrain", False):
         return
 
-    def env_handler(url, **kwargs):
+    def env_handler(url: str, **kwargs: Any) -> Any:
         query = parse_qs(urlparse(url).query)
         if "rank" not in query or "world_size" not in query:
             _adopt_launcher_variables()
         return torch_env(url, **kwargs)
 
-    env_handler._dtrain = True
+    env_handler._dtrain = True  # type: ignore[attr-defined]
     handlers["env"] = env_handler
 
 
-def register():
+def register() -> None:
     """Registers the backend with torch.distributed (idempotent). torch calls it through the
     entry point ``torch.distributed.backends``; ``import dtrain.torch`` calls it too."""
     _wrap_env_rendezvous()

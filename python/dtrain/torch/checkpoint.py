@@ -20,14 +20,26 @@ first), verified at load (a damaged newest checkpoint is skipped, saying why), l
 rank. C++ programs load checkpoints written from Python and the reverse. Resuming on another
 number of ranks continues the epoch where it stopped: every sample is trained exactly once.
 """
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from dtrain import _torch
 from dtrain.torch.backend import backend_of
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Backend
+
+    from dtrain._torch import CheckpointStats, LoadedCheckpoint
+
+_Named = list[tuple[str, torch.Tensor]]
 
 __all__ = ["CheckpointManager", "Checkpoint", "DistributedSampler"]
 
@@ -41,11 +53,12 @@ class Checkpoint:
     epoch_consumed: int
     epoch_size: int
     world_size: int
-    values: dict = field(default_factory=dict)
-    skipped: list = field(default_factory=list)  # newer checkpoints that did not verify, and why
+    values: dict[str, float] = field(default_factory=dict)
+    # newer checkpoints that did not verify, and why
+    skipped: list[str] = field(default_factory=list)
 
 
-def _group(group):
+def _group(group: dist.ProcessGroup | None) -> Backend | None:
     if group is not None:
         pg = group
     elif dist.is_initialized():
@@ -60,7 +73,7 @@ def _group(group):
     return backend
 
 
-def _optimizer_type(optimizer):
+def _optimizer_type(optimizer: torch.optim.Optimizer | None) -> str:
     if optimizer is None:
         return ""
     for kind in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD):
@@ -70,12 +83,13 @@ def _optimizer_type(optimizer):
                      f"Adam and AdamW are): its state could not be restored exactly")
 
 
-def _model(model):
+def _model(model: torch.nn.Module) -> tuple[_Named, _Named]:
     return list(model.named_parameters()), [(n, b) for n, b in model.named_buffers()
                                             if b is not None]
 
 
-def _finish_load(loaded, optimizer):
+def _finish_load(loaded: LoadedCheckpoint | None,
+                 optimizer: torch.optim.Optimizer | None) -> Checkpoint | None:
     """The optimizer's hyper-parameters and state as the C++ load left them, into the Python
     optimizer; the rest as a Checkpoint."""
     if loaded is None:
@@ -92,9 +106,10 @@ def _finish_load(loaded, optimizer):
             if "step" in state:  # torch 1.13's Adam keeps the step as a float tensor
                 state["step"] = torch.tensor(float(state["step"]))
             optimizer.state[p] = state
-    loaded.pop("kind", None)
-    loaded.pop("root", None)
-    return Checkpoint(**loaded)
+    return Checkpoint(path=loaded["path"], step=loaded["step"], epoch=loaded["epoch"],
+                      epoch_consumed=loaded["epoch_consumed"], epoch_size=loaded["epoch_size"],
+                      world_size=loaded["world_size"], values=loaded["values"],
+                      skipped=loaded["skipped"])
 
 
 class CheckpointManager:
@@ -106,19 +121,21 @@ class CheckpointManager:
     'dtrain' (default: the default group if torch.distributed is initialized, else a single
     process)."""
 
-    def __init__(self, dir, keep=3, writer_rank=0, async_write=True, write_timeout=600.0,
-                 group=None):
+    def __init__(self, dir: str | os.PathLike[str], keep: int = 3, writer_rank: int = 0,
+                 async_write: bool = True, write_timeout: float = 600.0,
+                 group: dist.ProcessGroup | None = None) -> None:
         self._manager = _torch.CheckpointManager(str(dir), int(keep), int(writer_rank),
                                                  bool(async_write),
                                                  timedelta(seconds=float(write_timeout)),
                                                  _group(group))
 
     @property
-    def dir(self):
+    def dir(self) -> str:
         return self._manager.dir
 
-    def save(self, model, optimizer=None, *, step, epoch=0, epoch_consumed=0, epoch_size=0,
-             values=None):
+    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+             step: int, epoch: int = 0, epoch_consumed: int = 0, epoch_size: int = 0,
+             values: dict[str, float] | None = None) -> None:
         """Not collective: the writer rank copies the model, the optimizer's state and the
         generator and writes them as DIR/step-<step>; other ranks return at once. `values`: any
         other numbers to restore (a dict of floats)."""
@@ -130,7 +147,8 @@ class CheckpointManager:
                                 epoch_consumed=int(epoch_consumed), epoch_size=int(epoch_size),
                                 values={k: float(v) for k, v in (values or {}).items()}))
 
-    def load_latest(self, model, optimizer=None):
+    def load_latest(self, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None = None) -> Checkpoint | None:
         """Collective: loads the newest checkpoint that verifies into `model` (in place),
         `optimizer` and torch's CPU generator, on every rank; returns a Checkpoint, or None when
         `dir` holds none. Raises on every rank when none verifies or it does not fit."""
@@ -140,23 +158,24 @@ class CheckpointManager:
                                            optimizer.param_groups if optimizer is not None else [])
         return _finish_load(loaded, optimizer)
 
-    def wait(self):
+    def wait(self) -> None:
         """Waits for the write in flight and raises its error, if it failed."""
         self._manager.wait()
 
-    def stats(self):
+    def stats(self) -> CheckpointStats:
         return self._manager.stats()
 
 
-class DistributedSampler(torch.utils.data.Sampler):
+class DistributedSampler(torch.utils.data.Sampler[int]):
     """This rank's samples of each epoch: PyTorch's DistributedSampler split (the same indices
     for an epoch started from its beginning), plus exact resume mid-epoch on any number of ranks:
     set_epoch(epoch, consumed) deals out the samples the job had not trained yet.
 
     num_replicas and rank default to torch.distributed's world."""
 
-    def __init__(self, dataset_size, num_replicas=None, rank=None, shuffle=True, seed=0,
-                 drop_last=False):
+    def __init__(self, dataset_size: int | Sized, num_replicas: int | None = None,
+                 rank: int | None = None, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False) -> None:
         if not isinstance(dataset_size, int):
             dataset_size = len(dataset_size)
         if num_replicas is None:
@@ -166,18 +185,18 @@ class DistributedSampler(torch.utils.data.Sampler):
         self._sampler = _torch.DistributedSampler(dataset_size, num_replicas, rank, shuffle,
                                                   seed, drop_last)
 
-    def set_epoch(self, epoch, consumed=0):
+    def set_epoch(self, epoch: int, consumed: int = 0) -> None:
         """The epoch's permutation (seed + epoch), from position `consumed` (samples of the
         epoch the whole job trained already)."""
         self._sampler.set_epoch(int(epoch), int(consumed))
 
-    def consumed(self, trained):
+    def consumed(self, trained: int) -> int:
         """The epoch's position once every rank trained the first `trained` of its indices:
         what set_epoch needs to resume after them."""
         return self._sampler.consumed(int(trained))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(self._sampler.indices())
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._sampler.num_samples

@@ -14,12 +14,16 @@ Waits come back to Python every 100 ms, so Ctrl-C interrupts them.
 Ops: ``Average`` (the default), ``Sum``, ``Min``, ``Max``, ``Product``. ``Adasum`` is not
 implemented and says so.
 """
+from __future__ import annotations
+
 import atexit
 import functools
 import itertools
 import os
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 import torch
 import torch.distributed as dist
@@ -27,7 +31,13 @@ import torch.distributed as dist
 from dtrain import _core, _torch
 from dtrain._horovod_settings import session_settings
 from dtrain.torch.backend import BACKEND, backend_of
-from dtrain.torch.compression import Compression
+from dtrain.torch.compression import Compression, Compressor
+
+if TYPE_CHECKING:
+    from dtrain._core import LauncherIdentity
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # Horovod's values, so that code passing the numbers keeps working.
 Average = 0
@@ -45,10 +55,10 @@ _SLICE = timedelta(milliseconds=100)  # how often a wait lets Python look for Ct
 global_process_set = None
 
 
-def _whole_job(function):
+def _whole_job(function: Callable[_P, _R]) -> Callable[_P, _R]:
     """Refuses a process_set other than the whole job's, instead of silently ignoring it."""
     @functools.wraps(function)
-    def checked(*args, **kwargs):
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         if kwargs.get("process_set") is not None:
             raise ValueError(f"{function.__name__}: process sets are not supported by "
                              f"dtrain.torch; every call spans the whole job (for sub-groups use "
@@ -57,19 +67,32 @@ def _whole_job(function):
     return checked
 
 
+class _Waitable(Protocol):
+    """An operation in flight: _torch.AsyncAllreduce, _torch.AsyncCall, or _Every of them."""
+
+    def wait_some(self, slice_: timedelta, /) -> bool: ...
+
+    def done(self) -> bool: ...
+
+
+# What synchronize() returns, from the operation and the handle's result.
+_Finish = Callable[[Any, Any], Any]
+
+
 class _State:
-    def __init__(self, session, identity):
+    def __init__(self, session: _torch.Session, identity: LauncherIdentity) -> None:
         self.session = session
         self.identity = identity
-        self.handles = {}  # handle -> (_torch.AsyncAllreduce | None, result, finish)
-        self.next_handle = itertools.count(1)
-        self.names = itertools.count()
+        # handle -> (the operation, or None when done; result; finish)
+        self.handles: dict[int, tuple[_Waitable | None, Any, _Finish | None]] = {}
+        self.next_handle: Iterator[int] = itertools.count(1)
+        self.names: Iterator[int] = itertools.count()
 
 
-_state = None
+_state: _State | None = None
 
 
-def init(comm=None, process_sets=None):
+def init(comm: object = None, process_sets: object = None) -> None:
     """Joins the job: this process's rank and size come from whichever launcher started it
     (dtrain run, torchrun, mpirun, srun); a process started alone is a world of one. Calling it
     again does nothing. Collective: every rank calls it."""
@@ -96,7 +119,7 @@ def init(comm=None, process_sets=None):
     _state = _State(session, identity)
 
 
-def shutdown():
+def shutdown() -> None:
     """Stops the session (collective); init() may be called again afterwards. torch.distributed's
     group stays up until the process ends: the script may use it, and a second init() reuses it
     (a new env:// rendezvous on the same port could meet the old store)."""
@@ -109,89 +132,92 @@ def shutdown():
 atexit.register(shutdown)
 
 
-def is_initialized():
+def is_initialized() -> bool:
     return _state is not None
 
 
-def _session():
+def _live() -> _State:
     if _state is None:
         raise ValueError("dtrain.torch has not been initialized; call dtrain.torch.init() (as "
                          "hvd.init()) first")
-    return _state.session
+    return _state
 
 
-def _identity(key):
-    _session()
-    return _state.identity[key]
+def _session() -> _torch.Session:
+    return _live().session
 
 
-def rank():
+def _identity(key: Literal["local_rank", "local_world_size", "node_rank"]) -> int:
+    return _live().identity[key]
+
+
+def rank() -> int:
     return _session().rank
 
 
-def size():
+def size() -> int:
     return _session().size
 
 
-def local_rank():
+def local_rank() -> int:
     return _identity("local_rank")
 
 
-def local_size():
+def local_size() -> int:
     return _identity("local_world_size")
 
 
-def cross_rank():
+def cross_rank() -> int:
     """The index of this process's node."""
     return _identity("node_rank")
 
 
-def cross_size():
+def cross_size() -> int:
     """The number of nodes (processes per node being equal, as launchers start them)."""
     return max(1, size() // max(1, local_size()))
 
 
-def mpi_threads_supported():
+def mpi_threads_supported() -> bool:
     return False
 
 
-def mpi_enabled():
+def mpi_enabled() -> bool:
     return False
 
 
-def mpi_built():
+def mpi_built() -> bool:
     return False
 
 
-def gloo_enabled():
+def gloo_enabled() -> bool:
     return False
 
 
-def gloo_built():
+def gloo_built() -> bool:
     return False
 
 
-def nccl_built():
+def nccl_built() -> bool:
     return False
 
 
-def ccl_built():
+def ccl_built() -> bool:
     return False
 
 
-def ddl_built():
+def ddl_built() -> bool:
     return False
 
 
-def cuda_built():
+def cuda_built() -> bool:
     return False
 
 
-def rocm_built():
+def rocm_built() -> bool:
     return False
 
 
-def _op(op, average):
+def _op(op: int | None, average: bool | None) -> str:
     if average is not None:
         warnings.warn("the 'average' argument is deprecated (as in Horovod); pass op=Average or "
                       "op=Sum", DeprecationWarning, stacklevel=3)
@@ -208,63 +234,64 @@ def _op(op, average):
     return _OPS[op]
 
 
-def _name(kind, name):
-    return name if name is not None else f"{kind}.noname.{next(_state.names)}"
+def _name(kind: str, name: str | None) -> str:
+    return name if name is not None else f"{kind}.noname.{next(_live().names)}"
 
 
-def _given(name):
+def _given(name: str | None) -> str:
     """A blocking call's name: the caller's, or "" (blocking calls match in call order)."""
     return "" if name is None else str(name)
 
 
-def _new_handle(async_op, result, finish=None):
-    handle = next(_state.next_handle)
-    _state.handles[handle] = (async_op, result, finish)
+def _new_handle(async_op: _Waitable | None, result: Any, finish: _Finish | None = None) -> int:
+    state = _live()
+    handle = next(state.next_handle)
+    state.handles[handle] = (async_op, result, finish)
     return handle
 
 
-def _wait(async_op):
+def _wait(async_op: _Waitable) -> None:
     while not async_op.wait_some(_SLICE):
         pass
 
 
 class _Every:
     """Waits for every call of a group."""
-    def __init__(self, calls):
+    def __init__(self, calls: list[Any]) -> None:
         self.calls = calls
 
-    def wait_some(self, slice_):
+    def wait_some(self, slice_: timedelta, /) -> bool:
         return all(c.wait_some(slice_) for c in self.calls)
 
-    def done(self):
+    def done(self) -> bool:
         return all(c.done() for c in self.calls)
 
 
-def synchronize(handle):
+def synchronize(handle: int) -> Any:
     """Waits for an asynchronous operation; returns its output."""
-    _session()
-    if handle not in _state.handles:
+    state = _live()
+    if handle not in state.handles:
         raise ValueError(f"handle {handle!r} is unknown or was already synchronized")
-    async_op, result, finish = _state.handles[handle]
+    async_op, result, finish = state.handles[handle]
     try:
         if async_op is not None:
             _wait(async_op)
     finally:
         if async_op is None or async_op.done():
-            del _state.handles[handle]
+            del state.handles[handle]
     return finish(async_op, result) if finish is not None else result
 
 
-def poll(handle):
+def poll(handle: int) -> bool:
     """True once the operation of `handle` finished (synchronize() then returns at once)."""
-    _session()
-    if handle not in _state.handles:
+    state = _live()
+    if handle not in state.handles:
         raise ValueError(f"handle {handle!r} is unknown or was already synchronized")
-    async_op = _state.handles[handle][0]
+    async_op = state.handles[handle][0]
     return async_op is None or async_op.done()
 
 
-def _dense(tensor):
+def _dense(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.device.type != "cpu":
         raise ValueError(f"dtrain.torch: tensors on {tensor.device} are not supported by this "
                          f"API yet; move them to the CPU")
@@ -274,30 +301,33 @@ def _dense(tensor):
 # --- all-reduce -----------------------------------------------------------------------------
 
 @_whole_job
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0, process_set=None):
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: int | None = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0, process_set: object = None) -> int:
     """Queues an in-place all-reduce of `tensor` on the coordinator; returns a handle. Ranks
     match it by `name` (an automatic one when None, counted in call order)."""
     op_name = _op(op, average)
-    _session()
+    session = _session()
     if not tensor.is_contiguous():
         raise ValueError("allreduce_async_: the tensor must be contiguous")
-    async_op = _state.session.allreduce_async_(_dense(tensor), _name("allreduce", name), op_name,
+    async_op = session.allreduce_async_(_dense(tensor), _name("allreduce", name), op_name,
                                                float(prescale_factor), float(postscale_factor))
     return _new_handle(async_op, tensor)
 
 
 @_whole_job
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0, process_set=None):
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: int | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, process_set: object = None) -> int:
     """Like allreduce_async_, into a new tensor; `tensor` is left as it is."""
     output = tensor.detach().clone(memory_format=torch.contiguous_format)
     return allreduce_async_(output, average, name, op, prescale_factor, postscale_factor)
 
 
 @_whole_job
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=None):
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+               op: int | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, process_set: object = None) -> torch.Tensor:
     """In place; returns `tensor`."""
     op_name = _op(op, average)
     target = tensor if tensor.is_contiguous() else tensor.contiguous()
@@ -311,14 +341,16 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 class _Allreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, op_name, prescale, postscale, name):
+    def forward(ctx: Any, tensor: torch.Tensor, op_name: str, prescale: float, postscale: float,
+                name: str) -> torch.Tensor:
         ctx.args = (op_name, prescale, postscale)
         output = tensor.detach().clone(memory_format=torch.contiguous_format)
         _session().allreduce_(_dense(output), op_name, prescale, postscale, name)
         return output
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, None, None,
+                                                               None]:
         op_name, prescale, postscale = ctx.args
         grad = grad_output.detach().clone(memory_format=torch.contiguous_format)
         _session().allreduce_(grad, op_name, prescale, postscale)
@@ -326,8 +358,10 @@ class _Allreduce(torch.autograd.Function):
 
 
 @_whole_job
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: type[Compressor] = Compression.none, op: int | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: object = None) -> torch.Tensor:
     """The reduction of `tensor` over every rank, as a new tensor (differentiable)."""
     op_name = _op(op, average)
     compressed, ctx = compression.compress(tensor)
@@ -337,60 +371,70 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 
 @_whole_job
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=None):
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                             name: str | None = None, op: int | None = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: object = None) -> int:
     """Queues in-place all-reduces of every tensor of the list together (fused by the
     coordinator); one handle, whose result is the list."""
     op_name = _op(op, average)
-    _session()
+    session = _session()
     base = _name("grouped_allreduce", name)
     ops = []
     for i, t in enumerate(tensors):
         if not t.is_contiguous():
             raise ValueError(f"grouped_allreduce_async_: tensor {i} must be contiguous")
-        ops.append(_state.session.allreduce_async_(_dense(t), f"{base}.{i}", op_name,
-                                                   float(prescale_factor),
-                                                   float(postscale_factor)))
+        ops.append(session.allreduce_async_(_dense(t), f"{base}.{i}", op_name,
+                                            float(prescale_factor), float(postscale_factor)))
     return _new_handle(_Every(ops), list(tensors))
 
 
 @_whole_job
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=None):
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                            name: str | None = None, op: int | None = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: object = None) -> int:
     outputs = [t.detach().clone(memory_format=torch.contiguous_format) for t in tensors]
     return grouped_allreduce_async_(outputs, average, name, op, prescale_factor,
                                     postscale_factor)
 
 
 @_whole_job
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=None):
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor))
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                       name: str | None = None, op: int | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: object = None) -> list[torch.Tensor]:
+    reduced: list[torch.Tensor] = synchronize(grouped_allreduce_async_(
+        tensors, average, name, op, prescale_factor, postscale_factor))
+    return reduced
 
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op, prescale, postscale, name, *tensors):
+    def forward(ctx: Any, op: int, prescale: float, postscale: float, name: str | None,
+                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.args = (op, prescale, postscale)
         return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op, prescale,
                                                          postscale)))
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, prescale, postscale = ctx.args
-        grads = [g.contiguous() for g in grads]
-        reduced = synchronize(grouped_allreduce_async(grads, None, None, op, prescale, postscale))
+        dense = [g.contiguous() for g in grads]
+        reduced = synchronize(grouped_allreduce_async(dense, None, None, op, prescale, postscale))
         return (None, None, None, None, *reduced)
 
 
 @_whole_job
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0, process_set=None):
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
+                      name: str | None = None, compression: type[Compressor] = Compression.none,
+                      op: int | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: object = None) -> list[torch.Tensor]:
     """The reductions of a list of tensors, reduced together; new tensors (differentiable)."""
-    op = {v: k for k, v in _OPS.items()}[_op(op, average)]
+    code = {v: k for k, v in _OPS.items()}[_op(op, average)]
     compressed = [compression.compress(t) for t in tensors]
-    outputs = _GroupedAllreduce.apply(op, float(prescale_factor), float(postscale_factor), name,
+    outputs = _GroupedAllreduce.apply(code, float(prescale_factor), float(postscale_factor), name,
                                       *[c for c, _ in compressed])
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outputs, compressed)]
 
@@ -399,12 +443,12 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 class _Allgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, name):
+    def forward(ctx: Any, tensor: torch.Tensor, name: str) -> torch.Tensor:
         ctx.rows = tensor.shape[0] if tensor.dim() > 0 else 1
         return _session().allgather(_dense(tensor.detach()), name).output
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
         # As Horovod: the average of every rank's gradient, then this rank's rows of it.
         grad = grad_output.detach().clone(memory_format=torch.contiguous_format)
         _session().allreduce_(grad, "avg", 1.0, 1.0)
@@ -414,18 +458,21 @@ class _Allgather(torch.autograd.Function):
 
 
 @_whole_job
-def allgather(tensor, name=None, process_set=None):
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: object = None) -> torch.Tensor:
     """Every rank's tensor concatenated along dimension 0, in rank order; the first dimension
     may differ between ranks (differentiable)."""
-    return _Allgather.apply(tensor, _given(name))
+    gathered: torch.Tensor = _Allgather.apply(tensor, _given(name))
+    return gathered
 
 
-def _output(async_call, _):
+def _output(async_call: _torch.AsyncCall, _: object) -> torch.Tensor:
     return async_call.output
 
 
 @_whole_job
-def allgather_async(tensor, name=None, process_set=None):
+def allgather_async(tensor: torch.Tensor, name: str | None = None,
+                    process_set: object = None) -> int:
     """Queues an allgather; synchronize(handle) returns the gathered tensor."""
     return _new_handle(_session().allgather(_dense(tensor.detach()), _name("allgather", name),
                                             True), None, _output)
@@ -433,15 +480,15 @@ def allgather_async(tensor, name=None, process_set=None):
 
 class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, name, *tensors):
+    def forward(ctx: Any, name: str | None, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.rows = [t.shape[0] if t.dim() > 0 else 1 for t in tensors]
         return tuple(synchronize(grouped_allgather_async(list(tensors), name)))
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         # As allgather's: the average of every rank's gradients, then this rank's rows of each.
-        grads = [g.contiguous() for g in grads]
-        reduced = synchronize(grouped_allreduce_async(grads, op=Average))
+        dense = [g.contiguous() for g in grads]
+        reduced = synchronize(grouped_allreduce_async(dense, op=Average))
         rows = _session().allgather(torch.tensor([ctx.rows], dtype=torch.int64)).output
         offsets = rows[:rank()].sum(dim=0).tolist()
         return (None, *[g.narrow(0, int(o), n)
@@ -449,14 +496,16 @@ class _GroupedAllgather(torch.autograd.Function):
 
 
 @_whole_job
-def grouped_allgather(tensors, name=None, process_set=None):
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set: object = None) -> list[torch.Tensor]:
     """allgather of every tensor of the list; the gathered tensors, in the list's order
     (differentiable)."""
     return list(_GroupedAllgather.apply(name, *tensors))
 
 
 @_whole_job
-def grouped_allgather_async(tensors, name=None, process_set=None):
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set: object = None) -> int:
     base = _name("grouped_allgather", name)
     calls = [_session().allgather(_dense(t.detach()), f"{base}.{i}", True)
              for i, t in enumerate(tensors)]
@@ -464,7 +513,8 @@ def grouped_allgather_async(tensors, name=None, process_set=None):
 
 
 @_whole_job
-def broadcast_(tensor, root_rank, name=None, process_set=None):
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: object = None) -> torch.Tensor:
     """root_rank's tensor, in place on every rank; returns `tensor`."""
     target = tensor if tensor.is_contiguous() else tensor.contiguous()
     with torch.no_grad():
@@ -476,14 +526,14 @@ def broadcast_(tensor, root_rank, name=None, process_set=None):
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str) -> torch.Tensor:
         ctx.root_rank = root_rank
         output = tensor.detach().clone(memory_format=torch.contiguous_format)
         _session().broadcast_(_dense(output), root_rank, name)
         return output
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         # As Horovod: the average of every rank's gradient, on the root only.
         grad = grad_output.detach().clone(memory_format=torch.contiguous_format)
         _session().allreduce_(grad, "avg", 1.0, 1.0)
@@ -493,13 +543,16 @@ class _Broadcast(torch.autograd.Function):
 
 
 @_whole_job
-def broadcast(tensor, root_rank, name=None, process_set=None):
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: object = None) -> torch.Tensor:
     """root_rank's tensor, as a new tensor on every rank (differentiable)."""
-    return _Broadcast.apply(tensor, int(root_rank), _given(name))
+    received: torch.Tensor = _Broadcast.apply(tensor, int(root_rank), _given(name))
+    return received
 
 
 @_whole_job
-def broadcast_async_(tensor, root_rank, name=None, process_set=None):
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: object = None) -> int:
     """Queues an in-place broadcast; synchronize(handle) returns `tensor`."""
     if not tensor.is_contiguous():
         raise ValueError("broadcast_async_: the tensor must be contiguous")
@@ -508,7 +561,8 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=None):
 
 
 @_whole_job
-def broadcast_async(tensor, root_rank, name=None, process_set=None):
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: object = None) -> int:
     """Like broadcast_async_, into a new tensor."""
     output = tensor.detach().clone(memory_format=torch.contiguous_format)
     return broadcast_async_(output, root_rank, name)
@@ -516,33 +570,49 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None):
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, splits, name):
+    def forward(ctx: Any, tensor: torch.Tensor, splits: list[int],
+                name: str) -> tuple[torch.Tensor, torch.Tensor]:
         call = _session().alltoall(_dense(tensor.detach()), splits, name)
         ctx.received = call.received.tolist()
         ctx.mark_non_differentiable(call.received)
         return call.output, call.received
 
     @staticmethod
-    def backward(ctx, grad_output, _):
+    def backward(ctx: Any, grad_output: torch.Tensor, _: object) -> tuple[torch.Tensor, None, None]:
         grad = _session().alltoall(grad_output.contiguous(), ctx.received).output
         return grad, None, None
 
 
-def _splits(splits):
+# Horovod's splits: row counts per rank, as a list or an integer tensor.
+_Splits = Sequence[int] | torch.Tensor
+
+
+def _splits(splits: _Splits | None) -> list[int]:
     """Horovod's splits: a list or an integer tensor of row counts, one per rank."""
     if splits is None:
         return []
     if torch.is_tensor(splits) and (splits.is_floating_point() or splits.is_complex()):
         raise ValueError(f"alltoall: splits must hold integers (int32 as in Horovod), not "
                          f"{splits.dtype}")
-    values = torch.as_tensor(splits).tolist()
+    values: list[int] = torch.as_tensor(splits).tolist()
     if not all(isinstance(v, int) for v in values):
         raise ValueError(f"alltoall: splits must be whole row counts, got {values}")
     return values
 
 
+@overload
+def alltoall(tensor: torch.Tensor, splits: None = None, name: str | None = None,
+             process_set: object = None) -> torch.Tensor: ...
+
+
+@overload
+def alltoall(tensor: torch.Tensor, splits: _Splits, name: str | None = None,
+             process_set: object = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 @_whole_job
-def alltoall(tensor, splits=None, name=None, process_set=None):
+def alltoall(tensor: torch.Tensor, splits: _Splits | None = None, name: str | None = None,
+             process_set: object = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Slices of dimension 0 go to the ranks in order (splits[j] rows to rank j; equal slices
     when splits is None); returns what arrived, and with splits given also the rows received
     from each rank (as Horovod does)."""
@@ -551,7 +621,8 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 
 @_whole_job
-def alltoall_async(tensor, splits=None, name=None, process_set=None):
+def alltoall_async(tensor: torch.Tensor, splits: _Splits | None = None, name: str | None = None,
+                   process_set: object = None) -> int:
     """Queues an alltoall; synchronize(handle) returns what alltoall would."""
     call = _session().alltoall(_dense(tensor.detach()), _splits(splits), _name("alltoall", name),
                                True)
@@ -559,7 +630,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
                        lambda c, _: c.output if splits is None else (c.output, c.received))
 
 
-def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: int = Average,
+                           process_set: object = None) -> Callable[[], torch.Tensor]:
     """Reduces a sparse COO tensor by gathering every rank's indices and values (Horovod's
     sparse all-reduce); returns a function that waits and gives the coalesced sparse result."""
     op_name = _op(op, None)
@@ -571,7 +643,7 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
     values = _session().allgather(t.values().contiguous(), f"{base}.values", True)
     every = _Every([indices, values])
 
-    def result():
+    def result() -> torch.Tensor:
         _wait(every)
         gathered = values.output / size() if op_name == "avg" else values.output
         return torch.sparse_coo_tensor(indices.output.t(), gathered, t.shape).coalesce()
@@ -581,11 +653,11 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=None):
 # --- synchronization --------------------------------------------------------------------------
 
 @_whole_job
-def barrier(process_set=None):
+def barrier(process_set: object = None) -> None:
     _session().barrier()
 
 
-def join(device=-1):
+def join(device: int = -1) -> int:
     """This rank has run out of data: it takes part in the other ranks' all-reduces (blocking,
     asynchronous and the DistributedOptimizer's) with zeros until every rank has joined; an
     Average divides by every rank, as in Horovod. Their other collectives fail, naming the

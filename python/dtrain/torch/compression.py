@@ -5,19 +5,23 @@
 conversion in C++ (half the bytes on the wire; the reduction itself runs in fp32 inside dtrain's
 half-precision kernels).
 """
+from __future__ import annotations
+
+from typing import Any
+
 import torch
 
 
 class Compressor:
     """compress(tensor) -> (tensor, context); decompress(tensor, context) -> tensor."""
-    name = "custom"
+    name: str = "custom"
 
     @staticmethod
-    def compress(tensor):
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
         raise NotImplementedError
 
     @staticmethod
-    def decompress(tensor, ctx):
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -25,11 +29,11 @@ class NoneCompressor(Compressor):
     name = "none"
 
     @staticmethod
-    def compress(tensor):
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, None]:
         return tensor, None
 
     @staticmethod
-    def decompress(tensor, ctx):
+    def decompress(tensor: torch.Tensor, ctx: object) -> torch.Tensor:
         return tensor
 
 
@@ -38,17 +42,17 @@ class FP16Compressor(Compressor):
     name = "fp16"
 
     @staticmethod
-    def compress(tensor):
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.dtype | None]:
         if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
             return tensor.to(torch.float16), tensor.dtype
         return tensor, None
 
     @staticmethod
-    def decompress(tensor, ctx):
+    def decompress(tensor: torch.Tensor, ctx: torch.dtype | None) -> torch.Tensor:
         return tensor if ctx is None else tensor.to(ctx)
 
 
 class Compression:
     """The compressions DistributedOptimizer and allreduce accept."""
-    none = NoneCompressor
-    fp16 = FP16Compressor
+    none: type[Compressor] = NoneCompressor
+    fp16: type[Compressor] = FP16Compressor

@@ -1,17 +1,25 @@
 """Horovod's helpers for starting every rank from the same state: parameters, optimizer state,
 and any picklable object."""
+from __future__ import annotations
+
 import io
 import pickle
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 import torch
 
 from dtrain.torch import collectives
+from dtrain.torch.optimizer import _DistributedOptimizer
+
+_T = TypeVar("_T")
 
 
-def broadcast_parameters(params, root_rank=0):
+def broadcast_parameters(params: dict[str, Any] | Iterable[tuple[str, torch.Tensor | None]],
+                         root_rank: int = 0) -> None:
     """Overwrites every rank's tensors with root_rank's, in place. `params`: a state_dict, or an
     iterable of (name, tensor) pairs such as model.named_parameters()."""
-    items = sorted(params.items()) if isinstance(params, dict) else list(params)
+    items: list[Any] = sorted(params.items()) if isinstance(params, dict) else list(params)
     if items and not isinstance(items[0], tuple):
         raise ValueError("broadcast_parameters: expected a state_dict or (name, tensor) pairs, "
                          f"got a sequence of {type(items[0]).__name__}")
@@ -23,8 +31,10 @@ def broadcast_parameters(params, root_rank=0):
 
 
 @collectives._whole_job
-def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+def broadcast_object(obj: _T, root_rank: int = 0, name: str | None = None,
+                     process_set: object = None) -> _T:
     """root_rank's `obj` (pickled), on every rank."""
+    payload: bytes | None
     if collectives.rank() == root_rank:
         payload = pickle.dumps(obj)
         length = torch.tensor([len(payload)], dtype=torch.int64)
@@ -37,23 +47,25 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     collectives.broadcast_(buffer, root_rank)
     if payload is not None:
         return obj
-    return pickle.load(io.BytesIO(buffer.numpy().tobytes()))
+    received: _T = pickle.load(io.BytesIO(buffer.numpy().tobytes()))
+    return received
 
 
 @collectives._whole_job
-def allgather_object(obj, name=None, process_set=None):
+def allgather_object(obj: _T, name: str | None = None, process_set: object = None) -> list[_T]:
     """Every rank's `obj` (pickled), as a list in rank order."""
     payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
     lengths = collectives.allgather(torch.tensor([payload.numel()], dtype=torch.int64)).tolist()
     gathered = collectives.allgather(payload)
-    out, at = [], 0
+    out: list[_T] = []
+    at = 0
     for n in lengths:
         out.append(pickle.loads(gathered[at:at + n].numpy().tobytes()))
         at += n
     return out
 
 
-def broadcast_optimizer_state(optimizer, root_rank=0):
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
     """Overwrites every rank's optimizer state (and hyperparameters such as the learning rate)
     with root_rank's. An optimizer that has not stepped yet gets its state first, as in Horovod:
     parameters that require grad and have none get zero gradients, and one step of the wrapped
@@ -67,8 +79,8 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
                 if isinstance(optimizer, torch.optim.SparseAdam):
                     p.grad = p.grad.to_sparse()
         kept = [p.detach().clone() for p in params]
-        if hasattr(optimizer, "_dtrain_hooks"):  # its own step would reduce the zeros
-            optimizer.__class__.__mro__[1].step(optimizer)
+        if isinstance(optimizer, _DistributedOptimizer):  # its own step would reduce the zeros
+            optimizer._step_unreduced()
         else:
             optimizer.step()
         with torch.no_grad():

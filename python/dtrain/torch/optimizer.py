@@ -6,22 +6,36 @@ of the C++ DistributedOptimizer: a post hook on each parameter's gradient accumu
 gradient on the coordinator as soon as autograd has it, so the reduction of the last layers
 overlaps the backward pass of the first; step() waits for them and runs the wrapped optimizer.
 """
+from __future__ import annotations
+
 import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+
+import torch
 
 from dtrain.torch import collectives
-from dtrain.torch.compression import Compression
+from dtrain.torch.compression import Compression, Compressor
 
-_SLICE = timedelta(milliseconds=100)
+if TYPE_CHECKING:
+    _Base = torch.optim.Optimizer
+else:  # at run time the wrapped optimizer's class follows in the MRO, whatever it derives from
+    _Base = object
+
+_Optimizer = TypeVar("_Optimizer", bound=torch.optim.Optimizer)
 
 
-class _DistributedOptimizer:
-    """Mixed into the wrapped optimizer's class (see DistributedOptimizer)."""
+class _DistributedOptimizer(_Base):
+    """Mixed in before the wrapped optimizer's class (see DistributedOptimizer): super() is the
+    wrapped optimizer's class, also in a subclass of the class DistributedOptimizer makes."""
 
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor):
-        super(self.__class__, self).__init__(params)
+    def __init__(self, params: Iterable[dict[str, Any]],
+                 named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                 compression: type[Compressor], backward_passes_per_step: int, op: int,
+                 gradient_predivide_factor: float) -> None:
+        # The wrapped class's own __init__, with its hyper-parameters in the param groups.
+        super().__init__(params)  # type: ignore[call-arg]
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -61,19 +75,19 @@ class _DistributedOptimizer:
         self._should_synchronize = True
         self._synchronized = False
 
-    def set_backward_passes_per_step(self, passes):
+    def set_backward_passes_per_step(self, passes: int) -> None:
         self._dtrain_hooks.set_backward_passes_per_step(int(passes))
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Waits until every gradient holds the reduction over the ranks (gradients no backward
         pass produced reduce as zeros)."""
         self._dtrain_hooks.submit_missing()
-        while not self._dtrain_hooks.wait_some(_SLICE):
+        while not self._dtrain_hooks.wait_some(collectives._SLICE):
             pass
         self._synchronized = True
 
     @contextmanager
-    def skip_synchronize(self):
+    def skip_synchronize(self) -> Iterator[None]:
         """For step() after an explicit synchronize() (e.g. to clip the reduced gradients)."""
         self._should_synchronize = False
         try:
@@ -81,7 +95,13 @@ class _DistributedOptimizer:
         finally:
             self._should_synchronize = True
 
-    def step(self, closure=None):
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
@@ -89,21 +109,29 @@ class _DistributedOptimizer:
                               "wrap step() in `with optimizer.skip_synchronize():`")
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        return super().step(closure)
 
-    def zero_grad(self, *args, **kwargs):
+    def _step_unreduced(self) -> None:
+        """The wrapped optimizer's own step, on the gradients as they are."""
+        super().step()
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> None:
         if self._dtrain_hooks.pending():
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(): the "
                                  "gradients are still being reduced")
-        return super(self.__class__, self).zero_grad(*args, **kwargs)
+        return super().zero_grad(*args, **kwargs)
 
 
 @collectives._whole_job
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=collectives.Average,
-                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=None):
+def DistributedOptimizer(optimizer: _Optimizer,
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         compression: type[Compressor] = Compression.none,
+                         backward_passes_per_step: int = 1, op: int = collectives.Average,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: int | Sequence[Sequence[torch.Tensor]] | None = None,
+                         sparse_as_dense: bool = False, process_set: object = None
+                         ) -> _Optimizer:
     """Wraps `optimizer` (any torch.optim.Optimizer) so that step() applies the gradients
     averaged (op=Average) or summed (op=Sum) over every rank. The result is an instance of the
     optimizer's own class (state_dict, param_groups and LR schedulers work as before).
@@ -116,10 +144,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if num_groups or groups:
         warnings.warn("DistributedOptimizer: num_groups and groups are ignored; dtrain's "
                       "coordinator fuses ready gradients by size (DTRAIN_FUSION_THRESHOLD)")
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               {k: v for k, v in _DistributedOptimizer.__dict__.items()
-                if k not in ("__dict__", "__weakref__")})
+    # As Horovod, a class named as the optimizer's, deriving from it; the mixin comes first.
+    cls = type(optimizer.__class__.__name__, (_DistributedOptimizer, optimizer.__class__),
+               {"__doc__": _DistributedOptimizer.__doc__})
     wrapped = cls(optimizer.param_groups, named_parameters, compression,
                   backward_passes_per_step, op, gradient_predivide_factor)
     wrapped.state.update(optimizer.state)
-    return wrapped
+    return cast(_Optimizer, wrapped)

@@ -12,15 +12,25 @@ or, in a script that built its schedule: ``open("plan.json", "w").write(to_json(
 The command builds the schedule in this process alone, over torch's fake process group (the
 schedule's order depends only on the ranks, stages and micro-batches).
 """
+from __future__ import annotations
+
 import argparse
 import json
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import (PipelineScheduleMulti,
+                                                        PipelineScheduleSingle, _Action)
+
+    _Schedule = PipelineScheduleSingle | PipelineScheduleMulti
 
 # torch's pass kinds -> dtrain's; the others (REDUCE_GRAD, UNSHARD, ...) are not passes.
 _OPS = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
 
 
-def _passes(action):
+def _passes(action: _Action | None) -> list[tuple[str, int, int | None]]:
     """The compute passes of one of torch's actions (an overlapped pair gives both, in order)."""
     if action is None:
         return []
@@ -30,7 +40,7 @@ def _passes(action):
     return [] if op is None else [(op, action.stage_index, action.microbatch_index)]
 
 
-def to_dict(schedule):
+def to_dict(schedule: _Schedule) -> dict[str, Any]:
     """The schedule (a torch pipelining schedule object) in dtrain's JSON form, as a dict."""
     order = schedule.pipeline_order
     if not order:
@@ -47,11 +57,11 @@ def to_dict(schedule):
             "placement": [placement[s] for s in range(stages)], "actions": actions}
 
 
-def to_json(schedule):
+def to_json(schedule: _Schedule) -> str:
     return json.dumps(to_dict(schedule), indent=1)
 
 
-def build(name, ranks, microbatches, stages_per_rank):
+def build(name: str, ranks: int, microbatches: int, stages_per_rank: int) -> _Schedule:
     """torch's Schedule<name> for `ranks` ranks, in this process (rank 0 of a fake group)."""
     import torch
     import torch.distributed as dist
@@ -68,10 +78,11 @@ def build(name, ranks, microbatches, stages_per_rank):
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
 
-    def make(ids):
+    def make(ids: list[int]) -> _Schedule:
         stages = [pp.PipelineStage(torch.nn.Identity(), i, n, torch.device("cpu")) for i in ids]
-        return cls(stages if multi else stages[0], n_microbatches=microbatches,
-                   loss_fn=lambda out, target: out.sum())
+        made: _Schedule = cls(stages if multi else stages[0], n_microbatches=microbatches,
+                              loss_fn=lambda out, target: out.sum())
+        return made
 
     schedule = make([k * ranks for k in range(per)])  # round robin, unless it places its own
     mapping = getattr(schedule, "stage_index_to_group_rank", None)
@@ -82,7 +93,7 @@ def build(name, ranks, microbatches, stages_per_rank):
     return schedule
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("schedule", help="torch's schedule class without 'Schedule': GPipe, 1F1B, "
                                     "Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
