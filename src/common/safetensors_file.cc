@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "common/byte_order.h"
 #include "common/durable.h"
 #include "common/socket.h"
 #include "dtrain/error.h"
@@ -55,7 +56,7 @@ void write_safetensors_file(const std::string& path, const std::vector<Safetenso
   if (!fd.valid()) durable::throw_io(errno, "safetensors: creating", path);
   const uint64_t n = text.size();
   unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  store_le(len, n);
   write_fd(fd.get(), len, 8, path);
   write_fd(fd.get(), text.data(), text.size(), path);
   for (const auto& t : tensors) write_fd(fd.get(), t.data, t.bytes, path);
@@ -73,8 +74,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path)
   in_.seekg(0);
   unsigned char len[8] = {};
   in_.read(reinterpret_cast<char*>(len), 8);
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t{len[i]} << (8 * i);
+  const uint64_t n = load_le<uint64_t>(len);
   if (!in_ || file_size < 8 || n > file_size - 8)
     throw InvalidArgumentError(fmt::format(
         "safetensors: {} is truncated or not a safetensors file (header length {} in a file of "

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "common/byte_order.h"
 #include "common/socket.h"  // net::Fd
 #include "data/bad_record_hint.h"
 #include "data/crc32c.h"
@@ -24,23 +25,6 @@ constexpr size_t kIndexHeader = 24;  // magic, record count, file size
 constexpr uint64_t kFraming = 16;    // length, its CRC, the data's CRC
 
 std::string index_path(const std::string& path) { return path + ".index"; }
-
-void put_u64(std::byte* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = std::byte(v >> (8 * i));
-}
-void put_u32(std::byte* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = std::byte(v >> (8 * i));
-}
-uint64_t get_u64(const std::byte* p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | std::to_integer<uint64_t>(p[i]);
-  return v;
-}
-uint32_t get_u32(const std::byte* p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | std::to_integer<uint32_t>(p[i]);
-  return v;
-}
 
 [[noreturn]] void io_error(const std::string& what, const std::string& path) {
   throw InvalidArgumentError(fmt::format("{} {} failed: {}", what, path, std::strerror(errno)));
@@ -103,8 +87,8 @@ std::vector<uint64_t> scan(int fd, uint64_t file_size, const std::string& path) 
                           "(truncated)",
                           file_size - at));
     pread_all(fd, header, sizeof header, at, path);
-    const uint64_t length = get_u64(header);
-    if (get_u32(header + 8) != masked_crc32c(header, 8))
+    const uint64_t length = load_le<uint64_t>(header);
+    if (load_le<uint32_t>(header + 8) != masked_crc32c(header, 8))
       damaged(path, i, at,
               "the checksum of the length field does not match (not a TFRecord file, "
               "or damaged here)");
@@ -139,8 +123,8 @@ bool load_index(const std::string& path, uint64_t file_size, std::vector<uint64_
         "{} is not a dtrain TFRecord index (no DTRIDX01 header): delete it, or rebuild it with "
         "`dtrain data index {}`",
         ipath, path));
-  const uint64_t n = get_u64(header + 8);
-  const uint64_t indexed_size = get_u64(header + 16);
+  const uint64_t n = load_le<uint64_t>(header + 8);
+  const uint64_t indexed_size = load_le<uint64_t>(header + 16);
   if (indexed_size != file_size)
     throw InvalidArgumentError(fmt::format(
         "{} is stale: it describes a file of {} bytes, but {} has {}; rebuild it with `dtrain "
@@ -161,8 +145,8 @@ bool load_index(const std::string& path, uint64_t file_size, std::vector<uint64_
   offsets.resize(n);
   uint64_t previous = 0;
   for (uint64_t i = 0; i < n; ++i) {
-    offsets[i] = get_u64(raw.data() + 8 * i);
-    const uint64_t end = i + 1 < n ? get_u64(raw.data() + 8 * (i + 1)) : file_size;
+    offsets[i] = load_le<uint64_t>(raw.data() + 8 * i);
+    const uint64_t end = i + 1 < n ? load_le<uint64_t>(raw.data() + 8 * (i + 1)) : file_size;
     // Differences, not sums: an offset near 2^64 must not wrap round to look small.
     const bool after_previous =
         i == 0 ? offsets[0] == 0 : offsets[i] >= previous && offsets[i] - previous >= kFraming;
@@ -185,10 +169,10 @@ void write_index_file(const std::string& path, const std::vector<uint64_t>& offs
                       uint64_t file_size, bool sync) {
   std::vector<std::byte> raw(kIndexHeader + 8 * offsets.size());
   std::memcpy(raw.data(), kIndexMagic, sizeof kIndexMagic);
-  put_u64(raw.data() + 8, offsets.size());
-  put_u64(raw.data() + 16, file_size);
+  store_le<uint64_t>(raw.data() + 8, offsets.size());
+  store_le<uint64_t>(raw.data() + 16, file_size);
   for (size_t i = 0; i < offsets.size(); ++i)
-    put_u64(raw.data() + kIndexHeader + 8 * i, offsets[i]);
+    store_le<uint64_t>(raw.data() + kIndexHeader + 8 * i, offsets[i]);
   OutputFile out(index_path(path));
   out.write(raw.data(), raw.size());
   out.finish(sync);
@@ -214,9 +198,9 @@ void TfRecordWriter::write(std::span<const std::byte> record) {
   if (!out_->open())
     throw InvalidArgumentError(fmt::format("TfRecordWriter {}: write after close()", path_));
   std::byte header[12], footer[4];
-  put_u64(header, record.size());
-  put_u32(header + 8, masked_crc32c(header, 8));
-  put_u32(footer, masked_crc32c(record.data(), record.size()));
+  store_le<uint64_t>(header, record.size());
+  store_le<uint32_t>(header + 8, masked_crc32c(header, 8));
+  store_le<uint32_t>(footer, masked_crc32c(record.data(), record.size()));
   offsets_.push_back(out_->bytes());
   out_->write(header, sizeof header);
   out_->write(record.data(), record.size());
@@ -297,12 +281,12 @@ void TfRecordFile::read(size_t i, std::vector<std::byte>& out) const {
     }
     break;
   }
-  const uint64_t length = get_u64(header);
-  if (get_u32(header + 8) != masked_crc32c(header, 8))
+  const uint64_t length = load_le<uint64_t>(header);
+  if (load_le<uint32_t>(header + 8) != masked_crc32c(header, 8))
     damaged(path_, i, at, "the checksum of the length field does not match");
   if (length != expected)
     damaged(path_, i, at, fmt::format("the record says {} bytes, the index {}", length, expected));
-  if (get_u32(footer) != masked_crc32c(out.data(), length))
+  if (load_le<uint32_t>(footer) != masked_crc32c(out.data(), length))
     damaged(path_, i, at,
             fmt::format("the checksum of the record's {} bytes of data does not "
                         "match",

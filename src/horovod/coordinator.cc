@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 
 #include "comm/flight_recorder.h"
+#include "common/byte_order.h"
 #include "common/reduce.h"
 #include "dtrain/error.h"
 #include "dtrain/torch/timeline.h"
@@ -36,13 +37,8 @@ constexpr uint8_t kAnswerStall = 1;
 class Writer {
  public:
   void u8(uint8_t v) { out_.push_back(v); }
-  void u64(uint64_t v) {
-    for (int i = 0; i < 8; ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
-  }
-  void str(const std::string& s) {
-    u64(s.size());
-    out_.insert(out_.end(), s.begin(), s.end());
-  }
+  void u64(uint64_t v) { ByteWriter(out_).u64(v); }
+  void str(const std::string& s) { ByteWriter(out_).sized(s); }
   std::vector<uint8_t>& bytes() { return out_; }
 
  private:
@@ -59,8 +55,7 @@ class Reader {
   }
   uint64_t u64() {
     need(8);
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= uint64_t{data_[at_ + i]} << (8 * i);
+    const auto v = load_le<uint64_t>(data_ + at_);
     at_ += 8;
     return v;
   }
@@ -358,7 +353,7 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
     auto when = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::microseconds>(joined_at.time_since_epoch())
             .count());
-    for (int i = 0; i < 8; ++i) state[1 + bit_bytes + i] = static_cast<uint8_t>(when >> (8 * i));
+    store_le(&state[1 + bit_bytes], when);
   }
 
   std::vector<uint8_t> all(state_bytes * static_cast<size_t>(n));
@@ -393,10 +388,7 @@ void Coordinator::cycle(bool stopping, bool& all_stopping) {
     // (the highest rank of equals). Cycles cannot tell: each rank reads its state at its own
     // moment of the cycle. Every rank reads the same times, so gives the same answer.
     auto joined_when = [&](int r) {
-      uint64_t when = 0;
-      for (int i = 0; i < 8; ++i)
-        when |= uint64_t{all[r * state_bytes + 1 + bit_bytes + i]} << (8 * i);
-      return when;
+      return load_le<uint64_t>(&all[r * state_bytes + 1 + bit_bytes]);
     };
     int last = n - 1;
     for (int r = n - 2; r >= 0; --r)

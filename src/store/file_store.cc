@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "common/byte_order.h"
 #include "common/log.h"
 #include "common/socket.h"
 #include "dtrain/store.h"
@@ -39,23 +40,18 @@ constexpr std::chrono::milliseconds kMaxBackoff{50};
 
 std::string errno_text() { return fmt::format("{} (errno {})", std::strerror(errno), errno); }
 
-void append_u64(std::vector<uint8_t>& out, uint64_t v) {
-  auto* p = reinterpret_cast<const uint8_t*>(&v);
-  out.insert(out.end(), p, p + sizeof(v));
-}
-
 void append_set(std::vector<uint8_t>& out, const std::string& key, const Bytes& value) {
-  out.push_back(kSetRecord);
-  append_u64(out, key.size());
-  out.insert(out.end(), key.begin(), key.end());
-  append_u64(out, value.size());
-  out.insert(out.end(), value.begin(), value.end());
+  ByteWriter w(out);
+  w.u8(kSetRecord);
+  w.sized(key);
+  w.u64(value.size());
+  w.bytes(value.data(), value.size());
 }
 
 void append_delete(std::vector<uint8_t>& out, const std::string& key) {
-  out.push_back(kDeleteRecord);
-  append_u64(out, key.size());
-  out.insert(out.end(), key.begin(), key.end());
+  ByteWriter w(out);
+  w.u8(kDeleteRecord);
+  w.sized(key);
 }
 
 }  // namespace
@@ -121,7 +117,7 @@ void FileStore::Impl::catch_up(int fd) {
   // Reads a u64 at `at`; false when the buffer ends first.
   auto u64_at = [&](size_t at, uint64_t& v) {
     if (at + sizeof(v) > buf.size()) return false;
-    std::memcpy(&v, buf.data() + at, sizeof(v));
+    v = load_le<uint64_t>(buf.data() + at);
     return true;
   };
   while (pos < buf.size()) {

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "common/byte_order.h"
 #include "common/socket.h"
 
 namespace dtrain::store {
@@ -25,8 +26,8 @@ constexpr uint64_t kReadChunk = uint64_t{1} << 20;
 class Writer {
  public:
   void u8(uint8_t v) { out_.push_back(v); }
-  void u64(uint64_t v) { raw(&v, sizeof(v)); }
-  void i64(int64_t v) { raw(&v, sizeof(v)); }
+  void u64(uint64_t v) { ByteWriter(out_).u64(v); }
+  void i64(int64_t v) { ByteWriter(out_).i64(v); }
   template <typename Blob>
   void blob(const Blob& b) {
     u64(b.size());
@@ -65,15 +66,14 @@ class Reader {
     net::read_all(fd_, &v, sizeof(v), deadline_, context_);
     return v;
   }
-  uint64_t u64() {
-    uint64_t v = 0;
-    net::read_all(fd_, &v, sizeof(v), deadline_, context_);
-    return v;
-  }
-  int64_t i64() {
-    int64_t v = 0;
-    net::read_all(fd_, &v, sizeof(v), deadline_, context_);
-    return v;
+  uint64_t u64() { return integer<uint64_t>(); }
+  int64_t i64() { return integer<int64_t>(); }
+
+  template <typename T>
+  T integer() {
+    unsigned char bytes[sizeof(T)];
+    net::read_all(fd_, bytes, sizeof(bytes), deadline_, context_);
+    return load_le<T>(bytes);
   }
 
   // A blob of at most `limit` bytes; `what` names it in the error.
