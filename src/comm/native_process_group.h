@@ -180,6 +180,11 @@ class NativeProcessGroup : public ProcessGroup,
   std::shared_ptr<NativeProcessGroup> local_group_;
   std::shared_ptr<NativeProcessGroup> cross_group_;
   algo::Hierarchy hierarchy_;
+  // Writes this rank's failure record for its launcher (comm/failure_record.h): the error's
+  // kind and text, and the ranks that went silent (`not_arrived`: group ranks that never arrived
+  // at the collective).
+  void tell_launcher(const std::exception_ptr& error, const std::string& context,
+                     const std::vector<int>& not_arrived) const;
   void build_hierarchy();
   void share_links(int groups);
   // DTRAIN_COST_FILE unusable on any rank: every rank measures instead (link_calibration.cc).

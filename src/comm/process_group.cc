@@ -15,6 +15,7 @@
 #include "comm/arguments.h"
 #include "comm/backend_registry.h"
 #include "comm/cuda_staging.h"
+#include "comm/failure_record.h"
 #include "comm/native_process_group.h"
 #include "comm/p2p_work.h"
 #include "comm/recorded_process_group.h"
@@ -523,6 +524,31 @@ const std::shared_ptr<Work>& finished_work() {
 
 }  // namespace
 
+void NativeProcessGroup::tell_launcher(const std::exception_ptr& error, const std::string& context,
+                                       const std::vector<int>& not_arrived) const {
+  FailureRecord r{.rank = members_[rank_]};
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    r.kind = to_string(e.kind());
+    r.peer_caused = e.kind() == ErrorKind::kPeerFailure;
+    r.what = context + ": " + e.what();
+  } catch (const std::exception& e) {
+    r.kind = to_string(ErrorKind::kInternal);
+    r.what = context + ": " + e.what();
+  } catch (...) {
+    r.kind = to_string(ErrorKind::kInternal);
+    r.what = context;
+  }
+  // Silent: ranks whose connection this rank closed when they stopped answering, and those that
+  // never arrived at the collective (behind: stuck in compute, or gone).
+  for (int g = 0; g < size_; ++g)
+    if (g != rank_ && (pairs_[g]->broken_by() == transport::Pair::BrokenBy::kTimeout ||
+                       std::find(not_arrived.begin(), not_arrived.end(), g) != not_arrived.end()))
+      r.silent.push_back(members_[g]);
+  write_failure_record(r);
+}
+
 template <typename Body>
 void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Deadline deadline,
                                         std::string_view algorithm,
@@ -565,13 +591,19 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
     // does not call this rank "not arrived" beside "rank R called ... and failed".
     if (size_ > 1 && failed_seq == seq) watchdog_->publish_arrival(seq);
     std::string after = postmortem(failed_seq, entry);
-    if (size_ > 1 && failed_seq == seq) after += "; " + watchdog_->arrivals(seq);
+    Watchdog::Arrivals arrived;
+    if (size_ > 1 && failed_seq == seq) {
+      arrived = watchdog_->arrivals(seq);
+      after += "; " + arrived.text;
+    }
     watchdog_->leave();
     if (!record.empty())
       after += fmt::format(". Flight record: {} (`dtrain doctor {}` reads every rank's)", record,
                            std::filesystem::path(record).parent_path().string());
-    rethrow_with_context(std::current_exception(), label.describe() + " failed" + peers_failed(),
-                         "Post-mortem: " + after);
+    const std::string context = label.describe() + " failed" + peers_failed();
+    tell_launcher(std::current_exception(), context + ". Post-mortem: " + after,
+                  arrived.not_arrived);
+    rethrow_with_context(std::current_exception(), context, "Post-mortem: " + after);
   }
   watchdog_->leave();
   history_.finished(seq);

@@ -74,8 +74,6 @@ int64_t Watchdog::arrived_ms() const {
   return std::chrono::duration_cast<std::chrono::milliseconds>(arrived.time_since_epoch()).count();
 }
 
-std::string Watchdog::arrivals(uint32_t seq) { return read_arrivals(seq).text; }
-
 void Watchdog::publish_arrival(uint32_t seq) { publish(seq, arrived_ms()); }
 
 Watchdog::Arrivals Watchdog::read_arrivals(uint32_t seq) {
@@ -85,11 +83,13 @@ Watchdog::Arrivals Watchdog::read_arrivals(uint32_t seq) {
                           .count();
   std::vector<std::string> arrived;
   std::vector<int> absent;
+  Arrivals a;
   publish(seq, mine);
   try {
     for (int r = 0; r < size_; ++r) {
       const std::string key = fmt::format("{}/arrive/{}/{}", group_, seq, r);
       if (!store_.check({key})) {
+        a.not_arrived.push_back(r);
         // A rank that made a post-mortem statement on this collective has said what it did
         // (called it, or not yet): "not arrived" beside that would contradict or repeat it.
         if (!store_.check({postmortem_key(group_, seq, r)})) absent.push_back(r);
@@ -100,9 +100,9 @@ Watchdog::Arrivals Watchdog::read_arrivals(uint32_t seq) {
           fmt::format("rank {} at {} (waiting {:.1f} s)", r, clock_text(at), (now - at) / 1000.0));
     }
   } catch (const std::exception& e) {
-    return {fmt::format("(arrivals unknown: the store is unreachable: {})", e.what()), true};
+    return {.text = fmt::format("(arrivals unknown: the store is unreachable: {})", e.what()),
+            .lowest_waiting = true};
   }
-  Arrivals a;
   a.text = fmt::format("arrived: {}", fmt::join(arrived, ", "));
   if (!absent.empty())
     a.text += fmt::format("; not arrived: {} {}", absent.size() == 1 ? "rank" : "ranks",

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/collective.h"
 #include "common/deadline.h"
@@ -34,18 +35,21 @@ class Watchdog {
   // stores (no lock, no clock): every collective calls it.
   void enter(uint32_t seq, const CollectiveCall& call, const Deadline& deadline);
   void leave();
-  // "rank 0 at 12:00:01.234 (waited 3.0 s); not arrived: ranks 2, 3", after publishing ours.
-  std::string arrivals(uint32_t seq);
+  struct Arrivals {
+    // "rank 0 at 12:00:01.234 (waited 3.0 s); not arrived: ranks 2, 3"
+    std::string text;
+    // Group ranks that never arrived at it (behind, stuck or gone), whatever they said since.
+    std::vector<int> not_arrived;
+    bool lowest_waiting = false;  // no rank below this one has arrived
+  };
+  // Who arrived at collective `seq` and who did not, after publishing this rank's arrival.
+  Arrivals arrivals(uint32_t seq) { return read_arrivals(seq); }
   // Publishes this rank's arrival at the running collective `seq`: a failing rank does so before
   // its post-mortem statement, so that a peer that read the statement finds the arrival too.
   void publish_arrival(uint32_t seq);
 
  private:
   void run(std::stop_token stop);
-  struct Arrivals {
-    std::string text;
-    bool lowest_waiting = false;  // no rank below this one has arrived
-  };
   Arrivals read_arrivals(uint32_t seq);
   void report(uint32_t seq, const std::string& what, std::chrono::steady_clock::duration waited,
               std::chrono::milliseconds limit);

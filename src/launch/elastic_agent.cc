@@ -539,6 +539,28 @@ class Agent {
     return fmt::format("{}-{}-round{}", options_.run_id, nonce_, round);
   }
 
+  // Why the round stops, recorded in its store for every agent. A store that cannot take it is
+  // logged, not thrown: the other agents learn of the stop from the heartbeats then.
+  void record_stop(int64_t round, const StopCause& c, std::string_view what) {
+    try {
+      rdzv_->stop(round, c);
+    } catch (const Error& e) {
+      DTRAIN_LOG_WARN("{}: cannot record {} in the store: {}", prefix_, what, e.what());
+    }
+  }
+
+  // This agent leaves the job (a signal, a requeue): the round stops without counting against
+  // the restarts.
+  StopCause left(std::string text, double round_seconds) const {
+    StopCause c;
+    c.kind = Kind::kAgentLeft;
+    c.counts = false;
+    c.agent = me_;
+    c.round_seconds = round_seconds;
+    c.text = std::move(text);
+    return c;
+  }
+
   std::vector<WorkerSpec> worker_specs(const RoundPlan& plan, int node_rank,
                                        const std::string& master_addr, uint16_t master_port,
                                        const std::string& flight_dir) {
@@ -633,6 +655,7 @@ class Agent {
     so.prefix_output = options_.prefix_output;
     so.grace_period = options_.grace_period;
     so.report_failure = false;
+    so.failure_records = round_flight.path();
     const auto started = Clock::now();
     const double started_unix = unix_now();
     RoundWatch watch(watch_link_.store, plan, me_, rdzv_options_, started);
@@ -660,12 +683,7 @@ class Agent {
       c.round_seconds = seconds_between(started, *stopped_at_);
       c.text = fmt::format("rank {} (pid {}) on {} {}; {}", w.rank, w.pid, me_.describe(), w.how(),
                            tail_in_one_line(w.stderr_tail));
-      try {
-        rdzv_->stop(plan.round, c);
-      } catch (const Error& e) {
-        DTRAIN_LOG_ERROR("{}: cannot record the failure of rank {} in the store: {}", prefix_,
-                         w.rank, e.what());
-      }
+      record_stop(plan.round, c, fmt::format("the failure of rank {}", w.rank));
     };
     // Where the workers resumed from, as the first of them announces it in the round's store
     // (dtrain::announce_resumed); every agent says it, and records it for the job's summary.
@@ -697,11 +715,7 @@ class Agent {
           "the workers on {} were stuck: no rank completed a call for {:g} s while some waited in "
           "one (DTRAIN_HANG_SECONDS); flight records in {}",
           me_.describe(), hang_after.count() / 1000.0, round_flight.path());
-      try {
-        rdzv_->stop(plan.round, c);
-      } catch (const Error& e) {
-        DTRAIN_LOG_ERROR("{}: cannot record the stuck round in the store: {}", prefix_, e.what());
-      }
+      record_stop(plan.round, c, "the stuck round");
       if (auto cause = rdzv_->stop_cause(plan.round)) return {std::move(cause), 0};
       return {c, 0};
     }
@@ -712,36 +726,21 @@ class Agent {
       if (!diagnosis.empty()) say(diagnosis);
     }
     if (result.outcome == Outcome::kInterrupted || result.interrupted_by != 0) {
-      StopCause c;
-      c.kind = Kind::kAgentLeft;
-      c.counts = false;
-      c.agent = me_;
-      c.round_seconds = seconds_between(started, Clock::now());
-      c.text = fmt::format("the agent of {} got {} and left the job", me_.describe(),
-                           signal_name(result.interrupted_by));
-      try {
-        rdzv_->stop(plan.round, c);
-      } catch (const Error& e) {
-        DTRAIN_LOG_WARN("{}: cannot tell the other agents that this one leaves: {}", prefix_,
-                        e.what());
-      }
+      record_stop(plan.round,
+                  left(fmt::format("the agent of {} got {} and left the job", me_.describe(),
+                                   signal_name(result.interrupted_by)),
+                       seconds_between(started, Clock::now())),
+                  "that this agent leaves");
       return {std::nullopt, result.interrupted_by, result.exit_code};
     }
     if (result.outcome == Outcome::kRequeued) {
       // Preempted: the workers agreed on a step, saved it and exited; the job resumes when the
       // engine runs it again, not in a new round here (the machines are being taken away).
-      StopCause c;
-      c.kind = Kind::kAgentLeft;
-      c.counts = false;
-      c.agent = me_;
-      c.round_seconds = seconds_between(started, Clock::now());
-      c.text = fmt::format("the workers of {} saved their state for a requeue (preempted)",
-                           me_.describe());
-      try {
-        rdzv_->stop(plan.round, c);
-      } catch (const Error& e) {
-        DTRAIN_LOG_WARN("{}: cannot tell the other agents of the requeue: {}", prefix_, e.what());
-      }
+      record_stop(plan.round,
+                  left(fmt::format("the workers of {} saved their state for a requeue (preempted)",
+                                   me_.describe()),
+                       seconds_between(started, Clock::now())),
+                  "the requeue");
       return {std::nullopt, 0, result.exit_code, /*requeue=*/true};
     }
     if (result.outcome == Outcome::kSucceeded) {
@@ -753,13 +752,11 @@ class Agent {
         ::poll(fds, 2, -1);
         if (watch.event() != RoundWatch::Event::kNone) break;
         if (int sig = supervisor_.take_signal()) {
-          StopCause c;
-          c.kind = Kind::kAgentLeft;
-          c.counts = false;
-          c.agent = me_;
-          c.text = fmt::format("the agent of {} got {} and left the job", me_.describe(),
-                               signal_name(sig));
-          rdzv_->stop(plan.round, c);
+          record_stop(plan.round,
+                      left(fmt::format("the agent of {} got {} and left the job", me_.describe(),
+                                       signal_name(sig)),
+                           seconds_between(started, Clock::now())),
+                      "that this agent leaves");
           return {std::nullopt, sig, 128 + sig};
         }
       }

@@ -41,7 +41,8 @@ void FlightDir::clear() const {
   for (const auto& e : std::filesystem::directory_iterator(path_, ec)) {
     const std::string name = e.path().filename().string();
     const auto ext = e.path().extension();
-    if (name.rfind("rank", 0) == 0 && (ext == ".json" || ext == ".beat" || ext == ".exit"))
+    if (name.rfind("rank", 0) == 0 &&
+        (ext == ".json" || ext == ".beat" || ext == ".exit" || ext == ".error"))
       std::filesystem::remove(e.path(), ec);
   }
 }

@@ -1,5 +1,6 @@
 // The directory of a launch's flight records (comm/flight_recorder.h): the workers'
-// DTRAIN_FLIGHT_DIR, where each writes rank<R>.json and its beat page rank<R>.beat, and where the
+// DTRAIN_FLIGHT_DIR, where each writes rank<R>.json, its beat page rank<R>.beat and, when one of
+// its collectives fails, its failure record rank<R>.error (comm/failure_record.h), and where the
 // launcher writes how each worker ended (rank<R>.exit). `dtrain run` and the elastic agent make
 // one per launch; the hang monitor (hang_monitor.h) and `dtrain doctor` read it.
 #pragma once
@@ -19,8 +20,8 @@ class FlightDir {
   FlightDir sub(const std::string& name) const;
 
   const std::string& path() const { return path_; }
-  // Removes the records, beats and exit words of an earlier job or round, so that the hang
-  // monitor and `dtrain doctor` read this one's only.
+  // Removes the records, beats, failure records and exit words of an earlier job or round, so
+  // that the hang monitor, `dtrain doctor` and the supervisor read this one's only.
   void clear() const;
   // Whether a worker wrote a record (rank<R>.json), here or in a sub-directory.
   bool holds_records() const;

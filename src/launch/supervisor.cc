@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/failure_record.h"
 #include "common/log.h"
 #include "dtrain/error.h"
 #include "dtrain/preemption.h"
@@ -111,6 +112,8 @@ struct Worker {
   int signal = 0;        // when a signal ended it
   Stream out, err;
   std::deque<std::string> stderr_tail;
+  std::optional<comm::FailureRecord> record;  // its failure record, once read
+  bool record_read = false;
 };
 
 // Both ends close on exec; the child dup2s the ends it keeps onto 0, 1 and 2.
@@ -392,8 +395,19 @@ class Run {
     }
   }
 
-  // Whether a failed worker's last words blame another rank (it failed because of a peer).
-  static bool blames_a_peer(const Worker& w) {
+  // What a failed worker's failure record says (comm/failure_record.h), read once; nothing for a
+  // worker that wrote none (not a dtrain program, or it failed outside a collective).
+  const std::optional<comm::FailureRecord>& record_of(Worker& w) const {
+    if (!w.record_read && !options_.failure_records.empty())
+      w.record = comm::read_failure_record(options_.failure_records, w.rank);
+    w.record_read = true;
+    return w.record;
+  }
+
+  // Whether a failed worker failed because of a peer: its record says so, or else its last
+  // words blame another rank.
+  bool blames_a_peer(Worker& w) const {
+    if (const auto& r = record_of(w)) return r->peer_caused;
     for (const auto& line : w.stderr_tail)
       for (std::string_view mark : {" reports: ", "its connection broke", "connection closed by",
                                     "disconnected", "Connection reset by peer"})
@@ -401,9 +415,12 @@ class Run {
     return false;
   }
 
-  // A rank that a failed worker's post-mortem names as silent ("rank 2: did not answer within
-  // the limit", "rank 2: no word within ...", "not arrived: rank 2"), when exactly one is named.
-  std::optional<int> named_silent(const Worker& w) const {
+  // The one rank a failed worker names as silent (stopped or stuck), when exactly one is named:
+  // by its record, or else by its post-mortem's words ("rank 2: did not answer within the
+  // limit", "rank 2: no word within ...", "not arrived: rank 2").
+  std::optional<int> named_silent(Worker& w) const {
+    if (const auto& r = record_of(w))
+      return r->silent.size() == 1 ? std::optional<int>(r->silent[0]) : std::nullopt;
     static const std::regex kSilent(
         R"(rank (\d+): (did not answer within|no word within)|not arrived: rank (\d+)(;|$|\s))");
     std::optional<int> named;

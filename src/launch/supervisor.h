@@ -68,8 +68,11 @@ struct SupervisorOptions {
   bool prefix_output = true;                     // "[rank N] " before every line
   std::chrono::milliseconds grace_period{3000};  // between SIGTERM and SIGKILL
   size_t stderr_tail_lines = 20;                 // of the failing worker, in the summary
-  int stdout_fd = 1;                             // where the workers' stdout lines go
-  int stderr_fd = 2;                             // their stderr lines, and the summary
+  // Where the workers write their failure records (comm/failure_record.h: DTRAIN_FLIGHT_DIR),
+  // read to tell a failure's cause from its consequences; "" reads their stderr only.
+  std::string failure_records;
+  int stdout_fd = 1;  // where the workers' stdout lines go
+  int stderr_fd = 2;  // their stderr lines, and the summary
 
   // When one of these is readable, every worker is stopped (SIGTERM, SIGKILL after the grace
   // period) and the result says kStopped: the hang monitor found the job stuck, or (for the

@@ -184,6 +184,37 @@ TEST(Doctor, AHealthyJobRunsToItsEndWithNoWordFromTheMonitor) {
   EXPECT_EQ(job.run.output.find("dtrain doctor"), std::string::npos) << job.run.output;
 }
 
+// A worker whose collective fails writes a failure record for the launcher (comm/failure_record.h):
+// the ranks that went silent. The others' words say nothing here ("step failed"): the records
+// alone let `dtrain run` name the rank stuck in compute, still running, as the cause, not the
+// first rank to exit.
+TEST(Doctor, TheFailureRecordsNameTheStuckRankWhenTheWorkersSayNothing) {
+  TempDir dir;
+  const std::string flight = dir.path + "/flight";
+  const auto run = run_command(
+      {kBin + "/dtrain", "run", "-n", "3", "--grace-period", "0.5", "--", kBin + "/fault_worker",
+       "--fault", "compute", "--say-little"},
+      {.env = {{"DTRAIN_TIMEOUT", "3"},
+               {"DTRAIN_HANG_SECONDS", "600"},
+               {"DTRAIN_LOG_LEVEL", "off"},
+               {"DTRAIN_FLIGHT_DIR", flight}},
+       .timeout = std::chrono::seconds(120)});
+  const std::string& out = run.output;
+  EXPECT_EQ(run.exit_code, 1) << out;
+  EXPECT_EQ(out.find("timed out"), std::string::npos) << "the workers were to say nothing: " << out;
+  EXPECT_NE(out.find("dtrain run: rank 1 (pid "), std::string::npos) << out;
+  EXPECT_NE(out.find("did not answer its peers (stopped or stuck"), std::string::npos) << out;
+  std::ifstream in(flight + "/rank0.error");
+  const json record = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(record.is_object()) << flight << "/rank0.error";
+  EXPECT_EQ(record["rank"], 0);
+  EXPECT_EQ(record["kind"], "timeout");
+  EXPECT_EQ(record["peer_caused"], false);
+  EXPECT_EQ(record["silent"], json::array({1}));
+  EXPECT_NE(record["what"].get<std::string>().find("all_reduce(f32, 256, sum)"), std::string::npos)
+      << record;
+}
+
 // The elastic agent watches its rounds as `dtrain run` watches a job: a stuck round is
 // diagnosed, its workers stopped and the round counted as a failure; its records stay in a
 // directory of their own while the next round runs. Out of restarts, the job ends as stuck.

@@ -360,6 +360,7 @@ int run_job(const RunArgs& a) {
 
   launch::SupervisorOptions options;
   options.command = a.command;
+  options.failure_records = flight_dir;
   options.prefix_output = !a.no_prefix;
   options.grace_period = seconds_flag(a.grace_period_s, "--grace-period");
   int world_size = a.nnodes * a.nproc;
