@@ -47,23 +47,15 @@ void OutputFile::write(const void* data, size_t n) {
     buffer_.insert(buffer_.end(), p, p + n);
     return;
   }
-  while (n > 0) {  // a large piece straight to the file
-    const ssize_t w = ::write(fd_, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      discard();
-      io_error("writing", tmp_, err);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
+  write_through(p, n);  // a large piece straight to the file
 }
 
 void OutputFile::flush() {
-  const std::byte* p = buffer_.data();
-  size_t n = buffer_.size();
+  write_through(buffer_.data(), buffer_.size());
   buffer_.clear();
+}
+
+void OutputFile::write_through(const std::byte* p, size_t n) {
   while (n > 0) {
     const ssize_t w = ::write(fd_, p, n);
     if (w < 0) {

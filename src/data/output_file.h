@@ -31,6 +31,7 @@ class OutputFile {
 
  private:
   void flush();
+  void write_through(const std::byte* p, size_t n);
   void discard();
 
   std::string path_, tmp_;
