@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include <fmt/format.h>
+
 namespace dtrain {
 
 template <std::integral T>
@@ -38,6 +40,22 @@ T load_le(const void* at) {
   }
   return static_cast<T>(v);
 }
+
+// An integer kept little-endian inside a struct that goes to a socket or a file as it is (a
+// header read and written whole): assigned and read as a T, stored as its bytes, with no
+// alignment of its own, so the struct's layout is its fields' sizes in order.
+//   struct Header { Le<uint32_t> magic; Le<uint64_t> size; };
+template <std::integral T>
+class Le {
+ public:
+  constexpr Le() = default;
+  Le(T value) { store_le(bytes_, value); }  // NOLINT(google-explicit-constructor): a T
+  operator T() const { return load_le<T>(bytes_); }  // NOLINT(google-explicit-constructor)
+  T get() const { return *this; }
+
+ private:
+  unsigned char bytes_[sizeof(T)] = {};
+};
 
 // Appends to a byte buffer: integers little-endian, byte strings as they are.
 class ByteWriter {
@@ -68,3 +86,12 @@ class ByteWriter {
 };
 
 }  // namespace dtrain
+
+// Formats as the T it holds ("{:08x}" and all).
+template <std::integral T>
+struct fmt::formatter<dtrain::Le<T>> : fmt::formatter<T> {
+  template <class Context>
+  auto format(const dtrain::Le<T>& value, Context& ctx) const {
+    return fmt::formatter<T>::format(value.get(), ctx);
+  }
+};

@@ -12,6 +12,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "common/byte_order.h"
 #include "common/env.h"
 #include "common/socket.h"
 #include "dtrain/error.h"
@@ -27,33 +28,33 @@ constexpr size_t kMaxReason = 1024;
 using Nonce = std::array<uint8_t, kNonceBytes>;
 using Mac = std::array<uint8_t, kMacBytes>;
 
-#pragma pack(push, 1)
+// On the wire as they are: little-endian fields (byte_order.h), no padding.
 struct HelloWire {
-  uint32_t magic;
-  uint16_t version;
+  Le<uint32_t> magic;
+  Le<uint16_t> version;
   uint8_t role;
   uint8_t has_token;
-  int32_t rank;
-  int32_t peer_rank;
-  uint64_t tag;
-  uint16_t job_id_len;
+  Le<int32_t> rank;
+  Le<int32_t> peer_rank;
+  Le<uint64_t> tag;
+  Le<uint16_t> job_id_len;
   uint8_t nonce[kNonceBytes];
 };
 struct ReplyWire {
-  uint32_t magic;
-  uint16_t version;
+  Le<uint32_t> magic;
+  Le<uint16_t> version;
   uint8_t accepted;
   uint8_t auth_required;
-  int32_t rank;
+  Le<int32_t> rank;
   uint8_t nonce[kNonceBytes];
-  uint16_t reason_len;
+  Le<uint16_t> reason_len;
 };
 struct VerdictWire {
   uint8_t accepted;
   uint8_t mac[kMacBytes];  // the server's proof, on accept only
-  uint16_t reason_len;
+  Le<uint16_t> reason_len;
 };
-#pragma pack(pop)
+static_assert(sizeof(HelloWire) == 42 && sizeof(ReplyWire) == 30 && sizeof(VerdictWire) == 35);
 
 // From the kernel (getrandom), not OpenSSL's generator: a process forked while another of its
 // threads was inside RAND_bytes inherits that generator's lock held, and its first handshake

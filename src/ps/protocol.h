@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/byte_order.h"
 #include "common/deadline.h"
 
 namespace dtrain::ps {
@@ -48,20 +49,21 @@ enum class Status : uint8_t {
   kInternal = 4,
 };
 
+// On the wire as it is: little-endian fields (common/byte_order.h), no padding.
 struct Header {
-  uint32_t magic = kWireMagic;
+  Le<uint32_t> magic = kWireMagic;
   uint8_t op = 0;
   uint8_t status = 0;
   uint8_t dtype = 0;  // DType of the values (requests), checked against the table's
   uint8_t flags = 0;
-  uint64_t id = 0;          // request id, echoed by the response
-  uint64_t table = 0;       // table_key(name)
-  uint64_t offset = 0;      // dense: first element, in the whole tensor
-  uint64_t count = 0;       // dense: elements; sparse: rows; create: JSON bytes
-  uint64_t width = 0;       // sparse: floats per row
-  uint64_t bytes = 0;       // payload bytes after the header
-  uint32_t timeout_ms = 0;  // how long the server may hold the request
-  uint32_t reserved = 0;
+  Le<uint64_t> id = 0;          // request id, echoed by the response
+  Le<uint64_t> table = 0;       // table_key(name)
+  Le<uint64_t> offset = 0;      // dense: first element, in the whole tensor
+  Le<uint64_t> count = 0;       // dense: elements; sparse: rows; create: JSON bytes
+  Le<uint64_t> width = 0;       // sparse: floats per row
+  Le<uint64_t> bytes = 0;       // payload bytes after the header
+  Le<uint32_t> timeout_ms = 0;  // how long the server may hold the request
+  Le<uint32_t> reserved = 0;
 };
 static_assert(sizeof(Header) == 64);
 

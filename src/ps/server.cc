@@ -659,7 +659,7 @@ struct Server::Impl {
   void park(TableEntry& t, const std::shared_ptr<Connection>& conn, const Header& h,
             std::vector<uint64_t> ids) {
     const auto now = Clock::now();
-    const uint32_t limit = h.timeout_ms ? h.timeout_ms : 300'000;
+    const uint32_t limit = h.timeout_ms != 0 ? h.timeout_ms.get() : 300'000;
     Header parked = h;
     parked.timeout_ms = limit;  // what the timeout message quotes
     t.waiters.push_back(Waiter{conn, parked, std::move(ids), now, now + milliseconds(limit)});
