@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/error.h"
+#include "transport/wait.h"
 
 namespace dtrain::comm {
 
@@ -27,7 +28,7 @@ bool AnySourceWork::probe_locked() {
       source_ = p.group_rank;
       return true;
     }
-    if (p.pair->broken()) ++broken;
+    if (p.pair->broken_by() != transport::Pair::BrokenBy::kNothing) ++broken;
   }
   if (!peers_.empty() && broken == peers_.size()) {
     error_ = std::make_exception_ptr(PeerFailureError(fmt::format(
@@ -85,7 +86,7 @@ void AnySourceWork::wait_until_done(std::optional<std::chrono::milliseconds> tim
     std::this_thread::sleep_for(pause);
     pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
   }
-  r->pair->wait(*r, limit);
+  transport::wait_request(*r, limit);
 }
 
 std::exception_ptr AnySourceWork::exception() const {

@@ -176,7 +176,7 @@ void NativeProcessGroup::start() {
     topology_.one_machine &= transport::machine_of(device_->host_of(members_[i])) == machine;
     if (i == rank_) continue;
     auto& p = *device_->pair(members_[i]);
-    topology_.local &= std::string_view(p.transport()) == "shm";
+    topology_.local &= p.shared_memory();
     topology_.can_read_all &= p.can_read_peer();
   }
   watchdog_ = std::make_unique<Watchdog>(*store_, name_, rank_, size_,

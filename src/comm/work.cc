@@ -5,6 +5,7 @@
 #include "comm/flight_recorder.h"
 #include "comm/p2p_work.h"
 #include "comm/wait_time.h"
+#include "transport/wait.h"
 
 namespace dtrain {
 namespace {
@@ -71,7 +72,8 @@ bool PairWork::is_completed() {
   r.pair->try_progress();
   if (!r.completion.done() && r.deadline.expired()) {
     try {
-      r.pair->wait(r, r.deadline);  // cancels it with the timeout error; exception() has it
+      transport::wait_request(r,
+                              r.deadline);  // cancels it with the timeout error; exception() has it
     } catch (const std::exception&) {
     }
   }
@@ -83,7 +85,7 @@ bool PairWork::is_completed() {
 void PairWork::wait_until_done(std::optional<std::chrono::milliseconds> timeout) {
   auto& r = *request_;
   try {
-    r.pair->wait(r, timeout ? Deadline::after(*timeout) : r.deadline);
+    transport::wait_request(r, timeout ? Deadline::after(*timeout) : r.deadline);
   } catch (...) {
     if (r.completion.done()) note_end();
     FlightRecorder::global().dump_on_failure(r.describe() + " failed");

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "common/byte_order.h"
+
 namespace dtrain::transport {
 
 inline constexpr uint32_t kFrameMagic = 0x4d525444;  // "DTRM"
@@ -21,16 +23,17 @@ inline constexpr uint32_t kFrameGroupFailed = 2;
 inline constexpr uint32_t kFrameCma = 4;
 inline constexpr uint32_t kFrameCmaDone = 8;
 
+// On the wire as they are: little-endian fields (common/byte_order.h), no padding.
 struct CmaDescriptor {
-  uint64_t address = 0;  // in the sender, whose pid the segment holds (not the wire: see cma.h)
+  Le<uint64_t> address = 0;  // in the sender, whose pid the segment holds (not the wire: cma.h)
 };
 
 struct FrameHeader {
-  uint32_t magic = kFrameMagic;
-  uint32_t flags = 0;
-  uint64_t tag = 0;   // what the message is for: see tag.h
-  uint64_t size = 0;  // payload bytes that follow
-  uint64_t aux = 0;   // free for the layer above (collective fingerprints)
+  Le<uint32_t> magic = kFrameMagic;
+  Le<uint32_t> flags = 0;
+  Le<uint64_t> tag = 0;   // what the message is for: see tag.h
+  Le<uint64_t> size = 0;  // payload bytes that follow
+  Le<uint64_t> aux = 0;   // free for the layer above (collective fingerprints)
 };
 static_assert(sizeof(FrameHeader) == 32);
 

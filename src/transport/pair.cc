@@ -18,9 +18,7 @@
 #include "common/reduce.h"
 #include "dtrain/error.h"
 #include "transport/loop.h"
-#include "transport/shm/cma.h"
 #include "transport/tag.h"
-#include "transport/wait.h"
 
 namespace dtrain::transport {
 namespace {
@@ -45,7 +43,7 @@ std::string Request::describe() const {
   const bool send = kind == Kind::kSend;
   return fmt::format("{} #{} {} rank {} ({}, {}), {}, {} bytes", send ? "send" : "recv", seq,
                      send ? "to" : "from", pair->peer_rank(), pair->peer_address(),
-                     pair->transport(), describe_tag(tag), size);
+                     pair->shared_memory() ? "shm" : "tcp", describe_tag(tag), size);
 }
 
 namespace {
@@ -130,18 +128,10 @@ void Pair::post_send_locked(const std::shared_ptr<Request>& r) {
     r->completion.fail(e);
     return;
   }
-  if (auto* rs = ring(); rs && r->size >= kCmaMinBytes) {
-    if (cma_state_ < 0) {
-      cma_state_ = rs->peer_reads_us() ? 1 : 0;
-      DTRAIN_LOG_DEBUG("rank {}: large messages to {} go {}", options_.self_rank, peer_text(),
-                       cma_state_ ? "in one copy (cross-memory attach)"
-                                  : "through the ring (cross-memory attach not permitted)");
-    }
-    if (cma_state_ == 1) {
-      r->cma = true;
-      r->wire.header.flags |= kFrameCma;
-      r->wire.cma = CmaDescriptor{reinterpret_cast<uint64_t>(r->data)};
-    }
+  if (on_stream([&](auto& s) { return s.sends_in_one_copy(r->size); })) {
+    r->cma = true;
+    r->wire.header.flags = r->wire.header.flags | kFrameCma;
+    r->wire.cma = CmaDescriptor{reinterpret_cast<uint64_t>(r->data)};
   }
   send_queue_.push_back(r);
   if (send_queue_.size() == 1) progress_send_locked();  // write straight away when idle
@@ -394,18 +384,14 @@ bool Pair::try_progress() {
 
 void Pair::on_event(uint32_t /*events*/) {
   std::lock_guard lock(mu_);
-  armed_ = false;  // one-shot: the event consumed the registration
-  shm::RingStream* rs = ring();
-  if (rs) {
-    rs->set_draining(true);  // the event may be a doorbell or a close: read the socket
-    rs->quiet();
-  }
+  armed_ = false;                               // one-shot: the event consumed the registration
+  on_stream([](auto& s) { s.begin_event(); });  // a doorbell or a close: read the socket
   const uint64_t before = bytes_moved_;
   progress_locked();
   // A thread asleep on the bell waits for requests this may have finished.
   if (bytes_moved_ != before) wake_sleepers_locked();
   rearm_locked();
-  if (rs) rs->set_draining(false);
+  on_stream([](auto& s) { s.end_event(); });
 }
 
 void Pair::progress_locked() {
@@ -447,7 +433,7 @@ void Pair::progress_send_locked() {
       if (r.header_done == r.prefix() && r.done == r.stream_size()) {
         if (r.cma) {
           // Done when the peer has copied it out: it must read the offer even if it waits on
-          // something else, so always ring.
+          // something else, so always ring (one-copy frames exist on shared memory only).
           cma_pending_.push_back(std::move(send_queue_.front()));
           ring()->ring_doorbell();
         } else
@@ -661,18 +647,17 @@ bool Pair::can_read_peer() {
 }
 
 void Pair::read_peer(std::byte* out, uint64_t address, size_t size) {
-  copy_peer(out, address, size, /*write=*/false);
+  DTRAIN_CHECK(can_read_peer());
+  peer_copied(ring()->read_peer(out, address, size), size, /*write=*/false);
 }
 
 void Pair::write_peer(uint64_t address, const std::byte* in, size_t size) {
-  // process_vm_writev does not write through `local`; the iovec merely lacks a const member.
-  copy_peer(const_cast<std::byte*>(in), address, size, /*write=*/true);
+  DTRAIN_CHECK(can_read_peer());
+  peer_copied(ring()->write_peer(address, in, size), size, /*write=*/true);
 }
 
-void Pair::copy_peer(std::byte* local, uint64_t address, size_t size, bool write) {
-  DTRAIN_CHECK(can_read_peer());
-  if (!shm::cma_copy(ring()->peer_pid(), local, address, size,
-                     write ? shm::CmaDirection::kWrite : shm::CmaDirection::kRead))
+void Pair::peer_copied(bool ok, size_t size, bool write) {
+  if (!ok)
     throw PeerFailureError(fmt::format(
         "rank {}: copying {} bytes {} {}'s memory failed: {} (errno {}); the peer probably "
         "exited",
@@ -717,8 +702,7 @@ void Pair::on_cma_descriptor_locked() {
                               : std::max<size_t>(size, 1);
   for (size_t at = 0; target != nullptr && at < size; at += piece) {
     const size_t n = std::min(piece, size - at);
-    if (!shm::cma_copy(ring()->peer_pid(), bounce ? bounce_locked() : target + at,
-                       rx_cma_.address + at, n, shm::CmaDirection::kRead)) {
+    if (!ring()->read_peer(bounce ? bounce_locked() : target + at, rx_cma_.address + at, n)) {
       fail_locked(connection_error(
           fmt::format("copying {} bytes out of its memory (cross-memory attach)", size), errno));
       return;
@@ -787,13 +771,14 @@ void Pair::rearm_after_post_locked() {
 
 void Pair::rearm_locked() {
   if (broken_ || spinners_.load() > 0) return;
-  if (auto* rs = ring()) {
+  {
     // New data needs a doorbell when a thread sleeps on this pair or a receive is posted on
     // it (its owner may be waiting on something else that needs this data first); data nobody
-    // asked for yet can sit in the ring until someone polls (or the ring fills up).
+    // asked for yet can sit in the ring until someone polls (or the ring fills up). On TCP the
+    // socket tells the loop itself.
     const bool want_data = blocked_ > 0 || !posted_.empty() || rx_request_;
-    while (!rs->ask_to_be_told(want_data, !send_queue_.empty())) {
-      rs->quiet();
+    while (!on_stream([&](auto& s) { return s.ask_to_be_told(want_data, !send_queue_.empty()); })) {
+      on_stream([](auto& s) { s.quiet(); });
       const uint64_t before = bytes_moved_;
       progress_locked();
       if (bytes_moved_ != before) wake_sleepers_locked();
@@ -803,7 +788,8 @@ void Pair::rearm_locked() {
       if (bytes_moved_ == before && posters_.load(std::memory_order_relaxed) > 0) break;
     }
   }
-  const uint32_t events = EPOLLIN | (send_queue_.empty() || ring() ? 0u : uint32_t{EPOLLOUT});
+  const uint32_t events =
+      EPOLLIN | (send_queue_.empty() || !socket_carries_data() ? 0u : uint32_t{EPOLLOUT});
   parked_ = false;
   if (armed_ && armed_events_ == events) return;
   loop_->arm(this, fd_.get(), events);
@@ -864,11 +850,6 @@ void Pair::close(std::exception_ptr error) {
   fail_locked(std::move(error));
 }
 
-bool Pair::broken() {
-  std::lock_guard lock(mu_);
-  return broken_ != nullptr;
-}
-
 Pair::BrokenBy Pair::broken_by() {
   std::lock_guard lock(mu_);
   if (!broken_) return BrokenBy::kNothing;
@@ -921,10 +902,10 @@ void Pair::cancel_locked(Request& r, const std::string& why) {
 void Pair::begin_spin() {
   std::lock_guard lock(mu_);
   spinners_.fetch_add(1);
-  if (auto* rs = ring()) {
+  if (!socket_carries_data()) {
     // The socket only carries doorbells, and none come while the flags are down: the loop can
     // stay armed (no system call here).
-    rs->quiet();
+    on_stream([](auto& s) { s.quiet(); });
     return;
   }
   if (armed_ && !broken_) {
@@ -937,8 +918,8 @@ void Pair::begin_spin() {
 
 void Pair::end_spin() {
   std::lock_guard lock(mu_);
-  if (spinners_.fetch_sub(1) == 1 && !broken_ && (ring() || !armed_) && posted_.empty() &&
-      !rx_request_ && send_queue_.empty() && blocked_ == 0) {
+  if (spinners_.fetch_sub(1) == 1 && !broken_ && (!socket_carries_data() || !armed_) &&
+      posted_.empty() && !rx_request_ && send_queue_.empty() && blocked_ == 0) {
     // Idle: left out of the loop (TCP), or asking the peer for no doorbells (shared memory, as
     // while spinning), until a waiter spins on it again or a thread is about to sleep.
     parked_ = true;
@@ -963,7 +944,7 @@ void Pair::block_begin() {
 
 void Pair::block_end() {
   std::lock_guard lock(mu_);
-  if (--blocked_ == 0 && ring()) rearm_locked();
+  if (--blocked_ == 0 && !socket_carries_data()) rearm_locked();
 }
 
 void Pair::cancel(Request& r, const std::string& why) {
@@ -974,18 +955,18 @@ void Pair::cancel(Request& r, const std::string& why) {
 void Pair::unpark_idle_pairs() { loop_->unpark(); }
 
 Pair::SleepOn Pair::sleep_on() {
-  if (auto* rs = ring()) return {.bell = &rs->bell()};
+  if (auto* bell = on_stream([](auto& s) { return s.bell(); })) return {.bell = bell};
   return {.fd = fd_.get()};
 }
 
 void Pair::begin_bell_sleep() {
   std::lock_guard lock(mu_);
-  ring()->add_sleeper();
+  on_stream([](auto& s) { s.add_sleeper(); });
 }
 
 void Pair::end_bell_sleep() {
   std::lock_guard lock(mu_);
-  ring()->remove_sleeper();
+  on_stream([](auto& s) { s.remove_sleeper(); });
   rearm_locked();
 }
 
@@ -994,12 +975,6 @@ void Pair::look_before_sleep() {
   std::lock_guard lock(mu_);
   rearm_locked();
   progress_locked();
-}
-
-void Pair::wait(Request& r, const Deadline& deadline) {
-  Request* requests[] = {&r};
-  Pair* pairs[] = {this};
-  wait_requests(requests, pairs, deadline);
 }
 
 }  // namespace dtrain::transport

@@ -9,6 +9,10 @@
 // with a peer on this host, the rings of a shared segment (shm/ring_stream.h), chosen when the
 // pair is made and dispatched statically (a variant, no virtual call per frame).
 //
+// The pair's surface is what a collective or a point-to-point call uses; how a waiting thread
+// (wait.h) and the event loop (loop.h) drive it is private to them. Waiting goes one way: wait.h
+// uses the pair, never the reverse.
+//
 // Who moves the bytes: a thread waiting on a request moves them itself (wait.h: it busy-polls a
 // short while, then sleeps on what the stream offers: the socket, or the futex bell in the
 // segment), and the device's event loop (loop.h) moves them for pairs nobody waits on. While a
@@ -108,40 +112,19 @@ class Pair : public std::enable_shared_from_this<Pair> {
   bool try_send_now(uint64_t tag, const void* data, size_t size, uint64_t aux);
   bool try_recv_now(uint64_t tag, void* data, size_t size, uint64_t expected_aux);
 
-  // Waits for the request until `deadline` (wait_requests); on expiry the request is cancelled
-  // and fails with TimeoutError. Rethrows the request's error.
-  void wait(Request& request, const Deadline& deadline);
   // Fails the request with TimeoutError(why) if it has not finished; a request cut short in the
   // middle of a message closes the connection.
   void cancel(Request& request, const std::string& why);
 
-  // For waiting threads (wait.h).
-  // A thread busy-polls this pair between begin_spin() and end_spin(); the loop stays away.
-  // A pair with nothing posted is then "parked" (out of the loop; on shared memory, asking for
-  // no doorbells): bytes of the next collective that a faster peer sends early wait for the
-  // collective to read them, instead of waking the loop thread (a context switch on a core the
-  // ranks need; docs/performance.md). unpark() hands it back to the loop; the device does so
-  // for every parked pair when a thread of it is about to sleep (unpark_idle_pairs).
+  // A thread busy-polls this pair between begin_spin() and end_spin() (a collective, for its
+  // whole run); the loop stays away. A pair with nothing posted is then "parked" (out of the
+  // loop; on shared memory, asking for no doorbells): bytes of the next collective that a
+  // faster peer sends early wait for the collective to read them, instead of waking the loop
+  // thread (a context switch on a core the ranks need; docs/performance.md). unpark() hands it
+  // back to the loop; a thread of the device about to sleep does so for every parked pair.
   void begin_spin();
   void end_spin();
   void unpark();
-  void unpark_idle_pairs();
-  // A thread sleeps until requests of this pair finish while the event loop moves the bytes
-  // (shared memory then asks for doorbells).
-  void block_begin();
-  void block_end();
-  // What a waiting thread can sleep on to hear of this pair's bytes itself: the socket (TCP:
-  // poll() it, with wants_to_write() saying whether writability matters) or the bell a thread
-  // of this side sleeps on (shared memory: between begin_bell_sleep() and end_bell_sleep(),
-  // with look_before_sleep() after reading the bell's value and before each sleep).
-  struct SleepOn {
-    int fd = -1;
-    std::atomic<uint32_t>* bell = nullptr;
-  };
-  SleepOn sleep_on();
-  void begin_bell_sleep();
-  void end_bell_sleep();
-  void look_before_sleep();
   std::chrono::microseconds spin() const { return options_.spin; }
   bool oversubscribed() const { return options_.oversubscribed; }
   // Moves whatever bytes the stream allows now, without blocking; true if any moved (false
@@ -151,36 +134,50 @@ class Pair : public std::enable_shared_from_this<Pair> {
   // a receive posted for it now is matched with it (a receive from any source picks its pair
   // this way).
   bool has_unexpected(uint64_t tag);
-  // Whether sends are queued (the socket's writability matters to a poller).
-  bool wants_to_write();
 
   // Fails everything pending and future with `error` (AbortedError for abort()).
   void poison(std::exception_ptr error);
   // Like poison(), after telling the peer this rank is leaving on purpose.
   void close(std::exception_ptr error);
-
-  int peer_rank() const { return options_.peer_rank; }
-  const std::string& peer_address() const { return options_.peer_address; }
-  int fd() const { return fd_.get(); }
-  // Shared memory with cross-memory attach: whether this rank may read and write the peer's
-  // memory (the kernel grants both or neither), and the copies themselves (PeerFailureError,
-  // naming the peer, when one fails).
-  bool can_read_peer();
-  // Whether the connection itself broke (the peer died, the link was cut, or it was closed).
-  bool broken();
   // Why the pair is down: the peer closed or reset it (or died), a timed-out message left the
   // stream out of step (the peer may be alive but stopped), or this process closed it.
   enum class BrokenBy { kNothing, kPeer, kTimeout, kUs };
   BrokenBy broken_by();
+
+  int peer_rank() const { return options_.peer_rank; }
+  const std::string& peer_address() const { return options_.peer_address; }
+  bool shared_memory() const { return ring() != nullptr; }
+  // Shared memory with cross-memory attach: whether this rank may read and write the peer's
+  // memory (the kernel grants both or neither), and the copies themselves (PeerFailureError,
+  // naming the peer, when one fails).
+  bool can_read_peer();
   void read_peer(std::byte* out, uint64_t address, size_t size);
   void write_peer(uint64_t address, const std::byte* in, size_t size);
-  const char* transport() const { return ring() ? "shm" : "tcp"; }
-  bool shared_memory() const { return ring() != nullptr; }
-
-  // Called by the event loop when the socket is ready.
-  void on_event(uint32_t events);
 
  private:
+  // How a waiting thread (wait.cc) drives the pair: it sleeps on the pair's requests while the
+  // event loop moves the bytes (block_begin/end; shared memory then asks for doorbells), or on
+  // what the stream offers to hear of the bytes itself: the socket (poll() it, with
+  // wants_to_write() saying whether writability matters) or the bell a thread of this side
+  // sleeps on (shared memory: between begin_bell_sleep() and end_bell_sleep(), with
+  // look_before_sleep() after reading the bell's value and before each sleep).
+  friend class Waiter;
+  void block_begin();
+  void block_end();
+  struct SleepOn {
+    int fd = -1;
+    std::atomic<uint32_t>* bell = nullptr;
+  };
+  SleepOn sleep_on();
+  void begin_bell_sleep();
+  void end_bell_sleep();
+  void look_before_sleep();
+  bool wants_to_write();
+  void unpark_idle_pairs();
+  // Called by the event loop when the socket is ready.
+  friend class Loop;
+  void on_event(uint32_t events);
+
   struct Unexpected {
     uint64_t tag = 0;
     uint64_t aux = 0;
@@ -205,7 +202,8 @@ class Pair : public std::enable_shared_from_this<Pair> {
   void on_frame_header_locked();
   // A kFrameCma frame's descriptor arrived: copy the payload out of the sender and answer.
   void on_cma_descriptor_locked();
-  void copy_peer(std::byte* local, uint64_t address, size_t size, bool write);
+  // After a copy to or from the peer's memory: counts its bytes, or throws naming the peer.
+  void peer_copied(bool ok, size_t size, bool write);
   void queue_frame_locked(uint32_t flags, uint64_t tag);
   std::shared_ptr<Request> post_recv(std::shared_ptr<Request> r);
   void post_send_locked(const std::shared_ptr<Request>& r);
@@ -226,18 +224,28 @@ class Pair : public std::enable_shared_from_this<Pair> {
   void rearm_after_post_locked();
   void cancel_locked(Request& r, const std::string& why);
   std::string peer_text() const;
-  // The stream under the frames (errno semantics), dispatched without a virtual call.
+  // The stream under the frames, dispatched without a virtual call: `f(stream)` on whichever
+  // it is (both offer the same calls).
+  template <class F>
+  decltype(auto) on_stream(F&& f) {
+    return std::visit(std::forward<F>(f), stream_);
+  }
   ssize_t write_out(const iovec* iov, size_t count) {
-    return std::visit([&](auto& s) { return s.write(iov, count); }, stream_);
+    return on_stream([&](auto& s) { return s.write(iov, count); });
   }
   ssize_t read_in(std::byte* out, size_t n) {
-    return std::visit([&](auto& s) { return s.read(out, n); }, stream_);
+    return on_stream([&](auto& s) { return s.read(out, n); });
   }
+  bool socket_carries_data() const {
+    return std::visit([](const auto& s) { return s.kSocketCarriesData; }, stream_);
+  }
+  // The shared-memory stream, for what only it has (one-copy frames, the peer's memory); null
+  // on TCP.
   shm::RingStream* ring() { return std::get_if<shm::RingStream>(&stream_); }
   const shm::RingStream* ring() const { return std::get_if<shm::RingStream>(&stream_); }
   // A thread asleep on this side's bell may wait for requests that just finished here.
   void wake_sleepers_locked() {
-    if (auto* r = ring()) r->wake_sleepers();
+    on_stream([](auto& s) { s.wake_sleepers(); });
   }
   std::exception_ptr connection_error(const std::string& what, int err) const;
   // The error a new request must fail with at once, or null.
@@ -262,10 +270,6 @@ class Pair : public std::enable_shared_from_this<Pair> {
   uint64_t send_seq_ = 0;
   uint64_t recv_seq_ = 0;
   std::deque<std::shared_ptr<Request>> send_queue_;
-  // Messages from this size go in one copy (cross-memory attach) instead of through the ring:
-  // below it the ring's two copies, on both cores at once and in cache, are faster
-  // (docs/performance.md, "The transport's settings").
-  static constexpr size_t kCmaMinBytes = size_t{32} << 20;
   // The most bytes of messages without a posted receive one progress call reads.
   static constexpr size_t kUnexpectedBytesPerCall = size_t{1} << 20;
   TagQueues<std::shared_ptr<Request>> posted_;
@@ -277,7 +281,6 @@ class Pair : public std::enable_shared_from_this<Pair> {
   CmaDescriptor rx_cma_;
   size_t rx_cma_done_ = 0;
   std::deque<std::shared_ptr<Request>> cma_pending_;  // sends the peer is copying out
-  int cma_state_ = -1;  // -1 unknown, 0 the peer cannot read our memory, 1 it can
   std::shared_ptr<Request> rx_request_;
   // Reducing receives (irecv_reduce) read the stream into this and reduce from it; it holds
   // the bytes of an element split between two reads (rx_carry_ of them) in between.

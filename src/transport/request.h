@@ -1,5 +1,5 @@
 // Request: one send or receive posted on a pair, and its progress. The caller waits on it
-// (Pair::wait, wait_requests in wait.h); the pair's mutex guards everything that moves.
+// (wait_request and wait_requests in wait.h); the pair's mutex guards everything that moves.
 #pragma once
 
 #include <cstddef>

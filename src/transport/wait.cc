@@ -53,9 +53,28 @@ bool all_done(std::span<Request* const> requests) {
   return true;
 }
 
+}  // namespace
+
+// How a waiting thread drives its pairs (the part of Pair private to waiting: Pair befriends
+// this class).
+class Waiter {
+ public:
+  static void wait(std::span<Request* const> requests, std::span<Pair* const> pairs,
+                   const Deadline& deadline, bool spinning);
+
+ private:
+  // What a waiter sleeps on: the pairs' sockets, their bells, or (the event loop moving the
+  // bytes) the requests.
+  enum class SleepOn { kSockets, kBells, kRequests };
+  static bool spin(std::span<Request* const> requests, std::span<Pair* const> pairs,
+                   const Deadline& deadline);
+  static bool sleep(SleepOn how, std::span<Request* const> requests, std::span<Pair* const> watched,
+                    const Deadline& deadline);
+};
+
 // Busy-polls the pairs until the requests finish (true) or the spin budget runs out.
-bool spin(std::span<Request* const> requests, std::span<Pair* const> pairs,
-          const Deadline& deadline) {
+bool Waiter::spin(std::span<Request* const> requests, std::span<Pair* const> pairs,
+                  const Deadline& deadline) {
   const auto budget = pairs[0]->spin();
   const bool oversubscribed = pairs[0]->oversubscribed();
   // Spin, then yield, then sleep: lowest latency when the peers are quick, and no lost cores
@@ -87,14 +106,10 @@ bool spin(std::span<Request* const> requests, std::span<Pair* const> pairs,
   }
 }
 
-// What a waiter sleeps on: the pairs' sockets, their bells, or (the event loop moving the
-// bytes) the requests.
-enum class SleepOn { kSockets, kBells, kRequests };
-
 // Sleeps on `how` until the requests finish or the deadline passes, moving `watched`'s bytes on
 // every wake-up. False when the kernel cannot wait on several bells: nothing was waited.
-bool sleep(SleepOn how, std::span<Request* const> requests, std::span<Pair* const> watched,
-           const Deadline& deadline) {
+bool Waiter::sleep(SleepOn how, std::span<Request* const> requests, std::span<Pair* const> watched,
+                   const Deadline& deadline) {
   if (how == SleepOn::kBells && watched.size() > 1 &&
       (watched.size() > FUTEX_WAITV_MAX || no_waitv.load()))
     return false;
@@ -160,10 +175,19 @@ bool sleep(SleepOn how, std::span<Request* const> requests, std::span<Pair* cons
   return supported;
 }
 
-}  // namespace
-
 void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pairs,
                    const Deadline& deadline, bool spinning) {
+  Waiter::wait(requests, pairs, deadline, spinning);
+}
+
+void wait_request(Request& request, const Deadline& deadline) {
+  Request* requests[] = {&request};
+  Pair* pairs[] = {request.pair.get()};
+  Waiter::wait(requests, pairs, deadline, /*spinning=*/false);
+}
+
+void Waiter::wait(std::span<Request* const> requests, std::span<Pair* const> pairs,
+                  const Deadline& deadline, bool spinning) {
   if (!all_done(requests) && !pairs.empty() && pairs[0]->spin().count() > 0) {
     // While spinning, the pairs stay out of the event loop.
     if (!spinning)

@@ -24,5 +24,7 @@ namespace dtrain::transport {
 // this wait, as a collective does for its whole run.
 void wait_requests(std::span<Request* const> requests, std::span<Pair* const> pairs,
                    const Deadline& deadline, bool spinning = false);
+// One request on its own pair (a blocking send or receive).
+void wait_request(Request& request, const Deadline& deadline);
 
 }  // namespace dtrain::transport

@@ -15,6 +15,7 @@
 #include "transport/device.h"
 #include "transport/tag.h"
 #include "transport/pair.h"
+#include "transport/wait.h"
 #include "support/expect.h"
 #include "support/group.h"
 #include "support/multiproc.h"
@@ -214,7 +215,9 @@ void reducing_receive(const char* transport) {
     TwoRanks two(rank, port, transport);
     auto& pair = two.pair();
     const auto deadline = Deadline::after(30s);
-    auto wait = [&](const std::shared_ptr<transport::Request>& r) { pair.wait(*r, deadline); };
+    auto wait = [&](const std::shared_ptr<transport::Request>& r) {
+      transport::wait_request(*r, deadline);
+    };
     using Reduction = transport::Request::Reduction;
     std::vector<uint8_t> go(1);
 
@@ -507,7 +510,9 @@ TEST(TcpPair, AFailureReportedForACollectiveSparesTheGroupsEarlierOnes) {
     auto& device = ranks.device;
     auto& pair = ranks.pair();
     const auto deadline = Deadline::after(30s);
-    auto wait = [&](const std::shared_ptr<transport::Request>& r) { pair.wait(*r, deadline); };
+    auto wait = [&](const std::shared_ptr<transport::Request>& r) {
+      transport::wait_request(*r, deadline);
+    };
     using transport::TagSpace, transport::make_tag;
     constexpr uint32_t kGroup = 5, kOther = 6, kAborted = 7;
     std::vector<int32_t> one(4, 11), two(4, 22), other(4, 66), got(4, 0);

@@ -8,6 +8,9 @@
 #include <cerrno>
 #include <climits>
 
+#include "common/log.h"
+#include "transport/shm/cma.h"
+
 namespace dtrain::transport::shm {
 namespace {
 
@@ -126,6 +129,26 @@ bool RingStream::we_read_peer() {
 pid_t RingStream::peer_pid() {
   auto& h = segment_.header();
   return creator_ ? h.opener_pid : h.creator_pid;
+}
+
+bool RingStream::sends_in_one_copy(size_t bytes) {
+  if (bytes < kOneCopyMinBytes) return false;
+  if (one_copy_ < 0) {
+    one_copy_ = segment_.peer_reads_us(creator_) ? 1 : 0;
+    DTRAIN_LOG_DEBUG("large messages to process {} go {}", peer_pid(),
+                     one_copy_ ? "in one copy (cross-memory attach)"
+                               : "through the ring (cross-memory attach not permitted)");
+  }
+  return one_copy_ == 1;
+}
+
+bool RingStream::read_peer(std::byte* out, uint64_t address, size_t size) {
+  return cma_copy(peer_pid(), out, address, size, CmaDirection::kRead);
+}
+
+bool RingStream::write_peer(uint64_t address, const std::byte* in, size_t size) {
+  // process_vm_writev does not write through `local`; the iovec merely lacks a const member.
+  return cma_copy(peer_pid(), const_cast<std::byte*>(in), address, size, CmaDirection::kWrite);
 }
 
 }  // namespace dtrain::transport::shm

@@ -6,6 +6,10 @@
 // futex word in the segment a thread of it sleeps on). Writing and reading here answer what the
 // other side asked for, with no system call when it asked for nothing.
 //
+// It offers the same calls as the TCP stream (tcp/socket_stream.h), so that the pair never asks
+// which stream it has, and holds what only shared memory can do: cross-memory attach (shm/cma.h),
+// for large messages in one copy and for collectives that read their peers' memory.
+//
 // Every member is guarded by the owning pair's mutex.
 #pragma once
 
@@ -35,9 +39,17 @@ class RingStream {
   bool peek(void* out, size_t n) { return in_.peek(static_cast<std::byte*>(out), n); }
   size_t readable() { return in_.readable(); }
 
+  // The socket only carries doorbells (and tells of the peer's death): the event loop watches
+  // it for data, and it stays in the loop while a thread polls the pair.
+  static constexpr bool kSocketCarriesData = false;
   // The event loop is handling a socket event: reads look at the socket on every empty ring
-  // (the event may be a doorbell or a close) instead of every so often.
-  void set_draining(bool draining) { draining_ = draining; }
+  // (the event may be a doorbell or a close) instead of every so often, and the peer is asked
+  // for no doorbells meanwhile.
+  void begin_event() {
+    draining_ = true;
+    quiet();
+  }
+  void end_event() { draining_ = false; }
   // Asks the peer to say when data comes (`want_data`, always while a thread sleeps on the
   // bell) or room frees up (`want_room`): with the bell while a thread sleeps on it, with a
   // doorbell otherwise. True when nothing is to be
@@ -52,22 +64,31 @@ class RingStream {
   // Threads asleep on this side's bell (they move the bytes themselves when it rings).
   void add_sleeper() { ++sleepers_; }
   void remove_sleeper() { --sleepers_; }
-  std::atomic<uint32_t>& bell() { return segment_.bell(creator_); }
+  std::atomic<uint32_t>* bell() { return &segment_.bell(creator_); }
   // Wakes the threads asleep on this side's bell: a request one waits for may have finished
   // on another thread.
   void wake_sleepers();
 
-  // Cross-memory attach (shm/cma.h): whether the peer may read this process's memory, whether
-  // this process may read the peer's, and the peer's pid (from the segment, not the wire).
-  bool peer_reads_us() { return segment_.peer_reads_us(creator_); }
+  // Whether a message of `bytes` goes in one copy: the peer copies it out of this process's
+  // memory (cross-memory attach), told where by a descriptor in the ring. From kOneCopyMinBytes,
+  // where the peer may read this process's memory; below it the ring's two copies, on both
+  // cores at once and in cache, are faster (docs/performance.md, "The transport's settings").
+  static constexpr size_t kOneCopyMinBytes = size_t{32} << 20;
+  bool sends_in_one_copy(size_t bytes);
+  // Cross-memory attach the other way: whether this process may read (and write) the peer's
+  // memory, and the copies themselves (false with errno set when the kernel refuses or the peer
+  // is gone). The peer's pid comes from the segment, not the wire. These three read only what
+  // the segment's set-up wrote: they need no lock.
   bool we_read_peer();
-  pid_t peer_pid();
+  bool read_peer(std::byte* out, uint64_t address, size_t size);
+  bool write_peer(uint64_t address, const std::byte* in, size_t size);
 
  private:
   // What the flags say while nobody wants a doorbell: the bell, if a thread sleeps on it.
   uint32_t idle_flags() const { return sleepers_ > 0 ? kWantBell : 0; }
   // Bumps and wakes the peer's bell (a thread of the peer sleeps on it).
   void ring_peer_bell();
+  pid_t peer_pid();
 
   int fd_;
   Segment segment_;
@@ -76,6 +97,7 @@ class RingStream {
   bool draining_ = false;
   uint32_t empty_polls_ = 0;  // empty ring reads since the socket was last asked
   int sleepers_ = 0;
+  int one_copy_ = -1;  // -1 not yet asked, 0 the peer cannot read our memory, 1 it can
   // The consumer's read count when the doorbell for the ring filling up was last rung.
   uint64_t full_rung_at_ = ~uint64_t{0};
 };
