@@ -11,7 +11,11 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 find_package(ZLIB REQUIRED)  # the parameter server's and the data layer's checksums, gzip
 
-set(_core_objects $<TARGET_OBJECTS:dtrain_core> $<TARGET_OBJECTS:dtrain_ps> $<TARGET_OBJECTS:dtrain_data>
+set(_core_objects)
+foreach(layer ${DTRAIN_CORE_LAYERS})
+  list(APPEND _core_objects $<TARGET_OBJECTS:${layer}>)
+endforeach()
+list(APPEND _core_objects $<TARGET_OBJECTS:dtrain_ps> $<TARGET_OBJECTS:dtrain_data>
                   $<TARGET_OBJECTS:dtrain_pipeline> $<TARGET_OBJECTS:dtrain_sharding>
                   $<TARGET_OBJECTS:dtrain_horovod>)
 foreach(backend dtrain_gloo dtrain_backend_gloo dtrain_backend_mpi dtrain_cuda dtrain_backend_nccl)

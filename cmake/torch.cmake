@@ -81,11 +81,9 @@ add_library(dtrain_torch_objects OBJECT
   src/torch/sharded_checkpoint.cc
   src/torch/tensor_parallel.cc
 )
-target_include_directories(dtrain_torch_objects
-  PUBLIC ${PROJECT_SOURCE_DIR}/include
-  PRIVATE ${PROJECT_SOURCE_DIR}/src)
+dtrain_layer(dtrain_torch_objects FOLDERS torch HEADERS torch)
 target_link_libraries(dtrain_torch_objects
-  PUBLIC dtrain_torch_env dtrain_core dtrain_horovod dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding ${TORCH_LIBRARIES}
+  PUBLIC dtrain_torch_env dtrain_horovod dtrain_ps dtrain_data dtrain_pipeline dtrain_sharding ${TORCH_LIBRARIES}
   PRIVATE ZLIB::ZLIB fmt::fmt spdlog::spdlog nlohmann_json::nlohmann_json ${CMAKE_DL_LIBS})
 
 add_library(dtrain_torch STATIC src/torch/runtime.cc)

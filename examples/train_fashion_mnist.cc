@@ -73,7 +73,7 @@
 #include "dtrain/torch/fashion_mnist.h"
 #include "dtrain/torch/runtime.h"
 #include "dtrain/torch/safetensors.h"
-#include "dtrain/torch/timeline.h"
+#include "dtrain/timeline.h"
 
 namespace {
 

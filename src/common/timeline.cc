@@ -1,5 +1,5 @@
 // Timeline: events kept in memory, written as a Chrome-trace JSON array at exit.
-#include "dtrain/torch/timeline.h"
+#include "dtrain/timeline.h"
 
 #include <unistd.h>
 

@@ -17,7 +17,7 @@
 #include "common/byte_order.h"
 #include "common/reduce.h"
 #include "dtrain/error.h"
-#include "dtrain/torch/timeline.h"
+#include "dtrain/timeline.h"
 #include "horovod/negotiated_calls.h"
 
 namespace dtrain {

@@ -12,7 +12,7 @@
 #include "dtrain/error.h"
 #include "dtrain/torch/broadcast.h"
 #include "dtrain/torch/tensor_view.h"
-#include "dtrain/torch/timeline.h"
+#include "dtrain/timeline.h"
 #include "torch/reducer.h"
 
 namespace dtrain {

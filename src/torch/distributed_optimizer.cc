@@ -9,7 +9,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "dtrain/error.h"
-#include "dtrain/torch/timeline.h"
+#include "dtrain/timeline.h"
 #include "horovod/coordinator.h"
 #include "torch/gradient_hooks.h"
 

@@ -10,7 +10,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/torch/tensor_view.h"
-#include "dtrain/torch/timeline.h"
+#include "dtrain/timeline.h"
 #include "horovod/coordinator.h"
 #include "torch/autograd_node.h"
 

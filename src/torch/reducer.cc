@@ -20,7 +20,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/torch/tensor_view.h"
-#include "dtrain/torch/timeline.h"
+#include "dtrain/timeline.h"
 
 namespace dtrain {
 

@@ -1,7 +1,7 @@
-// Device: this process's endpoint for one group of ranks. It listens, publishes its address
-// in the store, connects one pair to every peer over TCP (lower ranks are dialled, higher ranks
-// accepted, all within the connect timeout), moves the pairs with peers on this host onto
-// shared memory (shm/setup.h) and runs the event loop the pairs share.
+// Device: this process's endpoint for one group of ranks. It connects to every peer over TCP
+// through the store (full_mesh.h, all within the connect timeout), moves the connections with
+// peers on this host onto shared memory (shm/setup.h), makes them pairs, and runs the event
+// loop the pairs share.
 #pragma once
 
 #include <array>
@@ -21,6 +21,8 @@
 #include "transport/pair.h"
 
 namespace dtrain::transport {
+
+class FullMesh;
 
 struct DeviceOptions {
   int rank = 0;
@@ -101,10 +103,13 @@ class Device {
   void on_notice(uint64_t tag, int peer, std::string text);
   void process_notices();
 
-  // "3 of 4 ranks have registered, 2 have finished connecting; not registered: rank 3 (...)"
-  std::string rendezvous_progress(Store& store, const std::string& joined);
-  void accept_higher_ranks(int listen_fd, const Deadline& deadline, std::vector<net::Fd>& accepted,
-                           std::string& failure);
+  // The steps of connecting, after the mesh's sockets (full_mesh.h): where each peer runs,
+  // whether this machine's cores are oversubscribed, shared memory with the peers on this host,
+  // and the pairs.
+  void learn_locations(FullMesh& mesh);
+  void note_oversubscription();
+  std::vector<shm::Segment> share_memory(std::vector<net::Fd>& fds, const Deadline& deadline);
+  void make_pairs(FullMesh& mesh, std::vector<net::Fd>& fds, std::vector<shm::Segment>& segments);
 
   DeviceOptions options_;
   std::string address_;  // host:port this device listens on, as published

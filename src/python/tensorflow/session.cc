@@ -9,7 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "dtrain/error.h"
-#include "dtrain/torch/timeline.h"
+#include "dtrain/timeline.h"
 #include "horovod/negotiated_calls.h"
 #include "horovod/rows.h"
 

@@ -9,7 +9,7 @@
 
 #include "dtrain/error.h"
 #include "dtrain/torch/tensor_view.h"
-#include "dtrain/torch/timeline.h"
+#include "dtrain/timeline.h"
 #include "horovod/rows.h"
 
 namespace dtrain::python {
