@@ -10,6 +10,10 @@
 // construction, while the parameters have their real shapes, so the shapes autograd checks
 // gradients against stay right while a parameter is empty.
 //
+// Policies: what a unit shards beyond its optimizer state (its gradient, its parameters) is the
+// UnitPolicy it carries (unit_policy.h), read from the stage once at construction; the code asks
+// the policy, never the stage.
+//
 // Order: gathers and reductions are collectives, so every rank issues them in one order: units
 // gather in forward order (the next one prefetched) and in reverse during backward, and reduce
 // strictly from the last unit to the first, whatever order the gradient hooks fire in.
@@ -31,15 +35,17 @@
 #include <torch/nn/module.h>
 
 #include "dtrain/error.h"
+#include "dtrain/timeline.h"
 #include "dtrain/torch/broadcast.h"
 #include "dtrain/torch/tensor_view.h"
-#include "dtrain/torch/timeline.h"
 #include "torch/autograd_node.h"
+#include "torch/unit_policy.h"
 
 namespace dtrain {
 
 struct ShardedDataParallel::Unit {
   size_t first_child = 0, end_child = 0;  // Sequential children [first, end)
+  UnitPolicy policy;                      // what the stage shards of this unit
   std::vector<std::string> names;
   std::vector<at::Tensor> params;  // the module's parameters (autograd leaves)
   std::vector<std::vector<int64_t>> shapes;
@@ -48,7 +54,7 @@ struct ShardedDataParallel::Unit {
   std::vector<AutogradNodePtr> accumulators;  // keep the hooks and shapes
   std::vector<uintptr_t> hook_keys;
 
-  at::Tensor full;       // padded flat parameters; its storage is released at stage 3
+  at::Tensor full;       // padded flat parameters; its storage is released when resharded
   bool whole = false;    // full has memory and the parameters point into it
   bool current = false;  // full holds the shards' latest values
   std::shared_ptr<Work> gather_work;
@@ -62,6 +68,22 @@ struct ShardedDataParallel::Unit {
   std::vector<uint8_t> ready;  // this backward: parameter got its gradient
   size_t ready_count = 0;
   bool complete = false;  // this backward: every parameter has its gradient
+
+  // Places a parameter after the ones before it in the flat buffer (not yet padded).
+  void append(const std::string& name, const at::Tensor& p) {
+    names.push_back(name);
+    params.push_back(p);
+    shapes.push_back(p.sizes().vec());
+    offsets.push_back(numel);
+    numels.push_back(p.numel());
+    numel += p.numel();
+  }
+};
+
+// The modules of one unit, before their parameters are laid out.
+struct ShardedDataParallel::UnitModules {
+  std::vector<std::shared_ptr<torch::nn::Module>> modules;
+  size_t first_child = 0, end_child = 0;  // Sequential children [first, end)
 };
 
 namespace {
@@ -87,6 +109,56 @@ void give_memory(const at::Tensor& flat) {
 
 std::string describe_dtype(at::ScalarType t) { return c10::toString(t); }
 
+int64_t parameter_count(const torch::nn::Module& module) {
+  int64_t count = 0;
+  for (const auto& p : module.parameters()) count += p.numel();
+  return count;
+}
+
+std::unordered_map<const c10::TensorImpl*, std::string> parameter_names(
+    const torch::nn::Module& module) {
+  std::unordered_map<const c10::TensorImpl*, std::string> name_of;
+  for (const auto& p : module.named_parameters(true))
+    name_of[p.value().unsafeGetTensorImpl()] = p.key();
+  return name_of;
+}
+
+// Each refusal overwrites the one before it: the last reason found is the one reported.
+std::string refusal_of_options(const ShardingOptions& options) {
+  std::string refusal;
+  if (options.stage < 1 || options.stage > 3)
+    refusal = fmt::format("stage {} is not 1, 2 or 3", options.stage);
+  if (options.communication_dtype != at::kFloat && options.communication_dtype != at::kBFloat16 &&
+      options.communication_dtype != at::kHalf)
+    refusal = fmt::format("communication_dtype {} is not float, bfloat16 or half",
+                          describe_dtype(options.communication_dtype));
+  return refusal;
+}
+
+std::string refusal_of_parameter(const at::Tensor& p, const std::string& name) {
+  std::string refusal;
+  if (p.scalar_type() != at::kFloat || !p.device().is_cpu())
+    refusal = fmt::format(
+        "parameter '{}' is {} on {}; ShardedDataParallel keeps fp32 "
+        "CPU parameters (communication_dtype sets what goes on the wire)",
+        name, describe_dtype(p.scalar_type()), p.device().str());
+  if (!p.requires_grad())
+    refusal = fmt::format(
+        "parameter '{}' does not require grad; frozen parameters are not "
+        "sharded: keep them out of the model given to "
+        "ShardedDataParallel",
+        name);
+  return refusal;
+}
+
+// Buffers are not sharded, but every rank must have the same ones (rank 0's are broadcast).
+std::string describe_buffers(const torch::nn::Module& module) {
+  std::string description;
+  for (const auto& b : module.named_buffers(true))
+    description += fmt::format("{}:{};", b.key(), b.value().sizes().vec());
+  return description;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -109,63 +181,61 @@ ShardedDataParallel::ShardedDataParallel(
     : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {
   if (module_ == nullptr || group_ == nullptr)
     throw InvalidArgumentError("ShardedDataParallel: module and process group must be set");
-  const int rank = group_->rank(), n = group_->size();
-  Timeline::get(rank);
-
+  Timeline::get(group_->rank());
   // Everything a rank could refuse is decided locally, then agreed on, so that either every
   // rank constructs or every rank throws the same reasons.
-  std::string refusal;
-  if (options_.stage < 1 || options_.stage > 3)
-    refusal = fmt::format("stage {} is not 1, 2 or 3", options_.stage);
-  if (options_.communication_dtype != at::kFloat && options_.communication_dtype != at::kBFloat16 &&
-      options_.communication_dtype != at::kHalf)
-    refusal = fmt::format("communication_dtype {} is not float, bfloat16 or half",
-                          describe_dtype(options_.communication_dtype));
+  std::string refusal = refusal_of_options(options_);
+  std::string description = lay_out_units(find_units(std::move(given_units)), refusal);
+  description += describe_buffers(*module_);
+  agree_on_model(description, refusal);
+  broadcast_parameters(*module_, *group_, 0, options_.timeout);
+  // One unit at a time, so that at stage 3 each unit is released before the next is flattened.
+  for (size_t u = 0; u < units_.size(); ++u) shard_unit(u);
+}
 
-  // Units: children of a Sequential (each child with parameters starts one), or the module.
-  std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> unit_modules;
-  std::vector<std::pair<size_t, size_t>> child_ranges;
-  if (given_units.empty()) {
-    sequential_ = true;
-    auto children = module_->children();
-    for (size_t i = 0; i < children.size(); ++i) {
-      const int64_t count = [&] {
-        int64_t c = 0;
-        for (const auto& p : children[i]->parameters()) c += p.numel();
-        return c;
-      }();
-      int64_t open = 0;
-      if (!unit_modules.empty())
-        for (const auto& m : unit_modules.back())
-          for (const auto& p : m->parameters()) open += p.numel();
-      const bool starts =
-          unit_modules.empty() || (count > 0 && open > 0 && open >= options_.min_unit_parameters);
-      if (starts) {
-        unit_modules.emplace_back();
-        child_ranges.emplace_back(i, i);
-      }
-      unit_modules.back().push_back(children[i]);
-      child_ranges.back().second = i + 1;
-    }
-  } else {
-    unit_modules = std::move(given_units);
-    child_ranges.emplace_back(0, 0);
+// Children of a Sequential (each child with parameters starts a unit, children without join the
+// one before), or the units given.
+std::vector<ShardedDataParallel::UnitModules> ShardedDataParallel::find_units(
+    std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> given_units) {
+  std::vector<UnitModules> units;
+  if (!given_units.empty()) {
+    for (auto& modules : given_units) units.push_back({std::move(modules)});
+    return units;
   }
+  sequential_ = true;
+  const auto children = module_->children();
+  for (size_t i = 0; i < children.size(); ++i) {
+    int64_t open = 0;  // parameters of the unit being filled
+    if (!units.empty())
+      for (const auto& m : units.back().modules) open += parameter_count(*m);
+    const bool starts = units.empty() || (parameter_count(*children[i]) > 0 && open > 0 &&
+                                          open >= options_.min_unit_parameters);
+    if (starts) units.push_back({{}, i, i});
+    units.back().modules.push_back(children[i]);
+    units.back().end_child = i + 1;
+  }
+  return units;
+}
 
-  std::unordered_map<const c10::TensorImpl*, std::string> name_of;
-  for (const auto& p : module_->named_parameters(true))
-    name_of[p.value().unsafeGetTensorImpl()] = p.key();
+// Makes units_ from the modules: each unit's parameters in registration order, padded to a
+// multiple of N. Refuses (into `refusal`) what cannot be sharded; returns the names, shapes and
+// units that ranks compare.
+std::string ShardedDataParallel::lay_out_units(const std::vector<UnitModules>& unit_modules,
+                                               std::string& refusal) {
+  const UnitPolicy policy = unit_policy(options_);
+  const int n = group_->size();
+  const auto name_of = parameter_names(*module_);
   std::unordered_set<const c10::TensorImpl*> seen;
-  std::string description;  // names, shapes and units, compared across ranks
+  std::string description;
   for (size_t u = 0; u < unit_modules.size(); ++u) {
     auto unit = std::make_unique<Unit>();
-    unit->first_child = child_ranges[u].first;
-    unit->end_child = child_ranges[u].second;
-    for (const auto& m : unit_modules[u])
+    unit->first_child = unit_modules[u].first_child;
+    unit->end_child = unit_modules[u].end_child;
+    unit->policy = policy;
+    for (const auto& m : unit_modules[u].modules)
       for (const auto& p : m->parameters(true)) {
-        const std::string name = name_of.count(p.unsafeGetTensorImpl())
-                                     ? name_of[p.unsafeGetTensorImpl()]
-                                     : std::string("<unnamed>");
+        const auto named = name_of.find(p.unsafeGetTensorImpl());
+        const std::string name = named != name_of.end() ? named->second : std::string("<unnamed>");
         if (!seen.insert(p.unsafeGetTensorImpl()).second) {
           refusal = fmt::format(
               "parameter '{}' is used by two units (tied weights); put the "
@@ -174,23 +244,8 @@ ShardedDataParallel::ShardedDataParallel(
               name);
           continue;
         }
-        if (p.scalar_type() != at::kFloat || !p.device().is_cpu())
-          refusal = fmt::format(
-              "parameter '{}' is {} on {}; ShardedDataParallel keeps fp32 "
-              "CPU parameters (communication_dtype sets what goes on the wire)",
-              name, describe_dtype(p.scalar_type()), p.device().str());
-        if (!p.requires_grad())
-          refusal = fmt::format(
-              "parameter '{}' does not require grad; frozen parameters are not "
-              "sharded: keep them out of the model given to "
-              "ShardedDataParallel",
-              name);
-        unit->names.push_back(name);
-        unit->params.push_back(p);
-        unit->shapes.push_back(p.sizes().vec());
-        unit->offsets.push_back(unit->numel);
-        unit->numels.push_back(p.numel());
-        unit->numel += p.numel();
+        if (std::string reason = refusal_of_parameter(p, name); !reason.empty()) refusal = reason;
+        unit->append(name, p);
         description += fmt::format("{}:{}:{};", name, p.sizes().vec(), u);
       }
     unit->padded = (unit->numel + n - 1) / n * n;
@@ -199,10 +254,14 @@ ShardedDataParallel::ShardedDataParallel(
   }
   if (std::all_of(units_.begin(), units_.end(), [](const auto& u) { return u->params.empty(); }))
     refusal = "the model has no parameters";
-  for (const auto& b : module_->named_buffers(true))
-    description += fmt::format("{}:{};", b.key(), b.value().sizes().vec());
+  return description;
+}
 
-  // Agree: a fingerprint of the model and whether this rank refuses.
+// Collective: a fingerprint of the model and whether this rank refuses, from every rank; throws
+// on every rank if any rank refuses or has another model.
+void ShardedDataParallel::agree_on_model(const std::string& description,
+                                         const std::string& refusal) const {
+  const int rank = group_->rank(), n = group_->size();
   std::vector<int64_t> mine = {static_cast<int64_t>(std::hash<std::string>{}(description)),
                                refusal.empty() ? 0 : 1};
   std::vector<int64_t> all(2 * static_cast<size_t>(n));
@@ -226,36 +285,54 @@ ShardedDataParallel::ShardedDataParallel(
         "(parameter names, shapes, buffers or units differ); every rank must build the same "
         "model with the same options",
         rank, fmt::join(differ, ", ")));
+}
 
-  broadcast_parameters(*module_, *group_, 0, options_.timeout);
-
-  // Flatten: each parameter becomes a view of its unit's buffer; the rank keeps its shard.
+// Rank 0's parameters (already broadcast) into the unit's flat buffer, this rank's shard out of
+// it, the hooks that reduce its gradients; then the unit as its policy keeps it between steps.
+void ShardedDataParallel::shard_unit(size_t u) {
   c10::NoGradGuard no_grad;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    Unit& unit = *units_[u];
-    unit.full = at::zeros({unit.padded}, at::kFloat);
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      at::Tensor view = unit.full.narrow(0, unit.offsets[i], unit.numels[i]).view(unit.shapes[i]);
-      view.copy_(unit.params[i]);
-      unit.params[i].set_data(view);
-    }
-    unit.whole = unit.current = true;
-    unit.shard = unit.full.narrow(0, rank * unit.shard_numel, unit.shard_numel).clone();
-    unit.shard.set_requires_grad(true);
-    unit.ready.assign(unit.params.size(), 0);
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      auto acc = torch::autograd::impl::grad_accumulator(unit.params[i]);
-      auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, u, i](const torch::autograd::variable_list& outputs,
-                       const torch::autograd::variable_list&) {
-            on_gradient(u, i);
-            return outputs;
-          }));
-      unit.accumulators.push_back(std::move(acc));
-      unit.hook_keys.push_back(key);
-    }
-    if (options_.stage == 1) ensure_gradients(u);
-    if (options_.stage == 3) release(u);
+  flatten_parameters(u);
+  take_shard(u);
+  register_gradient_hooks(u);
+  const UnitPolicy& policy = units_[u]->policy;
+  if (!policy.shard_gradients) ensure_gradients(u);  // the whole gradient lives between steps
+  if (policy.reshard_parameters) release(u);
+}
+
+// Each parameter becomes a view of the unit's buffer, so that the buffer's storage can be
+// released and given memory again under the parameters.
+void ShardedDataParallel::flatten_parameters(size_t u) {
+  Unit& unit = *units_[u];
+  unit.full = at::zeros({unit.padded}, at::kFloat);
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    at::Tensor view = unit.full.narrow(0, unit.offsets[i], unit.numels[i]).view(unit.shapes[i]);
+    view.copy_(unit.params[i]);
+    unit.params[i].set_data(view);
+  }
+  unit.whole = unit.current = true;
+}
+
+void ShardedDataParallel::take_shard(size_t u) {
+  Unit& unit = *units_[u];
+  unit.shard = unit.full.narrow(0, group_->rank() * unit.shard_numel, unit.shard_numel).clone();
+  unit.shard.set_requires_grad(true);
+}
+
+// A hook on each parameter's gradient accumulator, held from now while the parameter has its
+// real shape (see the top of this file).
+void ShardedDataParallel::register_gradient_hooks(size_t u) {
+  Unit& unit = *units_[u];
+  unit.ready.assign(unit.params.size(), 0);
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(unit.params[i]);
+    auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, u, i](const torch::autograd::variable_list& outputs,
+                     const torch::autograd::variable_list&) {
+          on_gradient(u, i);
+          return outputs;
+        }));
+    unit.accumulators.push_back(std::move(acc));
+    unit.hook_keys.push_back(key);
   }
 }
 
@@ -354,7 +431,7 @@ void ShardedDataParallel::gather_parameters() {
 
 void ShardedDataParallel::shards_changed() {
   for (size_t u = 0; u < units_.size(); ++u) {
-    if (options_.stage == 3) release(u);
+    if (units_[u]->policy.reshard_parameters) release(u);
     units_[u]->current = false;
   }
 }
@@ -378,8 +455,9 @@ std::map<std::string, at::Tensor> ShardedDataParallel::full_parameters() {
 // Forward
 
 void ShardedDataParallel::begin_forward() {
-  if (options_.stage == 3)  // e.g. the last unit of a forward that had no backward
-    for (size_t u = 0; u < units_.size(); ++u) release(u);
+  // A resharded unit may still be whole: the last unit of a forward that had no backward.
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u]->policy.reshard_parameters) release(u);
   if (armed_ && !backward_started_) armed_ = false;  // the last forward had no backward
   if (backward_started_) {
     // A backward that threw (a failed collective) never finished: start over cleanly.
@@ -412,7 +490,7 @@ void ShardedDataParallel::begin_module_forward() {
 
 void ShardedDataParallel::gather_for_forward(size_t u) {
   start_gather(u);
-  if (options_.prefetch && u + 1 < units_.size()) start_gather(u + 1);
+  if (units_[u]->policy.prefetch && u + 1 < units_.size()) start_gather(u + 1);
   finish_gather(u);
 }
 
@@ -421,7 +499,7 @@ void ShardedDataParallel::after_unit_forward(size_t u, const at::Tensor& output,
   if (grad && output.defined() && output.requires_grad())
     output.register_hook([this, u](const at::Tensor&) { before_unit_backward(u); });
   // The last unit's backward comes right after its forward: keep it rather than gather it again.
-  if (options_.stage == 3 && !(grad && last)) release(u);
+  if (units_[u]->policy.reshard_parameters && !(grad && last)) release(u);
 }
 
 at::Tensor ShardedDataParallel::forward(const at::Tensor& input) {
@@ -453,7 +531,7 @@ void ShardedDataParallel::end_forward(const std::vector<at::Tensor>& outputs) {
   for (const auto& out : outputs)
     if (grad && out.defined() && out.requires_grad())
       out.register_hook([this](const at::Tensor&) { before_unit_backward(0); });
-  if (options_.stage == 3 && !grad) release(0);
+  if (units_[0]->policy.reshard_parameters && !grad) release(0);
   armed_ = grad && sync_;
 }
 
@@ -489,9 +567,10 @@ void ShardedDataParallel::ensure_gradients(size_t u) {
 
 void ShardedDataParallel::before_unit_backward(size_t u) {
   queue_finish();
-  if (options_.stage == 3) {
+  const UnitPolicy& policy = units_[u]->policy;
+  if (policy.reshard_parameters) {
     start_gather(u);
-    if (options_.prefetch && u > 0) start_gather(u - 1);
+    if (policy.prefetch && u > 0) start_gather(u - 1);
     finish_gather(u);
   }
   ensure_gradients(u);
@@ -513,7 +592,7 @@ void ShardedDataParallel::on_gradient(size_t u, size_t i) {
   }
   if (unit.ready_count < unit.params.size()) return;
   unit.complete = true;
-  if (options_.stage == 3) release(u);  // its backward is done: every gradient accumulated
+  if (unit.policy.reshard_parameters) release(u);  // its backward is done: gradients accumulated
   if (armed_) launch_ready_reductions();
 }
 
@@ -553,7 +632,7 @@ void ShardedDataParallel::launch_reduction(size_t u) {
   }
   unit.reduce_out = at::empty({unit.shard_numel}, unit.reduce_in.options());
   unit.reduce_work = group_->reduce_scatter(view_of(unit.reduce_out), view_of(unit.reduce_in), o);
-  if (options_.stage >= 2) {  // the whole gradient is this rank's no more
+  if (unit.policy.shard_gradients) {  // the whole gradient is this rank's no more
     for (auto& p : unit.params) p.mutable_grad().reset();
     unit.grad_full = at::Tensor();
   }
@@ -575,8 +654,8 @@ void ShardedDataParallel::complete_reduction(size_t u) {
     grad = reduced;
   unit.reduce_work = nullptr;
   unit.reduce_in = unit.reduce_out = at::Tensor();
-  if (options_.stage == 1) unit.grad_full.zero_();  // consumed; the parameters' views stay
-  if (options_.stage < 3) unit.current = false;     // the step changes the shards
+  if (!unit.policy.shard_gradients) unit.grad_full.zero_();   // consumed; the views stay
+  if (!unit.policy.reshard_parameters) unit.current = false;  // the step changes the shards
 }
 
 void ShardedDataParallel::finish_backward() {
@@ -594,7 +673,7 @@ void ShardedDataParallel::finish_backward() {
   }
   for (size_t u = units_.size(); u-- > 0;) {
     Unit& unit = *units_[u];
-    if (options_.stage == 3) release(u);
+    if (unit.policy.reshard_parameters) release(u);
     std::fill(unit.ready.begin(), unit.ready.end(), 0);
     unit.ready_count = 0;
     unit.complete = false;
@@ -602,7 +681,8 @@ void ShardedDataParallel::finish_backward() {
 }
 
 void ShardedDataParallel::reduce_gradients() {
-  if (options_.stage == 3)
+  if (std::any_of(units_.begin(), units_.end(),
+                  [](const auto& unit) { return unit->policy.reshard_parameters; }))
     throw InvalidArgumentError(fmt::format(
         "rank {}: ShardedDataParallel: reduce_gradients() serves runners that call the module "
         "themselves, which need its parameters whole: use stage 1 or 2 (stage 3 gathers them in "

@@ -1,7 +1,7 @@
 // ShardedDataParallel over real processes: every stage against DDP and against one process on
 // the whole batch, with SGD, momentum, Adam and AdamW; clipping; no_sync; 16-bit communication;
-// a module as one unit; the model-state memory a counting allocator sees; refusals; a killed
-// rank.
+// a module as one unit; what each stage's unit policy keeps after backward; the model-state
+// memory a counting allocator sees; refusals; a killed rank.
 #include "dtrain/torch/sharded_data_parallel.h"
 
 #include <gtest/gtest.h>
@@ -18,6 +18,7 @@
 #include "support/expect.h"
 #include "support/multiproc.h"
 #include "torch/torch_test_support.h"
+#include "torch/unit_policy.h"
 
 namespace dtrain {
 namespace {
@@ -267,6 +268,47 @@ TEST(ShardedDataParallel, UnitsFollowTheSequentialsChildren) {
     RANK_CHECK(grouped.units().size() == 2, "{} units with min_unit_parameters 300",
                grouped.units().size());
   }, 60s);
+  expect_all_ok(results);
+}
+
+// The stage is read once as each unit's policy. After a backward, stage 1 keeps the module's
+// whole gradients (zeroed once reduced), stage 2 only the shards' gradients, and stage 3 neither
+// whole gradients nor whole parameters.
+TEST(ShardedDataParallel, EachStageKeepsWhatItsUnitPolicySays) {
+  const UnitPolicy one = unit_policy({.stage = 1});
+  const UnitPolicy two = unit_policy({.stage = 2});
+  const UnitPolicy three = unit_policy({.stage = 3, .prefetch = false});
+  EXPECT_FALSE(one.shard_gradients);
+  EXPECT_FALSE(one.reshard_parameters);
+  EXPECT_TRUE(one.prefetch);
+  EXPECT_TRUE(two.shard_gradients);
+  EXPECT_FALSE(two.reshard_parameters);
+  EXPECT_TRUE(three.shard_gradients);
+  EXPECT_TRUE(three.reshard_parameters);
+  EXPECT_FALSE(three.prefetch);
+
+  const int port = testing::free_port();
+  auto results = run_ranks(2, [&](int rank) {
+    at::set_num_threads(1);
+    auto pg = make_group(rank, 2, port);
+    for (int stage : {1, 2, 3}) {
+      const UnitPolicy policy = unit_policy({.stage = stage});
+      auto model = make_seq();
+      ShardedDataParallel sdp(model, pg, {.stage = stage});
+      auto local = testing::shard(testing::global_batch(0, 8), rank, 2);
+      loss_of(sdp.forward(local.x), local.y).backward();
+      for (const auto& p : model->named_parameters()) {
+        const bool whole_gradient = p.value().grad().defined();
+        RANK_CHECK(whole_gradient == !policy.shard_gradients, "stage {}: '{}' has {} gradient",
+                   stage, p.key(), whole_gradient ? "a whole" : "no");
+        RANK_CHECK((p.value().numel() == 0) == policy.reshard_parameters,
+                   "stage {}: '{}' has {} elements after backward", stage, p.key(),
+                   p.value().numel());
+      }
+      for (const auto& shard : sdp.parameters())
+        RANK_CHECK(shard.grad().defined(), "stage {}: a shard has no gradient", stage);
+    }
+  }, 120s);
   expect_all_ok(results);
 }
 

@@ -167,9 +167,19 @@ class ShardedDataParallel {
 
  private:
   struct Unit;
+  struct UnitModules;
   ShardedDataParallel(std::shared_ptr<torch::nn::Module> module,
                       std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> units,
                       std::shared_ptr<ProcessGroup> group, ShardingOptions options);
+  // The constructor's steps, in the order it takes them.
+  std::vector<UnitModules> find_units(
+      std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> given_units);
+  std::string lay_out_units(const std::vector<UnitModules>& unit_modules, std::string& refusal);
+  void agree_on_model(const std::string& description, const std::string& refusal) const;
+  void shard_unit(size_t unit);
+  void flatten_parameters(size_t unit);
+  void take_shard(size_t unit);
+  void register_gradient_hooks(size_t unit);
   void begin_forward();
   void begin_module_forward();
   void gather_for_forward(size_t unit);
