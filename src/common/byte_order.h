@@ -49,7 +49,7 @@ template <std::integral T>
 class Le {
  public:
   constexpr Le() = default;
-  Le(T value) { store_le(bytes_, value); }  // NOLINT(google-explicit-constructor): a T
+  Le(T value) { store_le(bytes_, value); }           // NOLINT(google-explicit-constructor): a T
   operator T() const { return load_le<T>(bytes_); }  // NOLINT(google-explicit-constructor)
   T get() const { return *this; }
 

@@ -10,9 +10,9 @@
 #include <torch/nn/module.h>
 
 #include "dtrain/error.h"
+#include "dtrain/timeline.h"
 #include "dtrain/torch/broadcast.h"
 #include "dtrain/torch/tensor_view.h"
-#include "dtrain/timeline.h"
 #include "torch/reducer.h"
 
 namespace dtrain {

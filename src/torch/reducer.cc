@@ -19,8 +19,8 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "dtrain/error.h"
-#include "dtrain/torch/tensor_view.h"
 #include "dtrain/timeline.h"
+#include "dtrain/torch/tensor_view.h"
 
 namespace dtrain {
 

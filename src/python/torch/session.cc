@@ -8,8 +8,8 @@
 #include <fmt/ranges.h>
 
 #include "dtrain/error.h"
-#include "dtrain/torch/tensor_view.h"
 #include "dtrain/timeline.h"
+#include "dtrain/torch/tensor_view.h"
 #include "horovod/rows.h"
 
 namespace dtrain::python {
