@@ -14,12 +14,14 @@ from typing_extensions import NotRequired
 _Duration = timedelta | float
 _Named = Sequence[tuple[str, Tensor]]
 
+# A default written `...` is the C++ options struct's, which the binding reads from it.
+
 torch_built_for: str
 
 # --- the backend (module.cc) ----------------------------------------------------------------
 
 def create_backend(store: Store, rank: int, size: int, timeout: _Duration,
-                   name: str = "world") -> Backend: ...
+                   name: str | None = None) -> Backend: ...
 def is_dtrain_backend(backend: Backend) -> bool: ...
 def _quiesce() -> None: ...
 
@@ -113,6 +115,20 @@ class CheckpointStats(TypedDict):
     write_ms: float
     bytes: int
 
+class CheckpointOptions:
+    """dtrain::CheckpointOptions as C++ default-constructs it: the defaults of
+    dtrain.torch.CheckpointManager's keywords."""
+
+    def __init__(self) -> None: ...
+    @property
+    def keep(self) -> int: ...
+    @property
+    def writer_rank(self) -> int: ...
+    @property
+    def async_write(self) -> bool: ...
+    @property
+    def write_timeout(self) -> timedelta: ...
+
 class CheckpointManager:
     def __init__(self, dir: str, keep: int, writer_rank: int, async_write: bool,
                  write_timeout: _Duration, group: Backend | None) -> None: ...
@@ -132,6 +148,18 @@ def commit_manager(group: Backend | None) -> CheckpointManager | None: ...
 def resume_newest(sources: Sequence[tuple[CheckpointManager, str]], group: Backend | None,
                   parameters: _Named, buffers: _Named, optimizer_type: str,
                   param_groups: list[dict[str, Any]]) -> Resumed | None: ...
+
+class DistributedSamplerOptions:
+    """dtrain::DistributedSamplerOptions as C++ default-constructs it: the defaults of
+    dtrain.torch.DistributedSampler's keywords."""
+
+    def __init__(self) -> None: ...
+    @property
+    def shuffle(self) -> bool: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def drop_last(self) -> bool: ...
 
 class DistributedSampler:
     def __init__(self, dataset_size: int, num_replicas: int, rank: int, shuffle: bool,

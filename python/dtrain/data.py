@@ -55,6 +55,8 @@ __all__ = ["ShardedDataset"]
 Sample = bytes | dict[str, bytes | str]
 _T = TypeVar("_T")
 _Shards = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+# The keyword defaults of ShardedDataset: C++'s (dtrain::data::ShardedDatasetOptions).
+_DEFAULTS = _core.ShardedDatasetOptions()
 
 
 def _default_rank_and_size() -> tuple[int, int]:
@@ -94,23 +96,31 @@ class ShardedDataset(_Base, Generic[_T]):
 
     @overload
     def __init__(self: ShardedDataset[Sample], shards: _Shards, rank: int | None = None,
-                 world_size: int | None = None, seed: int = 0, shuffle: bool = True,
-                 shuffle_window: int = 8192, drop_last: bool = False, readers: int = 2,
-                 prefetch_records: int = 256, prefetch_bytes: int = 64 << 20,
-                 on_bad_record: str = "fail", decode: None = None,
+                 world_size: int | None = None, seed: int = _DEFAULTS.seed,
+                 shuffle: bool = _DEFAULTS.shuffle, shuffle_window: int = _DEFAULTS.shuffle_window,
+                 drop_last: bool = _DEFAULTS.drop_last, readers: int = _DEFAULTS.readers,
+                 prefetch_records: int = _DEFAULTS.prefetch_records,
+                 prefetch_bytes: int = _DEFAULTS.prefetch_bytes,
+                 on_bad_record: str = _DEFAULTS.on_bad_record, decode: None = None,
                  timeout: float | None = None) -> None: ...
 
     @overload
     def __init__(self, shards: _Shards, rank: int | None = None, world_size: int | None = None,
-                 seed: int = 0, shuffle: bool = True, shuffle_window: int = 8192,
-                 drop_last: bool = False, readers: int = 2, prefetch_records: int = 256,
-                 prefetch_bytes: int = 64 << 20, on_bad_record: str = "fail",
+                 seed: int = _DEFAULTS.seed, shuffle: bool = _DEFAULTS.shuffle,
+                 shuffle_window: int = _DEFAULTS.shuffle_window,
+                 drop_last: bool = _DEFAULTS.drop_last, readers: int = _DEFAULTS.readers,
+                 prefetch_records: int = _DEFAULTS.prefetch_records,
+                 prefetch_bytes: int = _DEFAULTS.prefetch_bytes,
+                 on_bad_record: str = _DEFAULTS.on_bad_record,
                  decode: Callable[[Sample], _T] = ..., timeout: float | None = None) -> None: ...
 
     def __init__(self, shards: _Shards, rank: int | None = None, world_size: int | None = None,
-                 seed: int = 0, shuffle: bool = True, shuffle_window: int = 8192,
-                 drop_last: bool = False, readers: int = 2, prefetch_records: int = 256,
-                 prefetch_bytes: int = 64 << 20, on_bad_record: str = "fail",
+                 seed: int = _DEFAULTS.seed, shuffle: bool = _DEFAULTS.shuffle,
+                 shuffle_window: int = _DEFAULTS.shuffle_window,
+                 drop_last: bool = _DEFAULTS.drop_last, readers: int = _DEFAULTS.readers,
+                 prefetch_records: int = _DEFAULTS.prefetch_records,
+                 prefetch_bytes: int = _DEFAULTS.prefetch_bytes,
+                 on_bad_record: str = _DEFAULTS.on_bad_record,
                  decode: Callable[[Sample], _T] | None = None,
                  timeout: float | None = None) -> None:
         if isinstance(shards, (str, os.PathLike)):

@@ -35,8 +35,13 @@ if TYPE_CHECKING:
 __all__ = ["schedule", "schedules", "verify", "balance", "balance_by_parameters"]
 
 
-def schedule(name: str, ranks: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
-    """The verified schedule: a dict with 'actions' ([(op, stage, microbatch), ...] per rank)."""
+def schedule(name: str, ranks: int, microbatches: int,
+             virtual_stages: int | None = None) -> Schedule:
+    """The verified schedule: a dict with 'actions' ([(op, stage, microbatch), ...] per rank).
+    virtual_stages (stages per rank, for the interleaved schedules) defaults to the C++
+    ScheduleOptions' (include/dtrain/pipeline/schedule.h)."""
+    if virtual_stages is None:
+        return _core.pipeline_schedule(name, ranks, microbatches)
     return _core.pipeline_schedule(name, ranks, microbatches, virtual_stages)
 
 

@@ -34,8 +34,10 @@ Handle = _core.PsHandle
 # A NumPy array (anything with the buffer protocol), or a contiguous CPU tensor.
 Array = Union["Buffer", "torch.Tensor"]
 
-_OPTIMIZER_DEFAULTS = dict(lr=0.01, momentum=0.9, beta1=0.9, beta2=0.999, eps=1e-8,
-                           weight_decay=0.0, initial_accumulator=0.0)
+# The keyword defaults of create_dense and create_sparse: C++'s (dtrain::ps::TableOptions,
+# SparseTableOptions).
+_DENSE = _core.PsTableOptions()
+_SPARSE = _core.PsSparseTableOptions()
 
 
 def _array(x: Array, name: str) -> Buffer:
@@ -48,12 +50,14 @@ def _array(x: Array, name: str) -> Buffer:
     return cast("Buffer", x)
 
 
-def _optimizer(kwargs: dict[str, float]) -> dict[str, float]:
-    unknown = set(kwargs) - set(_OPTIMIZER_DEFAULTS)
+def _optimizer(kwargs: dict[str, float], table: _core.PsTableOptions) -> dict[str, float]:
+    """The optimizer options given, the others at the table's defaults."""
+    defaults = table.optimizer_options
+    unknown = set(kwargs) - set(defaults)
     if unknown:
         raise TypeError(f"unknown optimizer options {sorted(unknown)}; known: "
-                        f"{sorted(_OPTIMIZER_DEFAULTS)}")
-    return {**_OPTIMIZER_DEFAULTS, **kwargs}
+                        f"{sorted(defaults)}")
+    return {**defaults, **kwargs}
 
 
 class Client:
@@ -71,8 +75,8 @@ class Client:
     def num_servers(self) -> int:
         return self._client.num_servers
 
-    def create_dense(self, name: str, init: Array, optimizer: str = "sgd",
-                     consistency: str = "sync", staleness: int = 0,
+    def create_dense(self, name: str, init: Array, optimizer: str = _DENSE.optimizer,
+                     consistency: str = _DENSE.consistency, staleness: int = _DENSE.staleness,
                      **optimizer_options: float) -> None:
         """Creates (or attaches to) a dense float32 table initialised from `init`; every worker
         creates the same tables in the same order. optimizer: sgd, momentum, adam, adagrad or
@@ -80,18 +84,22 @@ class Client:
         eps, weight_decay, initial_accumulator."""
         self._client.create_dense(name, _array(init, "create_dense"), optimizer,
                                   consistency=consistency, staleness=staleness,
-                                  **_optimizer(optimizer_options))
+                                  **_optimizer(optimizer_options, _DENSE))
 
-    def create_sparse(self, name: str, width: int, init: str = "zeros", a: float = 0.0,
-                      b: float = 0.0, seed: int = 0, optimizer: str = "sgd",
-                      consistency: str = "sync", staleness: int = 0, evict_after_s: int = 0,
+    def create_sparse(self, name: str, width: int, init: str = _SPARSE.init,
+                      a: float = _SPARSE.a, b: float = _SPARSE.b, seed: int = _SPARSE.seed,
+                      optimizer: str = _SPARSE.table.optimizer,
+                      consistency: str = _SPARSE.table.consistency,
+                      staleness: int = _SPARSE.table.staleness,
+                      evict_after_s: int = _SPARSE.evict_after_s,
                       **optimizer_options: float) -> None:
         """Creates a sparse table of rows of `width` float32, each created on first touch:
         init "zeros", "uniform" (between a and b) or "normal" (mean a, deviation b), derived
         from the row's id and `seed`."""
         self._client.create_sparse(name, width, init, a, b, seed, optimizer,
                                    consistency=consistency, staleness=staleness,
-                                   evict_after_s=evict_after_s, **_optimizer(optimizer_options))
+                                   evict_after_s=evict_after_s,
+                                   **_optimizer(optimizer_options, _SPARSE.table))
 
     def push(self, name: str, grad: Array) -> Handle:
         return self._client.push(name, _array(grad, "push"))

@@ -26,7 +26,7 @@ inline void bind_progress(pybind11::module_& m) {
       .def(py::init([](int rank, std::chrono::milliseconds interval) {
              return new ProgressReporter(rank, ProgressOptions{.interval = interval});
            }),
-           py::arg("rank"), py::arg("interval") = std::chrono::milliseconds(500))
+           py::arg("rank"), py::arg("interval") = ProgressOptions{}.interval)
       .def("step", &ProgressReporter::step, py::arg("step"), py::arg("samples"),
            "Step `step` ended now, having trained `samples` samples on this rank.")
       .def_property_readonly("active", &ProgressReporter::active,

@@ -8,12 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "common/env.h"
 #include "dtrain/error.h"
 #include "support/group.h"
 #include "support/expect.h"
@@ -190,6 +192,20 @@ TEST(Coordinator, JoinedRanksContributeZerosUntilTheLastJoins) {
     for (float v : after) RANK_CHECK(v == 3.0f, "after join: {} != 3", v);
   }, 60s);
   expect_all_ok(results);
+}
+
+// The Python sessions take the coordinator's settings from DTRAIN_CYCLE_TIME_MS,
+// DTRAIN_FUSION_THRESHOLD and DTRAIN_STALL_TIMEOUT, so unset they must mean the coordinator's own
+// defaults.
+TEST(Coordinator, DefaultsAreThoseOfTheEnvironmentTable) {
+  const CoordinatorOptions o{};
+  using Milliseconds = std::chrono::duration<double, std::milli>;
+  EXPECT_DOUBLE_EQ(Milliseconds(o.cycle_time).count(),
+                   std::stod(std::string(env::kCycleTimeMs.default_value)));
+  EXPECT_EQ(o.fusion_threshold_bytes,
+            static_cast<size_t>(std::stoull(std::string(env::kFusionThreshold.default_value))));
+  EXPECT_DOUBLE_EQ(std::chrono::duration<double>(o.stall_timeout).count(),
+                   std::stod(std::string(env::kStallTimeout.default_value)));
 }
 
 }  // namespace

@@ -33,10 +33,20 @@
 
 namespace dtrain {
 
+// The constructor's optional arguments (PyTorch's defaults), named so that the Python binding
+// offers the same defaults.
+struct DistributedSamplerOptions {
+  bool shuffle = true;
+  uint64_t seed = 0;
+  bool drop_last = false;
+};
+
 class DistributedSampler : public torch::data::samplers::Sampler<std::vector<size_t>> {
  public:
-  DistributedSampler(size_t dataset_size, int num_replicas, int rank, bool shuffle = true,
-                     uint64_t seed = 0, bool drop_last = false);
+  DistributedSampler(size_t dataset_size, int num_replicas, int rank,
+                     bool shuffle = DistributedSamplerOptions{}.shuffle,
+                     uint64_t seed = DistributedSamplerOptions{}.seed,
+                     bool drop_last = DistributedSamplerOptions{}.drop_last);
 
   // Chooses the epoch's permutation (seed + epoch) and deals out its samples from position
   // `consumed` on (0 = the whole epoch): those not yet trained by the job when `consumed`

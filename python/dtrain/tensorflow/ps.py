@@ -54,9 +54,14 @@ class Embedding(keras.layers.Layer):
     (lr, and optimizer_options: momentum, beta1, beta2, eps, weight_decay,
     initial_accumulator)."""
 
+    # The rows start as Keras' own Embedding starts them (uniform in [-0.05, 0.05]), not at C++'s
+    # zeros; the rest is C++'s default (dtrain.ps).
     def __init__(self, table: str, width: int, init: str = "uniform", a: float = -0.05,
-                 b: float = 0.05, seed: int = 0, optimizer: str = "sgd",
-                 consistency: str = "sync", staleness: int = 0, lr: float = 0.01,
+                 b: float = 0.05, seed: int = _ps._SPARSE.seed,
+                 optimizer: str = _ps._SPARSE.table.optimizer,
+                 consistency: str = _ps._SPARSE.table.consistency,
+                 staleness: int = _ps._SPARSE.table.staleness,
+                 lr: float = _ps._SPARSE.table.optimizer_options["lr"],
                  optimizer_options: dict[str, float] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.table, self.width = table, width
@@ -119,9 +124,11 @@ class ServerOptimizer(keras.optimizers.Optimizer):
     weight_decay); each step pushes the gradients and pulls the new values."""
     built: bool  # Keras' attribute
 
-    def __init__(self, optimizer: str = "sgd", consistency: str = "sync", staleness: int = 0,
+    def __init__(self, optimizer: str = _ps._DENSE.optimizer,
+                 consistency: str = _ps._DENSE.consistency, staleness: int = _ps._DENSE.staleness,
                  name: str = "ServerOptimizer", **options: float) -> None:
-        super().__init__(learning_rate=options.get("lr", 0.01), name=name)
+        super().__init__(learning_rate=options.get("lr", _ps._DENSE.optimizer_options["lr"]),
+                         name=name)
         self.kind, self.consistency, self.staleness = optimizer, consistency, staleness
         self.options = options
         self._tables: dict[int, str] = {}

@@ -61,8 +61,8 @@ def _create(options: _DistributedBackendOptions, backend_options: object = None)
         timeout = timedelta(seconds=float(timeout))
     own = timeout not in _TORCH_DEFAULT_TIMEOUTS
     group_id = str(options.group_id)
+    name: str | None = None  # the world: named as C++ names it
     if group_id in ("", "0"):
-        name = "world"
         _world_timeout = timeout if own else timedelta(0)
     else:  # errors then say "collective #3 of group 1[0,2]": torch's group name, global ranks
         name = f"{group_id}[{','.join(map(str, options.global_ranks_in_group))}]"

@@ -40,6 +40,10 @@ if TYPE_CHECKING:
     from dtrain._torch import CheckpointStats, LoadedCheckpoint
 
 _Named = list[tuple[str, torch.Tensor]]
+# The keyword defaults of CheckpointManager and DistributedSampler: C++'s
+# (dtrain::CheckpointOptions, dtrain::DistributedSamplerOptions).
+_CHECKPOINT = _torch.CheckpointOptions()
+_SAMPLER = _torch.DistributedSamplerOptions()
 
 __all__ = ["CheckpointManager", "Checkpoint", "DistributedSampler"]
 
@@ -121,8 +125,10 @@ class CheckpointManager:
     'dtrain' (default: the default group if torch.distributed is initialized, else a single
     process)."""
 
-    def __init__(self, dir: str | os.PathLike[str], keep: int = 3, writer_rank: int = 0,
-                 async_write: bool = True, write_timeout: float = 600.0,
+    def __init__(self, dir: str | os.PathLike[str], keep: int = _CHECKPOINT.keep,
+                 writer_rank: int = _CHECKPOINT.writer_rank,
+                 async_write: bool = _CHECKPOINT.async_write,
+                 write_timeout: float = _CHECKPOINT.write_timeout.total_seconds(),
                  group: dist.ProcessGroup | None = None) -> None:
         self._manager = _torch.CheckpointManager(str(dir), int(keep), int(writer_rank),
                                                  bool(async_write),
@@ -174,8 +180,8 @@ class DistributedSampler(torch.utils.data.Sampler[int]):
     num_replicas and rank default to torch.distributed's world."""
 
     def __init__(self, dataset_size: int | Sized, num_replicas: int | None = None,
-                 rank: int | None = None, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False) -> None:
+                 rank: int | None = None, shuffle: bool = _SAMPLER.shuffle,
+                 seed: int = _SAMPLER.seed, drop_last: bool = _SAMPLER.drop_last) -> None:
         if not isinstance(dataset_size, int):
             dataset_size = len(dataset_size)
         if num_replicas is None:

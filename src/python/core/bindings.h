@@ -6,6 +6,7 @@
 namespace dtrain::python {
 
 void bind_errors(pybind11::module_& m);
+void bind_environment(pybind11::module_& m);
 void bind_process_group(pybind11::module_& m);
 void bind_ps(pybind11::module_& m);
 void bind_data(pybind11::module_& m);

@@ -1,6 +1,7 @@
 // dtrain._core's ShardedDataset (python/dtrain/data.py wraps it): dtrain::data::ShardedDataset,
 // whose records reach Python as bytes. next() releases the GIL and comes back every 100 ms for
-// Ctrl-C; the reader threads never touch Python.
+// Ctrl-C; the reader threads never touch Python. ShardedDatasetOptions is the C++ struct as it
+// is default-constructed: data.py's keyword defaults are read from it, so they are C++'s.
 #include <fmt/format.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
@@ -16,6 +17,27 @@ namespace dtrain::python {
 namespace {
 
 using data::ShardedDataset;
+
+// on_bad_record's names, both ways.
+struct OnBadRecordName {
+  const char* name;
+  data::OnBadRecord value;
+};
+constexpr OnBadRecordName kOnBadRecordNames[] = {{"fail", data::OnBadRecord::kFail},
+                                                 {"skip", data::OnBadRecord::kSkip}};
+
+data::OnBadRecord parse_on_bad_record(const std::string& name) {
+  for (const auto& n : kOnBadRecordNames)
+    if (name == n.name) return n.value;
+  throw InvalidArgumentError(
+      fmt::format("ShardedDataset: on_bad_record='{}': use 'fail' or 'skip'", name));
+}
+
+const char* name_of(data::OnBadRecord value) {
+  for (const auto& n : kOnBadRecordNames)
+    if (n.value == value) return n.name;
+  return "unknown";
+}
 
 // (bytes, shard, index, id, key, parts), or None at the end of the epoch; parts is a list of
 // (name, offset, size) for tar samples, empty for TFRecord records.
@@ -40,12 +62,28 @@ py::object next_record(ShardedDataset& dataset) {
 }  // namespace
 
 void bind_data(py::module_& m) {
+  using Options = data::ShardedDatasetOptions;
+  // Read-only: only the defaults are of use to Python (the constructor below takes every value).
+  py::class_<Options>(m, "ShardedDatasetOptions",
+                      "dtrain::data::ShardedDatasetOptions as C++ default-constructs it: the\n"
+                      "defaults of dtrain.data.ShardedDataset's keywords.")
+      .def(py::init<>())
+      .def_readonly("seed", &Options::seed)
+      .def_readonly("shuffle", &Options::shuffle)
+      .def_readonly("shuffle_window", &Options::shuffle_window)
+      .def_readonly("drop_last", &Options::drop_last)
+      .def_readonly("readers", &Options::readers)
+      .def_readonly("prefetch_records", &Options::prefetch_records)
+      .def_readonly("prefetch_bytes", &Options::prefetch_bytes)
+      .def_property_readonly("on_bad_record",
+                             [](const Options& o) { return name_of(o.on_bad_record); });
+
   py::class_<ShardedDataset>(m, "ShardedDataset")
       .def(py::init([](std::vector<std::string> shards, int rank, int world_size, uint64_t seed,
                        bool shuffle, uint64_t shuffle_window, bool drop_last, int readers,
                        size_t prefetch_records, size_t prefetch_bytes, const std::string& on_bad,
                        std::optional<double> timeout) {
-             data::ShardedDatasetOptions o;
+             Options o;
              o.rank = rank;
              o.world_size = world_size;
              o.seed = seed;
@@ -55,13 +93,7 @@ void bind_data(py::module_& m) {
              o.readers = readers;
              o.prefetch_records = prefetch_records;
              o.prefetch_bytes = prefetch_bytes;
-             if (on_bad == "fail")
-               o.on_bad_record = data::OnBadRecord::kFail;
-             else if (on_bad == "skip")
-               o.on_bad_record = data::OnBadRecord::kSkip;
-             else
-               throw InvalidArgumentError(
-                   fmt::format("ShardedDataset: on_bad_record='{}': use 'fail' or 'skip'", on_bad));
+             o.on_bad_record = parse_on_bad_record(on_bad);
              if (timeout) {
                if (!(*timeout > 0) || *timeout > 1e9)
                  throw InvalidArgumentError(fmt::format(

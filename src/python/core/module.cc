@@ -2,8 +2,11 @@
 // Errors arrive as exceptions of dtrain's own classes, which also derive from the built-in class
 // a Python programmer would catch: dtrain.InvalidArgumentError is a ValueError,
 // dtrain.TimeoutError a TimeoutError, and every one a dtrain.Error (a RuntimeError).
+#include <string>
+
 #include <pybind11/pybind11.h>
 
+#include "common/env.h"
 #include "dtrain/error.h"
 #include "python/core/bindings.h"
 #include "python/progress_binding.h"
@@ -59,6 +62,20 @@ void bind_errors(py::module_& m) {
   });
 }
 
+void bind_environment(py::module_& m) {
+  m.def(
+      "env_table",
+      [] {
+        py::list out;
+        for (const env::Var& v : env::all())
+          out.append(py::make_tuple(std::string(v.name), std::string(v.default_value),
+                                    std::string(v.help)));
+        return out;
+      },
+      "[(name, default, help)] of every environment variable dtrain reads, as `dtrain env`\n"
+      "lists them (default \"\": unset). The Python layer takes its variables' defaults from it.");
+}
+
 }  // namespace dtrain::python
 
 PYBIND11_MODULE(_core, m) {
@@ -66,6 +83,7 @@ PYBIND11_MODULE(_core, m) {
       "dtrain for Python without torch: process groups on NumPy arrays, the parameter server, "
       "sharded data, pipeline schedules";
   dtrain::python::bind_errors(m);
+  dtrain::python::bind_environment(m);
   dtrain::python::bind_process_group(m);
   dtrain::python::bind_ps(m);
   dtrain::python::bind_data(m);

@@ -1,6 +1,8 @@
 // dtrain._core's pipeline pieces for python/dtrain/pipeline.py: the schedules (as lists of
 // (op, stage, micro-batch) tuples per rank), the verifier, the cutting of a model into stages,
 // and ParallelLayout. Python runs pipelines with torch.distributed.pipelining (docs/pipeline.md).
+// Keyword defaults are those of the C++ options structs (ScheduleOptions, Costs,
+// ParallelLayoutOptions).
 #include <pybind11/stl.h>
 
 #include "dtrain/parallel_layout.h"
@@ -49,7 +51,8 @@ void bind_pipeline(py::module_& m) {
         check(s);
         return to_python(s);
       },
-      py::arg("name"), py::arg("ranks"), py::arg("microbatches"), py::arg("virtual_stages") = 1,
+      py::arg("name"), py::arg("ranks"), py::arg("microbatches"),
+      py::arg("virtual_stages") = ScheduleOptions{}.virtual_stages,
       "A verified schedule: {'name', 'ranks', 'virtual_stages', 'microbatches', 'split_backward',\n"
       "'actions': [[(op, stage, microbatch), ...] per rank], 'json'}.");
   m.def("pipeline_schedules", [] {
@@ -74,8 +77,9 @@ void bind_pipeline(py::module_& m) {
         d["chart"] = r.ok ? text_chart(s, r) : std::string();
         return d;
       },
-      py::arg("json"), py::arg("forward") = 1.0, py::arg("backward_input") = 1.0,
-      py::arg("backward_weight") = 1.0, py::arg("transfer") = 0.0,
+      py::arg("json"), py::arg("forward") = Costs{}.forward,
+      py::arg("backward_input") = Costs{}.backward_input,
+      py::arg("backward_weight") = Costs{}.backward_weight, py::arg("transfer") = Costs{}.transfer,
       "Runs a schedule (its JSON) offline: {'ok', 'error', 'bubble', 'makespan', 'busy',\n"
       "'peak_microbatches', 'chart'}.");
   m.def("pipeline_balance", &balance, py::arg("costs"), py::arg("parts"),
@@ -91,7 +95,8 @@ void bind_pipeline(py::module_& m) {
                  world, ParallelLayoutOptions{.pipeline_stages = pipeline_stages,
                                               .tensor_parallel = tensor_parallel});
            }),
-           py::arg("world"), py::arg("pipeline_stages") = 1, py::arg("tensor_parallel") = 1,
+           py::arg("world"), py::arg("pipeline_stages") = ParallelLayoutOptions{}.pipeline_stages,
+           py::arg("tensor_parallel") = ParallelLayoutOptions{}.tensor_parallel,
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("stage", &ParallelLayout::stage)
       .def_property_readonly("stages", &ParallelLayout::stages)

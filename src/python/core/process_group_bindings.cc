@@ -30,6 +30,10 @@ struct PyWork {
   std::vector<py::object> keep;
 };
 
+// A reduction's name as Python gives it ("sum"): the keyword defaults of the collectives are the
+// C++ options structs'.
+std::string op_name(ReduceOp op) { return std::string(to_string(op)); }
+
 std::string describe(const char* op, const TensorView& t, const ProcessGroup& g) {
   return fmt::format("{} of {} {} on group {} (rank {})", op, t.numel, to_string(t.dtype), g.name(),
                      g.rank());
@@ -87,7 +91,7 @@ void bind_process_group(py::module_& m) {
             run_interruptibly(g, describe("allreduce", t, *g), [&] { g->allreduce(t, o)->wait(); });
             return a;
           },
-          py::arg("array"), py::arg("op") = "sum",
+          py::arg("array"), py::arg("op") = op_name(AllreduceOptions{}.op),
           "In place: every rank ends with the reduction (op: sum, prod, min, max, avg, band, "
           "bor, bxor).")
       .def(
@@ -100,7 +104,8 @@ void bind_process_group(py::module_& m) {
             run_interruptibly(g, describe("broadcast", t, *g), [&] { g->broadcast(t, o)->wait(); });
             return a;
           },
-          py::arg("array"), py::arg("root") = 0, "In place: root's array on every rank.")
+          py::arg("array"), py::arg("root") = BroadcastOptions{}.root,
+          "In place: root's array on every rank.")
       .def(
           "reduce",
           [](const Group& g, const py::buffer& a, int root, const std::string& op) {
@@ -112,7 +117,8 @@ void bind_process_group(py::module_& m) {
             run_interruptibly(g, describe("reduce", t, *g), [&] { g->reduce(t, o)->wait(); });
             return a;
           },
-          py::arg("array"), py::arg("root") = 0, py::arg("op") = "sum",
+          py::arg("array"), py::arg("root") = ReduceOptions{}.root,
+          py::arg("op") = op_name(ReduceOptions{}.op),
           "In place at root; other ranks' arrays are left undefined.")
       .def(
           "allgather",
@@ -144,7 +150,7 @@ void bind_process_group(py::module_& m) {
                               [&] { g->reduce_scatter(o, in, opt)->wait(); });
             return out;
           },
-          py::arg("array"), py::arg("op") = "sum",
+          py::arg("array"), py::arg("op") = op_name(ReduceScatterOptions{}.op),
           "Block `rank` of the reduction of every rank's array (flat, size() blocks).")
       .def(
           "alltoall",
@@ -177,7 +183,7 @@ void bind_process_group(py::module_& m) {
             if (g->rank() == root) return out;
             return py::none();
           },
-          py::arg("array"), py::arg("root") = 0,
+          py::arg("array"), py::arg("root") = GatherOptions{}.root,
           "At root, every rank's array concatenated (flat); None elsewhere.")
       .def(
           "scatter",
@@ -198,7 +204,7 @@ void bind_process_group(py::module_& m) {
                               [&] { g->scatter(o, in, opt)->wait(); });
             return out;
           },
-          py::arg("out"), py::arg("array") = py::none(), py::arg("root") = 0,
+          py::arg("out"), py::arg("array") = py::none(), py::arg("root") = ScatterOptions{}.root,
           "Rank r's `out` gets block r of root's array (root passes it; others may pass None).")
       .def("barrier",
            [](const Group& g) {

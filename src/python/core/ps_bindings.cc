@@ -45,24 +45,51 @@ struct PsHandle {
   }
 };
 
+// The names Python gives the enums, both ways: a value's name is the first listed for it.
+template <typename E>
+struct Named {
+  const char* name;
+  E value;
+};
+constexpr Named<ps::OptimizerOptions::Kind> kOptimizers[] = {
+    {"sgd", ps::OptimizerOptions::Kind::kSgd},
+    {"momentum", ps::OptimizerOptions::Kind::kMomentum},
+    {"adam", ps::OptimizerOptions::Kind::kAdam},
+    {"adagrad", ps::OptimizerOptions::Kind::kAdagrad},
+    {"sum", ps::OptimizerOptions::Kind::kSum}};
+constexpr Named<ps::Consistency> kConsistencies[] = {{"sync", ps::Consistency::kSync},
+                                                     {"async", ps::Consistency::kAsync},
+                                                     {"bounded", ps::Consistency::kBounded},
+                                                     {"ssp", ps::Consistency::kBounded}};
+constexpr Named<ps::RowInit::Kind> kRowInits[] = {{"zeros", ps::RowInit::Kind::kZeros},
+                                                  {"uniform", ps::RowInit::Kind::kUniform},
+                                                  {"normal", ps::RowInit::Kind::kNormal}};
+
+// `what` and `choices` word the error: "ps: unknown optimizer 'x'; use sgd, ...".
+template <typename E, size_t N>
+E parse(const Named<E> (&names)[N], const std::string& text, const char* what,
+        const char* choices) {
+  for (const auto& n : names)
+    if (text == n.name) return n.value;
+  throw InvalidArgumentError(fmt::format("ps: unknown {} '{}'; use {}", what, text, choices));
+}
+
+template <typename E, size_t N>
+const char* name_of(const Named<E> (&names)[N], E value) {
+  for (const auto& n : names)
+    if (n.value == value) return n.name;
+  return "unknown";
+}
+
+// A float option as Python would write it (0.01, not 0.009999999776482582): its shortest
+// decimal form, which converts back to the same float.
+py::float_ to_python(float value) { return py::float_(py::str(fmt::format("{}", value))); }
+
 ps::OptimizerOptions optimizer(const std::string& kind, float lr, float momentum, float beta1,
                                float beta2, float eps, float weight_decay,
                                float initial_accumulator) {
   ps::OptimizerOptions o;
-  if (kind == "sgd") {
-    o.kind = ps::OptimizerOptions::Kind::kSgd;
-  } else if (kind == "momentum") {
-    o.kind = ps::OptimizerOptions::Kind::kMomentum;
-  } else if (kind == "adam") {
-    o.kind = ps::OptimizerOptions::Kind::kAdam;
-  } else if (kind == "adagrad") {
-    o.kind = ps::OptimizerOptions::Kind::kAdagrad;
-  } else if (kind == "sum") {
-    o.kind = ps::OptimizerOptions::Kind::kSum;
-  } else {
-    throw InvalidArgumentError(
-        fmt::format("ps: unknown optimizer '{}'; use sgd, momentum, adam, adagrad or sum", kind));
-  }
+  o.kind = parse(kOptimizers, kind, "optimizer", "sgd, momentum, adam, adagrad or sum");
   o.lr = lr;
   o.momentum = momentum;
   o.beta1 = beta1;
@@ -73,20 +100,24 @@ ps::OptimizerOptions optimizer(const std::string& kind, float lr, float momentum
   return o;
 }
 
+// The float options of an optimizer under the names create_dense and create_sparse take.
+py::dict optimizer_options(const ps::OptimizerOptions& o) {
+  py::dict d;
+  d["lr"] = to_python(o.lr);
+  d["momentum"] = to_python(o.momentum);
+  d["beta1"] = to_python(o.beta1);
+  d["beta2"] = to_python(o.beta2);
+  d["eps"] = to_python(o.eps);
+  d["weight_decay"] = to_python(o.weight_decay);
+  d["initial_accumulator"] = to_python(o.initial_accumulator);
+  return d;
+}
+
 ps::TableOptions table(const ps::OptimizerOptions& opt, const std::string& consistency,
                        uint32_t staleness) {
   ps::TableOptions t;
   t.optimizer = opt;
-  if (consistency == "sync") {
-    t.consistency = ps::Consistency::kSync;
-  } else if (consistency == "async") {
-    t.consistency = ps::Consistency::kAsync;
-  } else if (consistency == "bounded" || consistency == "ssp") {
-    t.consistency = ps::Consistency::kBounded;
-  } else {
-    throw InvalidArgumentError(
-        fmt::format("ps: unknown consistency '{}'; use sync, async or bounded", consistency));
-  }
+  t.consistency = parse(kConsistencies, consistency, "consistency", "sync, async or bounded");
   t.staleness = staleness;
   return t;
 }
@@ -107,6 +138,41 @@ std::span<const uint64_t> ids_of(const py::buffer& ids, py::buffer_info& info) {
 }  // namespace
 
 void bind_ps(py::module_& m) {
+  // Read-only: only the defaults are of use to Python (create_dense and create_sparse take every
+  // value).
+  py::class_<ps::TableOptions>(m, "PsTableOptions",
+                               "dtrain::ps::TableOptions as C++ default-constructs it: the\n"
+                               "defaults of dtrain.ps.Client.create_dense's keywords.")
+      .def(py::init<>())
+      .def_property_readonly(
+          "optimizer",
+          [](const ps::TableOptions& t) { return name_of(kOptimizers, t.optimizer.kind); })
+      .def_property_readonly(
+          "optimizer_options",
+          [](const ps::TableOptions& t) { return optimizer_options(t.optimizer); },
+          "{name: value} of the optimizer's options (lr, momentum, beta1, ...).")
+      .def_property_readonly(
+          "consistency",
+          [](const ps::TableOptions& t) { return name_of(kConsistencies, t.consistency); })
+      .def_readonly("staleness", &ps::TableOptions::staleness);
+  py::class_<ps::SparseTableOptions>(
+      m, "PsSparseTableOptions",
+      "dtrain::ps::SparseTableOptions as C++ default-constructs it: the defaults of\n"
+      "dtrain.ps.Client.create_sparse's keywords.")
+      .def(py::init<>())
+      .def_property_readonly(
+          "init", [](const ps::SparseTableOptions& o) { return name_of(kRowInits, o.init.kind); })
+      .def_property_readonly("a",
+                             [](const ps::SparseTableOptions& o) { return to_python(o.init.a); })
+      .def_property_readonly("b",
+                             [](const ps::SparseTableOptions& o) { return to_python(o.init.b); })
+      .def_property_readonly("seed", [](const ps::SparseTableOptions& o) { return o.init.seed; })
+      .def_property_readonly("evict_after_s",
+                             [](const ps::SparseTableOptions& o) {
+                               return static_cast<int64_t>(o.evict_after.count());
+                             })
+      .def_readonly("table", &ps::SparseTableOptions::table);
+
   py::class_<PsHandle, std::shared_ptr<PsHandle>>(m, "PsHandle",
                                                   "A parameter-server call in flight.")
       .def(
@@ -150,16 +216,7 @@ void bind_ps(py::module_& m) {
              const std::string& consistency, uint32_t staleness, int64_t evict_after_s) {
             ps::SparseTableOptions o;
             o.width = width;
-            if (init == "zeros") {
-              o.init.kind = ps::RowInit::Kind::kZeros;
-            } else if (init == "uniform") {
-              o.init.kind = ps::RowInit::Kind::kUniform;
-            } else if (init == "normal") {
-              o.init.kind = ps::RowInit::Kind::kNormal;
-            } else {
-              throw InvalidArgumentError(
-                  fmt::format("ps: unknown row init '{}'; use zeros, uniform or normal", init));
-            }
+            o.init.kind = parse(kRowInits, init, "row init", "zeros, uniform or normal");
             o.init.a = a;
             o.init.b = b;
             o.init.seed = seed;

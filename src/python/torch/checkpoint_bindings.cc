@@ -8,6 +8,8 @@
 // hyper-parameters and state copied in before a save and out after a load. So a checkpoint from
 // Python is the C++ format (model.safetensors under PyTorch's names, optimizer state, the
 // generator, a CRC-checked manifest, written atomically) and each side loads the other's.
+// CheckpointOptions and DistributedSamplerOptions are the C++ structs as they are default-
+// constructed: checkpoint.py's keyword defaults are read from them, so they are C++'s.
 #include <fmt/format.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
@@ -244,6 +246,24 @@ py::dict loaded_dict(const LoadedCheckpoint& c) {
 }  // namespace
 
 void bind_checkpoints(py::module_& m) {
+  // Read-only: only the defaults are of use to Python (the constructors below take every value).
+  py::class_<CheckpointOptions>(m, "CheckpointOptions",
+                                "dtrain::CheckpointOptions as C++ default-constructs it: the\n"
+                                "defaults of dtrain.torch.CheckpointManager's keywords.")
+      .def(py::init<>())
+      .def_readonly("keep", &CheckpointOptions::keep)
+      .def_readonly("writer_rank", &CheckpointOptions::writer_rank)
+      .def_readonly("async_write", &CheckpointOptions::async)
+      .def_readonly("write_timeout", &CheckpointOptions::write_timeout);
+  py::class_<DistributedSamplerOptions>(
+      m, "DistributedSamplerOptions",
+      "dtrain::DistributedSamplerOptions as C++ default-constructs it: the defaults of\n"
+      "dtrain.torch.DistributedSampler's keywords.")
+      .def(py::init<>())
+      .def_readonly("shuffle", &DistributedSamplerOptions::shuffle)
+      .def_readonly("seed", &DistributedSamplerOptions::seed)
+      .def_readonly("drop_last", &DistributedSamplerOptions::drop_last);
+
   py::class_<CheckpointManager>(
       m, "CheckpointManager", "dtrain's C++ CheckpointManager (python/dtrain/torch/checkpoint.py).")
       .def(py::init([](std::string dir, int keep, int writer_rank, bool async_write,

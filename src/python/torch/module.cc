@@ -5,6 +5,9 @@
 // rest through their virtual functions, releasing the GIL as they do for gloo. Every
 // blocking call of the Session releases the GIL; waits on the coordinator come back every slice
 // so that Python can deliver Ctrl-C between them.
+#include <optional>
+#include <string>
+
 #include <fmt/format.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
@@ -168,14 +171,15 @@ PYBIND11_MODULE(_torch, m) {
   m.def(
       "create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-         std::chrono::milliseconds timeout, std::string name) -> c10::intrusive_ptr<c10d::Backend> {
+         std::chrono::milliseconds timeout,
+         std::optional<std::string> name) -> c10::intrusive_ptr<c10d::Backend> {
         C10dBackend::GroupOptions o;
-        o.name = std::move(name);
+        if (name) o.name = std::move(*name);  // else GroupOptions' own: the world's name
         o.timeout = timeout;
         return c10::make_intrusive<C10dBackend>(store, rank, size, o);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-      py::arg("name") = "world",
+      py::arg("name") = py::none(),
       // Connecting waits for every member: other Python threads run meanwhile.
       py::call_guard<py::gil_scoped_release>(),
       "A dtrain group as a torch c10d Backend. Made by init_process_group(backend='dtrain') and\n"

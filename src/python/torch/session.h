@@ -27,10 +27,12 @@
 
 namespace dtrain::python {
 
+// What the Python layer reads from DTRAIN_CYCLE_TIME_MS, DTRAIN_FUSION_THRESHOLD and
+// DTRAIN_STALL_TIMEOUT; by default the coordinator's own defaults.
 struct SessionOptions {
-  std::chrono::microseconds cycle_time{1000};        // DTRAIN_CYCLE_TIME_MS
-  size_t fusion_threshold_bytes = size_t{64} << 20;  // DTRAIN_FUSION_THRESHOLD
-  std::chrono::milliseconds stall_timeout{60000};    // DTRAIN_STALL_TIMEOUT
+  std::chrono::microseconds cycle_time = CoordinatorOptions{}.cycle_time;
+  size_t fusion_threshold_bytes = CoordinatorOptions{}.fusion_threshold_bytes;
+  std::chrono::milliseconds stall_timeout = CoordinatorOptions{}.stall_timeout;
 };
 
 // An all-reduce submitted to the coordinator: its tensor stays alive with it, and the scaling
