@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -352,6 +353,46 @@ TEST(MultiHost, BenchAlgoAllTimesWhatTheClusterCanRun) {
     EXPECT_EQ(log.find("dtrain-hierarchical(us)") != std::string::npos, np == 4) << log;
     EXPECT_EQ(log.find("dtrain-direct"), std::string::npos) << "no rank reads another host's memory\n" << log;
   }
+}
+
+// `dtrain predict` against a measurement. Two hosts whose link is shaped to 200 Mbit/s, so that
+// the link, not this machine's two cores, sets the time; the links calibrated there as a user
+// would (`dtrain bench --calibrate`). The data-parallel step of a model of 1M parameters, with
+// its 4 MiB of gradients in one bucket and a ring all-reduce, must spend in communication what
+// the all-reduce of 4 MiB measured on the same hosts takes, within 25% either way.
+TEST(MultiHost, PredictedCommunicationMatchesTheMeasuredAllReduce) {
+  Hosts hosts(2, "--profile rate=200mbit,delay=100us");
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  const std::string out = ::testing::TempDir() + "/predict_" + hosts.name;
+  const std::string dtrain = std::string(DTRAIN_BIN_DIR) + "/dtrain";
+  const std::string calibrate = dtrain + " bench allreduce --np 2 --netns " + hosts.name +
+                                " --sizes 4K --iters 5 --warmup 2 --calibrate " + out +
+                                ".links.json > " + out + ".calibrate.log 2>&1";
+  ASSERT_EQ(std::system(calibrate.c_str()), 0) << slurp(out + ".calibrate.log");
+  const std::string measure = dtrain + " bench allreduce --np 2 --netns " + hosts.name +
+                              " --sizes 4M --iters 5 --warmup 1 --algo ring --json " + out +
+                              ".jsonl > " + out + ".measure.log 2>&1";
+  ASSERT_EQ(std::system(measure.c_str()), 0) << slurp(out + ".measure.log");
+  const std::string predict = dtrain + " predict --params 1048576 --compute-ms 1 --per-host 1 " +
+                              "--ranks 2 --layouts ddp-ring --network " + out + ".links.json --csv " +
+                              out + ".csv > " + out + ".predict.log 2>&1";
+  ASSERT_EQ(std::system(predict.c_str()), 0) << slurp(out + ".predict.log");
+
+  std::smatch m;
+  const std::string json = slurp(out + ".jsonl");
+  ASSERT_TRUE(std::regex_search(json, m, std::regex("\"time_us\":([0-9.eE+-]+)"))) << json;
+  const double measured_ms = std::stod(m[1]) / 1e3;
+  const std::string csv = slurp(out + ".csv");  // ranks,layout,step_ms,comm_ms,exposed_ms,...
+  ASSERT_TRUE(std::regex_search(csv, m, std::regex("\n2,ddp-ring,[0-9.eE+-]+,([0-9.eE+-]+),")))
+      << csv;
+  const double predicted_ms = std::stod(m[1]);
+  const std::string both = "measured " + std::to_string(measured_ms) + " ms, predicted " +
+                           std::to_string(predicted_ms) + " ms\n" + slurp(out + ".links.json") +
+                           "\n" + csv;
+  // The link alone moves 4 MiB in 168 ms: a measurement far below that did not cross it.
+  EXPECT_GT(measured_ms, 120.0) << both;
+  EXPECT_GT(measured_ms / predicted_ms, 0.8) << both;
+  EXPECT_LT(measured_ms / predicted_ms, 1.25) << both;
 }
 
 }  // namespace
