@@ -2,14 +2,13 @@
 
 #include <sys/resource.h>
 
-#include <thread>
-
 #include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -21,11 +20,16 @@ struct CollectiveName {
   std::string_view name;
 };
 constexpr CollectiveName kCollectives[] = {
-    {Collective::kAllreduce, "allreduce"}, {Collective::kBroadcast, "broadcast"},
-    {Collective::kReduce, "reduce"},       {Collective::kAllgather, "allgather"},
-    {Collective::kGather, "gather"},       {Collective::kScatter, "scatter"},
-    {Collective::kReduceScatter, "reducescatter"}, {Collective::kAlltoall, "alltoall"},
-    {Collective::kBarrier, "barrier"},     {Collective::kSendRecv, "sendrecv"},
+    {Collective::kAllreduce, "allreduce"},
+    {Collective::kBroadcast, "broadcast"},
+    {Collective::kReduce, "reduce"},
+    {Collective::kAllgather, "allgather"},
+    {Collective::kGather, "gather"},
+    {Collective::kScatter, "scatter"},
+    {Collective::kReduceScatter, "reducescatter"},
+    {Collective::kAlltoall, "alltoall"},
+    {Collective::kBarrier, "barrier"},
+    {Collective::kSendRecv, "sendrecv"},
 };
 
 std::string join_names() {
@@ -47,10 +51,18 @@ double reduce_all(Op op, int nranks, size_t index) {
   for (int r = 1; r < nranks; ++r) {
     double v = input_value(op, r, index);
     switch (op) {
-      case Op::kSum: acc += v; break;
-      case Op::kProd: acc *= v; break;
-      case Op::kMin: acc = std::min(acc, v); break;
-      case Op::kMax: acc = std::max(acc, v); break;
+      case Op::kSum:
+        acc += v;
+        break;
+      case Op::kProd:
+        acc *= v;
+        break;
+      case Op::kMin:
+        acc = std::min(acc, v);
+        break;
+      case Op::kMax:
+        acc = std::max(acc, v);
+        break;
     }
   }
   return acc;
@@ -63,16 +75,23 @@ uint64_t count_wrong_typed(Collective c, Op op, int rank, int nranks, const Layo
   auto expect = [&](size_t k) -> double {
     switch (c) {
       case Collective::kAllreduce:
-      case Collective::kReduce: return reduce_all(op, nranks, k);
-      case Collective::kBroadcast: return input_value(op, 0, k);
+      case Collective::kReduce:
+        return reduce_all(op, nranks, k);
+      case Collective::kBroadcast:
+        return input_value(op, 0, k);
       case Collective::kAllgather:
-      case Collective::kGather: return input_value(op, static_cast<int>(k / l.block), k % l.block);
-      case Collective::kScatter: return input_value(op, 0, rank * l.block + k);
-      case Collective::kReduceScatter: return reduce_all(op, nranks, rank * l.block + k);
+      case Collective::kGather:
+        return input_value(op, static_cast<int>(k / l.block), k % l.block);
+      case Collective::kScatter:
+        return input_value(op, 0, rank * l.block + k);
+      case Collective::kReduceScatter:
+        return reduce_all(op, nranks, rank * l.block + k);
       case Collective::kAlltoall:
         return input_value(op, static_cast<int>(k / l.block), rank * l.block + k % l.block);
-      case Collective::kSendRecv: return input_value(op, (rank + nranks - 1) % nranks, k);
-      case Collective::kBarrier: return 0;
+      case Collective::kSendRecv:
+        return input_value(op, (rank + nranks - 1) % nranks, k);
+      case Collective::kBarrier:
+        return 0;
     }
     return 0;
   };
@@ -83,13 +102,20 @@ uint64_t count_wrong_typed(Collective c, Op op, int rank, int nranks, const Layo
     case Collective::kAllreduce:
     case Collective::kReduce:
     case Collective::kBroadcast:
-    case Collective::kSendRecv: n = l.in_count; break;
+    case Collective::kSendRecv:
+      n = l.in_count;
+      break;
     case Collective::kAllgather:
     case Collective::kGather:
-    case Collective::kAlltoall: n = l.out_count; break;
+    case Collective::kAlltoall:
+      n = l.out_count;
+      break;
     case Collective::kScatter:
-    case Collective::kReduceScatter: n = l.block; break;
-    case Collective::kBarrier: break;
+    case Collective::kReduceScatter:
+      n = l.block;
+      break;
+    case Collective::kBarrier:
+      break;
   }
   uint64_t wrong = 0;
   for (size_t k = 0; k < n; ++k)
@@ -104,10 +130,23 @@ size_t parse_one_size(std::string_view s) {
   size_t mult = 1;
   if (!t.empty()) {
     switch (t.back()) {
-      case 'K': case 'k': mult = size_t{1} << 10; t.pop_back(); break;
-      case 'M': case 'm': mult = size_t{1} << 20; t.pop_back(); break;
-      case 'G': case 'g': mult = size_t{1} << 30; t.pop_back(); break;
-      default: break;
+      case 'K':
+      case 'k':
+        mult = size_t{1} << 10;
+        t.pop_back();
+        break;
+      case 'M':
+      case 'm':
+        mult = size_t{1} << 20;
+        t.pop_back();
+        break;
+      case 'G':
+      case 'g':
+        mult = size_t{1} << 30;
+        t.pop_back();
+        break;
+      default:
+        break;
     }
   }
   if (t.empty() || !std::all_of(t.begin(), t.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
@@ -132,19 +171,27 @@ std::string_view to_string(Collective c) {
 }
 std::string_view to_string(ElemType t) {
   switch (t) {
-    case ElemType::kF32: return "f32";
-    case ElemType::kF64: return "f64";
-    case ElemType::kI32: return "i32";
-    case ElemType::kI64: return "i64";
+    case ElemType::kF32:
+      return "f32";
+    case ElemType::kF64:
+      return "f64";
+    case ElemType::kI32:
+      return "i32";
+    case ElemType::kI64:
+      return "i64";
   }
   return "?";
 }
 std::string_view to_string(Op op) {
   switch (op) {
-    case Op::kSum: return "sum";
-    case Op::kProd: return "prod";
-    case Op::kMin: return "min";
-    case Op::kMax: return "max";
+    case Op::kSum:
+      return "sum";
+    case Op::kProd:
+      return "prod";
+    case Op::kMin:
+      return "min";
+    case Op::kMax:
+      return "max";
   }
   return "?";
 }
@@ -186,16 +233,17 @@ const std::vector<Collective>& all_collectives() {
 }
 
 bool is_reduction(Collective c) {
-  return c == Collective::kAllreduce || c == Collective::kReduce ||
-         c == Collective::kReduceScatter;
+  return c == Collective::kAllreduce || c == Collective::kReduce || c == Collective::kReduceScatter;
 }
 
 size_t elem_size(ElemType t) {
   switch (t) {
     case ElemType::kF32:
-    case ElemType::kI32: return 4;
+    case ElemType::kI32:
+      return 4;
     case ElemType::kF64:
-    case ElemType::kI64: return 8;
+    case ElemType::kI64:
+      return 8;
   }
   return 1;
 }
@@ -205,7 +253,8 @@ std::vector<size_t> parse_sizes(std::string_view text) {
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t comma = text.find(',', pos);
-    std::string_view item = text.substr(pos, comma == std::string_view::npos ? text.npos : comma - pos);
+    std::string_view item =
+        text.substr(pos, comma == std::string_view::npos ? text.npos : comma - pos);
     if (!item.empty()) {
       size_t colon = item.find(':');
       if (colon == std::string_view::npos) {
@@ -242,7 +291,8 @@ Layout layout_for(Collective c, size_t requested_bytes, int nranks, ElemType t) 
   Layout l;
   size_t count = requested_bytes / es;
   switch (c) {
-    case Collective::kBarrier: return l;
+    case Collective::kBarrier:
+      return l;
     case Collective::kAllreduce:
     case Collective::kBroadcast:
     case Collective::kReduce:
@@ -276,16 +326,20 @@ Layout layout_for(Collective c, size_t requested_bytes, int nranks, ElemType t) 
 double busbw_factor(Collective c, int nranks) {
   const double n = nranks;
   switch (c) {
-    case Collective::kAllreduce: return 2.0 * (n - 1) / n;
+    case Collective::kAllreduce:
+      return 2.0 * (n - 1) / n;
     case Collective::kReduceScatter:
     case Collective::kAllgather:
     case Collective::kAlltoall:
     case Collective::kGather:
-    case Collective::kScatter: return (n - 1) / n;
+    case Collective::kScatter:
+      return (n - 1) / n;
     case Collective::kBroadcast:
     case Collective::kReduce:
-    case Collective::kSendRecv: return 1.0;
-    case Collective::kBarrier: return 0.0;
+    case Collective::kSendRecv:
+      return 1.0;
+    case Collective::kBarrier:
+      return 0.0;
   }
   return 0.0;
 }
@@ -297,10 +351,18 @@ double input_value(Op op, int rank, size_t index) {
 
 void fill_input(ElemType t, Op op, int rank, void* data, size_t count) {
   switch (t) {
-    case ElemType::kF32: fill_typed(op, rank, static_cast<float*>(data), count); break;
-    case ElemType::kF64: fill_typed(op, rank, static_cast<double*>(data), count); break;
-    case ElemType::kI32: fill_typed(op, rank, static_cast<int32_t*>(data), count); break;
-    case ElemType::kI64: fill_typed(op, rank, static_cast<int64_t*>(data), count); break;
+    case ElemType::kF32:
+      fill_typed(op, rank, static_cast<float*>(data), count);
+      break;
+    case ElemType::kF64:
+      fill_typed(op, rank, static_cast<double*>(data), count);
+      break;
+    case ElemType::kI32:
+      fill_typed(op, rank, static_cast<int32_t*>(data), count);
+      break;
+    case ElemType::kI64:
+      fill_typed(op, rank, static_cast<int64_t*>(data), count);
+      break;
   }
 }
 
@@ -453,6 +515,7 @@ std::string to_json_line(const Result& r) {
   j["algo"] = r.algo;
   if (r.wait_cpu_us >= 0) j["wait_cpu_us"] = r.wait_cpu_us;
   if (r.round > 0) j["round"] = r.round;
+  if (r.bound_fraction >= 0) j["bound_fraction"] = r.bound_fraction;
   return j.dump();
 }
 
@@ -477,6 +540,7 @@ Result parse_json_line(std::string_view line) {
     r.algo = j.value("algo", std::string());
     r.wait_cpu_us = j.value("wait_cpu_us", -1.0);
     r.round = j.value("round", 0);
+    r.bound_fraction = j.value("bound_fraction", -1.0);
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument("malformed benchmark result line (" + std::string(e.what()) +
                                 "): " + std::string(line));
@@ -523,14 +587,16 @@ PeerConfig parse_peer_args(const std::vector<std::string>& args) {
   c.sizes = {4096};
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& key = args[i];
-    if (i + 1 >= args.size()) throw std::invalid_argument("missing value after " + key + "; " + kUsage);
+    if (i + 1 >= args.size())
+      throw std::invalid_argument("missing value after " + key + "; " + kUsage);
     const std::string& value = args[++i];
     if (key == "--coll") {
       c.collectives.clear();
       size_t pos = 0;
       while (pos <= value.size()) {
         size_t comma = value.find(',', pos);
-        std::string item = value.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        std::string item =
+            value.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
         if (!item.empty()) c.collectives.push_back(parse_collective(item));
         if (comma == std::string::npos) break;
         pos = comma + 1;
@@ -559,7 +625,8 @@ PeerConfig parse_peer_args(const std::vector<std::string>& args) {
     }
   }
   if (!have_coll) throw std::invalid_argument("no --coll given; " + kUsage);
-  if (c.iters < 1 || c.warmup < 0) throw std::invalid_argument("--iters must be >= 1, --warmup >= 0");
+  if (c.iters < 1 || c.warmup < 0)
+    throw std::invalid_argument("--iters must be >= 1, --warmup >= 0");
   return c;
 }
 

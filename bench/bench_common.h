@@ -114,9 +114,9 @@ struct Hooks {
 };
 
 struct Measurement {
-  std::vector<double> seconds;  // per timed iteration: the slowest rank's time
+  std::vector<double> seconds;           // per timed iteration: the slowest rank's time
   std::vector<double> wait_cpu_seconds;  // per timed iteration: mean CPU of the waiting ranks
-  uint64_t wrong = 0;           // summed over ranks (0 when unchecked)
+  uint64_t wrong = 0;                    // summed over ranks (0 when unchecked)
   bool checked = false;
 };
 
@@ -153,6 +153,9 @@ struct Result {
   std::string algo;
   double wait_cpu_us = -1;  // median CPU per op of the ranks waiting on a straggler; -1 = none
   int round = 0;            // which of `dtrain bench --rounds R` (1..R); 0 = a run of one round
+  // `dtrain bench --bound`: the time the machine's own limits allow this algorithm
+  // (machine_bound.h) over the time measured; -1 = not asked.
+  double bound_fraction = -1;
 };
 Result make_result(std::string impl, Collective c, int nranks, const Layout& layout, ElemType t,
                    Op op, const Measurement& m, std::string algo);
@@ -169,8 +172,8 @@ struct PeerConfig {
   int iters = 20;
   int warmup = 5;
   bool check = true;
-  double timeout_s = 60;  // limit of each operation, where the implementation has one
-  std::string algo;       // peer-specific algorithm filter; "" = all / the default
+  double timeout_s = 60;   // limit of each operation, where the implementation has one
+  std::string algo;        // peer-specific algorithm filter; "" = all / the default
   double straggle_ms = 0;  // the last rank sleeps this long in every timed op (see Hooks)
 };
 std::vector<std::string> to_peer_args(const PeerConfig& config);

@@ -3,6 +3,9 @@
 // others and is named, and the result lines the ranks print never reach the user as text.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
+#include <regex>
 #include <string>
 
 #include "command.h"
@@ -57,6 +60,36 @@ TEST(BenchDriver, ResultLinesAreTakenAndTheTableShowsThem) {
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   EXPECT_EQ(r.output.find("{\"impl\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("# allreduce  np 2"), std::string::npos) << r.output;
+}
+
+// --bound: the machine's limits are measured and said first, and every dtrain row gets its
+// fraction of them, in the table and in the JSON lines: above 0, and not far above 1 (the bound
+// is what the machine's memory and sockets allow: a measurement beats it only by what the
+// model's formula leaves out).
+TEST(BenchDriver, TheBoundIsMeasuredAndEachRowShowsItsFractionOfIt) {
+  CommandOptions o;
+  o.timeout = 120s;
+  const std::string json = ::testing::TempDir() + "/bench_bound.jsonl";
+  const CommandResult r =
+      run_command({kDtrain, "bench", "allreduce", "--np", "2", "--sizes", "8,1M", "--iters", "20",
+                   "--warmup", "2", "--bound", "--json", json},
+                  o);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  EXPECT_NE(r.output.find("this machine allows: memcpy"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" bound"), std::string::npos) << r.output;
+  std::smatch m;
+  std::ifstream in(json);
+  const std::string lines((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  int rows = 0;
+  for (auto it = lines.cbegin();
+       std::regex_search(it, lines.cend(), m, std::regex("\"bound_fraction\":([0-9.eE+-]+)"));
+       it = m.suffix().first) {
+    const double f = std::stod(m[1]);
+    EXPECT_GT(f, 0.0) << lines;
+    EXPECT_LT(f, 3.0) << lines;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 2) << lines;
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "bench/bench_common.h"
+#include "bench/machine_bound.h"
 #include "comm/algorithms/algorithm.h"
 #include "common/socket.h"
 #include "dtrain/error.h"
@@ -168,6 +169,7 @@ std::vector<std::string> rank_argv(const BenchArgs& a, const Plan& p) {
   }
   if (!a.calibrate.empty()) argv.insert(argv.end(), {"--calibrate", a.calibrate});
   if (a.model) argv.push_back("--model");
+  if (!a.machine_bound.empty()) argv.insert(argv.end(), {"--machine-bound", a.machine_bound});
   return argv;
 }
 
@@ -258,6 +260,23 @@ std::vector<std::string> all_algorithms(const BenchArgs& a, const Plan& p) {
   return names;
 }
 
+// --bound: what this machine allows, measured before any rank starts (they would share its cores
+// and memory), said on stderr, and handed to dtrain's ranks as JSON.
+std::string measure_bound(const BenchArgs& a) {
+  if (!a.netns.empty())
+    throw InvalidArgumentError(
+        "dtrain bench: --bound measures this machine's memory and loopback, while --netns's "
+        "ranks talk over shaped links: run them apart");
+  const bench::MachineBound b = bench::measure_machine_bound();
+  std::fprintf(stderr,
+               "dtrain bench: this machine allows: memcpy %.2f GB/s (one thread), %.2f GB/s (%d "
+               "at once), %.2f GB/s within a core's cache; a loopback TCP stream %.2f GB/s; a "
+               "socket's round trip %.1f us; a cache line's round trip %.0f ns\n",
+               b.memcpy_gbs, b.memcpy_all_gbs, b.copiers, b.memcpy_cached_gbs, b.tcp_stream_gbs,
+               b.socket_round_trip_us, b.cache_line_round_trip_ns);
+  return bench::to_json(b);
+}
+
 }  // namespace
 
 int run_driver(const BenchArgs& a) {
@@ -284,6 +303,8 @@ int run_driver(const BenchArgs& a) {
   // Before any thread (the store servers'): it takes SIGINT, SIGTERM and SIGCHLD for itself,
   // and ignores SIGPIPE from a child's closed pipe.
   launch::Supervisor supervisor;
+  BenchArgs args = a;
+  if (a.bound) args.machine_bound = measure_bound(a);
 
   std::vector<Result> results;
   std::vector<std::string> failures;
@@ -306,7 +327,7 @@ int run_driver(const BenchArgs& a) {
       return o;
     };
     for (size_t i = 0; i < backends.size(); ++i) {
-      BenchArgs one = a;
+      BenchArgs one = args;
       one.backend = backends[i];
       if (one.algo == "all") one.algo.clear();  // the model's choice, then each below
       Outcome o = run_dtrain(supervisor, one, p);
@@ -318,7 +339,7 @@ int run_driver(const BenchArgs& a) {
       collect(numbered(std::move(o)));
     }
     for (const std::string& name : algorithms) {
-      BenchArgs one = a;
+      BenchArgs one = args;
       one.algo = name;
       Outcome o = run_dtrain(supervisor, one, p);
       for (auto& r : o.results) r.impl = "dtrain-" + name;

@@ -32,12 +32,14 @@ struct BenchArgs {
   double straggle_ms = 0;
   std::string backend;  // "" = DTRAIN_BACKEND (native by default)
   std::string algo;
-  double timeout_s = 60;    // per operation, every implementation
-  double deadline_s = 600;  // per implementation run, enforced by the driver
-  bool jsonl = false;       // rank 0 prints result lines instead of the table (driver's children)
-  std::string calibrate;    // measure the links first and write them here (docs/scaling.md)
-  std::string netns;        // run every implementation on this emulated cluster (netns-hosts.sh)
-  bool model = false;       // rank 0 prints the cost model's time beside each measured one
+  double timeout_s = 60;      // per operation, every implementation
+  double deadline_s = 600;    // per implementation run, enforced by the driver
+  bool jsonl = false;         // rank 0 prints result lines instead of the table (driver's children)
+  std::string calibrate;      // measure the links first and write them here (docs/scaling.md)
+  std::string netns;          // run every implementation on this emulated cluster (netns-hosts.sh)
+  bool model = false;         // rank 0 prints the cost model's time beside each measured one
+  bool bound = false;         // measure the machine's limits first; each row's fraction of them
+  std::string machine_bound;  // the driver's measurement (machine_bound.h JSON), for its ranks
 };
 
 // What the arguments mean once parsed and checked.

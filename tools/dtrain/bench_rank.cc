@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,10 +18,12 @@
 #include <fmt/format.h>
 
 #include "bench/bench_common.h"
+#include "bench/machine_bound.h"
 #include "comm/cost_model.h"
 #include "comm/native_process_group.h"
 #include "common/durable.h"
 #include "dtrain/error.h"
+#include "dtrain/identity.h"
 #include "dtrain/process_group.h"
 #include "tools/dtrain/bench_report.h"
 
@@ -200,6 +204,47 @@ void calibrate(ProcessGroup& pg, comm::NativeProcessGroup& native, const std::st
               comm::CostModel::to_json(k, "").c_str());
 }
 
+// --bound: the time the machine's own limits allow `algo` at `bytes` on this group: the cost
+// model's formula for it (its messages, copies and reductions) at the machine's rates instead of
+// the calibrated ones, and nothing for the call itself. A message through shared memory is a
+// cache line crossing once; a message over TCP half a socket's round trip, then the loopback
+// stream. A copy or a reduction streams at this rank's share of what the CPUs copy: from their
+// own caches while the group's working set stays in the last level (the cost model's rule for
+// when the rings spill, cost_model.cc), through memory beyond it.
+double bound_seconds(const bench::MachineBound& b, const comm::NativeProcessGroup& g,
+                     const std::string& algo, comm::CollectiveKind kind, size_t bytes) {
+  comm::CostConstants k = g.cost_model().constants();
+  const int n = g.size();
+  const bool cached = 4.0 * n * static_cast<double>(bytes) < k.cache_bytes;
+  const double copy =
+      (cached ? b.memcpy_cached_gbs * std::min(1.0, static_cast<double>(b.copiers) / n)
+              : std::min(b.memcpy_gbs, b.memcpy_all_gbs / n)) *
+      1e9;
+  k.alpha_local = b.cache_line_round_trip_ns * 0.5e-9;
+  k.beta_local = 1.0 / copy;
+  k.gamma = 1.0 / copy;
+  k.alpha = b.socket_round_trip_us * 0.5e-6;
+  k.beta = 1.0 / (b.tcp_stream_gbs * 1e9);
+  k.alpha_rack = k.beta_rack = 0;
+  k.beta_machine = k.beta_machine_shm = 0;
+  k.call = 0;
+  return comm::CostModel(k).cost(algo, kind, bytes, n, g.topology());
+}
+
+// The machine's bound for this run: the driver's, or (under `dtrain run`) rank 0's own,
+// measured before the group exists so that no other rank shares the machine meanwhile.
+std::optional<bench::MachineBound> machine_bound(const BenchArgs& a) {
+  if (!a.machine_bound.empty()) {
+    try {
+      return bench::parse_machine_bound(a.machine_bound);
+    } catch (const std::invalid_argument& e) {
+      throw InvalidArgumentError(fmt::format("dtrain bench --machine-bound: {}", e.what()));
+    }
+  }
+  if (!a.bound || resolve_identity().rank != 0) return std::nullopt;
+  return bench::measure_machine_bound();
+}
+
 }  // namespace
 
 int run_rank(const BenchArgs& a) {
@@ -213,6 +258,7 @@ int run_rank(const BenchArgs& a) {
   init.group.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1000));
   init.group.backend = a.backend;
   init.group.transport = a.transport;
+  const auto bound = machine_bound(a);
   auto pg = init_process_group(init);
   auto* native = dynamic_cast<comm::NativeProcessGroup*>(pg.get());
   if (!a.calibrate.empty()) {
@@ -228,6 +274,9 @@ int run_rank(const BenchArgs& a) {
     for (size_t bytes : sizes) {
       Result r = run_native_size(*pg, a, p, c, bytes);
       if (pg->rank() != 0) continue;
+      if (bound && native && kind_of(c) && r.time_us > 0)
+        r.bound_fraction =
+            bound_seconds(*bound, *native, r.algo, *kind_of(c), bytes) * 1e6 / r.time_us;
       if (a.model && native && c == Collective::kAllreduce) {
         const double predicted = native->cost_model().cost(r.algo, comm::CollectiveKind::kAllreduce,
                                                            bytes, pg->size(), native->topology());

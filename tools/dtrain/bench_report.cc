@@ -31,12 +31,13 @@ using RoundResults = std::map<int, const Result*>;  // round -> result
 Result combine(const RoundResults& rounds) {
   const Result& first = *rounds.begin()->second;
   Result c = first;
-  std::vector<double> time, p99, cpu;
+  std::vector<double> time, p99, cpu, bound;
   int64_t wrong = -1;
   for (const auto& [round, r] : rounds) {
     time.push_back(r->time_us);
     p99.push_back(r->p99_us);
     if (r->wait_cpu_us >= 0) cpu.push_back(r->wait_cpu_us);
+    if (r->bound_fraction >= 0) bound.push_back(r->bound_fraction);
     if (r->wrong >= 0) wrong = std::max<int64_t>(wrong, 0) + r->wrong;
   }
   c.time_us = bench::median(time);
@@ -47,6 +48,7 @@ Result combine(const RoundResults& rounds) {
   }
   c.wrong = wrong;
   c.wait_cpu_us = cpu.empty() ? -1 : bench::median(cpu);
+  c.bound_fraction = bound.empty() ? -1 : bench::median(bound);
   c.round = 0;
   return c;
 }
@@ -102,6 +104,11 @@ void print_tables(const Plan& p, const std::vector<Result>& results,
     if (several) header += fmt::format(" {:>17}", "rounds(us)");
     const bool cpu = p.straggle_ms > 0;
     if (cpu) header += fmt::format(" {:>11}", "cpu/op(us)");
+    // --bound: the machine's own limit for dtrain's algorithm over the time measured.
+    const bool bound = std::any_of(results.begin(), results.end(), [&](const Result& r) {
+      return r.coll == coll && r.bound_fraction >= 0;
+    });
+    if (bound) header += fmt::format(" {:>6}", "bound");
     for (const auto& peer : peers) {
       header += fmt::format(" {:>14}", peer + ":ratio");
       if (several) header += fmt::format(" {:>11}", "[range]");
@@ -139,6 +146,10 @@ void print_tables(const Plan& p, const std::vector<Result>& results,
         line += fmt::format(" {:>17}", range);
       }
       if (cpu) line += fmt::format(" {:>11}", cpu_text(r));
+      if (bound)
+        line += fmt::format(" {:>6}", r && r->bound_fraction >= 0
+                                          ? fmt::format("{:.0f}%", 100 * r->bound_fraction)
+                                          : std::string("-"));
       for (const auto& peer : peers) {
         const auto& theirs = by_impl[peer];
         if (!theirs.count(bytes)) {

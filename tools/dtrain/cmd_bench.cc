@@ -87,6 +87,14 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_flag(
       "--model", a->model,
       "Under dtrain run: print the cost model's all-reduce time beside each measured one");
+  cmd->add_flag("--bound", a->bound,
+                "Measure first what this machine allows (memcpy with one and every CPU, a "
+                "loopback TCP stream, a socket's and a cache line's round trip) and show each "
+                "dtrain row's fraction of it: the time its algorithm's messages and copies take "
+                "at those rates over the time measured (`dtrain docs performance`)");
+  cmd->add_option("--machine-bound", a->machine_bound,
+                  "The driver's --bound measurement, for its ranks")
+      ->group("");
   cmd->add_flag("--jsonl", a->jsonl,
                 "Rank 0 prints result lines, not the table (the driver's ranks)")
       ->group("");
