@@ -9,13 +9,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
 #include <barrier>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -72,9 +73,17 @@ double copy_gbs(int copiers, size_t bytes, double seconds) {
   return static_cast<double>(copied.load()) / seconds_since(t0) / 1e9;
 }
 
-// A connected pair of loopback TCP sockets (client, server side), with Nagle off.
+// A connected pair of loopback TCP sockets (client, server side), with Nagle off. Throws
+// std::runtime_error saying which step failed; nothing is left open then.
 std::pair<int, int> loopback_pair() {
-  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int listener = -1, client = -1, server = -1;
+  auto fail = [&](const char* step) {
+    const std::string why = std::string("loopback ") + step + ": " + std::strerror(errno);
+    for (int fd : {listener, client, server})
+      if (fd >= 0) ::close(fd);
+    throw std::runtime_error(why);
+  };
+  listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -82,13 +91,13 @@ std::pair<int, int> loopback_pair() {
   if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       ::listen(listener, 1) != 0 ||
       ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-    throw std::runtime_error(std::string("loopback listener: ") + std::strerror(errno));
-  const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    fail("listener");
+  client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (client < 0 || ::connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
-    throw std::runtime_error(std::string("loopback connect: ") + std::strerror(errno));
-  const int server = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    fail("connect");
+  server = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  if (server < 0) fail("accept");
   ::close(listener);
-  if (server < 0) throw std::runtime_error(std::string("loopback accept: ") + std::strerror(errno));
   const int one = 1;
   ::setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   ::setsockopt(server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
