@@ -16,17 +16,24 @@ int main(int argc, char** argv) {
   const long calls = argc > 1 ? std::atol(argv[1]) : 10'000'000;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 5;
   auto& recorder = dtrain::comm::FlightRecorder::global();
-  dtrain::comm::FlightCall call{.kind = dtrain::comm::FlightCall::Kind::kCollective,
-                                .group = recorder.group_id("bench"),
-                                .algorithm = "ring",
-                                .enqueued = Clock::now()};
-  call.call.count = 2;
+  const uint16_t group = recorder.group_id("bench");
+  dtrain::comm::CollectiveCall collective{.kind = dtrain::comm::CollectiveKind::kAllreduce,
+                                          .dtype = dtrain::DType::kF32,
+                                          .count = 2};
+  const auto enqueued = Clock::now();
   std::vector<double> ns;
   for (int r = 0; r < rounds; ++r) {
     const auto start = Clock::now();
     for (long i = 0; i < calls; ++i) {
-      call.seq = static_cast<uint32_t>(i);
-      recorder.ended(recorder.record(call), true);
+      // As a collective's submission makes it (process_group.cc).
+      const uint64_t ticket = recorder.record({.kind = dtrain::comm::FlightCall::Kind::kCollective,
+                                               .group = group,
+                                               .seq = static_cast<uint32_t>(i),
+                                               .call = collective,
+                                               .algorithm = "ring",
+                                               .caller = &collective,
+                                               .enqueued = enqueued});
+      recorder.ended(ticket, true);
     }
     ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - start).count() / calls);
     std::printf("round %d: %.1f ns a call\n", r + 1, ns.back());

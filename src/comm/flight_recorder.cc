@@ -25,17 +25,19 @@
 #include "common/durable.h"
 #include "common/env.h"
 #include "common/log.h"
+#include "common/thread_clock.h"
 #include "common/thread_stacks.h"
 
 namespace dtrain::comm {
 namespace {
 
-// The kernel's coarse monotonic clock (see the header): the recorder's only clock.
-int64_t now_ns() {
-  timespec t{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
-  return t.tv_sec * 1'000'000'000 + t.tv_nsec;
+int64_t ns_of(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
+
+// A call of this many elements or more reads the clock at its end; a smaller one takes its
+// thread's last reading (see the header).
+constexpr uint64_t kTimedEndCount = 16384;
 
 enum class State : uint8_t { kQueued, kRunning, kCompleted, kFailed };
 
@@ -99,8 +101,9 @@ struct alignas(64) FlightRecorder::Slot {
 
 // One thread's ring: only that thread records into it (others mark its calls started and ended),
 // so the entry's number is a plain counter. A ticket is the ring's index + 1 above the entry's
-// number.
-struct FlightRecorder::Ring {
+// number. Alone in its cache lines, as Thread is: a line shared with what other threads write
+// would make every record wait for it.
+struct alignas(64) FlightRecorder::Ring {
   using Name = std::array<std::atomic<uint64_t>, 6>;  // up to 47 bytes, NUL-terminated
   Ring(uint32_t index, size_t capacity)
       : index(index),
@@ -120,12 +123,16 @@ constexpr int kTicketShift = 40;
 
 // A thread that records or ends calls: its ring (made on its first record) and its counter in the
 // beat. When the thread ends, the next new thread takes both over: the ring keeps its calls.
-struct FlightRecorder::Thread {
+struct alignas(64) FlightRecorder::Thread {
   Ring* ring = nullptr;
   uint32_t counter = 0;
   bool shared_counter = false;  // beyond the beat's own counters: counts atomically
   int tid = 0;
   uint32_t site = 0;  // the PythonSite the thread is in
+  // The thread's newest call: a synchronous call ends on the thread that recorded it, which then
+  // finds its slot without looking it up.
+  uint64_t last_ticket = 0;
+  Slot* last_slot = nullptr;
 };
 
 }  // namespace dtrain::comm
@@ -392,10 +399,8 @@ uint64_t FlightRecorder::record(const FlightCall& call) {
   s.tag.store(call.tag, r);
   s.count.store(call.call.count, r);
   s.caller.store(call.caller, r);
-  s.enqueued_ns.store(call.enqueued == std::chrono::steady_clock::time_point{}
-                          ? now_ns()
-                          : call.enqueued.time_since_epoch().count(),
-                      r);
+  s.enqueued_ns.store(
+      ns_of(call.enqueued == Clock::time_point{} ? thread_clock::now() : call.enqueued), r);
   s.started_us.store(0, r);
   s.ended_us.store(0, r);
   if (call.kind == FlightCall::Kind::kCollective) {
@@ -416,6 +421,8 @@ uint64_t FlightRecorder::record(const FlightCall& call) {
   }
   s.ticket.store(ticket, std::memory_order_release);
   ring->last.store(n, std::memory_order_release);
+  t.last_ticket = ticket;
+  t.last_slot = &s;
   count(t, &FlightBeat::Counter::recorded, 1);
   return ticket;
 }
@@ -425,7 +432,10 @@ void FlightRecorder::started(uint64_t ticket) {
   Slot* s = slot_of(ticket);
   if (s == nullptr) return;
   constexpr auto r = std::memory_order_relaxed;
-  s->started_us.store(micros_after(s->enqueued_ns.load(r), now_ns()), r);
+  // The starting thread's last reading, when it is later than the enqueue: it read it finishing
+  // what it ran before, which is when it turned to this call.
+  const int64_t enqueued = s->enqueued_ns.load(r);
+  s->started_us.store(micros_after(enqueued, std::max(enqueued, ns_of(thread_clock::last()))), r);
   s->what.store(with_state(s->what.load(r), State::kRunning), r);
 }
 
@@ -437,20 +447,19 @@ void FlightRecorder::set_seq(uint64_t ticket, uint32_t seq) {
 void FlightRecorder::ended(uint64_t ticket, bool ok) {
   if (ticket == 0) return;
   constexpr auto r = std::memory_order_relaxed;
-  const int64_t now = now_ns();
-  int64_t since = 0;
-  if (Slot* s = slot_of(ticket)) {
-    const int64_t enqueued = s->enqueued_ns.load(r);
-    const uint32_t started = s->started_us.load(r);
-    since = started == 0 ? enqueued : enqueued + int64_t{started - 1} * 1000;
-    s->ended_us.store(micros_after(enqueued, now), r);
-    s->what.store(with_state(s->what.load(r), ok ? State::kCompleted : State::kFailed), r);
-  }
   const Thread& t = this_thread();
   count(t, &FlightBeat::Counter::completed, 1);
-  // The coarse clock makes most short calls 0 ns long: nothing to add then.
-  if (since != 0 && now > since)
-    count(t, &FlightBeat::Counter::inside_ns, static_cast<uint64_t>(now - since));
+  Slot* s = ticket == t.last_ticket ? t.last_slot : slot_of(ticket);
+  if (s == nullptr) return;  // older than the ring: its start is not known
+  const int64_t enqueued = s->enqueued_ns.load(r);
+  const uint32_t started = s->started_us.load(r);
+  const int64_t since = started == 0 ? enqueued : enqueued + int64_t{started - 1} * 1000;
+  const int64_t end = s->count.load(r) >= kTimedEndCount
+                          ? ns_of(thread_clock::now())
+                          : std::max(since, ns_of(thread_clock::last()));
+  s->ended_us.store(micros_after(enqueued, end), r);
+  s->what.store(with_state(s->what.load(r), ok ? State::kCompleted : State::kFailed), r);
+  if (end > since) count(t, &FlightBeat::Counter::inside_ns, static_cast<uint64_t>(end - since));
 }
 
 FlightRecorder::PythonSite::PythonSite(uint32_t site) {
@@ -501,7 +510,7 @@ std::string FlightRecorder::directory() const {
 
 std::string FlightRecorder::dump_on_failure(std::string_view reason) {
   // The first failure explains the others: a rank whose peers fail after it keeps its first dump.
-  const int64_t now = now_ns();
+  const int64_t now = ns_of(Clock::now());
   int64_t last = last_failure_dump_ns_.load();
   if (last != 0 && now - last < std::chrono::nanoseconds(std::chrono::seconds(10)).count())
     return "";
@@ -512,7 +521,7 @@ std::string FlightRecorder::dump_on_failure(std::string_view reason) {
 std::string FlightRecorder::dump(std::string_view reason) {
   using nlohmann::json;
   std::lock_guard lock(dump_mu_);
-  const int64_t clock_now = std::chrono::steady_clock::now().time_since_epoch().count();
+  const int64_t clock_now = ns_of(Clock::now());
   const auto unix_now = std::chrono::system_clock::now();
   const double unix_s = std::chrono::duration<double>(unix_now.time_since_epoch()).count();
   auto to_unix = [&](int64_t ns) {

@@ -6,12 +6,13 @@
 // Recording is cheap (docs/performance.md measures it on the smallest all-reduce): each thread
 // that calls records into a ring of its own and counts in a counter of its own, so a call costs
 // plain stores into one cache line, no atomic read-modify-write, no lock, no allocation, no
-// formatting; the time a call was enqueued comes from the clock read its caller already made
-// for the deadline, and its end costs one read of the kernel's coarse clock
-// (CLOCK_MONOTONIC_COARSE, a fraction of the precise one's cost: docs/performance.md), which
-// ticks every few milliseconds: a record's end is to the tick, and sums of many short calls (the
-// beat's inside time) are right on average. Each ring holds DTRAIN_FLIGHT_RECORDER entries (2,000,
-// rounded up to a power of two; 0 turns the recorder off).
+// formatting, and no clock read of its own for a small call: the time a call was enqueued is the
+// clock reading its caller already made for the deadline, and a call of fewer than 16,384
+// elements ended at its thread's last reading (common/thread_clock.h), which the call's waits
+// made whenever they did not end at their first look, or else at its start (it never waited: it
+// took no longer than its own arithmetic). A larger call reads the clock at its end. Each ring
+// holds DTRAIN_FLIGHT_RECORDER entries (2,000, rounded up to a power of two; 0 turns the
+// recorder off).
 //
 // Python callers are named by their innermost frames of their own (not torch's or dtrain's):
 // the bindings through which Python calls hold a PythonSite while they call (PythonSite below).

@@ -564,7 +564,7 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
   DTRAIN_LOG_DEBUG("{} via {}", label.describe(), algorithm);
   watchdog_->enter(seq, call, deadline);
   FlightRecorder& recorder = FlightRecorder::global();
-  // A call run inline starts as it is recorded (the coarse clock could not tell them apart).
+  // A call run inline starts as it is recorded: marking it would only cost the call.
   if (queued) recorder.started(flight);
   try {
     if (mismatched) std::rethrow_exception(mismatched);

@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "common/thread_clock.h"
+
 namespace dtrain::transport {
 namespace {
 
@@ -90,7 +92,7 @@ bool Waiter::spin(std::span<Request* const> requests, std::span<Pair* const> pai
     for (Pair* p : pairs) moved |= p->try_progress();
     if (all_done(requests)) return true;
     if (moved || yielding || (polls & 15) == 0) {
-      auto now = Clock::now();
+      auto now = thread_clock::now();
       if (moved || spin_end == Clock::time_point{}) spin_end = now + budget;
       if (now >= spin_end + budget || now >= deadline.at()) return false;
       // More ranks than cores, or a long wait: give the core to whoever has data to send.
@@ -234,6 +236,7 @@ void Waiter::wait(std::span<Request* const> requests, std::span<Pair* const> pai
       for (Pair* p : pairs) held ? p->begin_spin() : p->end_spin();
     if (!sleep(how, requests, watched, deadline))
       sleep(SleepOn::kRequests, requests, pairs, deadline);
+    thread_clock::now();  // what follows a sleep is dated after it (common/thread_clock.h)
     if (held != spinning)
       for (Pair* p : pairs) held ? p->end_spin() : p->begin_spin();
   }

@@ -1,5 +1,6 @@
 // The flight recorder on its own, in one process: threads record into rings of their own and a
-// dump merges them oldest first; a call ended by another thread is counted, and the beat page
+// dump merges them oldest first; a small call ends at its thread's last clock reading, a large
+// one reads the clock; a call ended by another thread is counted, and the beat page
 // `dtrain run` reads sums every thread's counter; a ring keeps its last entries and ignores the
 // ends of calls it has overwritten; the calls of a thread that ended stay under its id when a
 // new thread takes its ring over; a Python site names the calls made inside it. (The recorder is
@@ -19,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/thread_clock.h"
 #include "launch/hang_monitor.h"
 #include "support/temp_dir.h"
 
@@ -106,6 +108,34 @@ TEST_F(FlightRecorderTest, ACallEndedByAnotherThreadIsCountedAndTheBeatSumsEvery
   ASSERT_EQ(calls.size(), 1u);
   EXPECT_EQ(calls[0].at("state"), "failed");
   EXPECT_FALSE(calls[0].at("ended").is_null());
+}
+
+TEST_F(FlightRecorderTest, ASmallCallEndsAtItsThreadsLastClockReadingAndALargeOneReadsTheClock) {
+  const uint16_t group = recorder().group_id("end times");
+  const auto lasted = [](const json& c) {
+    return c.at("ended").get<double>() - c.at("enqueued").get<double>();
+  };
+  const auto wait = std::chrono::milliseconds(60);
+  // A small call whose wait read the clock after 60 ms (as a wait does after a sleep).
+  uint64_t ticket = recorder().record(collective(group, 1));
+  std::this_thread::sleep_for(wait);
+  thread_clock::now();
+  recorder().ended(ticket, true);
+  // A small call that never waited: it ended as it began, to within its own arithmetic.
+  recorder().ended(recorder().record(collective(group, 2)), true);
+  // A large call reads the clock itself.
+  FlightCall large = collective(group, 3);
+  large.call.count = 1 << 20;
+  ticket = recorder().record(large);
+  std::this_thread::sleep_for(wait);
+  recorder().ended(ticket, true);
+  const auto calls = calls_of("end times");
+  ASSERT_EQ(calls.size(), 3u);
+  EXPECT_GE(lasted(calls[0]), 0.059);
+  EXPECT_LT(lasted(calls[0]), 5.0);
+  EXPECT_LT(lasted(calls[1]), 0.001);
+  EXPECT_GE(lasted(calls[2]), 0.059);
+  EXPECT_LT(lasted(calls[2]), 5.0);
 }
 
 TEST_F(FlightRecorderTest, ARingKeepsItsLastEntriesAndIgnoresTheEndsOfOverwrittenCalls) {
