@@ -36,7 +36,8 @@
 // `dtrain run` passing them on) stops every rank after the same step; rank 0 saves it and all
 // exit 75 (dtrain::Preemption::kRequeueExitCode); run again, it resumes from there.
 // For tests: --stop-after-steps N checkpoints and exits after step N (as a preempted job would),
-// --sample-log FILE appends "epoch index step restart" for every sample a rank trains,
+// --sample-log FILE (or DTRAIN_SAMPLE_LOG) appends "epoch index step restart" for every sample a
+// rank trains,
 // --train-samples N trains on the first N images only.
 #include <fcntl.h>
 #include <unistd.h>
@@ -751,7 +752,8 @@ int main(int argc, char** argv) {
                "bit-reproducible: one thread unless --threads, deterministic kernels only");
   app.add_option("--sample-log", flags.sample_log,
                  "debug: append \"epoch index step restart\" for every sample trained (all ranks, "
-                 "one file)");
+                 "one file); `dtrain chaos` sets it through the environment")
+      ->envname("DTRAIN_SAMPLE_LOG");
   app.add_option("--stop-after-steps", flags.stop_after_steps,
                  "debug: checkpoint and exit after this step, as a preempted job would")
       ->check(CLI::NonNegativeNumber);

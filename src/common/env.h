@@ -147,6 +147,10 @@ struct Var {
   X(kFlightDir, "DTRAIN_FLIGHT_DIR", "",                                                           \
     "Where flight records are dumped (rank<r>.json); set by `dtrain run`. Unset: "                 \
     "$TMPDIR/dtrain-flight.")                                                                      \
+  X(kSampleLog, "DTRAIN_SAMPLE_LOG", "",                                                           \
+    "train_fashion_mnist's --sample-log when the flag is not given: a file to which every rank "   \
+    "appends `epoch index step restart` per trained sample; set by `dtrain chaos`, which counts "  \
+    "samples lost and repeated from it.")                                                          \
   X(kHangSeconds, "DTRAIN_HANG_SECONDS", "60",                                                     \
     "`dtrain run` calls a job stuck when a rank has waited in a call this long with no rank "      \
     "completing one: it dumps every rank's flight record, prints `dtrain doctor`'s diagnosis and " \

@@ -19,7 +19,9 @@ CLI::App* add_predict_command(CLI::App& app);  // cmd_predict.cc: step time and 
 CLI::App* add_sched_sim_command(CLI::App& app);  // cmd_sched_sim.cc: cluster scheduling simulator
 // cmd_doctor.cc: why a job hangs, fails or is slow, from every rank's flight record
 CLI::App* add_doctor_command(CLI::App& app);
-CLI::App* add_top_command(CLI::App& app);   // cmd_top.cc: a live view from dtrain run's metrics
+CLI::App* add_top_command(CLI::App& app);  // cmd_top.cc: a live view from dtrain run's metrics
+// cmd_chaos.cc: a job under a seeded fault schedule and without, and what the faults cost it
+CLI::App* add_chaos_command(CLI::App& app);
 CLI::App* add_docs_command(CLI::App& app);  // cmd_docs.cc: the documentation, installed
 // cmd_submit.cc: `submit`, `jobs`, `logs`, `cancel` through the cluster's engine
 CLI::App* add_submit_commands(CLI::App& app);

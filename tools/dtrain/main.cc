@@ -7,9 +7,14 @@
 //   dtrain data write|inspect|index    TFRecord shard files for dtrain::data::ShardedDataset
 //   dtrain pipeline-plan               a pipeline schedule, verified offline, drawn and measured
 //   dtrain estimate                    memory per rank for DDP, ZeRO 1-3, tensor and pipeline
-//   layouts dtrain predict                     step time and scaling efficiency at up to thousands
-//   of ranks dtrain sched-sim                   a GPU cluster's job trace replayed under scheduling
-//   policies dtrain submit|jobs|logs|cancel     a training job through the cluster's engine (Slurm)
+//                                      layouts
+//   dtrain predict                     step time and scaling efficiency at thousands of ranks
+//   dtrain sched-sim                   a GPU cluster's job trace replayed under scheduling
+//                                      policies
+//   dtrain submit|jobs|logs|cancel     a training job through the cluster's engine (Slurm)
+//   dtrain doctor DIR                  why a job hangs, fails or is slow, from its flight records
+//   dtrain top                         a live view of a running job
+//   dtrain chaos --schedule kill:30s   a job under faults and without, and what they cost it
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -41,6 +46,7 @@ int main(int argc, char** argv) {
   dtrain::tools::add_submit_commands(app);
   dtrain::tools::add_doctor_command(app);
   dtrain::tools::add_top_command(app);
+  dtrain::tools::add_chaos_command(app);
   dtrain::tools::add_docs_command(app);
   if (argc == 1) {  // a bare `dtrain` shows what it can do
     std::fputs(app.help().c_str(), stdout);

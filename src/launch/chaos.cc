@@ -1,0 +1,343 @@
+#include "launch/chaos.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/env.h"
+#include "dtrain/error.h"
+#include "launch/hang_monitor.h"
+#include "launch/spawn.h"
+
+namespace dtrain::launch {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The state letter of /proc/PID/stat ('R', 'S', 'T' stopped, 'Z' a zombie), or 0 when gone.
+char process_state(int64_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  std::getline(in, stat);
+  const auto close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() ? 0 : stat[close + 2];
+}
+
+struct Worker {
+  int rank;
+  int64_t pid;
+  auto operator<=>(const Worker&) const = default;
+};
+
+// The job's workers that run now (neither ended nor stopped), from the beat pages under `dir`
+// (elastic runs keep one directory per round), by rank.
+std::vector<Worker> running_workers(const std::string& dir) {
+  std::set<std::string> dirs;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().extension() == ".beat") dirs.insert(it->path().parent_path().string());
+  std::set<Worker> workers;
+  for (const std::string& d : dirs)
+    for (const BeatReading& b : read_beats(d)) {
+      const char state = b.pid > 0 ? process_state(b.pid) : 0;
+      if (state != 0 && state != 'Z' && state != 'X' && state != 'T' && state != 't')
+        workers.insert({b.rank, b.pid});
+    }
+  return {workers.begin(), workers.end()};
+}
+
+// The calls the workers under `dir` have completed, all rounds together.
+uint64_t completed_calls(const std::string& dir) {
+  uint64_t calls = 0;
+  for (const BeatReading& b : read_beats(dir)) calls += b.completed;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_directory(ec))
+      for (const BeatReading& b : read_beats(it->path().string())) calls += b.completed;
+  return calls;
+}
+
+// The sample log as it grows: how many lines, and the latest attempt (the restart count, its
+// fourth field) that logged one.
+class LogTail {
+ public:
+  explicit LogTail(std::string path) : path_(std::move(path)) {}
+  void poll() {
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) return;
+    in.seekg(offset_);
+    std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    offset_ += static_cast<std::streamoff>(chunk.size());
+    partial_ += chunk;
+    size_t begin = 0;
+    for (size_t end; (end = partial_.find('\n', begin)) != std::string::npos; begin = end + 1) {
+      std::istringstream fields(partial_.substr(begin, end - begin));
+      int64_t epoch, index, step, attempt;
+      if (fields >> epoch >> index >> step >> attempt) attempt_ = std::max(attempt_, attempt);
+      ++lines_;
+    }
+    partial_.erase(0, begin);
+  }
+  int64_t lines() const { return lines_; }
+  int64_t attempt() const { return attempt_; }
+
+ private:
+  std::string path_;
+  std::streamoff offset_ = 0;
+  std::string partial_;
+  int64_t lines_ = 0;
+  int64_t attempt_ = -1;
+};
+
+// A job that keeps no sample log starts its schedule this long after its first call.
+constexpr std::chrono::seconds kSampleGrace{10};
+
+off_t file_size(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
+}
+
+// The `final_loss` of the job's last `RESULT {...}` line (after `dtrain run`'s "[rank 0] ").
+std::optional<double> final_loss_in(const std::string& path) {
+  std::ifstream in(path);
+  std::optional<double> loss;
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("RESULT {");
+    if (at == std::string::npos || (at > 0 && line[at - 1] != ' ')) continue;
+    const auto result = nlohmann::json::parse(line.substr(at + 7), nullptr, false);
+    if (result.is_object() && result.contains("final_loss") && result["final_loss"].is_number())
+      loss = result["final_loss"].get<double>();
+  }
+  return loss;
+}
+
+void say(int fd, const std::string& line) {
+  const std::string text = "dtrain chaos: " + line + "\n";
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // progress lines only: the CHAOS line says the result
+    done += static_cast<size_t>(n);
+  }
+}
+
+int open_output(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw InvalidArgumentError(
+        fmt::format("dtrain chaos: cannot create {}: {}", path, std::strerror(errno)));
+  return fd;
+}
+
+// The fault in progress: what was done, and when the job must show it trains again.
+struct Pending {
+  bool active = false;  // a fault is in progress
+  FaultKind kind = FaultKind::kKill;
+  Clock::time_point at{};         // injected
+  Clock::time_point resume_at{};  // a stop's SIGCONT; the kill itself for a kill
+  int64_t stopped_pid = 0;        // a stopped worker, still to continue
+  bool ended = false;             // SIGCONT sent (or a kill)
+  // Where the job was when the fault ended.
+  int64_t lines = 0, attempt = -1;
+  uint64_t calls = 0;
+};
+
+// Whether the job trains again after `p`: after a kill, a sample of a later attempt (a restarted
+// or re-formed job: the lines its survivors were writing do not count); after a stop, any new
+// sample; in a job that logs none, a completed call.
+bool trains_again(const Pending& p, const LogTail& log, uint64_t calls) {
+  if (log.lines() == 0) return calls > p.calls;
+  return p.kind == FaultKind::kKill ? log.attempt() > p.attempt : log.lines() > p.lines;
+}
+
+ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_faults) {
+  ChaosRun run;
+  run.name = name;
+  run.dir = o.dir + "/" + name;
+  fs::remove_all(run.dir);
+  fs::create_directories(run.dir + "/flight");
+  const std::string samples = run.dir + "/samples.log";
+  const int out = open_output(run.dir + "/stdout.log");
+  const int err = open_output(run.dir + "/stderr.log");
+
+  SpawnOptions so;
+  so.path = find_executable(o.command[0]);
+  so.argv = o.command;
+  so.env = {{std::string(env::kFlightDir.name), run.dir + "/flight"},
+            {std::string(env::kSampleLog.name), samples}};
+  so.stdout_fd = out;
+  so.stderr_fd = err;
+  so.die_with_parent = true;
+  const auto start = Clock::now();
+  const Spawned job = spawn(so);
+  ::close(out);
+  ::close(err);
+  if (!job.failure.empty()) {
+    ::waitpid(job.pid, nullptr, 0);
+    throw InvalidArgumentError("dtrain chaos: " + job.failure);
+  }
+  say(o.out_fd, fmt::format("{} run started (pid {}; its output: {})", name, job.pid, run.dir));
+
+  FaultClock clock(o.schedule, o.seed);
+  LogTail log(samples);
+  std::optional<Clock::time_point> training;    // the first sample logged
+  std::optional<Clock::time_point> first_call;  // a worker's first completed call
+  Pending pending;
+  int status = 0;
+  bool timed_out = false;
+  while (true) {
+    const pid_t done = ::waitpid(job.pid, &status, WNOHANG);
+    if (done == job.pid) break;
+    const auto now = Clock::now();
+    log.poll();
+    if (log.lines() > 0 && !training) training = now;
+    // For a job that logs no samples, its calls tell how far it has come.
+    const uint64_t calls =
+        log.lines() > 0 || !with_faults ? 0 : completed_calls(run.dir + "/flight");
+    if (!training && !first_call && calls > 0) first_call = now;
+    if (!training && first_call && now - *first_call >= kSampleGrace) {
+      training = first_call;
+      say(o.out_fd, fmt::format("{} run: no sample logged {} s after the workers' first call (the "
+                                "job keeps no sample log?): the schedule counts from that call",
+                                name, kSampleGrace.count()));
+    }
+    if (pending.active && !pending.ended && now >= pending.resume_at) {
+      if (pending.stopped_pid > 0) ::kill(static_cast<pid_t>(pending.stopped_pid), SIGCONT);
+      pending.ended = true;
+      pending.lines = log.lines();
+      pending.calls = calls;
+    }
+    if (pending.active && pending.ended && trains_again(pending, log, calls)) {
+      run.recovery_s.push_back(std::chrono::duration<double>(now - pending.at).count());
+      ++run.recovered;
+      say(o.out_fd, fmt::format("{} run: training again {:.2f} s after the fault", name,
+                                run.recovery_s.back()));
+      pending = {};
+    }
+    if (with_faults && training && !pending.active && now - *training >= clock.next().at) {
+      const auto workers = running_workers(run.dir + "/flight");
+      if (!workers.empty()) {
+        const FaultRule& rule = clock.fire();
+        const Worker victim = workers[clock.pick(workers.size())];
+        const double into = seconds_since(*training);
+        Pending p{.active = true,
+                  .kind = rule.kind,
+                  .at = now,
+                  .resume_at = now,
+                  .lines = log.lines(),
+                  .attempt = log.attempt(),
+                  .calls = calls};
+        if (rule.kind == FaultKind::kKill) {
+          ::kill(static_cast<pid_t>(victim.pid), SIGKILL);
+          p.ended = true;
+          say(o.out_fd, fmt::format("{} run, {:.1f} s into training: SIGKILL to rank {} (pid {})",
+                                    name, into, victim.rank, victim.pid));
+        } else {
+          ::kill(static_cast<pid_t>(victim.pid), SIGSTOP);
+          p.stopped_pid = victim.pid;
+          p.resume_at = now + rule.lasting;
+          say(o.out_fd,
+              fmt::format("{} run, {:.1f} s into training: SIGSTOP to rank {} (pid {}) for {:g} s",
+                          name, into, victim.rank, victim.pid, rule.lasting.count() / 1000.0));
+        }
+        ++run.faults;
+        pending = p;
+      }
+    }
+    if (now - start > o.timeout) {
+      timed_out = true;
+      say(o.out_fd, fmt::format("{} run: still running after {} s (the timeout): stopping it", name,
+                                o.timeout.count()));
+      ::kill(-job.pid, SIGTERM);
+      if (pending.active && pending.stopped_pid > 0)
+        ::kill(static_cast<pid_t>(pending.stopped_pid), SIGCONT);
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      ::kill(-job.pid, SIGKILL);
+      ::waitpid(job.pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  run.wall_s = seconds_since(start);
+  run.exit_code = timed_out           ? 124
+                  : WIFEXITED(status) ? WEXITSTATUS(status)
+                                      : 128 + WTERMSIG(status);
+  // A fault after the last step (the job evaluating, saving) is survived when the job ends well.
+  if (pending.active && run.exit_code == 0) ++run.recovered;
+  if (with_faults && run.faults == 0)
+    say(o.out_fd, fmt::format("{} run: the job ended before its first fault was due ({:g} s into "
+                              "training): give it more to do, or the schedule shorter times",
+                              name, clock.next().at.count() / 1000.0));
+  run.final_loss = final_loss_in(run.dir + "/stdout.log");
+  if (file_size(samples) > 0) run.ledger = SampleLedger::read(samples);
+  say(o.out_fd,
+      fmt::format(
+          "{} run ended with exit code {} after {:.1f} s{}", name, run.exit_code, run.wall_s,
+          run.faults > 0 ? fmt::format(" ({} fault(s), {} recovered)", run.faults, run.recovered)
+                         : ""));
+  return run;
+}
+
+}  // namespace
+
+ChaosReport run_chaos(const ChaosOptions& options) {
+  if (options.command.empty())
+    throw InvalidArgumentError("dtrain chaos needs the job's command after --");
+  ChaosReport report;
+  if (options.baseline) report.baseline = run_job(options, "baseline", false);
+  report.faults = run_job(options, "faults", true);
+  return report;
+}
+
+std::string chaos_line(const ChaosReport& report) {
+  using nlohmann::ordered_json;
+  const ChaosRun& f = report.faults;
+  const ChaosRun* b = report.baseline ? &*report.baseline : nullptr;
+  auto optional = [](const std::optional<double>& v) {
+    return v ? ordered_json(*v) : ordered_json(nullptr);
+  };
+  ordered_json line;
+  line["faults"] = f.faults;
+  line["recovered"] = f.recovered;
+  line["goodput"] = b != nullptr && f.exit_code == 0 && b->exit_code == 0
+                        ? ordered_json(b->wall_s / f.wall_s)
+                        : ordered_json(nullptr);
+  line["steps_lost"] = f.ledger ? ordered_json(f.ledger->steps_redone) : ordered_json(nullptr);
+  if (b != nullptr && b->ledger && f.ledger) {
+    const LedgerComparison c = compare_ledgers(*f.ledger, *b->ledger);
+    line["samples_lost"] = c.lost;
+    line["samples_repeated"] = c.repeated;
+  } else {
+    line["samples_lost"] = nullptr;
+    line["samples_repeated"] = nullptr;
+  }
+  line["final_loss"] = optional(f.final_loss);
+  line["baseline_loss"] = b != nullptr ? optional(b->final_loss) : ordered_json(nullptr);
+  line["recovery_s"] = f.recovery_s;
+  line["wall_s"] = f.wall_s;
+  line["baseline_wall_s"] = b != nullptr ? ordered_json(b->wall_s) : ordered_json(nullptr);
+  line["exit_code"] = f.exit_code;
+  return "CHAOS " + line.dump();
+}
+
+}  // namespace dtrain::launch

@@ -1,0 +1,59 @@
+// `dtrain chaos`: a job run under a seeded fault schedule and once without faults, and what the
+// faults cost it (tools/dtrain/cmd_chaos.cc; docs/fault_tolerance.md, "dtrain chaos").
+//
+// The job is a `dtrain run` command. Each run gets a directory of its own under
+// ChaosOptions::dir with the job's stdout and stderr, its flight records (DTRAIN_FLIGHT_DIR,
+// where the workers' beat pages name their pids) and its sample log (DTRAIN_SAMPLE_LOG: one line
+// per trained sample, launch/sample_ledger.h). Faults go to workers found through their beats
+// (a worker joins them when its world group forms), drawn from the seed. The schedule counts from
+// the job's first trained sample; for a job that logs none, from its workers' first call (once
+// 10 s have passed without a sample).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launch/fault_schedule.h"
+#include "launch/sample_ledger.h"
+
+namespace dtrain::launch {
+
+struct ChaosOptions {
+  std::vector<std::string> command;  // the job
+  std::vector<FaultRule> schedule;
+  uint64_t seed = 1;
+  bool baseline = true;                // also run the job once without faults (first)
+  std::string dir;                     // the runs' directories go here
+  std::chrono::seconds timeout{3600};  // per run: then the job is stopped and the run fails
+  int out_fd = 2;                      // where progress lines go
+};
+
+struct ChaosRun {
+  std::string name;  // "baseline", "faults"
+  std::string dir;
+  int exit_code = -1;
+  double wall_s = 0;                   // start to exit
+  std::optional<double> final_loss;    // from the job's last `RESULT {...}` line
+  std::optional<SampleLedger> ledger;  // when the job wrote a sample log
+  int faults = 0;
+  int recovered = 0;  // faults after which the job trained again, or (the last) ended well
+  std::vector<double> recovery_s;  // per recovered fault: the fault to the next step logged
+};
+
+struct ChaosReport {
+  std::optional<ChaosRun> baseline;
+  ChaosRun faults;
+};
+
+// Runs the job (without faults first, when asked), then under the schedule.
+ChaosReport run_chaos(const ChaosOptions& options);
+
+// The report's last line: CHAOS {"faults":..,"recovered":..,"goodput":..,"steps_lost":..,
+// "samples_lost":..,"samples_repeated":..,"final_loss":..,"baseline_loss":..,...}; a value that
+// could not be measured is null.
+std::string chaos_line(const ChaosReport& report);
+
+}  // namespace dtrain::launch

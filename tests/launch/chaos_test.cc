@@ -1,0 +1,219 @@
+// `dtrain chaos` (issue #48): the fault schedule it reads and refuses, the clock that fires each
+// rule and draws victims from the seed, the sample ledger that keeps each step's latest restart;
+// and end to end, the example under SIGKILLs and SIGSTOPs with restarts from its in-memory
+// commits (no sample lost or repeated, the baseline's loss), and a job that cannot recover.
+#include "launch/chaos.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "dtrain/error.h"
+#include "launch/fault_schedule.h"
+#include "launch/sample_ledger.h"
+#include "support/temp_dir.h"
+
+namespace dtrain::launch {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+std::string message_of(const std::string& spec) {
+  try {
+    parse_fault_schedule(spec);
+  } catch (const InvalidArgumentError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FaultSchedule, ReadsKillAndStopAndRefusesWhatItCannotDo) {
+  const auto rules = parse_fault_schedule("kill:30s,stop:1.5m:500ms");
+  ASSERT_EQ(rules.size(), 2u);
+  EXPECT_EQ(rules[0].kind, FaultKind::kKill);
+  EXPECT_EQ(rules[0].every, milliseconds(30'000));
+  EXPECT_EQ(rules[1].kind, FaultKind::kStop);
+  EXPECT_EQ(rules[1].every, milliseconds(90'000));
+  EXPECT_EQ(rules[1].lasting, milliseconds(500));
+
+  EXPECT_NE(message_of("").find("--schedule is empty"), std::string::npos);
+  EXPECT_NE(message_of("kill:30").find("'30' in 'kill:30' is not a time"), std::string::npos)
+      << message_of("kill:30");
+  EXPECT_NE(message_of("kill:-3s").find("not a time"), std::string::npos);
+  EXPECT_NE(message_of("stop:10s").find("cannot read 'stop:10s'"), std::string::npos);
+  EXPECT_NE(message_of("stop:10s:10s").find("must end before the next one begins"),
+            std::string::npos);
+  EXPECT_NE(message_of("kill:30s,boom:1s").find("cannot read 'boom:1s'"), std::string::npos);
+  EXPECT_NE(message_of("cut:120s:10s").find("does not inject cut faults yet"), std::string::npos);
+}
+
+TEST(FaultClock, FiresEachRuleOnItsOwnClockAndTheSeedDecidesTheVictims) {
+  const auto rules = parse_fault_schedule("kill:3s,stop:5s:1s");
+  FaultClock clock(rules, 7);
+  std::vector<std::pair<FaultKind, int64_t>> fired;
+  for (int i = 0; i < 5; ++i) {
+    const int64_t at = clock.next().at.count();
+    fired.emplace_back(clock.fire().kind, at);
+  }
+  const std::vector<std::pair<FaultKind, int64_t>> expected = {{FaultKind::kKill, 3000},
+                                                               {FaultKind::kStop, 5000},
+                                                               {FaultKind::kKill, 6000},
+                                                               {FaultKind::kKill, 9000},
+                                                               {FaultKind::kStop, 10000}};
+  EXPECT_EQ(fired, expected);
+  FaultClock a(rules, 7), b(rules, 7), c(rules, 8);
+  std::vector<size_t> va, vb, vc;
+  for (int i = 0; i < 20; ++i) {
+    va.push_back(a.pick(4));
+    vb.push_back(b.pick(4));
+    vc.push_back(c.pick(4));
+  }
+  EXPECT_EQ(va, vb);
+  EXPECT_NE(va, vc);
+  for (size_t v : va) EXPECT_LT(v, 4u);
+}
+
+TEST(SampleLedger, KeepsForEachStepTheLatestRestartAndComparesSampleBySample) {
+  dtrain::testing::TempDir dir;
+  const std::string path = dir.path + "/samples.log";
+  {
+    std::ofstream out(path);
+    // Steps 1-2 in restart 0; step 2 trained again in restart 1 (the commit was of step 1),
+    // then step 3; the last line was cut by a kill.
+    out << "0 10 1 0\n0 11 1 0\n0 12 2 0\n0 13 2 0\n"
+        << "0 12 2 1\n0 13 2 1\n0 14 3 1\n0 15 3 1\n0 16 4";
+  }
+  const SampleLedger ledger = SampleLedger::read(path);
+  EXPECT_EQ(ledger.lines, 8);
+  EXPECT_EQ(ledger.steps, 3);
+  EXPECT_EQ(ledger.steps_redone, 1);
+  for (int64_t i = 10; i <= 15; ++i) EXPECT_EQ(ledger.trained.at({0, i}), 1) << i;
+
+  SampleLedger reference;
+  for (int64_t i = 10; i <= 16; ++i) reference.trained[{0, i}] = 1;
+  SampleLedger run = ledger;
+  run.trained[{0, 10}] = 2;
+  const LedgerComparison c = compare_ledgers(run, reference);
+  EXPECT_EQ(c.lost, 1);      // sample 16
+  EXPECT_EQ(c.repeated, 1);  // sample 10, twice
+
+  {
+    std::ofstream out(path);
+    out << "0 10 1 0\n0 x 1 0\n0 12 2 0\n";
+  }
+  try {
+    SampleLedger::read(path);
+    FAIL() << "a malformed line was read";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("line 2 is '0 x 1 0'"), std::string::npos) << e.what();
+  }
+}
+
+#ifdef DTRAIN_HAVE_TRAIN_FASHION_MNIST
+const std::string kDtrain = std::string(DTRAIN_BIN_DIR) + "/dtrain";
+const std::string kTrainer = std::string(DTRAIN_BIN_DIR) + "/train_fashion_mnist";
+
+bool have_dataset() {
+  return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+}
+
+nlohmann::json chaos_line(const std::string& output) {
+  const size_t at = output.rfind("CHAOS {");
+  if (at == std::string::npos) return nullptr;
+  return nlohmann::json::parse(output.substr(at + 6, output.find('\n', at) - at - 6), nullptr,
+                               false);
+}
+
+TEST(Chaos, TheExampleUnderKillsAndAStopLosesAndRepeatsNoSampleAndEndsAtTheBaselinesLoss) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::TempDir dir;
+  const auto r = dtrain::testing::run_command({kDtrain,
+                                               "chaos",
+                                               "--schedule",
+                                               "kill:3s,stop:4s:1s",
+                                               "--seed",
+                                               "1",
+                                               "--dir",
+                                               dir.path,
+                                               "--",
+                                               kDtrain,
+                                               "run",
+                                               "-n",
+                                               "2",
+                                               "--max-restarts",
+                                               "20",
+                                               "--rdzv-id",
+                                               "chaos-" + std::to_string(::getpid()),
+                                               "--",
+                                               kTrainer,
+                                               "--threads",
+                                               "1",
+                                               "--deterministic",
+                                               "--train-samples",
+                                               "12000",
+                                               "--epochs",
+                                               "2"},
+                                              {.timeout = milliseconds(240'000)});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  const nlohmann::json c = chaos_line(r.output);
+  ASSERT_TRUE(c.is_object()) << r.output;
+  EXPECT_GE(c["faults"].get<int>(), 2) << r.output;
+  EXPECT_EQ(c["recovered"], c["faults"]) << r.output;
+  EXPECT_EQ(c["samples_lost"], 0) << r.output;
+  EXPECT_EQ(c["samples_repeated"], 0) << r.output;
+  EXPECT_GT(c["goodput"].get<double>(), 0.05) << r.output;
+  EXPECT_LT(c["goodput"].get<double>(), 1.5) << r.output;
+  // The final loss is the mean of the last steps' losses, over fewer of them after a late resume
+  // (the model itself is the same bits: commit_resume_test).
+  EXPECT_NEAR(c["final_loss"].get<double>(), c["baseline_loss"].get<double>(),
+              0.05 * c["baseline_loss"].get<double>())
+      << r.output;
+  EXPECT_NE(r.output.find("SIGKILL to rank"), std::string::npos);
+  EXPECT_NE(r.output.find("SIGSTOP to rank"), std::string::npos);
+  EXPECT_NE(r.output.find("training again"), std::string::npos);
+}
+
+TEST(Chaos, AJobThatCannotRecoverEndsTheRunWithItsExitCodeAndNoGoodput) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::TempDir dir;
+  const auto r = dtrain::testing::run_command({kDtrain,
+                                               "chaos",
+                                               "--schedule",
+                                               "kill:2s",
+                                               "--no-baseline",
+                                               "--dir",
+                                               dir.path,
+                                               "--",
+                                               kDtrain,
+                                               "run",
+                                               "-n",
+                                               "2",
+                                               "--",
+                                               kTrainer,
+                                               "--threads",
+                                               "1",
+                                               "--train-samples",
+                                               "12000",
+                                               "--epochs",
+                                               "3"},
+                                              {.timeout = milliseconds(120'000)});
+  EXPECT_EQ(r.exit_code, 1) << r.describe() << "\n" << r.output;
+  const nlohmann::json c = chaos_line(r.output);
+  ASSERT_TRUE(c.is_object()) << r.output;
+  EXPECT_EQ(c["faults"], 1) << r.output;
+  EXPECT_EQ(c["recovered"], 0) << r.output;
+  EXPECT_TRUE(c["goodput"].is_null()) << r.output;
+  EXPECT_NE(c["exit_code"], 0) << r.output;
+}
+#endif
+
+}  // namespace
+}  // namespace dtrain::launch
