@@ -56,11 +56,13 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "dtrain/data/sharded_dataset.h"
 #include "dtrain/dtrain.h"
+#include "dtrain/live_world.h"
 #include "dtrain/ps.h"
 #include "dtrain/torch/broadcast.h"
 #include "dtrain/preemption.h"
@@ -136,6 +138,23 @@ bool launched_distributed() {
          std::getenv("PMI_SIZE") != nullptr || std::getenv("SLURM_NTASKS") != nullptr;
 }
 
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "1";
+}
+
+// Whether an error of a step means a peer is gone (or the group was aborted for it): what a live
+// world recovers from. The autograd engine rethrows an error of DDP's gradient hooks as its own,
+// with the original message, which names the failure's kind.
+bool peer_lost(const std::exception& e) {
+  if (const auto* d = dynamic_cast<const dtrain::Error*>(&e))
+    return d->kind() == dtrain::ErrorKind::kPeerFailure ||
+           d->kind() == dtrain::ErrorKind::kAborted;
+  const std::string what = e.what();
+  return what.find("PeerFailureError") != std::string::npos ||
+         what.find("peer failure") != std::string::npos;
+}
+
 std::string format_duration(double seconds) {
   int s = static_cast<int>(std::lround(std::max(0.0, seconds)));
   return s >= 60 ? fmt::format("{}m{:02d}s", s / 60, s % 60) : fmt::format("{}s", s);
@@ -179,6 +198,15 @@ class TrainingInput {
   int64_t size() const {
     return shards_ ? static_cast<int64_t>(shards_->size()) : memory_->size();
   }
+  // Deals the samples over another world (live recovery); set_epoch must follow.
+  void regroup(int world, int rank, bool shuffle, uint64_t seed) {
+    if (shards_)
+      throw dtrain::InvalidArgumentError(
+          "--data-shards under dtrain run --live: the sharded input cannot be dealt over a new "
+          "world yet; use the data set in memory");
+    sampler_ = std::make_unique<dtrain::DistributedSampler>(static_cast<size_t>(memory_->size()),
+                                                            world, rank, shuffle, seed);
+  }
   void set_epoch(uint64_t epoch, uint64_t consumed) {
     taken_ = 0;
     if (shards_)
@@ -193,14 +221,18 @@ class TrainingInput {
     return shards_ ? shards_->consumed(taken) : sampler_->consumed(taken);
   }
   // The next (up to) n samples of this rank's epoch: images [b, 1, 28, 28], labels [b], and the
-  // samples' numbers in the training set (for --sample-log).
-  void next(size_t n, torch::Tensor& x, torch::Tensor& y, std::vector<int64_t>& ids) {
+  // samples' numbers in the training set (for --sample-log). `padding` counts the last of them
+  // that only pad the epoch to equal lengths per rank (the sampler's).
+  void next(size_t n, torch::Tensor& x, torch::Tensor& y, std::vector<int64_t>& ids,
+            size_t& padding) {
     n = std::min(n, num_samples() - taken_);
     ids.clear();
+    padding = 0;
     if (!shards_) {
       const auto& indices = sampler_->indices();
       ids.assign(indices.begin() + static_cast<ptrdiff_t>(taken_),
                  indices.begin() + static_cast<ptrdiff_t>(taken_ + n));
+      for (size_t k = taken_; k < taken_ + n; ++k) padding += sampler_->is_padding(k) ? 1 : 0;
       auto idx = torch::from_blob(ids.data(), {static_cast<int64_t>(n)}, torch::kLong);
       x = memory_->images.index_select(0, idx);
       y = memory_->labels.index_select(0, idx);
@@ -293,6 +325,9 @@ class SampleLog {
   }
   SampleLog(const SampleLog&) = delete;
   SampleLog& operator=(const SampleLog&) = delete;
+  // Under `dtrain run --live` nothing restarts: the live world's generation numbers the
+  // attempts instead (a step redone after a re-forming supersedes its earlier lines).
+  void set_attempt(int64_t attempt) { restart_ = attempt; }
   void record(int64_t epoch, int64_t step, const std::vector<int64_t>& batch) {
     if (fd_ < 0) return;
     std::string text;
@@ -335,10 +370,21 @@ int run(const Flags& flags) {
   auto runtime =
       dtrain::configure_runtime(flags.threads > 0 ? flags.threads : (flags.deterministic ? 1 : 0));
   std::shared_ptr<dtrain::ProcessGroup> pg;
-  if (launched_distributed()) pg = dtrain::init_process_group();
-  const int rank = pg ? pg->rank() : 0;
-  const int world = pg ? pg->size() : 1;
-  const bool lead = rank == 0;
+  // Under `dtrain run --live`, a world whose survivors re-form it when a rank dies.
+  std::unique_ptr<dtrain::LiveWorld> live;
+  if (launched_distributed() && env_flag("DTRAIN_LIVE")) {
+    if (flags.strategy != "ddp" || !flags.checkpoint_dir.empty() || flags.commit_every > 0)
+      throw dtrain::InvalidArgumentError(
+          "dtrain run --live: train_fashion_mnist recovers live with --strategy ddp, without "
+          "--checkpoint-dir and --commit-every (their managers belong to the first group)");
+    live = std::make_unique<dtrain::LiveWorld>();
+    pg = live->group();
+  } else if (launched_distributed()) {
+    pg = dtrain::init_process_group();
+  }
+  int rank = pg ? pg->rank() : 0;
+  int world = pg ? pg->size() : 1;
+  bool lead = rank == 0;
   if (lead)
     std::printf("train_fashion_mnist: %d rank(s), strategy %s, batch %d per rank, %d thread(s), "
                 "allocator %s, BLAS %s\n",
@@ -538,49 +584,125 @@ int run(const Flags& flags) {
   dtrain::ProgressReporter reporter(rank);
   reporter.step(step, 0);  // starts the clock
   const auto start = Clock::now();
-  for (int64_t epoch = position.epoch; epoch < flags.epochs && step < total && !stopped; ++epoch) {
+  // Live recovery (dtrain run --live): after a peer's death the survivors re-form the world, go
+  // on from the newest step any of them finished (its holder sends model and optimizer state to
+  // the others) and deal the rest of the epoch over the new world: the step in progress is redone.
+  auto regroup = [&](const std::exception& failure) {
+    if (lead || rank == 1)
+      std::fprintf(stderr, "rank %d: a peer is gone (%s); re-forming the world\n", rank,
+                   failure.what());
+    const auto reformed = live->reform();
+    pg = reformed.group;
+    rank = pg->rank();
+    world = pg->size();
+    lead = rank == 0;
+    return reformed;
+  };
+  auto recover = [&](const std::exception& failure) {
+    ddp.reset();
+    const auto reformed = regroup(failure);
+    std::vector<int64_t> newest = {step};
+    dtrain::AllreduceOptions max;
+    max.op = dtrain::ReduceOp::kMax;
+    pg->allreduce(dtrain::TensorView::of(newest), max)->wait();
+    std::vector<int64_t> root = {step == newest[0] ? rank : world};
+    dtrain::AllreduceOptions min;
+    min.op = dtrain::ReduceOp::kMin;
+    pg->allreduce(dtrain::TensorView::of(root), min)->wait();
+    dtrain::broadcast_parameters(*model, *pg, static_cast<int>(root[0]));
+    dtrain::broadcast_optimizer_state(*sgd, *pg, static_cast<int>(root[0]));
+    std::vector<int64_t> at = {position.epoch, position.epoch_consumed, step};
+    dtrain::BroadcastOptions from;
+    from.root = static_cast<int>(root[0]);
+    pg->broadcast(dtrain::TensorView::of(at), from)->wait();
+    position.epoch = at[0];
+    position.epoch_consumed = at[1];
+    step = at[2];
+    dtrain::DdpOptions ddp_options;
+    if (flags.deterministic) ddp_options.rebuild_buckets = false;
+    ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg, ddp_options);
+    input->regroup(world, rank, !flags.no_shuffle, flags.seed);
+    input->set_epoch(static_cast<uint64_t>(position.epoch),
+                     static_cast<uint64_t>(position.epoch_consumed));
+    total = step + steps_for(input->num_samples()) +
+            steps_for(static_cast<size_t>((train_size + world - 1) / world)) *
+                std::max<int64_t>(0, flags.epochs - position.epoch - 1);
+    if (flags.max_steps > 0) total = std::min(total, flags.max_steps);
+    sample_log.set_attempt(live->generation());
+    if (lead)
+      std::printf("live world: generation %d of %d rank(s) formed in %.2f s, going on from step "
+                  "%lld (lost rank(s) %s at start)\n",
+                  live->generation(), world, reformed.seconds, static_cast<long long>(step),
+                  fmt::format("{}", fmt::join(reformed.lost, ", ")).c_str());
+  };
+  int64_t epoch = position.epoch;
+  bool resuming = true;  // the first epoch (or one a re-forming cut) starts at `position`
+  while (epoch < flags.epochs && step < total && !stopped) {
     input->set_epoch(static_cast<uint64_t>(epoch),
-                     epoch == position.epoch ? static_cast<uint64_t>(position.epoch_consumed) : 0);
+                     resuming ? static_cast<uint64_t>(position.epoch_consumed) : 0);
+    resuming = false;
     const size_t samples = input->num_samples();
     std::vector<int64_t> batch;
     torch::Tensor x, y;
+    bool reformed = false;
     for (size_t from = 0; from < samples && step < total; from += batch_size) {
       size_t end = std::min(samples, from + static_cast<size_t>(batch_size));
-      input->next(end - from, x, y, batch);
+      size_t padding = 0;
+      input->next(end - from, x, y, batch, padding);
 
       if (rank == flags.straggler_rank)  // a slow worker, on purpose (--straggler-ms)
         std::this_thread::sleep_for(std::chrono::milliseconds(flags.straggler_ms));
-      sgd->zero_grad();
-      auto out = ddp ? ddp->forward([&] { return model->forward(x); }) : model->forward(x);
-      auto loss = torch::nn::functional::cross_entropy(out, y);
-      // The previous step's commit is complete before this rank's gradients of this step go out:
-      // no rank can finish a step whose predecessor is not committed, so a failure costs the
-      // step in progress and at most the one before it (with --commit-every 1). The write
-      // (tmpfs) is long done by now.
-      if (commits) {
-        try {
-          commits->wait();
-        } catch (const std::exception& e) {
-          commits_failed(e);
+      double l = 0;
+      try {
+        sgd->zero_grad();
+        auto out = ddp ? ddp->forward([&] { return model->forward(x); }) : model->forward(x);
+        auto loss = torch::nn::functional::cross_entropy(out, y);
+        // The rest of an epoch dealt over a world that does not divide it is padded with samples
+        // trained already: under live recovery they get no weight, so none is trained twice.
+        if (live && padding > 0) {
+          namespace F = torch::nn::functional;
+          auto each =
+              F::cross_entropy(out, y, F::CrossEntropyFuncOptions().reduction(torch::kNone));
+          const auto real = static_cast<int64_t>(batch.size() - padding);
+          loss = each.slice(0, 0, real).sum() / static_cast<double>(std::max<int64_t>(1, real));
         }
-      }
-      // Logged before this rank's gradients leave: a step can be committed (by another rank)
-      // once they have, even if this rank dies right after. A step logged but never finished
-      // is trained again after the restart, whose lines supersede these.
-      sample_log.record(epoch, step + 1, batch);
-      loss.backward();
-      {
-        dtrain::TimelineSpan span("optimizer step", "compute");
-        if (ps) {
-          ps->step();
-        } else if (dopt) {
-          dopt->step();
-        } else {
-          sgd->step();
+        // The previous step's commit is complete before this rank's gradients of this step go out:
+        // no rank can finish a step whose predecessor is not committed, so a failure costs the
+        // step in progress and at most the one before it (with --commit-every 1). The write
+        // (tmpfs) is long done by now.
+        if (commits) {
+          try {
+            commits->wait();
+          } catch (const std::exception& e) {
+            commits_failed(e);
+          }
         }
+        // Logged before this rank's gradients leave: a step can be committed (by another rank)
+        // once they have, even if this rank dies right after. A step logged but never finished
+        // is trained again after the restart, whose lines supersede these.
+        // (Without weight, padding is not trained: not logged.)
+        const size_t trained = live ? batch.size() - padding : batch.size();
+        sample_log.record(epoch, step + 1,
+                          std::vector<int64_t>(batch.begin(), batch.begin() + trained));
+        loss.backward();
+        {
+          dtrain::TimelineSpan span("optimizer step", "compute");
+          if (ps) {
+            ps->step();
+          } else if (dopt) {
+            dopt->step();
+          } else {
+            sgd->step();
+          }
+        }
+        l = loss.item<double>();
+        if (step == 0) initial_loss = allreduce_mean(pg.get(), l);  // kept in checkpoints
+      } catch (const std::exception& e) {
+        if (!live || !peer_lost(e)) throw;
+        recover(e);
+        reformed = true;
+        break;
       }
-      const double l = loss.item<double>();
-      if (step == 0) initial_loss = allreduce_mean(pg.get(), l);  // kept in checkpoints
       recent.push_back(l);
       if (recent.size() > 20) recent.pop_front();
       ++step;
@@ -603,6 +725,12 @@ int run(const Flags& flags) {
                       elapsed / steps_here * (total - step), step == total || epoch_done);
       if (stopped) break;
     }
+    if (reformed) {
+      epoch = position.epoch;
+      resuming = true;
+      continue;
+    }
+    ++epoch;
   }
   if (ckpt && step != saved_step) checkpoint();  // the end of training
   if (ckpt) {
@@ -644,34 +772,46 @@ int run(const Flags& flags) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   // Every rank's own rate, added up: ranks that do not keep in step (an asynchronous parameter
   // server with a straggler) are counted for what each did.
-  const double images_per_sec =
-      allreduce_mean(pg.get(), static_cast<double>(own_images) / seconds) * world;
-  double final_loss = allreduce_mean(pg.get(), mean_recent());
-  const double input_wait_ms =
-      allreduce_mean(pg.get(), input->waited_seconds() * 1e3 / std::max<int64_t>(1, steps_here));
   // Every rank names the bad records it replaced; the total goes into RESULT.
   for (const auto& why : input->skipped())
     std::fprintf(stderr, "rank %d: trained without a bad record: %s\n", rank, why.c_str());
-  const int64_t bad_records =
-      allreduce_sum(pg.get(), static_cast<int64_t>(input->skipped().size()));
   if (ps) ps->pull();  // the servers' latest values
+  double images_per_sec = 0, final_loss = 0, input_wait_ms = 0;
+  int64_t bad_records = 0, correct = 0, seen = 0;
+  // Under live recovery a rank may die here too: the survivors re-form and sum up again.
+  for (bool summed = false; !summed;) {
+    try {
+      images_per_sec =
+          allreduce_mean(pg.get(), static_cast<double>(own_images) / seconds) * world;
+      final_loss = allreduce_mean(pg.get(), mean_recent());
+      input_wait_ms = allreduce_mean(
+          pg.get(), input->waited_seconds() * 1e3 / std::max<int64_t>(1, steps_here));
+      bad_records = allreduce_sum(pg.get(), static_cast<int64_t>(input->skipped().size()));
 
-  // Test accuracy: every rank scores its share of the test set with rank 0's batch statistics.
-  if (pg) dtrain::broadcast_parameters(*model, *pg, 0);
-  model->eval();
-  int64_t correct = 0, seen = 0;
-  {
-    torch::NoGradGuard no_grad;
-    auto shard = torch::arange(rank, test.size(), world, torch::kLong);
-    for (int64_t at = 0; at < shard.size(0); at += 1000) {
-      auto idx = shard.slice(0, at, std::min(shard.size(0), at + 1000));
-      auto pred = model->forward(test.images.index_select(0, idx)).argmax(1);
-      correct += pred.eq(test.labels.index_select(0, idx)).sum().item<int64_t>();
-      seen += idx.size(0);
+      // Test accuracy: every rank scores its share of the test set with rank 0's batch
+      // statistics.
+      if (pg) dtrain::broadcast_parameters(*model, *pg, 0);
+      model->eval();
+      correct = 0;
+      seen = 0;
+      {
+        torch::NoGradGuard no_grad;
+        auto shard = torch::arange(rank, test.size(), world, torch::kLong);
+        for (int64_t at = 0; at < shard.size(0); at += 1000) {
+          auto idx = shard.slice(0, at, std::min(shard.size(0), at + 1000));
+          auto pred = model->forward(test.images.index_select(0, idx)).argmax(1);
+          correct += pred.eq(test.labels.index_select(0, idx)).sum().item<int64_t>();
+          seen += idx.size(0);
+        }
+      }
+      correct = allreduce_sum(pg.get(), correct);
+      seen = allreduce_sum(pg.get(), seen);
+      summed = true;
+    } catch (const std::exception& e) {
+      if (!live || !peer_lost(e)) throw;
+      regroup(e);
     }
   }
-  correct = allreduce_sum(pg.get(), correct);
-  seen = allreduce_sum(pg.get(), seen);
   const double accuracy = static_cast<double>(correct) / std::max<int64_t>(1, seen);
 
   if (lead) {

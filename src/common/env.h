@@ -147,6 +147,10 @@ struct Var {
   X(kFlightDir, "DTRAIN_FLIGHT_DIR", "",                                                           \
     "Where flight records are dumped (rank<r>.json); set by `dtrain run`. Unset: "                 \
     "$TMPDIR/dtrain-flight.")                                                                      \
+  X(kLive, "DTRAIN_LIVE", "0",                                                                     \
+    "Set to 1 for the workers by `dtrain run --live`: when a peer dies, programs that support "    \
+    "live recovery (train_fashion_mnist, dtrain::LiveWorld) re-form their group without it and "   \
+    "go on instead of failing.")                                                                   \
   X(kSampleLog, "DTRAIN_SAMPLE_LOG", "",                                                           \
     "train_fashion_mnist's --sample-log when the flag is not given: a file to which every rank "   \
     "appends `epoch index step restart` per trained sample; set by `dtrain chaos`, which counts "  \

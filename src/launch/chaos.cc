@@ -234,7 +234,8 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
                                 run.recovery_s.back()));
       pending = {};
     }
-    if (with_faults && training && !pending.active && now - *training >= clock.next().at) {
+    if (with_faults && training && !pending.active && run.faults != o.max_faults &&
+        now - *training >= clock.next().at) {
       const auto workers = running_workers(run.dir + "/flight");
       if (!workers.empty()) {
         const FaultRule& rule = clock.fire();

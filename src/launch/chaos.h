@@ -25,8 +25,9 @@ struct ChaosOptions {
   std::vector<std::string> command;  // the job
   std::vector<FaultRule> schedule;
   uint64_t seed = 1;
-  bool baseline = true;                // also run the job once without faults (first)
-  std::string dir;                     // the runs' directories go here
+  int max_faults = -1;   // stop injecting after this many (-1: as long as the job runs)
+  bool baseline = true;  // also run the job once without faults (first)
+  std::string dir;       // the runs' directories go here
   std::chrono::seconds timeout{3600};  // per run: then the job is stopped and the run fails
   int out_fd = 2;                      // where progress lines go
 };

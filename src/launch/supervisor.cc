@@ -348,6 +348,14 @@ class Run {
       bool failed = w.exit_code != 0 || w.signal != 0;
       DTRAIN_LOG_DEBUG("{}: {} (pid {}) exited: code {} signal {}", options_.name, w.label, w.pid,
                        w.exit_code, w.signal);
+      if (failed && !stopping_ && options_.keep_survivors) {
+        lost_.push_back(&w);
+        drain(w.err);
+        write_out(options_.stderr_fd,
+                  fmt::format("{}: {} (pid {}) {}; the other workers go on without it (--live)\n",
+                              options_.name, w.label, w.pid, exit_of(w).how()));
+        continue;
+      }
       // Exits after we began stopping the job are our doing, not failures of their own.
       if (failed && !stopping_) {
         failed_.push_back(&w);
@@ -570,6 +578,20 @@ class Run {
     size_t n = workers_.size();
     SupervisorResult result;
     result.interrupted_by = interrupted_by_;
+    // Live recovery: workers lost along the way fail the job only when none ended well.
+    if (!lost_.empty() && first_failure_ == nullptr) {
+      size_t ended_well = 0;
+      for (const auto& w : workers_)
+        ended_well += !w.service && !w.running && w.exit_code == 0 && w.signal == 0 ? 1 : 0;
+      if (ended_well == 0) {
+        first_failure_ = lost_.front();
+        failed_ = lost_;
+      } else {
+        write_out(options_.stderr_fd,
+                  fmt::format("{}: {} worker(s) ended well; {} lost along the way (--live)\n",
+                              options_.name, ended_well, lost_.size()));
+      }
+    }
     if (first_failure_ != nullptr) {
       if (root_cause_ == nullptr) root_cause_ = choose_root_cause();
       // The job's exit status is the first failure's; the report names the likeliest cause.
@@ -650,6 +672,7 @@ class Run {
   const sigset_t& child_mask_;
   std::vector<Worker> workers_;
   Worker* first_failure_ = nullptr;
+  std::vector<Worker*> lost_;    // keep_survivors: workers that failed while the others went on
   std::vector<Worker*> failed_;  // every worker that failed on its own, in the order seen
   std::optional<Clock::time_point> settle_until_;  // stop the others then
   Worker* root_cause_ = nullptr;                   // the likeliest cause, once chosen

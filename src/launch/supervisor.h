@@ -88,6 +88,10 @@ struct SupervisorOptions {
   // caller's, not relayed (`dtrain bench` takes its ranks' results this way).
   std::function<bool(int rank, std::string_view line)> take_stdout_line;
   bool report_failure = true;  // write the one-line failure summary at the end
+  // Live recovery (`dtrain run --live`): a worker that fails is reported in a line and left out;
+  // the others go on (they re-form their group without it: dtrain/live_world.h). The job fails
+  // only when no worker ends well.
+  bool keep_survivors = false;
   // Called with every worker as it exits (successfully or not), before any other is stopped for
   // it: `dtrain run` leaves the word for the worker's peers (see cmd_run.cc).
   std::function<void(const WorkerExit&)> on_exit;

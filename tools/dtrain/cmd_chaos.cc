@@ -2,7 +2,7 @@
 // under a seeded fault schedule, and prints what the faults cost it as its last line:
 //   CHAOS {"faults":..,"recovered":..,"goodput":..,"steps_lost":..,"samples_lost":..,...}
 // With no job, the main job's example (train_fashion_mnist beside this dtrain) at --ranks ranks
-// under elastic `dtrain run`. See launch/chaos.h and docs/fault_tolerance.md.
+// under `dtrain run --live`. See launch/chaos.h and docs/fault_tolerance.md.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -23,6 +23,7 @@ namespace {
 struct ChaosArgs {
   std::string schedule;
   uint64_t seed = 1;
+  int max_faults = -1;
   int ranks = 4;
   bool no_baseline = false;
   std::string dir;
@@ -30,7 +31,7 @@ struct ChaosArgs {
   std::vector<std::string> command;
 };
 
-// The main job: the example beside this executable, elastic so that a failure restarts it.
+// The main job: the example beside this executable, recovering live (`dtrain run --live`).
 std::vector<std::string> default_job(int ranks) {
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
   const std::filesystem::path trainer = self.parent_path() / "train_fashion_mnist";
@@ -41,9 +42,8 @@ std::vector<std::string> default_job(int ranks) {
         "built beside dtrain in build/bin); give the job: dtrain chaos --schedule kill:30s -- "
         "dtrain run -n 4 --max-restarts 100 -- ./train",
         trainer.string()));
-  return {self.string(),    "run",  "-n",        std::to_string(ranks),
-          "--max-restarts", "1000", "--",        trainer.string(),
-          "--epochs",       "4",    "--threads", "1"};
+  return {self.string(),    "run",      "-n", std::to_string(ranks), "--live", "--",
+          trainer.string(), "--epochs", "4",  "--threads",           "1"};
 }
 
 }  // namespace
@@ -64,6 +64,9 @@ CLI::App* add_chaos_command(CLI::App& app) {
                   "(SIGSTOP one for FOR), comma-separated: kill:30s,stop:90s:5s")
       ->required();
   cmd->add_option("--seed", args->seed, "Draws which worker each fault hits");
+  cmd->add_option("--max-faults", args->max_faults,
+                  "Stop injecting after this many faults (default: as long as the job runs)")
+      ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--ranks", args->ranks, "Workers of the default job (no job given)")
       ->check(CLI::Range(1, 256));
   cmd->add_flag("--no-baseline", args->no_baseline,
@@ -85,6 +88,7 @@ CLI::App* add_chaos_command(CLI::App& app) {
     launch::ChaosOptions o;
     o.schedule = launch::parse_fault_schedule(args->schedule);
     o.seed = args->seed;
+    o.max_faults = args->max_faults;
     o.baseline = !args->no_baseline;
     o.timeout = std::chrono::seconds(args->timeout_s);
     o.command = args->command.empty() ? default_job(args->ranks) : args->command;

@@ -66,6 +66,7 @@ struct RunArgs {
   std::string metrics_addr = "0.0.0.0";  // ... on this interface
   bool no_jemalloc = false;  // leave the workers' allocator alone (launch/allocator_preload.h)
   bool tf_config = false;    // give each worker (and server) the TF_CONFIG of the cluster
+  bool live = false;         // live recovery: a worker's death leaves the others running
   std::vector<std::string> command;
 };
 
@@ -363,6 +364,7 @@ int run_job(const RunArgs& a) {
   options.failure_records = flight_dir;
   options.prefix_output = !a.no_prefix;
   options.grace_period = seconds_flag(a.grace_period_s, "--grace-period");
+  options.keep_survivors = a.live;
   int world_size = a.nnodes * a.nproc;
   // Parameter servers beside the workers share the CPUs with them: no binding then.
   const auto cpus =
@@ -391,6 +393,7 @@ int run_job(const RunArgs& a) {
          {"TORCHELASTIC_RUN_ID", env::get_string(env::kJobId)},
          {std::string(env::kFlightDir.name), flight_dir}}});
     options.workers.back().cpus = launch::cpu_share(local, a.nproc, cpus);
+    if (a.live) options.workers.back().env.emplace_back(env::kLive.name, "1");
     if (metrics)
       options.workers.back().env.emplace_back(env::kProgressDir.name, metrics->progress_dir());
     if (!gpus.empty()) {
@@ -476,6 +479,10 @@ CLI::App* add_run_command(CLI::App& app) {
                                "one when busy on a single node)")
                    ->capture_default_str();
   cmd->add_flag("--no-prefix", args->no_prefix, "Do not prefix output lines with [rank N]");
+  cmd->add_flag("--live", args->live,
+                "Live recovery: when a worker dies the others go on, re-forming their group "
+                "without it (programs that support it: train_fashion_mnist, dtrain::LiveWorld); "
+                "sets DTRAIN_LIVE=1");
   cmd->add_flag("--no-jemalloc", args->no_jemalloc,
                 "Do not preload jemalloc into the workers (by default they get it, with the "
                 "settings dtrain's own programs use: Python jobs train faster)");
@@ -581,6 +588,10 @@ CLI::App* add_run_command(CLI::App& app) {
           "dtrain run: --tf-config describes the processes of one node, started once: it "
           "cannot be combined with --nnodes above 1 or an elastic run yet; on several nodes "
           "set TF_CONFIG in each node's environment");
+    if (a.live && (is_elastic || a.nnodes > 1 || a.servers > 0))
+      throw InvalidArgumentError(
+          "dtrain run: --live keeps the surviving workers of one node running; it cannot be "
+          "combined with an elastic run (--max-restarts, --nnodes, --rdzv-*) or --servers yet");
     if (is_elastic) {
       if (a.servers > 0)
         throw InvalidArgumentError(

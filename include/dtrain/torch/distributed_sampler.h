@@ -65,6 +65,13 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   // This rank's samples of the current epoch, in order.
   const std::vector<size_t>& indices() const { return indices_; }
   size_t num_samples() const { return num_samples_; }  // per rank, of this (rest of the) epoch
+  // Whether this rank's k-th index only pads the epoch to equal lengths (a sample another rank
+  // trains, or trained, too): a program that must train each sample exactly once gives it no
+  // weight.
+  bool is_padding(size_t k) const {
+    return static_cast<size_t>(rank_) + k * static_cast<size_t>(num_replicas_) >=
+           dataset_size_ - start_;
+  }
   size_t dataset_size() const { return dataset_size_; }
   int num_replicas() const { return num_replicas_; }
   size_t total_size() const { return num_samples_ * static_cast<size_t>(num_replicas_); }
