@@ -1,0 +1,86 @@
+// Live recovery (issue #48) with dtrain::LiveWorld under `dtrain run --live`, over live_worker:
+// the survivors re-form their group without a rank that died (rank 0 too: the store is the
+// launcher's) and their all-reduces sum exactly the members left; a program that does not
+// re-form fails the job as before; outside a launcher's store LiveWorld says what it needs.
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "command.h"
+#include "support/multiproc.h"
+
+namespace dtrain::testing {
+namespace {
+
+const std::string kDtrain = std::string(DTRAIN_BIN_DIR) + "/dtrain";
+const std::string kWorker = std::string(DTRAIN_BIN_DIR) + "/live_worker";
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+void survivors_go_on_without(int dead) {
+  const auto r = run_command({kDtrain, "run", "-n", "3", "--live", "--", kWorker, "--steps", "100",
+                              "--die-rank", std::to_string(dead), "--die-at", "30"},
+                             {.timeout = std::chrono::milliseconds(60'000)});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  const std::string members = dead == 0 ? "1,2" : dead == 1 ? "0,2" : "0,1";
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_NE(r.output.find("generation 1 rank " + std::to_string(rank) + " of 2 members " +
+                            members + " lost " + std::to_string(dead)),
+              std::string::npos)
+        << r.output;
+  EXPECT_EQ(count(r.output, "DONE steps 100 generation 1 world 2 checked 100"), 2u) << r.output;
+  EXPECT_NE(r.output.find("rank " + std::to_string(dead) + " (pid "), std::string::npos);
+  EXPECT_NE(r.output.find("was killed by SIGKILL (Killed); the other workers go on without it "
+                          "(--live)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("2 worker(s) ended well; 1 lost along the way (--live)"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(LiveWorld, TheSurvivorsReformWithoutADeadRankAndSumExactlyTheMembersLeft) {
+  survivors_go_on_without(1);
+}
+
+TEST(LiveWorld, TheSurvivorsGoOnWhenRankZeroDiesSinceTheStoreIsTheLaunchers) {
+  survivors_go_on_without(0);
+}
+
+TEST(LiveWorld, AProgramThatDoesNotReformFailsTheJobNamingTheDeadRank) {
+  const auto r = run_command({kDtrain, "run", "-n", "3", "--live", "--", kWorker, "--die-rank", "2",
+                              "--die-at", "10", "--no-reform", "1"},
+                             {.timeout = std::chrono::milliseconds(60'000)});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 2 (pid"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("ended well"), std::string::npos) << r.output;
+}
+
+TEST(LiveWorld, OutsideALaunchersStoreItSaysWhatItNeeds) {
+  const auto r = run_command({kWorker}, {.env = {{"RANK", "0"},
+                                                 {"WORLD_SIZE", "1"},
+                                                 {"MASTER_ADDR", "127.0.0.1"},
+                                                 {"MASTER_PORT", std::to_string(free_port())}}});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("live recovery needs a store that outlives every worker, hosted by the "
+                          "launcher: run the job under `dtrain run --live`"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(LiveWorld, LiveIsRefusedWhereItCannotKeepTheSurvivors) {
+  const auto r =
+      run_command({kDtrain, "run", "-n", "2", "--live", "--max-restarts", "1", "--", kWorker});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--live keeps the surviving workers of one node running"),
+            std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace dtrain::testing

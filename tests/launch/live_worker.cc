@@ -1,0 +1,94 @@
+// A worker for the live-recovery tests (live_test.cc runs it under `dtrain run --live`): each
+// step all-reduces the step number and every member's rank at start, and checks the sum against
+// the members it knows; when a peer dies it re-forms the world (dtrain::LiveWorld) and redoes the
+// step. One rank may SIGKILL itself after some steps.
+//
+//   live_worker [--steps N] [--step-ms MS] [--die-rank R --die-at S] [--no-reform 1]
+//
+// --no-reform 1 fails on a peer's death instead, as a program without live recovery does.
+// Prints (every member) "generation G rank K of W members M lost L" after each re-forming, and
+// "DONE steps S generation G world W checked C" at the end.
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "dtrain/dtrain.h"
+#include "dtrain/live_world.h"
+
+int main(int argc, char** argv) {
+  int steps = 100, step_ms = 5, die_rank = -1, die_at = -1, no_reform = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const int value = std::atoi(argv[i + 1]);
+    if (flag == "--steps")
+      steps = value;
+    else if (flag == "--step-ms")
+      step_ms = value;
+    else if (flag == "--die-rank")
+      die_rank = value;
+    else if (flag == "--die-at")
+      die_at = value;
+    else if (flag == "--no-reform")
+      no_reform = value;
+    else {
+      std::fprintf(stderr, "live_worker: unknown flag %s\n", flag.c_str());
+      return 2;
+    }
+  }
+  try {
+    dtrain::LiveWorld world({.settle = std::chrono::milliseconds(3000)});
+    auto pg = world.group();
+    int checked = 0;
+    for (int step = 0; step < steps;) {
+      if (world.original_rank() == die_rank && step == die_at) ::raise(SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+      std::vector<int64_t> v = {step, world.original_rank()};
+      try {
+        pg->allreduce(dtrain::TensorView::of(v))->wait();
+      } catch (const dtrain::PeerFailureError&) {
+        if (no_reform != 0) throw;
+        const auto reformed = world.reform();
+        pg = reformed.group;
+        // A member whose all-reduce of this step completed before the death went on: the step
+        // to go on from is the newest any member reached.
+        std::vector<int64_t> newest = {step};
+        dtrain::AllreduceOptions max;
+        max.op = dtrain::ReduceOp::kMax;
+        pg->allreduce(dtrain::TensorView::of(newest), max)->wait();
+        step = static_cast<int>(newest[0]);
+        std::printf("generation %d rank %d of %d members %s lost %s\n", world.generation(),
+                    pg->rank(), pg->size(),
+                    fmt::format("{}", fmt::join(world.members(), ",")).c_str(),
+                    fmt::format("{}", fmt::join(reformed.lost, ",")).c_str());
+        std::fflush(stdout);
+        continue;  // the step again, in the new world
+      }
+      int64_t members = 0;
+      for (int m : world.members()) members += m;
+      if (v[0] != int64_t{step} * pg->size() || v[1] != members) {
+        std::fprintf(stderr,
+                     "live_worker: step %d summed to %lld and %lld, expected %lld and %lld\n", step,
+                     static_cast<long long>(v[0]), static_cast<long long>(v[1]),
+                     static_cast<long long>(step) * pg->size(), static_cast<long long>(members));
+        return 1;
+      }
+      ++checked;
+      ++step;
+    }
+    std::printf("DONE steps %d generation %d world %d checked %d\n", steps, world.generation(),
+                pg->size(), checked);
+    pg->barrier()->wait();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "live_worker: %s\n", e.what());
+    return 1;
+  }
+}
