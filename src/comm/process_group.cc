@@ -639,6 +639,7 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                                                         .enqueued = deadline.start()});
   if (failed) {
     recorder.ended(flight, false);
+    if (size_ > 1 && failed_seq == seq) watchdog_->publish_call(seq);
     const std::string since =
         failed_seq == seq ? std::string("a peer failed it")
         : failed_seq == 0

@@ -76,6 +76,12 @@ int64_t Watchdog::arrived_ms() const {
 
 void Watchdog::publish_arrival(uint32_t seq) { publish(seq, arrived_ms()); }
 
+void Watchdog::publish_call(uint32_t seq) {
+  publish(seq, std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count());
+}
+
 Watchdog::Arrivals Watchdog::read_arrivals(uint32_t seq) {
   const int64_t mine = arrived_ms();
   const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(

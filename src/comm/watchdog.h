@@ -47,6 +47,10 @@ class Watchdog {
   // Publishes this rank's arrival at the running collective `seq`: a failing rank does so before
   // its post-mortem statement, so that a peer that read the statement finds the arrival too.
   void publish_arrival(uint32_t seq);
+  // This rank called `seq` but never entered it, its group having failed it already (a peer's
+  // notice came first): published as an arrival now, so that the peers' post-mortems do not call
+  // it not arrived.
+  void publish_call(uint32_t seq);
 
  private:
   void run(std::stop_token stop);

@@ -135,36 +135,27 @@ nlohmann::json chaos_line(const std::string& output) {
                                false);
 }
 
+// Runs `dtrain chaos ARGS -- dtrain run RUN -- train_fashion_mnist TRAIN` (its own output dir).
+dtrain::testing::CommandResult chaos(const dtrain::testing::TempDir& dir,
+                                     const std::vector<std::string>& args,
+                                     const std::vector<std::string>& run,
+                                     const std::vector<std::string>& train) {
+  std::vector<std::string> argv = {kDtrain, "chaos", "--dir", dir.path};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--", kDtrain, "run"});
+  argv.insert(argv.end(), run.begin(), run.end());
+  argv.insert(argv.end(), {"--", kTrainer, "--threads", "1"});
+  argv.insert(argv.end(), train.begin(), train.end());
+  return dtrain::testing::run_command(argv, {.timeout = milliseconds(240'000)});
+}
+
 TEST(Chaos, TheExampleUnderKillsAndAStopLosesAndRepeatsNoSampleAndEndsAtTheBaselinesLoss) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   dtrain::testing::TempDir dir;
-  const auto r = dtrain::testing::run_command({kDtrain,
-                                               "chaos",
-                                               "--schedule",
-                                               "kill:3s,stop:4s:1s",
-                                               "--seed",
-                                               "1",
-                                               "--dir",
-                                               dir.path,
-                                               "--",
-                                               kDtrain,
-                                               "run",
-                                               "-n",
-                                               "2",
-                                               "--max-restarts",
-                                               "20",
-                                               "--rdzv-id",
-                                               "chaos-" + std::to_string(::getpid()),
-                                               "--",
-                                               kTrainer,
-                                               "--threads",
-                                               "1",
-                                               "--deterministic",
-                                               "--train-samples",
-                                               "12000",
-                                               "--epochs",
-                                               "2"},
-                                              {.timeout = milliseconds(240'000)});
+  const auto r =
+      chaos(dir, {"--schedule", "kill:3s,stop:4s:1s", "--seed", "1"},
+            {"-n", "2", "--max-restarts", "20", "--rdzv-id", "chaos-" + std::to_string(::getpid())},
+            {"--deterministic", "--train-samples", "12000", "--epochs", "2"});
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   const nlohmann::json c = chaos_line(r.output);
   ASSERT_TRUE(c.is_object()) << r.output;
@@ -187,12 +178,8 @@ TEST(Chaos, TheExampleUnderKillsAndAStopLosesAndRepeatsNoSampleAndEndsAtTheBasel
 TEST(Chaos, LiveRecoveryKeepsTheSurvivorsTrainingWithinASecondAndEverySampleOnce) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   dtrain::testing::TempDir dir;
-  const auto r = dtrain::testing::run_command(
-      {kDtrain, "chaos",    "--schedule", "kill:4s", "--seed",    "2",   "--max-faults",
-       "2",     "--dir",    dir.path,     "--",      kDtrain,     "run", "-n",
-       "4",     "--live",   "--",         kTrainer,  "--threads", "1",   "--train-samples",
-       "24000", "--epochs", "2"},
-      {.timeout = milliseconds(240'000)});
+  const auto r = chaos(dir, {"--schedule", "kill:4s", "--seed", "2", "--max-faults", "2"},
+                       {"-n", "4", "--live"}, {"--train-samples", "24000", "--epochs", "2"});
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   const nlohmann::json c = chaos_line(r.output);
   ASSERT_TRUE(c.is_object()) << r.output;
@@ -219,27 +206,8 @@ TEST(Chaos, LiveRecoveryKeepsTheSurvivorsTrainingWithinASecondAndEverySampleOnce
 TEST(Chaos, AJobThatCannotRecoverEndsTheRunWithItsExitCodeAndNoGoodput) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   dtrain::testing::TempDir dir;
-  const auto r = dtrain::testing::run_command({kDtrain,
-                                               "chaos",
-                                               "--schedule",
-                                               "kill:2s",
-                                               "--no-baseline",
-                                               "--dir",
-                                               dir.path,
-                                               "--",
-                                               kDtrain,
-                                               "run",
-                                               "-n",
-                                               "2",
-                                               "--",
-                                               kTrainer,
-                                               "--threads",
-                                               "1",
-                                               "--train-samples",
-                                               "12000",
-                                               "--epochs",
-                                               "3"},
-                                              {.timeout = milliseconds(120'000)});
+  const auto r = chaos(dir, {"--schedule", "kill:2s", "--no-baseline"}, {"-n", "2"},
+                       {"--train-samples", "12000", "--epochs", "3"});
   EXPECT_EQ(r.exit_code, 1) << r.describe() << "\n" << r.output;
   const nlohmann::json c = chaos_line(r.output);
   ASSERT_TRUE(c.is_object()) << r.output;

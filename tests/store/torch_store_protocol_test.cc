@@ -372,7 +372,9 @@ TEST(TorchStoreProtocol2, ABadMagicNumberIsRefusedWithALogLine) {
   LogCapture log;
   auto server = torch_server();
   TorchClient c(server.port());
-  c.u8(q2::VALIDATE).u32(0x12345678).u8(q2::PING).u32(1);
+  // Nothing after the bad magic: the server closes at once, and a byte sent after that would
+  // meet a reset instead of the closed connection this test looks for.
+  c.u8(q2::VALIDATE).u32(0x12345678);
   EXPECT_TRUE(c.closed_within(2s));
   const std::string text = log.text();
   EXPECT_NE(text.find("0x12345678"), std::string::npos) << text;

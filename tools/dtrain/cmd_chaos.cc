@@ -86,7 +86,11 @@ CLI::App* add_chaos_command(CLI::App& app) {
             "dtrain chaos: unknown option '{}' (see dtrain chaos --help; put the job after --)",
             extra));
     launch::ChaosOptions o;
-    o.schedule = launch::parse_fault_schedule(args->schedule);
+    try {
+      o.schedule = launch::parse_fault_schedule(args->schedule);
+    } catch (const InvalidArgumentError& e) {
+      throw InvalidArgumentError(std::string("dtrain chaos: ") + e.what());
+    }
     o.seed = args->seed;
     o.max_faults = args->max_faults;
     o.baseline = !args->no_baseline;
