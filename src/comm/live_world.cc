@@ -73,8 +73,11 @@ LiveWorld::Reformed LiveWorld::reform() {
     if (here.size() + ended == members_.size() || Clock::now() >= settle_end) break;
     if (deadline.expired())
       throw TimeoutError(fmt::format(
-          "rank {} (rank {} at start): re-forming generation {} took {}: members here {}, of {}",
-          group_->rank(), original_rank_, next, deadline.describe(), here, members_));
+          "rank {} (rank {} at start): re-forming generation {} of the live world took {}: of "
+          "the members {}, {} announced themselves and some of the rest were neither here nor "
+          "reported ended by the launcher; raise LiveWorldOptions::timeout, or look for a "
+          "stopped member",
+          group_->rank(), original_rank_, next, deadline.describe(), members_, here));
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   // The first survivor to close the list decides it for every one.

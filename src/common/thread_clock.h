@@ -3,7 +3,7 @@
 // A wait reads the clock anyway (for its spin budget and its deadline) whenever it does not end
 // at its first look, and after every sleep. What dates an event that follows a wait, the flight
 // recorder's end of a small call, takes that reading instead of paying for one more: on the
-// smallest collective a clock read is a few percent of the call (docs/performance.md).
+// smallest collective a clock read is a visible part of the call (docs/performance.md).
 #pragma once
 
 #include "common/deadline.h"

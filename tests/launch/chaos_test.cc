@@ -188,8 +188,8 @@ TEST(Chaos, LiveRecoveryKeepsTheSurvivorsTrainingWithinASecondAndEverySampleOnce
   // The rest of an epoch dealt over fewer ranks pads none twice: its padding has no weight.
   EXPECT_EQ(c["samples_lost"], 0) << r.output;
   EXPECT_EQ(c["samples_repeated"], 0) << r.output;
-  // Nothing restarts: the survivors re-form their group and go on (0.15-0.22 s on the
-  // development machine; the bound leaves room for a loaded one).
+  // Nothing restarts: the survivors re-form their group and go on (docs/fault_tolerance.md has
+  // the figures; the bound leaves room for a loaded machine).
   for (const auto& s : c["recovery_s"]) EXPECT_LT(s.get<double>(), 2.0) << r.output;
   EXPECT_GT(c["goodput"].get<double>(), 0.5) << r.output;
   EXPECT_NEAR(c["final_loss"].get<double>(), c["baseline_loss"].get<double>(),
