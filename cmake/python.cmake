@@ -80,6 +80,7 @@ dtrain_python_module(dtrain_python_core _core
   src/python/core/array.cc
   src/python/core/process_group_bindings.cc
   src/python/core/flight_bindings.cc
+  src/python/core/live_bindings.cc
   src/python/core/ps_bindings.cc
   src/python/core/data_bindings.cc
   src/python/core/pipeline_bindings.cc

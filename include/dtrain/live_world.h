@@ -7,12 +7,8 @@
 //   ... agree on the state to go on from (the newest step any member finished), redo the step
 //
 // The launcher hosts the store and outlives the workers; `dtrain run --live` keeps the others
-// running when one dies and leaves its word on how the worker ended (DTRAIN_FLIGHT_DIR). After a
-// failure every survivor announces itself for the next generation in the store and waits until
-// each member of the last one has either announced itself or been reported ended by the
-// launcher, or until `settle` has passed (a stopped or stuck member is then left out). The first
-// survivor to close the list decides it for all (compare-and-set); the members keep their order
-// (their rank at start), and the next group is made among them.
+// running when one dies. Who goes on is LiveMembership's agreement (live_membership.h); the next
+// group is made among them, each keeping its order.
 #pragma once
 
 #include <chrono>
@@ -20,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/live_membership.h"
 #include "dtrain/process_group.h"
-#include "dtrain/store.h"
 
 namespace dtrain {
 
@@ -41,11 +37,11 @@ class LiveWorld {
   explicit LiveWorld(LiveWorldOptions options = {});
 
   std::shared_ptr<ProcessGroup> group() const { return group_; }
-  int generation() const { return generation_; }
+  int generation() const { return membership_.generation(); }
   // This process's rank at start: it names the process across generations.
-  int original_rank() const { return original_rank_; }
+  int original_rank() const { return membership_.original_rank(); }
   // The members of this generation, by their rank at start; member i has rank i.
-  const std::vector<int>& members() const { return members_; }
+  const std::vector<int>& members() const { return membership_.members(); }
 
   struct Reformed {
     std::shared_ptr<ProcessGroup> group;
@@ -60,11 +56,8 @@ class LiveWorld {
 
  private:
   LiveWorldOptions options_;
-  std::shared_ptr<Store> store_;
+  LiveMembership membership_;
   std::shared_ptr<ProcessGroup> group_;
-  std::vector<int> members_;
-  int original_rank_ = 0;
-  int generation_ = 0;
 };
 
 }  // namespace dtrain

@@ -1,6 +1,7 @@
 """Horovod's @hvd.elastic.run, one for every framework's Horovod API (dtrain.torch.elastic,
 dtrain.tensorflow.elastic): the function starts from the newest commit a restart left, if any,
-with every rank holding the same state."""
+with every rank holding the same state; with live recovery it starts again among the survivors
+when a peer dies."""
 import functools
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar, cast
@@ -13,6 +14,8 @@ class ElasticState(Protocol):
     def _resume(self) -> bool: ...
 
     def sync(self) -> None: ...
+
+    def restore(self) -> None: ...
 
 
 class Collectives(Protocol):
@@ -28,19 +31,32 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def elastic_run(function: Callable[Concatenate[S, P], R],
-                collectives: Collectives) -> Callable[Concatenate[S, P], R]:
+def elastic_run(function: Callable[Concatenate[S, P], R], collectives: Collectives,
+                recover: Callable[[Exception], bool] | None = None
+                ) -> Callable[Concatenate[S, P], R]:
     """`function(state, ...)` after `collectives.init()`, the state's resume (collective: the
-    newest commit any rank holds) and sync; the reset callbacks run after a resume."""
+    newest commit any rank holds) and sync; the reset callbacks run after a resume.
+
+    `recover(error)`, where given, is live recovery: for an error it recovers from (a peer died)
+    it re-forms the job among the survivors and returns True; the state then goes back to its
+    last commit, is synced (from the newest commit any survivor holds), the reset callbacks run
+    and `function` starts again, as Horovod's elastic run does after a HorovodInternalError."""
     @functools.wraps(function)
     def wrapper(state: S, *args: P.args, **kwargs: P.kwargs) -> R:
         if not collectives.is_initialized():
             collectives.init()
-        resumed = state._resume()
-        state.sync()
-        if resumed:
-            for callback in state._reset_callbacks:
-                callback()
-        return function(state, *args, **kwargs)
+        reset = state._resume()
+        while True:
+            try:
+                state.sync()
+                if reset:
+                    for callback in state._reset_callbacks:
+                        callback()
+                return function(state, *args, **kwargs)
+            except Exception as error:
+                if recover is None or not recover(error):
+                    raise
+                state.restore()
+                reset = True
     # `state` may also be passed by name, which Concatenate cannot say.
     return cast(Callable[Concatenate[S, P], R], wrapper)

@@ -5,6 +5,7 @@ tests/python/harness.py or a launcher sets, checks every result against values c
 and exits 0; a mismatch raises, which exits non-zero with the traceback.
 """
 import os
+import signal
 import sys
 import time
 
@@ -552,6 +553,72 @@ def elastic(out, crash_step):
         torch.save({k: v.clone() for k, v in model.state_dict().items()}, out)
     print(f"rank {r}: elastic training finished at step {state.step} (resets {resets})",
           flush=True)
+    hvd.shutdown()
+
+
+LIVE_SAMPLES = 90  # the live worker's dataset
+LIVE_BATCH = 3     # per rank and step
+
+
+def live_dataset():
+    """The live worker's samples: inputs of _model's width and their targets."""
+    g = torch.Generator().manual_seed(11)
+    return torch.randn(LIVE_SAMPLES, 5, generator=g), torch.randn(LIVE_SAMPLES, 2, generator=g)
+
+
+def live_batches(indices):
+    """The batches a rank trains from its share of the epoch, in order."""
+    return [indices[i:i + LIVE_BATCH] for i in range(0, len(indices), LIVE_BATCH)]
+
+
+def live_elastic(out, die_rank, die_after):
+    """hvd.elastic under `dtrain run --live`: one epoch of LIVE_SAMPLES through an
+    ElasticSampler and a DistributedOptimizer, a commit after every step; rank `die_rank` (at
+    start) SIGKILLs itself after its commit of step `die_after`. Each rank writes, after each
+    commit, "step S generation G samples i,j,k padding a,b,c" to out/samples.R (R: its rank at
+    start), and at the end its weights to out/weights.R."""
+    die_rank, die_after = int(die_rank), int(die_after)
+    hvd.init()
+    me = int(os.environ["RANK"])
+    x, y = live_dataset()
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(LIVE_SAMPLES, shuffle=True, seed=3)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, step=0, generation=0)
+    log = open(os.path.join(out, f"samples.{me}"), "w")
+
+    def reset():
+        state.generation += 1
+        print(f"rank {me} at start: reset at step {state.step}, now rank {hvd.rank()} of "
+              f"{hvd.size()}", flush=True)
+    state.register_reset_callbacks([reset])
+
+    @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, 1):
+            mine = list(state.sampler)
+            for k, batch in enumerate(live_batches(mine)):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
+                opt.step()
+                state.sampler.record_batch(k, LIVE_BATCH)
+                state.step += 1
+                state.commit()
+                first = k * LIVE_BATCH
+                padding = [i for j, i in enumerate(batch) if state.sampler.is_padding(first + j)]
+                log.write(f"step {state.step} generation {state.generation} samples "
+                          f"{','.join(map(str, batch))} padding {','.join(map(str, padding))}\n")
+                log.flush()
+                if me == die_rank and state.step == die_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            state.sampler.set_epoch(state.epoch + 1)
+
+    train(state)
+    torch.save({k: v.clone() for k, v in model.state_dict().items()},
+               os.path.join(out, f"weights.{me}"))
+    print(f"rank {me} at start: live training finished at step {state.step} as rank "
+          f"{hvd.rank()} of {hvd.size()}", flush=True)
     hvd.shutdown()
 
 

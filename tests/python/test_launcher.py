@@ -2,6 +2,7 @@
 init_process_group meets the launcher's store (TORCHELASTIC_USE_AGENT_STORE, as under torchrun)."""
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -57,6 +58,19 @@ def test_an_elastic_run_restarts_python_workers_which_resume_from_their_checkpoi
                     str(tmp_path)])
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("attempt 1 finished with total 72.0") == 2, p.stdout + p.stderr
+
+
+def test_a_torch_distributed_script_recovers_live_when_a_rank_dies():
+    # Rank 1 of 3 dies at step 5: the others catch torch's DistBackendError, re-form the world
+    # (dtrain.torch.live), make DDP again and finish with the same weights.
+    p = dtrain_run(["-n", "3", "--live", "--", harness.PYTHON,
+                    os.path.join(harness.HERE, "workers.py"), "live_ddp", "dtrain", "1", "5"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "2 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, p.stderr
+    done = re.findall(r"rank ([0-9]) at start: live ddp finished at step 12 as rank ([0-9]) of 2 "
+                      r"after 1 re-forming\(s\); weights (\S+)", p.stdout)
+    assert sorted((a, b) for a, b, _ in done) == [("0", "0"), ("2", "1")], p.stdout + p.stderr
+    assert done[0][2] == done[1][2], p.stdout
 
 
 def test_torchrun_with_the_dtrain_backend(tmp_path):

@@ -414,6 +414,53 @@ def killed(backend, victim):
     sys.exit(0)
 
 
+def live_ddp(backend, die_rank, die_after):
+    """torch.distributed and DistributedDataParallel under `dtrain run --live`: each step
+    all-reduces [step, rank at start] and checks it against the members it knows, then trains a
+    DDP step. Rank `die_rank` (at start) SIGKILLs itself at step `die_after`; the survivors
+    re-form (dtrain.torch.live), take the newest step's weights from the lowest rank holding it,
+    make DDP again and finish."""
+    import dtrain.torch.live as live
+    die_rank, die_after = int(die_rank), int(die_after)
+    _, world = init(backend, timeout_s=60)
+    me = live.original_rank()
+    members = list(range(world))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    step = reformed = 0
+    while step < 12:
+        try:
+            if me == die_rank and step == die_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+            v = torch.tensor([step, me], dtype=torch.int64)
+            dist.all_reduce(v)
+            expect(v, torch.tensor([step * len(members), sum(members)]), f"step {step}")
+            opt.zero_grad()
+            ddp(torch.full((2, 4), float(me + 1))).square().sum().backward()
+            opt.step()
+            step += 1
+        except Exception as error:
+            if not live.peer_lost(error):
+                raise
+            r = live.reform()
+            members = [m for m in members if m not in r.lost]
+            assert (dist.get_rank(), dist.get_world_size()) == (members.index(me), len(members))
+            steps = [0] * r.size
+            dist.all_gather_object(steps, step)
+            step = max(steps)
+            for p in model.parameters():
+                dist.broadcast(p.data, src=steps.index(step))
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+            reformed += 1
+    weights = ",".join(f"{x:.9g}" for p in model.parameters() for x in p.detach().flatten())
+    print(f"rank {me} at start: live ddp finished at step {step} as rank {dist.get_rank()} of "
+          f"{dist.get_world_size()} after {reformed} re-forming(s); weights {weights}",
+          flush=True)
+    dist.destroy_process_group()
+
+
 def mismatch(backend):
     """Rank 1 calls all_reduce with MAX while the others call SUM: everyone fails, naming both."""
     rank, world = init(backend, timeout_s=60)

@@ -20,6 +20,8 @@ what is supported and how it differs from Horovod.
 
 ``CheckpointManager`` and ``DistributedSampler`` bring dtrain's exact resume (atomic,
 CRC-checked checkpoints in the C++ format; mid-epoch, on any number of ranks) to Python.
+Under ``dtrain run --live`` a job goes on without a rank that died: ``hvd.elastic.run`` by
+itself, a torch.distributed script through :mod:`dtrain.torch.live`.
 """
 
 from dtrain.torch import _torch_version
@@ -37,6 +39,7 @@ __all__ = [
     "ccl_built", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "mpi_built",
     "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built",
     "Checkpoint", "CheckpointManager", "DistributedSampler", "Compression", "elastic",
+    "live",
     "allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
     "DistributedOptimizer", "ProgressReporter", "announce_resumed",
 ]
@@ -59,7 +62,7 @@ from dtrain.torch.collectives import (Adasum, Average, Max, Min, Product, Sum, a
                                       synchronize)
 from dtrain.torch.checkpoint import Checkpoint, CheckpointManager, DistributedSampler
 from dtrain.torch.compression import Compression
-from dtrain.torch import elastic
+from dtrain.torch import elastic, live
 from dtrain.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                     broadcast_parameters)
 from dtrain.torch.optimizer import DistributedOptimizer

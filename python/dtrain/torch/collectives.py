@@ -11,6 +11,11 @@ coordinator, which matches them across ranks by name, fuses the all-reduces and 
 in one order everywhere.
 Waits come back to Python every 100 ms, so Ctrl-C interrupts them.
 
+Under ``dtrain run --live`` the session can be re-formed among the survivors when a rank dies
+(``hvd.elastic.run`` does it): torch.distributed's world is made again with the ranks that are
+left, each keeping its order (dtrain.torch.live), and a DistributedOptimizer's hooks move to the
+new session.
+
 Ops: ``Average`` (the default), ``Sum``, ``Min``, ``Max``, ``Product``. ``Adasum`` is not
 implemented and says so.
 """
@@ -21,6 +26,7 @@ import functools
 import itertools
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
@@ -30,6 +36,7 @@ import torch.distributed as dist
 
 from dtrain import _core, _torch
 from dtrain._horovod_settings import session_settings
+from dtrain.torch import live
 from dtrain.torch.backend import BACKEND, backend_of
 from dtrain.torch.compression import Compression, Compressor
 
@@ -79,10 +86,18 @@ class _Waitable(Protocol):
 _Finish = Callable[[Any, Any], Any]
 
 
+class _Rebindable(Protocol):
+    """What holds a session's resources and moves to the next one (DistributedOptimizer)."""
+
+    def _rebind(self) -> None: ...
+
+
 class _State:
     def __init__(self, session: _torch.Session, identity: LauncherIdentity) -> None:
         self.session = session
         self.identity = identity
+        # What re-forming moves to the new session.
+        self.rebindables: weakref.WeakSet[_Rebindable] = weakref.WeakSet()
         # handle -> (the operation, or None when done; result; finish)
         self.handles: dict[int, tuple[_Waitable | None, Any, _Finish | None]] = {}
         self.next_handle: Iterator[int] = itertools.count(1)
@@ -117,6 +132,26 @@ def init(comm: object = None, process_sets: object = None) -> None:
             f"dist.init_process_group('dtrain') instead, or let init() do it")
     session = _torch.Session(group, *session_settings())
     _state = _State(session, identity)
+
+
+def _reform() -> list[int]:
+    """Live recovery (hvd.elastic.run, under `dtrain run --live`): aborts this rank's group,
+    makes torch.distributed's world again among the survivors (dtrain.torch.live.reform) and the
+    session on it, and moves what held the old session to the new one. Collective among the
+    survivors. Returns the ranks at start that were lost."""
+    state = _live()
+    world = backend_of()
+    if world is not None:  # first, so that the coordinator's thread stops waiting on the group
+        _torch.abort_backend(world, "the group is being re-formed after a member's failure")
+    state.session.close()
+    state.handles.clear()
+    reformed = live.reform()
+    world = backend_of()
+    assert world is not None
+    state.session = _torch.Session(world, *session_settings())
+    for holder in list(state.rebindables):
+        holder._rebind()
+    return reformed.lost
 
 
 def shutdown() -> None:

@@ -1,59 +1,129 @@
-"""Horovod's elastic API (``hvd.elastic.TorchState``, ``@hvd.elastic.run``) on dtrain's elastic
-launcher.
+"""Horovod's elastic API (``hvd.elastic.TorchState``, ``hvd.elastic.ElasticSampler``,
+``@hvd.elastic.run``) on dtrain.
 
     import dtrain.torch as hvd
     hvd.init()
-    state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=32, sampler=sampler)
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0)
 
     @hvd.elastic.run
     def train(state):
         for state.epoch in range(state.epoch, epochs):
-            for state.batch in range(state.batch, batches_per_epoch):
+            for batch, (x, y) in enumerate(loader):
                 ...
+                state.sampler.record_batch(batch, 32)
                 state.commit()
-            state.batch = 0
+            state.sampler.set_epoch(state.epoch + 1)
 
     train(state)
 
-```dtrain run -n 4 --max-restarts 3 -- python3 train.py```
+Two ways to survive a rank's death:
 
-Horovod recovers inside the process: a failed collective raises, the survivors roll back to the
-last commit and go on with fewer workers. dtrain's elasticity is its launcher's: when a worker
-fails, `dtrain run` stops the round and starts every worker again (on the nodes there are, between
---nnodes MIN and MAX), and they resume from the newest commit any of them holds. So here:
+- ``dtrain run -n 4 --live -- python3 train.py``: live recovery, as Horovod's. A failed
+  collective raises on the survivors; ``@run`` re-forms torch.distributed's world among them (each
+  keeps its order; the dead rank's place closes up), returns the state to its last commit, syncs
+  it from the newest commit any survivor holds, runs the reset callbacks and calls the function
+  again. The sampler deals the epoch's samples not yet trained over the ranks that are left, so
+  each is trained once (the last batch of an epoch may repeat a few to even out the ranks, as
+  PyTorch's DistributedSampler does; ``sampler.is_padding(k)`` names them). The processes keep
+  running: recovery takes well under a second.
+- ``dtrain run -n 4 --max-restarts 3 -- python3 train.py``: restart. ``dtrain run`` stops the
+  round and starts every worker again (on the nodes there are, between --nnodes MIN and MAX);
+  they resume from the newest commit any of them holds.
 
-- ``commit()`` saves the model, the optimizer and the state's numbers (epoch, batch, ...) as an
-  in-memory commit (DTRAIN_COMMIT_DIR on tmpfs, kept by the launcher across restarts; the C++
-  checkpoint format, written in the background by each node's lowest rank) and as the in-process
-  copy that ``restore()`` returns to;
-- ``@run`` starts the function from the newest commit any rank holds (after a restart), then
-  ``sync()`` makes every rank start from rank 0's state;
-- without an elastic launcher (no DTRAIN_COMMIT_DIR) commits stay in the process.
+``commit()`` saves the model, the optimizer, the samplers' positions and the state's numbers
+(epoch, batch, ...) as the in-process copy that ``restore()`` returns to and, under a restarting
+launcher, as an in-memory commit (DTRAIN_COMMIT_DIR on tmpfs, kept by the launcher across
+restarts; the C++ checkpoint format, written in the background by each node's lowest rank).
+Without either launcher commits stay in the process.
 
-The state's other attributes must be numbers (they are stored as the checkpoint's values).
+The state's other attributes must be numbers (they are stored as the checkpoint's values) or
+ElasticSamplers.
 """
 from __future__ import annotations
 
 import copy
 import numbers
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import torch
 
 from dtrain import _torch
 from dtrain._elastic_run import elastic_run
-from dtrain.torch import collectives
+from dtrain.torch import collectives, live
 from dtrain.torch.backend import backend_of
 from dtrain.torch.checkpoint import _finish_load, _model, _optimizer_type
-from dtrain.torch.functions import (broadcast_object, broadcast_optimizer_state,
-                                    broadcast_parameters)
+from dtrain.torch.functions import (allgather_object, broadcast_object,
+                                    broadcast_optimizer_state, broadcast_parameters)
 
-__all__ = ["TorchState", "run"]
+__all__ = ["ElasticSampler", "TorchState", "run"]
 
 _S = TypeVar("_S", bound="TorchState")
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+
+
+class ElasticSampler(torch.utils.data.Sampler[int]):
+    """This rank's share of what is left of the epoch, over the ranks there are now: dtrain's
+    DistributedSampler (PyTorch's split for a whole epoch), re-dealt after live recovery.
+    Record the batches trained (record_batch) so that a commit knows the epoch's position."""
+
+    def __init__(self, dataset: Sized | int, shuffle: bool = True, seed: int = 0) -> None:
+        self._size = dataset if isinstance(dataset, int) else len(dataset)
+        self._shuffle = bool(shuffle)
+        self._seed = int(seed)
+        self.epoch = 0
+        self._start = 0    # the epoch's position (all ranks together) this deal began at
+        self._trained = 0  # of this rank's indices since then
+        self.reset()
+
+    def reset(self) -> None:
+        """Deals the rest of the epoch over the ranks there are now (after live recovery)."""
+        self._sampler = _torch.DistributedSampler(self._size, collectives.size(),
+                                                  collectives.rank(), self._shuffle, self._seed,
+                                                  False)
+        self._sampler.set_epoch(self.epoch, self._start)
+        self._trained = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The whole of epoch `epoch` (its permutation: seed + epoch)."""
+        self.epoch = int(epoch)
+        self._start = 0
+        self.reset()
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        """Batches 0..batch_idx of this deal, of batch_size samples, are trained."""
+        self._trained = min((int(batch_idx) + 1) * int(batch_size), len(self))
+
+    def record_indices(self, indices: Sized) -> None:
+        """The next len(indices) of this rank's samples are trained."""
+        self._trained = min(self._trained + len(indices), len(self))
+
+    def position(self) -> int:
+        """Samples of the epoch the job has trained (all ranks together)."""
+        return int(self._sampler.consumed(self._trained))
+
+    def is_padding(self, k: int) -> bool:
+        """Whether this rank's k-th index of the deal only evens out the ranks' shares (a sample
+        another rank trains too): give it no weight to train each sample exactly once."""
+        return bool(self._sampler.is_padding(int(k)))
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position()}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self._start = int(state["position"])
+        self.reset()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._sampler.indices())
+
+    def __len__(self) -> int:
+        return int(self._sampler.num_samples)
 
 
 class TorchState:
@@ -63,10 +133,12 @@ class TorchState:
     model: torch.nn.Module | None
     optimizer: torch.optim.Optimizer | None
     _names: list[str]  # of the numbers, in the order they were first set
+    _samplers: dict[str, ElasticSampler]
 
     def __init__(self, model: torch.nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, **numbers_: float) -> None:
         object.__setattr__(self, "_names", [])
+        object.__setattr__(self, "_samplers", {})
         self.model = model
         self.optimizer = optimizer
         for name, value in numbers_.items():
@@ -74,8 +146,8 @@ class TorchState:
         # The commit manager: None until looked for, False when there is none.
         self._commits: _torch.CheckpointManager | Literal[False] | None = None
         self._commit_count = 0
-        self._saved: tuple[dict[str, Any] | None, dict[str, Any] | None,
-                           dict[str, float]] | None = None
+        self._saved: tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, float],
+                           dict[str, dict[str, int]]] | None = None
         self._reset_callbacks: list[Callable[[], object]] = []
 
     if TYPE_CHECKING:
@@ -83,11 +155,13 @@ class TorchState:
             """The numbers set as attributes (epoch, batch, ...)."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if not name.startswith("_") and name not in ("model", "optimizer"):
+        if isinstance(value, ElasticSampler) and not name.startswith("_"):
+            self._samplers[name] = value
+        elif not name.startswith("_") and name not in ("model", "optimizer"):
             if not isinstance(value, numbers.Number):
                 raise TypeError(f"TorchState.{name} = {value!r}: the state's attributes other than "
                                 f"model and optimizer must be numbers (they are checkpointed as "
-                                f"such)")
+                                f"such) or ElasticSamplers")
             if name not in self._names:
                 self._names.append(name)
         object.__setattr__(self, name, value)
@@ -106,18 +180,27 @@ class TorchState:
         self._saved = (copy.deepcopy(self.model.state_dict()) if self.model is not None else None,
                        copy.deepcopy(self.optimizer.state_dict())
                        if self.optimizer is not None else None,
-                       self._values())
+                       self._values(), self._sampler_states())
+
+    def _sampler_states(self) -> dict[str, dict[str, int]]:
+        return {name: sampler.state_dict() for name, sampler in self._samplers.items()}
+
+    def _set_sampler_states(self, states: dict[str, dict[str, int]]) -> None:
+        for name, sampler in self._samplers.items():
+            if name in states:
+                sampler.load_state_dict(states[name])
 
     def restore(self) -> None:
         """Back to the last commit (in this process)."""
         if self._saved is None:
             return
-        model_state, optimizer_state, values = self._saved
+        model_state, optimizer_state, values, sampler_states = self._saved
         if model_state is not None and self.model is not None:
             self.model.load_state_dict(model_state)
         if optimizer_state is not None and self.optimizer is not None:
             self.optimizer.load_state_dict(optimizer_state)
         self._set_values(values)
+        self._set_sampler_states(sampler_states)
 
     def commit(self) -> None:
         """Saves the state: in this process, and as an in-memory commit that a restarted job
@@ -134,13 +217,18 @@ class TorchState:
                               values=self._values()))
 
     def sync(self) -> None:
-        """Collective: every rank takes rank 0's state."""
+        """Collective: every rank takes the state of the lowest rank holding the newest commit
+        (rank 0 at start; after live recovery, a survivor that committed one step more than the
+        others spares them that step), its samplers dealt over the ranks there are now."""
+        counts = allgather_object(self._commit_count) if collectives.size() > 1 else [0]
+        root = counts.index(max(counts))
         if self.model is not None:
-            broadcast_parameters(self.model.state_dict(), root_rank=0)
+            broadcast_parameters(self.model.state_dict(), root_rank=root)
         if self.optimizer is not None:
-            broadcast_optimizer_state(self.optimizer, root_rank=0)
-        self._set_values(broadcast_object(self._values(), root_rank=0))
-        self._commit_count = broadcast_object(self._commit_count, root_rank=0)
+            broadcast_optimizer_state(self.optimizer, root_rank=root)
+        self._set_values(broadcast_object(self._values(), root_rank=root))
+        self._set_sampler_states(broadcast_object(self._sampler_states(), root_rank=root))
+        self._commit_count = broadcast_object(self._commit_count, root_rank=root)
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], object]]) -> None:
         """Called after the state was restored from a commit (as Horovod calls them after a
@@ -179,5 +267,21 @@ class TorchState:
 
 def run(function: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
     """Runs `function(state, ...)` from the newest commit of the job, if a restart left one,
-    with every rank starting from the same state."""
-    return elastic_run(function, collectives)
+    with every rank starting from the same state; under `dtrain run --live` it starts again
+    among the survivors, from the last commit, when a rank dies."""
+    return elastic_run(function, collectives, _recover)
+
+
+def _recover(error: Exception) -> bool:
+    """Live recovery: re-forms the job among the survivors after a peer's death."""
+    if not live.peer_lost(error):
+        return False
+    me = live.original_rank()
+    first = (str(error).splitlines() or [type(error).__name__])[0]
+    print(f"rank {me} at start: {first}", flush=True)
+    start = time.monotonic()
+    lost = collectives._reform()
+    print(f"rank {me} at start: the job re-formed without rank(s) {lost} at start in "
+          f"{time.monotonic() - start:.2f} s; now rank {collectives.rank()} of "
+          f"{collectives.size()}, going on from the last commit (--live)", flush=True)
+    return True

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import torch
 
+from dtrain import _torch
 from dtrain.torch import collectives
 from dtrain.torch.compression import Compression, Compressor
 
@@ -61,21 +62,37 @@ class _DistributedOptimizer(_Base):
         if compression not in (Compression.none, Compression.fp16):
             raise ValueError("DistributedOptimizer: compression must be Compression.none or "
                              "Compression.fp16 (the gradients are compressed in C++)")
-        op_name = collectives._op(op, None)
-        prescale = postscale = 1.0
-        if gradient_predivide_factor != 1.0:
-            if op_name != "avg":
-                raise ValueError("gradient_predivide_factor applies to op=Average only")
-            # As Horovod: divide by the factor before the sum, by size/factor after it.
-            op_name = "sum"
-            prescale = 1.0 / gradient_predivide_factor
-            postscale = gradient_predivide_factor / collectives.size()
-        self._dtrain_hooks = collectives._session().gradient_hooks(
-            named, compression.name, op_name, int(backward_passes_per_step), prescale, postscale)
+        if collectives._op(op, None) != "avg" and gradient_predivide_factor != 1.0:
+            raise ValueError("gradient_predivide_factor applies to op=Average only")
+        self._hooks_of = (named, compression.name, op, int(backward_passes_per_step),
+                          float(gradient_predivide_factor))
+        self._dtrain_hooks = self._new_hooks()
+        collectives._live().rebindables.add(self)
         self._should_synchronize = True
         self._synchronized = False
 
+    def _new_hooks(self) -> _torch.GradientHooks:
+        named, compression, op, passes, predivide = self._hooks_of
+        op_name = collectives._op(op, None)
+        prescale = postscale = 1.0
+        if predivide != 1.0:
+            # As Horovod: divide by the factor before the sum, by size/factor after it.
+            op_name = "sum"
+            prescale = 1.0 / predivide
+            postscale = predivide / collectives.size()
+        return collectives._session().gradient_hooks(named, compression, op_name, passes, prescale,
+                                                     postscale)
+
+    def _rebind(self) -> None:
+        """After the session was re-formed (live recovery): the hooks of the new one, with this
+        optimizer's settings (the old hooks come off first)."""
+        del self._dtrain_hooks
+        self._dtrain_hooks = self._new_hooks()
+        self._synchronized = False
+
     def set_backward_passes_per_step(self, passes: int) -> None:
+        named, compression, op, _, predivide = self._hooks_of
+        self._hooks_of = (named, compression, op, int(passes), predivide)
         self._dtrain_hooks.set_backward_passes_per_step(int(passes))
 
     def synchronize(self) -> None:

@@ -12,5 +12,6 @@ void bind_ps(pybind11::module_& m);
 void bind_data(pybind11::module_& m);
 void bind_pipeline(pybind11::module_& m);
 void bind_flight_recorder(pybind11::module_& m);
+void bind_live(pybind11::module_& m);
 
 }  // namespace dtrain::python

@@ -90,4 +90,5 @@ PYBIND11_MODULE(_core, m) {
   dtrain::python::bind_pipeline(m);
   dtrain::python::bind_progress(m);
   dtrain::python::bind_flight_recorder(m);
+  dtrain::python::bind_live(m);
 }

@@ -377,6 +377,7 @@ void bind_checkpoints(py::module_& m) {
       .def("consumed", py::overload_cast<size_t>(&DistributedSampler::consumed, py::const_),
            py::arg("trained"))
       .def("indices", &DistributedSampler::indices)
+      .def("is_padding", &DistributedSampler::is_padding, py::arg("k"))
       .def_property_readonly("num_samples", &DistributedSampler::num_samples);
 }
 

@@ -190,6 +190,14 @@ PYBIND11_MODULE(_torch, m) {
         return dynamic_cast<C10dBackend*>(backend.get()) != nullptr;
       },
       py::arg("backend"));
+  m.def(
+      "abort_backend",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, const std::string& reason) {
+        dtrain::python::dtrain_group(backend, "abort_backend")->abort(reason);
+      },
+      py::arg("backend"), py::arg("reason"), py::call_guard<py::gil_scoped_release>(),
+      "Fails every pending and later operation of a dtrain backend's group, on this rank and\n"
+      "(told by it) on its peers: live recovery's first step, before the group is re-formed.");
   m.attr("torch_built_for") = DTRAIN_TORCH_BUILT_FOR;
   m.def(
       "_quiesce", [] { dtrain::python::FutureCompleter::quiesce_all(std::chrono::seconds(10)); },

@@ -1,0 +1,73 @@
+// Who is still in a live job: the survivors' agreement on the next generation's members, through
+// the store the launcher hosts (`dtrain run --live`).
+//
+// After a failure every survivor announces itself for the next generation and waits until each
+// member of the last one has either announced itself or been reported ended by the launcher
+// (DTRAIN_FLIGHT_DIR), or until `settle` has passed (a stopped or stuck member is then left out).
+// The first survivor to close the list decides it for all (compare-and-set); the members keep
+// their order (their rank at start), so member i of a generation has rank i in it.
+//
+// LiveWorld forms dtrain's group for each generation on it; Python's hvd.elastic forms torch's
+// (dtrain.torch re-initializes torch.distributed with the rank and size it returns).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/store.h"
+
+namespace dtrain {
+
+struct LiveMembershipOptions {
+  // How long survivors wait for a member neither announced nor reported ended by the launcher.
+  std::chrono::milliseconds settle{5000};
+  // The whole agreement, store calls included.
+  std::chrono::milliseconds timeout{60000};
+  // Of the job's store (as ProcessGroupOptions has them).
+  std::string job_id;
+  std::string token;
+};
+
+class LiveMembership {
+ public:
+  // Generation 0: every rank of the job's world (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+  // Throws InvalidArgumentError when the launcher does not host the store (the store must
+  // outlive any worker: run under `dtrain run --live`).
+  explicit LiveMembership(LiveMembershipOptions options = {});
+
+  int generation() const { return generation_; }
+  // This process's rank at start: it names the process across generations.
+  int original_rank() const { return original_rank_; }
+  // This process's rank in this generation.
+  int rank() const;
+  // The members of this generation, by their rank at start; member i has rank i.
+  const std::vector<int>& members() const { return members_; }
+  // The launcher's store, where each generation's group meets (under its own prefix).
+  const std::shared_ptr<Store>& store() const { return store_; }
+
+  // The members of this generation the launcher reports ended (by rank at start), waiting up to
+  // `wait` for one: whether an error a collective raised was a member's death.
+  std::vector<int> ended(std::chrono::milliseconds wait) const;
+
+  struct Next {
+    int rank = 0;           // this process's rank in the new generation
+    int size = 0;           // its members
+    std::vector<int> lost;  // members of the last generation left out, by rank at start
+    double seconds = 0;     // the agreement took
+  };
+  // Collective among the survivors: agrees on who is left and moves to the next generation.
+  // Throws TimeoutError when the survivors do not agree in time, and AbortedError on a survivor
+  // the others left out (it announced itself after they closed the list).
+  Next next();
+
+ private:
+  LiveMembershipOptions options_;
+  std::shared_ptr<Store> store_;
+  std::vector<int> members_;
+  int original_rank_ = 0;
+  int generation_ = 0;
+};
+
+}  // namespace dtrain
