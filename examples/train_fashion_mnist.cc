@@ -378,6 +378,12 @@ int run(const Flags& flags) {
           "dtrain run --live: train_fashion_mnist recovers live with --strategy ddp, without "
           "--checkpoint-dir and --commit-every (their managers belong to the first group)");
     live = std::make_unique<dtrain::LiveWorld>();
+    if (live->too_late()) {
+      std::printf("rank %d at start, a replacement: training ended before the others could take "
+                  "it in; nothing to do\n",
+                  live->original_rank());
+      return 0;
+    }
     pg = live->group();
   } else if (launched_distributed()) {
     pg = dtrain::init_process_group();
@@ -509,7 +515,8 @@ int run(const Flags& flags) {
     opt.staleness = flags.staleness;
     ps = std::make_unique<dtrain::ParameterServerTrainer>(
         *model, std::shared_ptr<dtrain::ps::Client>(dtrain::ps::Client::from_env()), opt);
-  } else if (pg && flags.strategy == "ddp") {
+  } else if (pg && flags.strategy == "ddp" && !(live && live->replacement())) {
+    // (A replacement makes its DDP with the state it receives: see take_state below.)
     dtrain::DdpOptions ddp_options;
     // Deterministic: keep the initial bucket layout. A resumed run starts with it while one that
     // never stopped has rebuilt its buckets by then, and on 3 or more ranks the layout decides
@@ -598,9 +605,12 @@ int run(const Flags& flags) {
     lead = rank == 0;
     return reformed;
   };
-  auto recover = [&](const std::exception& failure) {
+  // After the world changed (a re-forming, or replacements taken in): every member goes on from
+  // the newest step any of them finished; its lowest holder sends parameters, optimizer state and
+  // the epoch's position (the parameters then checked by digest on every member), DDP is made on
+  // the new group and the rest of the epoch dealt over it.
+  auto take_state = [&] {
     ddp.reset();
-    const auto reformed = regroup(failure);
     std::vector<int64_t> newest = {step};
     dtrain::AllreduceOptions max;
     max.op = dtrain::ReduceOp::kMax;
@@ -618,6 +628,7 @@ int run(const Flags& flags) {
     position.epoch = at[0];
     position.epoch_consumed = at[1];
     step = at[2];
+    dtrain::check_same_parameters(*model, *pg);  // a newcomer takes part with the same bits
     dtrain::DdpOptions ddp_options;
     if (flags.deterministic) ddp_options.rebuild_buckets = false;
     ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg, ddp_options);
@@ -629,12 +640,40 @@ int run(const Flags& flags) {
                 std::max<int64_t>(0, flags.epochs - position.epoch - 1);
     if (flags.max_steps > 0) total = std::min(total, flags.max_steps);
     sample_log.set_attempt(live->generation());
+  };
+  auto recover = [&](const std::exception& failure) {
+    const auto reformed = regroup(failure);
+    take_state();
     if (lead)
       std::printf("live world: generation %d of %d rank(s) formed in %.2f s, going on from step "
                   "%lld (lost rank(s) %s at start)\n",
                   live->generation(), world, reformed.seconds, static_cast<long long>(step),
                   fmt::format("{}", fmt::join(reformed.lost, ", ")).c_str());
   };
+  // At a step boundary: replacements for lost ranks (dtrain run --live --replace) taken in.
+  auto admit = [&] {
+    auto grown = live->admit_waiting();
+    if (!grown) return false;
+    pg = grown->group;
+    rank = pg->rank();
+    world = pg->size();
+    lead = rank == 0;
+    take_state();
+    if (lead)
+      std::printf("live world: generation %d of %d rank(s) formed in %.2f s, taking in rank(s) "
+                  "%s at start, going on from step %lld\n",
+                  live->generation(), world, grown->seconds,
+                  fmt::format("{}", fmt::join(grown->joined, ", ")).c_str(),
+                  static_cast<long long>(step));
+    return true;
+  };
+  if (live && live->replacement()) {
+    take_state();
+    std::printf("rank %d at start, a replacement: rank %d of %d in generation %d, going on from "
+                "step %lld with the state the others sent\n",
+                live->original_rank(), rank, world, live->generation(),
+                static_cast<long long>(step));
+  }
   int64_t epoch = position.epoch;
   bool resuming = true;  // the first epoch (or one a re-forming cut) starts at `position`
   while (epoch < flags.epochs && step < total && !stopped) {
@@ -646,6 +685,20 @@ int run(const Flags& flags) {
     torch::Tensor x, y;
     bool reformed = false;
     for (size_t from = 0; from < samples && step < total; from += batch_size) {
+      if (live) {  // replacements join between steps
+        bool grown = false;
+        try {
+          grown = admit();
+        } catch (const std::exception& e) {
+          if (!peer_lost(e)) throw;
+          recover(e);
+          grown = true;
+        }
+        if (grown) {
+          reformed = true;
+          break;
+        }
+      }
       size_t end = std::min(samples, from + static_cast<size_t>(batch_size));
       size_t padding = 0;
       input->next(end - from, x, y, batch, padding);
@@ -732,6 +785,7 @@ int run(const Flags& flags) {
     }
     ++epoch;
   }
+  if (live) live->close();  // replacements still waiting have nothing to join
   if (ckpt && step != saved_step) checkpoint();  // the end of training
   if (ckpt) {
     ckpt->wait();  // durable before we report; rethrows a failed write

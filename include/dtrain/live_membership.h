@@ -7,6 +7,12 @@
 // The first survivor to close the list decides it for all (compare-and-set); the members keep
 // their order (their rank at start), so member i of a generation has rank i in it.
 //
+// A replacement (`dtrain run --live --replace N` starts one in a dead member's place, with its
+// rank at start) waits until the members have left its predecessor out, then asks to be taken
+// in. The members look for such requests at a step boundary (waiting(), asked by one member and
+// told to the others) and admit() them together: the next generation is theirs and the
+// newcomers', each again in its place by rank at start.
+//
 // LiveWorld forms dtrain's group for each generation on it; Python's hvd.elastic forms torch's
 // (dtrain.torch re-initializes torch.distributed with the rank and size it returns).
 #pragma once
@@ -33,6 +39,8 @@ struct LiveMembershipOptions {
 class LiveMembership {
  public:
   // Generation 0: every rank of the job's world (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+  // A replacement (DTRAIN_LIVE_REPLACEMENT=1) returns once the members took it in, or once they
+  // ended training without it (too_late()); TimeoutError when neither happens within `timeout`.
   // Throws InvalidArgumentError when the launcher does not host the store (the store must
   // outlive any worker: run under `dtrain run --live`).
   explicit LiveMembership(LiveMembershipOptions options = {});
@@ -44,6 +52,20 @@ class LiveMembership {
   int rank() const;
   // The members of this generation, by their rank at start; member i has rank i.
   const std::vector<int>& members() const { return members_; }
+  // Whether this process was started in a dead member's place; it then holds no training state
+  // yet and must receive it from the members it joined.
+  bool replacement() const { return replacement_; }
+  // For a replacement: the members ended training before taking it in (nothing is left to do).
+  bool too_late() const { return too_late_; }
+  int size_at_start() const { return world_size_; }
+  // The ranks at start that this generation lacks.
+  std::vector<int> missing() const;
+  // Of the missing ranks, those whose replacement asks to be taken in (store lookups: one
+  // member asks and tells the others).
+  std::vector<int> waiting() const;
+  // No more newcomers: training is over, and replacements still waiting are told so. Any
+  // member may call it.
+  void close();
   // The launcher's store, where each generation's group meets (under its own prefix).
   const std::shared_ptr<Store>& store() const { return store_; }
 
@@ -61,13 +83,21 @@ class LiveMembership {
   // Throws TimeoutError when the survivors do not agree in time, and AbortedError on a survivor
   // the others left out (it announced itself after they closed the list).
   Next next();
+  // Collective among the members, each with the same `joiners` (from waiting()): the next
+  // generation is this one's members and the joiners. Throws AbortedError when a re-forming
+  // after a failure took that generation first.
+  Next admit(const std::vector<int>& joiners);
 
  private:
+  void join();
   LiveMembershipOptions options_;
   std::shared_ptr<Store> store_;
   std::vector<int> members_;
   int original_rank_ = 0;
+  int world_size_ = 0;  // at start
   int generation_ = 0;
+  bool replacement_ = false;
+  bool too_late_ = false;
 };
 
 }  // namespace dtrain

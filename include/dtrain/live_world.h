@@ -5,6 +5,13 @@
 //   ... a step fails with dtrain::PeerFailureError (a peer died):
 //   pg = world.reform().group;                   // the survivors, ranked anew
 //   ... agree on the state to go on from (the newest step any member finished), redo the step
+//   ... at each step boundary:
+//   if (auto grown = world.admit_waiting()) pg = grown->group;   // replacements taken in
+//   ... bring them the state (as after a re-forming)
+//
+// A replacement (`dtrain run --live --replace N`) constructs its LiveWorld as any worker does:
+// the constructor returns once the members took it in (replacement() is then true, and the
+// program takes the state from them first) or ended training without it (too_late()).
 //
 // The launcher hosts the store and outlives the workers; `dtrain run --live` keeps the others
 // running when one dies. Who goes on is LiveMembership's agreement (live_membership.h); the next
@@ -13,6 +20,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +44,7 @@ class LiveWorld {
   // store must outlive any worker: run under `dtrain run --live`).
   explicit LiveWorld(LiveWorldOptions options = {});
 
+  // Null for a replacement that came too late.
   std::shared_ptr<ProcessGroup> group() const { return group_; }
   int generation() const { return membership_.generation(); }
   // This process's rank at start: it names the process across generations.
@@ -43,21 +52,37 @@ class LiveWorld {
   // The members of this generation, by their rank at start; member i has rank i.
   const std::vector<int>& members() const { return membership_.members(); }
 
+  // Whether this process was started in a dead member's place: it holds no training state yet
+  // and takes the members' (they call admit_waiting() at their step boundary).
+  bool replacement() const { return membership_.replacement(); }
+  // For a replacement: training ended before the members took it in; there is nothing to do.
+  bool too_late() const { return membership_.too_late(); }
+
   struct Reformed {
     std::shared_ptr<ProcessGroup> group;
-    std::vector<int> lost;  // members of the last generation left out, by rank at start
-    double seconds = 0;     // the re-forming took
+    std::vector<int> lost;    // members of the last generation left out, by rank at start
+    std::vector<int> joined;  // replacements taken in, by rank at start
+    double seconds = 0;       // the re-forming took
   };
   // Collective among the survivors: aborts this generation's group, agrees on who is left and
   // forms the next generation's group among them. Throws TimeoutError when the survivors do not
   // agree in time, and AbortedError on a survivor the others left out (it announced itself after
   // they closed the list).
   Reformed reform();
+  // Collective among the members, at a step boundary: when members were lost and replacements
+  // wait to take their place, the next generation takes them in and its group is formed; the
+  // program then brings them the state, as after reform(). Nothing happens, and nothing is sent,
+  // while no member is missing; while one is, one member looks for replacements in the store (at
+  // most every 100 ms) and broadcasts what it found.
+  std::optional<Reformed> admit_waiting();
+  // Training is over: replacements still waiting are told so. Any member may call it.
+  void close() { membership_.close(); }
 
  private:
   LiveWorldOptions options_;
   LiveMembership membership_;
   std::shared_ptr<ProcessGroup> group_;
+  std::chrono::steady_clock::time_point next_look_{};  // for replacements, on rank 0
 };
 
 }  // namespace dtrain

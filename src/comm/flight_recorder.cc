@@ -496,6 +496,13 @@ std::string launcher_exit_word(int rank, std::chrono::milliseconds wait) {
   }
 }
 
+void forget_launcher_exit_word(int rank) {
+  const std::string dir = env::get_string(env::kFlightDir);
+  if (dir.empty() || rank < 0) return;
+  std::error_code ignored;  // none written: nothing to forget
+  std::filesystem::remove(exit_word_path(dir, rank), ignored);
+}
+
 void FlightRecorder::set_python_stacks(int signal, int fd) {
   python_fd_.store(fd);
   python_signal_.store(signal);

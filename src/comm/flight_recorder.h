@@ -102,6 +102,10 @@ std::string exit_word_path(const std::string& dir, int rank);
 // The launcher's word on world rank `rank`'s exit, waiting up to `wait` for it (the launcher
 // reaps a process after its connections have closed); "" without a launcher or a word.
 std::string launcher_exit_word(int rank, std::chrono::milliseconds wait);
+// Removes the launcher's word on world rank `rank`: a replacement started in a dead rank's place
+// (live recovery) does it once its peers no longer count the dead one a member, so that the word
+// is not taken for its own.
+void forget_launcher_exit_word(int rank);
 
 class FlightRecorder {
  public:

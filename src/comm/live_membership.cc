@@ -23,6 +23,16 @@ std::string here_key(int generation, int member) {
 std::string members_key(int generation) {
   return fmt::format("dtrain/live/g{}/members", generation);
 }
+// The newest generation agreed on (absent while generation 0 lasts).
+const std::string kLatestKey = "dtrain/live/latest";
+// Set when training is over: replacements still waiting have nothing to join.
+const std::string kClosedKey = "dtrain/live/closed";
+// A replacement's request to be taken in, and the generation that took it in.
+std::string join_key(int member) { return fmt::format("dtrain/live/join/{}", member); }
+std::string joined_key(int member) { return fmt::format("dtrain/live/joined/{}", member); }
+
+std::string text_of(const Bytes& b) { return std::string(b.begin(), b.end()); }
+Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
 std::vector<int> parse_members(const std::string& text) {
   std::vector<int> members;
@@ -48,7 +58,109 @@ LiveMembership::LiveMembership(LiveMembershipOptions options) : options_(std::mo
   so.timeout = options_.timeout;
   store_ = std::make_shared<TcpStore>(so);
   original_rank_ = id.rank;
+  world_size_ = id.world_size;
+  replacement_ = env::get_bool(env::kLiveReplacement);
+  if (replacement_) {
+    join();
+    return;
+  }
   for (int r = 0; r < id.world_size; ++r) members_.push_back(r);
+}
+
+void LiveMembership::join() {
+  const auto start = Clock::now();
+  const Deadline deadline = Deadline::after(options_.timeout);
+  auto expired = [&](const char* waiting_for) {
+    if (!deadline.expired()) return;
+    throw TimeoutError(fmt::format(
+        "rank {} at start, started in a dead worker's place (--replace): {} took {}; the live "
+        "workers look for replacements at each step boundary: raise the live world's timeout "
+        "(LiveWorldOptions::timeout), or look for a stuck worker",
+        original_rank_, waiting_for, deadline.describe()));
+  };
+  // Until the members have left the predecessor out, the launcher's word on it tells them it
+  // ended; after, it must not be taken for this process's.
+  while (true) {
+    if (store_->check({kClosedKey})) {
+      too_late_ = true;
+      return;
+    }
+    if (store_->check({kLatestKey})) {
+      const int latest = std::stoi(text_of(store_->get(kLatestKey)));
+      const auto members = parse_members(text_of(store_->get(members_key(latest))));
+      if (std::find(members.begin(), members.end(), original_rank_) == members.end()) break;
+    }
+    expired("waiting for the live workers to leave its predecessor out");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  comm::forget_launcher_exit_word(original_rank_);
+  store_->set(join_key(original_rank_), Bytes{'1'});
+  while (!store_->check({joined_key(original_rank_)})) {
+    if (store_->check({kClosedKey})) {
+      store_->delete_key(join_key(original_rank_));
+      too_late_ = true;
+      return;
+    }
+    expired("waiting to be taken in");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  generation_ = std::stoi(text_of(store_->get(joined_key(original_rank_))));
+  store_->delete_key(joined_key(original_rank_));
+  members_ = parse_members(text_of(store_->get(members_key(generation_))));
+  DTRAIN_LOG_INFO(
+      "live world: rank {} at start, a replacement, taken in by generation {} after {:.2f} s: {} "
+      "member(s) (ranks at start {}); this is rank {}",
+      original_rank_, generation_, std::chrono::duration<double>(Clock::now() - start).count(),
+      members_.size(), fmt::join(members_, ","), rank());
+}
+
+std::vector<int> LiveMembership::missing() const {
+  std::vector<int> out;
+  for (int r = 0; r < world_size_; ++r)
+    if (std::find(members_.begin(), members_.end(), r) == members_.end()) out.push_back(r);
+  return out;
+}
+
+std::vector<int> LiveMembership::waiting() const {
+  std::vector<int> out;
+  for (int m : missing())
+    if (store_->check({join_key(m)})) out.push_back(m);
+  return out;
+}
+
+void LiveMembership::close() { store_->set(kClosedKey, Bytes{'1'}); }
+
+LiveMembership::Next LiveMembership::admit(const std::vector<int>& joiners) {
+  const auto start = Clock::now();
+  const int next = generation_ + 1;
+  std::vector<int> proposed = members_;
+  proposed.insert(proposed.end(), joiners.begin(), joiners.end());
+  std::sort(proposed.begin(), proposed.end());
+  const std::string text = fmt::format("{}", fmt::join(proposed, ","));
+  const std::string agreed = text_of(store_->compare_set(members_key(next), {}, bytes_of(text)));
+  if (agreed != text)
+    throw AbortedError(fmt::format(
+        "rank {} (rank {} at start): taking in rank(s) {} at start as generation {} of the live "
+        "world failed: a re-forming after a failure formed it first (members {})",
+        rank(), original_rank_, fmt::join(joiners, ", "), next, agreed));
+  if (rank() == 0) {
+    for (int j : joiners) {
+      store_->delete_key(join_key(j));
+      store_->set(joined_key(j), bytes_of(std::to_string(next)));
+    }
+  }
+  store_->set(kLatestKey, bytes_of(std::to_string(next)));
+  members_ = std::move(proposed);
+  generation_ = next;
+  Next result;
+  result.rank = rank();
+  result.size = static_cast<int>(members_.size());
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  DTRAIN_LOG_INFO(
+      "live world: generation {} takes in rank(s) {} at start: {} member(s) (ranks at "
+      "start {}); this is rank {}",
+      next, fmt::join(joiners, ","), members_.size(), fmt::join(members_, ","), result.rank);
+  return result;
 }
 
 int LiveMembership::rank() const {
@@ -85,6 +197,9 @@ LiveMembership::Next LiveMembership::next() {
         ++ended;
     }
     if (here.size() + ended == members_.size() || Clock::now() >= settle_end) break;
+    // Another survivor closed the list already (and a replacement may have taken the launcher's
+    // word on its predecessor since): it is decided.
+    if (store_->check({members_key(next)})) break;
     if (deadline.expired())
       throw TimeoutError(fmt::format(
           "rank {} (rank {} at start): re-forming generation {} of the live world took {}: of "
@@ -107,6 +222,7 @@ LiveMembership::Next LiveMembership::next() {
         "after the others had closed the list ({}); it cannot rejoin until a later generation "
         "takes newcomers",
         original_rank_, next, fmt::join(agreed, ", ")));
+  store_->set(kLatestKey, bytes_of(std::to_string(next)));
   Next result;
   for (int m : members_)
     if (std::find(agreed.begin(), agreed.end(), m) == agreed.end()) result.lost.push_back(m);

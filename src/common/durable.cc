@@ -41,8 +41,8 @@ void throw_io(int err, const std::string& what, const std::string& path) {
               fmt::format("{} {} failed: {}{}", what, path, errno_text(err), advice));
 }
 
-uint32_t crc32_of(const void* data, size_t size) {
-  uLong crc = crc32(0, nullptr, 0);
+uint32_t crc32_of(const void* data, size_t size, uint32_t start) {
+  uLong crc = start;
   const auto* p = static_cast<const Bytef*>(data);
   while (size > 0) {  // zlib's length is a uInt
     const auto n = static_cast<uInt>(std::min<size_t>(size, std::numeric_limits<uInt>::max()));

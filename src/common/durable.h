@@ -22,7 +22,8 @@ std::string errno_text(int err);  // "No space left on device (28)"
 // Throws the error of errno `err`'s kind: "<what> <path> failed: <errno_text>".
 [[noreturn]] void throw_io(int err, const std::string& what, const std::string& path);
 
-uint32_t crc32_of(const void* data, size_t size);  // zlib's CRC-32
+// zlib's CRC-32; `start` continues the CRC of the bytes before (0: none).
+uint32_t crc32_of(const void* data, size_t size, uint32_t start = 0);
 inline uint32_t crc32_of(const std::string& text) { return crc32_of(text.data(), text.size()); }
 
 struct FileSum {

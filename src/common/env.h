@@ -151,6 +151,10 @@ struct Var {
     "Set to 1 for the workers by `dtrain run --live`: when a peer dies, programs that support "    \
     "live recovery (train_fashion_mnist, dtrain::LiveWorld) re-form their group without it and "   \
     "go on instead of failing.")                                                                   \
+  X(kLiveReplacement, "DTRAIN_LIVE_REPLACEMENT", "0",                                              \
+    "Set to 1 by `dtrain run --live --replace N` for a worker started in a dead one's place: it "  \
+    "asks the live workers to take it in at their next step boundary and receives the training "   \
+    "state from them.")                                                                            \
   X(kSampleLog, "DTRAIN_SAMPLE_LOG", "",                                                           \
     "train_fashion_mnist's --sample-log when the flag is not given: a file to which every rank "   \
     "appends `epoch index step restart` per trained sample; set by `dtrain chaos`, which counts "  \

@@ -145,10 +145,10 @@ class Run {
   }
 
   SupervisorResult execute() {
-    std::string path = find_executable(options_.command.at(0));
-    net::Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    path_ = find_executable(options_.command.at(0));
+    devnull_ = net::Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     workers_.resize(options_.workers.size());
-    for (size_t i = 0; i < workers_.size(); ++i) start(i, path, devnull.get());
+    for (size_t i = 0; i < workers_.size(); ++i) start(workers_[i], options_.workers[i]);
     loop();
     // Processes the stopped workers started may linger in their groups after the workers
     // themselves exited; the job is over, so they go too.
@@ -157,9 +157,9 @@ class Run {
   }
 
  private:
-  void start(size_t i, const std::string& path, int devnull) {
-    Worker& w = workers_[i];
-    const WorkerSpec& spec = options_.workers[i];
+  void start(Worker& w, const WorkerSpec& spec) {
+    const std::string& path = path_;
+    const int devnull = devnull_.get();
     w.rank = spec.rank;
     w.label = spec.label.empty() ? fmt::format("rank {}", w.rank) : spec.label;
     w.service = spec.service;
@@ -329,7 +329,8 @@ class Run {
   }
 
   void reap() {
-    Worker* culprit = nullptr;  // the failure to report, of those this pass found
+    Worker* culprit = nullptr;              // the failure to report, of those this pass found
+    std::vector<const Worker*> to_replace;  // started after the pass: it adds to workers_
     for (auto& w : workers_) {
       if (!w.running) continue;
       int status = 0;
@@ -354,6 +355,9 @@ class Run {
         write_out(options_.stderr_fd,
                   fmt::format("{}: {} (pid {}) {}; the other workers go on without it (--live)\n",
                               options_.name, w.label, w.pid, exit_of(w).how()));
+        if (replacements_started_ + static_cast<int>(to_replace.size()) < options_.replacements &&
+            !w.service)
+          to_replace.push_back(&w);
         continue;
       }
       // Exits after we began stopping the job are our doing, not failures of their own.
@@ -362,6 +366,7 @@ class Run {
         if (culprit == nullptr || more_likely_first(w, *culprit)) culprit = &w;
       }
     }
+    for (const Worker* dead : to_replace) replace(*dead);
     if (culprit == nullptr) {
       // The workers are done and only services remain: they get the grace period to leave on
       // their own (a parameter server ends once every worker said goodbye), then are stopped.
@@ -567,6 +572,24 @@ class Run {
     }
   }
 
+  // Starts a worker in the place of `dead` (live recovery); the deque keeps references to the
+  // others valid (lost_, failed_), not iterators: never call it while iterating over workers_.
+  void replace(const Worker& dead) {
+    WorkerSpec spec;
+    for (const auto& candidate : options_.workers)
+      if (candidate.rank == dead.rank && !candidate.service) spec = candidate;
+    spec.env.insert(spec.env.end(), options_.replacement_env.begin(),
+                    options_.replacement_env.end());
+    ++replacements_started_;
+    Worker& w = workers_.emplace_back();
+    start(w, spec);
+    write_out(
+        options_.stderr_fd,
+        fmt::format("{}: started a replacement for {} (pid {}; replacement {} of {}); the "
+                    "others take it in at a step boundary (--live --replace)\n",
+                    options_.name, w.label, w.pid, replacements_started_, options_.replacements));
+  }
+
   Worker& worker_of(const Stream& s) {
     for (auto& w : workers_)
       if (&w.out == &s || &w.err == &s) return w;
@@ -670,7 +693,10 @@ class Run {
   const SupervisorOptions& options_;
   int signal_fd_;
   const sigset_t& child_mask_;
-  std::vector<Worker> workers_;
+  std::deque<Worker> workers_;  // a deque: replacements come after the workers, which stay put
+  std::string path_;            // of the command
+  net::Fd devnull_;             // every worker's stdin
+  int replacements_started_ = 0;
   Worker* first_failure_ = nullptr;
   std::vector<Worker*> lost_;    // keep_survivors: workers that failed while the others went on
   std::vector<Worker*> failed_;  // every worker that failed on its own, in the order seen

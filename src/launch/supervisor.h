@@ -92,6 +92,11 @@ struct SupervisorOptions {
   // the others go on (they re-form their group without it: dtrain/live_world.h). The job fails
   // only when no worker ends well.
   bool keep_survivors = false;
+  // With keep_survivors: a worker that fails is started again in its place (its WorkerSpec, with
+  // replacement_env on top), up to this many times in all; its peers take it in at a step
+  // boundary (dtrain/live_world.h).
+  int replacements = 0;
+  std::vector<std::pair<std::string, std::string>> replacement_env;
   // Called with every worker as it exits (successfully or not), before any other is stopped for
   // it: `dtrain run` leaves the word for the worker's peers (see cmd_run.cc).
   std::function<void(const WorkerExit&)> on_exit;

@@ -7,10 +7,12 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize.h>
 
+#include "common/durable.h"
 #include "dtrain/error.h"
 #include "dtrain/torch/tensor_view.h"
 
@@ -99,6 +101,33 @@ void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup&
         "this rank's optimizer (same type over the same parameters on every rank?): {}",
         group.rank(), root, bytes.size(), e.what_without_backtrace()));
   }
+}
+
+void check_same_parameters(torch::nn::Module& module, ProcessGroup& group,
+                           std::chrono::milliseconds timeout) {
+  if (group.size() == 1) return;
+  uint32_t crc = 0;
+  auto add = [&](const at::Tensor& t) {
+    const at::Tensor c = t.detach().cpu().contiguous();
+    crc = durable::crc32_of(c.data_ptr(), c.nbytes(), crc);
+  };
+  for (const auto& p : module.parameters()) add(p);
+  for (const auto& b : module.buffers()) add(b);
+  std::vector<int64_t> mine = {static_cast<int64_t>(crc)};
+  std::vector<int64_t> all(static_cast<size_t>(group.size()));
+  AllgatherOptions o;
+  o.timeout = timeout;
+  group.allgather(TensorView::of(all), TensorView::of(mine), o)->wait();
+  std::vector<int> differ;
+  for (int r = 1; r < group.size(); ++r)
+    if (all[static_cast<size_t>(r)] != all[0]) differ.push_back(r);
+  if (!differ.empty())
+    throw DataLossError(fmt::format(
+        "rank {}: the parameters and buffers of rank(s) {} differ from rank 0's (CRC-32 of rank "
+        "0's {:08x}; each rank's: {}) after they should have been made equal; the transfer of "
+        "state lost or changed bytes",
+        group.rank(), fmt::join(differ, ", "), static_cast<uint32_t>(all[0]),
+        fmt::join(all, ", ")));
 }
 
 }  // namespace dtrain

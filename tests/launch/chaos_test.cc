@@ -205,6 +205,34 @@ TEST(Chaos, LiveRecoveryKeepsTheSurvivorsTrainingWithinASecondAndEverySampleOnce
   EXPECT_EQ(faults.find("restart"), std::string::npos) << faults;
 }
 
+TEST(Chaos, ReplacementsJoinTheLiveWorkersWithTheirStateAndEverySampleOnce) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::TempDir dir;
+  const auto r =
+      chaos(dir, {"--schedule", "kill:4s", "--seed", "3", "--max-faults", "2"},
+            {"-n", "3", "--live", "--replace", "2"}, {"--train-samples", "24000", "--epochs", "2"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  const nlohmann::json c = chaos_line(r.output);
+  ASSERT_TRUE(c.is_object()) << r.output;
+  EXPECT_EQ(c["faults"], 2) << r.output;
+  EXPECT_EQ(c["recovered"], 2) << r.output;
+  EXPECT_EQ(c["samples_lost"], 0) << r.output;
+  EXPECT_EQ(c["samples_repeated"], 0) << r.output;
+  EXPECT_NEAR(c["final_loss"].get<double>(), c["baseline_loss"].get<double>(),
+              0.15 * c["baseline_loss"].get<double>())
+      << r.output;
+  std::ifstream err_in(dir.path + "/faults/stderr.log");
+  const std::string err((std::istreambuf_iterator<char>(err_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(err.find("started a replacement for rank"), std::string::npos) << err;
+  // Each replacement is taken in, or comes after training ended: either way it ends well.
+  EXPECT_NE(err.find("3 worker(s) ended well; 2 lost along the way (--live)"), std::string::npos)
+      << err;
+  std::ifstream out_in(dir.path + "/faults/stdout.log");
+  const std::string out((std::istreambuf_iterator<char>(out_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(out.find("a replacement: rank "), std::string::npos) << out;
+  EXPECT_NE(out.find("going on from step"), std::string::npos) << out;
+}
+
 TEST(Chaos, AJobThatCannotRecoverEndsTheRunWithItsExitCodeAndNoGoodput) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   dtrain::testing::TempDir dir;

@@ -1,7 +1,8 @@
 // Live recovery (issue #48) with dtrain::LiveWorld under `dtrain run --live`, over live_worker:
 // the survivors re-form their group without a rank that died (rank 0 too: the store is the
-// launcher's) and their all-reduces sum exactly the members left; a program that does not
-// re-form fails the job as before; outside a launcher's store LiveWorld says what it needs.
+// launcher's) and their all-reduces sum exactly the members left; a replacement (--replace) is
+// taken in at a step boundary, or told it came too late; a program that does not re-form fails
+// the job as before; outside a launcher's store LiveWorld says what it needs.
 #include <string>
 #include <vector>
 
@@ -50,6 +51,53 @@ TEST(LiveWorld, TheSurvivorsReformWithoutADeadRankAndSumExactlyTheMembersLeft) {
 
 TEST(LiveWorld, TheSurvivorsGoOnWhenRankZeroDiesSinceTheStoreIsTheLaunchers) {
   survivors_go_on_without(0);
+}
+
+TEST(LiveWorld, AReplacementIsTakenInAtAStepBoundaryAndTheWorldIsWholeAgain) {
+  const auto r = run_command({kDtrain, "run", "-n", "3", "--live", "--replace", "1", "--", kWorker,
+                              "--steps", "400", "--die-rank", "1", "--die-at", "30"},
+                             {.timeout = std::chrono::milliseconds(60'000)});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  EXPECT_NE(r.output.find("started a replacement for rank 1 (pid"), std::string::npos) << r.output;
+  // The members make generation 2 with it, in its place by rank at start; its all-reduces sum
+  // all three from then on.
+  for (int rank : {0, 2})
+    EXPECT_NE(
+        r.output.find("generation 2 rank " + std::to_string(rank) + " of 3 members 0,1,2 joined 1"),
+        std::string::npos)
+        << r.output;
+  EXPECT_NE(r.output.find("replacement 1: rank 1 of 3 in generation 2 from step "),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(count(r.output, "DONE steps 400 generation 2 world 3 checked"), 3u) << r.output;
+  EXPECT_NE(r.output.find("3 worker(s) ended well; 1 lost along the way (--live)"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(LiveWorld, AReplacementThatComesAfterTrainingEndedHasNothingToDo) {
+  // Rank 1 dies at the last step: the others finish without it and close the world, and its
+  // replacement, taken in or not in time, never waits for a step that will not come.
+  const auto r = run_command({kDtrain, "run", "-n", "3", "--live", "--replace", "1", "--", kWorker,
+                              "--steps", "60", "--die-rank", "1", "--die-at", "59"},
+                             {.timeout = std::chrono::milliseconds(60'000)});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  const bool in_time = count(r.output, "DONE steps 60 generation 2 world 3") == 3;
+  EXPECT_TRUE(in_time ||
+              r.output.find("replacement 1: too late, nothing to do") != std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("3 worker(s) ended well; 1 lost along the way (--live)"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(LiveWorld, AReplacementNeedsLive) {
+  const auto r = run_command({kDtrain, "run", "-n", "2", "--replace", "1", "--", kWorker});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--replace starts workers in dead ones' places while the others go on: "
+                          "it needs --live"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(LiveWorld, AProgramThatDoesNotReformFailsTheJobNamingTheDeadRank) {

@@ -1,13 +1,16 @@
 // A worker for the live-recovery tests (live_test.cc runs it under `dtrain run --live`): each
 // step all-reduces the step number and every member's rank at start, and checks the sum against
 // the members it knows; when a peer dies it re-forms the world (dtrain::LiveWorld) and redoes the
-// step. One rank may SIGKILL itself after some steps.
+// step, and at each step boundary it takes in replacements (`dtrain run --live --replace N`).
+// One rank may SIGKILL itself after some steps (its replacement does not).
 //
 //   live_worker [--steps N] [--step-ms MS] [--die-rank R --die-at S] [--no-reform 1]
 //
 // --no-reform 1 fails on a peer's death instead, as a program without live recovery does.
-// Prints (every member) "generation G rank K of W members M lost L" after each re-forming, and
-// "DONE steps S generation G world W checked C" at the end.
+// Prints (every member) "generation G rank K of W members M lost L" after each re-forming,
+// "generation G rank K of W members M joined J" after taking in replacements, "replacement R:
+// rank K of W in generation G from step S" (a replacement, once taken in) and "DONE steps S
+// generation G world W checked C" at the end.
 #include <signal.h>
 
 #include <chrono>
@@ -45,25 +48,49 @@ int main(int argc, char** argv) {
   }
   try {
     dtrain::LiveWorld world({.settle = std::chrono::milliseconds(3000)});
+    if (world.too_late()) {
+      std::printf("replacement %d: too late, nothing to do\n", world.original_rank());
+      return 0;
+    }
     auto pg = world.group();
     int checked = 0;
-    for (int step = 0; step < steps;) {
-      if (world.original_rank() == die_rank && step == die_at) ::raise(SIGKILL);
+    int step = 0;
+    // The step to go on from after the world changed: the newest any member reached (a member
+    // whose all-reduce of a step completed before a death went on; a replacement has none).
+    auto newest_step = [&] {
+      std::vector<int64_t> newest = {step};
+      dtrain::AllreduceOptions max;
+      max.op = dtrain::ReduceOp::kMax;
+      pg->allreduce(dtrain::TensorView::of(newest), max)->wait();
+      step = static_cast<int>(newest[0]);
+    };
+    if (world.replacement()) {
+      newest_step();
+      std::printf("replacement %d: rank %d of %d in generation %d from step %d\n",
+                  world.original_rank(), pg->rank(), pg->size(), world.generation(), step);
+      std::fflush(stdout);
+    }
+    while (step < steps) {
+      if (world.original_rank() == die_rank && step == die_at && !world.replacement())
+        ::raise(SIGKILL);
       std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
       std::vector<int64_t> v = {step, world.original_rank()};
       try {
+        if (auto grown = world.admit_waiting()) {
+          pg = grown->group;
+          newest_step();
+          std::printf("generation %d rank %d of %d members %s joined %s\n", world.generation(),
+                      pg->rank(), pg->size(),
+                      fmt::format("{}", fmt::join(world.members(), ",")).c_str(),
+                      fmt::format("{}", fmt::join(grown->joined, ",")).c_str());
+          std::fflush(stdout);
+        }
         pg->allreduce(dtrain::TensorView::of(v))->wait();
       } catch (const dtrain::PeerFailureError&) {
         if (no_reform != 0) throw;
         const auto reformed = world.reform();
         pg = reformed.group;
-        // A member whose all-reduce of this step completed before the death went on: the step
-        // to go on from is the newest any member reached.
-        std::vector<int64_t> newest = {step};
-        dtrain::AllreduceOptions max;
-        max.op = dtrain::ReduceOp::kMax;
-        pg->allreduce(dtrain::TensorView::of(newest), max)->wait();
-        step = static_cast<int>(newest[0]);
+        newest_step();
         std::printf("generation %d rank %d of %d members %s lost %s\n", world.generation(),
                     pg->rank(), pg->size(),
                     fmt::format("{}", fmt::join(world.members(), ",")).c_str(),
@@ -83,6 +110,7 @@ int main(int argc, char** argv) {
       ++checked;
       ++step;
     }
+    world.close();
     std::printf("DONE steps %d generation %d world %d checked %d\n", steps, world.generation(),
                 pg->size(), checked);
     pg->barrier()->wait();

@@ -1,9 +1,11 @@
 // DistributedOptimizer over real processes: equality with one process on the whole batch,
-// backward_passes_per_step, fp16 compression, and the broadcast helpers.
+// backward_passes_per_step, fp16 compression, and the broadcast helpers (and the digest that
+// checks them).
 #include "dtrain/torch/distributed_optimizer.h"
 
 #include <gtest/gtest.h>
 
+#include "dtrain/error.h"
 #include "dtrain/torch/broadcast.h"
 #include "support/expect.h"
 #include "support/multiproc.h"
@@ -13,48 +15,51 @@ namespace dtrain {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::make_group;
 using testing::expect_all_ok;
+using testing::make_group;
 using testing::run_ranks;
 
 // N ranks with B/N samples each (passes backward passes per step) vs one process with B.
 void check_matches_one_process(int n, int passes, Compression compression, double tolerance) {
   const int port = testing::free_port();
-  auto results = run_ranks(n, [&](int rank) {
-    at::set_num_threads(1);
-    auto pg = make_group(rank, n, port);
-    auto net = testing::make_net(/*bn_eval=*/true);
-    auto ref = testing::make_net(/*bn_eval=*/true);
-    if (rank != 0) {  // start apart: broadcast_parameters must bring rank 0's weights
-      torch::NoGradGuard no_grad;
-      for (auto& p : net->parameters()) p.add_(1.0);
-    }
-    broadcast_parameters(*net, *pg, 0);
-    auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(),
-                                                   torch::optim::SGDOptions(0.1).momentum(0.9));
-    DistributedOptimizerOptions o;
-    o.backward_passes_per_step = passes;
-    o.compression = compression;
-    o.fusion_threshold_bytes = 256;  // several fused buffers
-    DistributedOptimizer opt(sgd, *net, pg, o);
-    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    for (int step = 0; step < 5; ++step) {
-      opt.zero_grad();
-      ref_opt.zero_grad();
-      for (int pass = 0; pass < passes; ++pass) {
-        auto global = testing::global_batch(10 * step + pass, 12);
-        auto local = testing::shard(global, rank, n);
-        torch::nn::functional::cross_entropy(net->forward(local.x), local.y).backward();
-        torch::nn::functional::cross_entropy(ref->forward(global.x), global.y).backward();
-      }
-      opt.step();
-      ref_opt.step();
-    }
-    double diff = testing::max_difference(*net, *ref);
-    RANK_CHECK(diff < tolerance, "parameters differ from one process by {}", diff);
-    for (const auto& p : net->parameters())
-      RANK_CHECK(testing::same_on_all_ranks(*pg, p), "parameters differ between ranks");
-  }, 90s);
+  auto results = run_ranks(
+      n,
+      [&](int rank) {
+        at::set_num_threads(1);
+        auto pg = make_group(rank, n, port);
+        auto net = testing::make_net(/*bn_eval=*/true);
+        auto ref = testing::make_net(/*bn_eval=*/true);
+        if (rank != 0) {  // start apart: broadcast_parameters must bring rank 0's weights
+          torch::NoGradGuard no_grad;
+          for (auto& p : net->parameters()) p.add_(1.0);
+        }
+        broadcast_parameters(*net, *pg, 0);
+        auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(),
+                                                       torch::optim::SGDOptions(0.1).momentum(0.9));
+        DistributedOptimizerOptions o;
+        o.backward_passes_per_step = passes;
+        o.compression = compression;
+        o.fusion_threshold_bytes = 256;  // several fused buffers
+        DistributedOptimizer opt(sgd, *net, pg, o);
+        torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+        for (int step = 0; step < 5; ++step) {
+          opt.zero_grad();
+          ref_opt.zero_grad();
+          for (int pass = 0; pass < passes; ++pass) {
+            auto global = testing::global_batch(10 * step + pass, 12);
+            auto local = testing::shard(global, rank, n);
+            torch::nn::functional::cross_entropy(net->forward(local.x), local.y).backward();
+            torch::nn::functional::cross_entropy(ref->forward(global.x), global.y).backward();
+          }
+          opt.step();
+          ref_opt.step();
+        }
+        double diff = testing::max_difference(*net, *ref);
+        RANK_CHECK(diff < tolerance, "parameters differ from one process by {}", diff);
+        for (const auto& p : net->parameters())
+          RANK_CHECK(testing::same_on_all_ranks(*pg, p), "parameters differ between ranks");
+      },
+      90s);
   expect_all_ok(results);
 }
 
@@ -73,24 +78,62 @@ TEST(DistributedOptimizer, Fp16CompressionStaysClose) {
 
 TEST(DistributedOptimizer, BroadcastOptimizerStateCopiesMomentum) {
   const int port = testing::free_port();
-  auto results = run_ranks(2, [&](int rank) {
-    at::set_num_threads(1);
-    auto pg = make_group(rank, 2, port);
-    auto net = testing::make_net(true);
-    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1 + rank).momentum(0.9));
-    auto local = testing::shard(testing::global_batch(rank, 8), rank, 2);
-    sgd.zero_grad();
-    torch::nn::functional::cross_entropy(net->forward(local.x), local.y).backward();
-    sgd.step();  // different momentum buffers and learning rates per rank
-    broadcast_optimizer_state(sgd, *pg, 0);
-    auto& options = static_cast<torch::optim::SGDOptions&>(sgd.param_groups()[0].options());
-    RANK_CHECK(std::abs(options.lr() - 0.1) < 1e-12, "lr {}", options.lr());
-    for (const auto& p : net->parameters()) {
-      auto& state = static_cast<torch::optim::SGDParamState&>(
-          *sgd.state().at(p.unsafeGetTensorImpl()));
-      RANK_CHECK(testing::same_on_all_ranks(*pg, state.momentum_buffer()), "momentum differs");
-    }
-  }, 60s);
+  auto results = run_ranks(
+      2,
+      [&](int rank) {
+        at::set_num_threads(1);
+        auto pg = make_group(rank, 2, port);
+        auto net = testing::make_net(true);
+        torch::optim::SGD sgd(net->parameters(),
+                              torch::optim::SGDOptions(0.1 + rank).momentum(0.9));
+        auto local = testing::shard(testing::global_batch(rank, 8), rank, 2);
+        sgd.zero_grad();
+        torch::nn::functional::cross_entropy(net->forward(local.x), local.y).backward();
+        sgd.step();  // different momentum buffers and learning rates per rank
+        broadcast_optimizer_state(sgd, *pg, 0);
+        auto& options = static_cast<torch::optim::SGDOptions&>(sgd.param_groups()[0].options());
+        RANK_CHECK(std::abs(options.lr() - 0.1) < 1e-12, "lr {}", options.lr());
+        for (const auto& p : net->parameters()) {
+          auto& state =
+              static_cast<torch::optim::SGDParamState&>(*sgd.state().at(p.unsafeGetTensorImpl()));
+          RANK_CHECK(testing::same_on_all_ranks(*pg, state.momentum_buffer()), "momentum differs");
+        }
+      },
+      60s);
+  expect_all_ok(results);
+}
+
+TEST(Broadcast, CheckSameParametersPassesAfterABroadcastAndNamesARankThatDiffers) {
+  const int port = testing::free_port();
+  auto results = run_ranks(
+      3,
+      [&](int rank) {
+        at::set_num_threads(1);
+        auto pg = make_group(rank, 3, port);
+        auto net = testing::make_net(true);
+        if (rank != 0) {
+          torch::NoGradGuard no_grad;
+          for (auto& p : net->parameters()) p.add_(1.0);
+        }
+        broadcast_parameters(*net, *pg, 0);
+        check_same_parameters(*net, *pg);  // equal bits: no error
+        if (rank == 2) {                   // one bit of one element
+          torch::NoGradGuard no_grad;
+          auto p = net->parameters().front();
+          auto* bits = static_cast<int32_t*>(p.data_ptr());
+          bits[0] ^= 1;
+        }
+        std::string error;
+        try {
+          check_same_parameters(*net, *pg);
+        } catch (const DataLossError& e) {
+          error = e.what();
+        }
+        RANK_CHECK(error.find("the parameters and buffers of rank(s) 2 differ from rank 0's") !=
+                       std::string::npos,
+                   "got: {}", error);
+      },
+      60s);
   expect_all_ok(results);
 }
 

@@ -31,7 +31,8 @@ struct ChaosArgs {
   std::vector<std::string> command;
 };
 
-// The main job: the example beside this executable, recovering live (`dtrain run --live`).
+// The main job: the example beside this executable, recovering live (`dtrain run --live`), with
+// a replacement for every worker killed, so that the world is whole again after each fault.
 std::vector<std::string> default_job(int ranks) {
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
   const std::filesystem::path trainer = self.parent_path() / "train_fashion_mnist";
@@ -42,8 +43,10 @@ std::vector<std::string> default_job(int ranks) {
         "built beside dtrain in build/bin); give the job: dtrain chaos --schedule kill:30s -- "
         "dtrain run -n 4 --max-restarts 100 -- ./train",
         trainer.string()));
-  return {self.string(),    "run",      "-n", std::to_string(ranks), "--live", "--",
-          trainer.string(), "--epochs", "4",  "--threads",           "1"};
+  std::vector<std::string> job = {self.string(), "run", "-n", std::to_string(ranks), "--live"};
+  job.insert(job.end(), {"--replace", "1000000"});  // as many as the faults kill
+  job.insert(job.end(), {"--", trainer.string(), "--epochs", "4", "--threads", "1"});
+  return job;
 }
 
 }  // namespace

@@ -67,6 +67,7 @@ struct RunArgs {
   bool no_jemalloc = false;  // leave the workers' allocator alone (launch/allocator_preload.h)
   bool tf_config = false;    // give each worker (and server) the TF_CONFIG of the cluster
   bool live = false;         // live recovery: a worker's death leaves the others running
+  int replace = 0;           // with live: start this many replacements for dead workers in all
   std::vector<std::string> command;
 };
 
@@ -365,6 +366,8 @@ int run_job(const RunArgs& a) {
   options.prefix_output = !a.no_prefix;
   options.grace_period = seconds_flag(a.grace_period_s, "--grace-period");
   options.keep_survivors = a.live;
+  options.replacements = a.replace;
+  options.replacement_env.emplace_back(env::kLiveReplacement.name, "1");
   int world_size = a.nnodes * a.nproc;
   // Parameter servers beside the workers share the CPUs with them: no binding then.
   const auto cpus =
@@ -483,6 +486,12 @@ CLI::App* add_run_command(CLI::App& app) {
                 "Live recovery: when a worker dies the others go on, re-forming their group "
                 "without it (programs that support it: train_fashion_mnist, dtrain::LiveWorld); "
                 "sets DTRAIN_LIVE=1");
+  cmd->add_option("--replace", args->replace,
+                  "With --live: start a new worker in a dead one's place, up to this many times "
+                  "in all; the others take it in at a step boundary and send it the training "
+                  "state (DTRAIN_LIVE_REPLACEMENT=1)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_flag("--no-jemalloc", args->no_jemalloc,
                 "Do not preload jemalloc into the workers (by default they get it, with the "
                 "settings dtrain's own programs use: Python jobs train faster)");
@@ -588,6 +597,10 @@ CLI::App* add_run_command(CLI::App& app) {
           "dtrain run: --tf-config describes the processes of one node, started once: it "
           "cannot be combined with --nnodes above 1 or an elastic run yet; on several nodes "
           "set TF_CONFIG in each node's environment");
+    if (a.replace > 0 && !a.live)
+      throw InvalidArgumentError(
+          "dtrain run: --replace starts workers in dead ones' places while the others go on: it "
+          "needs --live");
     if (a.live && (is_elastic || a.nnodes > 1 || a.servers > 0))
       throw InvalidArgumentError(
           "dtrain run: --live keeps the surviving workers of one node running; it cannot be "

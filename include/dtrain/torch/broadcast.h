@@ -37,4 +37,10 @@ void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup&
                                int root = 0,
                                std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
+// Collective: whether every rank's parameters and buffers of `module` hold the same bits (a
+// CRC-32 of each rank's, all-gathered), as after broadcast_parameters; throws DataLossError
+// naming the ranks whose bits differ from rank 0's. Live recovery checks a newcomer with it.
+void check_same_parameters(torch::nn::Module& module, ProcessGroup& group,
+                           std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
 }  // namespace dtrain
