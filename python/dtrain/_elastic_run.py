@@ -26,6 +26,11 @@ class Collectives(Protocol):
     def is_initialized(self) -> bool: ...
 
 
+class HostsUpdatedInterrupt(RuntimeError):
+    """Raised by a state's commit() when the job took in new workers (replacements for dead
+    ones): the function starts again from that commit, synced with them, as Horovod's does."""
+
+
 S = TypeVar("S", bound=ElasticState)
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -40,7 +45,8 @@ def elastic_run(function: Callable[Concatenate[S, P], R], collectives: Collectiv
     `recover(error)`, where given, is live recovery: for an error it recovers from (a peer died)
     it re-forms the job among the survivors and returns True; the state then goes back to its
     last commit, is synced (from the newest commit any survivor holds), the reset callbacks run
-    and `function` starts again, as Horovod's elastic run does after a HorovodInternalError."""
+    and `function` starts again, as Horovod's elastic run does after a HorovodInternalError.
+    After a HostsUpdatedInterrupt (newcomers taken in at a commit) the same, from that commit."""
     @functools.wraps(function)
     def wrapper(state: S, *args: P.args, **kwargs: P.kwargs) -> R:
         if not collectives.is_initialized():
@@ -53,6 +59,8 @@ def elastic_run(function: Callable[Concatenate[S, P], R], collectives: Collectiv
                     for callback in state._reset_callbacks:
                         callback()
                 return function(state, *args, **kwargs)
+            except HostsUpdatedInterrupt:
+                reset = True  # the state is the commit just made: sync it with the newcomers
             except Exception as error:
                 if recover is None or not recover(error):
                     raise

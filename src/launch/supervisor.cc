@@ -366,7 +366,11 @@ class Run {
         if (culprit == nullptr || more_likely_first(w, *culprit)) culprit = &w;
       }
     }
-    for (const Worker* dead : to_replace) replace(*dead);
+    // A replacement needs live workers to take it in.
+    bool others_running = false;
+    for (const auto& w : workers_) others_running = others_running || (w.running && !w.service);
+    if (others_running)
+      for (const Worker* dead : to_replace) replace(*dead);
     if (culprit == nullptr) {
       // The workers are done and only services remain: they get the grace period to leave on
       // their own (a parameter server ends once every worker said goodbye), then are stopped.

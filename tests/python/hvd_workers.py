@@ -571,22 +571,24 @@ def live_batches(indices):
     return [indices[i:i + LIVE_BATCH] for i in range(0, len(indices), LIVE_BATCH)]
 
 
-def live_elastic(out, die_rank, die_after):
+def live_elastic(out, die_rank, die_after, step_ms="0"):
     """hvd.elastic under `dtrain run --live`: one epoch of LIVE_SAMPLES through an
     ElasticSampler and a DistributedOptimizer, a commit after every step; rank `die_rank` (at
-    start) SIGKILLs itself after its commit of step `die_after`. Each rank writes, after each
-    commit, "step S generation G samples i,j,k padding a,b,c" to out/samples.R (R: its rank at
-    start), and at the end its weights to out/weights.R."""
-    die_rank, die_after = int(die_rank), int(die_after)
+    start) SIGKILLs itself after its commit of step `die_after` (its replacement, under
+    --replace, does not). Each rank writes, with each commit, "step S generation G samples i,j,k
+    padding a,b,c" to out/samples.R (R: its rank at start; a replacement's: out/samples.Rr), and
+    at the end its weights to out/weights.R. Each step lasts at least `step_ms`."""
+    die_rank, die_after, step_s = int(die_rank), int(die_after), float(step_ms) / 1000
     hvd.init()
     me = int(os.environ["RANK"])
+    replacement = os.environ.get("DTRAIN_LIVE_REPLACEMENT") == "1"
     x, y = live_dataset()
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(LIVE_SAMPLES, shuffle=True, seed=3)
     state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, step=0, generation=0)
-    log = open(os.path.join(out, f"samples.{me}"), "w")
+    log = open(os.path.join(out, f"samples.{me}{'r' if replacement else ''}"), "w")
 
     def reset():
         state.generation += 1
@@ -599,18 +601,21 @@ def live_elastic(out, die_rank, die_after):
         for state.epoch in range(state.epoch, 1):
             mine = list(state.sampler)
             for k, batch in enumerate(live_batches(mine)):
+                time.sleep(step_s)  # long enough steps for a replacement to start
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
                 opt.step()
                 state.sampler.record_batch(k, LIVE_BATCH)
                 state.step += 1
-                state.commit()
+                # Logged before the commit, whose save keeps the step even when it then takes in
+                # a replacement (HostsUpdatedInterrupt) or a peer dies in its look for one.
                 first = k * LIVE_BATCH
                 padding = [i for j, i in enumerate(batch) if state.sampler.is_padding(first + j)]
                 log.write(f"step {state.step} generation {state.generation} samples "
                           f"{','.join(map(str, batch))} padding {','.join(map(str, padding))}\n")
                 log.flush()
-                if me == die_rank and state.step == die_after:
+                state.commit()
+                if me == die_rank and state.step == die_after and not replacement:
                     os.kill(os.getpid(), signal.SIGKILL)
             state.sampler.set_epoch(state.epoch + 1)
 

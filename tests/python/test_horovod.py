@@ -136,25 +136,24 @@ def test_elastic_state_resumes_a_restarted_job_from_its_commit(tmp_path):
         assert torch.equal(a[k], b[k]), k
 
 
-def _live_reference(resumed_at):
-    """The live worker's weights, computed in one process: its first `resumed_at` steps over 3
-    ranks' shares of the epoch, then the rest of the epoch over 2 ranks' shares, each step
-    averaging the ranks' gradients."""
+def _live_reference(worlds):
+    """The live worker's weights and steps, computed in one process: for each (world size,
+    steps) of `worlds`, that many steps over the world's shares of the rest of the epoch (steps
+    None: to its end), each step averaging the ranks' gradients."""
     import hvd_workers
     from dtrain import _torch
     x, y = hvd_workers.live_dataset()
     model = hvd_workers._model()
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
-
-    def deal(world, start):
+    position = done = 0
+    for world, steps in worlds:
         samplers = [_torch.DistributedSampler(hvd_workers.LIVE_SAMPLES, world, r, True, 3, False)
                     for r in range(world)]
-        for s in samplers:
-            s.set_epoch(0, start)
-        return samplers, [hvd_workers.live_batches(list(s.indices())) for s in samplers]
-
-    def train(batches, steps):
+        for sampler in samplers:
+            sampler.set_epoch(0, position)
+        batches = [hvd_workers.live_batches(list(s.indices())) for s in samplers]
+        steps = len(batches[0]) if steps is None else steps
         for k in range(steps):
             grads = []
             for own in batches:
@@ -164,55 +163,88 @@ def _live_reference(resumed_at):
             for i, p in enumerate(params):
                 p.grad = torch.stack([g[i] for g in grads]).mean(0)
             opt.step()
+        position = samplers[0].consumed(steps * hvd_workers.LIVE_BATCH)
+        done += steps
+    return model.state_dict(), done
 
-    samplers, batches = deal(3, 0)
-    train(batches, resumed_at)
-    _, batches = deal(2, samplers[0].consumed(resumed_at * hvd_workers.LIVE_BATCH))
-    train(batches, len(batches[0]))
-    return model.state_dict(), resumed_at + len(batches[0])
+
+def _trained_once(tmp_path, logs, dead, resumed_at):
+    """Every sample of the epoch, once, in the steps the job kept: the lines of `logs`, of the
+    dead rank's only up to `resumed_at` (its last commit may be one the others never made, and
+    is then trained again by them)."""
+    trained = []
+    for name in logs:
+        for line in (tmp_path / f"samples.{name}").read_text().splitlines():
+            step, _, samples, padding = re.fullmatch(
+                r"step ([0-9]+) generation ([0-9]+) samples ([0-9,]+) padding ([0-9,]*)",
+                line).groups()
+            if name == str(dead) and int(step) > resumed_at:
+                continue
+            kept = [int(i) for i in samples.split(",")]
+            for i in (int(i) for i in padding.split(",") if i):
+                kept.remove(i)
+            trained += kept
+    assert sorted(trained) == list(range(90)), sorted(trained)
+
+
+def _live_run(tmp_path, *args):
+    return subprocess.run([DTRAIN, "run", "-n", "3", "--live", *args, "--", harness.PYTHON,
+                           os.path.join(harness.HERE, "hvd_workers.py"), "live_elastic",
+                           str(tmp_path), "1", "4", *([] if "--replace" not in args else ["600"])],
+                          env=_launcher_env(), capture_output=True, text=True, timeout=300)
+
+
+def _resumed_at(p):
+    """The step both survivors went on from after rank 1 died."""
+    text = p.stdout + p.stderr
+    resumed = re.findall(r"at start: reset at step ([0-9]+), now rank [0-9] of 2", p.stdout)
+    assert len(resumed) == 2 and len(set(resumed)) == 1, text
+    # The step rank 1 died after, or the one before it.
+    assert int(resumed[0]) in (3, 4), text
+    return int(resumed[0])
 
 
 def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
     # Rank 1 of 3 SIGKILLs itself after its commit of step 4: ranks 0 and 2 re-form without
     # restarting, go on from the newest commit over the rest of the epoch, and end with the
     # weights of a run whose first steps had 3 ranks and the rest 2, each sample trained once.
-    p = subprocess.run([DTRAIN, "run", "-n", "3", "--live", "--", harness.PYTHON,
-                        os.path.join(harness.HERE, "hvd_workers.py"), "live_elastic",
-                        str(tmp_path), "1", "4"],
-                       env=_launcher_env(), capture_output=True, text=True, timeout=300)
+    p = _live_run(tmp_path)
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
     assert "2 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
     assert re.search(r"rank 2 at start: the job re-formed without rank\(s\) \[1\] at start in "
                      r"[0-9.]+ s; now rank 1 of 2", p.stdout), text
-    resumed = {int(k) for k in re.findall(r"at start: reset at step ([0-9]+), now rank", p.stdout)}
-    assert len(resumed) == 1 and len(re.findall(r"reset at step", p.stdout)) == 2, text
-    resumed_at = resumed.pop()
-    assert resumed_at in (3, 4), text  # the step rank 1 died after, or the one before it
-
-    expected, steps = _live_reference(resumed_at)
+    resumed_at = _resumed_at(p)
+    expected, steps = _live_reference([(3, resumed_at), (2, None)])
     assert p.stdout.count(f"live training finished at step {steps} as rank") == 2, text
     a, b = (torch.load(tmp_path / f"weights.{r}") for r in (0, 2))
     for k in expected:
         assert torch.equal(a[k], b[k]), k
         assert torch.allclose(a[k], expected[k], rtol=1e-5, atol=1e-6), (k, a[k], expected[k])
+    _trained_once(tmp_path, ["0", "1", "2"], 1, resumed_at)
 
-    # Every sample of the epoch, once, in the steps the job kept (rank 1's last commit may be
-    # one the others never made, and is then trained again by them).
-    trained = []
-    for r in (0, 1, 2):
-        for line in (tmp_path / f"samples.{r}").read_text().splitlines():
-            step, _, samples, padding = re.fullmatch(
-                r"step ([0-9]+) generation ([0-9]+) samples ([0-9,]+) padding ([0-9,]*)",
-                line).groups()
-            if r == 1 and int(step) > resumed_at:
-                continue
-            extra = [int(i) for i in padding.split(",") if i]
-            kept = [int(i) for i in samples.split(",")]
-            for i in extra:
-                kept.remove(i)
-            trained += kept
-    assert sorted(trained) == list(range(90)), sorted(trained)
+
+def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path):
+    # As above, with `--replace 1`: a new rank 1 starts, is taken in at a commit, receives the
+    # state from the others and trains the rest of the epoch with them: 3 ranks, 2, then 3.
+    p = _live_run(tmp_path, "--replace", "1")
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text
+    assert "started a replacement for rank 1" in p.stderr, text
+    assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
+    resumed_at = _resumed_at(p)
+    taken = set(re.findall(r"took in the replacement\(s\) for rank\(s\) \[1\] at start at "
+                           r"commit ([0-9]+); now rank [0-9] of 3", p.stdout))
+    assert len(taken) == 1, text
+    taken_at = int(taken.pop())
+    expected, steps = _live_reference([(3, resumed_at), (2, taken_at - resumed_at), (3, None)])
+    assert p.stdout.count(f"live training finished at step {steps} as rank") == 3, text
+    weights = [torch.load(tmp_path / f"weights.{r}") for r in (0, 1, 2)]
+    for k in expected:
+        assert torch.equal(weights[0][k], weights[1][k]), k
+        assert torch.equal(weights[0][k], weights[2][k]), k
+        assert torch.allclose(weights[0][k], expected[k], rtol=1e-5, atol=1e-6), k
+    _trained_once(tmp_path, ["0", "1", "1r", "2"], 1, resumed_at)
 
 
 def test_the_horovod_example_trains_under_dtrain_run():

@@ -119,6 +119,12 @@ def init(comm: object = None, process_sets: object = None) -> None:
     if _state is not None:
         return
     identity = _core.launcher_identity()
+    if live.replacement() and not dist.is_initialized():
+        # Started in a dead worker's place: it joins the live workers' world.
+        if live.join() is None:
+            print(f"rank {live.original_rank()} at start, a replacement: training ended before "
+                  f"the others could take it in; nothing to do", flush=True)
+            raise SystemExit(0)
     if not dist.is_initialized():
         if identity["source"] == "single" and "MASTER_ADDR" not in os.environ:
             dist.init_process_group(BACKEND, store=dist.HashStore(), rank=0, world_size=1)
@@ -132,6 +138,25 @@ def init(comm: object = None, process_sets: object = None) -> None:
             f"dist.init_process_group('dtrain') instead, or let init() do it")
     session = _torch.Session(group, *session_settings())
     _state = _State(session, identity)
+
+
+def _admit_waiting() -> list[int]:
+    """At a step boundary under `dtrain run --live --replace` (TorchState.commit() calls it):
+    replacements waiting to take dead ranks' places are taken in, and the session is made again
+    with them. Collective. Returns their ranks at start ([] at once while no rank is missing)."""
+    state = _live()
+    joiners = live.waiting()
+    if not joiners:
+        return []
+    state.session.close()
+    state.handles.clear()
+    live.admit(joiners)
+    world = backend_of()
+    assert world is not None
+    state.session = _torch.Session(world, *session_settings())
+    for holder in list(state.rebindables):
+        holder._rebind()
+    return joiners
 
 
 def _reform() -> list[int]:

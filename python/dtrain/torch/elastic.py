@@ -44,22 +44,23 @@ ElasticSamplers.
 from __future__ import annotations
 
 import copy
+import functools
 import numbers
 import time
 from collections.abc import Callable, Iterable, Iterator, Sized
-from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, cast
 
 import torch
 
 from dtrain import _torch
-from dtrain._elastic_run import elastic_run
+from dtrain._elastic_run import HostsUpdatedInterrupt, elastic_run
 from dtrain.torch import collectives, live
 from dtrain.torch.backend import backend_of
 from dtrain.torch.checkpoint import _finish_load, _model, _optimizer_type
 from dtrain.torch.functions import (allgather_object, broadcast_object,
                                     broadcast_optimizer_state, broadcast_parameters)
 
-__all__ = ["ElasticSampler", "TorchState", "run"]
+__all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "TorchState", "run"]
 
 _S = TypeVar("_S", bound="TorchState")
 _P = ParamSpec("_P")
@@ -204,7 +205,8 @@ class TorchState:
 
     def commit(self) -> None:
         """Saves the state: in this process, and as an in-memory commit that a restarted job
-        resumes from."""
+        resumes from. Under `dtrain run --live --replace`, replacements waiting to take dead
+        ranks' places are then taken in (HostsUpdatedInterrupt, which run() handles)."""
         self.save()
         self._commit_count += 1
         manager = self._manager()
@@ -215,6 +217,14 @@ class TorchState:
                          self.optimizer.state if self.optimizer is not None else {},
                          dict(step=self._commit_count, epoch=0, epoch_consumed=0, epoch_size=0,
                               values=self._values()))
+        if live.enabled():
+            joined = collectives._admit_waiting()
+            if joined:
+                print(f"rank {live.original_rank()} at start: took in the replacement(s) for "
+                      f"rank(s) {joined} at start at commit {self._commit_count}; now rank "
+                      f"{collectives.rank()} of {collectives.size()} (--live --replace)",
+                      flush=True)
+                raise HostsUpdatedInterrupt(f"replacement(s) for rank(s) {joined} taken in")
 
     def sync(self) -> None:
         """Collective: every rank takes the state of the lowest rank holding the newest commit
@@ -268,8 +278,17 @@ class TorchState:
 def run(function: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
     """Runs `function(state, ...)` from the newest commit of the job, if a restart left one,
     with every rank starting from the same state; under `dtrain run --live` it starts again
-    among the survivors, from the last commit, when a rank dies."""
-    return elastic_run(function, collectives, _recover)
+    among the survivors, from the last commit, when a rank dies (and with the replacements
+    taken in, under --replace)."""
+    wrapped = elastic_run(function, collectives, _recover)
+
+    @functools.wraps(function)
+    def closing(state: _S, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        result = wrapped(state, *args, **kwargs)
+        live.close()  # training is over: replacements still waiting have nothing to join
+        return result
+    # `state` may also be passed by name, which Concatenate cannot say.
+    return cast(Callable[Concatenate[_S, _P], _R], closing)
 
 
 def _recover(error: Exception) -> bool:

@@ -19,36 +19,50 @@ and go on, without restarting their processes.
 After ``reform()`` every rank of the new world has the rank ``dist.get_rank()`` gives (the
 survivors keep their order; ``original_rank()`` is the one at start), and objects made on the old
 world (DistributedDataParallel, groups from ``new_group``, a DeviceMesh) must be made again.
-Horovod's API (``hvd.elastic.run``) does all of this by itself.
+
+Under ``dtrain run --live --replace N`` the launcher starts a new worker in a dead one's place.
+It calls ``join()`` instead of ``init_process_group`` (``replacement()`` says whether it is one),
+which returns once the others took it in; they call ``waiting()`` at each step boundary and, when
+it names newcomers, ``admit(newcomers)``. Both sides then share the state as after a re-forming.
+Horovod's API (``hvd.init()``, ``hvd.elastic.run`` and ``state.commit()``) does all of this by
+itself.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from dtrain import _core, _torch
 from dtrain.torch import backend as _backend
 
-__all__ = ["Reformed", "enabled", "original_rank", "peer_lost", "reform"]
+__all__ = ["Reformed", "admit", "close", "enabled", "join", "original_rank", "peer_lost",
+           "reform", "replacement", "waiting"]
+
+# How often rank 0 looks in the store for replacements while a rank is missing (waiting()).
+_LOOK_EVERY_S = 0.1
 
 # How long peer_lost() waits for the launcher's word on a death: it reaps a killed process a few
 # milliseconds after the survivors' connections to it closed.
 _LAUNCHER_WORD_WAIT = timedelta(seconds=2)
 
 _membership: _core.LiveMembership | None = None
+_next_look = 0.0  # time.monotonic() of rank 0's next look for replacements
 
 
 @dataclass(frozen=True)
 class Reformed:
-    """The world after reform()."""
+    """The world after reform(), join() or admit()."""
     rank: int          # this process's rank in it
     size: int
     generation: int    # 0 at start, one more at each re-forming
     lost: list[int]    # the ranks at start left out this time
     seconds: float     # the agreement took
+    joined: list[int] = field(default_factory=list)  # replacements taken in, by rank at start
 
 
 def enabled() -> bool:
@@ -63,8 +77,15 @@ def _live_membership() -> _core.LiveMembership:
             raise RuntimeError("dtrain.torch.live: live recovery needs the job to run under "
                                "`dtrain run --live`, which keeps the survivors of a death and "
                                "hosts the store they agree through")
+        # A replacement's returns once the live workers took it in (see join()).
         _membership = _core.LiveMembership()
     return _membership
+
+
+def replacement() -> bool:
+    """Whether this process was started in a dead worker's place (`dtrain run --live --replace`):
+    it joins the others with join() and takes the training state from them."""
+    return enabled() and os.environ.get("DTRAIN_LIVE_REPLACEMENT", "0") not in ("", "0")
 
 
 def original_rank() -> int:
@@ -80,8 +101,9 @@ def peer_lost(error: BaseException) -> bool:
         return False
     if isinstance(error, (_core.PeerFailureError, _core.AbortedError)):
         return True
-    # torch raises DistBackendError with dtrain's text; the launcher says whether a member died.
-    if isinstance(error, dist.DistError):
+    # torch raises DistBackendError with dtrain's text, and autograd a RuntimeError for a hook
+    # that failed (a DistributedOptimizer's): the launcher says whether a member died.
+    if isinstance(error, RuntimeError):
         return bool(_live_membership().ended(_LAUNCHER_WORD_WAIT))
     return False
 
@@ -97,13 +119,72 @@ def reform() -> Reformed:
     if dist.is_initialized():
         dist.destroy_process_group()
     joined = membership.next()
+    _init_generation(membership, joined["rank"], joined["size"])
+    return Reformed(rank=joined["rank"], size=joined["size"], generation=membership.generation,
+                    lost=list(joined["lost"]), seconds=joined["seconds"])
+
+
+def join() -> Reformed | None:
+    """For a replacement: waits until the live workers take it in, then initializes
+    torch.distributed in their world (its rank at start keeps its place). None when they ended
+    training first: the process has nothing to do."""
+    if not replacement():
+        raise RuntimeError("dtrain.torch.live.join(): this process is not a replacement (it was "
+                           "not started by `dtrain run --live --replace`)")
+    start = time.monotonic()
+    membership = _live_membership()  # returns once taken in (or too late)
+    if membership.too_late:
+        return None
+    size = len(membership.members)
+    _init_generation(membership, membership.rank, size)
+    return Reformed(rank=membership.rank, size=size, generation=membership.generation, lost=[],
+                    seconds=time.monotonic() - start, joined=[membership.original_rank])
+
+
+def waiting() -> list[int]:
+    """Collective among the members, at a step boundary: the ranks at start whose replacements
+    wait to be taken in (rank 0 looks in the store at most every 100 ms and tells the others).
+    [] at once, with nothing sent, while no rank is missing."""
+    global _next_look
+    if not enabled():
+        return []
+    membership = _live_membership()
+    missing = membership.missing()
+    if not missing:
+        return []
+    flags = torch.zeros(len(missing), dtype=torch.int64)
+    if dist.get_rank() == 0 and time.monotonic() >= _next_look:
+        _next_look = time.monotonic() + _LOOK_EVERY_S
+        found = set(membership.waiting())
+        flags = torch.tensor([1 if r in found else 0 for r in missing], dtype=torch.int64)
+    dist.broadcast(flags, src=0)
+    return [r for r, flag in zip(missing, flags.tolist()) if flag]
+
+
+def admit(joiners: list[int]) -> Reformed:
+    """Collective among the members, each with waiting()'s list: the next generation takes the
+    replacements in, and torch.distributed is initialized again with them."""
+    membership = _live_membership()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    taken = membership.admit(joiners)
+    _init_generation(membership, taken["rank"], taken["size"])
+    return Reformed(rank=taken["rank"], size=taken["size"], generation=membership.generation,
+                    lost=[], seconds=taken["seconds"], joined=list(joiners))
+
+
+def _init_generation(membership: _core.LiveMembership, rank: int, size: int) -> None:
+    """torch.distributed's world of the membership's generation (its own store prefix)."""
     identity = _core.launcher_identity()
     store = dist.TCPStore(identity["master_addr"], identity["master_port"], is_master=False,
                           timeout=timedelta(seconds=60))
     prefix = dist.PrefixStore(f"dtrain/live/g{membership.generation}/torch/", store)
     timeout = _backend._world_timeout
-    dist.init_process_group(_backend.BACKEND, store=prefix, rank=joined["rank"],
-                            world_size=joined["size"],
+    dist.init_process_group(_backend.BACKEND, store=prefix, rank=rank, world_size=size,
                             timeout=timeout if timeout > timedelta(0) else None)
-    return Reformed(rank=joined["rank"], size=joined["size"], generation=membership.generation,
-                    lost=list(joined["lost"]), seconds=joined["seconds"])
+
+
+def close() -> None:
+    """Training is over: replacements still waiting are told so (any member may call it)."""
+    if enabled():
+        _live_membership().close()

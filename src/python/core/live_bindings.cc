@@ -15,6 +15,7 @@ void bind_live(py::module_& m) {
       m, "LiveMembership",
       "Who is still in a job run by `dtrain run --live` (generation 0: every rank); next() is\n"
       "the survivors' agreement on the next generation.")
+      // A replacement's (DTRAIN_LIVE_REPLACEMENT=1) returns once the members took it in.
       .def(py::init([](std::chrono::milliseconds settle, std::chrono::milliseconds timeout) {
              return std::make_unique<LiveMembership>(
                  LiveMembershipOptions{.settle = settle, .timeout = timeout});
@@ -26,6 +27,13 @@ void bind_live(py::module_& m) {
       .def_property_readonly("original_rank", &LiveMembership::original_rank)
       .def_property_readonly("rank", &LiveMembership::rank)
       .def_property_readonly("members", &LiveMembership::members)
+      .def_property_readonly("replacement", &LiveMembership::replacement)
+      .def_property_readonly("too_late", &LiveMembership::too_late)
+      .def("missing", &LiveMembership::missing)
+      .def("waiting", &LiveMembership::waiting, py::call_guard<py::gil_scoped_release>(),
+           "Of the missing ranks, those whose replacement asks to be taken in (store lookups).")
+      .def("close", &LiveMembership::close, py::call_guard<py::gil_scoped_release>(),
+           "No more newcomers: training is over.")
       .def("ended", &LiveMembership::ended, py::arg("wait"),
            py::call_guard<py::gil_scoped_release>(),
            "The members the launcher reports ended (by rank at start), waiting up to `wait` for\n"
@@ -46,7 +54,25 @@ void bind_live(py::module_& m) {
             return d;
           },
           "Collective among the survivors: the next generation's members; returns this process's\n"
-          "rank and the size in it, the members lost (by rank at start) and the seconds it took.");
+          "rank and the size in it, the members lost (by rank at start) and the seconds it took.")
+      .def(
+          "admit",
+          [](LiveMembership& self, const std::vector<int>& joiners) {
+            LiveMembership::Next n;
+            {
+              py::gil_scoped_release release;
+              n = self.admit(joiners);
+            }
+            py::dict d;
+            d["rank"] = n.rank;
+            d["size"] = n.size;
+            d["lost"] = n.lost;
+            d["seconds"] = n.seconds;
+            return d;
+          },
+          py::arg("joiners"),
+          "Collective among the members, each with the same `joiners`: the next generation takes\n"
+          "them in.");
 }
 
 }  // namespace dtrain::python
