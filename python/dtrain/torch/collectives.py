@@ -110,7 +110,9 @@ _state: _State | None = None
 def init(comm: object = None, process_sets: object = None) -> None:
     """Joins the job: this process's rank and size come from whichever launcher started it
     (dtrain run, torchrun, mpirun, srun); a process started alone is a world of one. Calling it
-    again does nothing. Collective: every rank calls it."""
+    again does nothing. Collective: every rank calls it. A replacement for a dead worker
+    (`dtrain run --live --replace`) returns once the others took it in, and exits the process
+    (status 0) when they ended training first."""
     global _state
     if comm is not None or process_sets is not None:
         raise ValueError("dtrain.torch.init(): comm and process_sets are not supported; every "
@@ -151,11 +153,7 @@ def _admit_waiting() -> list[int]:
     state.session.close()
     state.handles.clear()
     live.admit(joiners)
-    world = backend_of()
-    assert world is not None
-    state.session = _torch.Session(world, *session_settings())
-    for holder in list(state.rebindables):
-        holder._rebind()
+    _renew_session(state)
     return joiners
 
 
@@ -171,12 +169,17 @@ def _reform() -> list[int]:
     state.session.close()
     state.handles.clear()
     reformed = live.reform()
+    _renew_session(state)
+    return reformed.lost
+
+
+def _renew_session(state: _State) -> None:
+    """The session on torch.distributed's new world, and what held the old one moved to it."""
     world = backend_of()
     assert world is not None
     state.session = _torch.Session(world, *session_settings())
     for holder in list(state.rebindables):
         holder._rebind()
-    return reformed.lost
 
 
 def shutdown() -> None:

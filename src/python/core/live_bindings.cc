@@ -9,6 +9,18 @@
 namespace py = pybind11;
 
 namespace dtrain::python {
+namespace {
+
+py::dict dict_of(const LiveMembership::Next& n) {
+  py::dict d;
+  d["rank"] = n.rank;
+  d["size"] = n.size;
+  d["lost"] = n.lost;
+  d["seconds"] = n.seconds;
+  return d;
+}
+
+}  // namespace
 
 void bind_live(py::module_& m) {
   py::class_<LiveMembership>(
@@ -46,12 +58,7 @@ void bind_live(py::module_& m) {
               py::gil_scoped_release release;
               n = self.next();
             }
-            py::dict d;
-            d["rank"] = n.rank;
-            d["size"] = n.size;
-            d["lost"] = n.lost;
-            d["seconds"] = n.seconds;
-            return d;
+            return dict_of(n);
           },
           "Collective among the survivors: the next generation's members; returns this process's\n"
           "rank and the size in it, the members lost (by rank at start) and the seconds it took.")
@@ -63,12 +70,7 @@ void bind_live(py::module_& m) {
               py::gil_scoped_release release;
               n = self.admit(joiners);
             }
-            py::dict d;
-            d["rank"] = n.rank;
-            d["size"] = n.size;
-            d["lost"] = n.lost;
-            d["seconds"] = n.seconds;
-            return d;
+            return dict_of(n);
           },
           py::arg("joiners"),
           "Collective among the members, each with the same `joiners`: the next generation takes\n"
