@@ -187,10 +187,10 @@ def _trained_once(tmp_path, logs, dead, resumed_at):
     assert sorted(trained) == list(range(90)), sorted(trained)
 
 
-def _live_run(tmp_path, *args):
+def _live_run(tmp_path, *args, step_ms=0):
     return subprocess.run([DTRAIN, "run", "-n", "3", "--live", *args, "--", harness.PYTHON,
                            os.path.join(harness.HERE, "hvd_workers.py"), "live_elastic",
-                           str(tmp_path), "1", "4", *([] if "--replace" not in args else ["600"])],
+                           str(tmp_path), "1", "4", str(step_ms)],
                           env=_launcher_env(), capture_output=True, text=True, timeout=300)
 
 
@@ -227,7 +227,7 @@ def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
 def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path):
     # As above, with `--replace 1`: a new rank 1 starts, is taken in at a commit, receives the
     # state from the others and trains the rest of the epoch with them: 3 ranks, 2, then 3.
-    p = _live_run(tmp_path, "--replace", "1")
+    p = _live_run(tmp_path, "--replace", "1", step_ms=600)  # time for a Python process to start
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
     assert "started a replacement for rank 1" in p.stderr, text
@@ -245,6 +245,17 @@ def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path):
         assert torch.equal(weights[0][k], weights[2][k]), k
         assert torch.allclose(weights[0][k], expected[k], rtol=1e-5, atol=1e-6), k
     _trained_once(tmp_path, ["0", "1", "1r", "2"], 1, resumed_at)
+
+
+def test_a_replacement_that_comes_after_training_ended_exits_cleanly(tmp_path):
+    # Short steps: the survivors end the epoch before a new Python process is up; it is told so
+    # and exits 0 (were it in time, it would have been taken in: also a clean end).
+    p = _live_run(tmp_path, "--replace", "1")
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text
+    assert ("rank 1 at start, a replacement: training ended before the others could take it in; "
+            "nothing to do" in p.stdout or "took in the replacement(s)" in p.stdout), text
+    assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
 
 
 def test_the_horovod_example_trains_under_dtrain_run():
