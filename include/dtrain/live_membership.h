@@ -61,8 +61,8 @@ class LiveMembership {
   // The ranks at start that this generation lacks.
   std::vector<int> missing() const;
   // Of the missing ranks, those whose replacement asks to be taken in (store lookups: one
-  // member asks and tells the others).
-  std::vector<int> waiting() const;
+  // member asks and tells the others). It looks at most every 100 ms; [] in between.
+  std::vector<int> waiting();
   // No more newcomers: training is over, and replacements still waiting are told so. Any
   // member may call it.
   void close();
@@ -98,6 +98,7 @@ class LiveMembership {
   int generation_ = 0;
   bool replacement_ = false;
   bool too_late_ = false;
+  std::chrono::steady_clock::time_point next_look_{};  // waiting()'s
 };
 
 }  // namespace dtrain

@@ -82,7 +82,6 @@ class LiveWorld {
   LiveWorldOptions options_;
   LiveMembership membership_;
   std::shared_ptr<ProcessGroup> group_;
-  std::chrono::steady_clock::time_point next_look_{};  // for replacements, on rank 0
 };
 
 }  // namespace dtrain

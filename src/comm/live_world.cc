@@ -47,10 +47,8 @@ std::optional<LiveWorld::Reformed> LiveWorld::admit_waiting() {
   if (missing.empty()) return std::nullopt;
   const auto start = std::chrono::steady_clock::now();
   std::vector<int64_t> waiting(static_cast<size_t>(membership_.size_at_start()), 0);
-  if (group_->rank() == 0 && start >= next_look_) {
-    next_look_ = start + std::chrono::milliseconds(100);
+  if (group_->rank() == 0)
     for (int m : membership_.waiting()) waiting[static_cast<size_t>(m)] = 1;
-  }
   group_->broadcast(TensorView::of(waiting))->wait();
   std::vector<int> joiners;
   for (int m : missing)

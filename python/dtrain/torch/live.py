@@ -43,15 +43,11 @@ from dtrain.torch import backend as _backend
 __all__ = ["Reformed", "admit", "close", "enabled", "join", "original_rank", "peer_lost",
            "reform", "replacement", "waiting"]
 
-# How often rank 0 looks in the store for replacements while a rank is missing (waiting()).
-_LOOK_EVERY_S = 0.1
-
 # How long peer_lost() waits for the launcher's word on a death: it reaps a killed process a few
 # milliseconds after the survivors' connections to it closed.
 _LAUNCHER_WORD_WAIT = timedelta(seconds=2)
 
 _membership: _core.LiveMembership | None = None
-_next_look = 0.0  # time.monotonic() of rank 0's next look for replacements
 
 
 @dataclass(frozen=True)
@@ -145,7 +141,6 @@ def waiting() -> list[int]:
     """Collective among the members, at a step boundary: the ranks at start whose replacements
     wait to be taken in (rank 0 looks in the store at most every 100 ms and tells the others).
     [] at once, with nothing sent, while no rank is missing."""
-    global _next_look
     if not enabled():
         return []
     membership = _live_membership()
@@ -153,8 +148,7 @@ def waiting() -> list[int]:
     if not missing:
         return []
     flags = torch.zeros(len(missing), dtype=torch.int64)
-    if dist.get_rank() == 0 and time.monotonic() >= _next_look:
-        _next_look = time.monotonic() + _LOOK_EVERY_S
+    if dist.get_rank() == 0:
         found = set(membership.waiting())
         flags = torch.tensor([1 if r in found else 0 for r in missing], dtype=torch.int64)
     dist.broadcast(flags, src=0)

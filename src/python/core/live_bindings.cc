@@ -43,7 +43,8 @@ void bind_live(py::module_& m) {
       .def_property_readonly("too_late", &LiveMembership::too_late)
       .def("missing", &LiveMembership::missing)
       .def("waiting", &LiveMembership::waiting, py::call_guard<py::gil_scoped_release>(),
-           "Of the missing ranks, those whose replacement asks to be taken in (store lookups).")
+           "Of the missing ranks, those whose replacement asks to be taken in (store lookups, at\n"
+           "most every 100 ms; [] in between).")
       .def("close", &LiveMembership::close, py::call_guard<py::gil_scoped_release>(),
            "No more newcomers: training is over.")
       .def("ended", &LiveMembership::ended, py::arg("wait"),
