@@ -347,8 +347,8 @@ void FlightRecorder::set_rank(int rank, int world_size) {
   beat_.store(beat);  // set before this process's world group makes its first call
 }
 
-void FlightRecorder::mute(uint16_t group) {
-  if (group < muted_.size()) muted_[group].store(true);
+void FlightRecorder::mute(uint16_t group, bool muted) {
+  if (group < muted_.size()) muted_[group].store(muted);
 }
 
 namespace {

@@ -116,9 +116,10 @@ class FlightRecorder {
   // A small number for the group's name, kept for the life of the process (at group creation).
   // The dump lists every group this process made, whether it called anything in it or not.
   uint16_t group_id(std::string_view name);
-  // The group's calls are not recorded: the Horovod coordinator's, whose negotiation runs every
-  // millisecond (it records the named calls it serves instead).
-  void mute(uint16_t group);
+  // The group's calls are not recorded (`muted` false: recorded again): the Horovod
+  // coordinator's, whose negotiation runs every millisecond (it records the named calls it serves
+  // instead); flight_recorder_bench's, every other block of calls, to weigh the recorder's cost.
+  void mute(uint16_t group, bool muted = true);
   bool muted(uint16_t group) const {
     return group < muted_.size() && muted_[group].load(std::memory_order_relaxed);
   }
