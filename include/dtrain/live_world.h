@@ -30,7 +30,9 @@
 namespace dtrain {
 
 struct LiveWorldOptions {
-  // How long survivors wait for a member neither announced nor reported ended by the launcher.
+  // How long survivors wait for a member neither announced nor reported ended by the launcher,
+  // and then for the members agreed on to connect the new group: one that does not (it died or
+  // stopped after the list was closed) is left out by agreeing again.
   std::chrono::milliseconds settle{5000};
   // The whole re-forming, store calls and the new group's connections included.
   std::chrono::milliseconds timeout{60000};
@@ -79,6 +81,12 @@ class LiveWorld {
   void close() { membership_.close(); }
 
  private:
+  // Forms the group of the membership's newest generation (`next`: this process's place in it);
+  // while a member does not come, agrees again without it. Fills `formed` (its group, seconds
+  // since `start`; the members lost meanwhile are added, and taken out of the joined).
+  void form(LiveMembership::Next next, std::chrono::steady_clock::time_point start,
+            Reformed& formed);
+
   LiveWorldOptions options_;
   LiveMembership membership_;
   std::shared_ptr<ProcessGroup> group_;

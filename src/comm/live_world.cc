@@ -1,8 +1,13 @@
 #include "dtrain/live_world.h"
 
+#include <algorithm>
 #include <chrono>
+#include <exception>
 
 #include <fmt/format.h>
+
+#include "common/log.h"
+#include "dtrain/error.h"
 
 namespace dtrain {
 namespace {
@@ -12,33 +17,23 @@ LiveMembershipOptions membership_options(const LiveWorldOptions& o) {
       .settle = o.settle, .timeout = o.timeout, .job_id = o.group.job_id, .token = o.group.token};
 }
 
-ProcessGroupOptions generation_options(const ProcessGroupOptions& o, int generation) {
-  ProcessGroupOptions out = o;
-  if (generation > 0) out.name = fmt::format("{}-g{}", o.name, generation);
-  return out;
-}
-
 }  // namespace
 
 LiveWorld::LiveWorld(LiveWorldOptions options)
     : options_(std::move(options)), membership_(membership_options(options_)) {
   if (membership_.too_late()) return;
-  group_ = ProcessGroup::create(membership_.store(), membership_.rank(),
-                                static_cast<int>(membership_.members().size()),
-                                generation_options(options_.group, membership_.generation()));
+  Reformed formed;
+  form({.rank = membership_.rank(), .size = static_cast<int>(membership_.members().size())},
+       std::chrono::steady_clock::now(), formed);
 }
 
 LiveWorld::Reformed LiveWorld::reform() {
   const auto start = std::chrono::steady_clock::now();
   group_->abort("the group is being re-formed after a member's failure");
-  LiveMembership::Next next = membership_.next();
-  group_ = ProcessGroup::create(membership_.store(), next.rank, next.size,
-                                generation_options(options_.group, membership_.generation()));
   Reformed reformed;
-  reformed.group = group_;
+  LiveMembership::Next next = membership_.next();
   reformed.lost = std::move(next.lost);
-  reformed.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  form(next, start, reformed);
   return reformed;
 }
 
@@ -50,19 +45,47 @@ std::optional<LiveWorld::Reformed> LiveWorld::admit_waiting() {
   if (group_->rank() == 0)
     for (int m : membership_.waiting()) waiting[static_cast<size_t>(m)] = 1;
   group_->broadcast(TensorView::of(waiting))->wait();
-  std::vector<int> joiners;
-  for (int m : missing)
-    if (waiting[static_cast<size_t>(m)] != 0) joiners.push_back(m);
-  if (joiners.empty()) return std::nullopt;
-  LiveMembership::Next next = membership_.admit(joiners);
-  group_ = ProcessGroup::create(membership_.store(), next.rank, next.size,
-                                generation_options(options_.group, membership_.generation()));
   Reformed reformed;
-  reformed.group = group_;
-  reformed.joined = std::move(joiners);
-  reformed.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (int m : missing)
+    if (waiting[static_cast<size_t>(m)] != 0) reformed.joined.push_back(m);
+  if (reformed.joined.empty()) return std::nullopt;
+  form(membership_.admit(reformed.joined), start, reformed);
   return reformed;
+}
+
+void LiveWorld::form(LiveMembership::Next next, std::chrono::steady_clock::time_point start,
+                     Reformed& formed) {
+  // Each time round leaves a member out, or gives up.
+  while (true) {
+    ProcessGroupOptions o = options_.group;
+    const int generation = membership_.generation();
+    if (generation > 0) {
+      o.name = fmt::format("{}-g{}", options_.group.name, generation);
+      // Its members announced themselves a moment ago: one that does not come within the
+      // settle time died or stopped since, and the others agree again without it.
+      o.connect_timeout = options_.settle;
+    }
+    try {
+      group_ = ProcessGroup::create(membership_.store(), next.rank, next.size, o);
+      break;
+    } catch (const Error& e) {
+      if (generation == 0) throw;
+      DTRAIN_LOG_WARN(
+          "live world: generation {}'s group did not form: {}; agreeing again without whoever "
+          "did not come",
+          generation, e.what());
+      const std::exception_ptr failed = std::current_exception();
+      next = membership_.next();
+      // Everyone came again: it was not a member's absence that kept the group from forming.
+      if (next.lost.empty()) std::rethrow_exception(failed);
+      formed.lost.insert(formed.lost.end(), next.lost.begin(), next.lost.end());
+      std::erase_if(formed.joined, [&](int m) {
+        return std::find(next.lost.begin(), next.lost.end(), m) != next.lost.end();
+      });
+    }
+  }
+  formed.group = group_;
+  formed.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace dtrain

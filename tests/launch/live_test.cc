@@ -53,6 +53,29 @@ TEST(LiveWorld, TheSurvivorsGoOnWhenRankZeroDiesSinceTheStoreIsTheLaunchers) {
   survivors_go_on_without(0);
 }
 
+TEST(LiveWorld, AMemberThatDiesAfterTheListClosedIsLeftOutWhenItsGroupDoesNotForm) {
+  // Rank 3 dies at step 30; rank 2 is listed for generation 1 and dies before it connects. The
+  // other two give up on generation 1 within the settle time (3 s) and agree on generation 2.
+  const auto r = run_command({kDtrain, "run", "-n", "4", "--live", "--", kWorker, "--steps", "100",
+                              "--die-rank", "3", "--die-at", "30", "--die-in-reform", "2"},
+                             {.timeout = std::chrono::milliseconds(60'000)});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  EXPECT_NE(r.output.find("rank 2 at start: listed for generation 1, dying before its group "
+                          "connects"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("generation 1's group did not form"), std::string::npos) << r.output;
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_NE(
+        r.output.find("generation 2 rank " + std::to_string(rank) + " of 2 members 0,1 lost 3,2"),
+        std::string::npos)
+        << r.output;
+  EXPECT_EQ(count(r.output, "DONE steps 100 generation 2 world 2 checked 100"), 2u) << r.output;
+  EXPECT_NE(r.output.find("2 worker(s) ended well; 2 lost along the way (--live)"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(LiveWorld, AReplacementIsTakenInAtAStepBoundaryAndTheWorldIsWholeAgain) {
   const auto r = run_command({kDtrain, "run", "-n", "3", "--live", "--replace", "1", "--", kWorker,
                               "--steps", "400", "--die-rank", "1", "--die-at", "30"},

@@ -5,8 +5,12 @@
 // One rank may SIGKILL itself after some steps (its replacement does not).
 //
 //   live_worker [--steps N] [--step-ms MS] [--die-rank R --die-at S] [--no-reform 1]
+//               [--die-in-reform R]
 //
 // --no-reform 1 fails on a peer's death instead, as a program without live recovery does.
+// --die-in-reform R: rank R at start, when a peer dies, takes part in the agreement on the next
+// generation as LiveMembership does (through the store) and SIGKILLs itself once the list is
+// closed, before the new group connects: a failure within the re-forming.
 // Prints (every member) "generation G rank K of W members M lost L" after each re-forming,
 // "generation G rank K of W members M joined J" after taking in replacements, "replacement R:
 // rank K of W in generation G from step S" (a replacement, once taken in) and "DONE steps S
@@ -25,9 +29,29 @@
 
 #include "dtrain/dtrain.h"
 #include "dtrain/live_world.h"
+#include "dtrain/store.h"
+
+namespace {
+
+// Announces this rank for generation `generation` (the keys LiveMembership uses), waits until a
+// survivor closes the list, and dies.
+[[noreturn]] void die_once_listed(int generation) {
+  dtrain::TcpStore store({.host = std::getenv("MASTER_ADDR"),
+                          .port = static_cast<uint16_t>(std::atoi(std::getenv("MASTER_PORT")))});
+  const std::string self = std::getenv("RANK");
+  store.set(fmt::format("dtrain/live/g{}/here/{}", generation, self), dtrain::Bytes{'1'});
+  store.wait({fmt::format("dtrain/live/g{}/members", generation)}, std::chrono::seconds(30));
+  std::printf("rank %s at start: listed for generation %d, dying before its group connects\n",
+              self.c_str(), generation);
+  std::fflush(stdout);
+  ::raise(SIGKILL);
+  std::abort();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 100, step_ms = 5, die_rank = -1, die_at = -1, no_reform = 0;
+  int steps = 100, step_ms = 5, die_rank = -1, die_at = -1, no_reform = 0, die_in_reform = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int value = std::atoi(argv[i + 1]);
@@ -41,6 +65,8 @@ int main(int argc, char** argv) {
       die_at = value;
     else if (flag == "--no-reform")
       no_reform = value;
+    else if (flag == "--die-in-reform")
+      die_in_reform = value;
     else {
       std::fprintf(stderr, "live_worker: unknown flag %s\n", flag.c_str());
       return 2;
@@ -88,6 +114,7 @@ int main(int argc, char** argv) {
         pg->allreduce(dtrain::TensorView::of(v))->wait();
       } catch (const dtrain::PeerFailureError&) {
         if (no_reform != 0) throw;
+        if (world.original_rank() == die_in_reform) die_once_listed(world.generation() + 1);
         const auto reformed = world.reform();
         pg = reformed.group;
         newest_step();

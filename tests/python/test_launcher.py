@@ -73,6 +73,21 @@ def test_a_torch_distributed_script_recovers_live_when_a_rank_dies():
     assert done[0][2] == done[1][2], p.stdout
 
 
+def test_a_rank_that_dies_while_the_world_re_forms_is_left_out_too():
+    # Rank 3 of 4 dies at step 5; rank 2 is listed for the next world and dies before it
+    # connects. Ranks 0 and 1 give up on that world within the settle time and agree again.
+    p = dtrain_run(["-n", "4", "--live", "--", harness.PYTHON,
+                    os.path.join(harness.HERE, "workers.py"), "live_ddp", "dtrain", "3", "5", "2"])
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "rank 2 at start: listed for generation 1, dying before its world connects" in p.stdout
+    assert "generation 1's world did not form" in p.stderr, p.stderr
+    assert "2 worker(s) ended well; 2 lost along the way (--live)" in p.stderr, p.stderr
+    done = re.findall(r"rank ([0-9]) at start: live ddp finished at step 12 as rank ([0-9]) of 2 "
+                      r"after 1 re-forming\(s\); weights (\S+)", p.stdout)
+    assert sorted((a, b) for a, b, _ in done) == [("0", "0"), ("1", "1")], p.stdout + p.stderr
+    assert done[0][2] == done[1][2], p.stdout
+
+
 def test_torchrun_with_the_dtrain_backend(tmp_path):
     # Debian's torchrun needs --redirects and --tee set on Python 3.11 (its default crashes).
     out = tmp_path / "result.json"

@@ -414,14 +414,16 @@ def killed(backend, victim):
     sys.exit(0)
 
 
-def live_ddp(backend, die_rank, die_after):
+def live_ddp(backend, die_rank, die_after, die_in_reform="-1"):
     """torch.distributed and DistributedDataParallel under `dtrain run --live`: each step
     all-reduces [step, rank at start] and checks it against the members it knows, then trains a
     DDP step. Rank `die_rank` (at start) SIGKILLs itself at step `die_after`; the survivors
     re-form (dtrain.torch.live), take the newest step's weights from the lowest rank holding it,
-    make DDP again and finish."""
+    make DDP again and finish. Rank `die_in_reform` (at start), when a peer dies, takes part in
+    the agreement on the next generation and SIGKILLs itself once the list is closed, before the
+    new world connects."""
     import dtrain.torch.live as live
-    die_rank, die_after = int(die_rank), int(die_after)
+    die_rank, die_after, die_in_reform = int(die_rank), int(die_after), int(die_in_reform)
     _, world = init(backend, timeout_s=60)
     me = live.original_rank()
     members = list(range(world))
@@ -444,6 +446,11 @@ def live_ddp(backend, die_rank, die_after):
         except Exception as error:
             if not live.peer_lost(error):
                 raise
+            if me == die_in_reform:  # the agreement reform() starts with, then no world
+                live._live_membership().next()
+                print(f"rank {me} at start: listed for generation {reformed + 1}, dying before "
+                      "its world connects", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             r = live.reform()
             members = [m for m in members if m not in r.lost]
             assert (dist.get_rank(), dist.get_world_size()) == (members.index(me), len(members))

@@ -52,6 +52,10 @@ _TORCH_DEFAULT_TIMEOUTS = (timedelta(minutes=10), timedelta(minutes=30))
 # that asks for 10 s expects a mesh whose ranks disagree to fail in 10 s, not in torch's 30 min.
 _world_timeout = timedelta(0)
 
+# While dtrain.torch.live makes a later generation's world: how long its members may take to
+# connect (they announced themselves a moment ago; one that does not come died or stopped since).
+_connect_within = timedelta(0)
+
 
 def _create(options: _DistributedBackendOptions, backend_options: object = None) -> Backend:
     """The backend's creator, called by torch on each member of a new group."""
@@ -69,7 +73,7 @@ def _create(options: _DistributedBackendOptions, backend_options: object = None)
     if not own:
         timeout = _world_timeout
     return _torch.create_backend(options.store, options.group_rank, options.group_size, timeout,
-                                 name)
+                                 name, _connect_within if name is None else timedelta(0))
 
 
 def backend_of(group: _dist.ProcessGroup | None = None) -> Backend | None:

@@ -30,6 +30,7 @@ itself.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -46,6 +47,10 @@ __all__ = ["Reformed", "admit", "close", "enabled", "join", "original_rank", "pe
 # How long peer_lost() waits for the launcher's word on a death: it reaps a killed process a few
 # milliseconds after the survivors' connections to it closed.
 _LAUNCHER_WORD_WAIT = timedelta(seconds=2)
+# How long the survivors wait for a member neither here nor reported ended, and then for the
+# members agreed on to connect the new world: one that does not (it died or stopped after the
+# list was closed) is left out by agreeing again.
+_SETTLE = timedelta(seconds=5)
 
 _membership: _core.LiveMembership | None = None
 
@@ -74,7 +79,7 @@ def _live_membership() -> _core.LiveMembership:
                                "`dtrain run --live`, which keeps the survivors of a death and "
                                "hosts the store they agree through")
         # A replacement's returns once the live workers took it in (see join()).
-        _membership = _core.LiveMembership()
+        _membership = _core.LiveMembership(settle=_SETTLE)
     return _membership
 
 
@@ -114,10 +119,12 @@ def reform() -> Reformed:
         _torch.abort_backend(world, "the group is being re-formed after a member's failure")
     if dist.is_initialized():
         dist.destroy_process_group()
+    start = time.monotonic()
     joined = membership.next()
-    _init_generation(membership, joined["rank"], joined["size"])
-    return Reformed(rank=joined["rank"], size=joined["size"], generation=membership.generation,
-                    lost=list(joined["lost"]), seconds=joined["seconds"])
+    lost = list(joined["lost"])
+    place = _form(membership, joined["rank"], joined["size"], lost, [])
+    return Reformed(rank=place[0], size=place[1], generation=membership.generation, lost=lost,
+                    seconds=time.monotonic() - start)
 
 
 def join() -> Reformed | None:
@@ -131,10 +138,11 @@ def join() -> Reformed | None:
     membership = _live_membership()  # returns once taken in (or too late)
     if membership.too_late:
         return None
-    size = len(membership.members)
-    _init_generation(membership, membership.rank, size)
-    return Reformed(rank=membership.rank, size=size, generation=membership.generation, lost=[],
-                    seconds=time.monotonic() - start, joined=[membership.original_rank])
+    lost: list[int] = []
+    joined = [membership.original_rank]
+    place = _form(membership, membership.rank, len(membership.members), lost, joined)
+    return Reformed(rank=place[0], size=place[1], generation=membership.generation, lost=lost,
+                    seconds=time.monotonic() - start, joined=joined)
 
 
 def waiting() -> list[int]:
@@ -161,10 +169,39 @@ def admit(joiners: list[int]) -> Reformed:
     membership = _live_membership()
     if dist.is_initialized():
         dist.destroy_process_group()
+    start = time.monotonic()
     taken = membership.admit(joiners)
-    _init_generation(membership, taken["rank"], taken["size"])
-    return Reformed(rank=taken["rank"], size=taken["size"], generation=membership.generation,
-                    lost=[], seconds=taken["seconds"], joined=list(joiners))
+    lost: list[int] = []
+    joined = list(joiners)
+    place = _form(membership, taken["rank"], taken["size"], lost, joined)
+    return Reformed(rank=place[0], size=place[1], generation=membership.generation, lost=lost,
+                    seconds=time.monotonic() - start, joined=joined)
+
+
+def _form(membership: _core.LiveMembership, rank: int, size: int, lost: list[int],
+          joined: list[int]) -> tuple[int, int]:
+    """Initializes torch.distributed for the membership's newest generation, this process
+    being `rank` of `size`; while a member does not come, agrees again without it (each time
+    round leaves one out, or gives up). Returns the rank and size it ended with; the members
+    lost meanwhile are added to `lost` and taken out of `joined`."""
+    while True:
+        try:
+            _init_generation(membership, rank, size)
+            return rank, size
+        except Exception as error:  # torch's DistBackendError with dtrain's text, or dtrain's
+            if membership.generation == 0:
+                raise
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            print(f"dtrain.torch.live: rank {membership.original_rank} at start: generation "
+                  f"{membership.generation}'s world did not form: {error}; agreeing again without "
+                  "whoever did not come", file=sys.stderr, flush=True)
+            again = membership.next()
+            if not again["lost"]:  # everyone came again: not a member's absence
+                raise
+            lost += again["lost"]
+            joined[:] = [m for m in joined if m not in again["lost"]]
+            rank, size = again["rank"], again["size"]
 
 
 def _init_generation(membership: _core.LiveMembership, rank: int, size: int) -> None:
@@ -174,8 +211,13 @@ def _init_generation(membership: _core.LiveMembership, rank: int, size: int) -> 
                           timeout=timedelta(seconds=60))
     prefix = dist.PrefixStore(f"dtrain/live/g{membership.generation}/torch/", store)
     timeout = _backend._world_timeout
-    dist.init_process_group(_backend.BACKEND, store=prefix, rank=rank, world_size=size,
-                            timeout=timeout if timeout > timedelta(0) else None)
+    if membership.generation > 0:
+        _backend._connect_within = _SETTLE
+    try:
+        dist.init_process_group(_backend.BACKEND, store=prefix, rank=rank, world_size=size,
+                                timeout=timeout if timeout > timedelta(0) else None)
+    finally:
+        _backend._connect_within = timedelta(0)
 
 
 def close() -> None:

@@ -39,6 +39,8 @@ class C10dBackend : public c10d::Backend {
     std::string name = "world";  // names the group in errors: "collective #3 of group world"
     // 0 = DTRAIN_TIMEOUT's default (python/dtrain/torch/backend.py maps torch's defaults to it)
     std::chrono::milliseconds timeout{0};
+    // How long the members may take to connect; 0 = timeout.
+    std::chrono::milliseconds connect_timeout{0};
   };
   C10dBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
               const GroupOptions& options);

@@ -171,15 +171,16 @@ PYBIND11_MODULE(_torch, m) {
   m.def(
       "create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-         std::chrono::milliseconds timeout,
-         std::optional<std::string> name) -> c10::intrusive_ptr<c10d::Backend> {
+         std::chrono::milliseconds timeout, std::optional<std::string> name,
+         std::chrono::milliseconds connect_timeout) -> c10::intrusive_ptr<c10d::Backend> {
         C10dBackend::GroupOptions o;
         if (name) o.name = std::move(*name);  // else GroupOptions' own: the world's name
         o.timeout = timeout;
+        o.connect_timeout = connect_timeout;
         return c10::make_intrusive<C10dBackend>(store, rank, size, o);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-      py::arg("name") = py::none(),
+      py::arg("name") = py::none(), py::arg("connect_timeout") = std::chrono::milliseconds(0),
       // Connecting waits for every member: other Python threads run meanwhile.
       py::call_guard<py::gil_scoped_release>(),
       "A dtrain group as a torch c10d Backend. Made by init_process_group(backend='dtrain') and\n"
