@@ -187,8 +187,8 @@ C10dBackend::C10dBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   o.timeout = options.timeout;
   // torch's timeout bounds the group's making too (its store waits): members that never come,
   // such as ranks that built different meshes, fail the call within it.
-  o.connect_timeout = options.connect_timeout.count() > 0 ? options.connect_timeout
-                                                          : options.timeout;
+  o.connect_timeout =
+      options.connect_timeout.count() > 0 ? options.connect_timeout : options.timeout;
   // torch's blocking calls wait right after the asynchronous call: let them run the collective
   // on their own thread (docs/performance.md, "PyTorch on dtrain"). DDP's all-reduces start
   // within the grace, still overlapping backward.
