@@ -643,6 +643,9 @@ int run(const Flags& flags) {
   };
   auto recover = [&](const std::exception& failure) {
     const auto reformed = regroup(failure);
+    // Left out (it came after the others closed the list) and taken in again: this rank's state
+    // is stale, and never the one to go on from.
+    if (reformed.rejoined) step = -1;
     take_state();
     if (lead)
       std::printf("live world: generation %d of %d rank(s) formed in %.2f s, going on from step "

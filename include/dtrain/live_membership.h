@@ -5,7 +5,10 @@
 // member of the last one has either announced itself or been reported ended by the launcher
 // (DTRAIN_FLIGHT_DIR), or until `settle` has passed (a stopped or stuck member is then left out).
 // The first survivor to close the list decides it for all (compare-and-set); the members keep
-// their order (their rank at start), so member i of a generation has rank i in it.
+// their order (their rank at start), so member i of a generation has rank i in it. A survivor
+// that announces itself after the list closed (it was stopped, slow or cut off meanwhile) is
+// refused: its state is stale. It asks to be taken in again as a replacement does, and takes
+// the members' state.
 //
 // A replacement (`dtrain run --live --replace N` starts one in a dead member's place, with its
 // rank at start) waits until the members have left its predecessor out, then asks to be taken
@@ -78,10 +81,15 @@ class LiveMembership {
     int size = 0;           // its members
     std::vector<int> lost;  // members of the last generation left out, by rank at start
     double seconds = 0;     // the agreement took
+    // This process was left out (it announced itself after the others closed the list) and has
+    // been taken in again by a later generation, as a newcomer: its training state is stale,
+    // and it takes the members' as a replacement does.
+    bool rejoined = false;
   };
-  // Collective among the survivors: agrees on who is left and moves to the next generation.
-  // Throws TimeoutError when the survivors do not agree in time, and AbortedError on a survivor
-  // the others left out (it announced itself after they closed the list).
+  // Collective among the survivors: agrees on who is left and moves to the next generation. A
+  // survivor the others left out waits until they take it in again (at a step boundary, as a
+  // replacement). Throws TimeoutError when the survivors do not agree in time, and AbortedError
+  // on a survivor left out whom training ended without.
   Next next();
   // Collective among the members, each with the same `joiners` (from waiting()): the next
   // generation is this one's members and the joiners. Throws AbortedError when a re-forming
@@ -89,7 +97,10 @@ class LiveMembership {
   Next admit(const std::vector<int>& joiners);
 
  private:
+  // Asks to be taken in and waits for it, as a replacement (or a survivor left out) does.
   void join();
+  Next rejoin(int generation, const std::vector<int>& agreed,
+              std::chrono::steady_clock::time_point start);
   LiveMembershipOptions options_;
   std::shared_ptr<Store> store_;
   std::vector<int> members_;

@@ -65,11 +65,16 @@ class LiveWorld {
     std::vector<int> lost;    // members of the last generation left out, by rank at start
     std::vector<int> joined;  // replacements taken in, by rank at start
     double seconds = 0;       // the re-forming took
+    // This process was left out (it came after the others closed the list: stopped, slow or
+    // cut off) and has been taken in again as a newcomer: its state is stale, and it takes the
+    // members' as a replacement does (they see it in `joined` of admit_waiting()).
+    bool rejoined = false;
   };
   // Collective among the survivors: aborts this generation's group, agrees on who is left and
-  // forms the next generation's group among them. Throws TimeoutError when the survivors do not
-  // agree in time, and AbortedError on a survivor the others left out (it announced itself after
-  // they closed the list).
+  // forms the next generation's group among them. A survivor the others left out (it announced
+  // itself after they closed the list) returns once they took it in again (`rejoined`). Throws
+  // TimeoutError when the survivors do not agree in time, and AbortedError on a survivor left
+  // out whom training ended without.
   Reformed reform();
   // Collective among the members, at a step boundary: when members were lost and replacements
   // wait to take their place, the next generation takes them in and its group is formed; the

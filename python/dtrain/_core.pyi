@@ -267,6 +267,7 @@ class LiveNext(TypedDict):
     rank: int
     size: int
     lost: list[int]
+    rejoined: bool
     seconds: float
 
 class LiveMembership:

@@ -37,13 +37,13 @@ R = TypeVar("R")
 
 
 def elastic_run(function: Callable[Concatenate[S, P], R], collectives: Collectives,
-                recover: Callable[[Exception], bool] | None = None
+                recover: Callable[[Exception, S], bool] | None = None
                 ) -> Callable[Concatenate[S, P], R]:
     """`function(state, ...)` after `collectives.init()`, the state's resume (collective: the
     newest commit any rank holds) and sync; the reset callbacks run after a resume.
 
-    `recover(error)`, where given, is live recovery: for an error it recovers from (a peer died)
-    it re-forms the job among the survivors and returns True; the state then goes back to its
+    `recover(error, state)`, where given, is live recovery: for an error it recovers from (a peer
+    died) it re-forms the job among the survivors and returns True; the state then goes back to its
     last commit, is synced (from the newest commit any survivor holds), the reset callbacks run
     and `function` starts again, as Horovod's elastic run does after a HorovodInternalError.
     After a HostsUpdatedInterrupt (newcomers taken in at a commit) the same, from that commit."""
@@ -62,7 +62,7 @@ def elastic_run(function: Callable[Concatenate[S, P], R], collectives: Collectiv
             except HostsUpdatedInterrupt:
                 reset = True  # the state is the commit just made: sync it with the newcomers
             except Exception as error:
-                if recover is None or not recover(error):
+                if recover is None or not recover(error, state):
                     raise
                 state.restore()
                 reset = True

@@ -70,16 +70,17 @@ LiveMembership::LiveMembership(LiveMembershipOptions options) : options_(std::mo
 void LiveMembership::join() {
   const auto start = Clock::now();
   const Deadline deadline = Deadline::after(options_.timeout);
+  const char* const who = replacement_ ? "a replacement" : "left out of a generation";
   auto expired = [&](const char* waiting_for) {
     if (!deadline.expired()) return;
     throw TimeoutError(fmt::format(
-        "rank {} at start, started in a dead worker's place (--replace): {} took {}; the live "
-        "workers look for replacements at each step boundary: raise the live world's timeout "
-        "(LiveWorldOptions::timeout), or look for a stuck worker",
-        original_rank_, waiting_for, deadline.describe()));
+        "rank {} at start, {}: {} took {}; the live workers look for newcomers at each step "
+        "boundary: raise the live world's timeout (LiveWorldOptions::timeout), or look for a "
+        "stuck worker",
+        original_rank_, who, waiting_for, deadline.describe()));
   };
   // Until the members have left the predecessor out, the launcher's word on it tells them it
-  // ended; after, it must not be taken for this process's.
+  // ended; after, it must not be taken for this process's. (A survivor left out has none.)
   while (true) {
     if (store_->check({kClosedKey})) {
       too_late_ = true;
@@ -108,9 +109,9 @@ void LiveMembership::join() {
   store_->delete_key(joined_key(original_rank_));
   members_ = parse_members(text_of(store_->get(members_key(generation_))));
   DTRAIN_LOG_INFO(
-      "live world: rank {} at start, a replacement, taken in by generation {} after {:.2f} s: {} "
-      "member(s) (ranks at start {}); this is rank {}",
-      original_rank_, generation_, std::chrono::duration<double>(Clock::now() - start).count(),
+      "live world: rank {} at start, {}, taken in by generation {} after {:.2f} s: {} member(s) "
+      "(ranks at start {}); this is rank {}",
+      original_rank_, who, generation_, std::chrono::duration<double>(Clock::now() - start).count(),
       members_.size(), fmt::join(members_, ","), rank());
 }
 
@@ -167,6 +168,28 @@ LiveMembership::Next LiveMembership::admit(const std::vector<int>& joiners) {
   return result;
 }
 
+LiveMembership::Next LiveMembership::rejoin(int generation, const std::vector<int>& agreed,
+                                            Clock::time_point start) {
+  DTRAIN_LOG_WARN(
+      "live world: rank {} at start was left out of generation {}: it announced itself after the "
+      "others had closed the list (ranks at start {}); its state is stale: it asks to be taken in "
+      "again and takes the members' state",
+      original_rank_, generation, fmt::join(agreed, ","));
+  join();
+  if (too_late_)
+    throw AbortedError(fmt::format(
+        "rank {} at start was left out of generation {} of the live world (it announced itself "
+        "after the others had closed the list) and training ended before they took it in again: "
+        "nothing is left for it to do",
+        original_rank_, generation));
+  Next result;
+  result.rank = rank();
+  result.size = static_cast<int>(members_.size());
+  result.rejoined = true;
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
 int LiveMembership::rank() const {
   return static_cast<int>(std::find(members_.begin(), members_.end(), original_rank_) -
                           members_.begin());
@@ -220,12 +243,7 @@ LiveMembership::Next LiveMembership::next() {
   const std::vector<int> agreed =
       parse_members(std::string(agreed_bytes.begin(), agreed_bytes.end()));
   const auto mine = std::find(agreed.begin(), agreed.end(), original_rank_);
-  if (mine == agreed.end())
-    throw AbortedError(fmt::format(
-        "rank {} at start was left out of generation {} of the live world: it announced itself "
-        "after the others had closed the list ({}); it cannot rejoin until a later generation "
-        "takes newcomers",
-        original_rank_, next, fmt::join(agreed, ", ")));
+  if (mine == agreed.end()) return rejoin(next, agreed, start);
   store_->set(kLatestKey, bytes_of(std::to_string(next)));
   Next result;
   for (int m : members_)

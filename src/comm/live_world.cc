@@ -32,7 +32,8 @@ LiveWorld::Reformed LiveWorld::reform() {
   group_->abort("the group is being re-formed after a member's failure");
   Reformed reformed;
   LiveMembership::Next next = membership_.next();
-  reformed.lost = std::move(next.lost);
+  reformed.lost = next.lost;
+  reformed.rejoined = next.rejoined;
   form(next, start, reformed);
   return reformed;
 }
@@ -77,7 +78,8 @@ void LiveWorld::form(LiveMembership::Next next, std::chrono::steady_clock::time_
       const std::exception_ptr failed = std::current_exception();
       next = membership_.next();
       // Everyone came again: it was not a member's absence that kept the group from forming.
-      if (next.lost.empty()) std::rethrow_exception(failed);
+      if (next.lost.empty() && !next.rejoined) std::rethrow_exception(failed);
+      formed.rejoined = formed.rejoined || next.rejoined;
       formed.lost.insert(formed.lost.end(), next.lost.begin(), next.lost.end());
       std::erase_if(formed.joined, [&](int m) {
         return std::find(next.lost.begin(), next.lost.end(), m) != next.lost.end();

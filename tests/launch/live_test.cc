@@ -76,6 +76,37 @@ TEST(LiveWorld, AMemberThatDiesAfterTheListClosedIsLeftOutWhenItsGroupDoesNotFor
       << r.output;
 }
 
+TEST(LiveWorld, ARankThatComesAfterTheListClosedIsRefusedAndTakenInAgainWithTheMembersState) {
+  // Rank 3 dies at step 30; rank 2 re-forms 4.5 s late (stopped or cut off meanwhile): ranks 0
+  // and 1 leave it out after the settle time (3 s) and train on, then take it in again at a step
+  // boundary, where it goes on from their step (the sums check every member's step).
+  const auto r = run_command(
+      {kDtrain, "run", "-n", "4", "--live", "--", kWorker, "--steps", "150", "--step-ms", "40",
+       "--die-rank", "3", "--die-at", "30", "--late-rank", "2", "--late-ms", "4500"},
+      {.timeout = std::chrono::milliseconds(60'000)});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_NE(
+        r.output.find("generation 1 rank " + std::to_string(rank) + " of 2 members 0,1 lost 2,3"),
+        std::string::npos)
+        << r.output;
+  EXPECT_NE(r.output.find("rank 2 at start was left out of generation 1: it announced itself "
+                          "after the others had closed the list"),
+            std::string::npos)
+      << r.output;
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_NE(
+        r.output.find("generation 2 rank " + std::to_string(rank) + " of 3 members 0,1,2 joined 2"),
+        std::string::npos)
+        << r.output;
+  EXPECT_NE(r.output.find("generation 2 rank 2 of 3 members 0,1,2 rejoined"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(count(r.output, "DONE steps 150 generation 2 world 3 checked"), 3u) << r.output;
+  EXPECT_NE(r.output.find("3 worker(s) ended well; 1 lost along the way (--live)"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(LiveWorld, AReplacementIsTakenInAtAStepBoundaryAndTheWorldIsWholeAgain) {
   const auto r = run_command({kDtrain, "run", "-n", "3", "--live", "--replace", "1", "--", kWorker,
                               "--steps", "400", "--die-rank", "1", "--die-at", "30"},

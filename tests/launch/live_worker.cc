@@ -5,12 +5,15 @@
 // One rank may SIGKILL itself after some steps (its replacement does not).
 //
 //   live_worker [--steps N] [--step-ms MS] [--die-rank R --die-at S] [--no-reform 1]
-//               [--die-in-reform R]
+//               [--die-in-reform R] [--late-rank R --late-ms MS]
 //
 // --no-reform 1 fails on a peer's death instead, as a program without live recovery does.
 // --die-in-reform R: rank R at start, when a peer dies, takes part in the agreement on the next
 // generation as LiveMembership does (through the store) and SIGKILLs itself once the list is
-// closed, before the new group connects: a failure within the re-forming.
+// closed, before the new group connects: a failure within the re-forming. --late-rank R: rank
+// R at start, when a peer dies, waits MS before it re-forms (as a rank stopped or cut off
+// meanwhile): the others leave it out, and take it in again at a step boundary with their state.
+// Prints "generation G rank K of W members M rejoined" (the late rank, once taken in again).
 // Prints (every member) "generation G rank K of W members M lost L" after each re-forming,
 // "generation G rank K of W members M joined J" after taking in replacements, "replacement R:
 // rank K of W in generation G from step S" (a replacement, once taken in) and "DONE steps S
@@ -51,7 +54,8 @@ namespace {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 100, step_ms = 5, die_rank = -1, die_at = -1, no_reform = 0, die_in_reform = -1;
+  int steps = 100, step_ms = 5, die_rank = -1, die_at = -1, no_reform = 0, die_in_reform = -1,
+      late_rank = -1, late_ms = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int value = std::atoi(argv[i + 1]);
@@ -67,6 +71,10 @@ int main(int argc, char** argv) {
       no_reform = value;
     else if (flag == "--die-in-reform")
       die_in_reform = value;
+    else if (flag == "--late-rank")
+      late_rank = value;
+    else if (flag == "--late-ms")
+      late_ms = value;
     else {
       std::fprintf(stderr, "live_worker: unknown flag %s\n", flag.c_str());
       return 2;
@@ -110,18 +118,23 @@ int main(int argc, char** argv) {
                       fmt::format("{}", fmt::join(world.members(), ",")).c_str(),
                       fmt::format("{}", fmt::join(grown->joined, ",")).c_str());
           std::fflush(stdout);
+          continue;  // the step again, in the new world (as the newcomers start it)
         }
         pg->allreduce(dtrain::TensorView::of(v))->wait();
       } catch (const dtrain::PeerFailureError&) {
         if (no_reform != 0) throw;
         if (world.original_rank() == die_in_reform) die_once_listed(world.generation() + 1);
+        if (world.original_rank() == late_rank)
+          std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
         const auto reformed = world.reform();
         pg = reformed.group;
+        if (reformed.rejoined) step = 0;  // stale: the members' newest step it is
         newest_step();
-        std::printf("generation %d rank %d of %d members %s lost %s\n", world.generation(),
-                    pg->rank(), pg->size(),
-                    fmt::format("{}", fmt::join(world.members(), ",")).c_str(),
-                    fmt::format("{}", fmt::join(reformed.lost, ",")).c_str());
+        std::printf("generation %d rank %d of %d members %s %s\n", world.generation(), pg->rank(),
+                    pg->size(), fmt::format("{}", fmt::join(world.members(), ",")).c_str(),
+                    reformed.rejoined
+                        ? "rejoined"
+                        : fmt::format("lost {}", fmt::join(reformed.lost, ",")).c_str());
         std::fflush(stdout);
         continue;  // the step again, in the new world
       }

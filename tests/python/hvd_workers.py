@@ -571,16 +571,20 @@ def live_batches(indices):
     return [indices[i:i + LIVE_BATCH] for i in range(0, len(indices), LIVE_BATCH)]
 
 
-def live_elastic(out, die_rank, die_after, step_ms="0"):
+def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms="0"):
     """hvd.elastic under `dtrain run --live`: one epoch of LIVE_SAMPLES through an
     ElasticSampler and a DistributedOptimizer, a commit after every step; rank `die_rank` (at
     start) SIGKILLs itself after its commit of step `die_after` (its replacement, under
     --replace, does not). Each rank writes, with each commit, "step S generation G samples i,j,k
     padding a,b,c" to out/samples.R (R: its rank at start; a replacement's: out/samples.Rr), and
-    at the end its weights to out/weights.R. Each step lasts at least `step_ms`."""
+    at the end its weights to out/weights.R. Each step lasts at least `step_ms`. Rank
+    `late_rank` (at start) waits `late_ms` after the first failure before it recovers, as a rank
+    stopped or cut off meanwhile would."""
     die_rank, die_after, step_s = int(die_rank), int(die_after), float(step_ms) / 1000
+    late_rank, late_s = int(late_rank), float(late_ms) / 1000
     hvd.init()
     me = int(os.environ["RANK"])
+    late = [me == late_rank]  # still to wait
     replacement = os.environ.get("DTRAIN_LIVE_REPLACEMENT") == "1"
     x, y = live_dataset()
     model = _model()
@@ -602,9 +606,15 @@ def live_elastic(out, die_rank, die_after, step_ms="0"):
             mine = list(state.sampler)
             for k, batch in enumerate(live_batches(mine)):
                 time.sleep(step_s)  # long enough steps for a replacement to start
-                opt.zero_grad()
-                torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
-                opt.step()
+                try:
+                    opt.zero_grad()
+                    torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
+                    opt.step()
+                except Exception:
+                    if late[0]:
+                        late[0] = False
+                        time.sleep(late_s)
+                    raise
                 state.sampler.record_batch(k, LIVE_BATCH)
                 state.step += 1
                 # Logged before the commit, whose save keeps the step even when it then takes in

@@ -187,10 +187,10 @@ def _trained_once(tmp_path, logs, dead, resumed_at):
     assert sorted(trained) == list(range(90)), sorted(trained)
 
 
-def _live_run(tmp_path, *args, step_ms=0):
+def _live_run(tmp_path, *args, step_ms=0, late=()):
     return subprocess.run([DTRAIN, "run", "-n", "3", "--live", *args, "--", harness.PYTHON,
                            os.path.join(harness.HERE, "hvd_workers.py"), "live_elastic",
-                           str(tmp_path), "1", "4", str(step_ms)],
+                           str(tmp_path), "1", "4", str(step_ms), *map(str, late)],
                           env=_launcher_env(), capture_output=True, text=True, timeout=300)
 
 
@@ -233,8 +233,8 @@ def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path):
     assert "started a replacement for rank 1" in p.stderr, text
     assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
     resumed_at = _resumed_at(p)
-    taken = set(re.findall(r"took in the replacement\(s\) for rank\(s\) \[1\] at start at "
-                           r"commit ([0-9]+); now rank [0-9] of 3", p.stdout))
+    taken = set(re.findall(r"took in rank\(s\) \[1\] at start at commit ([0-9]+); now rank "
+                           r"[0-9] of 3", p.stdout))
     assert len(taken) == 1, text
     taken_at = int(taken.pop())
     expected, steps = _live_reference([(3, resumed_at), (2, taken_at - resumed_at), (3, None)])
@@ -247,6 +247,32 @@ def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path):
     _trained_once(tmp_path, ["0", "1", "1r", "2"], 1, resumed_at)
 
 
+def test_hvd_elastic_takes_back_a_rank_left_out_with_the_others_state(tmp_path):
+    # Rank 1 dies after its commit of step 4; rank 2 re-forms 6 s late (stopped or cut off
+    # meanwhile): rank 0 goes on alone after the settle time (5 s), then takes rank 2 in again
+    # at a commit, whose own commits are stale: 3 ranks, 1, then 2.
+    p = _live_run(tmp_path, step_ms=1500, late=(2, 6000))
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text
+    assert "2 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
+    assert re.search(r"rank 0 at start: the job re-formed without rank\(s\) \[1, 2\] at start "
+                     r"in [0-9.]+ s; now rank 0 of 1", p.stdout), text
+    assert re.search(r"rank 2 at start: left out of the re-formed job and taken in again in "
+                     r"[0-9.]+ s; now rank 1 of 2, going on from the others' commit", p.stdout), text
+    resumed = re.findall(r"rank 0 at start: reset at step ([0-9]+), now rank 0 of 1", p.stdout)
+    assert resumed and int(resumed[0]) in (3, 4), text
+    taken = re.findall(r"rank 0 at start: took in rank\(s\) \[2\] at start at commit "
+                       r"([0-9]+); now rank 0 of 2", p.stdout)
+    assert len(taken) == 1, text
+    resumed_at, taken_at = int(resumed[0]), int(taken[0])
+    expected, steps = _live_reference([(3, resumed_at), (1, taken_at - resumed_at), (2, None)])
+    assert p.stdout.count(f"live training finished at step {steps} as rank") == 2, text
+    a, b = (torch.load(tmp_path / f"weights.{r}") for r in (0, 2))
+    for k in expected:
+        assert torch.equal(a[k], b[k]), k
+        assert torch.allclose(a[k], expected[k], rtol=1e-5, atol=1e-6), (k, a[k], expected[k])
+
+
 def test_a_replacement_that_comes_after_training_ended_exits_cleanly(tmp_path):
     # Short steps: the survivors end the epoch before a new Python process is up; it is told so
     # and exits 0 (were it in time, it would have been taken in: also a clean end).
@@ -254,7 +280,7 @@ def test_a_replacement_that_comes_after_training_ended_exits_cleanly(tmp_path):
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
     assert ("rank 1 at start, a replacement: training ended before the others could take it in; "
-            "nothing to do" in p.stdout or "took in the replacement(s)" in p.stdout), text
+            "nothing to do" in p.stdout or "took in rank(s) [1]" in p.stdout), text
     assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
 
 

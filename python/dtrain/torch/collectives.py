@@ -157,11 +157,11 @@ def _admit_waiting() -> list[int]:
     return joiners
 
 
-def _reform() -> list[int]:
+def _reform() -> live.Reformed:
     """Live recovery (hvd.elastic.run, under `dtrain run --live`): aborts this rank's group,
     makes torch.distributed's world again among the survivors (dtrain.torch.live.reform) and the
     session on it, and moves what held the old session to the new one. Collective among the
-    survivors. Returns the ranks at start that were lost."""
+    survivors."""
     state = _live()
     world = backend_of()
     if world is not None:  # first, so that the coordinator's thread stops waiting on the group
@@ -170,7 +170,7 @@ def _reform() -> list[int]:
     state.handles.clear()
     reformed = live.reform()
     _renew_session(state)
-    return reformed.lost
+    return reformed
 
 
 def _renew_session(state: _State) -> None:

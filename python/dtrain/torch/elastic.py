@@ -205,8 +205,9 @@ class TorchState:
 
     def commit(self) -> None:
         """Saves the state: in this process, and as an in-memory commit that a restarted job
-        resumes from. Under `dtrain run --live --replace`, replacements waiting to take dead
-        ranks' places are then taken in (HostsUpdatedInterrupt, which run() handles)."""
+        resumes from. Under `dtrain run --live`, ranks waiting to be taken in (replacements under
+        --replace, ranks left out of a re-forming) are then taken in (HostsUpdatedInterrupt,
+        which run() handles)."""
         self.save()
         self._commit_count += 1
         manager = self._manager()
@@ -220,11 +221,10 @@ class TorchState:
         if live.enabled():
             joined = collectives._admit_waiting()
             if joined:
-                print(f"rank {live.original_rank()} at start: took in the replacement(s) for "
-                      f"rank(s) {joined} at start at commit {self._commit_count}; now rank "
-                      f"{collectives.rank()} of {collectives.size()} (--live --replace)",
-                      flush=True)
-                raise HostsUpdatedInterrupt(f"replacement(s) for rank(s) {joined} taken in")
+                print(f"rank {live.original_rank()} at start: took in rank(s) {joined} at start "
+                      f"at commit {self._commit_count}; now rank {collectives.rank()} of "
+                      f"{collectives.size()} (--live)", flush=True)
+                raise HostsUpdatedInterrupt(f"rank(s) {joined} at start taken in")
 
     def sync(self) -> None:
         """Collective: every rank takes the state of the lowest rank holding the newest commit
@@ -291,7 +291,7 @@ def run(function: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S,
     return cast(Callable[Concatenate[_S, _P], _R], closing)
 
 
-def _recover(error: Exception) -> bool:
+def _recover(error: Exception, state: TorchState) -> bool:
     """Live recovery: re-forms the job among the survivors after a peer's death."""
     if not live.peer_lost(error):
         return False
@@ -299,8 +299,17 @@ def _recover(error: Exception) -> bool:
     first = (str(error).splitlines() or [type(error).__name__])[0]
     print(f"rank {me} at start: {first}", flush=True)
     start = time.monotonic()
-    lost = collectives._reform()
-    print(f"rank {me} at start: the job re-formed without rank(s) {lost} at start in "
-          f"{time.monotonic() - start:.2f} s; now rank {collectives.rank()} of "
-          f"{collectives.size()}, going on from the last commit (--live)", flush=True)
+    reformed = collectives._reform()
+    took = time.monotonic() - start
+    if reformed.rejoined:
+        # Left out (it came after the others closed the list) and taken in again at their
+        # commit: its own commits are stale, never the ones to go on from.
+        state._commit_count = -1
+        print(f"rank {me} at start: left out of the re-formed job and taken in again in "
+              f"{took:.2f} s; now rank {collectives.rank()} of {collectives.size()}, going on "
+              "from the others' commit (--live)", flush=True)
+        return True
+    print(f"rank {me} at start: the job re-formed without rank(s) {reformed.lost} at start in "
+          f"{took:.2f} s; now rank {collectives.rank()} of {collectives.size()}, going on from "
+          "the last commit (--live)", flush=True)
     return True

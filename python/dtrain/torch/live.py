@@ -64,6 +64,10 @@ class Reformed:
     lost: list[int]    # the ranks at start left out this time
     seconds: float     # the agreement took
     joined: list[int] = field(default_factory=list)  # replacements taken in, by rank at start
+    # This process was left out (it came after the others closed the list: stopped, slow or cut
+    # off) and taken in again as a newcomer: its state is stale; it takes the members' as a
+    # replacement does (they see it among `joined` of their admit()).
+    rejoined: bool = False
 
 
 def enabled() -> bool:
@@ -122,9 +126,10 @@ def reform() -> Reformed:
     start = time.monotonic()
     joined = membership.next()
     lost = list(joined["lost"])
-    place = _form(membership, joined["rank"], joined["size"], lost, [])
+    rejoined = [joined["rejoined"]]
+    place = _form(membership, joined["rank"], joined["size"], lost, [], rejoined)
     return Reformed(rank=place[0], size=place[1], generation=membership.generation, lost=lost,
-                    seconds=time.monotonic() - start)
+                    seconds=time.monotonic() - start, rejoined=rejoined[0])
 
 
 def join() -> Reformed | None:
@@ -179,11 +184,12 @@ def admit(joiners: list[int]) -> Reformed:
 
 
 def _form(membership: _core.LiveMembership, rank: int, size: int, lost: list[int],
-          joined: list[int]) -> tuple[int, int]:
+          joined: list[int], rejoined: list[bool] | None = None) -> tuple[int, int]:
     """Initializes torch.distributed for the membership's newest generation, this process
     being `rank` of `size`; while a member does not come, agrees again without it (each time
     round leaves one out, or gives up). Returns the rank and size it ended with; the members
-    lost meanwhile are added to `lost` and taken out of `joined`."""
+    lost meanwhile are added to `lost` and taken out of `joined`, and `rejoined[0]` is set when
+    this process was left out and taken in again meanwhile."""
     while True:
         try:
             _init_generation(membership, rank, size)
@@ -197,8 +203,10 @@ def _form(membership: _core.LiveMembership, rank: int, size: int, lost: list[int
                   f"{membership.generation}'s world did not form: {error}; agreeing again without "
                   "whoever did not come", file=sys.stderr, flush=True)
             again = membership.next()
-            if not again["lost"]:  # everyone came again: not a member's absence
+            if not again["lost"] and not again["rejoined"]:  # everyone came: not an absence
                 raise
+            if rejoined is not None and again["rejoined"]:
+                rejoined[0] = True
             lost += again["lost"]
             joined[:] = [m for m in joined if m not in again["lost"]]
             rank, size = again["rank"], again["size"]

@@ -16,6 +16,7 @@ py::dict dict_of(const LiveMembership::Next& n) {
   d["rank"] = n.rank;
   d["size"] = n.size;
   d["lost"] = n.lost;
+  d["rejoined"] = n.rejoined;
   d["seconds"] = n.seconds;
   return d;
 }
