@@ -63,6 +63,7 @@
 #include "dtrain/data/sharded_dataset.h"
 #include "dtrain/dtrain.h"
 #include "dtrain/live_world.h"
+#include "dtrain/step_shape.h"
 #include "dtrain/ps.h"
 #include "dtrain/torch/broadcast.h"
 #include "dtrain/preemption.h"
@@ -131,6 +132,7 @@ struct Flags {
   uint32_t staleness = 2;
   int straggler_rank = -1;
   int straggler_ms = 0;
+  std::string on_resize = "keep-rank-batch";  // under live recovery: dtrain/step_shape.h
 };
 
 bool launched_distributed() {
@@ -528,7 +530,8 @@ int run(const Flags& flags) {
     dopt = std::make_unique<dtrain::DistributedOptimizer>(sgd, *model, pg);
   }
 
-  const int64_t batch_size = flags.batch_size;
+  // Under live recovery the world's size changes; --on-resize says what follows from it.
+  int64_t batch_size = flags.batch_size;
   auto steps_for = [&](size_t samples) {
     return (static_cast<int64_t>(samples) + batch_size - 1) / batch_size;
   };
@@ -605,6 +608,21 @@ int run(const Flags& flags) {
     lead = rank == 0;
     return reformed;
   };
+  // What a change of the world's size does to the batch and the learning rate (--on-resize).
+  const dtrain::OnResize on_resize = dtrain::parse_on_resize(flags.on_resize);
+  auto resize = [&](int now) {
+    const dtrain::StepShape shape = dtrain::step_shape(
+        on_resize, {.batch_per_rank = flags.batch_size, .learning_rate = flags.lr},
+        live->size_at_start(), now);
+    batch_size = shape.batch_per_rank;
+    for (auto& group : sgd->param_groups())
+      static_cast<torch::optim::SGDOptions&>(group.options()).lr(shape.learning_rate);
+  };
+  auto resized = [&] {
+    return fmt::format(
+        "batch {} per rank, learning rate {:g}", batch_size,
+        static_cast<torch::optim::SGDOptions&>(sgd->param_groups()[0].options()).lr());
+  };
   // After the world changed (a re-forming, or replacements taken in): every member goes on from
   // the newest step any of them finished; its lowest holder sends parameters, optimizer state and
   // the epoch's position (the parameters then checked by digest on every member), DDP is made on
@@ -632,6 +650,7 @@ int run(const Flags& flags) {
     dtrain::DdpOptions ddp_options;
     if (flags.deterministic) ddp_options.rebuild_buckets = false;
     ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg, ddp_options);
+    resize(world);
     input->regroup(world, rank, !flags.no_shuffle, flags.seed);
     input->set_epoch(static_cast<uint64_t>(position.epoch),
                      static_cast<uint64_t>(position.epoch_consumed));
@@ -649,9 +668,9 @@ int run(const Flags& flags) {
     take_state();
     if (lead)
       std::printf("live world: generation %d of %d rank(s) formed in %.2f s, going on from step "
-                  "%lld (lost rank(s) %s at start)\n",
+                  "%lld (lost rank(s) %s at start; %s)\n",
                   live->generation(), world, reformed.seconds, static_cast<long long>(step),
-                  fmt::format("{}", fmt::join(reformed.lost, ", ")).c_str());
+                  fmt::format("{}", fmt::join(reformed.lost, ", ")).c_str(), resized().c_str());
   };
   // At a step boundary: replacements for lost ranks (dtrain run --live --replace) taken in.
   auto admit = [&] {
@@ -664,10 +683,10 @@ int run(const Flags& flags) {
     take_state();
     if (lead)
       std::printf("live world: generation %d of %d rank(s) formed in %.2f s, taking in rank(s) "
-                  "%s at start, going on from step %lld\n",
+                  "%s at start, going on from step %lld (%s)\n",
                   live->generation(), world, grown->seconds,
                   fmt::format("{}", fmt::join(grown->joined, ", ")).c_str(),
-                  static_cast<long long>(step));
+                  static_cast<long long>(step), resized().c_str());
     return true;
   };
   if (live && live->replacement()) {
@@ -918,6 +937,12 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", flags.batch_size, "images per step on each rank")
       ->check(CLI::PositiveNumber);
   app.add_option("--lr", flags.lr, "SGD learning rate");
+  app.add_option("--on-resize", flags.on_resize,
+                 "under dtrain run --live, when the world shrinks or grows: keep-rank-batch "
+                 "(torchft's way: the global batch follows the world), scale-lr (Horovod's "
+                 "elastic examples: the learning rate follows the world) or keep-global-batch "
+                 "(each rank's batch grows as the world shrinks; include/dtrain/step_shape.h)")
+      ->check(CLI::IsMember({"keep-rank-batch", "scale-lr", "keep-global-batch"}));
   app.add_option("--momentum", flags.momentum, "SGD momentum");
   app.add_option("--seed", flags.seed, "initial weights and shuffling");
   app.add_option("--threads", flags.threads, "LibTorch threads per rank (0 = the CPUs it is bound to, else cores / local ranks)");

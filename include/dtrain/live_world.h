@@ -53,6 +53,8 @@ class LiveWorld {
   int original_rank() const { return membership_.original_rank(); }
   // The members of this generation, by their rank at start; member i has rank i.
   const std::vector<int>& members() const { return membership_.members(); }
+  // The job's world size when it started (what a program may scale its batch or rate against).
+  int size_at_start() const { return membership_.size_at_start(); }
 
   // Whether this process was started in a dead member's place: it holds no training state yet
   // and takes the members' (they call admit_waiting() at their step boundary).

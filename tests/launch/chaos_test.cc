@@ -180,8 +180,11 @@ TEST(Chaos, TheExampleUnderKillsAndAStopLosesAndRepeatsNoSampleAndEndsAtTheBasel
 TEST(Chaos, LiveRecoveryKeepsTheSurvivorsTrainingWithinASecondAndEverySampleOnce) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   dtrain::testing::TempDir dir;
-  const auto r = chaos(dir, {"--schedule", "kill:4s", "--seed", "2", "--max-faults", "2"},
-                       {"-n", "4", "--live"}, {"--train-samples", "24000", "--epochs", "2"});
+  // Each rank's batch grows as the world shrinks (--on-resize keep-global-batch): 4 ranks of 100,
+  // then 3 of 134, then 2 of 200.
+  const auto r = chaos(
+      dir, {"--schedule", "kill:4s", "--seed", "2", "--max-faults", "2"}, {"-n", "4", "--live"},
+      {"--train-samples", "24000", "--epochs", "2", "--on-resize", "keep-global-batch"});
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   const nlohmann::json c = chaos_line(r.output);
   ASSERT_TRUE(c.is_object()) << r.output;
@@ -203,14 +206,21 @@ TEST(Chaos, LiveRecoveryKeepsTheSurvivorsTrainingWithinASecondAndEverySampleOnce
       << faults;
   EXPECT_NE(faults.find("lost along the way (--live)"), std::string::npos) << faults;
   EXPECT_EQ(faults.find("restart"), std::string::npos) << faults;
+  std::ifstream out_in(dir.path + "/faults/stdout.log");
+  const std::string out((std::istreambuf_iterator<char>(out_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(out.find("generation 1 of 3 rank(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("batch 134 per rank, learning rate 0.01)"), std::string::npos) << out;
+  EXPECT_NE(out.find("batch 200 per rank, learning rate 0.01)"), std::string::npos) << out;
 }
 
 TEST(Chaos, ReplacementsJoinTheLiveWorkersWithTheirStateAndEverySampleOnce) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   dtrain::testing::TempDir dir;
-  const auto r =
-      chaos(dir, {"--schedule", "kill:4s", "--seed", "3", "--max-faults", "2"},
-            {"-n", "3", "--live", "--replace", "2"}, {"--train-samples", "24000", "--epochs", "2"});
+  // The learning rate follows the world (--on-resize scale-lr): 0.01 with 3 ranks, 2/3 of it
+  // with 2.
+  const auto r = chaos(dir, {"--schedule", "kill:4s", "--seed", "3", "--max-faults", "2"},
+                       {"-n", "3", "--live", "--replace", "2"},
+                       {"--train-samples", "24000", "--epochs", "2", "--on-resize", "scale-lr"});
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   const nlohmann::json c = chaos_line(r.output);
   ASSERT_TRUE(c.is_object()) << r.output;
@@ -231,6 +241,8 @@ TEST(Chaos, ReplacementsJoinTheLiveWorkersWithTheirStateAndEverySampleOnce) {
   const std::string out((std::istreambuf_iterator<char>(out_in)), std::istreambuf_iterator<char>());
   EXPECT_NE(out.find("a replacement: rank "), std::string::npos) << out;
   EXPECT_NE(out.find("going on from step"), std::string::npos) << out;
+  EXPECT_NE(out.find("of 2 rank(s) formed"), std::string::npos) << out;
+  EXPECT_NE(out.find("batch 100 per rank, learning rate 0.00666667)"), std::string::npos) << out;
 }
 
 TEST(Chaos, AJobThatCannotRecoverEndsTheRunWithItsExitCodeAndNoGoodput) {

@@ -581,6 +581,7 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
     `late_rank` (at start) waits `late_ms` after the first failure before it recovers, as a rank
     stopped or cut off meanwhile would."""
     die_rank, die_after, step_s = int(die_rank), int(die_after), float(step_ms) / 1000
+    from dtrain.torch import live
     late_rank, late_s = int(late_rank), float(late_ms) / 1000
     hvd.init()
     me = int(os.environ["RANK"])
@@ -596,8 +597,10 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
 
     def reset():
         state.generation += 1
+        # What Horovod's elastic examples do to the rate here, as they would with lr 0.3.
+        batch, lr = live.step_shape("scale-lr", LIVE_BATCH, 0.3)
         print(f"rank {me} at start: reset at step {state.step}, now rank {hvd.rank()} of "
-              f"{hvd.size()}", flush=True)
+              f"{hvd.size()} (scale-lr: batch {batch}, lr {lr:g})", flush=True)
     state.register_reset_callbacks([reset])
 
     @hvd.elastic.run

@@ -25,6 +25,19 @@ def test_every_operation_on_numpy_arrays(world):
     assert all("every collective checked" in r.out for r in results)
 
 
+def test_the_step_shapes_of_a_world_that_changed_size():
+    from dtrain import _core
+    assert _core.step_shape("keep-rank-batch", 100, 0.1, 4, 3) == (100, 0.1)
+    assert _core.step_shape("scale-lr", 100, 0.3, 3, 2) == (100, pytest.approx(0.2))
+    assert _core.step_shape("keep-global-batch", 100, 0.1, 4, 3) == (134, 0.1)
+    assert _core.step_shape("keep-global-batch", 100, 0.1, 2, 4) == (50, 0.1)
+    with pytest.raises(_core.InvalidArgumentError, match="'halve' is no way to resize a step: "
+                       "keep-rank-batch, scale-lr or keep-global-batch"):
+        _core.step_shape("halve", 100, 0.1, 4, 3)
+    with pytest.raises(_core.InvalidArgumentError, match="0 rank\\(s\\) now and 4 at start"):
+        _core.step_shape("scale-lr", 100, 0.1, 4, 0)
+
+
 def test_import_dtrain_works_without_torch():
     results = core(2, "no_torch")
     harness.check_ok(results)

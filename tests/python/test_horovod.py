@@ -214,6 +214,8 @@ def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
     assert "2 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
     assert re.search(r"rank 2 at start: the job re-formed without rank\(s\) \[1\] at start in "
                      r"[0-9.]+ s; now rank 1 of 2", p.stdout), text
+    assert re.search(r"reset at step [0-9]+, now rank 1 of 2 \(scale-lr: batch [0-9]+, lr 0.2\)",
+                     p.stdout), text
     resumed_at = _resumed_at(p)
     expected, steps = _live_reference([(3, resumed_at), (2, None)])
     assert p.stdout.count(f"live training finished at step {steps} as rank") == 2, text

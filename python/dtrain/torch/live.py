@@ -42,7 +42,7 @@ from dtrain import _core, _torch
 from dtrain.torch import backend as _backend
 
 __all__ = ["Reformed", "admit", "close", "enabled", "join", "original_rank", "peer_lost",
-           "reform", "replacement", "waiting"]
+           "reform", "replacement", "step_shape", "waiting"]
 
 # How long peer_lost() waits for the launcher's word on a death: it reaps a killed process a few
 # milliseconds after the survivors' connections to it closed.
@@ -96,6 +96,16 @@ def replacement() -> bool:
 def original_rank() -> int:
     """This process's rank when the job started (the rank of later worlds may be another)."""
     return _live_membership().original_rank if enabled() else dist.get_rank()
+
+
+def step_shape(on_resize: str, batch_size: int, lr: float) -> tuple[int, float]:
+    """The batch per rank and the learning rate for the world there is now, for a script that
+    started with `batch_size` and `lr` (include/dtrain/step_shape.h): "keep-rank-batch"
+    (torchft's way: the global batch follows the world), "scale-lr" (Horovod's elastic examples:
+    the rate follows the world) or "keep-global-batch" (each rank's batch grows as the world
+    shrinks). Call it after reform(), join() or admit(), or in hvd.elastic's reset callback."""
+    at_start = _live_membership().size_at_start if enabled() else dist.get_world_size()
+    return _core.step_shape(on_resize, batch_size, lr, at_start, dist.get_world_size())
 
 
 def peer_lost(error: BaseException) -> bool:

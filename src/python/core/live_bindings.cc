@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "dtrain/live_membership.h"
+#include "dtrain/step_shape.h"
 #include "python/core/bindings.h"
 
 namespace py = pybind11;
@@ -38,6 +39,7 @@ void bind_live(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("generation", &LiveMembership::generation)
       .def_property_readonly("original_rank", &LiveMembership::original_rank)
+      .def_property_readonly("size_at_start", &LiveMembership::size_at_start)
       .def_property_readonly("rank", &LiveMembership::rank)
       .def_property_readonly("members", &LiveMembership::members)
       .def_property_readonly("replacement", &LiveMembership::replacement)
@@ -77,6 +79,20 @@ void bind_live(py::module_& m) {
           py::arg("joiners"),
           "Collective among the members, each with the same `joiners`: the next generation takes\n"
           "them in.");
+  m.def(
+      "step_shape",
+      [](const std::string& on_resize, int64_t batch_per_rank, double learning_rate,
+         int size_at_start, int size) {
+        const StepShape s =
+            step_shape(parse_on_resize(on_resize),
+                       {.batch_per_rank = batch_per_rank, .learning_rate = learning_rate},
+                       size_at_start, size);
+        return py::make_tuple(s.batch_per_rank, s.learning_rate);
+      },
+      py::arg("on_resize"), py::arg("batch_per_rank"), py::arg("learning_rate"),
+      py::arg("size_at_start"), py::arg("size"),
+      "(batch per rank, learning rate) at `size` ranks for a job that started with these at\n"
+      "`size_at_start` (include/dtrain/step_shape.h).");
 }
 
 }  // namespace dtrain::python
