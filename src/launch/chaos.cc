@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,8 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -156,7 +159,8 @@ struct Pending {
   Clock::time_point at{};         // injected
   Clock::time_point resume_at{};  // a stop's SIGCONT; the kill itself for a kill
   int64_t stopped_pid = 0;        // a stopped worker, still to continue
-  bool ended = false;             // SIGCONT sent (or a kill)
+  std::string filled;             // a disk fault's file, still to remove
+  bool ended = false;             // SIGCONT sent, the disk freed (or a kill)
   // Where the job was when the fault ended.
   int64_t lines = 0, attempt = -1;
   uint64_t calls = 0;
@@ -168,6 +172,33 @@ struct Pending {
 bool trains_again(const Pending& p, const LogTail& log, uint64_t calls) {
   if (log.lines() == 0) return calls > p.calls;
   return p.kind == FaultKind::kKill ? log.attempt() > p.attempt : log.lines() > p.lines;
+}
+
+// Fills the file system of `dir` with one file (DIR/.dtrain-chaos-fill) of all its free space;
+// returns the file's path and its size.
+std::pair<std::string, uint64_t> fill_file_system(const std::string& dir) {
+  struct statvfs s {};
+  if (::statvfs(dir.c_str(), &s) != 0)
+    throw InvalidArgumentError(
+        fmt::format("dtrain chaos: --fill-dir {}: {}", dir, std::strerror(errno)));
+  const uint64_t free = uint64_t{s.f_bavail} * s.f_frsize;
+  const std::string path = dir + "/.dtrain-chaos-fill";
+  const int fd = open_output(path);
+  // Without fallocate (some file systems), written out until the disk says it is full.
+  if (::posix_fallocate(fd, 0, static_cast<off_t>(free)) != 0) {
+    const std::vector<char> zeros(1 << 20, 0);
+    while (::write(fd, zeros.data(), zeros.size()) > 0) {
+    }
+  }
+  ::close(fd);
+  return {path, free};
+}
+
+void free_file_system(Pending& p) {
+  if (p.filled.empty()) return;
+  std::error_code ignored;  // removed already: nothing to free
+  fs::remove(p.filled, ignored);
+  p.filled.clear();
 }
 
 ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_faults) {
@@ -183,6 +214,9 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
   SpawnOptions so;
   so.path = find_executable(o.command[0]);
   so.argv = o.command;
+  for (std::string& arg : so.argv)
+    for (size_t at = arg.find("{run}"); at != std::string::npos; at = arg.find("{run}", at))
+      arg.replace(at, 5, name);
   so.env = {{std::string(env::kFlightDir.name), run.dir + "/flight"},
             {std::string(env::kSampleLog.name), samples}};
   so.stdout_fd = out;
@@ -223,6 +257,7 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
     }
     if (pending.active && !pending.ended && now >= pending.resume_at) {
       if (pending.stopped_pid > 0) ::kill(static_cast<pid_t>(pending.stopped_pid), SIGCONT);
+      free_file_system(pending);
       pending.ended = true;
       pending.lines = log.lines();
       pending.calls = calls;
@@ -253,6 +288,14 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
           p.ended = true;
           say(o.out_fd, fmt::format("{} run, {:.1f} s into training: SIGKILL to rank {} (pid {})",
                                     name, into, victim.rank, victim.pid));
+        } else if (rule.kind == FaultKind::kDisk) {
+          uint64_t bytes = 0;
+          std::tie(p.filled, bytes) = fill_file_system(o.fill_dir);
+          p.resume_at = now + rule.lasting;
+          say(o.out_fd, fmt::format("{} run, {:.1f} s into training: filled the file system of {} "
+                                    "({:.1f} MiB) for {:g} s",
+                                    name, into, o.fill_dir, static_cast<double>(bytes) / (1 << 20),
+                                    rule.lasting.count() / 1000.0));
         } else {
           ::kill(static_cast<pid_t>(victim.pid), SIGSTOP);
           p.stopped_pid = victim.pid;
@@ -272,6 +315,7 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
       ::kill(-job.pid, SIGTERM);
       if (pending.active && pending.stopped_pid > 0)
         ::kill(static_cast<pid_t>(pending.stopped_pid), SIGCONT);
+      free_file_system(pending);
       std::this_thread::sleep_for(std::chrono::seconds(3));
       ::kill(-job.pid, SIGKILL);
       ::waitpid(job.pid, &status, 0);
@@ -279,6 +323,7 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  free_file_system(pending);  // the job ended while the disk was full
   run.wall_s = seconds_since(start);
   run.exit_code = timed_out           ? 124
                   : WIFEXITED(status) ? WEXITSTATUS(status)
@@ -304,6 +349,13 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
 ChaosReport run_chaos(const ChaosOptions& options) {
   if (options.command.empty())
     throw InvalidArgumentError("dtrain chaos needs the job's command after --");
+  const bool disk = std::any_of(options.schedule.begin(), options.schedule.end(),
+                                [](const FaultRule& r) { return r.kind == FaultKind::kDisk; });
+  if (disk && (options.fill_dir.empty() || !fs::is_directory(options.fill_dir)))
+    throw InvalidArgumentError(fmt::format(
+        "dtrain chaos: disk faults fill the file system of --fill-dir DIR, a directory on the "
+        "disk the job writes its checkpoints to{}: give one",
+        options.fill_dir.empty() ? "" : fmt::format(" ({} is none)", options.fill_dir)));
   ChaosReport report;
   if (options.baseline) report.baseline = run_job(options, "baseline", false);
   report.faults = run_job(options, "faults", true);

@@ -7,7 +7,10 @@
 // per trained sample, launch/sample_ledger.h). Faults go to workers found through their beats
 // (a worker joins them when its world group forms), drawn from the seed. The schedule counts from
 // the job's first trained sample; for a job that logs none, from its workers' first call (once
-// 10 s have passed without a sample).
+// 10 s have passed without a sample). A disk fault fills the file system of
+// ChaosOptions::fill_dir (the job's checkpoints') with one file, which it removes FOR later;
+// `{run}` in the job's command stands for the run's name, so that the two runs keep their
+// checkpoints apart (--checkpoint-dir /mnt/small/{run}).
 #pragma once
 
 #include <chrono>
@@ -28,6 +31,7 @@ struct ChaosOptions {
   int max_faults = -1;   // stop injecting after this many (-1: as long as the job runs)
   bool baseline = true;  // also run the job once without faults (first)
   std::string dir;       // the runs' directories go here
+  std::string fill_dir;  // disk faults fill its file system
   std::chrono::seconds timeout{3600};  // per run: then the job is stopped and the run fails
   int out_fd = 2;                      // where progress lines go
 };

@@ -12,9 +12,9 @@ namespace dtrain::launch {
 namespace {
 
 constexpr const char* kAccepted =
-    "a comma-separated list of kill:EVERY (SIGKILL a random worker every EVERY) and "
-    "stop:EVERY:FOR (SIGSTOP one for FOR), times as 30s, 500ms or 2m: "
-    "--schedule kill:30s,stop:90s:5s";
+    "a comma-separated list of kill:EVERY (SIGKILL a random worker every EVERY), "
+    "stop:EVERY:FOR (SIGSTOP one for FOR) and disk:EVERY:FOR (fill the file system of "
+    "--fill-dir for FOR), times as 30s, 500ms or 2m: --schedule kill:30s,stop:90s:5s";
 
 std::vector<std::string> split(const std::string& text, char by) {
   std::vector<std::string> parts;
@@ -49,7 +49,17 @@ std::chrono::milliseconds parse_time(const std::string& text, const std::string&
 
 }  // namespace
 
-std::string_view fault_name(FaultKind kind) { return kind == FaultKind::kKill ? "kill" : "stop"; }
+std::string_view fault_name(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kKill:
+      return "kill";
+    case FaultKind::kStop:
+      return "stop";
+    case FaultKind::kDisk:
+      return "disk";
+  }
+  return "unknown";
+}
 
 std::vector<FaultRule> parse_fault_schedule(const std::string& spec) {
   std::vector<FaultRule> rules;
@@ -59,16 +69,18 @@ std::vector<FaultRule> parse_fault_schedule(const std::string& spec) {
     FaultRule r;
     if (kind == "kill" && fields.size() == 2) {
       r = {FaultKind::kKill, parse_time(fields[1], rule), {}};
-    } else if (kind == "stop" && fields.size() == 3) {
-      r = {FaultKind::kStop, parse_time(fields[1], rule), parse_time(fields[2], rule)};
+    } else if ((kind == "stop" || kind == "disk") && fields.size() == 3) {
+      r = {kind == "stop" ? FaultKind::kStop : FaultKind::kDisk, parse_time(fields[1], rule),
+           parse_time(fields[2], rule)};
       if (r.lasting >= r.every)
         throw InvalidArgumentError(fmt::format(
-            "--schedule: '{}' stops a worker for {} ms every {} ms: the stop must end before the "
-            "next one begins",
+            "--schedule: '{}' lasts {} ms every {} ms: a fault must end before the next one "
+            "begins",
             rule, r.lasting.count(), r.every.count()));
-    } else if (kind == "cut" || kind == "disk" || kind == "store") {
+    } else if (kind == "cut" || kind == "store") {
       throw InvalidArgumentError(fmt::format(
-          "--schedule: '{}': dtrain chaos does not inject {} faults yet; it injects kill and stop",
+          "--schedule: '{}': dtrain chaos does not inject {} faults yet; it injects kill, stop "
+          "and disk",
           rule, kind));
     } else {
       throw InvalidArgumentError(fmt::format(

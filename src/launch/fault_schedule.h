@@ -3,6 +3,8 @@
 //
 //   kill:30s            SIGKILL a random worker every 30 s
 //   stop:90s:5s         SIGSTOP a random worker every 90 s, SIGCONT it 5 s later
+//   disk:60s:5s         fill the file system of the job's checkpoints (dtrain chaos --fill-dir)
+//                       every 60 s, for 5 s
 //   kill:30s,stop:90s:5s   both, each on its own clock
 //
 // Times count from when the job starts training (its first sample), so that start-up, which
@@ -18,15 +20,15 @@
 
 namespace dtrain::launch {
 
-enum class FaultKind { kKill, kStop };
+enum class FaultKind { kKill, kStop, kDisk };
 
 struct FaultRule {
   FaultKind kind = FaultKind::kKill;
   std::chrono::milliseconds every{0};
-  std::chrono::milliseconds lasting{0};  // kStop: how long the worker stays stopped
+  std::chrono::milliseconds lasting{0};  // kStop, kDisk: how long the fault lasts
 };
 
-// "kill", "stop".
+// "kill", "stop", "disk".
 std::string_view fault_name(FaultKind kind);
 
 // The rules `spec` says, in order. Throws InvalidArgumentError naming the part it cannot read

@@ -2,12 +2,15 @@
 // rule and draws victims from the seed, the sample ledger that keeps each step's latest restart;
 // and end to end, the example under SIGKILLs and SIGSTOPs with restarts from its in-memory
 // commits (no sample lost or repeated, the baseline's loss), under SIGKILLs with live recovery
-// (`dtrain run --live`: the survivors go on within a second, every sample once), and a job that
-// cannot recover.
+// (`dtrain run --live`: the survivors go on within a second, every sample once), under a disk
+// that fills while it checkpoints (a clear error, nothing lost), and a job that cannot recover.
 #include "launch/chaos.h"
 
+#include <sys/mount.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -54,6 +57,11 @@ TEST(FaultSchedule, ReadsKillAndStopAndRefusesWhatItCannotDo) {
   EXPECT_NE(message_of("stop:10s").find("cannot read 'stop:10s'"), std::string::npos);
   EXPECT_NE(message_of("stop:10s:10s").find("must end before the next one begins"),
             std::string::npos);
+  const auto disk = parse_fault_schedule("disk:60s:5s");
+  ASSERT_EQ(disk.size(), 1u);
+  EXPECT_EQ(disk[0].kind, FaultKind::kDisk);
+  EXPECT_EQ(disk[0].lasting, milliseconds(5'000));
+  EXPECT_NE(message_of("disk:60s").find("cannot read 'disk:60s'"), std::string::npos);
   EXPECT_NE(message_of("kill:30s,boom:1s").find("cannot read 'boom:1s'"), std::string::npos);
   EXPECT_NE(message_of("cut:120s:10s").find("does not inject cut faults yet"), std::string::npos);
 }
@@ -243,6 +251,58 @@ TEST(Chaos, ReplacementsJoinTheLiveWorkersWithTheirStateAndEverySampleOnce) {
   EXPECT_NE(out.find("going on from step"), std::string::npos) << out;
   EXPECT_NE(out.find("of 2 rank(s) formed"), std::string::npos) << out;
   EXPECT_NE(out.find("batch 100 per rank, learning rate 0.00666667)"), std::string::npos) << out;
+}
+
+// A file system of its own (a tmpfs of `mib` MiB at `path`), for a disk that fills; unmounted at
+// the end. `error` says why not where this process may not mount one.
+struct SmallDisk {
+  SmallDisk(std::string at, int mib) : path(std::move(at)) {
+    fs::create_directories(path);
+    const std::string size = "size=" + std::to_string(mib) + "m";
+    if (::mount("tmpfs", path.c_str(), "tmpfs", 0, size.c_str()) == 0)
+      mounted = true;
+    else
+      error = std::strerror(errno);
+  }
+  ~SmallDisk() {
+    if (mounted) ::umount2(path.c_str(), MNT_DETACH);
+  }
+  std::string path;
+  bool mounted = false;
+  std::string error;
+};
+
+TEST(Chaos, AFullDiskWhileCheckpointingStopsTheJobWithAClearErrorAndLosesNothing) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::TempDir dir;
+  SmallDisk disk(dir.path + "/disk", 32);
+  if (!disk.mounted) GTEST_SKIP() << "cannot mount a tmpfs to fill (needs root): " << disk.error;
+  // Checkpoints every 5 steps on the small disk (each run in its own directory), filled for 2 s:
+  // the checkpoint that finds it full fails its rank, naming the file and the cause, and the
+  // job restarts from its in-memory commit, losing nothing.
+  const auto r =
+      chaos(dir, {"--schedule", "disk:3s:2s", "--max-faults", "1", "--fill-dir", disk.path},
+            {"-n", "2", "--max-restarts", "20", "--rdzv-id", "disk-" + std::to_string(::getpid())},
+            {"--deterministic", "--train-samples", "12000", "--epochs", "2", "--checkpoint-dir",
+             disk.path + "/{run}", "--checkpoint-every", "5"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  const nlohmann::json c = chaos_line(r.output);
+  ASSERT_TRUE(c.is_object()) << r.output;
+  EXPECT_EQ(c["faults"], 1) << r.output;
+  EXPECT_EQ(c["recovered"], 1) << r.output;
+  EXPECT_EQ(c["samples_lost"], 0) << r.output;
+  EXPECT_EQ(c["samples_repeated"], 0) << r.output;
+  EXPECT_NEAR(c["final_loss"].get<double>(), c["baseline_loss"].get<double>(),
+              0.05 * c["baseline_loss"].get<double>())
+      << r.output;
+  EXPECT_NE(r.output.find("filled the file system of " + disk.path), std::string::npos) << r.output;
+  std::ifstream in(dir.path + "/faults/stderr.log");
+  const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(err.find("writing checkpoint " + disk.path + "/faults/step-"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("No space left on device"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(disk.path + "/.dtrain-chaos-fill"));  // the disk given back
+  EXPECT_TRUE(fs::exists(disk.path + "/baseline"));             // each run its own checkpoints
 }
 
 TEST(Chaos, AJobThatCannotRecoverEndsTheRunWithItsExitCodeAndNoGoodput) {

@@ -27,6 +27,7 @@ struct ChaosArgs {
   int ranks = 4;
   bool no_baseline = false;
   std::string dir;
+  std::string fill_dir;
   int64_t timeout_s = 3600;
   std::vector<std::string> command;
 };
@@ -64,7 +65,8 @@ CLI::App* add_chaos_command(CLI::App& app) {
   auto args = std::make_shared<ChaosArgs>();
   cmd->add_option("--schedule", args->schedule,
                   "Faults: kill:EVERY (SIGKILL a random worker every EVERY), stop:EVERY:FOR "
-                  "(SIGSTOP one for FOR), comma-separated: kill:30s,stop:90s:5s")
+                  "(SIGSTOP one for FOR), disk:EVERY:FOR (fill the file system of --fill-dir for "
+                  "FOR), comma-separated: kill:30s,stop:90s:5s")
       ->required();
   cmd->add_option("--seed", args->seed, "Draws which worker each fault hits");
   cmd->add_option("--max-faults", args->max_faults,
@@ -77,6 +79,10 @@ CLI::App* add_chaos_command(CLI::App& app) {
   cmd->add_option("--dir", args->dir,
                   "Where each run's output, flight records and sample log go (default: "
                   "$TMPDIR/dtrain-chaos-<pid>, kept)");
+  cmd->add_option("--fill-dir", args->fill_dir,
+                  "Disk faults fill this directory's file system (where the job writes its "
+                  "checkpoints); {run} in the job's command stands for the run's name "
+                  "(baseline, faults), to keep the runs' checkpoints apart");
   cmd->add_option("--timeout", args->timeout_s, "Seconds each run may take before it is stopped")
       ->check(CLI::Range(int64_t{1}, int64_t{7 * 86400}));
   cmd->add_option("command", args->command, "The job: a dtrain run command line");
@@ -100,6 +106,7 @@ CLI::App* add_chaos_command(CLI::App& app) {
     o.timeout = std::chrono::seconds(args->timeout_s);
     o.command = args->command.empty() ? default_job(args->ranks) : args->command;
     o.dir = args->dir;
+    o.fill_dir = args->fill_dir;
     if (o.dir.empty()) {
       const char* tmp = std::getenv("TMPDIR");
       o.dir = fmt::format("{}/dtrain-chaos-{}", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
