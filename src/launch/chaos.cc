@@ -215,7 +215,8 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
   so.path = find_executable(o.command[0]);
   so.argv = o.command;
   for (std::string& arg : so.argv)
-    for (size_t at = arg.find("{run}"); at != std::string::npos; at = arg.find("{run}", at))
+    for (size_t at = arg.find("{run}"); at != std::string::npos;
+         at = arg.find("{run}", at + name.size()))
       arg.replace(at, 5, name);
   so.env = {{std::string(env::kFlightDir.name), run.dir + "/flight"},
             {std::string(env::kSampleLog.name), samples}};

@@ -342,7 +342,25 @@ class Agent {
   int run() {
     connect();
     start_heartbeat();
-    int64_t round = rdzv_->open_round();
+    int64_t round = 0;
+    try {
+      round = rdzv_->open_round();
+      return run_rounds(round);
+    } catch (const StoreError& e) {
+      if (server_) throw;  // this agent's own store: it cannot have lost it
+      if (heartbeat_) heartbeat_->stop();
+      // Whichever call found it gone (the round's watch, the record of a failure): one word.
+      throw StoreError(fmt::format(
+          "{}: lost the rendezvous store at {} during round {}: {}. The agent hosting it has "
+          "exited or its machine is unreachable; the job cannot go on without it. The workers' "
+          "checkpoints on disk are kept: start the job again to resume from the newest",
+          prefix_, endpoint_, round, e.what()));
+    }
+  }
+
+ private:
+  // The rounds of the job from `round` on, until it ends; updates `round` as they go.
+  int run_rounds(int64_t& round) {
     for (;;) {
       if (auto code = sit_out_if_excluded()) return finish(*code, /*linger=*/true);
       auto joined = rdzv_->join(me_, round, [this] { return supervisor_.take_signal(); });
@@ -392,7 +410,6 @@ class Agent {
     }
   }
 
- private:
   struct RoundOutcome {
     std::optional<StopCause> cause;  // none: every worker of the round succeeded
     int signal = 0;                  // this agent was interrupted
@@ -772,10 +789,7 @@ class Agent {
       case RoundWatch::Event::kComplete:
         return {std::nullopt, 0};
       case RoundWatch::Event::kStoreLost:
-        throw StoreError(fmt::format(
-            "{}: lost the rendezvous store at {} during round {}: {}. The agent hosting it has "
-            "exited or its machine is unreachable; the job cannot go on without it",
-            prefix_, endpoint_, plan.round, watch.error()));
+        throw StoreError(watch.error());  // run() says what it means
       case RoundWatch::Event::kStopped:
       case RoundWatch::Event::kNone:
         break;

@@ -3,7 +3,6 @@
 // checkpoints its step): a worker killed with SIGKILL, failures beyond --max-restarts, a machine
 // (agent) lost and another one joining, a machine whose workers keep failing. Two agents on one
 // machine play two machines: each is a `dtrain run` of its own with its own --node-name.
-#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -14,6 +13,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "launch/launched.h"
 #include "support/multiproc.h"
@@ -227,6 +228,68 @@ TEST_F(ElasticTest, AgentsLeaveAndJoinWhileTheJobRuns) {
                                     std::to_string(p.back().step) + " world 4"))
       << dump(a);
   expect_no_worker_left();
+}
+
+// The agent that hosts the rendezvous store (and its machine) is lost: the other agent stops its
+// workers and the job at once, saying what it lost, and what was committed is not: a new job
+// resumes from the last checkpoint and counts every step exactly once.
+TEST_F(ElasticTest, LosingTheStoresHostStopsTheOthersClearlyAndTheCommittedStepResumes) {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  auto agent = [&](const std::string& node, const std::string& nnodes, int steps) {
+    std::vector<std::string> args{"run",
+                                  "-n",
+                                  "2",
+                                  "--nnodes",
+                                  nnodes,
+                                  "--max-restarts",
+                                  "5",
+                                  "--rdzv-endpoint",
+                                  endpoint,
+                                  "--rdzv-id",
+                                  "store-host-test-" + std::to_string(::getpid()),
+                                  "--rdzv-last-call",
+                                  "1",
+                                  "--node-name",
+                                  node};
+    for (auto& a : worker({"--steps", std::to_string(steps), "--step-ms", "20"})) args.push_back(a);
+    return args;
+  };
+  auto a = std::make_unique<Launched>(agent("a", "2:2", 100000));
+  ASSERT_TRUE(wait_for([&] { return contains(a->err(), "hosts the rendezvous store"); }, {a.get()},
+                       seconds(30)))
+      << dump(*a);
+  Launched b(agent("b", "2:2", 100000));
+  ASSERT_TRUE(wait_for(
+      [&] {
+        auto p = progress();
+        return !p.empty() && p.back().world == 4 && p.back().step >= 10;
+      },
+      {a.get(), &b}, seconds(60)))
+      << dump(*a) << "\n--- b:\n"
+      << dump(b);
+
+  ::kill(a->pid(), SIGKILL);  // the store's machine goes, its workers with it
+  EXPECT_NE(exit_code(a->wait(seconds(10))), 0);
+  const auto lost = std::chrono::steady_clock::now();
+  EXPECT_NE(exit_code(b.wait(seconds(30))), 0) << dump(b);
+  EXPECT_LT(std::chrono::steady_clock::now() - lost, seconds(20)) << dump(b);
+  EXPECT_TRUE(contains(b.err(), "lost the rendezvous store at " + endpoint)) << dump(b);
+  EXPECT_TRUE(contains(b.err(), "the job cannot go on without it")) << dump(b);
+  expect_no_worker_left();
+
+  // Started again (one machine now), the job goes on from the step its checkpoint holds.
+  int committed = 0, total = 0;
+  std::ifstream(dir_ / "ckpt") >> committed >> total;
+  ASSERT_GE(committed, 10);
+  EXPECT_EQ(total, committed);
+  const int steps = committed + 20;
+  Launched again(agent("a", "1:1", steps));
+  EXPECT_EQ(exit_code(again.wait(seconds(90))), 0) << dump(again);
+  EXPECT_TRUE(contains(again.out(), "resumed from step " + std::to_string(committed)))
+      << dump(again);
+  EXPECT_TRUE(contains(again.out(), "DONE step " + std::to_string(steps) + " total " +
+                                        std::to_string(steps) + " world 2"))
+      << dump(again);
 }
 
 // Node b's workers fail in every round it is in: after --exclude-after failures it sits out, and
