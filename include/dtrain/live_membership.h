@@ -21,6 +21,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,6 +96,19 @@ class LiveMembership {
   // generation is this one's members and the joiners. Throws AbortedError when a re-forming
   // after a failure took that generation first.
   Next admit(const std::vector<int>& joiners);
+
+  struct Formed {
+    Next place;             // where this process ended: its rank and the size
+    std::vector<int> lost;  // members left out meanwhile, by rank at start
+    bool rejoined = false;  // this process was left out and taken in again meanwhile
+  };
+  // Forms the group of the newest generation, this process at `place`: `make(place)` forms it
+  // (LiveWorld: dtrain's group; Python: torch.distributed's world). A later generation's
+  // members announced themselves a moment before, so make() connects within the settle time;
+  // when it throws (a member died or stopped after the list closed), the survivors agree again
+  // (next()) and make() is called at the new place. Each time round leaves a member out, or
+  // gives up rethrowing make()'s error when everyone came again.
+  Formed form(Next place, const std::function<void(const Next&)>& make);
 
  private:
   // Asks to be taken in and waits for it, as a replacement (or a survivor left out) does.

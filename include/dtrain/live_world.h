@@ -88,9 +88,9 @@ class LiveWorld {
   void close() { membership_.close(); }
 
  private:
-  // Forms the group of the membership's newest generation (`next`: this process's place in it);
-  // while a member does not come, agrees again without it. Fills `formed` (its group, seconds
-  // since `start`; the members lost meanwhile are added, and taken out of the joined).
+  // Forms the group of the membership's newest generation (`next`: this process's place in it;
+  // LiveMembership::form agrees again while a member does not come). Fills `formed` (its group,
+  // seconds since `start`; the members lost meanwhile are added, and taken out of the joined).
   void form(LiveMembership::Next next, std::chrono::steady_clock::time_point start,
             Reformed& formed);
 

@@ -3,7 +3,7 @@ sharded data and pipeline schedules, for Python without torch. Written by hand f
 tests/python/test_typing.py checks it against the module."""
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypedDict, TypeVar
 
@@ -297,3 +297,4 @@ class LiveMembership:
     def ended(self, wait: _Duration) -> list[int]: ...
     def next(self) -> LiveNext: ...
     def admit(self, joiners: list[int]) -> LiveNext: ...
+    def form(self, rank: int, size: int, make: Callable[[int, int], None]) -> LiveNext: ...

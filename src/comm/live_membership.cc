@@ -190,6 +190,29 @@ LiveMembership::Next LiveMembership::rejoin(int generation, const std::vector<in
   return result;
 }
 
+LiveMembership::Formed LiveMembership::form(Next place,
+                                            const std::function<void(const Next&)>& make) {
+  Formed formed;
+  while (true) {
+    try {
+      make(place);
+      formed.place = place;
+      return formed;
+    } catch (const std::exception& e) {
+      if (generation_ == 0) throw;  // the job's start: its own connect timeout says it
+      DTRAIN_LOG_WARN(
+          "live world: generation {}'s group did not form: {}; agreeing again without whoever "
+          "did not come",
+          generation_, e.what());
+      const std::exception_ptr failed = std::current_exception();
+      place = next();
+      if (place.lost.empty() && !place.rejoined) std::rethrow_exception(failed);
+      formed.lost.insert(formed.lost.end(), place.lost.begin(), place.lost.end());
+      formed.rejoined = formed.rejoined || place.rejoined;
+    }
+  }
+}
+
 int LiveMembership::rank() const {
   return static_cast<int>(std::find(members_.begin(), members_.end(), original_rank_) -
                           members_.begin());

@@ -2,12 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <exception>
 
 #include <fmt/format.h>
-
-#include "common/log.h"
-#include "dtrain/error.h"
 
 namespace dtrain {
 namespace {
@@ -56,36 +52,20 @@ std::optional<LiveWorld::Reformed> LiveWorld::admit_waiting() {
 
 void LiveWorld::form(LiveMembership::Next next, std::chrono::steady_clock::time_point start,
                      Reformed& formed) {
-  // Each time round leaves a member out, or gives up.
-  while (true) {
+  const LiveMembership::Formed f = membership_.form(next, [&](const LiveMembership::Next& place) {
     ProcessGroupOptions o = options_.group;
-    const int generation = membership_.generation();
-    if (generation > 0) {
-      o.name = fmt::format("{}-g{}", options_.group.name, generation);
+    if (membership_.generation() > 0) {
+      o.name = fmt::format("{}-g{}", options_.group.name, membership_.generation());
       // Its members announced themselves a moment ago: one that does not come within the
-      // settle time died or stopped since, and the others agree again without it.
+      // settle time died or stopped since (LiveMembership::form agrees again without it).
       o.connect_timeout = options_.settle;
     }
-    try {
-      group_ = ProcessGroup::create(membership_.store(), next.rank, next.size, o);
-      break;
-    } catch (const Error& e) {
-      if (generation == 0) throw;
-      DTRAIN_LOG_WARN(
-          "live world: generation {}'s group did not form: {}; agreeing again without whoever "
-          "did not come",
-          generation, e.what());
-      const std::exception_ptr failed = std::current_exception();
-      next = membership_.next();
-      // Everyone came again: it was not a member's absence that kept the group from forming.
-      if (next.lost.empty() && !next.rejoined) std::rethrow_exception(failed);
-      formed.rejoined = formed.rejoined || next.rejoined;
-      formed.lost.insert(formed.lost.end(), next.lost.begin(), next.lost.end());
-      std::erase_if(formed.joined, [&](int m) {
-        return std::find(next.lost.begin(), next.lost.end(), m) != next.lost.end();
-      });
-    }
-  }
+    group_ = ProcessGroup::create(membership_.store(), place.rank, place.size, o);
+  });
+  formed.rejoined = formed.rejoined || f.rejoined;
+  formed.lost.insert(formed.lost.end(), f.lost.begin(), f.lost.end());
+  std::erase_if(formed.joined,
+                [&](int m) { return std::find(f.lost.begin(), f.lost.end(), m) != f.lost.end(); });
   formed.group = group_;
   formed.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }

@@ -80,7 +80,7 @@ def test_a_rank_that_dies_while_the_world_re_forms_is_left_out_too():
                     os.path.join(harness.HERE, "workers.py"), "live_ddp", "dtrain", "3", "5", "2"])
     assert p.returncode == 0, p.stdout + p.stderr
     assert "rank 2 at start: listed for generation 1, dying before its world connects" in p.stdout
-    assert "generation 1's world did not form" in p.stderr, p.stderr
+    assert "generation 1's group did not form" in p.stderr, p.stderr
     assert "2 worker(s) ended well; 2 lost along the way (--live)" in p.stderr, p.stderr
     done = re.findall(r"rank ([0-9]) at start: live ddp finished at step 12 as rank ([0-9]) of 2 "
                       r"after 1 re-forming\(s\); weights (\S+)", p.stdout)

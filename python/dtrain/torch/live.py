@@ -30,7 +30,6 @@ itself.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -196,30 +195,23 @@ def admit(joiners: list[int]) -> Reformed:
 def _form(membership: _core.LiveMembership, rank: int, size: int, lost: list[int],
           joined: list[int], rejoined: list[bool] | None = None) -> tuple[int, int]:
     """Initializes torch.distributed for the membership's newest generation, this process
-    being `rank` of `size`; while a member does not come, agrees again without it (each time
-    round leaves one out, or gives up). Returns the rank and size it ended with; the members
-    lost meanwhile are added to `lost` and taken out of `joined`, and `rejoined[0]` is set when
-    this process was left out and taken in again meanwhile."""
-    while True:
+    being `rank` of `size` (LiveMembership.form agrees again while a member does not come).
+    Returns the rank and size it ended with; the members lost meanwhile are added to `lost` and
+    taken out of `joined`, and `rejoined[0]` is set when this process was left out and taken in
+    again meanwhile."""
+    def make(rank: int, size: int) -> None:
         try:
             _init_generation(membership, rank, size)
-            return rank, size
-        except Exception as error:  # torch's DistBackendError with dtrain's text, or dtrain's
-            if membership.generation == 0:
-                raise
+        except BaseException:
             if dist.is_initialized():
                 dist.destroy_process_group()
-            print(f"dtrain.torch.live: rank {membership.original_rank} at start: generation "
-                  f"{membership.generation}'s world did not form: {error}; agreeing again without "
-                  "whoever did not come", file=sys.stderr, flush=True)
-            again = membership.next()
-            if not again["lost"] and not again["rejoined"]:  # everyone came: not an absence
-                raise
-            if rejoined is not None and again["rejoined"]:
-                rejoined[0] = True
-            lost += again["lost"]
-            joined[:] = [m for m in joined if m not in again["lost"]]
-            rank, size = again["rank"], again["size"]
+            raise
+    formed = membership.form(rank, size, make)
+    lost += formed["lost"]
+    joined[:] = [m for m in joined if m not in formed["lost"]]
+    if rejoined is not None and formed["rejoined"]:
+        rejoined[0] = True
+    return formed["rank"], formed["size"]
 
 
 def _init_generation(membership: _core.LiveMembership, rank: int, size: int) -> None:

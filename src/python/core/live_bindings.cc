@@ -1,8 +1,10 @@
 // dtrain._core's LiveMembership: the survivors' agreement on who goes on after a member died
 // (dtrain/live_membership.h), for the Python modules that re-form torch's group on it.
 #include <pybind11/chrono.h>
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include "dtrain/error.h"
 #include "dtrain/live_membership.h"
 #include "dtrain/step_shape.h"
 #include "python/core/bindings.h"
@@ -78,7 +80,33 @@ void bind_live(py::module_& m) {
           },
           py::arg("joiners"),
           "Collective among the members, each with the same `joiners`: the next generation takes\n"
-          "them in.");
+          "them in.")
+      .def(
+          "form",
+          [](LiveMembership& self, int rank, int size, const py::function& make) {
+            LiveMembership::Formed f;
+            {
+              py::gil_scoped_release release;
+              f = self.form({.rank = rank, .size = size}, [&](const LiveMembership::Next& at) {
+                py::gil_scoped_acquire gil;
+                try {
+                  make(at.rank, at.size);
+                } catch (py::error_already_set& e) {
+                  // The loop goes on without the GIL: the error's text, taken while it is held.
+                  throw PeerFailureError(e.what());
+                }
+              });
+            }
+            py::dict d = dict_of(f.place);
+            d["lost"] = f.lost;
+            d["rejoined"] = f.rejoined;
+            return d;
+          },
+          py::arg("rank"), py::arg("size"), py::arg("make"),
+          "Forms the newest generation's world, this process `rank` of `size`: make(rank, size)\n"
+          "forms it; while it raises (a member died after the list closed), the survivors agree\n"
+          "again and make() is called at the new place. Returns the place, with the members\n"
+          "lost and whether this process was taken back meanwhile.");
   m.def(
       "step_shape",
       [](const std::string& on_resize, int64_t batch_per_rank, double learning_rate,
