@@ -129,6 +129,11 @@ target_link_libraries(pipeline_bench PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt)
 add_executable(tensor_parallel_bench bench/tensor_parallel_bench.cc)
 target_link_libraries(tensor_parallel_bench PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt nlohmann_json::nlohmann_json)
 
+# snapshot_bench: a training step's stall for a snapshot of a 100M-parameter transformer
+# (docs/performance.md).
+add_executable(snapshot_bench bench/snapshot_bench.cc)
+target_link_libraries(snapshot_bench PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt)
+
 # transformer_bench: DDP and ZeRO 1-3 on the transformer of bench/transformer_lm.py, in C++
 # (bench/transformer.sh puts it beside torch's DDP and FSDP2).
 add_executable(transformer_bench bench/transformer_bench.cc)

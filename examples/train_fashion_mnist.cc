@@ -448,13 +448,21 @@ int run(const Flags& flags) {
   std::unique_ptr<dtrain::CheckpointManager> ckpt;
   std::unique_ptr<dtrain::CheckpointManager> commits;
   dtrain::TrainingProgress position;  // where training starts (or stands, once it runs)
+  // The parameters and momentum are copied by the writing thread while the next step's forward
+  // and backward passes run; the step waits for the copy before its optimizer step changes them.
+  // (A parameter server's worker pulls new parameters outside the optimizer step.)
+  const bool copy_in_background = flags.strategy != "ps";
   if (!flags.checkpoint_dir.empty()) {
     dtrain::CheckpointOptions co;
     co.dir = flags.checkpoint_dir;
     co.keep = flags.keep_checkpoints;
+    co.copy_in_background = copy_in_background;
     ckpt = std::make_unique<dtrain::CheckpointManager>(co, pg);
   }
-  if (commit_every > 0) commits = std::make_unique<dtrain::CheckpointManager>(*commit_options, pg);
+  if (commit_every > 0) {
+    commit_options->copy_in_background = copy_in_background;
+    commits = std::make_unique<dtrain::CheckpointManager>(*commit_options, pg);
+  }
   if (ckpt || commits) {
     if (auto resumed = dtrain::resume_newest(
             {{ckpt.get(), "checkpoint"}, {commits.get(), "in-memory commit"}}, *model, sgd.get(),
@@ -760,6 +768,7 @@ int run(const Flags& flags) {
         sample_log.record(epoch, step + 1,
                           std::vector<int64_t>(batch.begin(), batch.begin() + trained));
         loss.backward();
+        if (ckpt) ckpt->wait_copied();
         {
           dtrain::TimelineSpan span("optimizer step", "compute");
           if (ps) {
@@ -814,10 +823,11 @@ int run(const Flags& flags) {
     const auto st = ckpt->stats();
     if (lead && st.saves > 0)
       std::printf("checkpoints: %d written to %s, %.2f MB each; per save %.2f ms on the training "
-                  "thread (copying) + %.2f ms waiting for the previous write, %.1f ms writing in "
-                  "the background\n",
+                  "thread (copying) + %.2f ms waiting for the writing thread; %.1f ms copying "
+                  "and %.1f ms writing in the background\n",
                   st.saves, ckpt->dir().c_str(), st.bytes / 1e6, st.total_snapshot_ms / st.saves,
-                  st.total_blocked_ms / st.saves, st.total_write_ms / st.saves);
+                  st.total_blocked_ms / st.saves, st.total_copy_ms / st.saves,
+                  st.total_write_ms / st.saves);
   }
   if (commits) {
     try {
@@ -825,10 +835,11 @@ int run(const Flags& flags) {
       const auto st = commits->stats();
       if (lead && st.saves > 0)
         std::printf("commits: %d written to %s, %.2f MB each; per commit %.2f ms on the training "
-                    "thread (copying) + %.2f ms waiting for the previous write, %.2f ms writing in "
-                    "the background\n",
+                    "thread (copying) + %.2f ms waiting for the writing thread; %.2f ms copying "
+                    "and %.2f ms writing in the background\n",
                     st.saves, commits->dir().c_str(), st.bytes / 1e6, st.total_snapshot_ms / st.saves,
-                    st.total_blocked_ms / st.saves, st.total_write_ms / st.saves);
+                    st.total_blocked_ms / st.saves, st.total_copy_ms / st.saves,
+                    st.total_write_ms / st.saves);
     } catch (const std::exception& e) {
       commits_failed(e);
     }

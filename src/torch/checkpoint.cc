@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -60,19 +61,31 @@ at::Tensor snapshot(const at::Tensor& t) {
 // memcpy, not fresh pages (page faults are most of a large first copy's time).
 class Copier {
  public:
-  explicit Copier(std::map<std::string, at::Tensor> spare) : spare_(std::move(spare)) {}
+  // single_thread: a plain memcpy for CPU tensors, where ATen would split a large copy over its
+  // threads (the writing thread's copy must leave the training's threads their cores).
+  Copier(std::map<std::string, at::Tensor> spare, bool single_thread)
+      : spare_(std::move(spare)), single_thread_(single_thread) {}
   at::Tensor operator()(const std::string& name, const at::Tensor& t) {
     auto node = spare_.extract(name);
+    at::Tensor into;
     if (!node.empty() && node.mapped().sizes() == t.sizes() &&
-        node.mapped().scalar_type() == t.scalar_type()) {
-      node.mapped().copy_(t.detach());
-      return node.mapped();
+        node.mapped().scalar_type() == t.scalar_type())
+      into = std::move(node.mapped());
+    if (single_thread_ && t.is_cpu() && t.is_contiguous()) {
+      if (!into.defined()) into = at::empty(t.sizes(), t.options());
+      std::memcpy(into.data_ptr(), t.data_ptr(), t.nbytes());
+      return into;
     }
-    return snapshot(t);
+    if (!into.defined()) return snapshot(t);
+    into.copy_(t.detach());
+    return into;
   }
+  // The buffers this copier did not use (for another copier).
+  std::map<std::string, at::Tensor> rest() && { return std::move(spare_); }
 
  private:
   std::map<std::string, at::Tensor> spare_;
+  bool single_thread_;
 };
 
 // ---- the manifest --------------------------------------------------------------------------
@@ -87,13 +100,16 @@ Json verify(const std::string& path) {
   return manifest;
 }
 
-// Everything a save writes, copied on the training thread.
+// Everything a save writes, copied on the training thread (or on the writing thread: the
+// `deferred` entries hold the live tensors until then).
 struct Snapshot {
   std::string dir;
   int64_t step = 0;
   int rank = 0;
   int keep = 3;
   std::map<std::string, at::Tensor> model, optimizer, rng;
+  std::vector<std::string> deferred_model, deferred_optimizer;
+  std::map<std::string, at::Tensor> spare_model, spare_optimizer;  // buffers to copy them into
   Json manifest;  // without "files" and the checksum
   std::function<void(const std::string&)> after_file;
 };
@@ -167,6 +183,7 @@ struct CheckpointManager::Shared {
   std::mutex mu;  // guards everything below
   std::condition_variable idle;
   bool busy = false;         // a write is in flight
+  bool copying = false;      // its tensors are being copied (copy_in_background)
   std::string in_flight;     // its directory, for messages
   std::exception_ptr error;  // the last write's failure, rethrown once
   CheckpointStats stats;
@@ -232,8 +249,11 @@ CheckpointStats CheckpointManager::stats() const {
 
 void CheckpointManager::wait() {
   std::unique_lock<std::mutex> lock(shared_->mu);
+  const auto start = Clock::now();
   const auto deadline = Deadline::after(options_.write_timeout);
-  if (!shared_->idle.wait_until(lock, deadline.at(), [&] { return !shared_->busy; }))
+  const bool idle = shared_->idle.wait_until(lock, deadline.at(), [&] { return !shared_->busy; });
+  shared_->stats.total_blocked_ms += ms_since(start);
+  if (!idle)
     throw TimeoutError(fmt::format(
         "rank {}: checkpoint {} is still being written after {}; the filesystem of {} is stuck or "
         "too slow for this checkpoint frequency: check it, checkpoint less often, or raise "
@@ -246,6 +266,21 @@ void CheckpointManager::wait() {
         std::exchange(shared_->error, nullptr),
         fmt::format("rank {}: writing a checkpoint in {} failed", rank_, options_.dir));
   }
+}
+
+void CheckpointManager::wait_copied() {
+  std::unique_lock<std::mutex> lock(shared_->mu);
+  const auto start = Clock::now();
+  const auto deadline = Deadline::after(options_.write_timeout);
+  const bool copied =
+      shared_->idle.wait_until(lock, deadline.at(), [&] { return !shared_->copying; });
+  shared_->stats.total_blocked_ms += ms_since(start);
+  if (!copied)
+    throw TimeoutError(fmt::format(
+        "rank {}: the tensors of checkpoint {} are still being copied after {}; the writing "
+        "thread is starved or stuck: check the machine's load, or raise "
+        "CheckpointOptions::write_timeout",
+        rank_, shared_->in_flight, deadline.describe()));
 }
 
 void CheckpointManager::save(const torch::nn::Module& module,
@@ -271,12 +306,21 @@ void CheckpointManager::save(const torch::nn::Module& module,
     spare_model = std::move(shared_->spare_model);
     spare_optimizer = std::move(shared_->spare_optimizer);
   }
-  Copier copy_model(std::move(spare_model));
-  Copier copy_optimizer(std::move(spare_optimizer));
+  // In the background, CPU parameters and optimizer state are copied by the writing thread;
+  // buffers (which a forward pass may change) and the rest are copied here.
+  const bool background = options_.async && options_.copy_in_background;
+  Copier copy_model(std::move(spare_model), /*single_thread=*/false);
+  Copier copy_optimizer(std::move(spare_optimizer), /*single_thread=*/false);
+  auto take = [&](Copier& copy, std::vector<std::string>& deferred, const std::string& name,
+                  const at::Tensor& t) {
+    if (!background || !t.is_cpu()) return copy(name, t);
+    deferred.push_back(name);
+    return t.detach();  // the live tensor, until the writing thread copies it
+  };
   {
     c10::NoGradGuard no_grad;
     for (const auto& p : module.named_parameters(/*recurse=*/true))
-      snap->model[p.key()] = copy_model(p.key(), p.value());
+      snap->model[p.key()] = take(copy_model, snap->deferred_model, p.key(), p.value());
     for (const auto& b : module.named_buffers(/*recurse=*/true))
       snap->model[b.key()] = copy_model(b.key(), b.value());
   }
@@ -295,8 +339,12 @@ void CheckpointManager::save(const torch::nn::Module& module,
   if (optimizer != nullptr)
     m["optimizer"] = snapshot_optimizer(
         *optimizer, parameter_names(module),
-        [&](const std::string& name, const at::Tensor& t) { return copy_optimizer(name, t); },
+        [&](const std::string& name, const at::Tensor& t) {
+          return take(copy_optimizer, snap->deferred_optimizer, name, t);
+        },
         snap->optimizer);
+  snap->spare_model = std::move(copy_model).rest();
+  snap->spare_optimizer = std::move(copy_optimizer).rest();
   snap->rng[kRngTensor] = rng_state();
   m["rng"] = {{"torch_cpu_generator", fmt::format("{}:{}", kRngFile, kRngTensor)}};
   m["saved_by"] = {{"rank", rank_}, {"host", hostname()}, {"pid", ::getpid()}};
@@ -310,15 +358,41 @@ void CheckpointManager::save(const torch::nn::Module& module,
     shared->stats.snapshot_ms = snapshot_ms;
     shared->stats.blocked_ms = blocked_ms;
     shared->stats.total_snapshot_ms += snapshot_ms;
-    shared->stats.total_blocked_ms += blocked_ms;
     shared->busy = true;
+    shared->copying = background;
     shared->in_flight = where;
   }
   auto write = [shared, snap, where]() mutable {
-    const auto start = Clock::now();
+    auto start = Clock::now();
     std::exception_ptr error;
     uint64_t bytes = 0;
+    double copy_ms = 0;
     try {
+      if (!snap->deferred_model.empty() || !snap->deferred_optimizer.empty()) {
+        auto copy_deferred = [](std::map<std::string, at::Tensor>& tensors,
+                                const std::vector<std::string>& names,
+                                std::map<std::string, at::Tensor> spare) {
+          Copier copy(std::move(spare), /*single_thread=*/true);
+          for (const auto& name : names) tensors[name] = copy(name, tensors[name]);
+        };
+        try {
+          copy_deferred(snap->model, snap->deferred_model, std::move(snap->spare_model));
+          copy_deferred(snap->optimizer, snap->deferred_optimizer,
+                        std::move(snap->spare_optimizer));
+        } catch (...) {
+          // The snapshot may still hold live tensors: drop it before training changes them.
+          snap->model.clear();
+          snap->optimizer.clear();
+          throw;
+        }
+      }
+      copy_ms = ms_since(start);
+      {
+        std::lock_guard<std::mutex> lock(shared->mu);
+        shared->copying = false;
+        shared->idle.notify_all();
+      }
+      start = Clock::now();
       bytes = write_snapshot(*snap);
       prune(snap->dir, snap->keep, snap->step);
     } catch (...) {
@@ -341,11 +415,14 @@ void CheckpointManager::save(const torch::nn::Module& module,
     snap.reset();
     if (!error) {
       shared->stats.saves += 1;
+      shared->stats.copy_ms = copy_ms;
+      shared->stats.total_copy_ms += copy_ms;
       shared->stats.write_ms = write_ms;
       shared->stats.total_write_ms += write_ms;
       shared->stats.bytes = bytes;
     }
     shared->error = error;
+    shared->copying = false;
     shared->busy = false;
     shared->idle.notify_all();
   };

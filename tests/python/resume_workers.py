@@ -1,7 +1,8 @@
 """Training with checkpoints from Python, killed and resumed: `python3 resume_workers.py train
 DIR OUT KILL_AT` (harness variables). A small model with BatchNorm and dropout (so the generator
 matters) trains two epochs on synthetic data with dtrain's DistributedSampler and an optimizer
-(Adam or SGD with momentum), checkpointing every 3 steps; KILL_AT > 0 makes every rank exit hard
+(Adam or SGD with momentum; adam-background: Adam with its state and the parameters copied by
+the writing thread, the optimizer step waiting for the copy), checkpointing every 3 steps; KILL_AT > 0 makes every rank exit hard
 after that step (a write may be in flight), KILL_AT < 0 after step -KILL_AT once the writes
 finished. At the end rank 0 saves the weights to OUT and every
 rank logs the samples it trained to OUT.samples.<rank>."""
@@ -28,7 +29,7 @@ def model_and_optimizer(kind):
     torch.manual_seed(5)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16),
                                 torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
-    if kind == "adam":
+    if kind.startswith("adam"):
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -42,7 +43,8 @@ def train(ckpt_dir, out, kill_at, kind="adam"):
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y = data()
     model, opt = model_and_optimizer(kind)
-    ckpt = dtrain.torch.CheckpointManager(ckpt_dir, keep=2)
+    ckpt = dtrain.torch.CheckpointManager(ckpt_dir, keep=2,
+                                          copy_in_background=kind == "adam-background")
     sampler = dtrain.torch.DistributedSampler(len(x), seed=3)
     loaded = ckpt.load_latest(model, opt)
     step, epoch, consumed = 0, 0, 0
@@ -63,6 +65,7 @@ def train(ckpt_dir, out, kill_at, kind="adam"):
             for p in model.parameters():
                 dist.all_reduce(p.grad)
                 p.grad /= world
+            ckpt.wait_copied()  # the last save's copy, before the step changes the tensors
             opt.step()
             step += 1
             log.write(f"{epoch} {' '.join(map(str, batch))}\n")

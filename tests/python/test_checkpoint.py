@@ -17,7 +17,7 @@ def run(world, tmp, out, kill_at, kind):
                        script="resume_workers.py", timeout=180)
 
 
-@pytest.mark.parametrize("kind", ["adam", "sgd"])
+@pytest.mark.parametrize("kind", ["adam", "sgd", "adam-background"])
 def test_a_killed_run_resumes_bit_identical(tmp_path, kind):
     straight = tmp_path / "straight"
     straight.mkdir()

@@ -218,7 +218,7 @@ def test_the_checkpoint_manager_and_sampler_take_their_defaults_from_cpp(reimpor
     from dtrain import _torch
 
     def check(module, manager, sampler):
-        names = ["keep", "writer_rank", "async_write"]
+        names = ["keep", "writer_rank", "async_write", "copy_in_background"]
         assert _defaults(module.CheckpointManager.__init__, names + ["write_timeout"]) == {
             **_values(manager, names), "write_timeout": manager.write_timeout.total_seconds()}
         names = _fields(sampler)

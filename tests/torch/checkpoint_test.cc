@@ -117,6 +117,54 @@ TEST(Checkpoint, AdamWRoundTripsExactly) {
   check_round_trip<torch::optim::AdamW>(torch::optim::AdamWOptions(0.01));
 }
 
+// copy_in_background: save() leaves the parameters and optimizer state to the writing thread, and
+// the next step's forward and backward run meanwhile (the batch norm's running statistics, which
+// that forward pass changes, are copied by save itself). Each checkpoint still holds exactly the
+// state of its save: loading one and training on equals a twin net that never stopped.
+TEST(Checkpoint, CopyingInTheBackgroundKeepsTheStateOfTheSave) {
+  TempDir tmp;
+  auto results = run_ranks(1, [&](int) {
+    at::set_num_threads(1);
+    const auto options = torch::optim::AdamOptions(0.01);
+    auto net = testing::make_net(false);
+    torch::optim::Adam opt(net->parameters(), options);
+    auto twin = testing::make_net(false);
+    torch::optim::Adam twin_opt(twin->parameters(), options);
+    for (int s = 0; s < 3; ++s) {
+      train_step(net, opt, s);
+      train_step(twin, twin_opt, s);
+    }
+    CheckpointManager ckpt({.dir = tmp.path, .keep = 5, .copy_in_background = true});
+    for (int s = 3; s < 6; ++s) {
+      TrainingProgress p;
+      p.step = s;
+      ckpt.save(*net, &opt, p);
+      auto b = testing::global_batch(s, 8);
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(net->forward(b.x), b.y).backward();
+      ckpt.wait_copied();
+      opt.step();
+    }
+    ckpt.wait();
+    const CheckpointStats st = ckpt.stats();
+    RANK_CHECK(st.saves == 3 && st.total_copy_ms > 0 && st.total_write_ms > 0,
+               "stats: {} saves, {} ms copying, {} ms writing", st.saves, st.total_copy_ms,
+               st.total_write_ms);
+    for (int s = 3; s < 6; ++s) {
+      torch::manual_seed(99);
+      testing::SmallNet fresh;
+      torch::optim::Adam fresh_opt(fresh->parameters(), options);
+      auto loaded = ckpt.load(checkpoint_path(tmp.path, s), *fresh, &fresh_opt);
+      RANK_CHECK(loaded.progress.step == s, "loaded step {}", loaded.progress.step);
+      RANK_CHECK(same_tensors(*twin, *fresh), "checkpoint {} differs from the twin", s);
+      train_step(twin, twin_opt, s);
+      train_step(fresh, fresh_opt, s);
+      RANK_CHECK(same_tensors(*twin, *fresh), "a step after checkpoint {} differs", s);
+    }
+  });
+  expect_all_ok(results);
+}
+
 TEST(Checkpoint, RestoresHyperParametersAndRejectsAnotherOptimizer) {
   TempDir tmp;
   auto results = run_ranks(1, [&](int) {

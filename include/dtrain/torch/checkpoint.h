@@ -22,7 +22,8 @@
 // loading takes the newest checkpoint whose manifest and checksums verify, logs why each newer
 // one was skipped (which file, expected and found size or CRC), and throws when none verifies.
 // The writer keeps its last copy of the tensors and copies into it at the next save: one more
-// copy of the model and optimizer state stays allocated on that rank, and a save costs a memcpy.
+// copy of the model and optimizer state stays allocated on that rank, and a save costs a memcpy,
+// on the training thread or (copy_in_background) on the writing thread.
 #pragma once
 
 #include <chrono>
@@ -52,6 +53,11 @@ struct CheckpointOptions {
   // Write on a background thread; the tensors are still copied on the caller's thread, so
   // training may go on changing them at once. false: save() returns once the files are durable.
   bool async = true;
+  // With async: copy the parameters and the optimizer state on the writing thread too, while
+  // training goes on (the step's stall is then the buffers and the generator, not the model).
+  // The caller must not change them (the optimizer step, loading) before wait_copied() returns;
+  // the forward and backward passes only read them. CUDA tensors are still copied by save().
+  bool copy_in_background = false;
   // How long a save, wait() or the destructor waits for the write in flight before failing.
   std::chrono::milliseconds write_timeout{std::chrono::minutes(10)};
   // For tests: called on the writing thread after each file is written and flushed, before the
@@ -82,8 +88,11 @@ struct CheckpointStats {
   int saves = 0;           // completed writes
   double snapshot_ms = 0;  // last save: copying the tensors, on the training thread
   double blocked_ms = 0;   // last save: waiting for the previous write, on the training thread
+  double copy_ms = 0;      // last completed write: copying in the background (copy_in_background)
   double write_ms = 0;     // last completed write: files, fsync, rename, pruning
-  double total_snapshot_ms = 0, total_blocked_ms = 0, total_write_ms = 0;
+  // Every wait of the training thread for the writing thread: in save(), wait(), wait_copied().
+  double total_blocked_ms = 0;
+  double total_snapshot_ms = 0, total_copy_ms = 0, total_write_ms = 0;
   uint64_t bytes = 0;  // of the last completed checkpoint
 };
 
@@ -128,6 +137,9 @@ class CheckpointManager {
 
   // Waits for the write in flight (up to write_timeout) and rethrows its error.
   void wait();
+  // Waits (up to write_timeout) until the last save's tensors are copied: at once unless
+  // copy_in_background. Call it before the optimizer step changes them.
+  void wait_copied();
   CheckpointStats stats() const;
   const std::string& dir() const;
   bool is_writer() const;

@@ -120,18 +120,22 @@ class CheckpointManager:
     """Saves and loads checkpoints in `dir` (see the module's documentation).
 
     keep: newest checkpoints kept; writer_rank: the rank that writes; async_write: write in the
-    background (save() returns once the tensors are copied); write_timeout: seconds a save or
-    wait() waits for the write in flight. group: a torch.distributed group on the backend
+    background (save() returns once the tensors are copied); copy_in_background: with
+    async_write, the parameters and optimizer state are copied in the background too, while the
+    next forward and backward passes run (a step then stalls for the buffers only): call
+    wait_copied() before optimizer.step(); write_timeout: seconds a save or wait() waits for the
+    write in flight. group: a torch.distributed group on the backend
     'dtrain' (default: the default group if torch.distributed is initialized, else a single
     process)."""
 
     def __init__(self, dir: str | os.PathLike[str], keep: int = _CHECKPOINT.keep,
                  writer_rank: int = _CHECKPOINT.writer_rank,
                  async_write: bool = _CHECKPOINT.async_write,
+                 copy_in_background: bool = _CHECKPOINT.copy_in_background,
                  write_timeout: float = _CHECKPOINT.write_timeout.total_seconds(),
                  group: dist.ProcessGroup | None = None) -> None:
         self._manager = _torch.CheckpointManager(str(dir), int(keep), int(writer_rank),
-                                                 bool(async_write),
+                                                 bool(async_write), bool(copy_in_background),
                                                  timedelta(seconds=float(write_timeout)),
                                                  _group(group))
 
@@ -167,6 +171,11 @@ class CheckpointManager:
     def wait(self) -> None:
         """Waits for the write in flight and raises its error, if it failed."""
         self._manager.wait()
+
+    def wait_copied(self) -> None:
+        """Waits until the last save's tensors are copied (at once unless copy_in_background):
+        call it before optimizer.step() changes them."""
+        self._manager.wait_copied()
 
     def stats(self) -> CheckpointStats:
         return self._manager.stats()

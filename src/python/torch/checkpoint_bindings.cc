@@ -254,6 +254,7 @@ void bind_checkpoints(py::module_& m) {
       .def_readonly("keep", &CheckpointOptions::keep)
       .def_readonly("writer_rank", &CheckpointOptions::writer_rank)
       .def_readonly("async_write", &CheckpointOptions::async)
+      .def_readonly("copy_in_background", &CheckpointOptions::copy_in_background)
       .def_readonly("write_timeout", &CheckpointOptions::write_timeout);
   py::class_<DistributedSamplerOptions>(
       m, "DistributedSamplerOptions",
@@ -267,19 +268,20 @@ void bind_checkpoints(py::module_& m) {
   py::class_<CheckpointManager>(
       m, "CheckpointManager", "dtrain's C++ CheckpointManager (python/dtrain/torch/checkpoint.py).")
       .def(py::init([](std::string dir, int keep, int writer_rank, bool async_write,
-                       std::chrono::milliseconds write_timeout,
+                       bool copy_in_background, std::chrono::milliseconds write_timeout,
                        const c10::intrusive_ptr<c10d::Backend>& group) {
              CheckpointOptions o;
              o.dir = std::move(dir);
              o.keep = keep;
              o.writer_rank = writer_rank;
              o.async = async_write;
+             o.copy_in_background = copy_in_background;
              o.write_timeout = write_timeout;
              return std::make_unique<CheckpointManager>(o,
                                                         dtrain_group(group, "CheckpointManager"));
            }),
            py::arg("dir"), py::arg("keep"), py::arg("writer_rank"), py::arg("async_write"),
-           py::arg("write_timeout"), py::arg("group"))
+           py::arg("copy_in_background"), py::arg("write_timeout"), py::arg("group"))
       .def(
           "save",
           [](CheckpointManager& c, const Named& parameters, const Named& buffers,
@@ -314,6 +316,7 @@ void bind_checkpoints(py::module_& m) {
           py::arg("parameters"), py::arg("buffers"), py::arg("optimizer_type"),
           py::arg("param_groups"))
       .def("wait", &CheckpointManager::wait, py::call_guard<py::gil_scoped_release>())
+      .def("wait_copied", &CheckpointManager::wait_copied, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("dir", &CheckpointManager::dir)
       .def_property_readonly("is_writer", &CheckpointManager::is_writer)
       .def("stats", [](const CheckpointManager& c) {
@@ -322,7 +325,9 @@ void bind_checkpoints(py::module_& m) {
         d["saves"] = s.saves;
         d["snapshot_ms"] = s.snapshot_ms;
         d["blocked_ms"] = s.blocked_ms;
+        d["copy_ms"] = s.copy_ms;
         d["write_ms"] = s.write_ms;
+        d["total_blocked_ms"] = s.total_blocked_ms;
         d["bytes"] = s.bytes;
         return d;
       });
