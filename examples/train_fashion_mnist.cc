@@ -375,10 +375,10 @@ int run(const Flags& flags) {
   // Under `dtrain run --live`, a world whose survivors re-form it when a rank dies.
   std::unique_ptr<dtrain::LiveWorld> live;
   if (launched_distributed() && env_flag("DTRAIN_LIVE")) {
-    if (flags.strategy != "ddp" || !flags.checkpoint_dir.empty() || flags.commit_every > 0)
+    if (flags.strategy != "ddp" || flags.commit_every > 0)
       throw dtrain::InvalidArgumentError(
           "dtrain run --live: train_fashion_mnist recovers live with --strategy ddp, without "
-          "--checkpoint-dir and --commit-every (their managers belong to the first group)");
+          "--commit-every (the survivors hold the state: --checkpoint-dir keeps it on disk)");
     live = std::make_unique<dtrain::LiveWorld>();
     if (live->too_late()) {
       std::printf("rank %d at start, a replacement: training ended before the others could take "
@@ -452,13 +452,16 @@ int run(const Flags& flags) {
   // and backward passes run; the step waits for the copy before its optimizer step changes them.
   // (A parameter server's worker pulls new parameters outside the optimizer step.)
   const bool copy_in_background = flags.strategy != "ps";
-  if (!flags.checkpoint_dir.empty()) {
+  // Under --live the group changes: take_state() makes the manager again for each new world (its
+  // rank 0 writes); a replacement makes its first there.
+  auto make_checkpoints = [&] {
     dtrain::CheckpointOptions co;
     co.dir = flags.checkpoint_dir;
     co.keep = flags.keep_checkpoints;
     co.copy_in_background = copy_in_background;
     ckpt = std::make_unique<dtrain::CheckpointManager>(co, pg);
-  }
+  };
+  if (!flags.checkpoint_dir.empty() && !(live && live->replacement())) make_checkpoints();
   if (commit_every > 0) {
     commit_options->copy_in_background = copy_in_background;
     commits = std::make_unique<dtrain::CheckpointManager>(*commit_options, pg);
@@ -561,7 +564,9 @@ int run(const Flags& flags) {
   // With somewhere to save to, a preemption warning stops the ranks together at a step (not with
   // a parameter server, whose asynchronous workers do not take steps together).
   std::unique_ptr<dtrain::Preemption> preemption;
-  if (ckpt && pg && flags.strategy != "ps") preemption = std::make_unique<dtrain::Preemption>(pg);
+  // (Not under --live: its agreement belongs to the first group.)
+  if (ckpt && pg && !live && flags.strategy != "ps")
+    preemption = std::make_unique<dtrain::Preemption>(pg);
   int64_t images = 0;      // of all ranks, assuming they keep in step (for the progress line)
   int64_t own_images = 0;  // of this rank
   auto restored = [&](const char* key) {
@@ -637,10 +642,14 @@ int run(const Flags& flags) {
   // the new group and the rest of the epoch dealt over it.
   auto take_state = [&] {
     ddp.reset();
+    // The checkpoint in flight is finished (and its copy made) before the state changes; the
+    // all-reduce below keeps the new writer from clearing the directory before then.
+    ckpt.reset();
     std::vector<int64_t> newest = {step};
     dtrain::AllreduceOptions max;
     max.op = dtrain::ReduceOp::kMax;
     pg->allreduce(dtrain::TensorView::of(newest), max)->wait();
+    if (!flags.checkpoint_dir.empty()) make_checkpoints();
     std::vector<int64_t> root = {step == newest[0] ? rank : world};
     dtrain::AllreduceOptions min;
     min.op = dtrain::ReduceOp::kMin;

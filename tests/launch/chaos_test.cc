@@ -225,10 +225,12 @@ TEST(Chaos, ReplacementsJoinTheLiveWorkersWithTheirStateAndEverySampleOnce) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   dtrain::testing::TempDir dir;
   // The learning rate follows the world (--on-resize scale-lr): 0.01 with 3 ranks, 2/3 of it
-  // with 2.
+  // with 2. Checkpoints go on through the changes of the world, written by each one's rank 0.
+  const std::string checkpoints = dir.path + "/{run}-checkpoints";
   const auto r = chaos(dir, {"--schedule", "kill:4s", "--seed", "3", "--max-faults", "2"},
                        {"-n", "3", "--live", "--replace", "2"},
-                       {"--train-samples", "24000", "--epochs", "2", "--on-resize", "scale-lr"});
+                       {"--train-samples", "24000", "--epochs", "2", "--on-resize", "scale-lr",
+                        "--checkpoint-dir", checkpoints, "--checkpoint-every", "25"});
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   const nlohmann::json c = chaos_line(r.output);
   ASSERT_TRUE(c.is_object()) << r.output;
@@ -251,6 +253,29 @@ TEST(Chaos, ReplacementsJoinTheLiveWorkersWithTheirStateAndEverySampleOnce) {
   EXPECT_NE(out.find("going on from step"), std::string::npos) << out;
   EXPECT_NE(out.find("of 2 rank(s) formed"), std::string::npos) << out;
   EXPECT_NE(out.find("batch 100 per rank, learning rate 0.00666667)"), std::string::npos) << out;
+
+  // The newest checkpoint is the last step's, written by the world at the end, and a new start
+  // of the job resumes from it (training is over: nothing left to train).
+  const std::string faults_dir = dir.path + "/faults-checkpoints";
+  const nlohmann::json result = nlohmann::json::parse(out.substr(
+      out.rfind("RESULT ") + 7, out.find('\n', out.rfind("RESULT ")) - out.rfind("RESULT ") - 7));
+  const int64_t steps = result["steps"].get<int64_t>();
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%06lld", static_cast<long long>(steps));
+  std::ifstream manifest_in(faults_dir + "/" + name + "/manifest.json");
+  ASSERT_TRUE(manifest_in.good()) << faults_dir << "/" << name << "\n" << out;
+  const nlohmann::json manifest = nlohmann::json::parse(manifest_in);
+  EXPECT_EQ(manifest["step"], steps);
+  // 3 ranks, or 2 where the second replacement came after training ended.
+  EXPECT_GE(manifest["world_size"].get<int>(), 2) << manifest.dump();
+  const auto resumed =
+      dtrain::testing::run_command({kTrainer, "--threads", "1", "--train-samples", "24000",
+                                    "--epochs", "2", "--checkpoint-dir", faults_dir},
+                                   {.timeout = milliseconds(120'000)});
+  ASSERT_TRUE(resumed.ok()) << resumed.describe() << "\n" << resumed.output;
+  EXPECT_NE(resumed.output.find(std::string("resumed from ") + faults_dir + "/" + name),
+            std::string::npos)
+      << resumed.output;
 }
 
 // A file system of its own (a tmpfs of `mib` MiB at `path`), for a disk that fills; unmounted at
