@@ -202,10 +202,10 @@ class TrainingInput {
   }
   // Deals the samples over another world (live recovery); set_epoch must follow.
   void regroup(int world, int rank, bool shuffle, uint64_t seed) {
-    if (shards_)
-      throw dtrain::InvalidArgumentError(
-          "--data-shards under dtrain run --live: the sharded input cannot be dealt over a new "
-          "world yet; use the data set in memory");
+    if (shards_) {
+      shards_->regroup(rank, world);
+      return;
+    }
     sampler_ = std::make_unique<dtrain::DistributedSampler>(static_cast<size_t>(memory_->size()),
                                                             world, rank, shuffle, seed);
   }
@@ -245,6 +245,7 @@ class TrainingInput {
     std::vector<int64_t> labels;
     const auto start = Clock::now();
     for (size_t i = 0; i < n; ++i) {
+      padding += shards_->is_padding(taken_ + i) ? 1 : 0;
       auto record = shards_->next();
       auto& [image, label] = std::any_cast<std::pair<torch::Tensor, int64_t>&>(record->value);
       images.push_back(std::move(image));

@@ -275,15 +275,30 @@ struct ShardedDataset::Impl {
   }
 };
 
+namespace {
+
+void check_place(int rank, int world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size)
+    throw InvalidArgumentError(fmt::format(
+        "ShardedDataset: rank {} is not in [0, world_size={}); pass the process group's rank() "
+        "and size()",
+        rank, world_size));
+}
+
+void check_drop_last(const ShardedDatasetOptions& o, uint64_t total, int world_size) {
+  if (o.drop_last && total < static_cast<uint64_t>(world_size))
+    throw InvalidArgumentError(fmt::format(
+        "ShardedDataset: drop_last with {} records and {} ranks leaves every rank with nothing",
+        total, world_size));
+}
+
+}  // namespace
+
 ShardedDataset::ShardedDataset(std::vector<std::string> shards, ShardedDatasetOptions options)
     : impl_(std::make_unique<Impl>()) {
   auto& d = *impl_;
   d.o = std::move(options);
-  if (d.o.world_size < 1 || d.o.rank < 0 || d.o.rank >= d.o.world_size)
-    throw InvalidArgumentError(fmt::format(
-        "ShardedDataset: rank {} is not in [0, world_size={}); pass the process group's rank() "
-        "and size()",
-        d.o.rank, d.o.world_size));
+  check_place(d.o.rank, d.o.world_size);
   if (d.o.readers < 1 || d.o.prefetch_records < 1 || d.o.prefetch_bytes < 1)
     throw InvalidArgumentError(fmt::format(
         "ShardedDataset: readers ({}), prefetch_records ({}) and prefetch_bytes ({}) must each "
@@ -303,10 +318,7 @@ ShardedDataset::ShardedDataset(std::vector<std::string> shards, ShardedDatasetOp
         "ShardedDataset: the {} files hold no record at all ({} first): there is nothing to "
         "train",
         d.files.size(), d.files.front()));
-  if (d.o.drop_last && d.total < static_cast<uint64_t>(d.o.world_size))
-    throw InvalidArgumentError(fmt::format(
-        "ShardedDataset: drop_last with {} records and {} ranks leaves every rank with nothing",
-        d.total, d.o.world_size));
+  check_drop_last(d.o, d.total, d.o.world_size);
   {
     std::lock_guard lock(d.mu);
     d.reset_locked(0, 0);
@@ -321,6 +333,35 @@ ShardedDataset::~ShardedDataset() {
   }
   impl_->readers_cv.notify_all();
   for (auto& t : impl_->threads) t.join();
+}
+
+bool ShardedDataset::is_padding(uint64_t k) const {
+  std::lock_guard lock(impl_->mu);
+  const auto& d = *impl_;
+  return static_cast<uint64_t>(d.o.rank) + k * static_cast<uint64_t>(d.o.world_size) >= d.left;
+}
+
+void ShardedDataset::regroup(int rank, int world_size) {
+  auto& d = *impl_;
+  check_place(rank, world_size);
+  check_drop_last(d.o, d.total, world_size);
+  // The readers read the rank in their messages without the lock: they stop while it changes
+  // (each finishes the record it reads), then start again on the new dealing.
+  {
+    std::lock_guard lock(d.mu);
+    d.stopping = true;
+  }
+  d.readers_cv.notify_all();
+  for (auto& t : d.threads) t.join();
+  d.threads.clear();
+  {
+    std::lock_guard lock(d.mu);
+    d.stopping = false;
+    d.o.rank = rank;
+    d.o.world_size = world_size;
+    d.reset_locked(d.epoch, d.start);
+  }
+  for (int i = 0; i < d.o.readers; ++i) d.threads.emplace_back([&d] { d.reader_loop(); });
 }
 
 void ShardedDataset::set_epoch(uint64_t epoch, uint64_t consumed) {

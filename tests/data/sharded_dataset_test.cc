@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -190,6 +191,47 @@ TEST(ShardedDataset, AResumedEpochTrainsEveryRecordOnceAtAnyWorldSize) {
       }
     }
   }
+}
+
+// Live recovery: rank 1 of 3 is lost after 20 records each; the survivors regroup their open
+// datasets as ranks 0 and 1 of 2 and take the rest of the epoch, exactly what fresh datasets of a
+// 2-rank world would take: every record of the epoch once. A bad place is refused.
+TEST(ShardedDataset, RegroupedSurvivorsTakeTheRestOfTheEpochOnce) {
+  const auto shards = write_shards(temp_dir(), kSizes);
+  std::vector<std::unique_ptr<ShardedDataset>> ranks;
+  std::multiset<uint64_t> trained;
+  for (int r = 0; r < 3; ++r) {
+    ShardedDatasetOptions o;
+    o.rank = r;
+    o.world_size = 3;
+    o.seed = 7;
+    o.prefetch_records = 8;  // reading ahead when the world changes
+    ranks.push_back(std::make_unique<ShardedDataset>(shards, o));
+    ranks.back()->set_epoch(5);
+    for (int t = 0; t < 20; ++t) trained.insert(ranks.back()->next()->id);
+  }
+  const uint64_t position = ranks[0]->consumed();
+  ASSERT_EQ(position, 60u);
+  ranks.erase(ranks.begin() + 1);
+  EXPECT_THROW(ranks[0]->regroup(2, 2), InvalidArgumentError);
+  std::vector<std::vector<uint64_t>> rest(2);
+  for (int r = 0; r < 2; ++r) {
+    ranks[r]->regroup(r, 2);
+    ranks[r]->set_epoch(5, position);
+    while (auto record = ranks[r]->next()) {
+      EXPECT_EQ(text_of(*record), std::to_string(record->shard) + ":" +
+                                      std::to_string(record->index));
+      rest[r].push_back(record->id);
+    }
+    EXPECT_EQ(rest[r], ids_of(shards, r, 2, 5, position)) << "rank " << r;
+  }
+  // 201 records left: rank 1's last pads.
+  EXPECT_FALSE(ranks[0]->is_padding(100));
+  EXPECT_TRUE(ranks[1]->is_padding(100));
+  EXPECT_FALSE(ranks[1]->is_padding(99));
+  for (uint64_t i = 0; i < kTotal - position; ++i) trained.insert(rest[i % 2][i / 2]);
+  EXPECT_EQ(std::set<uint64_t>(trained.begin(), trained.end()).size(), kTotal);
+  EXPECT_EQ(trained.size(), kTotal);
 }
 
 // Ranks as separate processes, reading the same files at once: together they cover the epoch.

@@ -2,7 +2,8 @@
 // rule and draws victims from the seed, the sample ledger that keeps each step's latest restart;
 // and end to end, the example under SIGKILLs and SIGSTOPs with restarts from its in-memory
 // commits (no sample lost or repeated, the baseline's loss), under SIGKILLs with live recovery
-// (`dtrain run --live`: the survivors go on within a second, every sample once), under a disk
+// (`dtrain run --live`: the survivors go on within a second, every sample once, from memory or
+// from shards; checkpoints written by whichever rank 0 each world has), under a disk
 // that fills while it checkpoints (a clear error, nothing lost), and a job that cannot recover.
 #include "launch/chaos.h"
 
@@ -219,6 +220,31 @@ TEST(Chaos, LiveRecoveryKeepsTheSurvivorsTrainingWithinASecondAndEverySampleOnce
   EXPECT_NE(out.find("generation 1 of 3 rank(s)"), std::string::npos) << out;
   EXPECT_NE(out.find("batch 134 per rank, learning rate 0.01)"), std::string::npos) << out;
   EXPECT_NE(out.find("batch 200 per rank, learning rate 0.01)"), std::string::npos) << out;
+}
+
+// The same with the training set in TFRecord shards: each survivor's open dataset is dealt the
+// rest of the epoch anew, its padding without weight, so that every record is trained once.
+TEST(Chaos, LiveRecoveryDealsShardedDataOverTheSurvivorsEveryRecordOnce) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::TempDir dir;
+  const auto wrote = dtrain::testing::run_command({kDtrain, "data", "write", "--fashion-mnist",
+                                                   "/usr/share/datasets/fashion-mnist", "--out",
+                                                   dir.path + "/shards/train", "--shards", "8"});
+  ASSERT_TRUE(wrote.ok()) << wrote.describe() << "\n" << wrote.output;
+  const auto r = chaos(dir, {"--schedule", "kill:4s", "--seed", "2", "--max-faults", "2"},
+                       {"-n", "4", "--live"},
+                       {"--epochs", "1", "--data-shards", dir.path + "/shards/train-*.tfrecord",
+                        "--on-resize", "keep-global-batch"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  const nlohmann::json c = chaos_line(r.output);
+  ASSERT_TRUE(c.is_object()) << r.output;
+  EXPECT_EQ(c["faults"], 2) << r.output;
+  EXPECT_EQ(c["recovered"], 2) << r.output;
+  EXPECT_EQ(c["samples_lost"], 0) << r.output;
+  EXPECT_EQ(c["samples_repeated"], 0) << r.output;
+  std::ifstream out_in(dir.path + "/faults/stdout.log");
+  const std::string out((std::istreambuf_iterator<char>(out_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(out.find("generation 2 of 2 rank(s)"), std::string::npos) << out;
 }
 
 TEST(Chaos, ReplacementsJoinTheLiveWorkersWithTheirStateAndEverySampleOnce) {

@@ -99,6 +99,10 @@ class ShardedDataset {
   // Starts `epoch` from position `consumed` of its order (0: the whole epoch), dropping what
   // was read ahead for the previous one.
   void set_epoch(uint64_t epoch, uint64_t consumed = 0);
+  // Makes this dataset rank `rank` of `world_size` (live recovery: the world changed, the files
+  // stay open); what was read ahead is dropped. set_epoch(epoch, consumed) must follow, with the
+  // position every rank agreed on. Throws InvalidArgumentError as the constructor does.
+  void regroup(int rank, int world_size);
   // This rank's next record of the epoch, or nullopt at its end. Throws the reader's error for
   // a bad record (OnBadRecord::kFail) or a failed decode, and TimeoutError when nothing arrives
   // within the timeout, naming the file being read.
@@ -117,6 +121,9 @@ class ShardedDataset {
   // size()); consumed() uses the number next() has returned on this rank.
   uint64_t consumed(uint64_t taken) const;
   uint64_t consumed() const;
+  // Whether this rank's k-th record of the (rest of the) epoch only pads it to equal counts per
+  // rank (one of the epoch's first records again), as DistributedSampler::is_padding.
+  bool is_padding(uint64_t k) const;
   const std::vector<std::string>& shards() const;
   // "FILE: record N at byte B: what" for each bad record replaced so far (OnBadRecord::kSkip).
   std::vector<std::string> skipped() const;
