@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -66,6 +67,74 @@ std::vector<Worker> running_workers(const std::string& dir) {
       if (state != 0 && state != 'Z' && state != 'X' && state != 'T' && state != 't')
         workers.insert({b.rank, b.pid});
     }
+  return {workers.begin(), workers.end()};
+}
+
+bool has_beats(const std::string& dir) {
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().extension() == ".beat") return true;
+  return false;
+}
+
+// The parent of `pid` (the fourth field of /proc/PID/stat), or 0 when gone.
+int64_t parent_of(int64_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  std::getline(in, stat);
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(close + 2));
+  char state = 0;
+  int64_t parent = 0;
+  fields >> state >> parent;
+  return parent;
+}
+
+// The value of RANK in the environment `pid` started with, or -1.
+int rank_in_environment(int64_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/environ", pid), std::ios::binary);
+  for (std::string entry; std::getline(in, entry, '\0');)
+    if (entry.rfind("RANK=", 0) == 0) {
+      try {
+        return std::stoi(entry.substr(5));
+      } catch (const std::exception&) {
+        return -1;
+      }
+    }
+  return -1;
+}
+
+// A job whose workers write no beat pages (another launcher, such as torchrun, and another
+// backend): its workers are the processes under `job` whose environment names a RANK that their
+// parent's does not (a worker's own children inherit it), running and not stopped.
+std::vector<Worker> workers_under(int64_t job) {
+  std::map<int64_t, int64_t> parent;
+  std::error_code ec;
+  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const int64_t pid = std::stoll(name);
+    parent[pid] = parent_of(pid);
+  }
+  auto under_job = [&](int64_t pid) {
+    for (int depth = 0; pid > 1 && depth < 64; ++depth) {
+      auto it = parent.find(pid);
+      if (it == parent.end()) return false;
+      pid = it->second;
+      if (pid == job) return true;
+    }
+    return false;
+  };
+  std::set<Worker> workers;
+  for (const auto& [pid, up] : parent) {
+    if (!under_job(pid)) continue;
+    const int rank = rank_in_environment(pid);
+    if (rank < 0 || rank_in_environment(up) == rank) continue;
+    const char state = process_state(pid);
+    if (state != 0 && state != 'Z' && state != 'X' && state != 'T' && state != 't')
+      workers.insert({rank, pid});
+  }
   return {workers.begin(), workers.end()};
 }
 
@@ -272,7 +341,8 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
     }
     if (with_faults && training && !pending.active && run.faults != o.max_faults &&
         now - *training >= clock.next().at) {
-      const auto workers = running_workers(run.dir + "/flight");
+      const std::string flight = run.dir + "/flight";
+      const auto workers = has_beats(flight) ? running_workers(flight) : workers_under(job.pid);
       if (!workers.empty()) {
         const FaultRule& rule = clock.fire();
         const Worker victim = workers[clock.pick(workers.size())];

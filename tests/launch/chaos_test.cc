@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -127,6 +128,33 @@ TEST(SampleLedger, KeepsForEachStepTheLatestRestartAndComparesSampleBySample) {
   } catch (const InvalidArgumentError& e) {
     EXPECT_NE(std::string(e.what()).find("line 2 is '0 x 1 0'"), std::string::npos) << e.what();
   }
+}
+
+// A job under another launcher (torchrun, or here a shell) writes no beat pages: its workers are
+// the processes under it whose environment names a RANK their parent's does not: not the
+// launcher, not a worker's own children (`sleep`, which inherits RANK).
+TEST(Chaos, FindsTheWorkersOfAnotherLaunchersJobByTheirRank) {
+  dtrain::testing::TempDir dir;
+  const std::string worker =
+      "echo $$ > " + dir.path +
+      "/pid.$RANK; for s in $(seq 1 40); do echo \"0 $RANK $s 0\" >> \"$DTRAIN_SAMPLE_LOG\"; "
+      "sleep 0.1; done";
+  const std::string job =
+      "RANK=0 bash -c '" + worker + "' & RANK=1 bash -c '" + worker + "' & wait";
+  const auto r = dtrain::testing::run_command(
+      {std::string(DTRAIN_BIN_DIR) + "/dtrain", "chaos", "--dir", dir.path + "/runs", "--schedule",
+       "kill:1s", "--seed", "1", "--max-faults", "1", "--no-baseline", "--", "bash", "-c", job},
+      {.timeout = milliseconds(60'000)});
+  const size_t at = r.output.find("SIGKILL to rank ");
+  ASSERT_NE(at, std::string::npos) << r.describe() << "\n" << r.output;
+  int rank = -1;
+  long long pid = 0;
+  ASSERT_EQ(std::sscanf(r.output.c_str() + at, "SIGKILL to rank %d (pid %lld)", &rank, &pid), 2)
+      << r.output;
+  std::ifstream in(dir.path + "/pid." + std::to_string(rank));
+  long long worker_pid = 0;
+  in >> worker_pid;
+  EXPECT_EQ(pid, worker_pid) << "rank " << rank << "\n" << r.output;
 }
 
 #ifdef DTRAIN_HAVE_TRAIN_FASHION_MNIST
