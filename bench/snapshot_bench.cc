@@ -10,7 +10,8 @@
 //
 //   build/bin/snapshot_bench --rounds 3 --steps 9 --every 4
 //
-// A snapshot is taken after every --every steps (the write of 1.2 GB takes longer than a step).
+// A snapshot is taken after every --every steps (writing the whole state can take longer than a
+// step: a snapshot more often would wait for the previous write).
 // Its stall is the training thread's time in save() (with any wait for the previous write) and
 // in the next step's wait_copied(): what training pays for it. Printed per mode, medians: the
 // step (every step counted, with and without a snapshot), the stall of a snapshot, and the copy

@@ -42,9 +42,10 @@ def main():
     if a.backend == "dtrain":
         import dtrain.torch  # noqa: F401  registers the backend
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    # torchrun's agent store keeps the keys of earlier attempts: without a prefix of its own, a
-    # restarted group reads the address of the rank that was killed and fails to connect (gloo
-    # and dtrain alike, torch 2.15 here). torch 2.0 and earlier prefixed it by attempt.
+    # torchrun's agent store (--standalone, torch 2.15) keeps the keys of earlier attempts:
+    # without a prefix of its own, a restarted group reads the address of the rank that was
+    # killed and fails to connect (gloo and dtrain alike). torch 2.0 and earlier prefixed it by
+    # attempt.
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=False, timeout=timedelta(seconds=60))
