@@ -2,8 +2,9 @@
 Fashion-MNIST ConvNet of build/bin/train_fashion_mnist (bench/torch_ddp_fashion_mnist.py's), SGD
 with momentum, batch 100 per rank, torch's DistributedSampler, DDP on gloo; rank 0 saves model,
 optimizer, generator and position with torch.save every --checkpoint-every steps (to /dev/shm:
-memory, as dtrain's in-memory commits), and every (re)start loads the newest. bench/fault_recovery.sh
-runs it under `dtrain chaos` beside dtrain's own recovery (docs/fault_tolerance.md).
+memory, as dtrain's in-memory commits), and every (re)start loads the newest.
+bench/fault_recovery.sh runs it under `dtrain chaos` beside dtrain's own recovery
+(docs/fault_tolerance.md).
 
     dtrain chaos --schedule kill:20s --seed 1 -- torchrun --standalone --nproc-per-node 4 \\
         --max-restarts 1000 bench/torch_elastic_fashion_mnist.py --epochs 2
