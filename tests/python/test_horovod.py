@@ -113,6 +113,43 @@ def _accuracy(text):
     return float(found[-1])
 
 
+def test_elastic_state_commits_into_its_last_copy_and_restores_it_after_two_failures():
+    # In one process: save() and restore() need no group.
+    import dtrain.torch as hvd
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = hvd.elastic.TorchState(model, opt, step=0)
+
+    def train_step():
+        opt.zero_grad()
+        model(torch.randn(8, 4)).square().sum().backward()
+        opt.step()
+        state.step += 1
+
+    def snapshot():
+        return ({k: v.clone() for k, v in model.state_dict().items()},
+                [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()])
+
+    train_step()
+    state.save()
+    first = [t.data_ptr() for t in state._saved[0].values()]
+    train_step()
+    state.save()
+    committed, step = snapshot(), state.step
+    # The second commit went into the first one's tensors.
+    assert [t.data_ptr() for t in state._saved[0].values()] == first
+    for _ in range(2):  # fails twice before the next commit
+        train_step()
+        state.restore()
+        now = snapshot()
+        assert state.step == step
+        for k, v in committed[0].items():
+            assert torch.equal(now[0][k], v), k
+        for a, b in zip(now[1], committed[1]):
+            assert torch.equal(a, b)
+
+
 def test_elastic_state_resumes_a_restarted_job_from_its_commit(tmp_path):
     # Uninterrupted: no elastic launcher, commits stay in the process.
     p = subprocess.run([DTRAIN, "run", "-n", "2", "--", harness.PYTHON,
