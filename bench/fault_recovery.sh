@@ -6,9 +6,15 @@
 #   torchrun  torchrun --max-restarts: PyTorch's elastic restart of every worker from a
 #             torch.save checkpoint in /dev/shm each step (bench/torch_elastic_fashion_mnist.py,
 #             DDP on gloo)
-# Each prints its CHAOS line (its fault-free run is part of it); the table in the docs is made
-# from them.
+#   torchft   torchft's live recovery (PyPI's torchft, installed under TORCHFT_DIR on first
+#             use): a quorum per step through its lighthouse, replica groups of one process
+#             each restarted by torchrun, state from a live peer (bench/torchft_fashion_mnist.py)
+# With MODEL=transformer the job is bench/transformer_recovery.py's 52.5M-parameter transformer
+# instead (live: Horovod's elastic API on dtrain; no `commit` run), for EPOCHS epochs of its
+# corpus. Each prints its CHAOS line (its fault-free run is part of it); the tables in the docs
+# are made from them.
 #   bash bench/fault_recovery.sh [build/bin/dtrain]    SCHEDULE=kill:20s SEED=1 EPOCHS=2 ONLY=
+#                                                      MODEL=example TORCHFT_DIR=/opt/dtrain/torchft
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dtrain=${1:-build/bin/dtrain}
@@ -16,9 +22,12 @@ bin=$(dirname "$dtrain")
 schedule=${SCHEDULE:-kill:20s}
 seed=${SEED:-1}
 epochs=${EPOCHS:-2}
+model=${MODEL:-example}
 python=${DTRAIN_PYTHON:-/opt/dtrain/venv/bin/python}
 torchrun=$(dirname "$python")/torchrun
 export PYTHONPATH="$PWD/build/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
+torchft_dir=${TORCHFT_DIR:-/opt/dtrain/torchft}
+torchft_version=0.2.0
 out=$(mktemp -d "${TMPDIR:-/tmp}/fault-recovery-XXXXXX")
 chaos() {
   local name=$1
@@ -27,14 +36,42 @@ chaos() {
     > "$out/$name.log" 2>&1 || true
   echo "$name: $(grep -a '^CHAOS ' "$out/$name.log" | tail -n 1)"
 }
-for name in ${ONLY:-live commit torchrun}; do
-  case $name in
-    live) chaos live "$dtrain" run -n 4 --live --replace 1000 -- "$bin/train_fashion_mnist" \
-            --threads 1 --epochs "$epochs" ;;
-    commit) chaos commit "$dtrain" run -n 4 --max-restarts 1000 -- "$bin/train_fashion_mnist" \
-              --threads 1 --epochs "$epochs" ;;
-    torchrun) chaos torchrun "$torchrun" --standalone --nproc-per-node 4 --max-restarts 1000 \
-                bench/torch_elastic_fashion_mnist.py --epochs "$epochs" ;;
+# Beside the environment's packages, not in them: torchft pins OpenTelemetry packages that the
+# environment has no other use for.
+install_torchft() {
+  [ -f "$torchft_dir/torchft-$torchft_version.dist-info/METADATA" ] && return
+  "$python" -m pip install -q --disable-pip-version-check --target "$torchft_dir" --no-deps \
+    "torchft==$torchft_version"
+  "$python" -m pip install -q --disable-pip-version-check --target "$torchft_dir" \
+    "opentelemetry-api>=1.39.0" "opentelemetry-sdk>=1.39.0" \
+    "opentelemetry-exporter-otlp-proto-http>=1.39.0"
+}
+case $model in
+  example) runs="live commit torchrun torchft" ;;
+  transformer) runs="live torchrun torchft" ;;
+  *) echo "fault_recovery.sh: MODEL is example or transformer, not $model" >&2; exit 2 ;;
+esac
+for name in ${ONLY:-$runs}; do
+  [ "$name" = torchft ] && install_torchft
+  case $model:$name in
+    example:live) chaos live "$dtrain" run -n 4 --live --replace 1000 -- \
+                    "$bin/train_fashion_mnist" --threads 1 --epochs "$epochs" ;;
+    example:commit) chaos commit "$dtrain" run -n 4 --max-restarts 1000 -- \
+                      "$bin/train_fashion_mnist" --threads 1 --epochs "$epochs" ;;
+    example:torchrun) chaos torchrun "$torchrun" --standalone --nproc-per-node 4 \
+                        --max-restarts 1000 bench/torch_elastic_fashion_mnist.py \
+                        --epochs "$epochs" ;;
+    example:torchft) PYTHONPATH="$PYTHONPATH:$torchft_dir" chaos torchft "$python" \
+                       bench/torchft_fashion_mnist.py --replica-groups 4 --epochs "$epochs" ;;
+    transformer:live) chaos live "$dtrain" run -n 4 --live --replace 1000 -- "$python" \
+                        bench/transformer_recovery.py live --epochs "$epochs" ;;
+    transformer:torchrun) chaos torchrun "$torchrun" --standalone --nproc-per-node 4 \
+                            --max-restarts 1000 bench/transformer_recovery.py torchrun \
+                            --epochs "$epochs" ;;
+    transformer:torchft) PYTHONPATH="$PYTHONPATH:$torchft_dir" chaos torchft "$python" \
+                           bench/transformer_recovery.py torchft --replica-groups 4 \
+                           --epochs "$epochs" ;;
+    *) echo "fault_recovery.sh: no run $name for MODEL=$model" >&2; exit 2 ;;
   esac
 done
 echo "runs' output: $out"
