@@ -154,6 +154,24 @@ class ShardedDataset(_Base, Generic[_T]):
         """The epoch the next iteration reads, from position ``consumed`` (0: all of it)."""
         self._epoch, self._consumed = int(epoch), int(consumed)
 
+    def regroup(self, rank: int, world_size: int) -> None:
+        """Makes this dataset rank ``rank`` of ``world_size``: under live recovery the world
+        changed (``dtrain.torch.live``, ``hvd.elastic``), and the ranks left deal the rest of the
+        epoch among themselves; the files stay open. ``set_epoch(epoch, consumed)`` must follow,
+        with the position every rank agreed on (``consumed()`` of the old world). DataLoader
+        workers started after it read the new dealing (not ``persistent_workers``)."""
+        self._options["rank"], self._options["world_size"] = int(rank), int(world_size)
+        for (pid, workers, worker), reader in self._readers.items():
+            if pid == os.getpid():
+                reader.regroup(int(rank) * workers + worker, int(world_size) * workers)
+
+    def is_padding(self, k: int) -> bool:
+        """Whether this rank's ``k``-th sample of the epoch (from the position set_epoch gave,
+        as one process iterates it) only pads the ranks to equal counts: one of the epoch's
+        first samples again, as in PyTorch's DistributedSampler. Under live recovery give it no
+        weight, so that no sample is trained twice."""
+        return self._main.is_padding(int(k))
+
     def __iter__(self) -> Iterator[_T]:
         info = _worker_info()
         reader = self._reader(info.num_workers, info.id) if info else self._main

@@ -110,6 +110,31 @@ def test_a_resumed_epoch_trains_every_record_once_on_fewer_ranks(shards):
     assert sorted(trained) == list(range(N))
 
 
+def test_regrouped_survivors_take_the_rest_of_the_epoch_once(shards):
+    # Live recovery: 4 ranks take 6 records each and rank 3 dies; the 3 left regroup, go on from
+    # the position they agree on, and give the padding no weight.
+    datasets = [dtrain.data.ShardedDataset(shards, rank=r, world_size=4, seed=2, decode=number)
+                for r in range(4)]
+    trained = []
+    for data in datasets:
+        data.set_epoch(0)
+        it = iter(data)
+        trained += [next(it) for _ in range(6)]
+    position = datasets[0].consumed(6)
+    padding = 0
+    for rank, data in enumerate(datasets[:3]):
+        data.regroup(rank, 3)
+        data.set_epoch(0, position)
+        fresh = dtrain.data.ShardedDataset(shards, rank=rank, world_size=3, seed=2, decode=number)
+        fresh.set_epoch(0, position)
+        mine = list(data)
+        assert mine == list(fresh)  # what a dataset made for the new world takes
+        trained += [x for k, x in enumerate(mine) if not data.is_padding(k)]
+        padding += sum(data.is_padding(k) for k in range(len(mine)))
+    assert sorted(trained) == list(range(N))
+    assert padding == 2  # 16 records over 3 ranks: 6 each, 2 of them again
+
+
 def test_bad_records_are_named_or_skipped(shards, tmp_path):
     second = str(tmp_path / "out" / "recs-00001-of-00003.tfrecord")
     with open(second, "r+b") as f:  # the data of the file's first record

@@ -108,6 +108,8 @@ void bind_data(py::module_& m) {
            py::arg("prefetch_records"), py::arg("prefetch_bytes"), py::arg("on_bad_record"),
            py::arg("timeout"))
       .def("set_epoch", &ShardedDataset::set_epoch, py::arg("epoch"), py::arg("consumed") = 0)
+      .def("regroup", &ShardedDataset::regroup, py::arg("rank"), py::arg("world_size"))
+      .def("is_padding", &ShardedDataset::is_padding, py::arg("k"))
       .def("next", &next_record)
       .def("consumed", py::overload_cast<uint64_t>(&ShardedDataset::consumed, py::const_),
            py::arg("taken"))
