@@ -592,11 +592,10 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(LIVE_SAMPLES, shuffle=True, seed=3)
-    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, step=0, generation=0)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, step=0)
     log = open(os.path.join(out, f"samples.{me}{'r' if replacement else ''}"), "w")
 
     def reset():
-        state.generation += 1
         # What Horovod's elastic examples do to the rate here, as they would with lr 0.3.
         batch, lr = live.step_shape("scale-lr", LIVE_BATCH, 0.3)
         print(f"rank {me} at start: reset at step {state.step}, now rank {hvd.rank()} of "
@@ -624,7 +623,7 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
                 # a replacement (HostsUpdatedInterrupt) or a peer dies in its look for one.
                 first = k * LIVE_BATCH
                 padding = [i for j, i in enumerate(batch) if state.sampler.is_padding(first + j)]
-                log.write(f"step {state.step} generation {state.generation} samples "
+                log.write(f"step {state.step} generation {live.generation()} samples "
                           f"{','.join(map(str, batch))} padding {','.join(map(str, padding))}\n")
                 log.flush()
                 state.commit()

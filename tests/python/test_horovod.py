@@ -208,15 +208,16 @@ def _live_reference(worlds):
 def _trained_once(tmp_path, logs, dead, resumed_at):
     """Every sample of the epoch, once, in the steps the job kept: the lines of `logs`, of the
     dead rank's only up to `resumed_at` (its last commit may be one the others never made, and
-    is then trained again by them)."""
-    trained = []
+    is then trained again by them). The ranks of a step name the same live generation."""
+    trained, generations = [], {}
     for name in logs:
         for line in (tmp_path / f"samples.{name}").read_text().splitlines():
-            step, _, samples, padding = re.fullmatch(
+            step, generation, samples, padding = re.fullmatch(
                 r"step ([0-9]+) generation ([0-9]+) samples ([0-9,]+) padding ([0-9,]*)",
                 line).groups()
             if name == str(dead) and int(step) > resumed_at:
                 continue
+            assert generations.setdefault(step, generation) == generation, (name, line)
             kept = [int(i) for i in samples.split(",")]
             for i in (int(i) for i in padding.split(",") if i):
                 kept.remove(i)

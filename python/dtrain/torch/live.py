@@ -40,8 +40,8 @@ import torch.distributed as dist
 from dtrain import _core, _torch
 from dtrain.torch import backend as _backend
 
-__all__ = ["Reformed", "admit", "close", "enabled", "join", "original_rank", "peer_lost",
-           "reform", "replacement", "step_shape", "waiting"]
+__all__ = ["Reformed", "admit", "close", "enabled", "generation", "join", "original_rank",
+           "peer_lost", "reform", "replacement", "step_shape", "waiting"]
 
 # How long peer_lost() waits for the launcher's word on a death: it reaps a killed process a few
 # milliseconds after the survivors' connections to it closed.
@@ -84,6 +84,14 @@ def _live_membership() -> _core.LiveMembership:
         # A replacement's returns once the live workers took it in (see join()).
         _membership = _core.LiveMembership(settle=_SETTLE)
     return _membership
+
+
+def generation() -> int:
+    """The generation of the world this process is in: 0 at start, one more at each re-forming
+    and each taking in of replacements; the same on every member (a replacement is in the
+    generation that took it in). What a per-sample log names the attempt by, so that a step
+    redone after a re-forming supersedes its earlier lines. 0 outside `dtrain run --live`."""
+    return _live_membership().generation if enabled() else 0
 
 
 def replacement() -> bool:
