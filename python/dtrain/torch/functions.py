@@ -86,6 +86,48 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
         with torch.no_grad():
             for p, k in zip(params, kept):
                 p.copy_(k)
-    state = broadcast_object(optimizer.state_dict(), root_rank)
+    # The structure and the plain values travel pickled; the tensors (for a large model, most of
+    # the bytes) by broadcast, each straight into its buffer: pickled, each would be copied five
+    # times over.
+    tensors: list[torch.Tensor] = []
+    skeleton = broadcast_object(_without_tensors(optimizer.state_dict(), tensors), root_rank)
+    if collectives.rank() != root_rank:
+        tensors = []
+        state = _with_tensors(skeleton, tensors)
+    for t in tensors:
+        collectives.broadcast_(t, root_rank)
     if collectives.rank() != root_rank:
         optimizer.load_state_dict(state)
+
+
+class _TensorSlot:
+    """Where a tensor sits in a state dict sent without its tensors: its shape and type."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape, self.dtype = tuple(t.shape), t.dtype
+
+
+def _without_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """`value` with each tensor replaced by a _TensorSlot; the tensors appended to `tensors` in
+    the order the slots are met (contiguous: a broadcast sends a dense buffer)."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value.detach().contiguous())
+        return _TensorSlot(value)
+    if isinstance(value, dict):
+        return {k: _without_tensors(v, tensors) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_without_tensors(v, tensors) for v in value)
+    return value
+
+
+def _with_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """The state dict of a skeleton from _without_tensors, with a new tensor for each slot
+    (appended to `tensors`, in the same order)."""
+    if isinstance(value, _TensorSlot):
+        tensors.append(torch.empty(value.shape, dtype=value.dtype))
+        return tensors[-1]
+    if isinstance(value, dict):
+        return {k: _with_tensors(v, tensors) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_with_tensors(v, tensors) for v in value)
+    return value
