@@ -15,7 +15,7 @@ bench/transformer_lm.py at --layers 14 (52.5M parameters), SGD with momentum, --
         healed from a live one (torchft_fashion_mnist.py's launcher; needs torchft)
 
 With DTRAIN_SAMPLE_LOG set (dtrain chaos sets it) every rank appends a line per sample it trains,
-`epoch index step attempt` (the attempt: the live world's resets, torchrun's restart count,
+`epoch index step attempt` (the attempt: the live world's generation, torchrun's restart count,
 torchft's quorum). The first rank prints one `RESULT {json}` line at the end.
 """
 import argparse
@@ -98,16 +98,13 @@ def model_and_optimizer(a):
 
 def train_live(a):
     import dtrain.torch as hvd
+    from dtrain.torch import live
     hvd.init()
     model, opt = model_and_optimizer(a)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(a.corpus, shuffle=True, seed=0)
-    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, step=0, attempt=0)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, step=0)
     log, recent, trained = SampleLog(), [], [0]
-
-    def reset():  # every member runs it after the state's sync, the same number on each
-        state.attempt += 1
-    state.register_reset_callbacks([reset])
 
     @hvd.elastic.run
     def train(state):
@@ -122,7 +119,7 @@ def train_live(a):
                 opt.zero_grad()
                 loss = (sequence_losses(model, x, y) * keep).sum() / len(indices)
                 log.write(state.epoch, [i for i, w in zip(indices, keep) if w], state.step + 1,
-                          state.attempt)  # before its gradients leave (the example's rule)
+                          live.generation())  # before its gradients leave (the example's rule)
                 loss.backward()
                 opt.step()
                 state.sampler.record_batch(k // a.batch, a.batch)
