@@ -92,13 +92,23 @@ def comm_hook(manager, bucket):
     return fut
 
 
-def distributed_data_parallel(manager, module):
-    """torchft's DistributedDataParallel with comm_hook."""
-    from torchft import DistributedDataParallel
+def join_replica_groups(net, opt, name):
+    """This replica group's Manager, with torchft's train_ddp.py's timeouts (5 s for gloo, 30 s
+    for the manager), and `net` in torchft's DistributedDataParallel with comm_hook; at the
+    job's start, once the other groups' managers are up too."""
+    from torchft import DistributedDataParallel, Manager, ProcessGroupGloo
 
     class Fixed(DistributedDataParallel):
         _comm_hook = staticmethod(comm_hook)
-    return Fixed(manager, module)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=5)), min_replica_size=1,
+        load_state_dict=lambda s: (net.load_state_dict(s["model"]),
+                                   opt.load_state_dict(s["optimizer"])),
+        state_dict=lambda: {"model": net.state_dict(), "optimizer": opt.state_dict()},
+        replica_id=f"{name}_{os.environ['REPLICA_GROUP_ID']}", timeout=timedelta(seconds=30))
+    model = Fixed(manager, net)
+    start_together()
+    return manager, model
 
 
 def finished():
@@ -130,7 +140,7 @@ def start_together(limit=120):
 
 
 def train(a):
-    from torchft import DistributedSampler, Manager, ProcessGroupGloo
+    from torchft import DistributedSampler
 
     group, groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
     if finished():
@@ -141,15 +151,7 @@ def train(a):
     torch.manual_seed(1)
     net = ConvNet()
     opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=a.momentum)
-    # torchft's train_ddp.py's timeouts: 5 s for gloo, 30 s for the manager.
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=5)), min_replica_size=1,
-        load_state_dict=lambda s: (net.load_state_dict(s["model"]),
-                                   opt.load_state_dict(s["optimizer"])),
-        state_dict=lambda: {"model": net.state_dict(), "optimizer": opt.state_dict()},
-        replica_id=f"fashion_mnist_{group}", timeout=timedelta(seconds=30))
-    model = distributed_data_parallel(manager, net)
-    start_together()
+    manager, model = join_replica_groups(net, opt, "fashion_mnist")
     sampler = DistributedSampler(range(len(images)), replica_rank=group,
                                  num_replica_groups=groups, group_rank=0, num_replicas=1,
                                  shuffle=True, seed=a.seed)

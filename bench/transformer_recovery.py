@@ -187,21 +187,14 @@ def train_torchrun(a):
 
 
 def train_torchft(a):
-    from torchft import DistributedSampler, Manager, ProcessGroupGloo
-    from torchft_fashion_mnist import distributed_data_parallel, finish, finished, start_together
+    from torchft import DistributedSampler
+    from torchft_fashion_mnist import finish, finished, join_replica_groups
 
     group, groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
     if finished():
         return
     model, opt = model_and_optimizer(a)
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=5)), min_replica_size=1,
-        load_state_dict=lambda s: (model.load_state_dict(s["model"]),
-                                   opt.load_state_dict(s["optimizer"])),
-        state_dict=lambda: {"model": model.state_dict(), "optimizer": opt.state_dict()},
-        replica_id=f"transformer_{group}", timeout=timedelta(seconds=30))
-    ddp = distributed_data_parallel(manager, model)
-    start_together()
+    manager, ddp = join_replica_groups(model, opt, "transformer")
     sampler = DistributedSampler(range(a.corpus), replica_rank=group, num_replica_groups=groups,
                                  group_rank=0, num_replicas=1, shuffle=True, seed=0)
     batches = (len(sampler) + a.batch - 1) // a.batch
