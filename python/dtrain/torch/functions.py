@@ -87,8 +87,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
             for p, k in zip(params, kept):
                 p.copy_(k)
     # The structure and the plain values travel pickled; the tensors (for a large model, most of
-    # the bytes) by broadcast, each straight into its buffer: pickled, each would be copied five
-    # times over.
+    # the bytes) by broadcast, each straight into its buffer: pickled, each would be copied
+    # several times over on every rank.
     tensors: list[torch.Tensor] = []
     skeleton = broadcast_object(_without_tensors(optimizer.state_dict(), tensors), root_rank)
     if collectives.rank() != root_rank:
