@@ -283,8 +283,8 @@ class TorchState:
 def _copy_into(saved: Any, current: Any) -> Any:
     """A copy of the state dict `current` (dicts, lists and tuples of tensors and plain values)
     that reuses the tensors of `saved`, an earlier copy, where shape, type and device match: a
-    commit per step of a large model then allocates nothing (a fresh copy of hundreds of
-    megabytes each step costs as much again in page faults)."""
+    commit per step of a large model then allocates nothing (a fresh copy would allocate and
+    fault in the whole state each step)."""
     if isinstance(current, torch.Tensor):
         if (isinstance(saved, torch.Tensor) and saved.shape == current.shape
                 and saved.dtype == current.dtype and saved.device == current.device):
