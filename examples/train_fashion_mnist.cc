@@ -4,6 +4,7 @@
 //   build/bin/train_fashion_mnist --epochs 1                                  # one process
 //   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --epochs 1    # DDP over 2 ranks
 //   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --strategy optimizer
+//   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --comm-hook int8   # 1 byte a value
 //   build/bin/dtrain run --servers 1 -n 2 -- build/bin/train_fashion_mnist --strategy ps --ps-mode ssp
 //   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --checkpoint-dir ckpt
 //       --checkpoint-every 100                  # (one line) run it again after a crash: it resumes
@@ -125,6 +126,7 @@ struct Flags {
   int keep_checkpoints = 3;
   int64_t commit_every = -1;  // -1: 1 when DTRAIN_COMMIT_DIR is set, else off
   bool deterministic = false;
+  std::string comm_hook = "allreduce";  // how DDP reduces its buckets
   std::string sample_log;
   int64_t stop_after_steps = 0;
   int64_t train_samples = 0;
@@ -366,6 +368,19 @@ double allreduce_mean(dtrain::ProcessGroup* pg, double v) {
   return x[0];
 }
 
+// DDP's options from the flags.
+dtrain::DdpOptions ddp_options_of(const Flags& flags) {
+  dtrain::DdpOptions o;
+  // Deterministic: keep the initial bucket layout. A resumed run starts with it while one that
+  // never stopped has rebuilt its buckets by then, and on 3 or more ranks the layout decides
+  // the order of each element's floating-point sum (2 ranks add commutatively, exactly).
+  if (flags.deterministic) o.rebuild_buckets = false;
+  if (flags.comm_hook == "fp16") o.comm_hook = dtrain::fp16_compress_hook();
+  if (flags.comm_hook == "bf16") o.comm_hook = dtrain::bf16_compress_hook();
+  if (flags.comm_hook == "int8") o.comm_hook = dtrain::int8_compress_hook();
+  return o;
+}
+
 int run(const Flags& flags) {
   // Bit-exact resume needs the same arithmetic in every run: one thread (a reduction split over
   // threads adds in another order) and no nondeterministic kernels.
@@ -531,12 +546,7 @@ int run(const Flags& flags) {
         *model, std::shared_ptr<dtrain::ps::Client>(dtrain::ps::Client::from_env()), opt);
   } else if (pg && flags.strategy == "ddp" && !(live && live->replacement())) {
     // (A replacement makes its DDP with the state it receives: see take_state below.)
-    dtrain::DdpOptions ddp_options;
-    // Deterministic: keep the initial bucket layout. A resumed run starts with it while one that
-    // never stopped has rebuilt its buckets by then, and on 3 or more ranks the layout decides
-    // the order of each element's floating-point sum (2 ranks add commutatively, exactly).
-    if (flags.deterministic) ddp_options.rebuild_buckets = false;
-    ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg, ddp_options);
+    ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg, ddp_options_of(flags));
   } else if (pg && flags.strategy == "optimizer") {
     dtrain::broadcast_parameters(*model, *pg, 0);
     dopt = std::make_unique<dtrain::DistributedOptimizer>(sgd, *model, pg);
@@ -665,9 +675,7 @@ int run(const Flags& flags) {
     position.epoch_consumed = at[1];
     step = at[2];
     dtrain::check_same_parameters(*model, *pg);  // a newcomer takes part with the same bits
-    dtrain::DdpOptions ddp_options;
-    if (flags.deterministic) ddp_options.rebuild_buckets = false;
-    ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg, ddp_options);
+    ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg, ddp_options_of(flags));
     resize(world);
     input->regroup(world, rank, !flags.no_shuffle, flags.seed);
     input->set_epoch(static_cast<uint64_t>(position.epoch),
@@ -949,6 +957,10 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", flags.strategy,
                  "ddp, optimizer (Horovod-style) or ps (parameter server: dtrain run --servers)")
       ->check(CLI::IsMember({"ddp", "optimizer", "ps"}));
+  app.add_option("--comm-hook", flags.comm_hook,
+                 "ddp: how gradients travel: allreduce (exact), fp16, bf16, or int8 (a scale per "
+                 "256 values, error feedback)")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "int8"}));
   app.add_option("--ps-mode", flags.ps_mode, "parameter server consistency: sync, async or ssp")
       ->check(CLI::IsMember({"sync", "async", "ssp"}));
   app.add_option("--staleness", flags.staleness, "ssp: steps a worker may run ahead of the slowest");

@@ -69,11 +69,25 @@ struct ReduceOptions {
   std::string algorithm;
   bool async_op = true;  // false: runs on the calling thread
 };
+// How an all-reduce's values travel between ranks.
+enum class Wire : uint8_t {
+  kExact,  // as they are
+  // f32 SUM or AVG on the native backend: each value as an int8, with one f32 scale per block
+  // of 256 (3.9x fewer bytes than f32; the error within a block is at most half its largest
+  // magnitude / 127, at each of two roundings). Every rank ends with the same values.
+  kInt8,
+};
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kSum;
   std::chrono::milliseconds timeout{0};
   std::string algorithm;
   bool async_op = true;  // false: runs on the calling thread
+  Wire wire = Wire::kExact;
+  // kInt8 only, optional: error feedback, an f32 buffer of the tensor's numel that the caller
+  // keeps from one call to the next, zeros at first (the same tensor, ranks and numel each
+  // time). What this call's rounding lost is carried into the next, so that rounding errors do
+  // not accumulate over steps. Empty: none.
+  TensorView error;
 };
 struct AllgatherOptions {
   std::chrono::milliseconds timeout{0};

@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any, TypedDict
 
 from torch import Tensor
-from torch._C._distributed_c10d import Backend, Store
+from torch._C._distributed_c10d import Backend, Store, Work
 from typing_extensions import NotRequired
 
 # Seconds as a number, or a timedelta (pybind11's conversion of std::chrono durations).
@@ -24,6 +24,7 @@ def create_backend(store: Store, rank: int, size: int, timeout: _Duration,
                    name: str | None = None, connect_timeout: _Duration = ...) -> Backend: ...
 def is_dtrain_backend(backend: Backend) -> bool: ...
 def abort_backend(backend: Backend, reason: str) -> None: ...
+def allreduce_int8(backend: Backend, tensor: Tensor, error: Tensor | None = None) -> Work: ...
 def _quiesce() -> None: ...
 
 # --- the session under Horovod's API (module.cc) --------------------------------------------

@@ -32,6 +32,33 @@ void check_tensor(const GroupInfo& info, const TensorView& t, std::string_view o
                                            info.rank, op, which, t.numel));
 }
 
+void check_wire(const GroupInfo& info, const TensorView& t, const AllreduceOptions& o) {
+  if (o.wire == Wire::kExact) {
+    if (o.error.numel > 0)
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: all_reduce: an error-feedback buffer is given but the wire is exact; set "
+          "wire = Wire::kInt8, or leave the error buffer empty",
+          info.rank));
+    return;
+  }
+  if (info.backend != "native")
+    throw unsupported(info, "all_reduce", "int8 on the wire (Wire::kInt8)", "any tensor",
+                      "it is an algorithm of dtrain's own; use the native backend, or the exact "
+                      "wire");
+  if (t.dtype != DType::kF32 || (o.op != ReduceOp::kSum && o.op != ReduceOp::kAvg))
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_reduce: int8 on the wire takes f32 values and SUM or AVG, not {} and {}; "
+        "use the exact wire for these",
+        info.rank, to_string(t.dtype), to_string(o.op)));
+  if (o.error.numel == 0) return;
+  if (o.error.dtype != DType::kF32 || o.error.numel != t.numel)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: all_reduce: the error-feedback buffer is {} of {} elements but the tensor has "
+        "{}: give f32 of the tensor's numel (zeros at first), kept from call to call",
+        info.rank, to_string(o.error.dtype), o.error.numel, t.numel));
+  check_tensor(info, o.error, "all_reduce", "the error-feedback buffer");
+}
+
 void check_root(const GroupInfo& info, int root, std::string_view op) {
   if (root < 0 || root >= info.size)
     throw InvalidArgumentError(fmt::format("rank {}: {} has root {}, but group {} has ranks 0..{}",

@@ -23,7 +23,7 @@ constexpr uint64_t mask(int bits) { return (uint64_t{1} << bits) - 1; }
 
 bool has_op(CollectiveKind k) {
   return k == CollectiveKind::kAllreduce || k == CollectiveKind::kReduce ||
-         k == CollectiveKind::kReduceScatter;
+         k == CollectiveKind::kReduceScatter || k == CollectiveKind::kAllreduceInt8;
 }
 bool has_root(CollectiveKind k) {
   return k == CollectiveKind::kBroadcast || k == CollectiveKind::kReduce ||
@@ -72,6 +72,8 @@ std::string_view to_string(CollectiveKind kind) {
       return "all_to_all_v";
     case CollectiveKind::kBarrier:
       return "barrier";
+    case CollectiveKind::kAllreduceInt8:
+      return "all_reduce_int8";
   }
   return "unknown collective";
 }

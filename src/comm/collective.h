@@ -33,6 +33,7 @@ enum class CollectiveKind : uint8_t {
   kAlltoall,
   kAlltoallv,
   kBarrier,
+  kAllreduceInt8,  // all-reduce with Wire::kInt8 (quantized_allreduce.h)
 };
 std::string_view to_string(CollectiveKind kind);
 

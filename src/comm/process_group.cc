@@ -18,6 +18,7 @@
 #include "comm/failure_record.h"
 #include "comm/native_process_group.h"
 #include "comm/p2p_work.h"
+#include "comm/quantized_allreduce.h"
 #include "comm/recorded_process_group.h"
 #include "common/env.h"
 #include "common/error_message.h"
@@ -725,10 +726,26 @@ std::shared_ptr<Work> NativeProcessGroup::broadcast(const TensorView& t,
 
 std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
                                                     const AllreduceOptions& o) {
+  if (on_cuda(o.error))
+    return on_host("all_reduce", {{t, Staging::kInOut}, {o.error, Staging::kInOut}}, o,
+                   [&](auto h, auto left) {
+                     left.error = h[1];
+                     return allreduce(h[0], left);
+                   });
   if (on_cuda(t))
     return on_host("all_reduce", {{t, Staging::kInOut}}, o,
                    [&](auto h, const auto& left) { return allreduce(h[0], left); });
   check_tensor(info(), t, "all_reduce", "the tensor");
+  check_wire(info(), t, o);
+  if (o.wire == Wire::kInt8) {
+    auto* error = o.error.numel > 0 ? static_cast<float*>(o.error.data) : nullptr;
+    return submit(
+        {CollectiveKind::kAllreduceInt8, t.dtype, o.op, 0, t.numel}, "int8", o.timeout, o.async_op,
+        [t, error, average = o.op == ReduceOp::kAvg](CollectiveContext& ctx) {
+          quantized_allreduce(ctx, static_cast<float*>(t.data), error, t.numel, average);
+        },
+        __builtin_return_address(0));
+  }
   check_reduce_op(t.dtype, o.op);
   return collective({CollectiveKind::kAllreduce, t.dtype, o.op, 0, t.numel}, o, t.nbytes(),
                     {.out = t, .op = o.op}, __builtin_return_address(0));

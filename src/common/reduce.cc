@@ -24,20 +24,13 @@
 
 #include <fmt/format.h>
 
+#include "common/vector_clones.h"
 #include "dtrain/error.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define DTRAIN_X86 1
 #endif
-// Not under ThreadSanitizer: the clones' ifunc resolvers run during relocation, before its
-// runtime is up, and the program dies of SIGSEGV before main.
-#if defined(DTRAIN_X86) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define DTRAIN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define DTRAIN_CLONES
-#endif
-#define DTRAIN_INLINE __attribute__((always_inline))
 
 namespace dtrain {
 namespace {

@@ -1,4 +1,4 @@
-// The built-in communication hooks: average in place, or through a 16-bit copy.
+// The built-in communication hooks: average in place, through a 16-bit copy, or as int8.
 #include "dtrain/torch/comm_hook.h"
 
 #include <ATen/ATen.h>
@@ -45,6 +45,25 @@ class CompressHook : public CommHook {
   std::string name_;
 };
 
+// Averages with int8 on the wire (Wire::kInt8); the bucket's scratch holds its error feedback,
+// zeros until the first call (and again whenever the bucket's size changes).
+class Int8CompressHook : public CommHook {
+ public:
+  std::string name() const override { return "int8_compress"; }
+  std::shared_ptr<Work> start(ProcessGroup& group, GradBucket& bucket,
+                              std::chrono::milliseconds timeout) override {
+    if (!bucket.scratch.defined() || bucket.scratch.numel() != bucket.buffer.numel() ||
+        bucket.scratch.scalar_type() != at::kFloat)
+      bucket.scratch = at::zeros({bucket.buffer.numel()}, bucket.buffer.options());
+    AllreduceOptions options;
+    options.op = ReduceOp::kAvg;
+    options.timeout = timeout;
+    options.wire = Wire::kInt8;
+    options.error = dtrain::view_of(bucket.scratch);
+    return group.allreduce(dtrain::view_of(bucket.buffer), options);
+  }
+};
+
 }  // namespace
 
 std::shared_ptr<CommHook> allreduce_hook() { return std::make_shared<AllreduceHook>(); }
@@ -54,5 +73,6 @@ std::shared_ptr<CommHook> fp16_compress_hook() {
 std::shared_ptr<CommHook> bf16_compress_hook() {
   return std::make_shared<CompressHook>(at::kBFloat16, "bf16_compress");
 }
+std::shared_ptr<CommHook> int8_compress_hook() { return std::make_shared<Int8CompressHook>(); }
 
 }  // namespace dtrain

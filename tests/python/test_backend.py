@@ -109,6 +109,30 @@ def test_ddp_on_dtrain_trains_as_ddp_on_gloo(tmp_path, variant):
         assert json.dumps(got) == json.dumps(want) or _close(flat_g, flat_w), name
 
 
+def test_ddp_with_int8_on_the_wire_trains_close_to_exact_ddp(tmp_path):
+    # dtrain's int8 hook (int8 values, a scale per 256, error feedback) against exact DDP on
+    # gloo: the same losses to within the rounding, and (checked in the worker) the same weights
+    # on every rank.
+    runs = {}
+    for backend, variant in (("gloo", "plain"), ("dtrain", "int8")):
+        out = tmp_path / f"{backend}.json"
+        harness.check_ok(harness.run(2, "ddp", out, variant, backend=backend, timeout=180))
+        runs[backend] = json.loads(out.read_text())
+    exact, int8 = runs["gloo"]["losses"], runs["dtrain"]["losses"]
+    assert len(int8) == len(exact) > 0
+    assert int8[0] == pytest.approx(exact[0], rel=1e-6)  # the first step's loss precedes any
+    for step, (a, b) in enumerate(zip(int8, exact)):
+        assert abs(a - b) <= 0.02 * abs(b), f"step {step}: loss {a} with int8, {b} exact"
+    assert int8 != exact  # the hook ran: rounding shows in the later losses
+
+
+def test_the_int8_hook_on_a_gloo_group_says_what_to_use(tmp_path):
+    results = harness.run(2, "ddp", tmp_path / "x.json", "int8", backend="gloo", timeout=120)
+    assert all(r.code != 0 for r in results), [r.out for r in results]
+    for r in results:
+        assert "int8_compress_hook: the DDP's group is not a dtrain group" in r.out, r.out
+
+
 def _close(a, b, tol=1e-5):
     if isinstance(a, list):
         return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b))

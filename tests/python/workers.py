@@ -517,6 +517,9 @@ def ddp(backend, out_path, variant):
     if variant in ("hook", "all"):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         net.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    if variant == "int8":
+        from dtrain.torch import comm_hooks
+        net.register_comm_hook(comm_hooks.Int8CompressState(), comm_hooks.int8_compress_hook)
     if variant == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
         state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,

@@ -1,5 +1,6 @@
 // DistributedDataParallel over real processes: equality with one process on the whole batch,
-// no_sync accumulation, buffers, unused parameters, join with uneven inputs, fp16 compression.
+// no_sync accumulation, buffers, unused parameters, join with uneven inputs, fp16 and int8
+// compression.
 #include "dtrain/torch/distributed_data_parallel.h"
 
 #include <gtest/gtest.h>
@@ -54,6 +55,8 @@ void check_matches_one_process(int n, std::shared_ptr<CommHook> hook, double tol
 TEST(Ddp, TwoRanksMatchOneProcessWithTheWholeBatch) { check_matches_one_process(2, nullptr, 1e-5); }
 TEST(Ddp, ThreeRanksMatchOneProcessWithTheWholeBatch) { check_matches_one_process(3, nullptr, 1e-5); }
 TEST(Ddp, Fp16CompressionStaysClose) { check_matches_one_process(2, fp16_compress_hook(), 5e-3); }
+// Int8 on the wire: replicas stay bit-identical (checked inside) and close to one process.
+TEST(Ddp, Int8CompressionStaysClose) { check_matches_one_process(3, int8_compress_hook(), 5e-3); }
 
 TEST(Ddp, NoSyncAccumulationEqualsTheLargerBatch) {
   const int port = testing::free_port();

@@ -167,6 +167,7 @@ std::vector<std::string> rank_argv(const BenchArgs& a, const Plan& p) {
     argv.push_back("--algo");
     argv.push_back(a.algo);
   }
+  argv.insert(argv.end(), {"--wire", a.wire});
   if (!a.calibrate.empty()) argv.insert(argv.end(), {"--calibrate", a.calibrate});
   if (a.model) argv.push_back("--model");
   if (!a.machine_bound.empty()) argv.insert(argv.end(), {"--machine-bound", a.machine_bound});
@@ -293,6 +294,7 @@ int run_driver(const BenchArgs& a) {
           "dtrain bench: --backend mpi takes its ranks from mpirun: run `mpirun -np N dtrain bench "
           "COLL --backend mpi` instead of the driver");
   const std::vector<std::string> algorithms = all_algorithms(a, p);
+  const std::vector<std::string>& wires = p.wires;
   std::string sizes;
   for (size_t s : p.sizes) sizes += (sizes.empty() ? "" : ",") + bench::format_bytes(s);
   std::fprintf(
@@ -329,6 +331,7 @@ int run_driver(const BenchArgs& a) {
     for (size_t i = 0; i < backends.size(); ++i) {
       BenchArgs one = args;
       one.backend = backends[i];
+      one.wire = wires[0];
       if (one.algo == "all") one.algo.clear();  // the model's choice, then each below
       Outcome o = run_dtrain(supervisor, one, p);
       if (i > 0) {
@@ -336,6 +339,15 @@ int run_driver(const BenchArgs& a) {
         for (auto& r : o.results) r.impl = impl;
         if (round == 1) shown_peers.push_back(impl);
       }
+      collect(numbered(std::move(o)));
+    }
+    for (size_t i = 1; i < wires.size(); ++i) {
+      BenchArgs one = args;
+      one.backend = backends[0];
+      one.wire = wires[i];
+      Outcome o = run_dtrain(supervisor, one, p);
+      for (auto& r : o.results) r.impl = "dtrain-" + wires[i];
+      if (round == 1) shown_peers.push_back("dtrain-" + wires[i]);
       collect(numbered(std::move(o)));
     }
     for (const std::string& name : algorithms) {

@@ -86,6 +86,19 @@ Plan make_plan(const BenchArgs& a) {
         "host, TCP between hosts)",
         a.transport));
   p.peers = parse_peers(a.peers);
+  for (const auto& w : split_list(a.wire)) {
+    if (w != "exact" && w != "int8")
+      throw InvalidArgumentError(fmt::format(
+          "dtrain bench: --wire {}: use exact, int8, or a list of them (exact,int8)", w));
+    p.wires.push_back(w);
+  }
+  if (p.wires.empty()) p.wires.push_back("exact");
+  const bool int8 = std::find(p.wires.begin(), p.wires.end(), "int8") != p.wires.end();
+  if (int8 && (p.collectives.size() != 1 || p.collectives[0] != Collective::kAllreduce ||
+               p.dtype != bench::ElemType::kF32 || p.op != bench::Op::kSum))
+    throw InvalidArgumentError(
+        "dtrain bench: --wire int8 times all_reduce of f32 with op sum only: name allreduce "
+        "alone, with --dtype f32 and --op sum");
   return p;
 }
 

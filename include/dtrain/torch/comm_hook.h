@@ -4,8 +4,10 @@
 //
 // A hook starts the bucket's communication (returning its Work, which DDP waits on when the
 // step needs the result) and, once it completed, leaves the *average over ranks* of the
-// gradients in bucket.buffer. The built-in hooks: plain all-reduce (the default), and fp16/bf16
-// compression (cast down, all-reduce, cast back up; the cast back is exact).
+// gradients in bucket.buffer. The built-in hooks: plain all-reduce (the default), fp16/bf16
+// compression (cast down, all-reduce, cast back up; the cast back is exact), and int8 on the
+// wire with error feedback (f32 gradients on the native backend; Wire::kInt8 in
+// process_group.h: 3.9x fewer bytes than f32, every replica still equal).
 #pragma once
 
 #include <memory>
@@ -39,5 +41,6 @@ class CommHook {
 std::shared_ptr<CommHook> allreduce_hook();
 std::shared_ptr<CommHook> fp16_compress_hook();
 std::shared_ptr<CommHook> bf16_compress_hook();
+std::shared_ptr<CommHook> int8_compress_hook();
 
 }  // namespace dtrain

@@ -39,7 +39,7 @@ __all__ = [
     "ccl_built", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "mpi_built",
     "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built",
     "Checkpoint", "CheckpointManager", "DistributedSampler", "Compression", "elastic",
-    "live",
+    "live", "comm_hooks",
     "allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
     "DistributedOptimizer", "ProgressReporter", "announce_resumed",
 ]
@@ -62,7 +62,7 @@ from dtrain.torch.collectives import (Adasum, Average, Max, Min, Product, Sum, a
                                       synchronize)
 from dtrain.torch.checkpoint import Checkpoint, CheckpointManager, DistributedSampler
 from dtrain.torch.compression import Compression
-from dtrain.torch import elastic, live
+from dtrain.torch import comm_hooks, elastic, live
 from dtrain.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                     broadcast_parameters)
 from dtrain.torch.optimizer import DistributedOptimizer

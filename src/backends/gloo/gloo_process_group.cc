@@ -352,6 +352,7 @@ std::shared_ptr<Work> GlooProcessGroup::broadcast(const TensorView& t, const Bro
 
 std::shared_ptr<Work> GlooProcessGroup::allreduce(const TensorView& t, const AllreduceOptions& o) {
   comm::check_tensor(info(), t, "all_reduce", "the tensor");
+  comm::check_wire(info(), t, o);
   check_reducible(t.dtype, o.op, "all_reduce");
   auto algorithm = gloo::AllreduceOptions::Algorithm::UNSPECIFIED;
   if (o.algorithm == "ring")

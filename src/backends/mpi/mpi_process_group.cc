@@ -217,6 +217,7 @@ std::shared_ptr<Work> MpiProcessGroup::broadcast(const TensorView& t, const Broa
 
 std::shared_ptr<Work> MpiProcessGroup::allreduce(const TensorView& t, const AllreduceOptions& o) {
   comm::check_tensor(info(), t, "all_reduce", "the tensor");
+  comm::check_wire(info(), t, o);
   check_algorithm(o.algorithm, "all_reduce");
   MPI_Datatype type = reduction_type(t.dtype, o.op, "all_reduce");
   const int count = check_count(t.numel, "all_reduce");

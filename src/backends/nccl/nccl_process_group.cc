@@ -300,6 +300,7 @@ std::shared_ptr<Work> NcclProcessGroup::broadcast(const TensorView& t, const Bro
 
 std::shared_ptr<Work> NcclProcessGroup::allreduce(const TensorView& t, const AllreduceOptions& o) {
   check_cuda(t, "all_reduce", "the tensor");
+  comm::check_wire(info(), t, o);
   check_algorithm(o.algorithm, "all_reduce");
   const ncclRedOp_t op = reduce_op(t.dtype, o.op, "all_reduce");
   return collective("all_reduce", describe(t) + " " + std::string(to_string(o.op)), o.timeout,

@@ -280,6 +280,25 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce(std::vector<at::Tensor>& t
   return work;
 }
 
+c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_int8(const at::Tensor& tensor,
+                                                           const at::Tensor& error) {
+  const PythonCaller caller;
+  for (const at::Tensor* t : {&tensor, &error})
+    if (t->defined() && !t->is_contiguous())
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: all_reduce with int8 on the wire takes contiguous tensors; the {} is not",
+          rank_, t == &tensor ? "tensor" : "error-feedback buffer"));
+  auto work = make_work(c10d::OpType::ALLREDUCE, "dtrain:all_reduce_int8", true);
+  AllreduceOptions o{.op = ReduceOp::kAvg, .timeout = timeout_of(c10d::kUnsetTimeout)};
+  o.wire = Wire::kInt8;
+  if (error.defined()) o.error = view_of(error);
+  work->add(pg_->allreduce(view_of(tensor), o));
+  work->keep_alive(tensor);
+  if (error.defined()) work->keep_alive(error);
+  work->set_result({tensor});
+  return work;
+}
+
 c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   const PythonCaller caller;
