@@ -391,10 +391,11 @@ int run(const Flags& flags) {
   // Under `dtrain run --live`, a world whose survivors re-form it when a rank dies.
   std::unique_ptr<dtrain::LiveWorld> live;
   if (launched_distributed() && env_flag("DTRAIN_LIVE")) {
-    if (flags.strategy != "ddp" || flags.commit_every > 0)
+    if (flags.strategy == "ps" || flags.commit_every > 0)
       throw dtrain::InvalidArgumentError(
-          "dtrain run --live: train_fashion_mnist recovers live with --strategy ddp, without "
-          "--commit-every (the survivors hold the state: --checkpoint-dir keeps it on disk)");
+          "dtrain run --live: train_fashion_mnist recovers live with --strategy ddp or optimizer, "
+          "without --commit-every (the survivors hold the state: --checkpoint-dir keeps it on "
+          "disk)");
     live = std::make_unique<dtrain::LiveWorld>();
     if (live->too_late()) {
       std::printf("rank %d at start, a replacement: training ended before the others could take "
@@ -547,7 +548,7 @@ int run(const Flags& flags) {
   } else if (pg && flags.strategy == "ddp" && !(live && live->replacement())) {
     // (A replacement makes its DDP with the state it receives: see take_state below.)
     ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg, ddp_options_of(flags));
-  } else if (pg && flags.strategy == "optimizer") {
+  } else if (pg && flags.strategy == "optimizer" && !(live && live->replacement())) {
     dtrain::broadcast_parameters(*model, *pg, 0);
     dopt = std::make_unique<dtrain::DistributedOptimizer>(sgd, *model, pg);
   }
@@ -649,10 +650,11 @@ int run(const Flags& flags) {
   };
   // After the world changed (a re-forming, or replacements taken in): every member goes on from
   // the newest step any of them finished; its lowest holder sends parameters, optimizer state and
-  // the epoch's position (the parameters then checked by digest on every member), DDP is made on
-  // the new group and the rest of the epoch dealt over it.
+  // the epoch's position (the parameters then checked by digest on every member), DDP (or the
+  // distributed optimizer) is made on the new group and the rest of the epoch dealt over it.
   auto take_state = [&] {
     ddp.reset();
+    dopt.reset();  // its coordinator runs on the old world's group: every member stops it here
     // The checkpoint in flight is finished (and its copy made) before the state changes; the
     // all-reduce below keeps the new writer from clearing the directory before then.
     ckpt.reset();
@@ -675,7 +677,11 @@ int run(const Flags& flags) {
     position.epoch_consumed = at[1];
     step = at[2];
     dtrain::check_same_parameters(*model, *pg);  // a newcomer takes part with the same bits
-    ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg, ddp_options_of(flags));
+    if (flags.strategy == "optimizer")
+      dopt = std::make_unique<dtrain::DistributedOptimizer>(sgd, *model, pg);
+    else
+      ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg,
+                                                              ddp_options_of(flags));
     resize(world);
     input->regroup(world, rank, !flags.no_shuffle, flags.seed);
     input->set_epoch(static_cast<uint64_t>(position.epoch),
@@ -914,6 +920,7 @@ int run(const Flags& flags) {
       summed = true;
     } catch (const std::exception& e) {
       if (!live || !peer_lost(e)) throw;
+      dopt.reset();  // on the group that failed
       regroup(e);
     }
   }

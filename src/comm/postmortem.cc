@@ -90,10 +90,13 @@ std::string collect_postmortem(Store& store, const std::string& group, int size,
   std::map<std::string, std::vector<int>> by_entry;
   std::vector<int> silent;
   std::map<std::string, std::vector<int>> down;  // why their connection is down -> ranks
-  // Whether some rank that may still write has not written yet.
+  // Whether some rank that may still write has not written yet. A rank whose latest word is for
+  // another collective will not: it wrote once, for the collective it failed in (a group fails
+  // once), having completed this one or not reached it; its latest word says which.
   auto waiting = [&] {
     for (int r = 0; r < size; ++r)
-      if (!store.check({keys[r]}) && !(lost && lost(r))) return true;
+      if (!store.check({keys[r]}) && !store.check({latest_key(group, r)}) && !(lost && lost(r)))
+        return true;
     return false;
   };
   try {

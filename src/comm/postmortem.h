@@ -54,7 +54,8 @@ class CallHistory {
 void publish_postmortem(Store& store, const std::string& group, int rank, uint32_t seq,
                         const std::string& entry);
 // Reads every rank's entry (waiting at most `wait` for missing ones, but not for ranks whose
-// connection `lost` describes: they will never write) and groups the ranks by what they did:
+// connection `lost` describes, nor for ranks that wrote about another collective: they will never
+// write about this one) and groups the ranks by what they did:
 // "ranks 0, 2: called ...; rank 1: called ...; rank 3: gone (its connection broke)". `lost(r)`
 // says why rank r's connection is down ("gone (its connection broke)", or that it did not
 // answer within the limit), or nothing while it is up.

@@ -259,6 +259,27 @@ TEST(Chaos, LiveRecoveryKeepsTheSurvivorsTrainingWithinASecondAndEverySampleOnce
   EXPECT_NE(out.find("batch 200 per rank, learning rate 0.01)"), std::string::npos) << out;
 }
 
+// The Horovod-style distributed optimizer the same way: its coordinator's group goes with the
+// world, the survivors make it again on the new one.
+TEST(Chaos, LiveRecoveryOfTheDistributedOptimizerKeepsTheSurvivorsTrainingAndEverySampleOnce) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::TempDir dir;
+  const auto r = chaos(dir, {"--schedule", "kill:4s", "--seed", "2", "--max-faults", "2"},
+                       {"-n", "4", "--live"},
+                       {"--strategy", "optimizer", "--train-samples", "24000", "--epochs", "2",
+                        "--on-resize", "keep-global-batch"});
+  const nlohmann::json c = recovered_every_sample_once(r, 2);
+  ASSERT_TRUE(c.is_object());
+  for (const auto& s : c["recovery_s"]) EXPECT_LT(s.get<double>(), 2.0) << r.output;
+  EXPECT_NEAR(c["final_loss"].get<double>(), c["baseline_loss"].get<double>(),
+              0.15 * c["baseline_loss"].get<double>())
+      << r.output;
+  std::ifstream out_in(dir.path + "/faults/stdout.log");
+  const std::string out((std::istreambuf_iterator<char>(out_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(out.find("generation 2 of 2 rank(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"strategy\":\"optimizer\""), std::string::npos) << out;
+}
+
 // The same with the training set in TFRecord shards: each survivor's open dataset is dealt the
 // rest of the epoch anew, its padding without weight, so that every record is trained once.
 TEST(Chaos, LiveRecoveryDealsShardedDataOverTheSurvivorsEveryRecordOnce) {
