@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Int8 on the wire (AllreduceOptions::wire = Wire::kInt8, the DDP hooks int8_compress_hook)
-# against exact f32, in one run (docs/performance.md, "Fewer bytes on the wire"):
+# Int8 on the wire (AllreduceOptions::wire = Wire::kInt8, the DDP hooks int8_compress_hook), and
+# bf16 (Wire::kBf16) for the all-reduce alone, against exact f32, in one run
+# (docs/performance.md, "Fewer bytes on the wire"):
 #   1. the loss: the Fashion-MNIST example (C++ DDP, --comm-hook) and the transformer of
 #      bench/wire_training.py (torch's DDP on backend dtrain), 2 ranks, SEEDS seeds each way: the
 #      final loss of every run, so that int8's can be read against the spread of the exact runs;
-#   2. the speed, on 2 emulated hosts whose link is shaped as each of PROFILES (needs root;
-#      skipped otherwise): `dtrain bench allreduce --wire exact,int8` at 1, 16 and 64 MiB, and the
-#      transformer's DDP step with one rank per host, exact and int8 taking turns for ROUNDS
-#      rounds (median step of each, and the ratio).
-#   [SEEDS="1 2 3"] [PROFILES="1gbe 10gbe"] [ROUNDS=3] [STEPS=12] [PARTS="loss links"] \
+#   2. the speed of the all-reduce on this host, over shared memory and over TCP:
+#      `dtrain bench allreduce --wire exact,bf16,int8` at 1, 16 and 64 MiB (bf16: Wire::kBf16);
+#   3. the speed on 2 emulated hosts whose link is shaped as each of PROFILES (needs root;
+#      skipped otherwise): the same all-reduces, and the transformer's DDP step with one rank per
+#      host, exact and int8 taking turns for ROUNDS rounds (median step of each, and the ratio).
+#   [SEEDS="1 2 3"] [PROFILES="1gbe 10gbe"] [ROUNDS=3] [STEPS=12] [PARTS="loss local links"] \
 #     bash bench/int8_wire.sh [build]
 #   the Python is $DTRAIN_PYTHON or the venv of scripts/install-deps.sh.
 set -euo pipefail
@@ -32,7 +34,7 @@ result_of() {
   fi
 }
 
-parts=${PARTS:-loss links}
+parts=${PARTS:-loss local links}
 if [[ " $parts " == *" loss "* ]]; then
 echo "# the loss, 2 ranks on this host: final loss of each seed"
 for seed in $seeds; do
@@ -53,13 +55,21 @@ for seed in $seeds; do
 done
 fi
 
+if [[ " $parts " == *" local "* ]]; then
+  for transport in auto tcp; do
+    echo "# this host, 2 ranks, --transport $transport: all_reduce, exact against bf16 and int8"
+    "$build/bin/dtrain" bench allreduce --np 2 --transport "$transport" --sizes 1M,16M,64M \
+      --iters 10 --warmup 3 --rounds "$rounds" --wire exact,bf16,int8 2>/dev/null
+  done
+fi
+
 [[ " $parts " == *" links "* ]] || exit 0
 if ! why=$("$hosts_script" check); then echo "# emulated links: skipped: $why"; exit 0; fi
 for profile in ${PROFILES:-1gbe 10gbe}; do
   "$hosts_script" up "$name" 2 10.79.98 --profile "$profile" >/dev/null 2>&1
-  echo "# $profile, 2 hosts x 1 rank: all_reduce, exact against int8 (median of $rounds rounds)"
+  echo "# $profile, 2 hosts x 1 rank: all_reduce, exact against bf16 and int8"
   "$build/bin/dtrain" bench allreduce --np 2 --netns "$name" --sizes 1M,16M,64M --iters 5 \
-    --warmup 2 --rounds "$rounds" --wire exact,int8 2>/dev/null
+    --warmup 2 --rounds "$rounds" --wire exact,bf16,int8 2>/dev/null
   echo "# $profile: the transformer's DDP step, exact and int8 in turn"
   for r in $(seq 1 "$rounds"); do
     for wire in exact int8; do

@@ -76,6 +76,9 @@ enum class Wire : uint8_t {
   // of 256 (3.9x fewer bytes than f32; the error within a block is at most half its largest
   // magnitude / 127, at each of two roundings). Every rank ends with the same values.
   kInt8,
+  // Likewise, each value rounded to bf16 (2x fewer bytes; 8 significant bits, at each of two
+  // roundings), added up in f32 as it arrives.
+  kBf16,
 };
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kSum;
@@ -83,7 +86,7 @@ struct AllreduceOptions {
   std::string algorithm;
   bool async_op = true;  // false: runs on the calling thread
   Wire wire = Wire::kExact;
-  // kInt8 only, optional: error feedback, an f32 buffer of the tensor's numel that the caller
+  // kInt8 and kBf16, optional: error feedback, an f32 buffer of the tensor's numel that the caller
   // keeps from one call to the next, zeros at first (the same tensor, ranks and numel each
   // time). What this call's rounding lost is carried into the next, so that rounding errors do
   // not accumulate over steps. Empty: none.

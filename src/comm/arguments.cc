@@ -37,19 +37,23 @@ void check_wire(const GroupInfo& info, const TensorView& t, const AllreduceOptio
     if (o.error.numel > 0)
       throw InvalidArgumentError(fmt::format(
           "rank {}: all_reduce: an error-feedback buffer is given but the wire is exact; set "
-          "wire = Wire::kInt8, or leave the error buffer empty",
+          "wire = Wire::kInt8 or kBf16, or leave the error buffer empty",
           info.rank));
     return;
   }
+  const char* wire = o.wire == Wire::kInt8 ? "int8" : "bf16";
   if (info.backend != "native")
-    throw unsupported(info, "all_reduce", "int8 on the wire (Wire::kInt8)", "any tensor",
-                      "it is an algorithm of dtrain's own; use the native backend, or the exact "
-                      "wire");
+    throw unsupported(
+        info, "all_reduce",
+        fmt::format("{} on the wire (Wire::k{})", wire, o.wire == Wire::kInt8 ? "Int8" : "Bf16"),
+        "any tensor",
+        "it is an algorithm of dtrain's own; use the native backend, or the exact "
+        "wire");
   if (t.dtype != DType::kF32 || (o.op != ReduceOp::kSum && o.op != ReduceOp::kAvg))
     throw InvalidArgumentError(fmt::format(
-        "rank {}: all_reduce: int8 on the wire takes f32 values and SUM or AVG, not {} and {}; "
+        "rank {}: all_reduce: {} on the wire takes f32 values and SUM or AVG, not {} and {}; "
         "use the exact wire for these",
-        info.rank, to_string(t.dtype), to_string(o.op)));
+        info.rank, wire, to_string(t.dtype), to_string(o.op)));
   if (o.error.numel == 0) return;
   if (o.error.dtype != DType::kF32 || o.error.numel != t.numel)
     throw InvalidArgumentError(fmt::format(

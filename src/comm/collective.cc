@@ -23,7 +23,8 @@ constexpr uint64_t mask(int bits) { return (uint64_t{1} << bits) - 1; }
 
 bool has_op(CollectiveKind k) {
   return k == CollectiveKind::kAllreduce || k == CollectiveKind::kReduce ||
-         k == CollectiveKind::kReduceScatter || k == CollectiveKind::kAllreduceInt8;
+         k == CollectiveKind::kReduceScatter || k == CollectiveKind::kAllreduceInt8 ||
+         k == CollectiveKind::kAllreduceBf16;
 }
 bool has_root(CollectiveKind k) {
   return k == CollectiveKind::kBroadcast || k == CollectiveKind::kReduce ||
@@ -74,6 +75,8 @@ std::string_view to_string(CollectiveKind kind) {
       return "barrier";
     case CollectiveKind::kAllreduceInt8:
       return "all_reduce_int8";
+    case CollectiveKind::kAllreduceBf16:
+      return "all_reduce_bf16";
   }
   return "unknown collective";
 }

@@ -34,6 +34,7 @@ enum class CollectiveKind : uint8_t {
   kAlltoallv,
   kBarrier,
   kAllreduceInt8,  // all-reduce with Wire::kInt8 (quantized_allreduce.h)
+  kAllreduceBf16,  // ... with Wire::kBf16
 };
 std::string_view to_string(CollectiveKind kind);
 

@@ -737,12 +737,15 @@ std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
                    [&](auto h, const auto& left) { return allreduce(h[0], left); });
   check_tensor(info(), t, "all_reduce", "the tensor");
   check_wire(info(), t, o);
-  if (o.wire == Wire::kInt8) {
+  if (o.wire != Wire::kExact) {
     auto* error = o.error.numel > 0 ? static_cast<float*>(o.error.data) : nullptr;
+    const bool int8 = o.wire == Wire::kInt8;
     return submit(
-        {CollectiveKind::kAllreduceInt8, t.dtype, o.op, 0, t.numel}, "int8", o.timeout, o.async_op,
-        [t, error, average = o.op == ReduceOp::kAvg](CollectiveContext& ctx) {
-          quantized_allreduce(ctx, static_cast<float*>(t.data), error, t.numel, average);
+        {int8 ? CollectiveKind::kAllreduceInt8 : CollectiveKind::kAllreduceBf16, t.dtype, o.op, 0,
+         t.numel},
+        int8 ? "int8" : "bf16", o.timeout, o.async_op,
+        [t, error, wire = o.wire, average = o.op == ReduceOp::kAvg](CollectiveContext& ctx) {
+          quantized_allreduce(ctx, wire, static_cast<float*>(t.data), error, t.numel, average);
         },
         __builtin_return_address(0));
   }

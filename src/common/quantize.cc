@@ -1,4 +1,4 @@
-// Int8 block quantization, written as scalar loops that the compiler vectorises (as reduce.cc):
+// Int8 and bf16 encodings, written as scalar loops that the compiler vectorises (as reduce.cc):
 // a full block has a constant trip count, so GCC's -O2 vectorises it without a scalar remainder;
 // the block's largest magnitude is an integer maximum over the values' bits with the sign cleared
 // (for non-negative floats the integer order is the float order, and infinities and NaNs compare
@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 
+#include "common/reduce.h"
 #include "common/vector_clones.h"
 
 namespace dtrain {
@@ -85,6 +86,30 @@ inline DTRAIN_INLINE void decode_block(const std::byte* __restrict in, size_t le
   }
 }
 
+inline DTRAIN_INLINE void encode_bf16_block(const float* __restrict x, float* __restrict error,
+                                            size_t len, uint16_t* __restrict out) {
+  if (error == nullptr) {
+    for (size_t i = 0; i < len; ++i) out[i] = f32_to_bf16_bits(x[i]);
+    return;
+  }
+  for (size_t i = 0; i < len; ++i) {
+    const float v = x[i] + error[i];
+    const uint16_t h = f32_to_bf16_bits(v);
+    out[i] = h;
+    const bool finite = (std::bit_cast<uint32_t>(v) & kInfinityBits) != kInfinityBits;
+    error[i] = finite ? v - bf16_bits_to_f32(h) : 0.0f;
+  }
+}
+
+inline DTRAIN_INLINE void decode_bf16_block(const uint16_t* __restrict in, size_t len,
+                                            float* __restrict out, bool accumulate) {
+  if (accumulate) {
+    for (size_t i = 0; i < len; ++i) out[i] += bf16_bits_to_f32(in[i]);
+  } else {
+    for (size_t i = 0; i < len; ++i) out[i] = bf16_bits_to_f32(in[i]);
+  }
+}
+
 constexpr size_t kBlockBytes = quantized_bytes(kQuantBlock);
 
 }  // namespace
@@ -101,6 +126,22 @@ DTRAIN_CLONES void dequantize_int8(const std::byte* in, size_t n, float* out, bo
   for (; b + kQuantBlock <= n; b += kQuantBlock, in += kBlockBytes)
     decode_block(in, kQuantBlock, out + b, accumulate);
   if (b < n) decode_block(in, n - b, out + b, accumulate);
+}
+
+DTRAIN_CLONES void encode_bf16(const float* in, float* error, size_t n, std::byte* out) {
+  auto* to = reinterpret_cast<uint16_t*>(out);
+  size_t b = 0;
+  for (; b + kQuantBlock <= n; b += kQuantBlock)
+    encode_bf16_block(in + b, error ? error + b : nullptr, kQuantBlock, to + b);
+  if (b < n) encode_bf16_block(in + b, error ? error + b : nullptr, n - b, to + b);
+}
+
+DTRAIN_CLONES void decode_bf16(const std::byte* in, size_t n, float* out, bool accumulate) {
+  const auto* from = reinterpret_cast<const uint16_t*>(in);
+  size_t b = 0;
+  for (; b + kQuantBlock <= n; b += kQuantBlock)
+    decode_bf16_block(from + b, kQuantBlock, out + b, accumulate);
+  if (b < n) decode_bf16_block(from + b, n - b, out + b, accumulate);
 }
 
 }  // namespace dtrain

@@ -1,15 +1,17 @@
-// Int8 block quantization of f32 values, for collectives that send fewer bytes (ZeRO++'s qgZ and
-// 1-bit Adam's compressed all-reduce are the models): values travel in blocks of kQuantBlock, each
-// an f32 scale (the block's largest magnitude / 127) followed by one int8 per value, so a value
-// costs 1 + 4 / kQuantBlock bytes instead of 4.
+// F32 values encoded in fewer bytes, for collectives that send fewer (ZeRO++'s qgZ and 1-bit
+// Adam's compressed all-reduce are the models):
+//   int8: blocks of kQuantBlock values, each an f32 scale (the block's largest magnitude / 127)
+//         followed by one int8 per value: 1 + 4 / kQuantBlock bytes a value instead of 4;
+//   bf16: each value rounded to bfloat16 (to nearest even): 2 bytes, 8 significant bits.
 //
 // Error feedback: what rounding loses is not dropped but carried into the next call. With an
 // `error` buffer, quantize() encodes x + error and leaves in error what that encoding lost, which
 // the caller hands back with the next values (the compressed SGD of Seide et al. and Karimireddy
 // et al.: the sum of what was sent tracks the sum of the values).
 //
-// A block holding an infinity or a NaN is sent with a NaN scale, so every value of it arrives as
-// NaN (a loss scaler sees the overflow) and its error is reset to zero.
+// An int8 block holding an infinity or a NaN is sent with a NaN scale, so every value of it
+// arrives as NaN (a loss scaler sees the overflow) and its error is reset to zero; bf16 carries
+// infinities and NaNs as themselves, with an error of zero.
 #pragma once
 
 #include <cstddef>
@@ -28,5 +30,10 @@ constexpr size_t quantized_bytes(size_t n) {
 void quantize_int8(const float* in, float* error, size_t n, std::byte* out);
 // Decodes n values: out = the values (accumulate false) or out += the values (true).
 void dequantize_int8(const std::byte* in, size_t n, float* out, bool accumulate);
+
+constexpr size_t bf16_bytes(size_t n) { return 2 * n; }
+// As above, in bf16 (out: bf16_bytes(n), 2-byte aligned).
+void encode_bf16(const float* in, float* error, size_t n, std::byte* out);
+void decode_bf16(const std::byte* in, size_t n, float* out, bool accumulate);
 
 }  // namespace dtrain

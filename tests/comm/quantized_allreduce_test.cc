@@ -1,5 +1,6 @@
-// The int8 all-reduce (AllreduceOptions::wire = Wire::kInt8) in real processes, on shared memory
-// and over TCP: every rank ends with the same bits, within the rounding bound of the exact sum;
+// The int8 and bf16 all-reduces (AllreduceOptions::wire = Wire::kInt8, kBf16) in real processes,
+// on shared memory and over TCP: every rank ends with the same bits, within the rounding bound of
+// the exact sum;
 // error feedback makes repeated calls average to the exact result; awkward counts; the checks
 // at the call; and a rank that calls the exact form against the others' int8 is named.
 #include <gtest/gtest.h>
@@ -68,21 +69,33 @@ void expect_same_everywhere(ProcessGroup& pg, const std::vector<float>& x) {
                "rank {}'s result differs from rank 0's", r);
 }
 
-void check_one_call(int world, const std::string& transport) {
+// The bf16 bound of one call, per element: each rank's copy rounded once, the result once, each
+// within 2^-8 of its value (bf16's unit roundoff), and the f32 additions.
+double bf16_bound(int world, size_t i, const std::vector<std::vector<float>>& inputs, double sum) {
+  double in = 0;
+  for (int r = 0; r < world; ++r) in += std::fabs(inputs[r][i]);
+  return in * 0x1p-8 + (std::fabs(sum) + in * 0x1p-8) * 0x1p-8 + in * 1e-6 + 1e-12;
+}
+
+void check_one_call(int world, const std::string& transport, Wire wire = Wire::kInt8) {
   const int port = free_port();
   expect_all_ok(run_ranks(world, [&](int rank) {
     auto pg = make_group(rank, world, port, {.transport = transport});
     for (size_t n : {size_t{1}, size_t{5}, size_t{255}, size_t{1000}, size_t{100003}}) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
         auto x = values_of(rank, n);
-        pg->allreduce(TensorView::of(x), {.op = op, .wire = Wire::kInt8})->wait();
+        pg->allreduce(TensorView::of(x), {.op = op, .wire = wire})->wait();
         expect_same_everywhere(*pg, x);
         const auto want = exact_sum(world, n);
         const auto bound = bounds(world, n, want);
+        std::vector<std::vector<float>> inputs;
+        for (int r = 0; r < world; ++r) inputs.push_back(values_of(r, n));
         const double divide = op == ReduceOp::kAvg ? world : 1;
         for (size_t i = 0; i < n; ++i) {
           const double error = std::fabs(x[i] - want[i] / divide);
-          RANK_CHECK(error <= bound[i / kQuantBlock] / divide, "n {} {} element {}: {} vs exact {}", n,
+          const double limit = wire == Wire::kInt8 ? bound[i / kQuantBlock]
+                                                   : bf16_bound(world, i, inputs, want[i]);
+          RANK_CHECK(error <= limit / divide, "n {} {} element {}: {} vs exact {}", n,
                      to_string(op), i, x[i], want[i] / divide);
         }
       }
@@ -93,8 +106,10 @@ void check_one_call(int world, const std::string& transport) {
 TEST(QuantizedAllreduce, TwoRanksOnSharedMemory) { check_one_call(2, "auto"); }
 TEST(QuantizedAllreduce, ThreeRanksOverTcp) { check_one_call(3, "tcp"); }
 TEST(QuantizedAllreduce, FourRanksOnSharedMemory) { check_one_call(4, "auto"); }
+TEST(QuantizedAllreduce, Bf16OnThreeRanksOverTcp) { check_one_call(3, "tcp", Wire::kBf16); }
+TEST(QuantizedAllreduce, Bf16OnFourRanksOnSharedMemory) { check_one_call(4, "auto", Wire::kBf16); }
 
-TEST(QuantizedAllreduce, ErrorFeedbackAveragesToTheExactSum) {
+void check_error_feedback(Wire wire) {
   // The same inputs K times: with feedback the mean of the results converges to the exact sum
   // (what each call's rounding lost goes into the next); without it every call rounds alike.
   const int world = 3, k = 40;
@@ -106,12 +121,11 @@ TEST(QuantizedAllreduce, ErrorFeedbackAveragesToTheExactSum) {
     std::vector<float> error(n, 0.0f), mean(n, 0.0f);
     for (int step = 0; step < k; ++step) {
       auto x = values_of(rank, n);
-      pg->allreduce(TensorView::of(x), {.wire = Wire::kInt8, .error = TensorView::of(error)})
-          ->wait();
+      pg->allreduce(TensorView::of(x), {.wire = wire, .error = TensorView::of(error)})->wait();
       for (size_t i = 0; i < n; ++i) mean[i] += x[i] / k;
     }
     auto once = values_of(rank, n);
-    pg->allreduce(TensorView::of(once), {.wire = Wire::kInt8})->wait();
+    pg->allreduce(TensorView::of(once), {.wire = wire})->wait();
     double with = 0, without = 0;
     for (size_t i = 0; i < n; ++i) {
       with = std::max(with, std::fabs(mean[i] - want[i]));
@@ -119,6 +133,11 @@ TEST(QuantizedAllreduce, ErrorFeedbackAveragesToTheExactSum) {
     }
     RANK_CHECK(with < without / 8, "with feedback {} vs without {}", with, without);
   }));
+}
+
+TEST(QuantizedAllreduce, ErrorFeedbackAveragesToTheExactSum) { check_error_feedback(Wire::kInt8); }
+TEST(QuantizedAllreduce, Bf16ErrorFeedbackAveragesToTheExactSum) {
+  check_error_feedback(Wire::kBf16);
 }
 
 TEST(QuantizedAllreduce, ChecksAtTheCall) {
@@ -137,6 +156,8 @@ TEST(QuantizedAllreduce, ChecksAtTheCall) {
     };
     expect_invalid([&] { pg->allreduce(TensorView::of(d), {.wire = Wire::kInt8}); },
                    "f32 values and SUM or AVG, not f64");
+    expect_invalid([&] { pg->allreduce(TensorView::of(d), {.wire = Wire::kBf16}); },
+                   "bf16 on the wire takes f32 values");
     expect_invalid(
         [&] { pg->allreduce(TensorView::of(v), {.op = ReduceOp::kMax, .wire = Wire::kInt8}); },
         "not f32 and max");

@@ -1,5 +1,6 @@
 // The int8 block kernels: the rounding bound per block, tails, error feedback (the decoded values
-// sum to the inputs' sum up to one rounding), zero blocks, and blocks holding infinities or NaNs.
+// sum to the inputs' sum up to one rounding), zero blocks, and blocks holding infinities or NaNs;
+// the bf16 ones: rounding to nearest even, error feedback, infinities and NaNs as themselves.
 #include "common/quantize.h"
 
 #include <gtest/gtest.h>
@@ -128,6 +129,60 @@ TEST(Quantize, ABlockCostsOneByteAValueAndAScale) {
   EXPECT_EQ(quantized_bytes(1), 5u);
   EXPECT_EQ(quantized_bytes(256), 260u);
   EXPECT_EQ(quantized_bytes(257), 265u);
+}
+
+TEST(Bf16Wire, EachValueRoundsToTheNearestBf16AndTheErrorHoldsTheRest) {
+  for (size_t n : {size_t{1}, size_t{255}, size_t{256}, size_t{1000}}) {
+    const auto x = random_values(n, 9);
+    std::vector<std::byte> wire(bf16_bytes(n));
+    std::vector<float> error(n, 0.0f), out(n, -1.0f), added(n, 1.0f);
+    encode_bf16(x.data(), error.data(), n, wire.data());
+    decode_bf16(wire.data(), n, out.data(), false);
+    decode_bf16(wire.data(), n, added.data(), true);
+    for (size_t i = 0; i < n; ++i) {
+      // 8 significant bits: within half a unit of the last, at most 2^-8 of the value.
+      ASSERT_LE(std::fabs(out[i] - x[i]), std::fabs(x[i]) * 0x1p-8f) << n << " " << i;
+      ASSERT_EQ(error[i], x[i] - out[i]) << n << " " << i;  // exact: out has 8 bits of x's 24
+      ASSERT_EQ(added[i], 1.0f + out[i]) << i;
+    }
+  }
+  // Ties go to even: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7.
+  const float tie = 1.0f + 0x1p-8f;
+  std::vector<std::byte> one(bf16_bytes(1));
+  float back = 0;
+  encode_bf16(&tie, nullptr, 1, one.data());
+  decode_bf16(one.data(), 1, &back, false);
+  EXPECT_EQ(back, 1.0f);
+}
+
+TEST(Bf16Wire, ErrorFeedbackKeepsTheSumOfWhatWasSent) {
+  const size_t n = 300;
+  const int k = 64;
+  const auto x = random_values(n, 4);
+  std::vector<std::byte> wire(bf16_bytes(n));
+  std::vector<float> error(n, 0.0f), out(n);
+  std::vector<double> sum(n, 0.0);
+  for (int step = 0; step < k; ++step) {
+    encode_bf16(x.data(), error.data(), n, wire.data());
+    decode_bf16(wire.data(), n, out.data(), false);
+    for (size_t i = 0; i < n; ++i) sum[i] += out[i];
+  }
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_LE(std::fabs(sum[i] - k * static_cast<double>(x[i])), std::fabs(x[i]) * 0x1p-8) << i;
+}
+
+TEST(Bf16Wire, InfinitiesAndNansArriveAsThemselvesWithNoError) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x = {inf, -inf, std::numeric_limits<float>::quiet_NaN(), 2.5f};
+  std::vector<std::byte> wire(bf16_bytes(4));
+  std::vector<float> error(4, 0.0f), out(4);
+  encode_bf16(x.data(), error.data(), 4, wire.data());
+  decode_bf16(wire.data(), 4, out.data(), false);
+  EXPECT_EQ(out[0], inf);
+  EXPECT_EQ(out[1], -inf);
+  EXPECT_TRUE(std::isnan(out[2]));
+  EXPECT_EQ(out[3], 2.5f);
+  for (float e : error) EXPECT_EQ(e, 0.0f);
 }
 
 }  // namespace

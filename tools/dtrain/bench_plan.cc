@@ -87,18 +87,20 @@ Plan make_plan(const BenchArgs& a) {
         a.transport));
   p.peers = parse_peers(a.peers);
   for (const auto& w : split_list(a.wire)) {
-    if (w != "exact" && w != "int8")
+    if (w != "exact" && w != "int8" && w != "bf16")
       throw InvalidArgumentError(fmt::format(
-          "dtrain bench: --wire {}: use exact, int8, or a list of them (exact,int8)", w));
+          "dtrain bench: --wire {}: use exact, int8, bf16, or a list of them (exact,bf16,int8)",
+          w));
     p.wires.push_back(w);
   }
   if (p.wires.empty()) p.wires.push_back("exact");
-  const bool int8 = std::find(p.wires.begin(), p.wires.end(), "int8") != p.wires.end();
-  if (int8 && (p.collectives.size() != 1 || p.collectives[0] != Collective::kAllreduce ||
-               p.dtype != bench::ElemType::kF32 || p.op != bench::Op::kSum))
+  const bool rounded = std::any_of(p.wires.begin(), p.wires.end(),
+                                   [](const std::string& w) { return w != "exact"; });
+  if (rounded && (p.collectives.size() != 1 || p.collectives[0] != Collective::kAllreduce ||
+                  p.dtype != bench::ElemType::kF32 || p.op != bench::Op::kSum))
     throw InvalidArgumentError(
-        "dtrain bench: --wire int8 times all_reduce of f32 with op sum only: name allreduce "
-        "alone, with --dtype f32 and --op sum");
+        "dtrain bench: --wire int8 and bf16 time all_reduce of f32 with op sum only: name "
+        "allreduce alone, with --dtype f32 and --op sum");
   return p;
 }
 

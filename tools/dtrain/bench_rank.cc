@@ -112,13 +112,14 @@ Result run_native_size(ProcessGroup& pg, const BenchArgs& a, const Plan& p, Coll
   const std::string algo = a.algo;
   switch (c) {
     case Collective::kAllreduce:
-      if (a.wire == "int8") {
+      if (a.wire != "exact") {
         // Rounded, so not checked against the exact sum (tests/comm/quantized_allreduce_test.cc
         // bounds its error).
         h.check = nullptr;
+        const Wire wire = a.wire == "int8" ? Wire::kInt8 : Wire::kBf16;
         h.run = [=] {
           AllreduceOptions o{op, timeout, algo, false};
-          o.wire = Wire::kInt8;
+          o.wire = wire;
           g->allreduce(in, o)->wait();
         };
         break;
@@ -169,7 +170,7 @@ Result run_native_size(ProcessGroup& pg, const BenchArgs& a, const Plan& p, Coll
   std::string chosen = algo.empty() ? "auto" : algo;
   if (auto* native = dynamic_cast<comm::NativeProcessGroup*>(g))
     if (auto kind = kind_of(c)) chosen = native->algorithm_for(*kind, algo, in.nbytes());
-  if (a.wire == "int8") chosen = "int8";
+  if (a.wire != "exact") chosen = a.wire;
   return bench::make_result("dtrain", c, n, layout, p.dtype, p.op, m, chosen);
 }
 

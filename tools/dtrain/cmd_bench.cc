@@ -72,7 +72,7 @@ CLI::App* add_bench_command(CLI::App& app) {
                   "the collective that can run here, beside the model's choice");
   cmd->add_option("--wire", a->wire,
                   "all_reduce's values on the wire: exact, int8 (one byte a value and a scale per "
-                  "256, f32 sum), or a list (exact,int8) that times each as a column")
+                  "256, f32 sum), bf16, or a list (exact,bf16,int8) that times each as a column")
       ->capture_default_str();
   cmd->add_option("--timeout", a->timeout_s,
                   "Seconds each operation may take, every implementation")
