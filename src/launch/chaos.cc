@@ -50,7 +50,15 @@ char process_state(int64_t pid) {
 struct Worker {
   int rank;
   int64_t pid;
+  // Of a job made of replica groups that each number their ranks from 0 (torchft's:
+  // REPLICA_GROUP_ID in the worker's environment), else -1.
+  int replica_group = -1;
   auto operator<=>(const Worker&) const = default;
+  std::string describe() const {
+    return replica_group < 0
+               ? fmt::format("rank {} (pid {})", rank, pid)
+               : fmt::format("rank {} of replica group {} (pid {})", rank, replica_group, pid);
+  }
 };
 
 // The job's workers that run now (neither ended nor stopped), from the beat pages under `dir`
@@ -91,19 +99,21 @@ int64_t parent_of(int64_t pid) {
   return parent;
 }
 
-// The value of RANK in the environment `pid` started with, or -1.
-int rank_in_environment(int64_t pid) {
+// The value of the integer `variable` in the environment `pid` started with, or -1.
+int integer_in_environment(int64_t pid, std::string_view variable) {
+  const std::string prefix = fmt::format("{}=", variable);
   std::ifstream in(fmt::format("/proc/{}/environ", pid), std::ios::binary);
   for (std::string entry; std::getline(in, entry, '\0');)
-    if (entry.rfind("RANK=", 0) == 0) {
+    if (entry.rfind(prefix, 0) == 0) {
       try {
-        return std::stoi(entry.substr(5));
+        return std::stoi(entry.substr(prefix.size()));
       } catch (const std::exception&) {
         return -1;
       }
     }
   return -1;
 }
+int rank_in_environment(int64_t pid) { return integer_in_environment(pid, "RANK"); }
 
 // A job whose workers write no beat pages (another launcher, such as torchrun, and another
 // backend): its workers are the processes under `job` whose environment names a RANK that their
@@ -133,7 +143,7 @@ std::vector<Worker> workers_under(int64_t job) {
     if (rank < 0 || rank_in_environment(up) == rank) continue;
     const char state = process_state(pid);
     if (state != 0 && state != 'Z' && state != 'X' && state != 'T' && state != 't')
-      workers.insert({rank, pid});
+      workers.insert({rank, pid, integer_in_environment(pid, "REPLICA_GROUP_ID")});
   }
   return {workers.begin(), workers.end()};
 }
@@ -357,8 +367,8 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
         if (rule.kind == FaultKind::kKill) {
           ::kill(static_cast<pid_t>(victim.pid), SIGKILL);
           p.ended = true;
-          say(o.out_fd, fmt::format("{} run, {:.1f} s into training: SIGKILL to rank {} (pid {})",
-                                    name, into, victim.rank, victim.pid));
+          say(o.out_fd, fmt::format("{} run, {:.1f} s into training: SIGKILL to {}", name, into,
+                                    victim.describe()));
         } else if (rule.kind == FaultKind::kDisk) {
           uint64_t bytes = 0;
           std::tie(p.filled, bytes) = fill_file_system(o.fill_dir);
@@ -371,9 +381,8 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
           ::kill(static_cast<pid_t>(victim.pid), SIGSTOP);
           p.stopped_pid = victim.pid;
           p.resume_at = now + rule.lasting;
-          say(o.out_fd,
-              fmt::format("{} run, {:.1f} s into training: SIGSTOP to rank {} (pid {}) for {:g} s",
-                          name, into, victim.rank, victim.pid, rule.lasting.count() / 1000.0));
+          say(o.out_fd, fmt::format("{} run, {:.1f} s into training: SIGSTOP to {} for {:g} s",
+                                    name, into, victim.describe(), rule.lasting.count() / 1000.0));
         }
         ++run.faults;
         pending = p;

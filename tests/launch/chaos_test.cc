@@ -132,30 +132,45 @@ TEST(SampleLedger, KeepsForEachStepTheLatestRestartAndComparesSampleBySample) {
 
 // A job under another launcher (torchrun, or here a shell) writes no beat pages: its workers are
 // the processes under it whose environment names a RANK their parent's does not: not the
-// launcher, not a worker's own children (`sleep`, which inherits RANK).
-TEST(Chaos, FindsTheWorkersOfAnotherLaunchersJobByTheirRank) {
+// launcher, not a worker's own children (`sleep`, which inherits RANK). With `replica_groups`,
+// each worker is rank 0 of a replica group of its own (torchft's shape, REPLICA_GROUP_ID), and
+// the victim is named by both.
+void finds_the_workers_of_another_launcher(bool replica_groups) {
   dtrain::testing::TempDir dir;
-  const std::string worker =
-      "echo $$ > " + dir.path +
-      "/pid.$RANK; for s in $(seq 1 40); do echo \"0 $RANK $s 0\" >> \"$DTRAIN_SAMPLE_LOG\"; "
-      "sleep 0.1; done";
+  const std::string me = replica_groups ? "$REPLICA_GROUP_ID" : "$RANK";
+  const std::string worker = "echo $$ > " + dir.path + "/pid." + me +
+                             "; for s in $(seq 1 40); do echo \"0 " + me +
+                             " $s 0\" >> \"$DTRAIN_SAMPLE_LOG\"; sleep 0.1; done";
   const std::string job =
-      "RANK=0 bash -c '" + worker + "' & RANK=1 bash -c '" + worker + "' & wait";
+      replica_groups ? "REPLICA_GROUP_ID=0 RANK=0 bash -c '" + worker +
+                           "' & REPLICA_GROUP_ID=1 RANK=0 bash -c '" + worker + "' & wait"
+                     : "RANK=0 bash -c '" + worker + "' & RANK=1 bash -c '" + worker + "' & wait";
   const auto r = dtrain::testing::run_command(
       {std::string(DTRAIN_BIN_DIR) + "/dtrain", "chaos", "--dir", dir.path + "/runs", "--schedule",
        "kill:1s", "--seed", "1", "--max-faults", "1", "--no-baseline", "--", "bash", "-c", job},
       {.timeout = milliseconds(60'000)});
   const size_t at = r.output.find("SIGKILL to rank ");
   ASSERT_NE(at, std::string::npos) << r.describe() << "\n" << r.output;
-  int rank = -1;
+  int rank = -1, group = -1;
   long long pid = 0;
-  ASSERT_EQ(std::sscanf(r.output.c_str() + at, "SIGKILL to rank %d (pid %lld)", &rank, &pid), 2)
-      << r.output;
-  std::ifstream in(dir.path + "/pid." + std::to_string(rank));
+  if (replica_groups)
+    ASSERT_EQ(std::sscanf(r.output.c_str() + at, "SIGKILL to rank %d of replica group %d (pid %lld)",
+                          &rank, &group, &pid),
+              3)
+        << r.output;
+  else
+    ASSERT_EQ(std::sscanf(r.output.c_str() + at, "SIGKILL to rank %d (pid %lld)", &rank, &pid), 2)
+        << r.output;
+  std::ifstream in(dir.path + "/pid." + std::to_string(replica_groups ? group : rank));
   long long worker_pid = 0;
   in >> worker_pid;
-  EXPECT_EQ(pid, worker_pid) << "rank " << rank << "\n" << r.output;
+  EXPECT_EQ(pid, worker_pid) << "rank " << rank << " group " << group << "\n" << r.output;
 }
+
+TEST(Chaos, FindsTheWorkersOfAnotherLaunchersJobByTheirRank) {
+  finds_the_workers_of_another_launcher(false);
+}
+TEST(Chaos, NamesAReplicaGroupsWorkerByItsGroup) { finds_the_workers_of_another_launcher(true); }
 
 #ifdef DTRAIN_HAVE_TRAIN_FASHION_MNIST
 const std::string kDtrain = std::string(DTRAIN_BIN_DIR) + "/dtrain";
