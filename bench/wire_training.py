@@ -1,6 +1,8 @@
 """The transformer of bench/transformer_lm.py trained by torch's DDP on backend "dtrain", its
-gradients reduced exactly (f32) or with int8 on the wire (dtrain.torch.comm_hooks'
-int8_compress_hook), for bench/int8_wire.sh (docs/performance.md, "Fewer bytes on the wire").
+gradients reduced exactly (f32), with int8, int4, bf16 or fp16 on the wire
+(dtrain.torch.comm_hooks), or through torch's own 16-bit hooks (torch-bf16, torch-fp16: cast
+down, all-reduce, cast back), for bench/wire_formats.sh (docs/performance.md, "Fewer bytes on
+the wire").
 
     dtrain run -n 2 -- python3 bench/wire_training.py --wire int8 --seed 1
 
@@ -31,7 +33,8 @@ from transformer_recovery import batch_of, sequence_losses  # noqa: E402
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--wire", choices=["exact", "int8"], default="exact")
+    p.add_argument("--wire", default="exact",
+                   choices=["exact", "int8", "int4", "bf16", "fp16", "torch-bf16", "torch-fp16"])
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
@@ -49,8 +52,12 @@ def main():
     torch.manual_seed(a.seed)
     model = TransformerLM(layers=a.layers)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    if a.wire == "int8":
-        ddp.register_comm_hook(comm_hooks.Int8CompressState(), comm_hooks.int8_compress_hook)
+    if a.wire.startswith("torch-"):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, getattr(default_hooks, a.wire[6:] + "_compress_hook"))
+    elif a.wire != "exact":
+        ddp.register_comm_hook(comm_hooks.CompressState(),
+                               getattr(comm_hooks, a.wire + "_compress_hook"))
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     sampler = torch.utils.data.DistributedSampler(range(a.corpus), num_replicas=world, rank=rank,
                                                   shuffle=True, seed=a.seed)

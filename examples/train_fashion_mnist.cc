@@ -378,6 +378,7 @@ dtrain::DdpOptions ddp_options_of(const Flags& flags) {
   if (flags.comm_hook == "fp16") o.comm_hook = dtrain::fp16_compress_hook();
   if (flags.comm_hook == "bf16") o.comm_hook = dtrain::bf16_compress_hook();
   if (flags.comm_hook == "int8") o.comm_hook = dtrain::int8_compress_hook();
+  if (flags.comm_hook == "int4") o.comm_hook = dtrain::int4_compress_hook();
   return o;
 }
 
@@ -965,9 +966,9 @@ int main(int argc, char** argv) {
                  "ddp, optimizer (Horovod-style) or ps (parameter server: dtrain run --servers)")
       ->check(CLI::IsMember({"ddp", "optimizer", "ps"}));
   app.add_option("--comm-hook", flags.comm_hook,
-                 "ddp: how gradients travel: allreduce (exact), fp16, bf16, or int8 (a scale per "
-                 "256 values, error feedback)")
-      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "int8"}));
+                 "ddp: how gradients travel: allreduce (exact), fp16, bf16, int8 or int4 (a scale "
+                 "per 256 values; all four with error feedback on the native backend)")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "int8", "int4"}));
   app.add_option("--ps-mode", flags.ps_mode, "parameter server consistency: sync, async or ssp")
       ->check(CLI::IsMember({"sync", "async", "ssp"}));
   app.add_option("--staleness", flags.staleness, "ssp: steps a worker may run ahead of the slowest");

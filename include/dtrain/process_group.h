@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtrain/identity.h"
@@ -79,15 +80,28 @@ enum class Wire : uint8_t {
   // Likewise, each value rounded to bf16 (2x fewer bytes; 8 significant bits, at each of two
   // roundings), added up in f32 as it arrives.
   kBf16,
+  // Likewise in fp16 (2x fewer bytes; 11 significant bits, but magnitudes above 65504 become
+  // infinite and those below 6e-8 zero: an AVG is safe where the inputs fit, a SUM where the sum
+  // does; error feedback carries what underflows into later calls).
+  kFp16,
+  // As kInt8 with 4 bits a value, two to a byte, from -7 to 7 times the block's scale (7.8x fewer
+  // bytes than f32; the error within a block is at most half its largest magnitude / 7, at each
+  // of two roundings): ZeRO++'s gradient format. Meant for error feedback, which carries what
+  // each rounding lost into the next call.
+  kInt4,
 };
+// "exact", "int8", "bf16", "fp16", "int4".
+std::string_view to_string(Wire wire);
+// The inverse; throws InvalidArgumentError naming the choices.
+Wire parse_wire(std::string_view name);
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kSum;
   std::chrono::milliseconds timeout{0};
   std::string algorithm;
   bool async_op = true;  // false: runs on the calling thread
   Wire wire = Wire::kExact;
-  // kInt8 and kBf16, optional: error feedback, an f32 buffer of the tensor's numel that the caller
-  // keeps from one call to the next, zeros at first (the same tensor, ranks and numel each
+  // Any wire but kExact, optional: error feedback, an f32 buffer of the tensor's numel that the
+  // caller keeps from one call to the next, zeros at first (the same tensor, ranks and numel each
   // time). What this call's rounding lost is carried into the next, so that rounding errors do
   // not accumulate over steps. Empty: none.
   TensorView error;

@@ -37,18 +37,16 @@ void check_wire(const GroupInfo& info, const TensorView& t, const AllreduceOptio
     if (o.error.numel > 0)
       throw InvalidArgumentError(fmt::format(
           "rank {}: all_reduce: an error-feedback buffer is given but the wire is exact; set "
-          "wire = Wire::kInt8 or kBf16, or leave the error buffer empty",
+          "wire = Wire::kInt8, kInt4, kBf16 or kFp16, or leave the error buffer empty",
           info.rank));
     return;
   }
-  const char* wire = o.wire == Wire::kInt8 ? "int8" : "bf16";
+  const std::string_view wire = to_string(o.wire);
   if (info.backend != "native")
-    throw unsupported(
-        info, "all_reduce",
-        fmt::format("{} on the wire (Wire::k{})", wire, o.wire == Wire::kInt8 ? "Int8" : "Bf16"),
-        "any tensor",
-        "it is an algorithm of dtrain's own; use the native backend, or the exact "
-        "wire");
+    throw unsupported(info, "all_reduce",
+                      fmt::format("{} on the wire (AllreduceOptions::wire)", wire), "any tensor",
+                      "it is an algorithm of dtrain's own; use the native backend, or the exact "
+                      "wire");
   if (t.dtype != DType::kF32 || (o.op != ReduceOp::kSum && o.op != ReduceOp::kAvg))
     throw InvalidArgumentError(fmt::format(
         "rank {}: all_reduce: {} on the wire takes f32 values and SUM or AVG, not {} and {}; "

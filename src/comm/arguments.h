@@ -51,7 +51,7 @@ void check_gather(const GroupInfo& info, const TensorView& out, const TensorView
 void check_scatter(const GroupInfo& info, const TensorView& out, const TensorView& in, int root);
 void check_reduce_scatter(const GroupInfo& info, const TensorView& out, const TensorView& in);
 void check_alltoall(const GroupInfo& info, const TensorView& out, const TensorView& in);
-// An all-reduce's wire format: Wire::kInt8 and kBf16 take f32 SUM or AVG, on the native backend
+// An all-reduce's wire format: any but Wire::kExact takes f32 SUM or AVG, on the native backend
 // only, and an error buffer of f32 with the tensor's numel, or none.
 void check_wire(const GroupInfo& info, const TensorView& t, const AllreduceOptions& o);
 

@@ -24,7 +24,8 @@ constexpr uint64_t mask(int bits) { return (uint64_t{1} << bits) - 1; }
 bool has_op(CollectiveKind k) {
   return k == CollectiveKind::kAllreduce || k == CollectiveKind::kReduce ||
          k == CollectiveKind::kReduceScatter || k == CollectiveKind::kAllreduceInt8 ||
-         k == CollectiveKind::kAllreduceBf16;
+         k == CollectiveKind::kAllreduceBf16 || k == CollectiveKind::kAllreduceFp16 ||
+         k == CollectiveKind::kAllreduceInt4;
 }
 bool has_root(CollectiveKind k) {
   return k == CollectiveKind::kBroadcast || k == CollectiveKind::kReduce ||
@@ -77,6 +78,10 @@ std::string_view to_string(CollectiveKind kind) {
       return "all_reduce_int8";
     case CollectiveKind::kAllreduceBf16:
       return "all_reduce_bf16";
+    case CollectiveKind::kAllreduceFp16:
+      return "all_reduce_fp16";
+    case CollectiveKind::kAllreduceInt4:
+      return "all_reduce_int4";
   }
   return "unknown collective";
 }

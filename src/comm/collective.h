@@ -35,6 +35,8 @@ enum class CollectiveKind : uint8_t {
   kBarrier,
   kAllreduceInt8,  // all-reduce with Wire::kInt8 (quantized_allreduce.h)
   kAllreduceBf16,  // ... with Wire::kBf16
+  kAllreduceFp16,  // ... with Wire::kFp16
+  kAllreduceInt4,  // ... with Wire::kInt4
 };
 std::string_view to_string(CollectiveKind kind);
 

@@ -739,11 +739,9 @@ std::shared_ptr<Work> NativeProcessGroup::allreduce(const TensorView& t,
   check_wire(info(), t, o);
   if (o.wire != Wire::kExact) {
     auto* error = o.error.numel > 0 ? static_cast<float*>(o.error.data) : nullptr;
-    const bool int8 = o.wire == Wire::kInt8;
     return submit(
-        {int8 ? CollectiveKind::kAllreduceInt8 : CollectiveKind::kAllreduceBf16, t.dtype, o.op, 0,
-         t.numel},
-        int8 ? "int8" : "bf16", o.timeout, o.async_op,
+        {collective_of(o.wire), t.dtype, o.op, 0, t.numel}, to_string(o.wire), o.timeout,
+        o.async_op,
         [t, error, wire = o.wire, average = o.op == ReduceOp::kAvg](CollectiveContext& ctx) {
           quantized_allreduce(ctx, wire, static_cast<float*>(t.data), error, t.numel, average);
         },

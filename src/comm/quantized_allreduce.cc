@@ -1,5 +1,6 @@
-// The all-reduce of f32 values encoded as int8 blocks or bf16, in two direct exchanges (the form
-// of ZeRO++'s qgZ, which rounds the sum once where a ring would round again at every hop):
+// The all-reduce of f32 values encoded as int8 or int4 blocks, bf16 or fp16, in two direct
+// exchanges (the form of ZeRO++'s qgZ, which rounds the sum once where a ring would round again at
+// every hop):
 //
 //   1. The values are cut into N segments of whole blocks; rank r owns segment r. Each rank
 //      encodes segment p (plus its error feedback) and sends it to rank p, as soon as it is
@@ -15,15 +16,20 @@
 // The decoding adds into f32 as the values arrive from each copy: the casts are part of the
 // reduction's pass, not passes of their own before and after an exact all-reduce of 16-bit data.
 //
-// Cost: 2 (N-1) alpha + 2 (N-1)/N M' beta, M' = M (1 + 4/256) / 4 (int8) or M / 2 (bf16) for M
-// bytes of f32, against 2 (N-1)/N M beta for the exact ring; plus about three passes over the
-// values to encode and decode.
+// Cost: 2 (N-1) alpha + 2 (N-1)/N M' beta, M' = M (1 + 4/256) / 4 (int8), M (1/2 + 4/256) / 4
+// (int4) or M / 2 (bf16, fp16) for M bytes of f32, against 2 (N-1)/N M beta for the exact ring;
+// plus about three passes over the values to encode and decode.
 #include "comm/quantized_allreduce.h"
 
 #include <algorithm>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "common/quantize.h"
+#include "dtrain/error.h"
 
 namespace dtrain::comm {
 namespace {
@@ -37,6 +43,27 @@ struct Codec {
 constexpr Codec kInt8Codec{[](size_t n) { return quantized_bytes(n); }, quantize_int8,
                            dequantize_int8};
 constexpr Codec kBf16Codec{[](size_t n) { return bf16_bytes(n); }, encode_bf16, decode_bf16};
+constexpr Codec kFp16Codec{[](size_t n) { return fp16_bytes(n); }, encode_fp16, decode_fp16};
+constexpr Codec kInt4Codec{[](size_t n) { return int4_bytes(n); }, quantize_int4, dequantize_int4};
+
+const Codec& codec_of(Wire wire) {
+  switch (wire) {
+    case Wire::kBf16:
+      return kBf16Codec;
+    case Wire::kFp16:
+      return kFp16Codec;
+    case Wire::kInt4:
+      return kInt4Codec;
+    default:
+      return kInt8Codec;
+  }
+}
+
+constexpr std::pair<Wire, std::string_view> kWireNames[] = {{Wire::kExact, "exact"},
+                                                            {Wire::kInt8, "int8"},
+                                                            {Wire::kBf16, "bf16"},
+                                                            {Wire::kFp16, "fp16"},
+                                                            {Wire::kInt4, "int4"}};
 
 // Segment p: blocks [blocks * p / n, blocks * (p + 1) / n), as elements and as encoded bytes.
 struct Segments {
@@ -56,11 +83,26 @@ struct Segments {
 
 }  // namespace
 
+CollectiveKind collective_of(Wire wire) {
+  switch (wire) {
+    case Wire::kInt8:
+      return CollectiveKind::kAllreduceInt8;
+    case Wire::kBf16:
+      return CollectiveKind::kAllreduceBf16;
+    case Wire::kFp16:
+      return CollectiveKind::kAllreduceFp16;
+    case Wire::kInt4:
+      return CollectiveKind::kAllreduceInt4;
+    default:
+      return CollectiveKind::kAllreduce;
+  }
+}
+
 void quantized_allreduce(CollectiveContext& ctx, Wire wire, float* data, float* error, size_t count,
                          bool average) {
   const int n = ctx.size(), r = ctx.rank();
   if (n == 1 || count == 0) return;
-  const Codec& codec = wire == Wire::kBf16 ? kBf16Codec : kInt8Codec;
+  const Codec& codec = codec_of(wire);
   const Segments seg{codec, count, (count + kQuantBlock - 1) / kQuantBlock, n};
   // The whole buffer encoded (sent in step 1, received in step 2), and the N copies of this
   // rank's segment that step 1 brings.
@@ -99,3 +141,21 @@ void quantized_allreduce(CollectiveContext& ctx, Wire wire, float* data, float* 
 }
 
 }  // namespace dtrain::comm
+
+namespace dtrain {
+
+std::string_view to_string(Wire wire) {
+  for (const auto& [w, name] : comm::kWireNames)
+    if (w == wire) return name;
+  return "unknown wire";
+}
+
+Wire parse_wire(std::string_view name) {
+  for (const auto& [w, text] : comm::kWireNames)
+    if (text == name) return w;
+  throw InvalidArgumentError(fmt::format(
+      "unknown wire format '{}': choose exact, int8, int4, bf16 or fp16 (AllreduceOptions::wire)",
+      name));
+}
+
+}  // namespace dtrain

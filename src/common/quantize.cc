@@ -1,10 +1,11 @@
-// Int8 and bf16 encodings, written as scalar loops that the compiler vectorises (as reduce.cc):
-// a full block has a constant trip count, so GCC's -O2 vectorises it without a scalar remainder;
-// the block's largest magnitude is an integer maximum over the values' bits with the sign cleared
-// (for non-negative floats the integer order is the float order, and infinities and NaNs compare
-// above every finite value, so one comparison finds them too); rounding to nearest even adds and
-// subtracts 1.5 * 2^23, exact for the magnitudes up to 127 that reach it. Each function is built
-// for AVX-512, AVX2 and baseline x86-64, chosen at load time.
+// Int8, int4, bf16 and fp16 encodings, written as scalar loops that the compiler vectorises (as
+// reduce.cc): a full block has a constant trip count, so GCC's -O2 vectorises it without a scalar
+// remainder; the block's largest magnitude is an integer maximum over the values' bits with the
+// sign cleared (for non-negative floats the integer order is the float order, and infinities and
+// NaNs compare above every finite value, so one comparison finds them too); rounding to nearest
+// even adds and subtracts 1.5 * 2^23, exact for the magnitudes up to 127 that reach it; int4 is
+// int8's rounding to 7 levels, its integers then packed two to a byte. Each function is built for
+// AVX-512, AVX2 and baseline x86-64, chosen at load time.
 #include "common/quantize.h"
 
 #include <algorithm>
@@ -23,12 +24,13 @@ constexpr uint32_t kAbsMask = 0x7fffffffu;
 constexpr uint32_t kInfinityBits = 0x7f800000u;
 constexpr float kRounder = 12582912.0f;  // 1.5 * 2^23
 
-// One block of `len` values (kQuantBlock, or fewer at the end): `out` gets the scale, then the
-// int8 values. Two passes: the values (with the error added) and their largest magnitude, then
-// the rounding, the bytes and the new error. __restrict: the int8 stores would otherwise be
-// assumed to alias the floats, which keeps the loops scalar.
-inline DTRAIN_INLINE void encode_block(const float* __restrict x, float* __restrict error,
-                                       size_t len, std::byte* __restrict out) {
+// One block of `len` values (kQuantBlock, or fewer at the end) rounded to integers from -kLevels
+// to kLevels times the returned scale, into q. Two passes: the values (with the error added) and
+// their largest magnitude, then the rounding, the integers and the new error. __restrict: the
+// int8 stores would otherwise be assumed to alias the floats, which keeps the loops scalar.
+template <int kLevels>
+inline DTRAIN_INLINE float round_block(const float* __restrict x, float* __restrict error,
+                                       size_t len, int8_t* __restrict q) {
   float v[kQuantBlock];
   uint32_t largest = 0;
   if (error != nullptr) {
@@ -44,10 +46,9 @@ inline DTRAIN_INLINE void encode_block(const float* __restrict x, float* __restr
       largest = a > largest ? a : largest;
     }
   }
-  auto* __restrict q = reinterpret_cast<int8_t*>(out + sizeof(float));
   float scale = 0;
   const float amax = std::bit_cast<float>(largest);
-  const float inverse = 127.0f / amax;
+  const float inverse = kLevels / amax;
   if (largest >= kInfinityBits) {
     scale = std::numeric_limits<float>::quiet_NaN();
     std::memset(q, 0, len);
@@ -57,7 +58,7 @@ inline DTRAIN_INLINE void encode_block(const float* __restrict x, float* __restr
     std::memset(q, 0, len);
     if (error != nullptr) std::copy(v, v + len, error);
   } else {
-    scale = amax / 127.0f;
+    scale = amax / kLevels;
     if (error != nullptr) {
       for (size_t i = 0; i < len; ++i) {
         const float r = (v[i] * inverse + kRounder) - kRounder;
@@ -71,7 +72,51 @@ inline DTRAIN_INLINE void encode_block(const float* __restrict x, float* __restr
       }
     }
   }
+  return scale;
+}
+
+// `out` gets the scale, then the int8 values.
+inline DTRAIN_INLINE void encode_block(const float* __restrict x, float* __restrict error,
+                                       size_t len, std::byte* __restrict out) {
+  const float scale =
+      round_block<127>(x, error, len, reinterpret_cast<int8_t*>(out + sizeof scale));
   std::memcpy(out, &scale, sizeof scale);
+}
+
+// `out` gets the scale, then the values two to a byte, the lower half first.
+inline DTRAIN_INLINE void encode_int4_block(const float* __restrict x, float* __restrict error,
+                                            size_t len, std::byte* __restrict out) {
+  int8_t q[kQuantBlock];
+  const float scale = round_block<7>(x, error, len, q);
+  std::memcpy(out, &scale, sizeof scale);
+  auto* __restrict packed = reinterpret_cast<uint8_t*>(out + sizeof scale);
+  for (size_t i = 0; i < len / 2; ++i)
+    packed[i] = static_cast<uint8_t>((q[2 * i] & 0xf) | (q[2 * i + 1] << 4));
+  if (len % 2 != 0) packed[len / 2] = static_cast<uint8_t>(q[len - 1] & 0xf);
+}
+
+inline DTRAIN_INLINE void decode_int4_block(const std::byte* __restrict in, size_t len,
+                                            float* __restrict out, bool accumulate) {
+  float scale;
+  std::memcpy(&scale, in, sizeof scale);
+  const auto* __restrict packed = reinterpret_cast<const uint8_t*>(in + sizeof scale);
+  // A nibble's sign spreads from its top bit: shifted to the byte's top, then back.
+  auto low = [](uint8_t b) DTRAIN_INLINE { return static_cast<int8_t>(b << 4) >> 4; };
+  auto high = [](uint8_t b) DTRAIN_INLINE { return static_cast<int8_t>(b) >> 4; };
+  const size_t pairs = len / 2;
+  if (accumulate) {
+    for (size_t i = 0; i < pairs; ++i) {
+      out[2 * i] += static_cast<float>(low(packed[i])) * scale;
+      out[2 * i + 1] += static_cast<float>(high(packed[i])) * scale;
+    }
+    if (len % 2 != 0) out[len - 1] += static_cast<float>(low(packed[pairs])) * scale;
+  } else {
+    for (size_t i = 0; i < pairs; ++i) {
+      out[2 * i] = static_cast<float>(low(packed[i])) * scale;
+      out[2 * i + 1] = static_cast<float>(high(packed[i])) * scale;
+    }
+    if (len % 2 != 0) out[len - 1] = static_cast<float>(low(packed[pairs])) * scale;
+  }
 }
 
 inline DTRAIN_INLINE void decode_block(const std::byte* __restrict in, size_t len,
@@ -111,6 +156,7 @@ inline DTRAIN_INLINE void decode_bf16_block(const uint16_t* __restrict in, size_
 }
 
 constexpr size_t kBlockBytes = quantized_bytes(kQuantBlock);
+constexpr size_t kInt4BlockBytes = int4_bytes(kQuantBlock);
 
 }  // namespace
 
@@ -128,6 +174,20 @@ DTRAIN_CLONES void dequantize_int8(const std::byte* in, size_t n, float* out, bo
   if (b < n) decode_block(in, n - b, out + b, accumulate);
 }
 
+DTRAIN_CLONES void quantize_int4(const float* in, float* error, size_t n, std::byte* out) {
+  size_t b = 0;
+  for (; b + kQuantBlock <= n; b += kQuantBlock, out += kInt4BlockBytes)
+    encode_int4_block(in + b, error ? error + b : nullptr, kQuantBlock, out);
+  if (b < n) encode_int4_block(in + b, error ? error + b : nullptr, n - b, out);
+}
+
+DTRAIN_CLONES void dequantize_int4(const std::byte* in, size_t n, float* out, bool accumulate) {
+  size_t b = 0;
+  for (; b + kQuantBlock <= n; b += kQuantBlock, in += kInt4BlockBytes)
+    decode_int4_block(in, kQuantBlock, out + b, accumulate);
+  if (b < n) decode_int4_block(in, n - b, out + b, accumulate);
+}
+
 DTRAIN_CLONES void encode_bf16(const float* in, float* error, size_t n, std::byte* out) {
   auto* to = reinterpret_cast<uint16_t*>(out);
   size_t b = 0;
@@ -142,6 +202,36 @@ DTRAIN_CLONES void decode_bf16(const std::byte* in, size_t n, float* out, bool a
   for (; b + kQuantBlock <= n; b += kQuantBlock)
     decode_bf16_block(from + b, kQuantBlock, out + b, accumulate);
   if (b < n) decode_bf16_block(from + b, n - b, out + b, accumulate);
+}
+
+// fp16 goes through reduce.h's conversions (F16C where the CPU has it), a block at a time through
+// arrays that stay in the first-level cache, so that the error and the sum are part of the same
+// pass over the values.
+DTRAIN_CLONES void encode_fp16(const float* in, float* error, size_t n, std::byte* out) {
+  auto* to = reinterpret_cast<uint16_t*>(out);
+  if (error == nullptr) return f32_to_f16(in, to, n);
+  float v[kQuantBlock], back[kQuantBlock];
+  for (size_t b = 0; b < n; b += kQuantBlock) {
+    const size_t len = std::min(kQuantBlock, n - b);
+    for (size_t i = 0; i < len; ++i) v[i] = in[b + i] + error[b + i];
+    f32_to_f16(v, to + b, len);
+    f16_to_f32(to + b, back, len);
+    for (size_t i = 0; i < len; ++i) {
+      const bool finite = (std::bit_cast<uint32_t>(back[i]) & kInfinityBits) != kInfinityBits;
+      error[b + i] = finite ? v[i] - back[i] : 0.0f;
+    }
+  }
+}
+
+DTRAIN_CLONES void decode_fp16(const std::byte* in, size_t n, float* out, bool accumulate) {
+  const auto* from = reinterpret_cast<const uint16_t*>(in);
+  if (!accumulate) return f16_to_f32(from, out, n);
+  float v[kQuantBlock];
+  for (size_t b = 0; b < n; b += kQuantBlock) {
+    const size_t len = std::min(kQuantBlock, n - b);
+    f16_to_f32(from + b, v, len);
+    for (size_t i = 0; i < len; ++i) out[b + i] += v[i];
+  }
 }
 
 }  // namespace dtrain

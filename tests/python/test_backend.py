@@ -109,21 +109,22 @@ def test_ddp_on_dtrain_trains_as_ddp_on_gloo(tmp_path, variant):
         assert json.dumps(got) == json.dumps(want) or _close(flat_g, flat_w), name
 
 
-def test_ddp_with_int8_on_the_wire_trains_close_to_exact_ddp(tmp_path):
-    # dtrain's int8 hook (int8 values, a scale per 256, error feedback) against exact DDP on
-    # gloo: the same losses to within the rounding, and (checked in the worker) the same weights
-    # on every rank.
+@pytest.mark.parametrize("variant", ["int8", "int4", "bf16_wire", "fp16_wire"])
+def test_ddp_with_fewer_bytes_on_the_wire_trains_close_to_exact_ddp(tmp_path, variant):
+    # dtrain's hooks (int8 and int4 values with a scale per 256, bf16 and fp16; error feedback
+    # for all but fp16, given torch's kind of state) against exact DDP on gloo: the same losses to within the rounding, and (checked
+    # in the worker) the same weights on every rank.
     runs = {}
-    for backend, variant in (("gloo", "plain"), ("dtrain", "int8")):
+    for backend, v in (("gloo", "plain"), ("dtrain", variant)):
         out = tmp_path / f"{backend}.json"
-        harness.check_ok(harness.run(2, "ddp", out, variant, backend=backend, timeout=180))
+        harness.check_ok(harness.run(2, "ddp", out, v, backend=backend, timeout=180))
         runs[backend] = json.loads(out.read_text())
-    exact, int8 = runs["gloo"]["losses"], runs["dtrain"]["losses"]
-    assert len(int8) == len(exact) > 0
-    assert int8[0] == pytest.approx(exact[0], rel=1e-6)  # the first step's loss precedes any
-    for step, (a, b) in enumerate(zip(int8, exact)):
-        assert abs(a - b) <= 0.02 * abs(b), f"step {step}: loss {a} with int8, {b} exact"
-    assert int8 != exact  # the hook ran: rounding shows in the later losses
+    exact, rounded = runs["gloo"]["losses"], runs["dtrain"]["losses"]
+    assert len(rounded) == len(exact) > 0
+    assert rounded[0] == pytest.approx(exact[0], rel=1e-6)  # the first step's loss precedes any
+    for step, (a, b) in enumerate(zip(rounded, exact)):
+        assert abs(a - b) <= 0.02 * abs(b), f"step {step}: loss {a} with {variant}, {b} exact"
+    assert rounded != exact  # the hook ran: rounding shows in the later losses
 
 
 def test_the_int8_hook_on_a_gloo_group_says_what_to_use(tmp_path):

@@ -517,9 +517,16 @@ def ddp(backend, out_path, variant):
     if variant in ("hook", "all"):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         net.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    if variant == "int8":
+    if variant in ("int8", "int4", "bf16_wire", "fp16_wire"):
         from dtrain.torch import comm_hooks
-        net.register_comm_hook(comm_hooks.Int8CompressState(), comm_hooks.int8_compress_hook)
+        if variant == "int8":  # the first release's name of the state
+            net.register_comm_hook(comm_hooks.Int8CompressState(), comm_hooks.int8_compress_hook)
+        elif variant == "int4":
+            net.register_comm_hook(comm_hooks.CompressState(), comm_hooks.int4_compress_hook)
+        elif variant == "bf16_wire":
+            net.register_comm_hook(comm_hooks.CompressState(), comm_hooks.bf16_compress_hook)
+        else:  # torch's kind of state: the group, here None (the world), no error feedback
+            net.register_comm_hook(None, comm_hooks.fp16_compress_hook)
     if variant == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
         state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,

@@ -1,6 +1,6 @@
 // DistributedDataParallel over real processes: equality with one process on the whole batch,
-// no_sync accumulation, buffers, unused parameters, join with uneven inputs, fp16 and int8
-// compression.
+// no_sync accumulation, buffers, unused parameters, join with uneven inputs, fp16, bf16, int8
+// and int4 compression.
 #include "dtrain/torch/distributed_data_parallel.h"
 
 #include <gtest/gtest.h>
@@ -18,13 +18,16 @@ using testing::expect_all_ok;
 using testing::run_ranks;
 
 // N ranks with B/N samples each vs one process with B, after several SGD+momentum steps.
-void check_matches_one_process(int n, std::shared_ptr<CommHook> hook, double tolerance) {
+void check_matches_one_process(int n, std::shared_ptr<CommHook> hook, double tolerance,
+                               at::ScalarType dtype = at::kFloat) {
   const int port = testing::free_port();
   auto results = run_ranks(n, [&](int rank) {
     at::set_num_threads(1);
     auto pg = make_group(rank, n, port);
     auto net = testing::make_net(/*bn_eval=*/true);
     auto ref = testing::make_net(/*bn_eval=*/true);
+    net->to(dtype);
+    ref->to(dtype);
     DdpOptions o;
     o.first_bucket_cap_bytes = 64;  // several buckets, so ordering and rebuilding are exercised
     o.bucket_cap_bytes = 100;
@@ -35,6 +38,7 @@ void check_matches_one_process(int n, std::shared_ptr<CommHook> hook, double tol
     torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     for (int step = 0; step < 6; ++step) {
       auto global = testing::global_batch(step, 12);
+      global.x = global.x.to(dtype);
       auto local = testing::shard(global, rank, n);
       opt.zero_grad();
       auto out = ddp.forward([&] { return net->forward(local.x); });
@@ -54,9 +58,16 @@ void check_matches_one_process(int n, std::shared_ptr<CommHook> hook, double tol
 
 TEST(Ddp, TwoRanksMatchOneProcessWithTheWholeBatch) { check_matches_one_process(2, nullptr, 1e-5); }
 TEST(Ddp, ThreeRanksMatchOneProcessWithTheWholeBatch) { check_matches_one_process(3, nullptr, 1e-5); }
+// 16, 8 and 4 bits a value on the wire: replicas stay bit-identical (checked inside) and close to
+// one process.
 TEST(Ddp, Fp16CompressionStaysClose) { check_matches_one_process(2, fp16_compress_hook(), 5e-3); }
-// Int8 on the wire: replicas stay bit-identical (checked inside) and close to one process.
+TEST(Ddp, Bf16CompressionStaysClose) { check_matches_one_process(3, bf16_compress_hook(), 5e-3); }
 TEST(Ddp, Int8CompressionStaysClose) { check_matches_one_process(3, int8_compress_hook(), 5e-3); }
+TEST(Ddp, Int4CompressionStaysClose) { check_matches_one_process(2, int4_compress_hook(), 5e-2); }
+// The wire takes f32: gradients of another type are cast to 16 bits and back instead.
+TEST(Ddp, Bf16CompressionCastsOtherTypes) {
+  check_matches_one_process(2, bf16_compress_hook(), 5e-3, at::kDouble);
+}
 
 TEST(Ddp, NoSyncAccumulationEqualsTheLargerBatch) {
   const int port = testing::free_port();

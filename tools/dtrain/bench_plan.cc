@@ -10,6 +10,7 @@
 
 #include "common/env.h"
 #include "dtrain/error.h"
+#include "dtrain/process_group.h"
 #include "tools/dtrain/bench_peers.h"
 
 namespace dtrain::tools {
@@ -87,10 +88,14 @@ Plan make_plan(const BenchArgs& a) {
         a.transport));
   p.peers = parse_peers(a.peers);
   for (const auto& w : split_list(a.wire)) {
-    if (w != "exact" && w != "int8" && w != "bf16")
+    try {
+      parse_wire(w);
+    } catch (const InvalidArgumentError&) {
       throw InvalidArgumentError(fmt::format(
-          "dtrain bench: --wire {}: use exact, int8, bf16, or a list of them (exact,bf16,int8)",
+          "dtrain bench: --wire {}: use exact, int8, int4, bf16, fp16, or a list of them "
+          "(exact,bf16,int8)",
           w));
+    }
     p.wires.push_back(w);
   }
   if (p.wires.empty()) p.wires.push_back("exact");
@@ -99,7 +104,8 @@ Plan make_plan(const BenchArgs& a) {
   if (rounded && (p.collectives.size() != 1 || p.collectives[0] != Collective::kAllreduce ||
                   p.dtype != bench::ElemType::kF32 || p.op != bench::Op::kSum))
     throw InvalidArgumentError(
-        "dtrain bench: --wire int8 and bf16 time all_reduce of f32 with op sum only: name "
+        "dtrain bench: --wire int8, int4, bf16 and fp16 time all_reduce of f32 with op sum only: "
+        "name "
         "allreduce alone, with --dtype f32 and --op sum");
   return p;
 }

@@ -32,8 +32,8 @@ struct BenchArgs {
   double straggle_ms = 0;
   std::string backend;  // "" = DTRAIN_BACKEND (native by default)
   std::string algo;
-  // all_reduce's wire (AllreduceOptions::wire): exact, int8 or bf16, or a list timing each beyond
-  // the first as a column of its own (dtrain-int8); rounded rows are not checked.
+  // all_reduce's wire (AllreduceOptions::wire): exact, int8, int4, bf16 or fp16, or a list timing
+  // each beyond the first as a column of its own (dtrain-int8); rounded rows are not checked.
   std::string wire = "exact";
   double timeout_s = 60;      // per operation, every implementation
   double deadline_s = 600;    // per implementation run, enforced by the driver
@@ -53,7 +53,8 @@ struct Plan {
   bench::Op op = bench::Op::kSum;
   std::vector<std::string> peers;  // each a name of bench_peers.h's table, once
   double straggle_ms = 0;
-  std::vector<std::string> wires;  // --wire's list: "exact", "int8", "bf16"; at least one
+  std::vector<std::string>
+      wires;  // --wire's list: "exact", "int8", "int4", "bf16", "fp16"; at least one
 };
 
 // Throws InvalidArgumentError naming the flag that is wrong and what it accepts.

@@ -116,7 +116,7 @@ Result run_native_size(ProcessGroup& pg, const BenchArgs& a, const Plan& p, Coll
         // Rounded, so not checked against the exact sum (tests/comm/quantized_allreduce_test.cc
         // bounds its error).
         h.check = nullptr;
-        const Wire wire = a.wire == "int8" ? Wire::kInt8 : Wire::kBf16;
+        const Wire wire = parse_wire(a.wire);
         h.run = [=] {
           AllreduceOptions o{op, timeout, algo, false};
           o.wire = wire;

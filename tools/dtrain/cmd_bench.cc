@@ -70,9 +70,11 @@ CLI::App* add_bench_command(CLI::App& app) {
   cmd->add_option("--algo", a->algo,
                   "dtrain's algorithm (default: the cost model's choice); 'all': each algorithm of "
                   "the collective that can run here, beside the model's choice");
-  cmd->add_option("--wire", a->wire,
-                  "all_reduce's values on the wire: exact, int8 (one byte a value and a scale per "
-                  "256, f32 sum), bf16, or a list (exact,bf16,int8) that times each as a column")
+  cmd->add_option(
+         "--wire", a->wire,
+         "all_reduce's values on the wire: exact, int8 (one byte a value and a scale per "
+         "256, f32 sum), int4, bf16, fp16, or a list (exact,bf16,int8) that times each as a "
+         "column")
       ->capture_default_str();
   cmd->add_option("--timeout", a->timeout_s,
                   "Seconds each operation may take, every implementation")

@@ -280,17 +280,22 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce(std::vector<at::Tensor>& t
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_int8(const at::Tensor& tensor,
-                                                           const at::Tensor& error) {
+c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_compressed(const at::Tensor& tensor,
+                                                                 Wire wire,
+                                                                 const at::Tensor& error) {
   const PythonCaller caller;
   for (const at::Tensor* t : {&tensor, &error})
     if (t->defined() && !t->is_contiguous())
       throw InvalidArgumentError(fmt::format(
-          "rank {}: all_reduce with int8 on the wire takes contiguous tensors; the {} is not",
-          rank_, t == &tensor ? "tensor" : "error-feedback buffer"));
-  auto work = make_work(c10d::OpType::ALLREDUCE, "dtrain:all_reduce_int8", true);
+          "rank {}: all_reduce with {} on the wire takes contiguous tensors; the {} is not", rank_,
+          to_string(wire), t == &tensor ? "tensor" : "error-feedback buffer"));
+  const char* title = wire == Wire::kInt8   ? "dtrain:all_reduce_int8"
+                      : wire == Wire::kInt4 ? "dtrain:all_reduce_int4"
+                      : wire == Wire::kBf16 ? "dtrain:all_reduce_bf16"
+                                            : "dtrain:all_reduce_fp16";
+  auto work = make_work(c10d::OpType::ALLREDUCE, title, true);
   AllreduceOptions o{.op = ReduceOp::kAvg, .timeout = timeout_of(c10d::kUnsetTimeout)};
-  o.wire = Wire::kInt8;
+  o.wire = wire;
   if (error.defined()) o.error = view_of(error);
   work->add(pg_->allreduce(view_of(tensor), o));
   work->keep_alive(tensor);

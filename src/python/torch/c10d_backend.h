@@ -65,10 +65,11 @@ class C10dBackend : public c10d::Backend {
                                            const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
-  // Averages `tensor` (f32, contiguous) with int8 on the wire (Wire::kInt8); `error` is its error
-  // feedback (f32 of the same numel, kept by the caller) or undefined. The int8 comm hook's
+  // Averages `tensor` (f32, contiguous) with `wire` (not kExact) on the wire; `error` is its error
+  // feedback (f32 of the same numel, kept by the caller) or undefined. The comm hooks'
   // (python/dtrain/torch/comm_hooks.py).
-  c10::intrusive_ptr<c10d::Work> allreduce_int8(const at::Tensor& tensor, const at::Tensor& error);
+  c10::intrusive_ptr<c10d::Work> allreduce_compressed(const at::Tensor& tensor, Wire wire,
+                                                      const at::Tensor& error);
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,

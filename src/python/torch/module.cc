@@ -200,21 +200,26 @@ PYBIND11_MODULE(_torch, m) {
       "Fails every pending and later operation of a dtrain backend's group, on this rank and\n"
       "(told by it) on its peers: live recovery's first step, before the group is re-formed.");
   m.def(
-      "allreduce_int8",
+      "allreduce_compressed",
       [](const c10::intrusive_ptr<c10d::Backend>& backend, const at::Tensor& tensor,
+         const std::string& wire,
          const std::optional<at::Tensor>& error) -> c10::intrusive_ptr<c10d::Work> {
         auto* b = dynamic_cast<C10dBackend*>(backend.get());
         if (b == nullptr)
-          throw dtrain::InvalidArgumentError(
-              "allreduce_int8: the group's backend is not dtrain; int8 on the wire is dtrain's "
-              "own algorithm (init_process_group(\"dtrain\"), or new_group(backend=\"dtrain\"))");
-        return b->allreduce_int8(tensor, error.value_or(at::Tensor()));
+          throw dtrain::InvalidArgumentError(fmt::format(
+              "allreduce_compressed: the group's backend is not dtrain; {} on the wire is "
+              "dtrain's own algorithm (init_process_group(\"dtrain\"), or "
+              "new_group(backend=\"dtrain\"))",
+              wire));
+        return b->allreduce_compressed(tensor, dtrain::parse_wire(wire),
+                                       error.value_or(at::Tensor()));
       },
-      py::arg("backend"), py::arg("tensor"), py::arg("error") = py::none(),
+      py::arg("backend"), py::arg("tensor"), py::arg("wire"), py::arg("error") = py::none(),
       py::call_guard<py::gil_scoped_release>(),
-      "Averages a contiguous f32 tensor over a dtrain group with int8 on the wire, in place;\n"
-      "`error` (f32, same numel, zeros at first) is its error feedback, kept from call to call.\n"
-      "Returns torch's Work. dtrain.torch.comm_hooks.int8_compress_hook calls it.");
+      "Averages a contiguous f32 tensor over a dtrain group in place, with `wire` on the wire\n"
+      "(\"int8\", \"bf16\" or \"fp16\"); `error` (f32, same numel, zeros at first) is its error\n"
+      "feedback, kept from call to call. Returns torch's Work. The hooks of\n"
+      "dtrain.torch.comm_hooks call it.");
   m.attr("torch_built_for") = DTRAIN_TORCH_BUILT_FOR;
   m.def(
       "_quiesce", [] { dtrain::python::FutureCompleter::quiesce_all(std::chrono::seconds(10)); },
