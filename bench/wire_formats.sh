@@ -6,11 +6,12 @@
 #      bench/wire_training.py (torch's DDP on backend dtrain), 2 ranks, SEEDS seeds each of
 #      WIRES: the final loss of every run, to be read against the spread of the exact runs;
 #   2. the speed of the all-reduce on this host, over shared memory and over TCP:
-#      `dtrain bench allreduce --wire exact,bf16,fp16,int8` at 1, 16 and 64 MiB;
+#      `dtrain bench allreduce --wire exact,bf16,fp16,int8,int4` at 1, 16 and 64 MiB;
 #   3. the speed on 2 emulated hosts whose link is shaped as each of PROFILES (needs root;
 #      skipped otherwise): the same all-reduces, and the transformer's DDP step with one rank per
 #      host, each of STEP_WIRES taking turns for ROUNDS rounds (median step of each, and its
-#      speed against exact). torch-bf16 is torch's own bf16 hook (cast, all-reduce, cast back).
+#      speed against exact). torch-bf16 is torch's own bf16 hook (cast, all-reduce, cast back),
+#      bf16-plain dtrain's without error feedback (bench/wire_training.py).
 #   [SEEDS="1 2 3"] [WIRES="exact int8"] [STEP_WIRES="exact int8"] [PROFILES="1gbe 10gbe"] \
 #     [ROUNDS=3] [STEPS=12] [PARTS="loss local links"] bash bench/wire_formats.sh [build]
 #   the Python is $DTRAIN_PYTHON or the venv of scripts/install-deps.sh.
@@ -63,7 +64,7 @@ if [[ " $parts " == *" local "* ]]; then
   for transport in auto tcp; do
     echo "# this host, 2 ranks, --transport $transport: all_reduce, exact against each wire"
     "$build/bin/dtrain" bench allreduce --np 2 --transport "$transport" --sizes 1M,16M,64M \
-      --iters 10 --warmup 3 --rounds "$rounds" --wire exact,bf16,fp16,int8 2>/dev/null
+      --iters 10 --warmup 3 --rounds "$rounds" --wire exact,bf16,fp16,int8,int4 2>/dev/null
   done
 fi
 
@@ -73,7 +74,7 @@ for profile in ${PROFILES:-1gbe 10gbe}; do
   "$hosts_script" up "$name" 2 10.79.98 --profile "$profile" >/dev/null 2>&1
   echo "# $profile, 2 hosts x 1 rank: all_reduce, exact against each wire"
   "$build/bin/dtrain" bench allreduce --np 2 --netns "$name" --sizes 1M,16M,64M --iters 5 \
-    --warmup 2 --rounds "$rounds" --wire exact,bf16,fp16,int8 2>/dev/null
+    --warmup 2 --rounds "$rounds" --wire exact,bf16,fp16,int8,int4 2>/dev/null
   echo "# $profile: the transformer's DDP step, each of: $step_wires, in turn"
   for r in $(seq 1 "$rounds"); do
     for wire in $step_wires; do

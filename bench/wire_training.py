@@ -1,8 +1,8 @@
 """The transformer of bench/transformer_lm.py trained by torch's DDP on backend "dtrain", its
 gradients reduced exactly (f32), with int8, int4, bf16 or fp16 on the wire
-(dtrain.torch.comm_hooks), or through torch's own 16-bit hooks (torch-bf16, torch-fp16: cast
-down, all-reduce, cast back), for bench/wire_formats.sh (docs/performance.md, "Fewer bytes on
-the wire").
+(dtrain.torch.comm_hooks; bf16-plain and fp16-plain without error feedback), or through torch's
+own 16-bit hooks (torch-bf16, torch-fp16: cast down, all-reduce, cast back), for
+bench/wire_formats.sh (docs/performance.md, "Fewer bytes on the wire").
 
     dtrain run -n 2 -- python3 bench/wire_training.py --wire int8 --seed 1
 
@@ -34,7 +34,8 @@ from transformer_recovery import batch_of, sequence_losses  # noqa: E402
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--wire", default="exact",
-                   choices=["exact", "int8", "int4", "bf16", "fp16", "torch-bf16", "torch-fp16"])
+                   choices=["exact", "int8", "int4", "bf16", "fp16", "bf16-plain", "fp16-plain",
+                            "torch-bf16", "torch-fp16"])
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
@@ -55,6 +56,8 @@ def main():
     if a.wire.startswith("torch-"):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, getattr(default_hooks, a.wire[6:] + "_compress_hook"))
+    elif a.wire.endswith("-plain"):  # no error feedback
+        ddp.register_comm_hook(None, getattr(comm_hooks, a.wire[:4] + "_compress_hook"))
     elif a.wire != "exact":
         ddp.register_comm_hook(comm_hooks.CompressState(),
                                getattr(comm_hooks, a.wire + "_compress_hook"))

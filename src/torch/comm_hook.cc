@@ -49,15 +49,13 @@ class CompressHook : public CommHook {
   std::string name() const override { return name_; }
   std::shared_ptr<Work> start(ProcessGroup& group, GradBucket& bucket,
                               std::chrono::milliseconds timeout) override {
-    cast_ = bucket.buffer.scalar_type() != at::kFloat || refused_;
-    if (!cast_) {
+    if (bucket.buffer.scalar_type() == at::kFloat && !refused_) {
       try {
         return start_on_wire(group, bucket, wire_, timeout);
       } catch (const InvalidArgumentError&) {
         // Only the backend refuses f32 averages with a well-formed error buffer: gloo, mpi and
         // nccl have no such wire. Asked once; the cast serves from here on.
         refused_ = true;
-        cast_ = true;
       }
     }
     if (!bucket.scratch.defined() || bucket.scratch.numel() != bucket.buffer.numel() ||
@@ -69,8 +67,10 @@ class CompressHook : public CommHook {
     options.timeout = timeout;
     return group.allreduce(dtrain::view_of(bucket.scratch), options);
   }
+  // A bucket that went the cast's way holds its 16-bit copy in scratch (one on the wire, f32
+  // error feedback); buckets of several types may be in flight at once.
   void finish(GradBucket& bucket) override {
-    if (cast_) bucket.buffer.copy_(bucket.scratch);
+    if (bucket.scratch.scalar_type() == type_) bucket.buffer.copy_(bucket.scratch);
   }
 
  private:
@@ -78,7 +78,6 @@ class CompressHook : public CommHook {
   Wire wire_;
   std::string name_;
   bool refused_ = false;  // the group has no such wire
-  bool cast_ = false;     // the bucket in flight went the cast's way
 };
 
 // Averages with int8 or int4 on the wire: f32 gradients on the native backend only.
