@@ -284,6 +284,11 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::allreduce_compressed(const at::Tenso
                                                                  Wire wire,
                                                                  const at::Tensor& error) {
   const PythonCaller caller;
+  if (wire == Wire::kExact)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: allreduce_compressed: the exact wire is torch.distributed.all_reduce; choose "
+        "int8, int4, bf16 or fp16",
+        rank_));
   for (const at::Tensor* t : {&tensor, &error})
     if (t->defined() && !t->is_contiguous())
       throw InvalidArgumentError(fmt::format(
