@@ -154,8 +154,8 @@ void finds_the_workers_of_another_launcher(bool replica_groups) {
   int rank = -1, group = -1;
   long long pid = 0;
   if (replica_groups)
-    ASSERT_EQ(std::sscanf(r.output.c_str() + at, "SIGKILL to rank %d of replica group %d (pid %lld)",
-                          &rank, &group, &pid),
+    ASSERT_EQ(std::sscanf(r.output.c_str() + at,
+                          "SIGKILL to rank %d of replica group %d (pid %lld)", &rank, &group, &pid),
               3)
         << r.output;
   else
@@ -277,13 +277,13 @@ TEST(Chaos, LiveRecoveryKeepsTheSurvivorsTrainingWithinASecondAndEverySampleOnce
 }
 
 // The Horovod-style distributed optimizer the same way: its coordinator's group goes with the
-// world, the survivors make it again on the new one.
+// world, the survivors make it again on the new one. Both kills come while it trains, as above.
 TEST(Chaos, LiveRecoveryOfTheDistributedOptimizerKeepsTheSurvivorsTrainingAndEverySampleOnce) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   dtrain::testing::TempDir dir;
-  const auto r = chaos(dir, {"--schedule", "kill:4s", "--seed", "2", "--max-faults", "2"},
+  const auto r = chaos(dir, {"--schedule", "kill:3s", "--seed", "2", "--max-faults", "2"},
                        {"-n", "4", "--live"},
-                       {"--strategy", "optimizer", "--train-samples", "24000", "--epochs", "2",
+                       {"--strategy", "optimizer", "--train-samples", "30000", "--epochs", "2",
                         "--on-resize", "keep-global-batch"});
   const nlohmann::json c = recovered_every_sample_once(r, 2);
   ASSERT_TRUE(c.is_object());
