@@ -10,6 +10,13 @@
 // refused: its state is stale. It asks to be taken in again as a replacement does, and takes
 // the members' state.
 //
+// A job on several nodes (`dtrain run --live --nnodes N`: GROUP_WORLD_SIZE above 1) hears of
+// deaths on other nodes from their launchers through the store (publish_ended), and closes a
+// list only with a quorum: the members here must be more than half of those not reported
+// ended. A side cut off from the others by a network partition then stops rather than train on
+// alone: without the store it cannot agree at all, and with it but without a majority it refuses
+// to (no split brain).
+//
 // A replacement (`dtrain run --live --replace N` starts one in a dead member's place, with its
 // rank at start) waits until the members have left its predecessor out, then asks to be taken
 // in. The members look for such requests at a step boundary (waiting(), asked by one member and
@@ -76,6 +83,9 @@ class LiveMembership {
   // The members of this generation the launcher reports ended (by rank at start), waiting up to
   // `wait` for one: whether an error a collective raised was a member's death.
   std::vector<int> ended(std::chrono::milliseconds wait) const;
+  // For the launchers of a job on several nodes: says in the job's store how the worker of
+  // rank `rank` (at start) ended, for the members on every node.
+  static void publish_ended(Store& store, int rank, const std::string& how);
 
   struct Next {
     int rank = 0;           // this process's rank in the new generation
@@ -113,6 +123,9 @@ class LiveMembership {
  private:
   // Asks to be taken in and waits for it, as a replacement (or a survivor left out) does.
   void join();
+  // Whether a launcher said that member `m` ended: this node's (its file in DTRAIN_FLIGHT_DIR)
+  // or, on several nodes, any node's (the store).
+  bool reported_ended(int m) const;
   Next rejoin(int generation, const std::vector<int>& agreed,
               std::chrono::steady_clock::time_point start);
   LiveMembershipOptions options_;
@@ -123,6 +136,7 @@ class LiveMembership {
   int generation_ = 0;
   bool replacement_ = false;
   bool too_late_ = false;
+  bool several_nodes_ = false;  // deaths are also told through the store; lists need a quorum
   std::chrono::steady_clock::time_point next_look_{};  // waiting()'s
 };
 

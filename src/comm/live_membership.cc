@@ -30,6 +30,8 @@ const std::string kClosedKey = "dtrain/live/closed";
 // A replacement's request to be taken in, and the generation that took it in.
 std::string join_key(int member) { return fmt::format("dtrain/live/join/{}", member); }
 std::string joined_key(int member) { return fmt::format("dtrain/live/joined/{}", member); }
+// How a member ended, in the words of its node's launcher (jobs on several nodes).
+std::string ended_key(int member) { return fmt::format("dtrain/live/ended/{}", member); }
 
 std::string text_of(const Bytes& b) { return std::string(b.begin(), b.end()); }
 Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
@@ -59,6 +61,7 @@ LiveMembership::LiveMembership(LiveMembershipOptions options) : options_(std::mo
   store_ = std::make_shared<TcpStore>(so);
   original_rank_ = id.rank;
   world_size_ = id.world_size;
+  several_nodes_ = env::get_int(env::kGroupWorldSize).value_or(1) > 1;
   replacement_ = env::get_bool(env::kLiveReplacement);
   if (replacement_) {
     join();
@@ -95,6 +98,7 @@ void LiveMembership::join() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   comm::forget_launcher_exit_word(original_rank_);
+  if (several_nodes_) store_->delete_key(ended_key(original_rank_));
   store_->set(join_key(original_rank_), Bytes{'1'});
   while (!store_->check({joined_key(original_rank_)})) {
     if (store_->check({kClosedKey})) {
@@ -218,12 +222,21 @@ int LiveMembership::rank() const {
                           members_.begin());
 }
 
+bool LiveMembership::reported_ended(int m) const {
+  if (!comm::launcher_exit_word(m, std::chrono::milliseconds(0)).empty()) return true;
+  return several_nodes_ && store_->check({ended_key(m)});
+}
+
+void LiveMembership::publish_ended(Store& store, int rank, const std::string& how) {
+  store.set(ended_key(rank), bytes_of(how));
+}
+
 std::vector<int> LiveMembership::ended(std::chrono::milliseconds wait) const {
   const Deadline deadline = Deadline::after(wait);
   while (true) {
     std::vector<int> found;
     for (int m : members_)
-      if (!comm::launcher_exit_word(m, std::chrono::milliseconds(0)).empty()) found.push_back(m);
+      if (reported_ended(m)) found.push_back(m);
     if (!found.empty() || deadline.expired()) return found;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -237,19 +250,37 @@ LiveMembership::Next LiveMembership::next() {
   // Who is here, and who the launcher says has ended; the rest may be stopped or stuck.
   const auto settle_end = start + options_.settle;
   std::vector<int> here;
+  std::vector<int> silent;  // neither here nor reported ended
   while (true) {
     here.clear();
-    size_t ended = 0;
+    silent.clear();
     for (int m : members_) {
       if (store_->check({here_key(next, m)}))
         here.push_back(m);
-      else if (!comm::launcher_exit_word(m, std::chrono::milliseconds(0)).empty())
-        ++ended;
+      else if (!reported_ended(m))
+        silent.push_back(m);
     }
-    if (here.size() + ended == members_.size() || Clock::now() >= settle_end) break;
+    if (silent.empty()) break;
     // Another survivor closed the list already (and a replacement may have taken the launcher's
     // word on its predecessor since): it is decided.
     if (store_->check({members_key(next)})) break;
+    if (Clock::now() >= settle_end) {
+      // On several nodes the silent members may be cut off rather than stopped: this side goes
+      // on only as a majority of the members not reported ended.
+      if (several_nodes_ && here.size() <= silent.size())
+        throw AbortedError(fmt::format(
+            "rank {} (rank {} at start): re-forming generation {} of the live world: rank(s) at "
+            "start {} neither announced themselves within {:.1f} s nor were reported ended by "
+            "their launcher: they may be cut off from this side by a network partition. Only {} "
+            "of the {} members not reported ended are here, not a majority: this side stops "
+            "rather than train on alone (no split brain). Restart the job from its last "
+            "checkpoint once the network is whole (or raise the live world's settle time if "
+            "they were only slow)",
+            rank(), original_rank_, next, silent,
+            std::chrono::duration<double>(options_.settle).count(), here.size(),
+            here.size() + silent.size()));
+      break;
+    }
     if (deadline.expired())
       throw TimeoutError(fmt::format(
           "rank {} (rank {} at start): re-forming generation {} of the live world took {}: of "

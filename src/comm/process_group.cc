@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include <fmt/format.h>
@@ -20,6 +21,7 @@
 #include "comm/p2p_work.h"
 #include "comm/quantized_allreduce.h"
 #include "comm/recorded_process_group.h"
+#include "common/deadline.h"
 #include "common/env.h"
 #include "common/error_message.h"
 #include "common/log.h"
@@ -315,18 +317,24 @@ void NativeProcessGroup::share_links(int groups) {
 
 std::string NativeProcessGroup::postmortem(uint32_t seq, const std::string& entry) {
   publish_postmortem(*store_, name_, rank_, seq, entry);
+  // Under `dtrain run`, how a peer whose connection broke ended (it failed, rather than left),
+  // waited for once and for all of them together: a peer that is alive (it aborted the group)
+  // or on another node leaves no word here. Under --live the survivors re-form at once, and
+  // their agreement waits for the launchers' words itself.
+  const Deadline words = Deadline::after(env::get_bool(env::kLive) ? std::chrono::milliseconds(0)
+                                                                   : std::chrono::seconds(2));
+  std::map<int, std::string> word_of;
   // Ranks whose connection broke will never write: the wait is for the live ones only.
   return collect_postmortem(
       *store_, name_, size_, seq, std::chrono::seconds(3),
-      [this](int r) -> std::optional<std::string> {
+      [this, &words, &word_of](int r) -> std::optional<std::string> {
         if (r == rank_) return std::nullopt;
         switch (device_->pair(members_[r])->broken_by()) {
           case transport::Pair::BrokenBy::kNothing:
             return std::nullopt;
           case transport::Pair::BrokenBy::kPeer: {
-            // Under `dtrain run`, how its process ended: it failed, rather than left.
-            const std::string word =
-                launcher_exit_word(members_[r], std::chrono::milliseconds(2000));
+            std::string& word = word_of[r];
+            if (word.empty()) word = launcher_exit_word(members_[r], words.remaining());
             if (!word.empty()) return fmt::format("gone: its process {} (dtrain run)", word);
             return "gone (its connection broke)";
           }

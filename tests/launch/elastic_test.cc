@@ -79,17 +79,6 @@ class ElasticTest : public ::testing::Test {
                                     << w.pid << ") outlived its agent";
   }
 
-  // Waits until `done` holds, reading every agent's output meanwhile; false at the deadline.
-  static bool wait_for(const std::function<bool()>& done, std::vector<Launched*> agents,
-                       milliseconds limit) {
-    auto deadline = Deadline::after(limit);
-    while (!done()) {
-      if (deadline.expired()) return false;
-      for (auto* a : agents) a->pump(milliseconds(20));
-    }
-    return true;
-  }
-
   std::filesystem::path dir_;
 };
 
@@ -335,30 +324,11 @@ TEST_F(ElasticTest, NodeWhoseWorkersKeepFailingIsExcluded) {
   expect_no_worker_left();
 }
 
-// Network namespaces as two machines (scripts/netns-hosts.sh): each agent has its own address,
-// the workers reach node 0's store and each other over TCP. A worker of host 1 is killed; the
-// job restarts on both hosts and finishes.
-struct NamespaceHosts {
-  const std::string script = std::string(DTRAIN_SOURCE_DIR) + "/scripts/netns-hosts.sh";
-  std::string name = "de" + std::to_string(::getpid() % 100000);
-  std::string subnet = "10.79." + std::to_string(::getpid() % 200);
-  bool up = false;
-  NamespaceHosts() {
-    up = ::geteuid() == 0 &&
-         std::system((script + " up " + name + " 2 " + subnet + " >/dev/null 2>&1").c_str()) == 0;
-    if (!up) std::system((script + " down " + name + " 2 >/dev/null 2>&1").c_str());
-  }
-  ~NamespaceHosts() {
-    if (up) std::system((script + " down " + name + " 2 >/dev/null 2>&1").c_str());
-  }
-  std::vector<std::string> on(int host) const {
-    return {script, "run", name, std::to_string(host)};
-  }
-  std::string addr(int host) const { return subnet + "." + std::to_string(host + 1); }
-};
-
+// Network namespaces as two machines (NamespaceHosts): each agent has its own address, the
+// workers reach node 0's store and each other over TCP. A worker of host 1 is killed; the job
+// restarts on both hosts and finishes.
 TEST_F(ElasticTest, TwoHostsInNetworkNamespacesRestartTogether) {
-  NamespaceHosts hosts;
+  NamespaceHosts hosts("de", 2);
   if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
   auto agent = [&](const std::string& node) {
     std::vector<std::string> args{"run",

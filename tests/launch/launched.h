@@ -3,13 +3,13 @@
 #pragma once
 
 #include <fcntl.h>
-#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -18,6 +18,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "common/deadline.h"
 #include "common/socket.h"
@@ -136,6 +138,52 @@ class Launched {
   net::Fd out_, err_;
   std::string out_text_, err_text_;
   std::optional<int> status_;
+};
+
+// Waits until `done` holds, reading every launcher's output meanwhile; false at the deadline.
+inline bool wait_for(const std::function<bool()>& done, std::vector<Launched*> launched,
+                     milliseconds limit) {
+  auto deadline = Deadline::after(limit);
+  while (!done()) {
+    if (deadline.expired()) return false;
+    for (auto* a : launched) a->pump(milliseconds(20));
+  }
+  return true;
+}
+
+// Network namespaces as `count` machines (scripts/netns-hosts.sh), removed at the end: each has
+// an address of its own, and the links are plain veths. `up` is false where they cannot be made
+// (not root, no iproute2): the test skips.
+struct NamespaceHosts {
+  const std::string script = std::string(DTRAIN_SOURCE_DIR) + "/scripts/netns-hosts.sh";
+  std::string name;
+  std::string subnet;
+  int count;
+  bool up = false;
+  // `prefix`: a few letters naming the test's hosts (with this process's pid after them).
+  NamespaceHosts(const std::string& prefix, int count_)
+      : name(prefix + std::to_string(::getpid() % 100000)),
+        subnet("10.79." + std::to_string(::getpid() % 200)),
+        count(count_) {
+    up = ::geteuid() == 0 && std::system((script + " up " + name + " " + std::to_string(count) +
+                                          " " + subnet + " >/dev/null 2>&1")
+                                             .c_str()) == 0;
+    if (!up) std::system((script + " down " + name + " >/dev/null 2>&1").c_str());
+  }
+  ~NamespaceHosts() {
+    if (up) std::system((script + " down " + name + " >/dev/null 2>&1").c_str());
+  }
+  NamespaceHosts(const NamespaceHosts&) = delete;
+  NamespaceHosts& operator=(const NamespaceHosts&) = delete;
+  // The wrapper that runs a command on `host`.
+  std::vector<std::string> on(int host) const {
+    return {script, "run", name, std::to_string(host)};
+  }
+  std::string addr(int host) const { return subnet + "." + std::to_string(host + 1); }
+  // Unplugs `host`: its link goes down, and nothing it sends or is sent arrives.
+  bool cut(int host) const {
+    return std::system((script + " cut " + name + " " + std::to_string(host)).c_str()) == 0;
+  }
 };
 
 inline int exit_code(std::optional<int> status) {

@@ -179,7 +179,8 @@ TEST(LiveWorld, LiveIsRefusedWhereItCannotKeepTheSurvivors) {
   const auto r =
       run_command({kDtrain, "run", "-n", "2", "--live", "--max-restarts", "1", "--", kWorker});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--live keeps the surviving workers of one node running"),
+  EXPECT_NE(r.output.find("--live keeps the surviving workers running; it cannot be combined "
+                          "with an elastic run"),
             std::string::npos)
       << r.output;
 }

@@ -13,7 +13,8 @@
 // closed, before the new group connects: a failure within the re-forming. --late-rank R: rank
 // R at start, when a peer dies, waits MS before it re-forms (as a rank stopped or cut off
 // meanwhile): the others leave it out, and take it in again at a step boundary with their state.
-// Prints "generation G rank K of W members M rejoined" (the late rank, once taken in again).
+// Prints "rank R at start: formed, rank K of W" once the first world formed, "generation G rank
+// K of W members M rejoined" (the late rank, once taken in again).
 // Prints (every member) "generation G rank K of W members M lost L" after each re-forming,
 // "generation G rank K of W members M joined J" after taking in replacements, "replacement R:
 // rank K of W in generation G from step S" (a replacement, once taken in) and "DONE steps S
@@ -98,7 +99,11 @@ int main(int argc, char** argv) {
       pg->allreduce(dtrain::TensorView::of(newest), max)->wait();
       step = static_cast<int>(newest[0]);
     };
-    if (world.replacement()) {
+    if (!world.replacement()) {
+      std::printf("rank %d at start: formed, rank %d of %d\n", world.original_rank(), pg->rank(),
+                  pg->size());
+      std::fflush(stdout);
+    } else {
       newest_step();
       std::printf("replacement %d: rank %d of %d in generation %d from step %d\n",
                   world.original_rank(), pg->rank(), pg->size(), world.generation(), step);

@@ -38,6 +38,7 @@
 #include "launch/flight_dir.h"
 #include "launch/gpu_topology.h"
 #include "launch/hang_monitor.h"
+#include "launch/live_nodes.h"
 #include "launch/metrics/metrics_endpoint.h"
 #include "launch/supervisor.h"
 #include "launch/tf_config.h"
@@ -385,6 +386,7 @@ int run_job(const RunArgs& a) {
          {"LOCAL_WORLD_SIZE", std::to_string(a.nproc)},
          {"NODE_RANK", std::to_string(a.node_rank)},
          {"GROUP_RANK", std::to_string(a.node_rank)},
+         {"GROUP_WORLD_SIZE", std::to_string(a.nnodes)},
          {"MASTER_ADDR", a.master_addr},
          {"MASTER_PORT", std::to_string(port)},
          // The launcher of node 0 hosts the store, so rank 0 must not host another; torch's
@@ -435,12 +437,20 @@ int run_job(const RunArgs& a) {
     }
   }
   options.stop_fds = {hang_monitor.stop_fd()};
+  // A live job on several nodes: the launchers tell each other's survivors of deaths, and node
+  // 0's keeps the store up while the others' workers go on.
+  std::unique_ptr<launch::LiveNodes> live_nodes;
+  if (a.live && a.nnodes > 1)
+    live_nodes = std::make_unique<launch::LiveNodes>(launch::LiveNodesOptions{
+        .host = a.master_addr, .port = port, .node = a.node_rank, .nnodes = a.nnodes});
   // How each worker ended, for its peers' errors (comm::launcher_exit_word).
-  options.on_exit = [&flight](const launch::WorkerExit& e) {
+  options.on_exit = [&flight, &live_nodes](const launch::WorkerExit& e) {
     flight.write_exit_word(e.rank, e.how());
+    if (live_nodes) live_nodes->worker_ended(e.rank, e.how());
   };
   options.on_sigusr2 = [&hang_monitor] { hang_monitor.request_records(); };
   const launch::SupervisorResult result = supervisor.supervise(options);
+  if (live_nodes) live_nodes->finish();
   if (hang_monitor.fired()) return launch::kStuckExitCode;
   if (result.outcome == launch::SupervisorResult::Outcome::kFailed) {
     // A failure that wrote flight records (a timeout, a mismatch, a dead peer): what they say.
@@ -601,10 +611,10 @@ CLI::App* add_run_command(CLI::App& app) {
       throw InvalidArgumentError(
           "dtrain run: --replace starts workers in dead ones' places while the others go on: it "
           "needs --live");
-    if (a.live && (is_elastic || a.nnodes > 1 || a.servers > 0))
+    if (a.live && (is_elastic || a.servers > 0))
       throw InvalidArgumentError(
-          "dtrain run: --live keeps the surviving workers of one node running; it cannot be "
-          "combined with an elastic run (--max-restarts, --nnodes, --rdzv-*) or --servers yet");
+          "dtrain run: --live keeps the surviving workers running; it cannot be combined with an "
+          "elastic run (--max-restarts, --nnodes MIN:MAX, --rdzv-*) or --servers yet");
     if (is_elastic) {
       if (a.servers > 0)
         throw InvalidArgumentError(
