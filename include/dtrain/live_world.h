@@ -86,6 +86,9 @@ class LiveWorld {
   std::optional<Reformed> admit_waiting();
   // Training is over: replacements still waiting are told so. Any member may call it.
   void close() { membership_.close(); }
+  // The members of this generation the launcher reports ended (by rank at start), waiting up to
+  // `wait` for one: whether an error that does not say so was a member's death.
+  std::vector<int> ended(std::chrono::milliseconds wait) const { return membership_.ended(wait); }
 
  private:
   // Forms the group of the membership's newest generation (`next`: this process's place in it;

@@ -3,6 +3,7 @@ dtrain.tensorflow.elastic): the function starts from the newest commit a restart
 with every rank holding the same state; with live recovery it starts again among the survivors
 when a peer dies."""
 import functools
+import os
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar, cast
 
@@ -24,6 +25,22 @@ class Collectives(Protocol):
     def init(self) -> None: ...
 
     def is_initialized(self) -> bool: ...
+
+
+def live_enabled() -> bool:
+    """Whether the job runs under `dtrain run --live` (which keeps the survivors of a death)."""
+    return os.environ.get("DTRAIN_LIVE", "0") not in ("", "0")
+
+
+def reformed_line(me: int, lost: list[int], rejoined: bool, seconds: float, rank: int,
+                  size: int) -> str:
+    """What a rank says after live recovery re-formed the job (`me`: its rank at start)."""
+    if rejoined:
+        return (f"rank {me} at start: left out of the re-formed job and taken in again in "
+                f"{seconds:.2f} s; now rank {rank} of {size}, going on from the others' commit "
+                "(--live)")
+    return (f"rank {me} at start: the job re-formed without rank(s) {lost} at start in "
+            f"{seconds:.2f} s; now rank {rank} of {size}, going on from the last commit (--live)")
 
 
 class HostsUpdatedInterrupt(RuntimeError):

@@ -5,6 +5,7 @@ process on the whole batches, join, and errors; Keras against dtrain's parameter
 TensorFlow's own strategy under `dtrain run --tf-config`; `import dtrain` without TensorFlow."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -129,6 +130,100 @@ def test_elastic_state_resumes_a_restarted_job_from_its_commit(tmp_path):
     with np.load(tmp_path / "straight.npz") as a, np.load(tmp_path / "restarted.npz") as b:
         for k in a.files:
             assert np.array_equal(a[k], b[k]), k
+
+
+def _live_run(tmp_path, *args, step_ms=0):
+    return subprocess.run([DTRAIN, "run", "-n", "3", "--live", *args, "--", harness.PYTHON,
+                           os.path.join(harness.HERE, "tf_workers.py"), "live_elastic",
+                           str(tmp_path), "1", "4", str(step_ms)],
+                          env=_launch_env(), capture_output=True, text=True, timeout=300)
+
+
+def _live_reference(tmp_path, *worlds):
+    """tf_workers.live_reference's weights, steps and samples trained for `worlds`
+    ("SIZE:STEPS")."""
+    out = tmp_path / "reference.npz"
+    p = subprocess.run([harness.PYTHON, os.path.join(harness.HERE, "tf_workers.py"),
+                        "live_reference", str(out), *worlds], env=_launch_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    steps, samples = map(int, re.search(r"reference steps ([0-9]+) samples ([0-9]+)",
+                                        p.stdout).groups())
+    with np.load(out) as f:
+        return [f[k] for k in f.files], steps, samples
+
+
+def _resumed_at(p):
+    """The step both survivors went on from after rank 1 died: the one it died after, or the
+    one before (a survivor's commit of it may not have been made)."""
+    text = p.stdout + p.stderr
+    resumed = re.findall(r"at start: reset at step ([0-9]+), now rank [0-9] of 2", p.stdout)
+    assert len(resumed) == 2 and len(set(resumed)) == 1, text
+    assert int(resumed[0]) in (3, 4), text
+    return int(resumed[0])
+
+
+def _trained_once(tmp_path, logs, dead, resumed_at, samples):
+    """The first `samples` samples once each in the steps the job kept: the lines of `logs`, of
+    the dead rank's only up to `resumed_at`. The ranks of a step name the same live
+    generation."""
+    trained, generations = [], {}
+    for name in logs:
+        for line in (tmp_path / f"samples.{name}").read_text().splitlines():
+            step, generation, rows = re.fullmatch(
+                r"step ([0-9]+) generation ([0-9]+) samples ([0-9,]+)", line).groups()
+            if name == str(dead) and int(step) > resumed_at:
+                continue
+            assert generations.setdefault(step, generation) == generation, (name, line)
+            trained += [int(i) for i in rows.split(",")]
+    assert sorted(trained) == list(range(samples)), sorted(trained)
+
+
+def _same_weights(tmp_path, ranks, expected):
+    for r in ranks:
+        with np.load(tmp_path / f"weights.{r}.npz") as f:
+            got = [f[k] for k in f.files]
+        assert len(got) == len(expected), r
+        for g, e in zip(got, expected):
+            assert np.allclose(g, e, rtol=1e-5, atol=1e-6), (r, g, e)
+
+
+def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
+    # Rank 1 of 3 SIGKILLs itself after its commit of step 4: ranks 0 and 2 re-form without
+    # restarting, go back to the newest commit and train the rest of the pass two at a time,
+    # ending with the weights of one process trained on the same rows, each sample once.
+    p = _live_run(tmp_path)
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text
+    assert "2 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
+    assert re.search(r"rank 2 at start: the job re-formed without rank\(s\) \[1\] at start in "
+                     r"[0-9.]+ s; now rank 1 of 2", p.stdout), text
+    assert re.search(r"reset at step [0-9]+, now rank 1 of 2 \(scale-lr: batch 3, lr 0.2\)",
+                     p.stdout), text
+    resumed_at = _resumed_at(p)
+    expected, steps, samples = _live_reference(tmp_path, f"3:{resumed_at}", "2:end")
+    assert p.stdout.count(f"live training finished at step {steps} as rank") == 2, text
+    _same_weights(tmp_path, (0, 2), expected)
+    _trained_once(tmp_path, ["0", "1", "2"], 1, resumed_at, samples)
+
+
+def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path):
+    # The same with `--replace 1`: a new process takes rank 1's place at a commit of the
+    # survivors, syncs the state from them and trains the rest of the pass with them.
+    p = _live_run(tmp_path, "--replace", "1", step_ms=2000)  # time for TensorFlow to load
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text
+    assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
+    resumed_at = _resumed_at(p)
+    taken = re.findall(r"took in rank\(s\) \[1\] at start at commit ([0-9]+); now rank 0 of 3",
+                       p.stdout)
+    assert len(taken) == 1, text
+    taken_at = int(taken[0])
+    expected, steps, samples = _live_reference(tmp_path, f"3:{resumed_at}",
+                                               f"2:{taken_at - resumed_at}", "3:end")
+    assert p.stdout.count(f"live training finished at step {steps} as rank") == 3, text
+    _same_weights(tmp_path, (0, 1, 2), expected)
+    _trained_once(tmp_path, ["0", "1", "1r", "2"], 1, resumed_at, samples)
 
 
 def test_a_dead_peer_fails_the_next_call_naming_it():

@@ -450,6 +450,98 @@ def elastic_fit(out, crash_step):
     print(f"rank {r}: elastic training finished at step {state.step}", flush=True)
 
 
+LIVE_SAMPLES = 90
+LIVE_BATCH = 3  # per rank and step
+
+
+def _live_setup():
+    """The live worker's model (the same weights in every process) and samples."""
+    import keras
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(LIVE_SAMPLES, 5)).astype(np.float32)
+    return model, x, rng.normal(size=(LIVE_SAMPLES, 2)).astype(np.float32)
+
+
+def live_elastic(out, die_rank, die_after, step_ms="0"):
+    """hvd.elastic under `dtrain run --live`: one pass over LIVE_SAMPLES, each step taking the
+    next LIVE_BATCH rows per rank in rank order (state.position: the rows trained), a Keras
+    DistributedOptimizer (SGD with momentum) and a commit after every step; rank `die_rank` (at
+    start) SIGKILLs itself after its commit of step `die_after` (its replacement, under
+    --replace, does not). Each rank writes, before each commit, "step S generation G samples
+    i,j,k" to out/samples.R (R: its rank at start; a replacement's: out/samples.Rr), and at the
+    end its weights to out/weights.R.npz. Each step lasts at least `step_ms`."""
+    import signal
+    import time
+    import keras
+    import dtrain.tensorflow.keras as khvd
+    die_rank, die_after, step_s = int(die_rank), int(die_after), float(step_ms) / 1000
+    khvd.init()
+    me = int(os.environ["RANK"])
+    replacement = os.environ.get("DTRAIN_LIVE_REPLACEMENT") == "1"
+    model, x, y = _live_setup()
+    model.compile(optimizer=khvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
+                  loss="mse")
+    state = khvd.elastic.KerasState(model, position=0, step=0)
+    log = open(os.path.join(out, f"samples.{me}{'r' if replacement else ''}"), "w")
+    # Traced now, in the first world: Horovod's size and rank ops are read when they run.
+    world = tf.function(lambda: tf.stack([hvd.size_op(), hvd.rank_op()]))
+    world()
+
+    def reset():
+        # What Horovod's elastic examples do to the rate here, as they would with lr 0.3.
+        batch, lr = khvd.elastic.step_shape("scale-lr", LIVE_BATCH, 0.3)
+        print(f"rank {me} at start: reset at step {state.step}, now rank {khvd.rank()} of "
+              f"{khvd.size()} (scale-lr: batch {batch}, lr {lr:g})", flush=True)
+    state.register_reset_callbacks([reset])
+
+    @khvd.elastic.run
+    def train(state):
+        while state.position + khvd.size() * LIVE_BATCH <= LIVE_SAMPLES:
+            time.sleep(step_s)  # long enough steps for a replacement to start
+            first = state.position + khvd.rank() * LIVE_BATCH
+            model.train_on_batch(x[first:first + LIVE_BATCH], y[first:first + LIVE_BATCH])
+            state.position += khvd.size() * LIVE_BATCH
+            state.step += 1
+            rows = ",".join(map(str, range(first, first + LIVE_BATCH)))
+            log.write(f"step {state.step} generation {khvd.elastic.generation()} samples "
+                      f"{rows}\n")
+            log.flush()
+            state.commit()
+            if me == die_rank and state.step == die_after and not replacement:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    train(state)
+    expect(world(), [khvd.size(), khvd.rank()], "size_op() and rank_op() traced in the first world")
+    np.savez(os.path.join(out, f"weights.{me}.npz"), *model.get_weights())
+    print(f"rank {me} at start: live training finished at step {state.step} as rank "
+          f"{khvd.rank()} of {khvd.size()}", flush=True)
+    khvd.shutdown()
+
+
+def live_reference(out, *worlds):
+    """What live_elastic's survivors must hold, in one process: for each "SIZE:STEPS" of
+    `worlds` (STEPS "end": to the end of the pass), that many steps of SIZE ranks' rows at once
+    (the average of equal batches' mean gradients is the mean gradient of their union). Writes
+    the weights to `out` and prints the steps and the samples trained."""
+    import keras
+    model, x, y = _live_setup()
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+    position = steps = 0
+    for world in worlds:
+        size, count = world.split(":")
+        rows = int(size) * LIVE_BATCH
+        k = 0
+        while (count == "end" or k < int(count)) and position + rows <= LIVE_SAMPLES:
+            model.train_on_batch(x[position:position + rows], y[position:position + rows])
+            position += rows
+            k += 1
+        steps += k
+    np.savez(out, *model.get_weights())
+    print(f"reference steps {steps} samples {position}", flush=True)
+
+
 def peer_dies():
     """Rank 1 leaves mid-job: rank 0's next all-reduce fails fast with a TensorFlow error that
     carries dtrain's text (which rank, what to do)."""

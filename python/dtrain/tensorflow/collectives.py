@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 import tensorflow as tf
 
 from dtrain import _core
+from dtrain._elastic_run import live_enabled
 from dtrain._horovod_settings import session_settings
 from dtrain.tensorflow._library import ops as _ops, session as _session
 from dtrain.tensorflow.compression import Compression, Compressor
@@ -62,7 +63,10 @@ def _whole_job(function: Callable[_P, _R]) -> Callable[_P, _R]:
 def init(comm: object = None, process_sets: object = None) -> None:
     """Joins the job: rank and size come from whichever launcher started this process (dtrain
     run, torchrun, mpirun, srun); a process started alone is a world of one. Calling it again
-    does nothing. Collective: every rank calls it."""
+    does nothing. Collective: every rank calls it. Under `dtrain run --live` it joins the live
+    world (hvd.elastic.run re-forms it when a rank dies); a replacement for a dead worker
+    (`--live --replace`) returns once the others took it in, and exits the process (status 0)
+    when they ended training first."""
     global _identity
     if comm is not None or process_sets is not None:
         raise ValueError("dtrain.tensorflow.init(): comm and process_sets are not supported; "
@@ -70,7 +74,25 @@ def init(comm: object = None, process_sets: object = None) -> None:
     if _session.is_initialized():
         return
     _identity = _core.launcher_identity()
-    _session.init(None, *session_settings())
+    if not _session.init(None, *session_settings(), live=live_enabled()):
+        print(f"rank {_session.live_status()['original_rank']} at start, a replacement: training "
+              f"ended before the others could take it in; nothing to do", flush=True)
+        raise SystemExit(0)
+
+
+def _reform() -> dict[str, Any]:
+    """Live recovery (hvd.elastic.run, under `dtrain run --live`): aborts the session and its
+    group, agrees with the survivors on who goes on and opens the session among them (the ops
+    use it from their next call). Collective among the survivors; _session.reform()'s dict."""
+    return _session.reform()
+
+
+def _admit_waiting() -> list[int]:
+    """At a step boundary under `dtrain run --live --replace` (a state's commit() calls it):
+    replacements waiting to take dead ranks' places are taken in, and the session is opened
+    again with them. Collective. Their ranks at start ([] at once while no rank is missing)."""
+    grown = _session.admit_waiting()
+    return list(grown["joined"]) if grown is not None else []
 
 
 def shutdown() -> None:
@@ -123,13 +145,14 @@ def is_homogeneous() -> bool:
     return True
 
 
-# As tensors, for code written against Horovod's ops (the job's size is fixed while it runs).
+# As ops, read when they run, as Horovod's: live recovery changes rank and size under a graph
+# traced before it.
 def rank_op(process_set_id: int = 0) -> tf.Tensor:
-    return tf.constant(rank(), dtype=tf.int32)
+    return _ops.dtrain_rank()
 
 
 def size_op(process_set_id: int = 0) -> tf.Tensor:
-    return tf.constant(size(), dtype=tf.int32)
+    return _ops.dtrain_size()
 
 
 def local_rank_op() -> tf.Tensor:
@@ -165,15 +188,16 @@ def _op_of(op: int | None, average: bool | None = None) -> int:
     return op
 
 
-def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
-    """Horovod's scaling: integers in double precision and truncated back, halves in float."""
-    if factor == 1.0:
+def _scaled(tensor: tf.Tensor, factor: float | tf.Tensor) -> tf.Tensor:
+    """Horovod's scaling: integers in double precision and truncated back, halves in float.
+    `factor` may be a tensor (one computed from size_op())."""
+    if isinstance(factor, (int, float)) and factor == 1.0:
         return tensor
     dtype = tensor.dtype
     if dtype.is_integer:
-        return tf.cast(tf.cast(tensor, tf.float64) * factor, dtype)
+        return tf.cast(tf.cast(tensor, tf.float64) * tf.cast(factor, tf.float64), dtype)
     if dtype in (tf.float16, tf.bfloat16):
-        return tf.cast(tf.cast(tensor, tf.float32) * factor, dtype)
+        return tf.cast(tf.cast(tensor, tf.float32) * tf.cast(factor, tf.float32), dtype)
     return tensor * tf.cast(factor, dtype)
 
 
@@ -204,7 +228,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
         values = allgather(tensor.values, name=name and f"{name}.values")
         indices = allgather(tensor.indices, name=name and f"{name}.indices")
         if code == Average:
-            values = values / tf.cast(size(), values.dtype)
+            values = values / tf.cast(size_op(), values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
@@ -270,7 +294,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
 def _reducescatter_grad(op: tf.Operation, grad: tf.Tensor) -> tf.Tensor:
     # Horovod's: this rank's part of the gradient gathered back, times the ranks for a sum.
     if op.get_attr("reduce_op") == _session.reduce_op("sum"):
-        grad = grad * tf.cast(size(), grad.dtype)
+        grad = grad * tf.cast(size_op(), grad.dtype)
     return _ops.dtrain_allgather(grad)
 
 
@@ -294,8 +318,10 @@ def _allgather_grad(op: tf.Operation, grad: tf.Tensor) -> tf.Tensor:
     # Every rank's gradient of the whole result, averaged; this rank's rows of it.
     grad = _ops.dtrain_allreduce(grad, reduce_op=_session.reduce_op("avg"))
     rows = tf.reshape(tf.shape(op.inputs[0], out_type=tf.int64)[0:1], [1])
-    every = tf.reshape(_ops.dtrain_allgather(rows), [size()])
-    return tf.split(grad, every, axis=0)[rank()]
+    every = _ops.dtrain_allgather(rows)
+    me = rank_op()
+    first = tf.reduce_sum(every[:me])
+    return grad[first:first + every[me]]
 
 
 @_whole_job

@@ -9,7 +9,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from dtrain.tensorflow.collectives import Average, Sum, _op_of, allreduce, size
+from dtrain.tensorflow.collectives import (Average, Sum, _op_of, _scaled, allreduce, size,
+                                           size_op)
 from dtrain.tensorflow.compression import Compression, Compressor
 
 
@@ -53,14 +54,15 @@ class GradientReducer:
             if self.sparse_as_dense and isinstance(grad, tf.IndexedSlices):
                 grad = tf.convert_to_tensor(grad)
             if is_local:
-                out.append(grad / tf.cast(size(), grad.dtype) if self.scale_local else grad)
+                out.append(grad / tf.cast(size_op(), grad.dtype) if self.scale_local else grad)
                 continue
             key = f"{self.prefix}.{name}"
             if self.predivide != 1.0 and not isinstance(grad, tf.IndexedSlices):
-                # Horovod's predivision: a sum of grad/f, then times f/size.
-                out.append(allreduce(grad, op=Sum, compression=self.compression,
-                                     prescale_factor=1.0 / self.predivide,
-                                     postscale_factor=self.predivide / size(), name=key))
+                # Horovod's predivision: a sum of grad/f, then times f/size (the size when it
+                # runs: live recovery may have changed it since the graph was traced).
+                summed = allreduce(grad, op=Sum, compression=self.compression,
+                                   prescale_factor=1.0 / self.predivide, name=key)
+                out.append(_scaled(summed, self.predivide / tf.cast(size_op(), tf.float64)))
             else:
                 out.append(allreduce(grad, op=self.op, compression=self.compression, name=key))
         return out

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar,
 import torch
 
 from dtrain import _torch
-from dtrain._elastic_run import HostsUpdatedInterrupt, elastic_run
+from dtrain._elastic_run import HostsUpdatedInterrupt, elastic_run, reformed_line
 from dtrain.torch import collectives, live
 from dtrain.torch.backend import backend_of
 from dtrain.torch.checkpoint import _finish_load, _model, _optimizer_type
@@ -333,11 +333,6 @@ def _recover(error: Exception, state: TorchState) -> bool:
         # Left out (it came after the others closed the list) and taken in again at their
         # commit: its own commits are stale, never the ones to go on from.
         state._commit_count = -1
-        print(f"rank {me} at start: left out of the re-formed job and taken in again in "
-              f"{took:.2f} s; now rank {collectives.rank()} of {collectives.size()}, going on "
-              "from the others' commit (--live)", flush=True)
-        return True
-    print(f"rank {me} at start: the job re-formed without rank(s) {reformed.lost} at start in "
-          f"{took:.2f} s; now rank {collectives.rank()} of {collectives.size()}, going on from "
-          "the last commit (--live)", flush=True)
+    print(reformed_line(me, reformed.lost, reformed.rejoined, took, collectives.rank(),
+                        collectives.size()), flush=True)
     return True

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from dtrain import _core, _torch
+from dtrain._elastic_run import live_enabled
 from dtrain.torch import backend as _backend
 
 __all__ = ["Reformed", "admit", "close", "enabled", "generation", "join", "original_rank",
@@ -71,7 +72,7 @@ class Reformed:
 
 def enabled() -> bool:
     """Whether the job runs under `dtrain run --live` (which keeps the survivors of a death)."""
-    return os.environ.get("DTRAIN_LIVE", "0") not in ("", "0")
+    return live_enabled()
 
 
 def _live_membership() -> _core.LiveMembership:

@@ -12,6 +12,7 @@
 
 #include "dtrain/error.h"
 #include "python/tensorflow/session.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -275,6 +276,25 @@ class JoinKernel : public tf::AsyncOpKernel {
   }
 };
 
+// This rank's place in the session's world (its size when kSize), read when the op runs: a
+// graph traced before live recovery re-formed the world (Keras' train function) then divides by
+// the size there is now.
+template <bool kSize>
+class WorldKernel : public tf::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(tf::OpKernelContext* ctx) override {
+    std::shared_ptr<Session> session = Session::current();
+    OP_REQUIRES(ctx, session != nullptr,
+                absl::FailedPreconditionError(
+                    "dtrain.tensorflow has not been initialized: call hvd.init() first"));
+    tf::Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &out));
+    out->scalar<int32_t>()() = kSize ? session->size() : session->rank();
+  }
+};
+
 absl::Status same_shape(InferenceContext* c) {
   c->set_output(0, c->input(0));
   return absl::OkStatus();
@@ -352,6 +372,20 @@ REGISTER_OP("DtrainJoin")
     })
     .Doc("This rank has no more data: zeros for the others' all-reduces until every rank joins.");
 
+REGISTER_OP("DtrainRank")
+    .Output("rank: int32")
+    .SetIsStateful()
+    .SetShapeFn(tf::shape_inference::ScalarShape)
+    .Doc("This process's rank in the session's world when the op runs.");
+
+REGISTER_OP("DtrainSize")
+    .Output("size: int32")
+    .SetIsStateful()
+    .SetShapeFn(tf::shape_inference::ScalarShape)
+    .Doc("The number of ranks in the session's world when the op runs.");
+
+REGISTER_KERNEL_BUILDER(Name("DtrainRank").Device(tf::DEVICE_CPU), WorldKernel<false>);
+REGISTER_KERNEL_BUILDER(Name("DtrainSize").Device(tf::DEVICE_CPU), WorldKernel<true>);
 REGISTER_KERNEL_BUILDER(Name("DtrainAllreduce").Device(tf::DEVICE_CPU), AllreduceKernel);
 REGISTER_KERNEL_BUILDER(Name("DtrainReducescatter").Device(tf::DEVICE_CPU), ReducescatterKernel);
 REGISTER_KERNEL_BUILDER(Name("DtrainBroadcast").Device(tf::DEVICE_CPU), BroadcastKernel);

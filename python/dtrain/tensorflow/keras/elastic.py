@@ -6,10 +6,11 @@ from typing import Any
 
 import keras
 
-from dtrain.tensorflow.elastic import TensorFlowKerasState, run  # noqa: F401
+from dtrain.tensorflow.elastic import (HostsUpdatedInterrupt, TensorFlowKerasState,  # noqa: F401
+                                       generation, run, step_shape)
 
 __all__ = ["KerasState", "run", "CommitStateCallback", "UpdateBatchStateCallback",
-           "UpdateEpochStateCallback"]
+           "UpdateEpochStateCallback", "HostsUpdatedInterrupt", "generation", "step_shape"]
 
 
 class KerasState(TensorFlowKerasState):
