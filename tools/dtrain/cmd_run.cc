@@ -494,8 +494,9 @@ CLI::App* add_run_command(CLI::App& app) {
   cmd->add_flag("--no-prefix", args->no_prefix, "Do not prefix output lines with [rank N]");
   cmd->add_flag("--live", args->live,
                 "Live recovery: when a worker dies the others go on, re-forming their group "
-                "without it (programs that support it: train_fashion_mnist, dtrain::LiveWorld); "
-                "sets DTRAIN_LIVE=1");
+                "without it (programs that support it: train_fashion_mnist, dtrain::LiveWorld, "
+                "hvd.elastic); on several nodes a side without a majority stops; sets "
+                "DTRAIN_LIVE=1");
   cmd->add_option("--replace", args->replace,
                   "With --live: start a new worker in a dead one's place, up to this many times "
                   "in all; the others take it in at a step boundary and send it the training "
