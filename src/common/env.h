@@ -30,7 +30,7 @@ struct Var {
   X(kGroupRank, "GROUP_RANK", "",                                                                  \
     "Index of this node in the job as torchrun names it (NODE_RANK wins when both are set).")      \
   X(kGroupWorldSize, "GROUP_WORLD_SIZE", "",                                                       \
-    "Number of nodes in the job (set by elastic `dtrain run`, as torchrun does).")                 \
+    "Number of nodes in the job (set by `dtrain run`, as torchrun does).")                         \
   X(kRestartCount, "DTRAIN_RESTART_COUNT", "0",                                                    \
     "Restarts after failures so far, set for the workers by elastic `dtrain run` (0 in the first " \
     "round); resume from your checkpoint when above 0.")                                           \
