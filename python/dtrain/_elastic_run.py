@@ -54,7 +54,8 @@ R = TypeVar("R")
 
 
 def elastic_run(function: Callable[Concatenate[S, P], R], collectives: Collectives,
-                recover: Callable[[Exception, S], bool] | None = None
+                recover: Callable[[Exception, S], bool] | None = None,
+                finished: Callable[[], object] | None = None
                 ) -> Callable[Concatenate[S, P], R]:
     """`function(state, ...)` after `collectives.init()`, the state's resume (collective: the
     newest commit any rank holds) and sync; the reset callbacks run after a resume.
@@ -63,7 +64,9 @@ def elastic_run(function: Callable[Concatenate[S, P], R], collectives: Collectiv
     died) it re-forms the job among the survivors and returns True; the state then goes back to its
     last commit, is synced (from the newest commit any survivor holds), the reset callbacks run
     and `function` starts again, as Horovod's elastic run does after a HorovodInternalError.
-    After a HostsUpdatedInterrupt (newcomers taken in at a commit) the same, from that commit."""
+    After a HostsUpdatedInterrupt (newcomers taken in at a commit) the same, from that commit.
+    `finished()`, where given, is called once `function` returned (live recovery: replacements
+    still waiting have nothing to join)."""
     @functools.wraps(function)
     def wrapper(state: S, *args: P.args, **kwargs: P.kwargs) -> R:
         if not collectives.is_initialized():
@@ -75,7 +78,8 @@ def elastic_run(function: Callable[Concatenate[S, P], R], collectives: Collectiv
                 if reset:
                     for callback in state._reset_callbacks:
                         callback()
-                return function(state, *args, **kwargs)
+                result = function(state, *args, **kwargs)
+                break
             except HostsUpdatedInterrupt:
                 reset = True  # the state is the commit just made: sync it with the newcomers
             except Exception as error:
@@ -83,5 +87,8 @@ def elastic_run(function: Callable[Concatenate[S, P], R], collectives: Collectiv
                     raise
                 state.restore()
                 reset = True
+        if finished is not None:
+            finished()
+        return result
     # `state` may also be passed by name, which Concatenate cannot say.
     return cast(Callable[Concatenate[S, P], R], wrapper)

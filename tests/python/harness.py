@@ -6,6 +6,7 @@ returns each rank's exit code and output, and fails the test on a timeout, so th
 failure with the ranks' output, never a stuck CI.
 """
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -179,3 +180,15 @@ def interrupt_rank0(script, name, *args, world=2):
         for p in procs:
             p.kill()
             p.communicate()
+
+
+def resumed_at(p):
+    """The step both survivors of a live job of 3 went on from after rank 1 died after step 4
+    (hvd_workers.live_elastic, tf_workers.live_elastic): their reset callbacks' "reset at step S,
+    now rank R of 2" lines. The step rank 1 died after, or the one before it (a survivor's commit
+    of it may not have been made)."""
+    text = p.stdout + p.stderr
+    resumed = re.findall(r"at start: reset at step ([0-9]+), now rank [0-9] of 2", p.stdout)
+    assert len(resumed) == 2 and len(set(resumed)) == 1, text
+    assert int(resumed[0]) in (3, 4), text
+    return int(resumed[0])

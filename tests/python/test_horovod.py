@@ -232,16 +232,6 @@ def _live_run(tmp_path, *args, step_ms=0, late=()):
                           env=_launcher_env(), capture_output=True, text=True, timeout=300)
 
 
-def _resumed_at(p):
-    """The step both survivors went on from after rank 1 died."""
-    text = p.stdout + p.stderr
-    resumed = re.findall(r"at start: reset at step ([0-9]+), now rank [0-9] of 2", p.stdout)
-    assert len(resumed) == 2 and len(set(resumed)) == 1, text
-    # The step rank 1 died after, or the one before it.
-    assert int(resumed[0]) in (3, 4), text
-    return int(resumed[0])
-
-
 def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
     # Rank 1 of 3 SIGKILLs itself after its commit of step 4: ranks 0 and 2 re-form without
     # restarting, go on from the newest commit over the rest of the epoch, and end with the
@@ -254,7 +244,7 @@ def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
                      r"[0-9.]+ s; now rank 1 of 2", p.stdout), text
     assert re.search(r"reset at step [0-9]+, now rank 1 of 2 \(scale-lr: batch [0-9]+, lr 0.2\)",
                      p.stdout), text
-    resumed_at = _resumed_at(p)
+    resumed_at = harness.resumed_at(p)
     expected, steps = _live_reference([(3, resumed_at), (2, None)])
     assert p.stdout.count(f"live training finished at step {steps} as rank") == 2, text
     a, b = (torch.load(tmp_path / f"weights.{r}") for r in (0, 2))
@@ -272,7 +262,7 @@ def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path):
     assert p.returncode == 0, text
     assert "started a replacement for rank 1" in p.stderr, text
     assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
-    resumed_at = _resumed_at(p)
+    resumed_at = harness.resumed_at(p)
     taken = set(re.findall(r"took in rank\(s\) \[1\] at start at commit ([0-9]+); now rank "
                            r"[0-9] of 3", p.stdout))
     assert len(taken) == 1, text

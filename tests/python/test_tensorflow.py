@@ -153,16 +153,6 @@ def _live_reference(tmp_path, *worlds):
         return [f[k] for k in f.files], steps, samples
 
 
-def _resumed_at(p):
-    """The step both survivors went on from after rank 1 died: the one it died after, or the
-    one before (a survivor's commit of it may not have been made)."""
-    text = p.stdout + p.stderr
-    resumed = re.findall(r"at start: reset at step ([0-9]+), now rank [0-9] of 2", p.stdout)
-    assert len(resumed) == 2 and len(set(resumed)) == 1, text
-    assert int(resumed[0]) in (3, 4), text
-    return int(resumed[0])
-
-
 def _trained_once(tmp_path, logs, dead, resumed_at, samples):
     """The first `samples` samples once each in the steps the job kept: the lines of `logs`, of
     the dead rank's only up to `resumed_at`. The ranks of a step name the same live
@@ -200,7 +190,7 @@ def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
                      r"[0-9.]+ s; now rank 1 of 2", p.stdout), text
     assert re.search(r"reset at step [0-9]+, now rank 1 of 2 \(scale-lr: batch 3, lr 0.2\)",
                      p.stdout), text
-    resumed_at = _resumed_at(p)
+    resumed_at = harness.resumed_at(p)
     expected, steps, samples = _live_reference(tmp_path, f"3:{resumed_at}", "2:end")
     assert p.stdout.count(f"live training finished at step {steps} as rank") == 2, text
     _same_weights(tmp_path, (0, 2), expected)
@@ -214,7 +204,7 @@ def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path):
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
     assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
-    resumed_at = _resumed_at(p)
+    resumed_at = harness.resumed_at(p)
     taken = re.findall(r"took in rank\(s\) \[1\] at start at commit ([0-9]+); now rank 0 of 3",
                        p.stdout)
     assert len(taken) == 1, text

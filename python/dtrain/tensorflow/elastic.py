@@ -34,13 +34,12 @@ numbers.
 """
 from __future__ import annotations
 
-import functools
 import numbers
 import os
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -235,16 +234,13 @@ def run(function: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S,
     with every rank starting from the same state; under `dtrain run --live` it starts again
     among the survivors, from the last commit, when a rank dies (and with the replacements
     taken in, under --replace)."""
-    wrapped = elastic_run(function, collectives, _recover)
+    return elastic_run(function, collectives, _recover, _close_live)
 
-    @functools.wraps(function)
-    def closing(state: _S, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        result = wrapped(state, *args, **kwargs)
-        if live_enabled():
-            _session.live_close()  # training is over: waiting replacements have nothing to join
-        return result
-    # `state` may also be passed by name, which Concatenate cannot say.
-    return cast(Callable[Concatenate[_S, _P], _R], closing)
+
+def _close_live() -> None:
+    """Training is over: replacements still waiting have nothing to join."""
+    if live_enabled():
+        _session.live_close()
 
 
 def _peer_lost(error: Exception) -> bool:

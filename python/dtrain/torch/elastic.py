@@ -45,11 +45,10 @@ from __future__ import annotations
 
 import collections
 import copy
-import functools
 import numbers
 import time
 from collections.abc import Callable, Iterable, Iterator, Sized
-from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import torch
 
@@ -308,15 +307,7 @@ def run(function: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S,
     with every rank starting from the same state; under `dtrain run --live` it starts again
     among the survivors, from the last commit, when a rank dies (and with the replacements
     taken in, under --replace)."""
-    wrapped = elastic_run(function, collectives, _recover)
-
-    @functools.wraps(function)
-    def closing(state: _S, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        result = wrapped(state, *args, **kwargs)
-        live.close()  # training is over: replacements still waiting have nothing to join
-        return result
-    # `state` may also be passed by name, which Concatenate cannot say.
-    return cast(Callable[Concatenate[_S, _P], _R], closing)
+    return elastic_run(function, collectives, _recover, live.close)
 
 
 def _recover(error: Exception, state: TorchState) -> bool:
