@@ -185,10 +185,23 @@ def interrupt_rank0(script, name, *args, world=2):
 def resumed_at(p):
     """The step both survivors of a live job of 3 went on from after rank 1 died after step 4
     (hvd_workers.live_elastic, tf_workers.live_elastic): their reset callbacks' "reset at step S,
-    now rank R of 2" lines. The step rank 1 died after, or the one before it (a survivor's commit
-    of it may not have been made)."""
+    now rank R of 2" lines say it, the step rank 1 died after or the one before (a survivor's
+    commit of it may not have been made)."""
     text = p.stdout + p.stderr
     resumed = re.findall(r"at start: reset at step ([0-9]+), now rank [0-9] of 2", p.stdout)
     assert len(resumed) == 2 and len(set(resumed)) == 1, text
     assert int(resumed[0]) in (3, 4), text
     return int(resumed[0])
+
+
+def survivors_went_on(p):
+    """Checks that the two survivors of such a job re-formed, scaled their rate (scale-lr, from
+    0.3) and ended well; returns resumed_at(p)."""
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text
+    assert "2 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
+    assert re.search(r"rank 2 at start: the job re-formed without rank\(s\) \[1\] at start in "
+                     r"[0-9.]+ s; now rank 1 of 2", p.stdout), text
+    assert re.search(r"reset at step [0-9]+, now rank 1 of 2 \(scale-lr: batch [0-9]+, lr 0.2\)",
+                     p.stdout), text
+    return resumed_at(p)

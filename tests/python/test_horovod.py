@@ -237,14 +237,8 @@ def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
     # restarting, go on from the newest commit over the rest of the epoch, and end with the
     # weights of a run whose first steps had 3 ranks and the rest 2, each sample trained once.
     p = _live_run(tmp_path)
+    resumed_at = harness.survivors_went_on(p)
     text = p.stdout + p.stderr
-    assert p.returncode == 0, text
-    assert "2 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
-    assert re.search(r"rank 2 at start: the job re-formed without rank\(s\) \[1\] at start in "
-                     r"[0-9.]+ s; now rank 1 of 2", p.stdout), text
-    assert re.search(r"reset at step [0-9]+, now rank 1 of 2 \(scale-lr: batch [0-9]+, lr 0.2\)",
-                     p.stdout), text
-    resumed_at = harness.resumed_at(p)
     expected, steps = _live_reference([(3, resumed_at), (2, None)])
     assert p.stdout.count(f"live training finished at step {steps} as rank") == 2, text
     a, b = (torch.load(tmp_path / f"weights.{r}") for r in (0, 2))
