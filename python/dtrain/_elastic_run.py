@@ -48,6 +48,18 @@ class HostsUpdatedInterrupt(RuntimeError):
     ones): the function starts again from that commit, synced with them, as Horovod's does."""
 
 
+def take_in_waiting(admit: Callable[[], list[int]], original_rank: Callable[[], int],
+                    commit: int, rank: Callable[[], int], size: Callable[[], int]) -> None:
+    """At a state's commit under `dtrain run --live`: `admit()` takes in the ranks waiting to
+    join (and returns them; [] at once while nobody waits). When it took some, says so and
+    raises HostsUpdatedInterrupt, on which run() syncs the state with them."""
+    joined = admit()
+    if joined:
+        print(f"rank {original_rank()} at start: took in rank(s) {joined} at start at commit "
+              f"{commit}; now rank {rank()} of {size()} (--live)", flush=True)
+        raise HostsUpdatedInterrupt(f"rank(s) {joined} at start taken in")
+
+
 S = TypeVar("S", bound=ElasticState)
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -47,7 +47,7 @@ from numpy.typing import NDArray
 
 from dtrain import _core
 from dtrain._elastic_run import (HostsUpdatedInterrupt, elastic_run, live_enabled,
-                                 reformed_line)
+                                 reformed_line, take_in_waiting)
 from dtrain.tensorflow import collectives
 from dtrain.tensorflow._library import session as _session
 from dtrain.tensorflow.functions import (allgather_object, broadcast_object, broadcast_variables,
@@ -133,12 +133,9 @@ class TensorFlowState:
                          _values=np.array([float(x) for x in values.values()]))
             os.replace(tmp, path)
         if live_enabled():
-            joined = collectives._admit_waiting()
-            if joined:
-                print(f"rank {_session.live_status()['original_rank']} at start: took in "
-                      f"rank(s) {joined} at start at commit {self._commits}; now rank "
-                      f"{collectives.rank()} of {collectives.size()} (--live)", flush=True)
-                raise HostsUpdatedInterrupt(f"rank(s) {joined} at start taken in")
+            take_in_waiting(collectives._admit_waiting,
+                            lambda: int(_session.live_status()["original_rank"]), self._commits,
+                            collectives.rank, collectives.size)
 
     def sync(self) -> None:
         """Collective: every rank takes the state of the lowest rank holding the newest commit

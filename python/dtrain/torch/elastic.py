@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 import torch
 
 from dtrain import _torch
-from dtrain._elastic_run import HostsUpdatedInterrupt, elastic_run, reformed_line
+from dtrain._elastic_run import (HostsUpdatedInterrupt, elastic_run, reformed_line,
+                                 take_in_waiting)
 from dtrain.torch import collectives, live
 from dtrain.torch.backend import backend_of
 from dtrain.torch.checkpoint import _finish_load, _model, _optimizer_type
@@ -223,12 +224,8 @@ class TorchState:
                          dict(step=self._commit_count, epoch=0, epoch_consumed=0, epoch_size=0,
                               values=self._values()))
         if live.enabled():
-            joined = collectives._admit_waiting()
-            if joined:
-                print(f"rank {live.original_rank()} at start: took in rank(s) {joined} at start "
-                      f"at commit {self._commit_count}; now rank {collectives.rank()} of "
-                      f"{collectives.size()} (--live)", flush=True)
-                raise HostsUpdatedInterrupt(f"rank(s) {joined} at start taken in")
+            take_in_waiting(collectives._admit_waiting, live.original_rank, self._commit_count,
+                            collectives.rank, collectives.size)
 
     def sync(self) -> None:
         """Collective: every rank takes the state of the lowest rank holding the newest commit
