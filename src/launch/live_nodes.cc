@@ -65,7 +65,7 @@ void LiveNodes::worker_ended(int rank, const std::string& how) {
   }
 }
 
-void LiveNodes::finish() {
+void LiveNodes::finish(bool keep_store) {
   try {
     store_->set(done_key(options_.node), Bytes{'1'});
   } catch (const std::exception& e) {
@@ -102,6 +102,13 @@ void LiveNodes::finish() {
       ++it;
     }
     if (still.empty()) break;
+    if (!keep_store) {
+      DTRAIN_LOG_WARN(
+          "dtrain run: this launcher was told to stop: the workers of node(s) {} lose the job's "
+          "store, and fail at their next re-forming or at their end",
+          fmt::join(still, ", "));
+      break;
+    }
     if (!said) {
       DTRAIN_LOG_INFO(
           "dtrain run: this node's workers have ended; it keeps the job's store up for the "

@@ -42,9 +42,10 @@ class LiveNodes {
   // How the worker of world rank `rank` ended, for the members on every node. A store that
   // cannot be reached is logged, not thrown: the supervisor goes on.
   void worker_ended(int rank, const std::string& how);
-  // This node's workers have all ended; on node 0, returns once every other launcher said the
-  // same or fell silent (logging whom it waits for).
-  void finish();
+  // This node's workers have all ended; on node 0 with `keep_store`, returns once every other
+  // launcher said the same or fell silent (logging whom it waits for). Without it (the launcher
+  // was told to stop), node 0 says whose workers lose the store and returns at once.
+  void finish(bool keep_store);
 
  private:
   void beat_loop(std::stop_token stop);

@@ -450,7 +450,10 @@ int run_job(const RunArgs& a) {
   };
   options.on_sigusr2 = [&hang_monitor] { hang_monitor.request_records(); };
   const launch::SupervisorResult result = supervisor.supervise(options);
-  if (live_nodes) live_nodes->finish();
+  // A launcher told to stop (a signal, or found stuck) does not linger for the other nodes.
+  if (live_nodes)
+    live_nodes->finish(result.outcome != launch::SupervisorResult::Outcome::kInterrupted &&
+                       result.outcome != launch::SupervisorResult::Outcome::kStopped);
   if (hang_monitor.fired()) return launch::kStuckExitCode;
   if (result.outcome == launch::SupervisorResult::Outcome::kFailed) {
     // A failure that wrote flight records (a timeout, a mismatch, a dead peer): what they say.
