@@ -21,6 +21,11 @@
 #                                          retransmits after it, a delay spike of MS or more
 #   netns-hosts.sh cut NAME I              unplugs host I (its link goes down)
 #   netns-hosts.sh run NAME I CMD...       runs CMD on host I
+#   netns-hosts.sh job NAME CMD...         runs CMD on every host at once, {node} in it standing
+#                                          for the host's number and {host0} for host 0's
+#                                          address: the nodes of one job (dtrain run --nnodes N
+#                                          --node-rank {node} --master-addr {host0} ...); exits
+#                                          with the first host's failure, else 0
 #   netns-hosts.sh rsh NAME ADDR CMD...    runs CMD on the host with address ADDR: OpenMPI's
 #                                          remote shell (--mca plm_rsh_agent "netns-hosts.sh rsh NAME")
 #   netns-hosts.sh check                   exit 0 where hosts can be made here, else 77 and why
@@ -314,6 +319,25 @@ EOF
     host="$name-h$3"
     shift 3
     exec ip netns exec "$host" "$@"
+    ;;
+  job)
+    load_state "$name"
+    shift 2
+    pids=()
+    for ((i = 0; i < n; i++)); do
+      args=()
+      for a in "$@"; do
+        a=${a//\{node\}/$i}
+        args+=("${a//\{host0\}/$subnet.1}")
+      done
+      ip netns exec "$name-h$i" "${args[@]}" &
+      pids+=($!)
+    done
+    status=0
+    for p in "${pids[@]}"; do
+      wait "$p" || { s=$?; (( status != 0 )) || status=$s; }
+    done
+    exit "$status"
     ;;
   rsh)
     load_state "$name"

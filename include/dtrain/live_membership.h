@@ -99,8 +99,8 @@ class LiveMembership {
   };
   // Collective among the survivors: agrees on who is left and moves to the next generation. A
   // survivor the others left out waits until they take it in again (at a step boundary, as a
-  // replacement). Throws TimeoutError when the survivors do not agree in time, and AbortedError
-  // on a survivor left out whom training ended without.
+  // replacement). Throws TimeoutError when the survivors do not agree in time, AbortedError
+  // on a survivor left out whom training ended without, and StoreError when the store is gone.
   Next next();
   // Collective among the members, each with the same `joiners` (from waiting()): the next
   // generation is this one's members and the joiners. Throws AbortedError when a re-forming
@@ -121,6 +121,7 @@ class LiveMembership {
   Formed form(Next place, const std::function<void(const Next&)>& make);
 
  private:
+  Next agree_next();  // next(), whose store errors it explains
   // Asks to be taken in and waits for it, as a replacement (or a survivor left out) does.
   void join();
   // Whether a launcher said that member `m` ended: this node's (its file in DTRAIN_FLIGHT_DIR)

@@ -243,6 +243,22 @@ std::vector<int> LiveMembership::ended(std::chrono::milliseconds wait) const {
 }
 
 LiveMembership::Next LiveMembership::next() {
+  try {
+    return agree_next();
+  } catch (const StoreError& e) {
+    // The store's host died (or is cut off from this one): whoever is left cannot agree.
+    throw StoreError(fmt::format(
+        "rank {} (rank {} at start): re-forming generation {} of the live world: the job's "
+        "store, which node 0's launcher hosts, cannot be reached ({}). Without it this rank "
+        "cannot agree with the others, so it stops. If only this host is cut off, the others go "
+        "on without it (dtrain run --replace starts a replacement here once the store answers "
+        "again); if the store's host died, no one can go on: what was saved is intact, start "
+        "the job again to resume from its last checkpoint",
+        rank(), original_rank_, generation_ + 1, e.what()));
+  }
+}
+
+LiveMembership::Next LiveMembership::agree_next() {
   const auto start = Clock::now();
   const Deadline deadline = Deadline::after(options_.timeout);
   const int next = generation_ + 1;

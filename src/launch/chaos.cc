@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -115,18 +116,24 @@ int integer_in_environment(int64_t pid, std::string_view variable) {
 }
 int rank_in_environment(int64_t pid) { return integer_in_environment(pid, "RANK"); }
 
+// The processes whose names are numbers in /proc.
+std::vector<int64_t> all_processes() {
+  std::vector<int64_t> pids;
+  std::error_code ec;
+  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos)
+      pids.push_back(std::stoll(name));
+  }
+  return pids;
+}
+
 // A job whose workers write no beat pages (another launcher, such as torchrun, and another
 // backend): its workers are the processes under `job` whose environment names a RANK that their
 // parent's does not (a worker's own children inherit it), running and not stopped.
 std::vector<Worker> workers_under(int64_t job) {
   std::map<int64_t, int64_t> parent;
-  std::error_code ec;
-  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const int64_t pid = std::stoll(name);
-    parent[pid] = parent_of(pid);
-  }
+  for (const int64_t pid : all_processes()) parent[pid] = parent_of(pid);
   auto under_job = [&](int64_t pid) {
     for (int depth = 0; pid > 1 && depth < 64; ++depth) {
       auto it = parent.find(pid);
@@ -231,6 +238,162 @@ int open_output(const std::string& path) {
   return fd;
 }
 
+// The network namespace a process is in (an emulated host of scripts/netns-hosts.sh, or this
+// machine's own).
+struct Netns {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool operator==(const Netns&) const = default;
+};
+std::optional<Netns> netns_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return Netns{st.st_dev, st.st_ino};
+}
+std::optional<Netns> netns_of(int64_t pid) { return netns_of(fmt::format("/proc/{}/ns/net", pid)); }
+
+// The processes in network namespace `ns`.
+std::vector<int64_t> processes_in(const Netns& ns) {
+  std::vector<int64_t> in;
+  for (const int64_t pid : all_processes())
+    if (netns_of(pid) == ns) in.push_back(pid);
+  return in;
+}
+
+// The name `ip netns` gives the namespace ("cx-h2"), or "".
+std::string netns_name(const Netns& ns) {
+  std::error_code ec;
+  for (fs::directory_iterator it("/run/netns", ec), end; !ec && it != end; it.increment(ec))
+    if (netns_of(it->path().string()) == ns) return it->path().filename().string();
+  return "";
+}
+
+std::string command_name(int64_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/comm", pid));
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
+// The process that listens on TCP `port` in any network namespace (the job's store: its
+// workers' MASTER_PORT), the lowest pid when several hold the socket; 0 when none.
+int64_t listener_of(uint16_t port) {
+  const std::vector<int64_t> pids = all_processes();
+  std::set<std::string> sockets;  // "socket:[inode]"
+  std::set<std::pair<dev_t, ino_t>> read;
+  for (const int64_t pid : pids) {
+    const auto ns = netns_of(pid);
+    if (!ns || !read.insert({ns->dev, ns->ino}).second) continue;
+    for (const char* table : {"tcp", "tcp6"}) {
+      std::ifstream in(fmt::format("/proc/{}/net/{}", pid, table));
+      std::string line;
+      std::getline(in, line);  // the header
+      while (std::getline(in, line)) {
+        // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+        std::istringstream f(line);
+        std::string sl, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+        if (!(f >> sl >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+              timeout >> inode))
+          continue;
+        const auto colon = local.rfind(':');
+        if (state != "0A" || colon == std::string::npos) continue;  // 0A: LISTEN
+        if (std::stoul(local.substr(colon + 1), nullptr, 16) == port)
+          sockets.insert("socket:[" + inode + "]");
+      }
+    }
+  }
+  if (sockets.empty()) return 0;
+  for (const int64_t pid : pids) {  // ascending
+    std::error_code ec;
+    for (fs::directory_iterator it(fmt::format("/proc/{}/fd", pid), ec), end; !ec && it != end;
+         it.increment(ec)) {
+      std::error_code link_ec;
+      if (sockets.count(fs::read_symlink(it->path(), link_ec).string()) > 0) return pid;
+    }
+  }
+  return 0;
+}
+
+// The nftables table that cuts a host off: every packet in or out, but loopback's, dropped.
+constexpr const char* kCutTable = "dtrain_chaos_cut";
+
+// Runs nft with `args` inside the namespace `netns_fd`; throws with what nft said.
+void nft_in(int netns_fd, const std::vector<std::string>& args, const std::string& log) {
+  SpawnOptions so;
+  try {
+    so.path = find_executable("nft");
+  } catch (const InvalidArgumentError&) {
+    so.path = "/usr/sbin/nft";  // root's, often off other users' PATH
+    if (::access(so.path.c_str(), X_OK) != 0)
+      throw InvalidArgumentError(
+          "dtrain chaos: cut faults need nftables' nft (apt install nftables), found neither on "
+          "PATH nor at /usr/sbin/nft");
+  }
+  so.argv = {"nft"};
+  so.argv.insert(so.argv.end(), args.begin(), args.end());
+  so.netns_fd = netns_fd;
+  so.output_file = log;
+  fs::remove(log);
+  const Spawned nft = spawn(so);
+  int status = 0;
+  ::waitpid(nft.pid, &status, 0);
+  if (!nft.failure.empty() || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::ifstream in(log);
+    const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    throw InvalidArgumentError(fmt::format(
+        "dtrain chaos: nft {} failed{}: {} (cut faults need root and nftables)",
+        fmt::join(args, " "), nft.failure.empty() ? "" : " to start", nft.failure + said));
+  }
+}
+
+// Cuts the host of `victim` off the network: nftables in its network namespace drops every packet
+// but loopback's. Returns the namespace's descriptor, which mend_host() needs (it keeps the
+// namespace even when the host's processes end meanwhile).
+int cut_host(const Worker& victim, const std::string& run_dir) {
+  const int fd = ::open(fmt::format("/proc/{}/ns/net", victim.pid).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw InvalidArgumentError(
+        fmt::format("dtrain chaos: cannot open the network namespace of {}: {}", victim.describe(),
+                    std::strerror(errno)));
+  struct stat st {};
+  ::fstat(fd, &st);
+  if (netns_of("/proc/self/ns/net") == Netns{st.st_dev, st.st_ino}) {
+    ::close(fd);
+    throw InvalidArgumentError(fmt::format(
+        "dtrain chaos: a cut fault cuts a worker's host off the network, but {} runs in this "
+        "machine's own network namespace (cutting it would cut this machine, and the job's "
+        "store with it): run the job's nodes on emulated hosts, scripts/netns-hosts.sh up NAME N "
+        "SUBNET, then the job as scripts/netns-hosts.sh job NAME dtrain run --nnodes N "
+        "--node-rank {{node}} --master-addr {{host0}} ...",
+        victim.describe()));
+  }
+  const std::string rules = run_dir + "/cut.nft";
+  std::ofstream(rules) << "table inet " << kCutTable << " {\n"
+                       << "  chain in { type filter hook input priority -100; policy accept; "
+                          "iifname != \"lo\" drop; }\n"
+                       << "  chain out { type filter hook output priority -100; policy accept; "
+                          "oifname != \"lo\" drop; }\n"
+                       << "}\n";
+  try {
+    nft_in(fd, {"-f", rules}, run_dir + "/nft.log");
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  return fd;
+}
+
+void mend_host(int& netns_fd, const std::string& run_dir) {
+  if (netns_fd < 0) return;
+  try {
+    nft_in(netns_fd, {"delete", "table", "inet", kCutTable}, run_dir + "/nft.log");
+  } catch (const std::exception&) {
+    // The namespace went away with its host (netns-hosts.sh down): nothing left to mend.
+  }
+  ::close(netns_fd);
+  netns_fd = -1;
+}
+
 // The fault in progress: what was done, and when the job must show it trains again.
 struct Pending {
   bool active = false;  // a fault is in progress
@@ -239,7 +402,9 @@ struct Pending {
   Clock::time_point resume_at{};  // a stop's SIGCONT; the kill itself for a kill
   int64_t stopped_pid = 0;        // a stopped worker, still to continue
   std::string filled;             // a disk fault's file, still to remove
-  bool ended = false;             // SIGCONT sent, the disk freed (or a kill)
+  int cut_netns = -1;             // a cut host's network namespace, still to mend
+  bool ended = false;             // SIGCONT sent, the disk freed, the host mended (or a kill)
+  bool recovered = false;         // the job trained again after it
   // Where the job was when the fault ended.
   int64_t lines = 0, attempt = -1;
   uint64_t calls = 0;
@@ -247,10 +412,50 @@ struct Pending {
 
 // Whether the job trains again after `p`: after a kill, a sample of a later attempt (a restarted
 // or re-formed job: the lines its survivors were writing do not count); after a stop, any new
-// sample; in a job that logs none, a completed call.
+// sample; after a cut, either (the others re-formed without the host, or all went on once it was
+// back); in a job that logs none, a completed call after the fault ended.
 bool trains_again(const Pending& p, const LogTail& log, uint64_t calls) {
-  if (log.lines() == 0) return calls > p.calls;
-  return p.kind == FaultKind::kKill ? log.attempt() > p.attempt : log.lines() > p.lines;
+  if (log.lines() == 0) return p.ended && calls > p.calls;
+  switch (p.kind) {
+    case FaultKind::kKill:
+    case FaultKind::kStore:
+      return log.attempt() > p.attempt;
+    case FaultKind::kCut:
+      return log.attempt() > p.attempt || (p.ended && log.lines() > p.lines);
+    case FaultKind::kStop:
+    case FaultKind::kDisk:
+      return p.ended && log.lines() > p.lines;
+  }
+  return false;
+}
+
+// SIGKILL to the host of the job's store: the process listening on the workers' MASTER_PORT and,
+// when it runs on an emulated host, every process there. Returns what it did.
+std::string kill_store_host(const std::vector<Worker>& workers) {
+  int port = -1;
+  for (const Worker& w : workers)
+    if (port <= 0) port = integer_in_environment(w.pid, "MASTER_PORT");
+  if (port <= 0 || port > 65535)
+    throw InvalidArgumentError(
+        "dtrain chaos: a store fault kills the host of the job's store, found as the process "
+        "listening on the workers' MASTER_PORT, which their environment does not name");
+  const int64_t store = listener_of(static_cast<uint16_t>(port));
+  if (store == 0)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain chaos: a store fault kills the host of the job's store, but no process listens "
+        "on the workers' MASTER_PORT {}",
+        port));
+  const auto ns = netns_of(store);
+  const std::string what = fmt::format("the store's host: pid {} ({}, listening on port {})", store,
+                                       command_name(store), port);
+  if (!ns || netns_of("/proc/self/ns/net") == ns) {
+    ::kill(static_cast<pid_t>(store), SIGKILL);
+    return "SIGKILL to " + what;
+  }
+  const std::vector<int64_t> host = processes_in(*ns);
+  for (const int64_t pid : host) ::kill(static_cast<pid_t>(pid), SIGKILL);
+  return fmt::format("SIGKILL to {} and every process of its host {} ({} in all)", what,
+                     netns_name(*ns), host.size());
 }
 
 // Fills the file system of `dir` with one file (DIR/.dtrain-chaos-fill) of all its free space;
@@ -319,6 +524,18 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
   Pending pending;
   int status = 0;
   bool timed_out = false;
+  std::string failure;  // a fault that could not be injected: the run stops
+  // Stops the job (SIGTERM, SIGKILL 3 s later) and undoes the fault in progress.
+  auto stop_job = [&] {
+    ::kill(-job.pid, SIGTERM);
+    if (pending.active && pending.stopped_pid > 0)
+      ::kill(static_cast<pid_t>(pending.stopped_pid), SIGCONT);
+    free_file_system(pending);
+    mend_host(pending.cut_netns, run.dir);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    ::kill(-job.pid, SIGKILL);
+    ::waitpid(job.pid, &status, 0);
+  };
   while (true) {
     const pid_t done = ::waitpid(job.pid, &status, WNOHANG);
     if (done == job.pid) break;
@@ -338,17 +555,22 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
     if (pending.active && !pending.ended && now >= pending.resume_at) {
       if (pending.stopped_pid > 0) ::kill(static_cast<pid_t>(pending.stopped_pid), SIGCONT);
       free_file_system(pending);
+      if (pending.cut_netns >= 0) {
+        mend_host(pending.cut_netns, run.dir);
+        say(o.out_fd, fmt::format("{} run: the host is back on the network", name));
+      }
       pending.ended = true;
       pending.lines = log.lines();
       pending.calls = calls;
     }
-    if (pending.active && pending.ended && trains_again(pending, log, calls)) {
+    if (pending.active && !pending.recovered && trains_again(pending, log, calls)) {
       run.recovery_s.push_back(std::chrono::duration<double>(now - pending.at).count());
       ++run.recovered;
+      pending.recovered = true;
       say(o.out_fd, fmt::format("{} run: training again {:.2f} s after the fault", name,
                                 run.recovery_s.back()));
-      pending = {};
     }
+    if (pending.active && pending.ended && pending.recovered) pending = {};
     if (with_faults && training && !pending.active && run.faults != o.max_faults &&
         now - *training >= clock.next().at) {
       const std::string flight = run.dir + "/flight";
@@ -369,6 +591,28 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
           p.ended = true;
           say(o.out_fd, fmt::format("{} run, {:.1f} s into training: SIGKILL to {}", name, into,
                                     victim.describe()));
+        } else if (rule.kind == FaultKind::kCut) {
+          const auto ns = netns_of(victim.pid);
+          try {
+            p.cut_netns = cut_host(victim, run.dir);
+          } catch (const std::exception& e) {
+            failure = e.what();
+          }
+          p.resume_at = now + rule.lasting;
+          if (failure.empty())
+            say(o.out_fd,
+                fmt::format("{} run, {:.1f} s into training: cut the host of {}, {}, "
+                            "off the network for {:g} s",
+                            name, into, victim.describe(), ns ? netns_name(*ns) : "gone meanwhile",
+                            rule.lasting.count() / 1000.0));
+        } else if (rule.kind == FaultKind::kStore) {
+          try {
+            const std::string did = kill_store_host(workers);
+            p.ended = true;
+            say(o.out_fd, fmt::format("{} run, {:.1f} s into training: {}", name, into, did));
+          } catch (const std::exception& e) {
+            failure = e.what();
+          }
         } else if (rule.kind == FaultKind::kDisk) {
           uint64_t bytes = 0;
           std::tie(p.filled, bytes) = fill_file_system(o.fill_dir);
@@ -386,30 +630,30 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
         }
         ++run.faults;
         pending = p;
+        if (!failure.empty()) {
+          say(o.out_fd, fmt::format("{} run: stopping it: its fault cannot be injected", name));
+          stop_job();
+          throw InvalidArgumentError(failure);
+        }
       }
     }
     if (now - start > o.timeout) {
       timed_out = true;
       say(o.out_fd, fmt::format("{} run: still running after {} s (the timeout): stopping it", name,
                                 o.timeout.count()));
-      ::kill(-job.pid, SIGTERM);
-      if (pending.active && pending.stopped_pid > 0)
-        ::kill(static_cast<pid_t>(pending.stopped_pid), SIGCONT);
-      free_file_system(pending);
-      std::this_thread::sleep_for(std::chrono::seconds(3));
-      ::kill(-job.pid, SIGKILL);
-      ::waitpid(job.pid, &status, 0);
+      stop_job();
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  free_file_system(pending);  // the job ended while the disk was full
+  free_file_system(pending);              // the job ended while the disk was full
+  mend_host(pending.cut_netns, run.dir);  // or while its host was cut off
   run.wall_s = seconds_since(start);
   run.exit_code = timed_out           ? 124
                   : WIFEXITED(status) ? WEXITSTATUS(status)
                                       : 128 + WTERMSIG(status);
   // A fault after the last step (the job evaluating, saving) is survived when the job ends well.
-  if (pending.active && run.exit_code == 0) ++run.recovered;
+  if (pending.active && !pending.recovered && run.exit_code == 0) ++run.recovered;
   if (with_faults && run.faults == 0)
     say(o.out_fd, fmt::format("{} run: the job ended before its first fault was due ({:g} s into "
                               "training): give it more to do, or the schedule shorter times",

@@ -10,7 +10,11 @@
 // 10 s have passed without a sample). A disk fault fills the file system of
 // ChaosOptions::fill_dir (the job's checkpoints') with one file, which it removes FOR later;
 // `{run}` in the job's command stands for the run's name, so that the two runs keep their
-// checkpoints apart (--checkpoint-dir /mnt/small/{run}).
+// checkpoints apart (--checkpoint-dir /mnt/small/{run}). A cut fault drops every packet of the
+// victim's host but loopback's with nftables for FOR: the host is a network namespace
+// (scripts/netns-hosts.sh runs a job's nodes on such hosts), never this machine's own. A store
+// fault sends SIGKILL to the process listening on the workers' MASTER_PORT and, when it runs on
+// an emulated host, to every process there.
 #pragma once
 
 #include <chrono>

@@ -13,8 +13,10 @@ namespace {
 
 constexpr const char* kAccepted =
     "a comma-separated list of kill:EVERY (SIGKILL a random worker every EVERY), "
-    "stop:EVERY:FOR (SIGSTOP one for FOR) and disk:EVERY:FOR (fill the file system of "
-    "--fill-dir for FOR), times as 30s, 500ms or 2m: --schedule kill:30s,stop:90s:5s";
+    "stop:EVERY:FOR (SIGSTOP one for FOR), disk:EVERY:FOR (fill the file system of --fill-dir "
+    "for FOR), cut:EVERY:FOR (cut a random worker's host off the network for FOR) and "
+    "store:EVERY (SIGKILL the store's host), times as 30s, 500ms or 2m: --schedule "
+    "kill:30s,stop:90s:5s";
 
 std::vector<std::string> split(const std::string& text, char by) {
   std::vector<std::string> parts;
@@ -57,6 +59,10 @@ std::string_view fault_name(FaultKind kind) {
       return "stop";
     case FaultKind::kDisk:
       return "disk";
+    case FaultKind::kCut:
+      return "cut";
+    case FaultKind::kStore:
+      return "store";
   }
   return "unknown";
 }
@@ -67,21 +73,18 @@ std::vector<FaultRule> parse_fault_schedule(const std::string& spec) {
     const std::vector<std::string> fields = split(rule, ':');
     const std::string& kind = fields.empty() ? rule : fields[0];
     FaultRule r;
-    if (kind == "kill" && fields.size() == 2) {
-      r = {FaultKind::kKill, parse_time(fields[1], rule), {}};
-    } else if ((kind == "stop" || kind == "disk") && fields.size() == 3) {
-      r = {kind == "stop" ? FaultKind::kStop : FaultKind::kDisk, parse_time(fields[1], rule),
-           parse_time(fields[2], rule)};
+    if ((kind == "kill" || kind == "store") && fields.size() == 2) {
+      r = {kind == "kill" ? FaultKind::kKill : FaultKind::kStore, parse_time(fields[1], rule), {}};
+    } else if ((kind == "stop" || kind == "disk" || kind == "cut") && fields.size() == 3) {
+      r = {kind == "stop"   ? FaultKind::kStop
+           : kind == "disk" ? FaultKind::kDisk
+                            : FaultKind::kCut,
+           parse_time(fields[1], rule), parse_time(fields[2], rule)};
       if (r.lasting >= r.every)
         throw InvalidArgumentError(fmt::format(
             "--schedule: '{}' lasts {} ms every {} ms: a fault must end before the next one "
             "begins",
             rule, r.lasting.count(), r.every.count()));
-    } else if (kind == "cut" || kind == "store") {
-      throw InvalidArgumentError(fmt::format(
-          "--schedule: '{}': dtrain chaos does not inject {} faults yet; it injects kill, stop "
-          "and disk",
-          rule, kind));
     } else {
       throw InvalidArgumentError(fmt::format(
           "--schedule: cannot read '{}' in '{}': the schedule is {}", rule, spec, kAccepted));

@@ -5,6 +5,9 @@
 //   stop:90s:5s         SIGSTOP a random worker every 90 s, SIGCONT it 5 s later
 //   disk:60s:5s         fill the file system of the job's checkpoints (dtrain chaos --fill-dir)
 //                       every 60 s, for 5 s
+//   cut:120s:10s        cut a random worker's host off the network every 120 s, for 10 s (its
+//                       host is a network namespace: scripts/netns-hosts.sh)
+//   store:300s          SIGKILL the host of the job's store every 300 s
 //   kill:30s,stop:90s:5s   both, each on its own clock
 //
 // Times count from when the job starts training (its first sample), so that start-up, which
@@ -20,15 +23,15 @@
 
 namespace dtrain::launch {
 
-enum class FaultKind { kKill, kStop, kDisk };
+enum class FaultKind { kKill, kStop, kDisk, kCut, kStore };
 
 struct FaultRule {
   FaultKind kind = FaultKind::kKill;
   std::chrono::milliseconds every{0};
-  std::chrono::milliseconds lasting{0};  // kStop, kDisk: how long the fault lasts
+  std::chrono::milliseconds lasting{0};  // kStop, kDisk, kCut: how long the fault lasts
 };
 
-// "kill", "stop", "disk".
+// "kill", "stop", "disk", "cut", "store".
 std::string_view fault_name(FaultKind kind);
 
 // The rules `spec` says, in order. Throws InvalidArgumentError naming the part it cannot read

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "common/log.h"
+#include "dtrain/error.h"
 #include "dtrain/live_membership.h"
 
 namespace dtrain::launch {
@@ -21,16 +22,68 @@ std::string done_key(int node) { return fmt::format("dtrain/live/node/{}/done", 
 
 double seconds_of(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+std::shared_ptr<TcpStore> connect(const LiveNodesOptions& o,
+                                  std::chrono::milliseconds connect_timeout) {
+  TcpStoreOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.timeout = o.timeout;
+  so.connect_timeout = connect_timeout;
+  return std::make_shared<TcpStore>(so);
+}
+
 }  // namespace
 
 LiveNodes::LiveNodes(LiveNodesOptions options) : options_(std::move(options)) {
-  TcpStoreOptions so;
-  so.host = options_.host;
-  so.port = options_.port;
-  so.timeout = options_.timeout;
-  so.connect_timeout = options_.connect_timeout;
-  store_ = std::make_shared<TcpStore>(so);
+  store_ = connect(options_, options_.connect_timeout);
   beating_ = std::jthread([this](std::stop_token stop) { beat_loop(stop); });
+}
+
+template <typename Call>
+auto LiveNodes::on_store(Call&& call, std::chrono::milliseconds patience, bool try_anyway) {
+  std::shared_ptr<TcpStore> store;
+  {
+    std::lock_guard lock(store_mu_);
+    if (!try_anyway && failed_try_ != Clock::time_point{} &&
+        Clock::now() - failed_try_ < options_.timeout)
+      throw StoreError(failed_why_);
+    store = store_;
+  }
+  try {
+    return call(*store);
+  } catch (const Error& e) {
+    // A broken connection (a store error, or a call that went unanswered) stays broken: this
+    // client is done with, and the call runs on a new one if node 0 can be reached now.
+    if (e.kind() != ErrorKind::kStore && e.kind() != ErrorKind::kTimeout) throw;
+    std::shared_ptr<TcpStore> fresh;
+    try {
+      fresh = connect(options_, patience);
+    } catch (const std::exception& failed) {
+      std::lock_guard lock(store_mu_);
+      failed_try_ = Clock::now();
+      failed_why_ = failed.what();
+      throw;
+    }
+    {
+      std::lock_guard lock(store_mu_);
+      if (store_ == store) store_ = fresh;
+      store = store_;
+      failed_try_ = {};
+    }
+    return call(*store);
+  }
+}
+
+bool LiveNodes::store_answers() {
+  try {
+    on_store([&](TcpStore& s) { return s.check({beat_key(options_.node)}); }, options_.timeout,
+             true);
+    return true;
+  } catch (const std::exception& e) {
+    DTRAIN_LOG_WARN("dtrain run: node {} cannot reach the job's store at {}:{}: {}", options_.node,
+                    options_.host, options_.port, e.what());
+    return false;
+  }
 }
 
 LiveNodes::~LiveNodes() {
@@ -41,13 +94,22 @@ LiveNodes::~LiveNodes() {
 void LiveNodes::beat_loop(std::stop_token stop) {
   std::mutex m;
   std::condition_variable_any wake;
+  bool lost = false;
   while (!stop.stop_requested()) {
     try {
-      store_->add(beat_key(options_.node), 1);
+      // Connecting anew for at most a beat: the launcher's exit waits for a try in progress.
+      on_store([&](TcpStore& s) { return s.add(beat_key(options_.node), 1); }, options_.beat, true);
+      if (lost) DTRAIN_LOG_INFO("dtrain run: node {} reaches the job's store again", options_.node);
+      lost = false;
     } catch (const std::exception& e) {
-      // Cut off from node 0: the others stop waiting for this node, which is what it is.
-      DTRAIN_LOG_DEBUG("dtrain run: node {} cannot beat in the job's store: {}", options_.node,
-                       e.what());
+      // Node 0's launcher died or this node is cut off from it: node 0 stops waiting for this
+      // node after its silence, and this node's workers cannot re-form meanwhile.
+      if (!lost)
+        DTRAIN_LOG_WARN(
+            "dtrain run: node {} lost the job's store at {}:{} (node 0's launcher "
+            "hosts it): {}; this node's workers cannot re-form without it",
+            options_.node, options_.host, options_.port, e.what());
+      lost = true;
     }
     std::unique_lock lock(m);
     wake.wait_for(lock, stop, options_.beat, [] { return false; });
@@ -56,7 +118,12 @@ void LiveNodes::beat_loop(std::stop_token stop) {
 
 void LiveNodes::worker_ended(int rank, const std::string& how) {
   try {
-    LiveMembership::publish_ended(*store_, rank, how);
+    on_store(
+        [&](TcpStore& s) {
+          LiveMembership::publish_ended(s, rank, how);
+          return 0;
+        },
+        options_.timeout, false);
   } catch (const std::exception& e) {
     DTRAIN_LOG_WARN(
         "dtrain run: node {} could not tell the other nodes that rank {} {}: {}; their survivors "
@@ -67,7 +134,12 @@ void LiveNodes::worker_ended(int rank, const std::string& how) {
 
 void LiveNodes::finish(bool keep_store) {
   try {
-    store_->set(done_key(options_.node), Bytes{'1'});
+    on_store(
+        [&](TcpStore& s) {
+          s.set(done_key(options_.node), Bytes{'1'});
+          return 0;
+        },
+        options_.timeout, false);
   } catch (const std::exception& e) {
     DTRAIN_LOG_WARN("dtrain run: node {} could not say in the job's store that it is done: {}",
                     options_.node, e.what());
@@ -82,11 +154,12 @@ void LiveNodes::finish(bool keep_store) {
     for (auto it = waiting.begin(); it != waiting.end();) {
       const int n = it->first;
       auto& [beats, changed] = it->second;
-      if (store_->check({done_key(n)})) {
+      if (on_store([&](TcpStore& s) { return s.check({done_key(n)}); }, options_.timeout, false)) {
         it = waiting.erase(it);
         continue;
       }
-      const int64_t now_beats = store_->add(beat_key(n), 0);
+      const int64_t now_beats =
+          on_store([&](TcpStore& s) { return s.add(beat_key(n), 0); }, options_.timeout, false);
       if (now_beats != beats) {
         beats = now_beats;
         changed = Clock::now();

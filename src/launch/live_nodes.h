@@ -4,12 +4,14 @@
 //   since a survivor on another node cannot read this node's exit words;
 // - node 0's keeps the store up until the other launchers are done, since the survivors of other
 //   nodes go on agreeing through it after node 0's own workers ended. A launcher beats while it
-//   supervises; one silent for `silence` (dead, or cut off) is not waited for.
+//   supervises; one silent for `silence` (dead, or cut off) is not waited for. A launcher cut off
+//   for a while connects again once the network is back.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -46,12 +48,23 @@ class LiveNodes {
   // launcher said the same or fell silent (logging whom it waits for). Without it (the launcher
   // was told to stop), node 0 says whose workers lose the store and returns at once.
   void finish(bool keep_store);
+  // Whether the job's store answers (connecting anew when the connection broke): a replacement
+  // for a worker of this node can be taken in only through it.
+  bool store_answers();
 
  private:
   void beat_loop(std::stop_token stop);
+  // Runs `call` on the store client; when its connection broke (a cut that has ended), once
+  // more on a new one, connecting for up to `patience`. Throws when the store cannot be reached,
+  // at once when a try to connect failed less than options.timeout ago unless `try_anyway`.
+  template <typename Call>
+  auto on_store(Call&& call, std::chrono::milliseconds patience, bool try_anyway);
 
   LiveNodesOptions options_;
-  std::shared_ptr<TcpStore> store_;  // calls are serialised on its connection
+  std::mutex store_mu_;              // guards the three below
+  std::shared_ptr<TcpStore> store_;  // calls are serialised on its connection; replaced when broken
+  std::chrono::steady_clock::time_point failed_try_{};  // the last try to connect anew that failed
+  std::string failed_why_;
   std::jthread beating_;
 };
 

@@ -366,9 +366,12 @@ class Run {
         if (culprit == nullptr || more_likely_first(w, *culprit)) culprit = &w;
       }
     }
-    // A replacement needs live workers to take it in.
+    // A replacement needs live workers to take it in: here, or on other nodes (one that finds
+    // training over ends at once).
     bool others_running = false;
     for (const auto& w : workers_) others_running = others_running || (w.running && !w.service);
+    if (!to_replace.empty() && !others_running && options_.members_elsewhere)
+      others_running = options_.members_elsewhere();
     if (others_running)
       for (const Worker* dead : to_replace) replace(*dead);
     if (culprit == nullptr) {

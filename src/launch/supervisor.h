@@ -97,6 +97,10 @@ struct SupervisorOptions {
   // boundary (dtrain/live_world.h).
   int replacements = 0;
   std::vector<std::pair<std::string, std::string>> replacement_env;
+  // With replacements, on several nodes: whether workers elsewhere can take a replacement in
+  // (`dtrain run`: the job's store answers), so that one is started even when this node has
+  // none left running.
+  std::function<bool()> members_elsewhere;
   // Called with every worker as it exits (successfully or not), before any other is stopped for
   // it: `dtrain run` leaves the word for the worker's peers (see cmd_run.cc).
   std::function<void(const WorkerExit&)> on_exit;

@@ -25,6 +25,7 @@
 #include "command.h"
 #include "dtrain/error.h"
 #include "launch/fault_schedule.h"
+#include "launch/launched.h"
 #include "launch/sample_ledger.h"
 #include "support/temp_dir.h"
 
@@ -43,7 +44,7 @@ std::string message_of(const std::string& spec) {
   return "";
 }
 
-TEST(FaultSchedule, ReadsKillAndStopAndRefusesWhatItCannotDo) {
+TEST(FaultSchedule, ReadsEachKindOfFaultAndRefusesWhatItCannotRead) {
   const auto rules = parse_fault_schedule("kill:30s,stop:1.5m:500ms");
   ASSERT_EQ(rules.size(), 2u);
   EXPECT_EQ(rules[0].kind, FaultKind::kKill);
@@ -65,7 +66,15 @@ TEST(FaultSchedule, ReadsKillAndStopAndRefusesWhatItCannotDo) {
   EXPECT_EQ(disk[0].lasting, milliseconds(5'000));
   EXPECT_NE(message_of("disk:60s").find("cannot read 'disk:60s'"), std::string::npos);
   EXPECT_NE(message_of("kill:30s,boom:1s").find("cannot read 'boom:1s'"), std::string::npos);
-  EXPECT_NE(message_of("cut:120s:10s").find("does not inject cut faults yet"), std::string::npos);
+  const auto network = parse_fault_schedule("cut:120s:10s,store:300s");
+  ASSERT_EQ(network.size(), 2u);
+  EXPECT_EQ(network[0].kind, FaultKind::kCut);
+  EXPECT_EQ(network[0].every, milliseconds(120'000));
+  EXPECT_EQ(network[0].lasting, milliseconds(10'000));
+  EXPECT_EQ(network[1].kind, FaultKind::kStore);
+  EXPECT_EQ(network[1].every, milliseconds(300'000));
+  EXPECT_NE(message_of("cut:120s").find("cannot read 'cut:120s'"), std::string::npos);
+  EXPECT_NE(message_of("store:300s:5s").find("cannot read 'store:300s:5s'"), std::string::npos);
 }
 
 TEST(FaultClock, FiresEachRuleOnItsOwnClockAndTheSeedDecidesTheVictims) {
@@ -187,18 +196,27 @@ nlohmann::json chaos_line(const std::string& output) {
                                false);
 }
 
-// Runs `dtrain chaos ARGS -- dtrain run RUN -- train_fashion_mnist TRAIN` (its own output dir).
+// Runs `dtrain chaos ARGS -- JOB` (its own output dir).
+dtrain::testing::CommandResult chaos_of(const dtrain::testing::TempDir& dir,
+                                        const std::vector<std::string>& args,
+                                        const std::vector<std::string>& job) {
+  std::vector<std::string> argv = {kDtrain, "chaos", "--dir", dir.path};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--");
+  argv.insert(argv.end(), job.begin(), job.end());
+  return dtrain::testing::run_command(argv, {.timeout = milliseconds(240'000)});
+}
+
+// Runs `dtrain chaos ARGS -- dtrain run RUN -- train_fashion_mnist TRAIN`.
 dtrain::testing::CommandResult chaos(const dtrain::testing::TempDir& dir,
                                      const std::vector<std::string>& args,
                                      const std::vector<std::string>& run,
                                      const std::vector<std::string>& train) {
-  std::vector<std::string> argv = {kDtrain, "chaos", "--dir", dir.path};
-  argv.insert(argv.end(), args.begin(), args.end());
-  argv.insert(argv.end(), {"--", kDtrain, "run"});
-  argv.insert(argv.end(), run.begin(), run.end());
-  argv.insert(argv.end(), {"--", kTrainer, "--threads", "1"});
-  argv.insert(argv.end(), train.begin(), train.end());
-  return dtrain::testing::run_command(argv, {.timeout = milliseconds(240'000)});
+  std::vector<std::string> job = {kDtrain, "run"};
+  job.insert(job.end(), run.begin(), run.end());
+  job.insert(job.end(), {"--", kTrainer, "--threads", "1"});
+  job.insert(job.end(), train.begin(), train.end());
+  return chaos_of(dir, args, job);
 }
 
 // The CHAOS line of a run that ended well after `faults` faults, each recovered, no sample lost
@@ -366,6 +384,128 @@ TEST(Chaos, ReplacementsJoinTheLiveWorkersWithTheirStateAndEverySampleOnce) {
   ASSERT_TRUE(resumed.ok()) << resumed.describe() << "\n" << resumed.output;
   EXPECT_NE(resumed.output.find(std::string("resumed from ") + faults_dir + "/" + name),
             std::string::npos)
+      << resumed.output;
+}
+
+// The example on emulated hosts (scripts/netns-hosts.sh), a node of one worker on each, every node
+// `dtrain run --live --replace 1` (a worker that stops is replaced on its host).
+std::vector<std::string> on_hosts(const dtrain::testing::NamespaceHosts& hosts,
+                                  const std::vector<std::string>& train) {
+  std::vector<std::string> job = {hosts.script,
+                                  "job",
+                                  hosts.name,
+                                  kDtrain,
+                                  "run",
+                                  "-n",
+                                  "1",
+                                  "--nnodes",
+                                  std::to_string(hosts.count),
+                                  "--node-rank",
+                                  "{node}",
+                                  "--master-addr",
+                                  "{host0}",
+                                  "--master-port",
+                                  "29730",
+                                  "--live",
+                                  "--replace",
+                                  "1",
+                                  "--",
+                                  kTrainer,
+                                  "--threads",
+                                  "1"};
+  job.insert(job.end(), train.begin(), train.end());
+  return job;
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  return {(std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()};
+}
+
+TEST(Chaos, AHostCutOffTheNetworkIsLeftOutAndReplacedOnceBackAndNoSampleIsLost) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::NamespaceHosts hosts("cc", 3);
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  dtrain::testing::TempDir dir;
+  // Host 2 (seed 2's victim) is cut off for 20 s: ranks 0 and 1 find their connections to it
+  // dead after 7 s and, a majority, go on without it; rank 2 cannot reach the store and stops.
+  // Once the network is back its launcher reaches the store again and starts a replacement,
+  // which the others take in with their state. Every sample once.
+  const auto r = chaos_of(dir, {"--schedule", "cut:21s:20s", "--seed", "2", "--max-faults", "1"},
+                          on_hosts(hosts, {"--epochs", "3"}));
+  const nlohmann::json c = recovered_every_sample_once(r, 1);
+  ASSERT_TRUE(c.is_object());
+  EXPECT_NE(r.output.find("21.0 s into training: cut the host of rank 2 (pid "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(hosts.name + "-h2, off the network for 20 s"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("faults run: the host is back on the network"), std::string::npos)
+      << r.output;
+  EXPECT_LT(c["recovery_s"][0].get<double>(), 20.0) << r.output;  // before the host is back
+  const std::string err = file_text(dir.path + "/faults/stderr.log");
+  EXPECT_NE(err.find("node 2 reaches the job's store again"), std::string::npos) << err;
+  EXPECT_NE(err.find("started a replacement for rank 2"), std::string::npos) << err;
+  const std::string out = file_text(dir.path + "/faults/stdout.log");
+  EXPECT_NE(out.find("generation 1 of 2 rank(s) formed"), std::string::npos) << out;
+  EXPECT_NE(out.find("taking in rank(s) 2 at start"), std::string::npos) << out;
+}
+
+TEST(Chaos, ACutRefusesAWorkerOnThisMachinesOwnNetworkAndStopsTheJob) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::TempDir dir;
+  const auto r = chaos(dir, {"--schedule", "cut:1s:500ms", "--no-baseline"}, {"-n", "2"},
+                       {"--train-samples", "60000", "--epochs", "4"});
+  EXPECT_FALSE(r.ok()) << r.output;
+  EXPECT_LT(r.seconds, 60.0) << r.output;  // stopped, not trained to the end
+  EXPECT_NE(r.output.find("runs in this machine's own network namespace (cutting it would cut "
+                          "this machine, and the job's store with it)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("scripts/netns-hosts.sh job NAME dtrain run --nnodes N --node-rank "
+                          "{node} --master-addr {host0}"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(Chaos, KillingTheStoresHostStopsEveryNodeAtOnceAndANewStartResumes) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::NamespaceHosts hosts("cs", 3);
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  dtrain::testing::TempDir dir;
+  const std::string checkpoints = dir.path + "/checkpoints";
+  const auto r = chaos_of(dir, {"--schedule", "store:4s", "--max-faults", "1", "--no-baseline"},
+                          on_hosts(hosts, {"--epochs", "2", "--checkpoint-dir", checkpoints,
+                                           "--checkpoint-every", "20"}));
+  EXPECT_EQ(r.exit_code, 1) << r.describe() << "\n" << r.output;
+  const nlohmann::json c = chaos_line(r.output);
+  ASSERT_TRUE(c.is_object()) << r.output;
+  EXPECT_EQ(c["faults"], 1) << r.output;
+  EXPECT_EQ(c["recovered"], 0) << r.output;
+  EXPECT_NE(c["exit_code"], 0) << r.output;
+  // Host 0's processes die; the others stop within seconds, saying why (the bound leaves room
+  // for a loaded machine).
+  EXPECT_LT(c["wall_s"].get<double>(), 60.0) << r.output;
+  EXPECT_NE(r.output.find("SIGKILL to the store's host: pid "), std::string::npos) << r.output;
+  EXPECT_NE(
+      r.output.find("listening on port 29730) and every process of its host " + hosts.name + "-h0"),
+      std::string::npos)
+      << r.output;
+  const std::string err = file_text(dir.path + "/faults/stderr.log");
+  EXPECT_NE(err.find("the job's store, which node 0's launcher hosts, cannot be reached"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("DONE"), std::string::npos) << err;
+  // What was saved is intact: a new start resumes from the newest checkpoint.
+  std::string newest;
+  for (const auto& e : fs::directory_iterator(checkpoints))
+    newest = std::max(newest, e.path().filename().string());
+  ASSERT_FALSE(newest.empty()) << r.output;
+  const auto resumed = dtrain::testing::run_command(
+      {kTrainer, "--threads", "1", "--epochs", "2", "--checkpoint-dir", checkpoints, "--max-steps",
+       std::to_string(std::stoi(newest.substr(5)) + 1)},
+      {.timeout = milliseconds(120'000)});
+  ASSERT_TRUE(resumed.ok()) << resumed.describe() << "\n" << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + checkpoints + "/" + newest), std::string::npos)
       << resumed.output;
 }
 

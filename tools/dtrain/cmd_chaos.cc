@@ -66,7 +66,9 @@ CLI::App* add_chaos_command(CLI::App& app) {
   cmd->add_option("--schedule", args->schedule,
                   "Faults: kill:EVERY (SIGKILL a random worker every EVERY), stop:EVERY:FOR "
                   "(SIGSTOP one for FOR), disk:EVERY:FOR (fill the file system of --fill-dir for "
-                  "FOR), comma-separated: kill:30s,stop:90s:5s")
+                  "FOR), cut:EVERY:FOR (cut a random worker's host off the network for FOR: a "
+                  "job on emulated hosts, scripts/netns-hosts.sh job), store:EVERY (SIGKILL the "
+                  "host of the job's store), comma-separated: kill:30s,stop:90s:5s")
       ->required();
   cmd->add_option("--seed", args->seed, "Draws which worker each fault hits");
   cmd->add_option("--max-faults", args->max_faults,

@@ -448,6 +448,8 @@ int run_job(const RunArgs& a) {
     flight.write_exit_word(e.rank, e.how());
     if (live_nodes) live_nodes->worker_ended(e.rank, e.how());
   };
+  // A replacement for this node's last worker is taken in by the other nodes' through the store.
+  if (live_nodes) options.members_elsewhere = [&live_nodes] { return live_nodes->store_answers(); };
   options.on_sigusr2 = [&hang_monitor] { hang_monitor.request_records(); };
   const launch::SupervisorResult result = supervisor.supervise(options);
   // A launcher told to stop (a signal, or found stuck) does not linger for the other nodes.
