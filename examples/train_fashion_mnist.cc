@@ -392,11 +392,18 @@ int run(const Flags& flags) {
   // Under `dtrain run --live`, a world whose survivors re-form it when a rank dies.
   std::unique_ptr<dtrain::LiveWorld> live;
   if (launched_distributed() && env_flag("DTRAIN_LIVE")) {
-    if (flags.strategy == "ps" || flags.commit_every > 0)
+    if (flags.commit_every > 0)
       throw dtrain::InvalidArgumentError(
-          "dtrain run --live: train_fashion_mnist recovers live with --strategy ddp or optimizer, "
-          "without --commit-every (the survivors hold the state: --checkpoint-dir keeps it on "
-          "disk)");
+          "dtrain run --live: train_fashion_mnist recovers live without --commit-every (the "
+          "survivors hold the state: --checkpoint-dir keeps it on disk)");
+    // Only synchronous workers fail together when one dies (their reads wait for it); others
+    // would train on without noticing, the dead one's samples never trained.
+    if (flags.strategy == "ps" && flags.ps_mode != "sync")
+      throw dtrain::InvalidArgumentError(fmt::format(
+          "dtrain run --live with --strategy ps needs --ps-mode sync: with --ps-mode {} the "
+          "workers do not wait for each other, so the survivors of a death would not notice it "
+          "and the rest of its samples would go untrained",
+          flags.ps_mode));
     live = std::make_unique<dtrain::LiveWorld>();
     if (live->too_late()) {
       std::printf("rank %d at start, a replacement: training ended before the others could take "
@@ -528,6 +535,7 @@ int run(const Flags& flags) {
   std::unique_ptr<dtrain::DistributedDataParallel> ddp;
   std::unique_ptr<dtrain::DistributedOptimizer> dopt;
   std::unique_ptr<dtrain::ParameterServerTrainer> ps;
+  std::shared_ptr<dtrain::ps::Client> ps_client;
   if (flags.strategy == "ps") {
     // The servers hold the parameters and run SGD with momentum; every worker starts from the
     // values the first one created the tables with.
@@ -544,8 +552,8 @@ int run(const Flags& flags) {
                       : flags.ps_mode == "async" ? dtrain::ps::Consistency::kAsync
                                                  : dtrain::ps::Consistency::kBounded;
     opt.staleness = flags.staleness;
-    ps = std::make_unique<dtrain::ParameterServerTrainer>(
-        *model, std::shared_ptr<dtrain::ps::Client>(dtrain::ps::Client::from_env()), opt);
+    ps_client = dtrain::ps::Client::from_env();
+    ps = std::make_unique<dtrain::ParameterServerTrainer>(*model, ps_client, opt);
   } else if (pg && flags.strategy == "ddp" && !(live && live->replacement())) {
     // (A replacement makes its DDP with the state it receives: see take_state below.)
     ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg, ddp_options_of(flags));
@@ -623,15 +631,20 @@ int run(const Flags& flags) {
   // Live recovery (dtrain run --live): after a peer's death the survivors re-form the world, go
   // on from the newest step any of them finished (its holder sends model and optimizer state to
   // the others) and deal the rest of the epoch over the new world: the step in progress is redone.
-  auto regroup = [&](const std::exception& failure) {
+  auto regroup = [&](const std::string& failure) {
     if (lead || rank == 1)
       std::fprintf(stderr, "rank %d: a peer is gone (%s); re-forming the world\n", rank,
-                   failure.what());
+                   failure.c_str());
     const auto reformed = live->reform();
     pg = reformed.group;
     rank = pg->rank();
     world = pg->size();
     lead = rank == 0;
+    // The parameter servers stop waiting for the lost workers and drop the step in progress,
+    // which the survivors redo. Every survivor says so after its own pushes (on the same
+    // connections), and take_state's all-reduce keeps anyone from pushing again before all have.
+    if (ps_client)
+      for (int lost : reformed.lost) ps_client->forget_worker(lost);
     return reformed;
   };
   // What a change of the world's size does to the batch and the learning rate (--on-resize).
@@ -668,8 +681,12 @@ int run(const Flags& flags) {
     dtrain::AllreduceOptions min;
     min.op = dtrain::ReduceOp::kMin;
     pg->allreduce(dtrain::TensorView::of(root), min)->wait();
-    dtrain::broadcast_parameters(*model, *pg, static_cast<int>(root[0]));
-    dtrain::broadcast_optimizer_state(*sgd, *pg, static_cast<int>(root[0]));
+    if (ps) {
+      ps->pull();  // the servers hold parameters and momentum
+    } else {
+      dtrain::broadcast_parameters(*model, *pg, static_cast<int>(root[0]));
+      dtrain::broadcast_optimizer_state(*sgd, *pg, static_cast<int>(root[0]));
+    }
     std::vector<int64_t> at = {position.epoch, position.epoch_consumed, step};
     dtrain::BroadcastOptions from;
     from.root = static_cast<int>(root[0]);
@@ -677,12 +694,14 @@ int run(const Flags& flags) {
     position.epoch = at[0];
     position.epoch_consumed = at[1];
     step = at[2];
-    dtrain::check_same_parameters(*model, *pg);  // a newcomer takes part with the same bits
-    if (flags.strategy == "optimizer")
+    if (flags.strategy == "optimizer") {
+      dtrain::check_same_parameters(*model, *pg);  // a newcomer takes part with the same bits
       dopt = std::make_unique<dtrain::DistributedOptimizer>(sgd, *model, pg);
-    else
+    } else if (!ps) {
+      dtrain::check_same_parameters(*model, *pg);
       ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg,
                                                               ddp_options_of(flags));
+    }
     resize(world);
     input->regroup(world, rank, !flags.no_shuffle, flags.seed);
     input->set_epoch(static_cast<uint64_t>(position.epoch),
@@ -693,7 +712,7 @@ int run(const Flags& flags) {
     if (flags.max_steps > 0) total = std::min(total, flags.max_steps);
     sample_log.set_attempt(live->generation());
   };
-  auto recover = [&](const std::exception& failure) {
+  auto recover = [&](const std::string& failure) {
     const auto reformed = regroup(failure);
     // Left out (it came after the others closed the list) and taken in again: this rank's state
     // is stale, and never the one to go on from.
@@ -746,7 +765,7 @@ int run(const Flags& flags) {
           grown = admit();
         } catch (const std::exception& e) {
           if (!peer_lost(e)) throw;
-          recover(e);
+          recover(e.what());
           grown = true;
         }
         if (grown) {
@@ -808,7 +827,7 @@ int run(const Flags& flags) {
         if (step == 0) initial_loss = allreduce_mean(pg.get(), l);  // kept in checkpoints
       } catch (const std::exception& e) {
         if (!live || !peer_lost(e)) throw;
-        recover(e);
+        recover(e.what());
         reformed = true;
         break;
       }
@@ -922,7 +941,7 @@ int run(const Flags& flags) {
     } catch (const std::exception& e) {
       if (!live || !peer_lost(e)) throw;
       dopt.reset();  // on the group that failed
-      regroup(e);
+      regroup(e.what());
     }
   }
   const double accuracy = static_cast<double>(correct) / std::max<int64_t>(1, seen);

@@ -147,6 +147,14 @@ class Client {
 
   // Asks every server to write a checkpoint of its tables now; returns the directories written.
   std::vector<std::string> checkpoint();
+  // Tells every server that worker `worker` is gone for good (it died, and the others agreed to
+  // go on without it: live recovery): it counts as having left, so that sync and SSP tables no
+  // longer wait for it, and the step in progress of sync tables is dropped (the pushes of the
+  // version not yet applied; a version the dead worker's push completed before it died stays
+  // applied), for the others to redo. Every remaining worker calls it after its own pushes, and
+  // none pushes again before all have (a barrier between). A process that connects as `worker`
+  // later (a replacement) is taken in where the others stand.
+  void forget_worker(int worker);
 
   int worker() const;
   int num_servers() const;

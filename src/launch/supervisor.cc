@@ -349,7 +349,8 @@ class Run {
       bool failed = w.exit_code != 0 || w.signal != 0;
       DTRAIN_LOG_DEBUG("{}: {} (pid {}) exited: code {} signal {}", options_.name, w.label, w.pid,
                        w.exit_code, w.signal);
-      if (failed && !stopping_ && options_.keep_survivors) {
+      // (A parameter server that fails fails the job: the state it held is gone.)
+      if (failed && !stopping_ && options_.keep_survivors && !w.service) {
         lost_.push_back(&w);
         drain(w.err);
         write_out(options_.stderr_fd,

@@ -783,26 +783,42 @@ Handle Client::push_rows(const std::string& table, std::span<const uint64_t> ids
   return impl_->rows(Op::kPushRows, table, ids, grads);
 }
 
-std::vector<std::string> Client::checkpoint() {
-  auto& m = *impl_;
+namespace {
+
+// Sends one request of `op` (with `offset`) to every server and waits for their answers.
+std::vector<std::shared_ptr<std::vector<std::byte>>> ask_every_server(Client::Impl& m, Op op,
+                                                                      uint64_t offset) {
   std::vector<std::shared_ptr<std::vector<std::byte>>> answers;
-  auto state = m.new_state("checkpoint");
+  auto state = m.new_state(to_string(op));
+  const int servers = static_cast<int>(m.links.size());
   {
     std::lock_guard<std::mutex> lock(state->mu);
-    for (int s = 0; s < num_servers(); ++s) state->expect(s, 1);
+    for (int s = 0; s < servers; ++s) state->expect(s, 1);
   }
-  for (int s = 0; s < num_servers(); ++s) {
+  for (int s = 0; s < servers; ++s) {
     Outgoing o;
-    o.header.op = static_cast<uint8_t>(Op::kCheckpoint);
+    o.header.op = static_cast<uint8_t>(op);
+    o.header.offset = offset;
     o.state = state;
     Pending p;
     p.state = state;
-    p.op = Op::kCheckpoint;
+    p.op = op;
     p.keep = std::make_shared<std::vector<std::byte>>();
     answers.push_back(p.keep);
     m.links[s]->submit(std::move(o), std::move(p));
   }
   Handle(state).wait();
+  return answers;
+}
+
+}  // namespace
+
+void Client::forget_worker(int worker) {
+  ask_every_server(*impl_, Op::kForget, static_cast<uint64_t>(worker));
+}
+
+std::vector<std::string> Client::checkpoint() {
+  const auto answers = ask_every_server(*impl_, Op::kCheckpoint, 0);
   std::vector<std::string> paths;
   for (const auto& a : answers) {
     auto j = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(a->data()), a->size()),

@@ -135,6 +135,14 @@ void DenseTable::set_presence(int w, WorkerClocks::Presence p) {
   }
 }
 
+void DenseTable::forget(int w) {
+  for (auto& c : chunks_) {
+    c.clocks.set_presence(w, WorkerClocks::Presence::kLeft);
+    c.pending.clear();
+    c.clocks.rewind();
+  }
+}
+
 std::string DenseTable::describe_clocks(uint64_t offset, uint64_t count) const {
   if (spec_.slice_length == 0) return "empty slice";
   const size_t i = chunk_index(offset);

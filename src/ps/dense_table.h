@@ -36,6 +36,9 @@ class DenseTable {
   void read(uint64_t offset, uint64_t count, float* out) const;
   // A worker left or failed; pending versions that no longer wait for it are applied.
   void set_presence(int w, WorkerClocks::Presence p);
+  // Worker w is gone for good and the step in progress is dropped (sync: its pending sums
+  // cleared, every clock rewound to the version), for the others to push again.
+  void forget(int w);
   // "chunk 3: version 17, clocks [18, 17, 16]" for error messages.
   std::string describe_clocks(uint64_t offset, uint64_t count) const;
 

@@ -35,6 +35,8 @@ const char* to_string(Op op) {
       return "checkpoint";
     case Op::kBye:
       return "bye";
+    case Op::kForget:
+      return "forget_worker";
   }
   return "unknown op";
 }

@@ -38,6 +38,7 @@ enum class Op : uint8_t {
   kPullRows = 7,
   kCheckpoint = 8,
   kBye = 9,
+  kForget = 10,  // worker `offset` is gone for good: the others go on without it
 };
 const char* to_string(Op op);
 

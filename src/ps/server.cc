@@ -427,8 +427,38 @@ struct Server::Impl {
     }
   }
 
+  // Worker `worker` is gone for good, as its peers agreed (live recovery): it counts as having
+  // said goodbye, and the step in progress is dropped (the pushes of versions not yet applied),
+  // which the others redo without it. Each of them asks after its own pushes, on the same
+  // connection, so that the last one to ask finds them all here. A replacement that connects
+  // as `worker` later is taken in where the others stand (rejoin).
+  void forget(int worker, const Connection& asker) {
+    std::shared_ptr<Connection> holder;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (worker < 0 || worker >= workers_total)
+        throw InvalidArgumentError(fmt::format(
+            "worker {} asked to forget worker {}, which is not one of the job's {} workers",
+            asker.worker, worker, workers_total));
+      auto it = current.find(worker);
+      if (it != current.end()) holder = it->second;
+    }
+    DTRAIN_LOG_INFO("{}: worker {} forgets worker {}: the others go on without it", who(),
+                    asker.worker, worker);
+    if (holder == nullptr) {
+      holder = std::make_shared<Connection>();  // it never connected here
+      holder->worker = worker;
+      std::lock_guard<std::mutex> lock(mu);
+      current[worker] = holder;
+    }
+    // Its connection, should it still be open, no longer speaks for it.
+    holder->said_bye = true;
+    leave(holder, WorkerClocks::Presence::kLeft, "", /*forget=*/true);
+  }
+
+  // `forget`: the worker is gone for good and the step in progress is dropped (see forget()).
   void leave(const std::shared_ptr<Connection>& conn, WorkerClocks::Presence p,
-             const std::string& why) {
+             const std::string& why, bool forget = false) {
     const int worker = conn->worker;
     bool is_current;
     {
@@ -463,8 +493,8 @@ struct Server::Impl {
       {
         std::lock_guard<std::mutex> lock(t->mu);
         std::erase_if(t->waiters, [&](const Waiter& w) { return w.conn == conn; });
-        if (t->dense) t->dense->set_presence(worker, p);
-        if (t->sparse) t->sparse->set_presence(worker, p);
+        if (t->dense) forget ? t->dense->forget(worker) : t->dense->set_presence(worker, p);
+        if (t->sparse) forget ? t->sparse->forget(worker) : t->sparse->set_presence(worker, p);
         settle(*t, replies);
       }
       send(replies);
@@ -500,6 +530,10 @@ struct Server::Impl {
       case Op::kCreateDense:
       case Op::kCreateSparse:
         return create(conn, h, payload, replies);
+      case Op::kForget:
+        forget(static_cast<int>(h.offset), *conn);
+        replies.push_back(Reply{conn, h, {}});
+        return;
       case Op::kCheckpoint: {
         std::string path = checkpoint();
         std::string text = nlohmann::json{{"path", path}}.dump();

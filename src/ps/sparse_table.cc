@@ -157,6 +157,12 @@ void SparseTable::set_presence(int w, WorkerClocks::Presence p) {
   apply_complete();
 }
 
+void SparseTable::forget(int w) {
+  clocks_.set_presence(w, WorkerClocks::Presence::kLeft);
+  pending_.clear();
+  clocks_.rewind();
+}
+
 std::string SparseTable::describe_clocks() const {
   return fmt::format("version {}, pushes per worker {}", clocks_.version(), clocks_.clocks());
 }

@@ -33,6 +33,8 @@ class SparseTable {
   // Creates missing rows. out holds ids.size() rows.
   void read(std::span<const uint64_t> ids, float* out);
   void set_presence(int w, WorkerClocks::Presence p);
+  // As DenseTable::forget: w is gone for good, the step in progress dropped.
+  void forget(int w);
   std::string describe_clocks() const;
   // Drops rows untouched since `before`; returns how many.
   size_t evict(std::chrono::steady_clock::time_point now);

@@ -72,6 +72,12 @@ class WorkerClocks {
     presence_[w] = p;
   }
 
+  // The pushes of the version in progress are dropped (sync: a step that a worker's death cut
+  // short, which the others redo): every clock ahead of the version goes back to it.
+  void rewind() {
+    for (auto& c : clock_) c = std::min(c, version_);
+  }
+
   // For checkpoints.
   const std::vector<uint64_t>& clocks() const { return clock_; }
   void restore(uint64_t version, const std::vector<uint64_t>& clocks) {

@@ -219,6 +219,11 @@ dtrain::testing::CommandResult chaos(const dtrain::testing::TempDir& dir,
   return chaos_of(dir, args, job);
 }
 
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  return {(std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()};
+}
+
 // The CHAOS line of a run that ended well after `faults` faults, each recovered, no sample lost
 // or repeated; null (the failure recorded) when the run did not end well.
 nlohmann::json recovered_every_sample_once(const dtrain::testing::CommandResult& r, int faults) {
@@ -313,6 +318,37 @@ TEST(Chaos, LiveRecoveryOfTheDistributedOptimizerKeepsTheSurvivorsTrainingAndEve
   const std::string out((std::istreambuf_iterator<char>(out_in)), std::istreambuf_iterator<char>());
   EXPECT_NE(out.find("generation 2 of 2 rank(s)"), std::string::npos) << out;
   EXPECT_NE(out.find("\"strategy\":\"optimizer\""), std::string::npos) << out;
+}
+
+// Parameter-server workers (synchronous): the survivors re-form, the servers forget the dead
+// worker and drop the step it cut short, which the survivors redo; replacements take the dead
+// one's worker index and start where the others stand.
+TEST(Chaos, LiveRecoveryOfParameterServerWorkersRedoesTheStepAndLosesNoSample) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::TempDir dir;
+  const auto r = chaos(dir, {"--schedule", "kill:5s", "--seed", "2", "--max-faults", "2"},
+                       {"-n", "3", "--servers", "2", "--live", "--replace", "2"},
+                       {"--strategy", "ps", "--ps-mode", "sync", "--train-samples", "30000",
+                        "--epochs", "2"});
+  const nlohmann::json c = recovered_every_sample_once(r, 2);
+  ASSERT_TRUE(c.is_object());
+  for (const auto& s : c["recovery_s"]) EXPECT_LT(s.get<double>(), 2.0) << r.output;
+  const std::string err = file_text(dir.path + "/faults/stderr.log");
+  EXPECT_NE(err.find("ps server 1 (127.0.0.1:"), std::string::npos) << err;
+  EXPECT_NE(err.find(": the others go on without it"), std::string::npos) << err;
+  EXPECT_NE(err.find("started a replacement for rank"), std::string::npos) << err;
+  const std::string out = file_text(dir.path + "/faults/stdout.log");
+  EXPECT_NE(out.find("\"strategy\":\"ps\""), std::string::npos) << out;
+  EXPECT_NE(out.find("going on from step"), std::string::npos) << out;
+  // Asynchronous workers would not notice a death: refused, saying why.
+  const auto async = dtrain::testing::run_command(
+      {kDtrain, "run", "-n", "2", "--servers", "1", "--live", "--", kTrainer, "--strategy", "ps",
+       "--ps-mode", "async"},
+      {.timeout = milliseconds(60'000)});
+  EXPECT_FALSE(async.ok()) << async.output;
+  EXPECT_NE(async.output.find("dtrain run --live with --strategy ps needs --ps-mode sync"),
+            std::string::npos)
+      << async.output;
 }
 
 // The same with the training set in TFRecord shards: each survivor's open dataset is dealt the
@@ -415,11 +451,6 @@ std::vector<std::string> on_hosts(const dtrain::testing::NamespaceHosts& hosts,
                                   "1"};
   job.insert(job.end(), train.begin(), train.end());
   return job;
-}
-
-std::string file_text(const std::string& path) {
-  std::ifstream in(path);
-  return {(std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()};
 }
 
 TEST(Chaos, AHostCutOffTheNetworkIsLeftOutAndReplacedOnceBackAndNoSampleIsLost) {

@@ -340,6 +340,41 @@ TEST(PsTest, KilledWorkerFailsTheSyncPullsThatWaitForIt) {
   EXPECT_TRUE(results[1].ok());
 }
 
+// Live recovery: the workers left after a death tell the server to forget it; the pushes of the
+// step it cut short are dropped, the others redo the step without it, and it counts once.
+TEST(PsTest, ForgettingADeadWorkerDropsTheStepInProgressForTheOthersToRedo) {
+  PsJob job(1, 3);
+  auto results = job.run([&](int w) {
+    Client c(job.client_options(w));
+    std::vector<float> x(100, 1.0f);
+    TableOptions opt;
+    opt.optimizer.lr = 0.5f;
+    c.create_dense("x", TensorView::of(x), opt);
+    std::vector<float> g(100, static_cast<float>(w + 1));
+    c.push_pull("x", TensorView::of(g), TensorView::of(x)).wait();  // 1 - 0.5 * mean(1, 2, 3)
+    RANK_CHECK(x[0] == 0.0f, "after step 0: {}", x[0]);
+    if (w == 2) ::kill(::getpid(), SIGKILL);  // before its push of step 1
+    std::vector<float> big(100, 10.0f * static_cast<float>(w + 1));
+    expect_error<PeerFailureError>(
+        [&] { c.push_pull("x", TensorView::of(big), TensorView::of(x)).wait(); },
+        {"worker 2 at 127.0.0.1:", "without saying goodbye"});
+    c.forget_worker(2);
+    expect_error<InvalidArgumentError>([&] { c.forget_worker(7); },
+                                       {"not one of the job's 3 workers"});
+    // Nobody pushes again before both have asked (live recovery's all-reduce does this).
+    job.store()->add("forgot", 1);
+    while (job.store()->add("forgot", 0) < 2) std::this_thread::sleep_for(1ms);
+    c.push_pull("x", TensorView::of(g), TensorView::of(x)).wait();  // 0 - 0.5 * mean(1, 2)
+    RANK_CHECK(x[0] == -0.75f, "after the redone step 1: {} (the dropped pushes counted?)", x[0]);
+    c.push_pull("x", TensorView::of(g), TensorView::of(x)).wait();  // the two go on together
+    RANK_CHECK(x[0] == -1.5f, "after step 2: {}", x[0]);
+  });
+  EXPECT_EQ(results[3].signal, SIGKILL);
+  EXPECT_TRUE(results[0].ok());  // the server ends once the others said goodbye
+  EXPECT_TRUE(results[1].ok());
+  EXPECT_TRUE(results[2].ok());
+}
+
 // A worker whose Client is destroyed by an exception unwinding it says no goodbye: the other
 // worker's sync pull fails naming it, instead of training on alone.
 TEST(PsTest, AWorkerFailingWithAnExceptionIsNotALeave) {

@@ -617,10 +617,10 @@ CLI::App* add_run_command(CLI::App& app) {
       throw InvalidArgumentError(
           "dtrain run: --replace starts workers in dead ones' places while the others go on: it "
           "needs --live");
-    if (a.live && (is_elastic || a.servers > 0))
+    if (a.live && is_elastic)
       throw InvalidArgumentError(
           "dtrain run: --live keeps the surviving workers running; it cannot be combined with an "
-          "elastic run (--max-restarts, --nnodes MIN:MAX, --rdzv-*) or --servers yet");
+          "elastic run (--max-restarts, --nnodes MIN:MAX, --rdzv-*) yet");
     if (is_elastic) {
       if (a.servers > 0)
         throw InvalidArgumentError(
