@@ -79,6 +79,7 @@
 #include "dtrain/torch/runtime.h"
 #include "dtrain/torch/safetensors.h"
 #include "dtrain/timeline.h"
+#include "sample_log.h"
 
 namespace {
 
@@ -145,18 +146,6 @@ bool launched_distributed() {
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && std::string(v) == "1";
-}
-
-// Whether an error of a step means a peer is gone (or the group was aborted for it): what a live
-// world recovers from. The autograd engine rethrows an error of DDP's gradient hooks as its own,
-// with the original message, which names the failure's kind.
-bool peer_lost(const std::exception& e) {
-  if (const auto* d = dynamic_cast<const dtrain::Error*>(&e))
-    return d->kind() == dtrain::ErrorKind::kPeerFailure ||
-           d->kind() == dtrain::ErrorKind::kAborted;
-  const std::string what = e.what();
-  return what.find("PeerFailureError") != std::string::npos ||
-         what.find("peer failure") != std::string::npos;
 }
 
 std::string format_duration(double seconds) {
@@ -307,49 +296,6 @@ class Progress {
   int64_t total_;
   bool tty_;
   Clock::time_point last_{};
-};
-
-// --sample-log: one "epoch index step restart" line per trained sample, one write per step
-// (appended with O_APPEND, so the ranks can share the file and a killed rank loses at most its
-// current step). After a failure the steps since the last commit or checkpoint are trained again
-// and logged twice; the work that counts is, for each step, the lines of the latest restart
-// (DTRAIN_RESTART_COUNT) that logged it: that run's state is the one training went on from.
-class SampleLog {
- public:
-  explicit SampleLog(const std::string& path) {
-    if (path.empty()) return;
-    const char* restart = std::getenv("DTRAIN_RESTART_COUNT");
-    restart_ = restart != nullptr && *restart != '\0' ? std::atoll(restart) : 0;
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0)
-      throw dtrain::InvalidArgumentError(
-          fmt::format("--sample-log: cannot open {}: {}", path, std::strerror(errno)));
-  }
-  ~SampleLog() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  SampleLog(const SampleLog&) = delete;
-  SampleLog& operator=(const SampleLog&) = delete;
-  // Under `dtrain run --live` nothing restarts: the live world's generation numbers the
-  // attempts instead (a step redone after a re-forming supersedes its earlier lines).
-  void set_attempt(int64_t attempt) { restart_ = attempt; }
-  void record(int64_t epoch, int64_t step, const std::vector<int64_t>& batch) {
-    if (fd_ < 0) return;
-    std::string text;
-    for (int64_t i : batch) text += fmt::format("{} {} {} {}\n", epoch, i, step, restart_);
-    for (size_t done = 0; done < text.size();) {
-      ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0)
-        throw dtrain::InvalidArgumentError(
-            fmt::format("--sample-log: write failed: {}", std::strerror(errno)));
-      done += static_cast<size_t>(n);
-    }
-  }
-
- private:
-  int fd_ = -1;
-  int64_t restart_ = 0;
 };
 
 int64_t allreduce_sum(dtrain::ProcessGroup* pg, int64_t v) {
@@ -764,7 +710,7 @@ int run(const Flags& flags) {
         try {
           grown = admit();
         } catch (const std::exception& e) {
-          if (!peer_lost(e)) throw;
+          if (!dtrain::LiveWorld::peer_lost(e)) throw;
           recover(e.what());
           grown = true;
         }
@@ -826,7 +772,7 @@ int run(const Flags& flags) {
         l = loss.item<double>();
         if (step == 0) initial_loss = allreduce_mean(pg.get(), l);  // kept in checkpoints
       } catch (const std::exception& e) {
-        if (!live || !peer_lost(e)) throw;
+        if (!live || !dtrain::LiveWorld::peer_lost(e)) throw;
         recover(e.what());
         reformed = true;
         break;
@@ -939,7 +885,7 @@ int run(const Flags& flags) {
       seen = allreduce_sum(pg.get(), seen);
       summed = true;
     } catch (const std::exception& e) {
-      if (!live || !peer_lost(e)) throw;
+      if (!live || !dtrain::LiveWorld::peer_lost(e)) throw;
       dopt.reset();  // on the group that failed
       regroup(e.what());
     }

@@ -18,6 +18,12 @@
 // sum of every parameter in double; a resumed run and one that never stopped end with the same.
 // For tests: --stop-after-steps N checkpoints and exits after step N, --train-samples N trains
 // on the first N images only.
+//
+// Under `dtrain run --live` a rank's death costs the steps since the newest snapshot, not a
+// restart: the survivors re-form, shard the model anew over the new world and load that snapshot
+// (the dead rank's shard is in its files), and replacements join the same way:
+//   build/bin/dtrain run -n 3 --live --replace 1 -- build/bin/train_sharded --stage 3 \
+//       --checkpoint-dir /dev/shm/zero --checkpoint-every 1
 #include <unistd.h>
 
 #include <chrono>
@@ -25,21 +31,26 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <memory>
 #include <numeric>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "dtrain/dtrain.h"
+#include "dtrain/live_world.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/fashion_mnist.h"
 #include "dtrain/torch/runtime.h"
 #include "dtrain/torch/sharded_checkpoint.h"
 #include "dtrain/torch/sharded_data_parallel.h"
 #include "dtrain/torch/tensor_view.h"
+#include "sample_log.h"
 
 namespace {
 
@@ -61,6 +72,7 @@ struct Flags {
   int keep_checkpoints = 3;
   int64_t stop_after_steps = 0;
   int threads = 0;
+  std::string sample_log;
 };
 
 torch::nn::Sequential make_model(const Flags& f) {
@@ -84,9 +96,24 @@ double allreduce_sum(dtrain::ProcessGroup& g, double v) {
 
 int run(const Flags& flags) {
   const auto runtime = dtrain::configure_runtime(flags.threads);
-  auto world = dtrain::init_process_group();
-  const bool lead = world->rank() == 0;
-  const int n = world->size();
+  // Under `dtrain run --live`, a world whose survivors re-form when a rank dies; they go on
+  // from the newest sharded snapshot, each rank's shard of it found in the snapshot's files.
+  std::unique_ptr<dtrain::LiveWorld> live;
+  std::shared_ptr<dtrain::ProcessGroup> world;
+  const char* live_flag = std::getenv("DTRAIN_LIVE");
+  if (live_flag != nullptr && std::string(live_flag) == "1") {
+    if (flags.checkpoint_dir.empty())
+      throw dtrain::InvalidArgumentError(
+          "dtrain run --live: train_sharded recovers live from its sharded snapshots, the dead "
+          "rank's shard included: give --checkpoint-dir (in memory on one machine, such as "
+          "/dev/shm/NAME; a file system every machine sees across several) and "
+          "--checkpoint-every (1: a death costs only the step in progress)");
+    live = std::make_unique<dtrain::LiveWorld>();
+    if (live->too_late()) return 0;  // a replacement after training ended: nothing to do
+    world = live->group();
+  } else {
+    world = dtrain::init_process_group();
+  }
 
   auto test = dtrain::load_fashion_mnist(flags.data, /*train=*/false);
   auto train = dtrain::load_fashion_mnist(flags.data, /*train=*/true);
@@ -96,43 +123,76 @@ int run(const Flags& flags) {
   }
 
   const int64_t heap_before = dtrain::heap_allocated_memory();
-  torch::manual_seed(flags.seed);  // the same model on every rank; rank 0's is kept anyway
-  auto model = make_model(flags);
-  int64_t parameters = 0;
-  for (const auto& p : model->parameters()) parameters += p.numel();
   dtrain::ShardingOptions options;
   options.stage = flags.stage;
   options.communication_dtype = flags.communication_dtype == "bfloat16" ? at::kBFloat16
                                 : flags.communication_dtype == "half"   ? at::kHalf
                                                                         : at::kFloat;
-  dtrain::ShardedDataParallel sdp(model, world, options);
-  torch::optim::Adam adam(sdp.parameters(), torch::optim::AdamOptions(flags.lr));
-  if (lead)
-    std::printf("train_sharded: %d rank(s), ZeRO stage %d, %zu units, %lld parameters, batch %d "
-                "per rank, %d thread(s)\n",
-                n, flags.stage, sdp.units().size(), static_cast<long long>(parameters),
-                flags.batch_size, runtime.threads);
-
-  dtrain::DistributedSampler sampler(static_cast<size_t>(train.size()), n, world->rank(),
-                                     /*shuffle=*/true, flags.seed);
+  bool lead = false;
+  int n = 0;
+  int64_t parameters = 0;
+  torch::nn::Sequential model{nullptr};
+  std::unique_ptr<dtrain::ShardedDataParallel> sdp;
+  std::unique_ptr<torch::optim::Adam> adam;
+  std::unique_ptr<dtrain::DistributedSampler> sampler;
   std::unique_ptr<dtrain::ShardedCheckpoint> ckpt;
   dtrain::TrainingProgress at;
-  if (!flags.checkpoint_dir.empty()) {
+  // The model sharded over `world`, its optimizer and sampler, and the newest snapshot loaded
+  // (its path; "" when there is none): at start, and again whenever the world changed, since
+  // which elements each rank owns depends on the world's size.
+  auto build = [&]() -> std::string {
+    lead = world->rank() == 0;
+    n = world->size();
+    torch::manual_seed(flags.seed);  // the same model on every rank; rank 0's is kept anyway
+    model = make_model(flags);
+    parameters = 0;
+    for (const auto& p : model->parameters()) parameters += p.numel();
+    ckpt.reset();
+    adam.reset();
+    sdp = std::make_unique<dtrain::ShardedDataParallel>(model, world, options);
+    adam = std::make_unique<torch::optim::Adam>(sdp->parameters(),
+                                                torch::optim::AdamOptions(flags.lr));
+    sampler = std::make_unique<dtrain::DistributedSampler>(
+        static_cast<size_t>(train.size()), n, world->rank(), /*shuffle=*/true, flags.seed);
+    at = {};
+    if (flags.checkpoint_dir.empty()) return "";
     ckpt = std::make_unique<dtrain::ShardedCheckpoint>(
         dtrain::ShardedCheckpointOptions{.dir = flags.checkpoint_dir,
                                          .keep = flags.keep_checkpoints},
         world);
-    if (auto loaded = ckpt->load_latest(sdp, &adam)) {
-      at = loaded->progress;
-      if (lead) {
-        const std::string what = fmt::format(
-            "from {} (saved at {} rank(s); epoch {}, step {}, {} samples of the epoch done)",
-            loaded->path, at.world_size, at.epoch, at.step, at.epoch_consumed);
-        std::printf("resumed %s\n", what.c_str());
-        dtrain::announce_resumed(world->rank(), what);  // `dtrain run` reports it for the round
-      }
+    auto loaded = ckpt->load_latest(*sdp, adam.get());
+    if (!loaded) return "";
+    at = loaded->progress;
+    return loaded->path;
+  };
+  const std::string resumed = build();
+  if (lead) {
+    std::printf("train_sharded: %d rank(s), ZeRO stage %d, %zu units, %lld parameters, batch %d "
+                "per rank, %d thread(s)\n",
+                n, flags.stage, sdp->units().size(), static_cast<long long>(parameters),
+                flags.batch_size, runtime.threads);
+    if (!resumed.empty()) {
+      const std::string what = fmt::format(
+          "from {} (saved at {} rank(s); epoch {}, step {}, {} samples of the epoch done)",
+          resumed, at.world_size, at.epoch, at.step, at.epoch_consumed);
+      std::printf("resumed %s\n", what.c_str());
+      dtrain::announce_resumed(world->rank(), what);  // `dtrain run` reports it for the round
     }
   }
+  SampleLog sample_log(flags.sample_log);
+  // After the world changed: the model anew on it from the newest snapshot, the steps since
+  // that snapshot redone.
+  auto went_on = [&](int generation, double seconds, const std::string& what) {
+    const std::string from = build();
+    sample_log.set_attempt(generation);
+    if (lead)
+      std::printf("live world: generation %d of %d rank(s) formed in %.2f s (%s), going on from "
+                  "step %lld of %s\n",
+                  generation, n, seconds, what.c_str(), static_cast<long long>(at.step),
+                  from.empty() ? "the start (no snapshot yet)" : from.c_str());
+    std::fflush(stdout);
+  };
+  if (live) sample_log.set_attempt(live->generation());
 
   std::deque<double> recent;
   double initial_loss = -1;
@@ -140,41 +200,92 @@ int run(const Flags& flags) {
   bool stopped = false;
   const auto start = Clock::now();
   auto last_print = start;
-  for (int64_t epoch = at.epoch; epoch < flags.epochs && !stopped; ++epoch) {
-    sampler.set_epoch(static_cast<uint64_t>(epoch), epoch == at.epoch ? at.epoch_consumed : 0);
-    while (auto indices = sampler.next(static_cast<size_t>(flags.batch_size))) {
-      auto idx = torch::tensor(std::vector<int64_t>(indices->begin(), indices->end()), torch::kLong);
-      adam.zero_grad();
-      auto loss = torch::nn::functional::cross_entropy(
-          sdp.forward(train.images.index_select(0, idx)), train.labels.index_select(0, idx));
-      loss.backward();
-      adam.step();
-      ++step;
-      images += static_cast<int64_t>(indices->size()) * n;
-      const double l = loss.item<double>();
-      if (initial_loss < 0) initial_loss = l;
-      recent.push_back(l);
-      if (recent.size() > 20) recent.pop_front();
-      if (lead && std::chrono::duration<double>(Clock::now() - last_print).count() > 2) {
-        last_print = Clock::now();
-        const double secs = std::chrono::duration<double>(last_print - start).count();
-        std::printf("step %lld, epoch %lld, loss %.4f, %.0f images/s\n",
-                    static_cast<long long>(step), static_cast<long long>(epoch), l, images / secs);
-        std::fflush(stdout);
-      }
-      if (ckpt && (step % flags.checkpoint_every == 0 || step == flags.stop_after_steps)) {
-        at.step = step;
-        at.epoch = epoch;
-        at.epoch_consumed = static_cast<int64_t>(sampler.consumed());
-        at.epoch_size = train.size();
-        ckpt->save(sdp, &adam, at);
+  int64_t epoch = at.epoch;
+  bool resuming = true;  // the first epoch (or one a change of the world cut) starts at `at`
+  while (epoch < flags.epochs && !stopped) {
+    sampler->set_epoch(static_cast<uint64_t>(epoch),
+                       resuming ? static_cast<size_t>(at.epoch_consumed) : 0);
+    resuming = false;
+    bool changed = false;
+    size_t taken = 0;
+    while (true) {
+      try {
+        if (live) {  // replacements join between steps
+          if (auto grown = live->admit_waiting()) {
+            world = grown->group;
+            went_on(live->generation(), grown->seconds,
+                    fmt::format("taking in rank(s) {} at start", fmt::join(grown->joined, ", ")));
+            changed = true;
+            break;
+          }
+        }
+        auto indices = sampler->next(static_cast<size_t>(flags.batch_size));
+        if (!indices) break;
+        // Padding (the rest of an epoch dealt over a world that does not divide it) gets no
+        // weight under live recovery, so that no sample is trained twice.
+        size_t real = indices->size();
+        if (live)
+          while (real > 0 && sampler->is_padding(taken + real - 1)) --real;
+        taken += indices->size();
+        auto idx =
+            torch::tensor(std::vector<int64_t>(indices->begin(), indices->end()), torch::kLong);
+        adam->zero_grad();
+        namespace F = torch::nn::functional;
+        auto each = F::cross_entropy(sdp->forward(train.images.index_select(0, idx)),
+                                     train.labels.index_select(0, idx),
+                                     F::CrossEntropyFuncOptions().reduction(torch::kNone));
+        auto loss = live ? each.slice(0, 0, static_cast<int64_t>(real)).sum() /
+                               static_cast<double>(std::max<size_t>(1, real))
+                         : each.mean();
+        sample_log.record(epoch, step + 1,
+                          std::vector<int64_t>(indices->begin(), indices->begin() + real));
+        loss.backward();
+        adam->step();
+        ++step;
+        images += static_cast<int64_t>(indices->size()) * n;
+        const double l = loss.item<double>();
+        if (initial_loss < 0) initial_loss = l;
+        recent.push_back(l);
+        if (recent.size() > 20) recent.pop_front();
+        if (lead && std::chrono::duration<double>(Clock::now() - last_print).count() > 2) {
+          last_print = Clock::now();
+          const double secs = std::chrono::duration<double>(last_print - start).count();
+          std::printf("step %lld, epoch %lld, loss %.4f, %.0f images/s\n",
+                      static_cast<long long>(step), static_cast<long long>(epoch), l,
+                      images / secs);
+          std::fflush(stdout);
+        }
+        if (ckpt && (step % flags.checkpoint_every == 0 || step == flags.stop_after_steps)) {
+          at.step = step;
+          at.epoch = epoch;
+          at.epoch_consumed = static_cast<int64_t>(sampler->consumed());
+          at.epoch_size = train.size();
+          ckpt->save(*sdp, adam.get(), at);
+        }
+      } catch (const std::exception& e) {
+        if (!live || !dtrain::LiveWorld::peer_lost(e)) throw;
+        if (lead) std::fprintf(stderr, "rank 0: a peer is gone (%s); re-forming\n", e.what());
+        const auto reformed = live->reform();
+        world = reformed.group;
+        went_on(live->generation(), reformed.seconds,
+                fmt::format("lost rank(s) {} at start", fmt::join(reformed.lost, ", ")));
+        changed = true;
+        break;
       }
       if (flags.stop_after_steps > 0 && step >= flags.stop_after_steps) {
         stopped = true;
         break;
       }
     }
+    if (changed) {
+      step = at.step;
+      epoch = at.epoch;
+      resuming = true;
+      continue;
+    }
+    ++epoch;
   }
+  if (live) live->close();  // replacements still waiting have nothing to join
   if (stopped) {
     if (lead) std::printf("stopped after step %lld (--stop-after-steps)\n", static_cast<long long>(step));
     world->barrier()->wait();
@@ -192,14 +303,14 @@ int run(const Flags& flags) {
   const int64_t last = std::min<int64_t>(test.size(), first + per);
   for (int64_t i = 0; i < per; i += 1000) {
     const int64_t lo = std::min(last, first + i), hi = std::min(last, first + i + 1000);
-    at::Tensor out = sdp.forward(test.images.slice(0, lo, std::max(lo, hi)));
+    at::Tensor out = sdp->forward(test.images.slice(0, lo, std::max(lo, hi)));
     correct += out.argmax(1).eq(test.labels.slice(0, lo, std::max(lo, hi))).sum().item<int64_t>();
   }
   const double accuracy = allreduce_sum(*world, static_cast<double>(correct)) / test.size();
   const double mean_recent =
       recent.empty() ? 0 : std::accumulate(recent.begin(), recent.end(), 0.0) / recent.size();
   double sum = 0;
-  for (const auto& [name, value] : sdp.full_parameters())
+  for (const auto& [name, value] : sdp->full_parameters())
     sum += value.to(torch::kDouble).sum().item<double>();
   const double images_per_sec = images / seconds;
 
@@ -254,6 +365,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--threads", f.threads, "LibTorch threads per rank (0 = cores / local ranks)")
       ->check(CLI::Range(0, 1024));
+  app.add_option("--sample-log", f.sample_log,
+                 "Append \"epoch index step attempt\" for every sample trained (all ranks, one "
+                 "file); `dtrain chaos` sets it through the environment")
+      ->envname("DTRAIN_SAMPLE_LOG");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(f);

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,6 +87,10 @@ class LiveWorld {
   std::optional<Reformed> admit_waiting();
   // Training is over: replacements still waiting are told so. Any member may call it.
   void close() { membership_.close(); }
+  // Whether an error of a step means a peer is gone (or this group was aborted for it): what a
+  // live world recovers from. LibTorch's autograd engine rethrows an error of a gradient hook
+  // (DDP's, ZeRO's) as its own, with the original message, which names the failure's kind.
+  static bool peer_lost(const std::exception& e);
   // The members of this generation the launcher reports ended (by rank at start), waiting up to
   // `wait` for one: whether an error that does not say so was a member's death.
   std::vector<int> ended(std::chrono::milliseconds wait) const { return membership_.ended(wait); }

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/error.h"
+
 namespace dtrain {
 namespace {
 
@@ -21,6 +23,14 @@ LiveWorld::LiveWorld(LiveWorldOptions options)
   Reformed formed;
   form({.rank = membership_.rank(), .size = static_cast<int>(membership_.members().size())},
        std::chrono::steady_clock::now(), formed);
+}
+
+bool LiveWorld::peer_lost(const std::exception& e) {
+  if (const auto* d = dynamic_cast<const Error*>(&e))
+    return d->kind() == ErrorKind::kPeerFailure || d->kind() == ErrorKind::kAborted;
+  const std::string what = e.what();
+  return what.find("PeerFailureError") != std::string::npos ||
+         what.find("peer failure") != std::string::npos;
 }
 
 LiveWorld::Reformed LiveWorld::reform() {

@@ -326,10 +326,10 @@ TEST(Chaos, LiveRecoveryOfTheDistributedOptimizerKeepsTheSurvivorsTrainingAndEve
 TEST(Chaos, LiveRecoveryOfParameterServerWorkersRedoesTheStepAndLosesNoSample) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   dtrain::testing::TempDir dir;
-  const auto r = chaos(dir, {"--schedule", "kill:5s", "--seed", "2", "--max-faults", "2"},
-                       {"-n", "3", "--servers", "2", "--live", "--replace", "2"},
-                       {"--strategy", "ps", "--ps-mode", "sync", "--train-samples", "30000",
-                        "--epochs", "2"});
+  const auto r =
+      chaos(dir, {"--schedule", "kill:5s", "--seed", "2", "--max-faults", "2"},
+            {"-n", "3", "--servers", "2", "--live", "--replace", "2"},
+            {"--strategy", "ps", "--ps-mode", "sync", "--train-samples", "30000", "--epochs", "2"});
   const nlohmann::json c = recovered_every_sample_once(r, 2);
   ASSERT_TRUE(c.is_object());
   for (const auto& s : c["recovery_s"]) EXPECT_LT(s.get<double>(), 2.0) << r.output;
@@ -341,14 +341,43 @@ TEST(Chaos, LiveRecoveryOfParameterServerWorkersRedoesTheStepAndLosesNoSample) {
   EXPECT_NE(out.find("\"strategy\":\"ps\""), std::string::npos) << out;
   EXPECT_NE(out.find("going on from step"), std::string::npos) << out;
   // Asynchronous workers would not notice a death: refused, saying why.
-  const auto async = dtrain::testing::run_command(
-      {kDtrain, "run", "-n", "2", "--servers", "1", "--live", "--", kTrainer, "--strategy", "ps",
-       "--ps-mode", "async"},
-      {.timeout = milliseconds(60'000)});
+  const auto async =
+      dtrain::testing::run_command({kDtrain, "run", "-n", "2", "--servers", "1", "--live", "--",
+                                    kTrainer, "--strategy", "ps", "--ps-mode", "async"},
+                                   {.timeout = milliseconds(60'000)});
   EXPECT_FALSE(async.ok()) << async.output;
   EXPECT_NE(async.output.find("dtrain run --live with --strategy ps needs --ps-mode sync"),
             std::string::npos)
       << async.output;
+}
+
+// ZeRO stage 3 (train_sharded): a dead rank's shard is held nowhere but in the snapshots, so the
+// survivors shard the model anew over the new world and load the newest one, redoing the steps
+// since (one here); a replacement joins the same way. Every sample once.
+TEST(Chaos, LiveRecoveryOfZeroReshardsTheNewestSnapshotAndLosesNoSample) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::TempDir dir;
+  std::vector<std::string> job = {kDtrain, "run", "-n", "3", "--live", "--replace", "1", "--"};
+  job.insert(job.end(), {std::string(DTRAIN_BIN_DIR) + "/train_sharded", "--threads", "1",
+                         "--stage", "3", "--epochs", "2", "--checkpoint-every", "1"});
+  job.insert(job.end(), {"--checkpoint-dir", dir.path + "/{run}-snapshots"});
+  const auto r = chaos_of(dir, {"--schedule", "kill:3s", "--seed", "2", "--max-faults", "2"}, job);
+  const nlohmann::json c = recovered_every_sample_once(r, 2);
+  ASSERT_TRUE(c.is_object());
+  for (const auto& s : c["recovery_s"]) EXPECT_LT(s.get<double>(), 2.0) << r.output;
+  const std::string out = file_text(dir.path + "/faults/stdout.log");
+  EXPECT_NE(out.find("(lost rank(s) 2 at start), going on from step "), std::string::npos) << out;
+  EXPECT_NE(out.find("(taking in rank(s) 2 at start), going on from step "), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("\"strategy\":\"zero3\""), std::string::npos) << out;
+  // Without snapshots there is nothing to go on from: refused, saying why.
+  const auto bare = dtrain::testing::run_command(
+      {kDtrain, "run", "-n", "2", "--live", "--", std::string(DTRAIN_BIN_DIR) + "/train_sharded"},
+      {.timeout = milliseconds(60'000)});
+  EXPECT_FALSE(bare.ok()) << bare.output;
+  EXPECT_NE(bare.output.find("train_sharded recovers live from its sharded snapshots"),
+            std::string::npos)
+      << bare.output;
 }
 
 // The same with the training set in TFRecord shards: each survivor's open dataset is dealt the
