@@ -131,7 +131,8 @@ std::vector<int64_t> all_processes() {
 // A job whose workers write no beat pages (another launcher, such as torchrun, and another
 // backend): its workers are the processes under `job` whose environment names a RANK that their
 // parent's does not (a worker's own children inherit it), running and not stopped.
-std::vector<Worker> workers_under(int64_t job) {
+// The processes under `job` (its descendants), each with its parent.
+std::map<int64_t, int64_t> processes_under(int64_t job) {
   std::map<int64_t, int64_t> parent;
   for (const int64_t pid : all_processes()) parent[pid] = parent_of(pid);
   auto under_job = [&](int64_t pid) {
@@ -143,9 +144,13 @@ std::vector<Worker> workers_under(int64_t job) {
     }
     return false;
   };
+  std::erase_if(parent, [&](const auto& entry) { return !under_job(entry.first); });
+  return parent;
+}
+
+std::vector<Worker> workers_under(int64_t job) {
   std::set<Worker> workers;
-  for (const auto& [pid, up] : parent) {
-    if (!under_job(pid)) continue;
+  for (const auto& [pid, up] : processes_under(job)) {
     const int rank = rank_in_environment(pid);
     if (rank < 0 || rank_in_environment(up) == rank) continue;
     const char state = process_state(pid);
@@ -275,10 +280,14 @@ std::string command_name(int64_t pid) {
   return name;
 }
 
-// The process that listens on TCP `port` in any network namespace (the job's store: its
-// workers' MASTER_PORT), the lowest pid when several hold the socket; 0 when none.
-int64_t listener_of(uint16_t port) {
-  const std::vector<int64_t> pids = all_processes();
+// The process of job `job` (itself or one under it) that listens on TCP `port` (the job's
+// store: its workers' MASTER_PORT), in whichever network namespace it runs; the lowest pid when
+// several hold the socket; 0 when none. (Another job's store on the same port elsewhere is not
+// this one's.)
+int64_t listener_of(int64_t job, uint16_t port) {
+  std::vector<int64_t> pids = {job};
+  for (const auto& [pid, up] : processes_under(job)) pids.push_back(pid);
+  std::sort(pids.begin(), pids.end());
   std::set<std::string> sockets;  // "socket:[inode]"
   std::set<std::pair<dev_t, ino_t>> read;
   for (const int64_t pid : pids) {
@@ -431,7 +440,7 @@ bool trains_again(const Pending& p, const LogTail& log, uint64_t calls) {
 
 // SIGKILL to the host of the job's store: the process listening on the workers' MASTER_PORT and,
 // when it runs on an emulated host, every process there. Returns what it did.
-std::string kill_store_host(const std::vector<Worker>& workers) {
+std::string kill_store_host(int64_t job, const std::vector<Worker>& workers) {
   int port = -1;
   for (const Worker& w : workers)
     if (port <= 0) port = integer_in_environment(w.pid, "MASTER_PORT");
@@ -439,11 +448,11 @@ std::string kill_store_host(const std::vector<Worker>& workers) {
     throw InvalidArgumentError(
         "dtrain chaos: a store fault kills the host of the job's store, found as the process "
         "listening on the workers' MASTER_PORT, which their environment does not name");
-  const int64_t store = listener_of(static_cast<uint16_t>(port));
+  const int64_t store = listener_of(job, static_cast<uint16_t>(port));
   if (store == 0)
     throw InvalidArgumentError(fmt::format(
-        "dtrain chaos: a store fault kills the host of the job's store, but no process listens "
-        "on the workers' MASTER_PORT {}",
+        "dtrain chaos: a store fault kills the host of the job's store, but no process of the "
+        "job listens on the workers' MASTER_PORT {}",
         port));
   const auto ns = netns_of(store);
   const std::string what = fmt::format("the store's host: pid {} ({}, listening on port {})", store,
@@ -607,7 +616,7 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
                             rule.lasting.count() / 1000.0));
         } else if (rule.kind == FaultKind::kStore) {
           try {
-            const std::string did = kill_store_host(workers);
+            const std::string did = kill_store_host(job.pid, workers);
             p.ended = true;
             say(o.out_fd, fmt::format("{} run, {:.1f} s into training: {}", name, into, did));
           } catch (const std::exception& e) {

@@ -13,8 +13,8 @@
 // checkpoints apart (--checkpoint-dir /mnt/small/{run}). A cut fault drops every packet of the
 // victim's host but loopback's with nftables for FOR: the host is a network namespace
 // (scripts/netns-hosts.sh runs a job's nodes on such hosts), never this machine's own. A store
-// fault sends SIGKILL to the process listening on the workers' MASTER_PORT and, when it runs on
-// an emulated host, to every process there.
+// fault sends SIGKILL to the job's process listening on the workers' MASTER_PORT and, when it
+// runs on an emulated host, to every process there.
 #pragma once
 
 #include <chrono>

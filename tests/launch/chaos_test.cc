@@ -490,7 +490,8 @@ TEST(Chaos, AHostCutOffTheNetworkIsLeftOutAndReplacedOnceBackAndNoSampleIsLost) 
   // Host 2 (seed 2's victim) is cut off for 20 s: ranks 0 and 1 find their connections to it
   // dead after 7 s and, a majority, go on without it; rank 2 cannot reach the store and stops.
   // Once the network is back its launcher reaches the store again and starts a replacement,
-  // which the others take in with their state. Every sample once.
+  // which the others take in with their state (or which ends at once, when they finished
+  // first). Every sample once.
   const auto r = chaos_of(dir, {"--schedule", "cut:21s:20s", "--seed", "2", "--max-faults", "1"},
                           on_hosts(hosts, {"--epochs", "3"}));
   const nlohmann::json c = recovered_every_sample_once(r, 1);
@@ -507,7 +508,10 @@ TEST(Chaos, AHostCutOffTheNetworkIsLeftOutAndReplacedOnceBackAndNoSampleIsLost) 
   EXPECT_NE(err.find("started a replacement for rank 2"), std::string::npos) << err;
   const std::string out = file_text(dir.path + "/faults/stdout.log");
   EXPECT_NE(out.find("generation 1 of 2 rank(s) formed"), std::string::npos) << out;
-  EXPECT_NE(out.find("taking in rank(s) 2 at start"), std::string::npos) << out;
+  // Taken in, or (on a machine where the others finished first) told that training is over.
+  EXPECT_TRUE(out.find("taking in rank(s) 2 at start") != std::string::npos ||
+              out.find("training ended before the others could take it in") != std::string::npos)
+      << out;
 }
 
 TEST(Chaos, ACutRefusesAWorkerOnThisMachinesOwnNetworkAndStopsTheJob) {
