@@ -128,9 +128,6 @@ std::vector<int64_t> all_processes() {
   return pids;
 }
 
-// A job whose workers write no beat pages (another launcher, such as torchrun, and another
-// backend): its workers are the processes under `job` whose environment names a RANK that their
-// parent's does not (a worker's own children inherit it), running and not stopped.
 // The processes under `job` (its descendants), each with its parent.
 std::map<int64_t, int64_t> processes_under(int64_t job) {
   std::map<int64_t, int64_t> parent;
@@ -144,10 +141,15 @@ std::map<int64_t, int64_t> processes_under(int64_t job) {
     }
     return false;
   };
-  std::erase_if(parent, [&](const auto& entry) { return !under_job(entry.first); });
-  return parent;
+  std::map<int64_t, int64_t> under;
+  for (const auto& [pid, up] : parent)
+    if (under_job(pid)) under[pid] = up;
+  return under;
 }
 
+// A job whose workers write no beat pages (another launcher, such as torchrun, and another
+// backend): its workers are the processes under `job` whose environment names a RANK that their
+// parent's does not (a worker's own children inherit it), running and not stopped.
 std::vector<Worker> workers_under(int64_t job) {
   std::set<Worker> workers;
   for (const auto& [pid, up] : processes_under(job)) {
