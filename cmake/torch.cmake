@@ -78,7 +78,9 @@ add_library(dtrain_torch_objects OBJECT
   src/torch/pipeline.cc
   src/torch/pipeline_checkpoint.cc
   src/torch/sharded_data_parallel.cc
+  src/torch/shard_pieces.cc
   src/torch/sharded_checkpoint.cc
+  src/torch/sharded_snapshot.cc
   src/torch/tensor_parallel.cc
 )
 dtrain_layer(dtrain_torch_objects FOLDERS torch HEADERS torch)

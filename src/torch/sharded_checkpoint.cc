@@ -28,6 +28,7 @@
 #include "dtrain/torch/sharded_data_parallel.h"
 #include "torch/checkpoint_files.h"
 #include "torch/optimizer_state.h"
+#include "torch/shard_pieces.h"
 
 namespace dtrain {
 
@@ -35,6 +36,7 @@ namespace {
 
 using namespace checkpoint_files;
 using namespace optimizer_state;
+using namespace shard_pieces;
 namespace fs = std::filesystem;
 
 constexpr const char* kFormat = "dtrain-sharded-checkpoint";
@@ -48,19 +50,6 @@ constexpr size_t kMessageBytes = 4096;  // of an error told to every rank
 
 std::string shard_file(int rank, int n) {
   return fmt::format("shard-{:05d}-of-{:05d}.safetensors", rank, n);
-}
-
-// Elements [lo, hi) of unit u's flat buffer that parameter i has and rank q owns, if any.
-std::optional<std::pair<int64_t, int64_t>> overlap(const ShardedUnit& unit, size_t i, int q) {
-  const int64_t lo = std::max(q * unit.shard_numel, unit.offsets[i]);
-  const int64_t numel = [&] {
-    int64_t n = 1;
-    for (int64_t d : unit.shapes[i]) n *= d;
-    return n;
-  }();
-  const int64_t hi = std::min((q + 1) * unit.shard_numel, unit.offsets[i] + numel);
-  if (lo >= hi) return std::nullopt;
-  return std::make_pair(lo, hi);
 }
 
 std::string message_from(ProcessGroup& group, int root, const std::string& mine,
@@ -115,6 +104,7 @@ class Pieces {
     return it == entries_.end() ? nullptr : it->second;
   }
   const std::map<std::string, const Json*>& entries() const { return entries_; }
+  int saved_world() const { return saved_world_; }
 
   // Copies elements [a, b) of tensor `key` (of parameter `param`'s pieces) into dst (b - a).
   void fill(const at::Tensor& dst, const std::string& param, const std::string& key, int64_t a,
@@ -169,27 +159,6 @@ class Pieces {
   std::map<int, std::map<std::string, at::Tensor>> files_;
 };
 
-// The optimizer entry restore_optimizer expects, for `opt`'s parameters under `names`.
-Json optimizer_entry(const Json& saved, const torch::optim::Optimizer& opt,
-                     const std::map<const void*, std::string>& names, const std::string& path) {
-  if (opt.param_groups().size() != 1)
-    throw InvalidArgumentError(fmt::format(
-        "sharded checkpoint {}: the optimizer has {} param groups; sharded checkpoints hold one",
-        path, opt.param_groups().size()));
-  Json params = Json::array();
-  for (const auto& p : opt.param_groups()[0].params()) {
-    auto it = names.find(p.unsafeGetTensorImpl());
-    if (it == names.end())
-      throw InvalidArgumentError(fmt::format(
-          "sharded checkpoint {}: the optimizer holds a tensor of shape {} that is not a "
-          "parameter of the model (give it the model's parameters, or sdp.parameters())",
-          path, p.sizes().vec()));
-    params.push_back(it->second);
-  }
-  return {{"type", saved.at("type")},
-          {"param_groups", Json::array({{{"params", params}, {"options", saved.at("options")}}})}};
-}
-
 void load_buffers(Pieces& pieces, const Json& manifest, torch::nn::Module& module,
                   const std::string& path) {
   std::map<std::string, at::Tensor> buffers;
@@ -218,29 +187,6 @@ void load_rng(const std::string& path) {
     throw InvalidArgumentError(
         fmt::format("sharded checkpoint {}: {} has no {}", path, kRngFile, kRngTensor));
   set_rng_state(it->second);
-}
-
-// Every parameter of the model is in the checkpoint with its shape, and nothing else is.
-void check_parameters(const Pieces& pieces,
-                      const std::vector<std::pair<std::string, std::vector<int64_t>>>& model,
-                      const std::string& path) {
-  std::vector<std::string> problems;
-  std::set<std::string> seen;
-  for (const auto& [name, shape] : model) {
-    seen.insert(name);
-    const Json* e = pieces.entry(name);
-    if (e == nullptr) {
-      problems.push_back(fmt::format("'{}' is not in the checkpoint", name));
-    } else if (e->at("shape").get<std::vector<int64_t>>() != shape) {
-      problems.push_back(fmt::format("'{}' has shape {} in the checkpoint, {} in the model", name,
-                                     e->at("shape").get<std::vector<int64_t>>(), shape));
-    }
-  }
-  for (const auto& [name, e] : pieces.entries())
-    if (!seen.count(name)) problems.push_back(fmt::format("'{}' is not in the model", name));
-  if (!problems.empty())
-    throw InvalidArgumentError(fmt::format("sharded checkpoint {} does not fit the model: {}", path,
-                                           fmt::join(problems, "; ")));
 }
 
 }  // namespace
@@ -309,29 +255,11 @@ void ShardedCheckpoint::save(ShardedDataParallel& sdp, const torch::optim::Optim
   const std::string file = shard_file(rank, n);
   try {
     c10::NoGradGuard no_grad;
-    std::map<const void*, std::string> names;
-    for (size_t u = 0; u < shards.size(); ++u)
-      names[shards[u].unsafeGetTensorImpl()] = fmt::format("unit.{}", u);
     if (optimizer != nullptr)
       optimizer_json = snapshot_optimizer(
-          *optimizer, names, [](const std::string&, const at::Tensor& t) { return t.detach(); },
-          state);
-    std::map<std::string, at::Tensor> tensors;
-    for (size_t u = 0; u < units.size(); ++u) {
-      const std::string prefix = fmt::format("optimizer.unit.{}.", u);
-      for (size_t i = 0; i < units[u].parameter_names.size(); ++i) {
-        auto o = overlap(units[u], i, rank);
-        if (!o) continue;
-        const int64_t local = o->first - rank * units[u].shard_numel, count = o->second - o->first;
-        const std::string& param = units[u].parameter_names[i];
-        tensors[param] = shards[u].detach().narrow(0, local, count).clone();
-        for (auto it = state.lower_bound(prefix);
-             it != state.end() && it->first.rfind(prefix, 0) == 0; ++it)
-          if (it->first != prefix + "step" && it->second.numel() == units[u].shard_numel)
-            tensors["optimizer." + param + "." + it->first.substr(prefix.size())] =
-                it->second.narrow(0, local, count).contiguous().clone();
-      }
-    }
+          *optimizer, shard_names(shards),
+          [](const std::string&, const at::Tensor& t) { return t.detach(); }, state);
+    std::map<std::string, at::Tensor> tensors = pieces_of(units, shards, state, rank);
     if (rank == 0)
       for (const auto& b : sdp.module().named_buffers(true))
         tensors[b.key()] = b.value().detach().contiguous();
@@ -365,30 +293,7 @@ void ShardedCheckpoint::save(ShardedDataParallel& sdp, const torch::optim::Optim
       const FileSum rng = sum_file(tmp + "/" + kRngFile, /*sync=*/true);
       files[kRngFile] = {{"bytes", rng.bytes}, {"crc32", hex32(rng.crc)}};
 
-      Json parameters = Json::array();
-      for (size_t u = 0; u < units.size(); ++u) {
-        const std::string prefix = fmt::format("optimizer.unit.{}.", u);
-        Json states = Json::array();
-        Json step = nullptr;
-        for (auto it = state.lower_bound(prefix);
-             it != state.end() && it->first.rfind(prefix, 0) == 0; ++it) {
-          if (it->first == prefix + "step")
-            step = it->second.item<int64_t>();
-          else if (it->second.numel() == units[u].shard_numel)
-            states.push_back(it->first.substr(prefix.size()));
-        }
-        for (size_t i = 0; i < units[u].parameter_names.size(); ++i) {
-          Json pieces = Json::array();
-          for (int q = 0; q < n; ++q)
-            if (auto o = overlap(units[u], i, q))
-              pieces.push_back({q, o->first - units[u].offsets[i], o->second - o->first});
-          parameters.push_back({{"name", units[u].parameter_names[i]},
-                                {"shape", units[u].shapes[i]},
-                                {"pieces", pieces},
-                                {"optimizer_states", states},
-                                {"optimizer_step", step}});
-        }
-      }
+      const Json parameters = parameters_entry(units, state, n);
       Json buffers = Json::array();
       for (const auto& b : sdp.module().named_buffers(true)) buffers.push_back(b.key());
       Json values = Json::object();
@@ -467,49 +372,28 @@ std::optional<LoadedCheckpoint> ShardedCheckpoint::load_latest(ShardedDataParall
     Pieces pieces(path, manifest);
     const auto units = sdp.units();
     const auto shards = sdp.parameters();
-    std::vector<std::pair<std::string, std::vector<int64_t>>> model;
-    for (const auto& u : units)
-      for (size_t i = 0; i < u.parameter_names.size(); ++i)
-        model.emplace_back(u.parameter_names[i], u.shapes[i]);
-    check_parameters(pieces, model, path);
-
-    c10::NoGradGuard no_grad;
-    std::map<std::string, at::Tensor> state;
+    const std::string what = "sharded checkpoint " + path;
+    check_fits(manifest.at("parameters"), unit_parameters(units), what);
     const bool with_optimizer = optimizer != nullptr;
     if (with_optimizer && !manifest.contains("optimizer"))
       throw InvalidArgumentError(fmt::format(
           "sharded checkpoint {} holds no optimizer state (it was saved without an optimizer); "
           "load it without one",
           path));
-    for (size_t u = 0; u < units.size(); ++u) {
-      const int64_t S = units[u].shard_numel;
-      at::Tensor shard = at::zeros({S}, at::kFloat);
-      std::map<std::string, at::Tensor> unit_state;
-      const Json& first = *pieces.entry(units[u].parameter_names[0]);
-      if (with_optimizer && !first.at("optimizer_step").is_null()) {
-        for (const auto& s : first.at("optimizer_states"))
-          unit_state[s.get<std::string>()] = at::zeros({S}, at::kFloat);
-        state[fmt::format("optimizer.unit.{}.step", u)] =
-            at::tensor(json_integer<int64_t>(first.at("optimizer_step")), at::kLong);
-      }
-      for (size_t i = 0; i < units[u].parameter_names.size(); ++i) {
-        auto o = overlap(units[u], i, rank);
-        if (!o) continue;
-        const std::string& param = units[u].parameter_names[i];
-        const int64_t local = o->first - rank * S, a = o->first - units[u].offsets[i],
-                      b = o->second - units[u].offsets[i];
-        pieces.fill(shard.narrow(0, local, b - a), param, param, a, b);
-        for (auto& [s, t] : unit_state)
-          pieces.fill(t.narrow(0, local, b - a), param, "optimizer." + param + "." + s, a, b);
-      }
-      shards[u].detach().copy_(shard);
-      for (auto& [s, t] : unit_state) state[fmt::format("optimizer.unit.{}.{}", u, s)] = t;
-    }
+    c10::NoGradGuard no_grad;
+    ShardFiller filler(manifest.at("parameters"), units, rank, with_optimizer, what);
+    for (int q = 0; q < pieces.saved_world(); ++q)  // only the files this rank needs are read
+      if (filler.needs(q))
+        filler.fill(q, [&](const std::string& key, int64_t count) -> at::Tensor {
+          return pieces.tensor(q, key, count);
+        });
+    std::vector<at::Tensor> filled;
+    std::map<std::string, at::Tensor> state;
+    filler.finish(filled, state);
+    for (size_t u = 0; u < shards.size(); ++u) shards[u].detach().copy_(filled[u]);
     if (with_optimizer) {
-      std::map<const void*, std::string> names;
-      for (size_t u = 0; u < shards.size(); ++u)
-        names[shards[u].unsafeGetTensorImpl()] = fmt::format("unit.{}", u);
-      restore_optimizer(optimizer_entry(manifest.at("optimizer"), *optimizer, names, path), state,
+      const auto names = shard_names(shards);
+      restore_optimizer(optimizer_entry(manifest.at("optimizer"), *optimizer, names, what), state,
                         *optimizer, names, path);
     }
     load_buffers(pieces, manifest, sdp.module(), path);
@@ -531,7 +415,7 @@ LoadedCheckpoint load_sharded_checkpoint(const std::string& path, torch::nn::Mod
   std::vector<std::pair<std::string, std::vector<int64_t>>> model;
   for (const auto& p : module.named_parameters(true))
     model.emplace_back(p.key(), p.value().sizes().vec());
-  check_parameters(pieces, model, path);
+  check_fits(manifest.at("parameters"), model, "sharded checkpoint " + path);
   c10::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> state;
   for (const auto& p : module.named_parameters(true)) {
@@ -556,8 +440,9 @@ LoadedCheckpoint load_sharded_checkpoint(const std::string& path, torch::nn::Mod
           "load it without one",
           path));
     const auto names = parameter_names(module);
-    restore_optimizer(optimizer_entry(manifest.at("optimizer"), *optimizer, names, path), state,
-                      *optimizer, names, path);
+    restore_optimizer(
+        optimizer_entry(manifest.at("optimizer"), *optimizer, names, "sharded checkpoint " + path),
+        state, *optimizer, names, path);
   }
   load_buffers(pieces, manifest, module, path);
   load_rng(path);

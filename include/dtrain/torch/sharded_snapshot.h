@@ -1,0 +1,85 @@
+// A sharded run's training state kept in memory, each rank's shard twice: by the rank and by a
+// neighbour on another node (the next rank when the job has one), so that when a rank dies, or a
+// whole node, the survivors still hold every shard of the newest snapshot and reshard it over
+// their new world, with no file system and no disk: live recovery for ZeRO (dtrain/live_world.h).
+//
+//   dtrain::ShardedSnapshot snap;                      // lives across worlds
+//   ... after each step:  at.step = step; snap.take(sdp, &opt, at);         // collective
+//   ... a rank died, the survivors re-formed: a ShardedDataParallel on the new world, then
+//   if (auto from = snap.restore(sdp, &opt)) at = *from;                     // collective
+//
+// take() copies this rank's shards of the parameters and of the optimizer's state (with rank
+// 0's buffers and LibTorch's generator) into memory it keeps, sends the copy to its neighbour
+// and keeps the neighbour's, in pieces as sharded checkpoints hold them (sharded_checkpoint.h),
+// so a snapshot taken at one world size is restored at any other, into any stage. A snapshot
+// counts once every rank has both copies; until then the previous one is kept, so a death during
+// take() loses at most the snapshot in progress. Memory: four copies of this rank's shard (two
+// snapshots, each with a neighbour's).
+//
+// restore() is collective over the new world: survivors, and newcomers that hold nothing. It
+// takes the newest snapshot whose every shard some member holds, each shard broadcast by the
+// member that holds it: a newcomer receives the state in pieces from several members. A rank
+// and the neighbour holding its copy dying together lose that snapshot (restore() says which
+// shards no member holds); keep sharded checkpoints on disk too for that case.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/torch/checkpoint.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace dtrain {
+
+class ShardedDataParallel;
+
+struct ShardedSnapshotOptions {
+  // This rank's node: a neighbour is chosen on another node when there is one. -1 = the node
+  // the launcher says (NODE_RANK or GROUP_RANK; 0 without a launcher).
+  int node = -1;
+  std::chrono::milliseconds timeout{0};  // of each collective and transfer; 0 = the group's
+};
+
+class ShardedSnapshot {
+ public:
+  explicit ShardedSnapshot(ShardedSnapshotOptions options = {});
+  ~ShardedSnapshot();
+  ShardedSnapshot(const ShardedSnapshot&) = delete;
+  ShardedSnapshot& operator=(const ShardedSnapshot&) = delete;
+
+  // Collective over sdp's group: snapshots this rank's shards and `optimizer`'s state of them
+  // (null: parameters only) at `progress`. An error of the group (a peer died) is rethrown as it
+  // came, the previous snapshot kept.
+  void take(ShardedDataParallel& sdp, const torch::optim::Optimizer* optimizer,
+            TrainingProgress progress);
+
+  // Collective over sdp's group: the newest snapshot some member holds whole, loaded into this
+  // rank's shards, `optimizer` (may be null), the buffers and LibTorch's generator; its progress
+  // (world_size: the world it was taken at). nullopt when the members hold no whole snapshot,
+  // with the reason in `why` (which shards are missing, or that there is none).
+  std::optional<TrainingProgress> restore(ShardedDataParallel& sdp,
+                                          torch::optim::Optimizer* optimizer,
+                                          std::string* why = nullptr);
+
+  // Bytes this rank holds: its own copies and its neighbours'.
+  int64_t bytes_held() const;
+
+ private:
+  struct Held;
+  ShardedSnapshotOptions options_;
+  int node_ = 0;
+  int64_t sequence_ = 0;  // of the newest snapshot this rank took part in
+  // Two snapshots: `current_` counts (every rank held both copies of it, or restore() chose it);
+  // the other is free for the next take(), or holds one whose completion this rank did not see.
+  std::unique_ptr<Held> slots_[2];
+  int current_ = -1;
+};
+
+}  // namespace dtrain
