@@ -20,10 +20,11 @@
 // on the first N images only.
 //
 // Under `dtrain run --live` a rank's death costs the steps since the newest snapshot, not a
-// restart: the survivors re-form, shard the model anew over the new world and load that snapshot
-// (the dead rank's shard is in its files), and replacements join the same way:
-//   build/bin/dtrain run -n 3 --live --replace 1 -- build/bin/train_sharded --stage 3 \
-//       --checkpoint-dir /dev/shm/zero --checkpoint-every 1
+// restart: the survivors re-form, shard the model anew over the new world and restore that
+// snapshot, and replacements join the same way. Snapshots are in memory (--snapshot-every, each
+// rank's shard also held by a neighbour on another node: dtrain/torch/sharded_snapshot.h), with
+// --checkpoint-dir's files for a loss they cannot cover (a rank and its neighbour together):
+//   build/bin/dtrain run -n 3 --live --replace 1 -- build/bin/train_sharded --stage 3
 #include <unistd.h>
 
 #include <chrono>
@@ -49,6 +50,7 @@
 #include "dtrain/torch/runtime.h"
 #include "dtrain/torch/sharded_checkpoint.h"
 #include "dtrain/torch/sharded_data_parallel.h"
+#include "dtrain/torch/sharded_snapshot.h"
 #include "dtrain/torch/tensor_view.h"
 #include "sample_log.h"
 
@@ -69,6 +71,7 @@ struct Flags {
   int64_t train_samples = 0;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 100;
+  int64_t snapshot_every = 1;
   int keep_checkpoints = 3;
   int64_t stop_after_steps = 0;
   int threads = 0;
@@ -97,18 +100,19 @@ double allreduce_sum(dtrain::ProcessGroup& g, double v) {
 int run(const Flags& flags) {
   const auto runtime = dtrain::configure_runtime(flags.threads);
   // Under `dtrain run --live`, a world whose survivors re-form when a rank dies; they go on
-  // from the newest sharded snapshot, each rank's shard of it found in the snapshot's files.
+  // from the newest snapshot in memory, the dead rank's shard restored from its neighbour's copy.
   std::unique_ptr<dtrain::LiveWorld> live;
+  std::unique_ptr<dtrain::ShardedSnapshot> snapshot;
   std::shared_ptr<dtrain::ProcessGroup> world;
   const char* live_flag = std::getenv("DTRAIN_LIVE");
   if (live_flag != nullptr && std::string(live_flag) == "1") {
-    if (flags.checkpoint_dir.empty())
+    if (flags.checkpoint_dir.empty() && flags.snapshot_every == 0)
       throw dtrain::InvalidArgumentError(
-          "dtrain run --live: train_sharded recovers live from its sharded snapshots, the dead "
-          "rank's shard included: give --checkpoint-dir (in memory on one machine, such as "
-          "/dev/shm/NAME; a file system every machine sees across several) and "
-          "--checkpoint-every (1: a death costs only the step in progress)");
+          "dtrain run --live: train_sharded recovers live from its snapshots, the dead rank's "
+          "shard included, and --snapshot-every 0 without --checkpoint-dir leaves none: give "
+          "--snapshot-every N (in memory) or --checkpoint-dir (files)");
     live = std::make_unique<dtrain::LiveWorld>();
+    if (flags.snapshot_every > 0) snapshot = std::make_unique<dtrain::ShardedSnapshot>();
     if (live->too_late()) return 0;  // a replacement after training ended: nothing to do
     world = live->group();
   } else {
@@ -137,9 +141,9 @@ int run(const Flags& flags) {
   std::unique_ptr<dtrain::DistributedSampler> sampler;
   std::unique_ptr<dtrain::ShardedCheckpoint> ckpt;
   dtrain::TrainingProgress at;
-  // The model sharded over `world`, its optimizer and sampler, and the newest snapshot loaded
-  // (its path; "" when there is none): at start, and again whenever the world changed, since
-  // which elements each rank owns depends on the world's size.
+  // The model sharded over `world`, its optimizer and sampler, and the newest snapshot restored
+  // (what it was; "" when there is none): from memory, else from --checkpoint-dir, at start and
+  // again whenever the world changed, since which elements each rank owns depends on its size.
   auto build = [&]() -> std::string {
     lead = world->rank() == 0;
     n = world->size();
@@ -155,6 +159,19 @@ int run(const Flags& flags) {
     sampler = std::make_unique<dtrain::DistributedSampler>(
         static_cast<size_t>(train.size()), n, world->rank(), /*shuffle=*/true, flags.seed);
     at = {};
+    if (snapshot) {
+      try {
+        if (auto from = snapshot->restore(*sdp, adam.get())) {
+          at = *from;
+          return "the snapshot in memory";
+        }
+      } catch (const dtrain::DataLossError& e) {
+        if (flags.checkpoint_dir.empty()) throw;
+        if (lead)
+          std::fprintf(stderr, "%s; going on from the newest checkpoint in %s\n", e.what(),
+                       flags.checkpoint_dir.c_str());
+      }
+    }
     if (flags.checkpoint_dir.empty()) return "";
     ckpt = std::make_unique<dtrain::ShardedCheckpoint>(
         dtrain::ShardedCheckpointOptions{.dir = flags.checkpoint_dir,
@@ -180,6 +197,13 @@ int run(const Flags& flags) {
     }
   }
   SampleLog sample_log(flags.sample_log);
+  auto progress_now = [&](int64_t step, int64_t epoch) {  // for a snapshot or a checkpoint
+    at.step = step;
+    at.epoch = epoch;
+    at.epoch_consumed = static_cast<int64_t>(sampler->consumed());
+    at.epoch_size = train.size();
+    return at;
+  };
   // After the world changed: the model anew on it from the newest snapshot, the steps since
   // that snapshot redone.
   auto went_on = [&](int generation, double seconds, const std::string& what) {
@@ -255,13 +279,10 @@ int run(const Flags& flags) {
                       images / secs);
           std::fflush(stdout);
         }
-        if (ckpt && (step % flags.checkpoint_every == 0 || step == flags.stop_after_steps)) {
-          at.step = step;
-          at.epoch = epoch;
-          at.epoch_consumed = static_cast<int64_t>(sampler->consumed());
-          at.epoch_size = train.size();
-          ckpt->save(*sdp, adam.get(), at);
-        }
+        if (snapshot && step % flags.snapshot_every == 0)
+          snapshot->take(*sdp, adam.get(), progress_now(step, epoch));
+        if (ckpt && (step % flags.checkpoint_every == 0 || step == flags.stop_after_steps))
+          ckpt->save(*sdp, adam.get(), progress_now(step, epoch));
       } catch (const std::exception& e) {
         if (!live || !dtrain::LiveWorld::peer_lost(e)) throw;
         if (lead) std::fprintf(stderr, "rank 0: a peer is gone (%s); re-forming\n", e.what());
@@ -360,6 +381,10 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", f.checkpoint_every, "Steps between checkpoints")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--keep-checkpoints", f.keep_checkpoints)->check(CLI::Range(1, 1000));
+  app.add_option("--snapshot-every", f.snapshot_every,
+                 "Under dtrain run --live: steps between snapshots in memory, each rank's shard "
+                 "also held by a neighbour (0 = none: recover from --checkpoint-dir)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--stop-after-steps", f.stop_after_steps,
                  "Checkpoint and exit after this step (0 = train to the end)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));

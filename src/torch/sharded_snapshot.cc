@@ -148,6 +148,13 @@ void wait_all(std::vector<std::pair<int, std::shared_ptr<Work>>>& works, std::se
 
 }  // namespace
 
+// The copies of a snapshot on their way to and from the neighbours.
+struct ShardedSnapshot::Exchange {
+  int slot = 0;
+  std::vector<std::pair<int, std::shared_ptr<Work>>> works;  // blob received, or -1: sent
+  std::map<int, at::Tensor> incoming;                        // blob -> where it is received
+};
+
 struct ShardedSnapshot::Held {
   int64_t sequence = 0;  // 0: holds nothing usable
   int world = 0;
@@ -161,7 +168,7 @@ ShardedSnapshot::ShardedSnapshot(ShardedSnapshotOptions options) : options_(opti
   slots_[1] = std::make_unique<Held>();
 }
 
-ShardedSnapshot::~ShardedSnapshot() = default;
+ShardedSnapshot::~ShardedSnapshot() { settle(/*rethrow=*/false); }  // the transfers use its memory
 
 int64_t ShardedSnapshot::bytes_held() const {
   int64_t bytes = 0;
@@ -179,7 +186,11 @@ void ShardedSnapshot::take(ShardedDataParallel& sdp, const torch::optim::Optimiz
         "rank {}: ShardedSnapshot: the optimizer has {} param groups; sharded snapshots hold one",
         rank, optimizer->param_groups().size()));
 
-  // Every rank's node, and the snapshot's number: above any a member has seen.
+  // The copies of the previous snapshot, which travelled while training went on.
+  settle(/*rethrow=*/true);
+  // Every rank's node, and the snapshot's number: above any a member has seen. That every rank
+  // came here also says that each holds the previous snapshot's copies whole: if this rank does
+  // (`whole_`), that snapshot is held whole everywhere, and counts.
   std::vector<int64_t> mine = {node_, sequence_};
   std::vector<int64_t> all(2 * static_cast<size_t>(n));
   AllgatherOptions ao;
@@ -193,6 +204,8 @@ void ShardedSnapshot::take(ShardedDataParallel& sdp, const torch::optim::Optimiz
     sequence = std::max(sequence, all[2 * static_cast<size_t>(q) + 1]);
   }
   sequence += 1;
+  if (whole_ >= 0) current_ = whole_;
+  whole_ = -1;
 
   // This rank's copy, into the slot that is not the current snapshot (its buffers reused).
   const int into = current_ == 0 ? 1 : 0;
@@ -280,31 +293,36 @@ void ShardedSnapshot::take(ShardedDataParallel& sdp, const torch::optim::Optimiz
   if (const int dst = to[static_cast<size_t>(rank)]; dst != rank)
     for (const auto& [b, blob] : held.blobs)
       works.emplace_back(-1, g.isend(view_of(blob), dst, kTag, so));
-  std::set<int> received;
   held.sequence = sequence;  // its own blobs are whole already: restore() may use them
   sequence_ = sequence;
-  try {
-    wait_all(works, &received);
-  } catch (...) {
-    for (int b : received) held.blobs[b] = incoming[b];
-    throw;
-  }
-  for (int b : received) held.blobs[b] = incoming[b];
+  in_flight_ = std::make_unique<Exchange>(
+      Exchange{.slot = into, .works = std::move(works), .incoming = std::move(incoming)});
+}
 
-  // Once every rank holds both copies, this snapshot counts.
-  BarrierOptions bo;
-  bo.timeout = options_.timeout;
-  bo.async_op = false;
-  g.barrier(bo)->wait();
-  current_ = into;
+void ShardedSnapshot::settle(bool rethrow) {
+  if (!in_flight_) return;
+  const std::unique_ptr<Exchange> exchange = std::move(in_flight_);
+  Held& held = *slots_[exchange->slot];
+  std::set<int> received;
+  std::exception_ptr failed;
+  try {
+    wait_all(exchange->works, &received);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  for (int b : received) held.blobs[b] = exchange->incoming.at(b);
+  if (!failed)
+    whole_ = exchange->slot;  // counts at the next take(), once every rank is known to have it
+  else if (rethrow)
+    std::rethrow_exception(failed);
 }
 
 std::optional<TrainingProgress> ShardedSnapshot::restore(ShardedDataParallel& sdp,
-                                                         torch::optim::Optimizer* optimizer,
-                                                         std::string* why) {
+                                                         torch::optim::Optimizer* optimizer) {
   ProcessGroup& g = *sdp.group();
   const int rank = g.rank(), m = g.size();
   const auto timeout = options_.timeout;
+  settle(/*rethrow=*/false);  // what came of the last copies (from a peer now dead: nothing)
 
   // What every member holds: (sequence, world, blob, step) per blob.
   std::vector<int64_t> mine(4 * kMaxHeld, 0);
@@ -348,23 +366,18 @@ std::optional<TrainingProgress> ShardedSnapshot::restore(ShardedDataParallel& sd
       sequence = s;
       break;
     }
+  if (chosen == nullptr && candidates.empty()) return std::nullopt;
   if (chosen == nullptr) {
-    if (why != nullptr) {
-      if (candidates.empty()) {
-        *why = "no member holds a snapshot";
-      } else {
-        const Candidate& newest = candidates.begin()->second;
-        std::vector<int> missing;
-        for (int q = 0; q < newest.world; ++q)
-          if (!newest.holder.count(q)) missing.push_back(q);
-        *why = fmt::format(
-            "the newest snapshot (step {}, taken at {} ranks) lacks the shard(s) of rank(s) {} "
-            "of that world: each died together with the rank holding its copy, and no older "
-            "snapshot is whole",
-            newest.step, newest.world, fmt::join(missing, ", "));
-      }
-    }
-    return std::nullopt;
+    const Candidate& newest = candidates.begin()->second;
+    std::vector<int> missing;
+    for (int q = 0; q < newest.world; ++q)
+      if (!newest.holder.count(q)) missing.push_back(q);
+    throw DataLossError(fmt::format(
+        "rank {}: the members hold no whole snapshot in memory: the newest (step {}, taken at {} "
+        "ranks) lacks the shard(s) of rank(s) {} of that world, each lost together with the rank "
+        "holding its copy, and no older one is whole; go on from a sharded checkpoint on disk "
+        "(ShardedCheckpoint), which keeps what losses of neighbours take from memory",
+        rank, newest.step, newest.world, fmt::join(missing, ", ")));
   }
   const int world = chosen->world;
   int here = -1;  // this rank's slot holding the chosen snapshot
@@ -453,6 +466,7 @@ std::optional<TrainingProgress> ShardedSnapshot::restore(ShardedDataParallel& sd
   checkpoint_files::set_rng_state(view(extras, blobs.at(world), kRng).clone());
   sdp.shards_changed();
   current_ = here;
+  whole_ = -1;
   sequence_ = std::max(sequence_, sequence);
   TrainingProgress progress = progress_of(meta);
   return progress;

@@ -351,16 +351,16 @@ TEST(Chaos, LiveRecoveryOfParameterServerWorkersRedoesTheStepAndLosesNoSample) {
       << async.output;
 }
 
-// ZeRO stage 3 (train_sharded): a dead rank's shard is held nowhere but in the snapshots, so the
-// survivors shard the model anew over the new world and load the newest one, redoing the steps
-// since (one here); a replacement joins the same way. Every sample once.
-TEST(Chaos, LiveRecoveryOfZeroReshardsTheNewestSnapshotAndLosesNoSample) {
+// ZeRO stage 3 (train_sharded): a dead rank's shard is held nowhere but in the snapshots, here
+// in memory, each rank's shard also with its neighbour (sharded_snapshot.h), so the survivors
+// shard the model anew over the new world and restore the snapshot of the last step; a
+// replacement joins the same way, its shards sent by the members. Every sample once.
+TEST(Chaos, LiveRecoveryOfZeroReshardsTheSnapshotInMemoryAndLosesNoSample) {
   if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   dtrain::testing::TempDir dir;
   std::vector<std::string> job = {kDtrain, "run", "-n", "3", "--live", "--replace", "1", "--"};
   job.insert(job.end(), {std::string(DTRAIN_BIN_DIR) + "/train_sharded", "--threads", "1",
-                         "--stage", "3", "--epochs", "2", "--checkpoint-every", "1"});
-  job.insert(job.end(), {"--checkpoint-dir", dir.path + "/{run}-snapshots"});
+                         "--stage", "3", "--epochs", "2"});
   const auto r = chaos_of(dir, {"--schedule", "kill:3s", "--seed", "2", "--max-faults", "2"}, job);
   const nlohmann::json c = recovered_every_sample_once(r, 2);
   ASSERT_TRUE(c.is_object());
@@ -369,13 +369,15 @@ TEST(Chaos, LiveRecoveryOfZeroReshardsTheNewestSnapshotAndLosesNoSample) {
   EXPECT_NE(out.find("(lost rank(s) 2 at start), going on from step "), std::string::npos) << out;
   EXPECT_NE(out.find("(taking in rank(s) 2 at start), going on from step "), std::string::npos)
       << out;
+  EXPECT_NE(out.find(" of the snapshot in memory"), std::string::npos) << out;
   EXPECT_NE(out.find("\"strategy\":\"zero3\""), std::string::npos) << out;
   // Without snapshots there is nothing to go on from: refused, saying why.
   const auto bare = dtrain::testing::run_command(
-      {kDtrain, "run", "-n", "2", "--live", "--", std::string(DTRAIN_BIN_DIR) + "/train_sharded"},
+      {kDtrain, "run", "-n", "2", "--live", "--", std::string(DTRAIN_BIN_DIR) + "/train_sharded",
+       "--snapshot-every", "0"},
       {.timeout = milliseconds(60'000)});
   EXPECT_FALSE(bare.ok()) << bare.output;
-  EXPECT_NE(bare.output.find("train_sharded recovers live from its sharded snapshots"),
+  EXPECT_NE(bare.output.find("--snapshot-every 0 without --checkpoint-dir leaves none"),
             std::string::npos)
       << bare.output;
 }

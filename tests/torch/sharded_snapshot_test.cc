@@ -11,6 +11,7 @@
 
 #include <filesystem>
 
+#include "dtrain/error.h"
 #include "dtrain/torch/safetensors.h"
 #include "dtrain/torch/sharded_checkpoint.h"
 #include "dtrain/torch/sharded_data_parallel.h"
@@ -111,9 +112,8 @@ void lose_and_restore(const std::string& dir, const std::vector<int>& nodes,
     auto sdp2 =
         std::make_unique<ShardedDataParallel>(make_seq(2), pg2, ShardingOptions{.stage = 3});
     torch::optim::Adam opt2(sdp2->parameters(), 0.01);
-    std::string why;
-    auto from = snap->restore(*sdp2, &opt2, &why);
-    RANK_CHECK(from.has_value(), "nothing restored: {}", why);
+    auto from = snap->restore(*sdp2, &opt2);
+    RANK_CHECK(from.has_value(), "nothing restored");
     RANK_CHECK(from->step == 3 && from->world_size == 4 && from->values.at("loss") == 0.25,
                "restored step {} of {} rank(s)", from->step, from->world_size);
     train(*sdp2, opt2, new_rank, m, 3, 6);
@@ -165,11 +165,18 @@ TEST(ShardedSnapshot, NeighboursDyingTogetherLoseTheSnapshotAndSaySo) {
     ShardedDataParallel sdp2(make_seq(2), pg2, {.stage = 3});
     torch::optim::Adam opt2(sdp2.parameters(), 0.01);
     std::string why;
-    auto from = snap.restore(sdp2, &opt2, &why);
-    RANK_CHECK(!from, "restored step {} without rank 2's shard", from ? from->step : -1);
+    try {
+      auto from = snap.restore(sdp2, &opt2);
+      RANK_CHECK(false, "restored step {} without rank 2's shard", from ? from->step : -1);
+    } catch (const DataLossError& e) {
+      why = e.what();
+    }
     RANK_CHECK(why.find("lacks the shard(s) of rank(s) 2 of that world") != std::string::npos &&
                    why.find("step 2, taken at 4 ranks") != std::string::npos,
                "the reason: {}", why);
+    // A world that never took one holds none: nothing to restore, nothing lost.
+    ShardedSnapshot fresh({.node = 0});
+    RANK_CHECK(!fresh.restore(sdp2, &opt2), "a fresh snapshot restored something");
   }, 60s));
 }
 
@@ -197,9 +204,8 @@ TEST(ShardedSnapshot, ADeathDuringATakeLeavesThePreviousSnapshot) {
     auto pg2 = make_group(rank == 0 ? 0 : 1, 2, port2);
     ShardedDataParallel sdp2(make_seq(2), pg2, {.stage = 1});
     torch::optim::Adam opt2(sdp2.parameters(), 0.01);
-    std::string why;
-    auto from = snap.restore(sdp2, &opt2, &why);
-    RANK_CHECK(from && from->step == 2, "restored {}: {}", from ? from->step : -1, why);
+    auto from = snap.restore(sdp2, &opt2);
+    RANK_CHECK(from && from->step == 2, "restored {}", from ? from->step : -1);
   }, 60s));
 }
 

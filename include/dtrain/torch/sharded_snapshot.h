@@ -12,9 +12,9 @@
 // 0's buffers and LibTorch's generator) into memory it keeps, sends the copy to its neighbour
 // and keeps the neighbour's, in pieces as sharded checkpoints hold them (sharded_checkpoint.h),
 // so a snapshot taken at one world size is restored at any other, into any stage. A snapshot
-// counts once every rank has both copies; until then the previous one is kept, so a death during
-// take() loses at most the snapshot in progress. Memory: four copies of this rank's shard (two
-// snapshots, each with a neighbour's).
+// counts once every rank is known to have both copies (at the next take()); until then the
+// previous one is kept, so a death during take() loses at most the snapshot in progress. Memory:
+// four copies of this rank's shard (two snapshots, each with a neighbour's).
 //
 // restore() is collective over the new world: survivors, and newcomers that hold nothing. It
 // takes the newest snapshot whose every shard some member holds, each shard broadcast by the
@@ -27,7 +27,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <string>
 #include <vector>
 
 #include "dtrain/torch/checkpoint.h"
@@ -55,31 +54,40 @@ class ShardedSnapshot {
   ShardedSnapshot& operator=(const ShardedSnapshot&) = delete;
 
   // Collective over sdp's group: snapshots this rank's shards and `optimizer`'s state of them
-  // (null: parameters only) at `progress`. An error of the group (a peer died) is rethrown as it
-  // came, the previous snapshot kept.
+  // (null: parameters only) at `progress`. The copies travel to and from the neighbours while
+  // training goes on; the next take() (or restore()) waits for them. An error of the group (a
+  // peer died) is rethrown as it came, the previous snapshot kept.
   void take(ShardedDataParallel& sdp, const torch::optim::Optimizer* optimizer,
             TrainingProgress progress);
 
   // Collective over sdp's group: the newest snapshot some member holds whole, loaded into this
   // rank's shards, `optimizer` (may be null), the buffers and LibTorch's generator; its progress
-  // (world_size: the world it was taken at). nullopt when the members hold no whole snapshot,
-  // with the reason in `why` (which shards are missing, or that there is none).
+  // (world_size: the world it was taken at). nullopt when no member holds a snapshot (none was
+  // taken yet). DataLossError on every member, saying which shards are missing, when snapshots
+  // are held but none whole.
   std::optional<TrainingProgress> restore(ShardedDataParallel& sdp,
-                                          torch::optim::Optimizer* optimizer,
-                                          std::string* why = nullptr);
+                                          torch::optim::Optimizer* optimizer);
 
   // Bytes this rank holds: its own copies and its neighbours'.
   int64_t bytes_held() const;
 
  private:
   struct Held;
+  struct Exchange;
+  // Waits for the copies take() sent and received; on a failure (a peer died) keeps what came
+  // whole and rethrows, or not.
+  void settle(bool rethrow);
+
   ShardedSnapshotOptions options_;
   int node_ = 0;
   int64_t sequence_ = 0;  // of the newest snapshot this rank took part in
-  // Two snapshots: `current_` counts (every rank held both copies of it, or restore() chose it);
-  // the other is free for the next take(), or holds one whose completion this rank did not see.
+  // Two snapshots: `current_` counts (every rank holds both copies of it, or restore() chose
+  // it); the other is free for the next take(), or holds the newest, which counts once every rank
+  // is known to have its copies (`whole_`: this rank has).
   std::unique_ptr<Held> slots_[2];
   int current_ = -1;
+  int whole_ = -1;
+  std::unique_ptr<Exchange> in_flight_;
 };
 
 }  // namespace dtrain
