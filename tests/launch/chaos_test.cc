@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -514,6 +515,48 @@ TEST(Chaos, AHostCutOffTheNetworkIsLeftOutAndReplacedOnceBackAndNoSampleIsLost) 
   EXPECT_TRUE(out.find("taking in rank(s) 2 at start") != std::string::npos ||
               out.find("training ended before the others could take it in") != std::string::npos)
       << out;
+}
+
+// ZeRO-3 on three emulated hosts of two ranks each: each rank's copy of its shard is on the next
+// host, so when host 2 is cut off for good, its two ranks' shards (which no survivor's model
+// holds) are restored from host 0's memory, and hosts 0 and 1 train on as four ranks.
+TEST(Chaos, AHostLostWholeTakesNoShardOfZeroWithIt) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::NamespaceHosts hosts("cz", 3);
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  std::vector<std::unique_ptr<dtrain::testing::Launched>> launched;
+  std::vector<dtrain::testing::Launched*> all;
+  for (int node = 0; node < hosts.count; ++node) {
+    launched.push_back(std::make_unique<dtrain::testing::Launched>(
+        std::vector<std::string>{"run", "-n", "2", "--nnodes", std::to_string(hosts.count),
+                                 "--node-rank", std::to_string(node), "--master-addr",
+                                 hosts.addr(0), "--master-port", "29740", "--live", "--",
+                                 std::string(DTRAIN_BIN_DIR) + "/train_sharded", "--threads",
+                                 "1", "--stage", "3", "--epochs", "2"},
+        hosts.on(node)));
+    all.push_back(launched.back().get());
+  }
+  auto dump = [&] {
+    std::string text;
+    for (size_t i = 0; i < all.size(); ++i)
+      text += "--- host " + std::to_string(i) + ":\n" + all[i]->out() + all[i]->err() + "\n";
+    return text;
+  };
+  // A few steps in (rank 0 prints a step line every 2 s), host 2 goes off the network.
+  ASSERT_TRUE(dtrain::testing::wait_for(
+      [&] { return dtrain::testing::contains(all[0]->out(), "] step "); }, all,
+      milliseconds(120'000)))
+      << dump();
+  ASSERT_TRUE(hosts.cut(2));
+  EXPECT_EQ(dtrain::testing::exit_code(all[0]->wait(milliseconds(180'000))), 0) << dump();
+  EXPECT_EQ(dtrain::testing::exit_code(all[1]->wait(milliseconds(30'000))), 0) << dump();
+  EXPECT_NE(dtrain::testing::exit_code(all[2]->wait(milliseconds(120'000))), 0) << dump();
+  const std::string out = all[0]->out();
+  EXPECT_NE(out.find("(lost rank(s) 4, 5 at start), going on from step "), std::string::npos)
+      << dump();
+  EXPECT_NE(out.find(" of the snapshot in memory"), std::string::npos) << dump();
+  EXPECT_NE(out.find("\"world_size\":4"), std::string::npos) << dump();
+  EXPECT_EQ(all[0]->err().find("lacks the shard"), std::string::npos) << dump();
 }
 
 TEST(Chaos, ACutRefusesAWorkerOnThisMachinesOwnNetworkAndStopsTheJob) {
