@@ -43,6 +43,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <cmath>
@@ -618,24 +619,24 @@ int run(const Flags& flags) {
     // The checkpoint in flight is finished (and its copy made) before the state changes; the
     // all-reduce below keeps the new writer from clearing the directory before then.
     ckpt.reset();
-    std::vector<int64_t> newest = {step};
-    dtrain::AllreduceOptions max;
-    max.op = dtrain::ReduceOp::kMax;
-    pg->allreduce(dtrain::TensorView::of(newest), max)->wait();
+    // The members at the newest step hold the state; the others (a replacement, a survivor a
+    // step behind) take it from them, a piece from each.
+    std::vector<int64_t> mine = {step}, steps(static_cast<size_t>(world));
+    pg->allgather(dtrain::TensorView::of(steps), dtrain::TensorView::of(mine))->wait();
     if (!flags.checkpoint_dir.empty()) make_checkpoints();
-    std::vector<int64_t> root = {step == newest[0] ? rank : world};
-    dtrain::AllreduceOptions min;
-    min.op = dtrain::ReduceOp::kMin;
-    pg->allreduce(dtrain::TensorView::of(root), min)->wait();
+    const int64_t newest = *std::max_element(steps.begin(), steps.end());
+    std::vector<int> holders;
+    for (int r = 0; r < world; ++r)
+      if (steps[static_cast<size_t>(r)] == newest) holders.push_back(r);
     if (ps) {
       ps->pull();  // the servers hold parameters and momentum
     } else {
-      dtrain::broadcast_parameters(*model, *pg, static_cast<int>(root[0]));
-      dtrain::broadcast_optimizer_state(*sgd, *pg, static_cast<int>(root[0]));
+      dtrain::share_parameters(*model, *pg, holders);
+      dtrain::share_optimizer_state(*sgd, *pg, holders);
     }
     std::vector<int64_t> at = {position.epoch, position.epoch_consumed, step};
     dtrain::BroadcastOptions from;
-    from.root = static_cast<int>(root[0]);
+    from.root = holders.front();
     pg->broadcast(dtrain::TensorView::of(at), from)->wait();
     position.epoch = at[0];
     position.epoch_consumed = at[1];

@@ -2,6 +2,7 @@
 // LibTorch's own serialization, so every optimizer type works).
 #include "dtrain/torch/broadcast.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -18,27 +19,26 @@
 
 namespace dtrain {
 
-void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root,
-                       std::chrono::milliseconds timeout) {
-  if (group.size() == 1 || tensors.empty()) return;
+namespace {
+
+at::Tensor packed(const std::vector<at::Tensor>& tensors, bool fill) {
   int64_t bytes = 0;
   for (const auto& t : tensors) bytes += static_cast<int64_t>(t.nbytes());
   at::Tensor flat = at::empty({bytes}, at::kByte);
+  if (!fill) return flat;
   auto* base = static_cast<uint8_t*>(flat.data_ptr());
-  if (group.rank() == root) {
-    int64_t at_byte = 0;
-    for (const auto& t : tensors) {
-      at::Tensor c = t.detach().contiguous();
-      std::memcpy(base + at_byte, c.data_ptr(), c.nbytes());
-      at_byte += static_cast<int64_t>(c.nbytes());
-    }
+  int64_t at_byte = 0;
+  for (const auto& t : tensors) {
+    at::Tensor c = t.detach().contiguous();
+    std::memcpy(base + at_byte, c.data_ptr(), c.nbytes());
+    at_byte += static_cast<int64_t>(c.nbytes());
   }
-  BroadcastOptions o;
-  o.root = root;
-  o.timeout = timeout;
-  group.broadcast(dtrain::view_of(flat), o)->wait();
-  if (group.rank() == root) return;
+  return flat;
+}
+
+void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
   c10::NoGradGuard no_grad;
+  auto* base = static_cast<uint8_t*>(flat.data_ptr());
   int64_t at_byte = 0;
   for (const auto& t : tensors) {
     at::Tensor src = at::from_blob(base + at_byte, t.sizes(), t.options().requires_grad(false));
@@ -47,42 +47,146 @@ void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tenso
   }
 }
 
-void broadcast_parameters(torch::nn::Module& module, ProcessGroup& group, int root,
-                          std::chrono::milliseconds timeout) {
-  std::vector<at::Tensor> tensors;
-  for (const auto& p : module.named_parameters(true)) tensors.push_back(p.value());
-  for (const auto& b : module.named_buffers(true)) tensors.push_back(b.value());
-  broadcast_tensors(group, tensors, root, timeout);
+// The holders' bytes (`bytes` at `base`, the same on every holder) into every rank's: holder k
+// gives the k-th of equal pieces, and an all-gather-v puts them together. Its ring moves one
+// piece per step, (N-1) M/h in all, against a broadcast's 2 (N-1)/N M: the pieces win when more
+// than half the ranks hold the bytes; otherwise, a broadcast from the first holder.
+void share_bytes(ProcessGroup& group, void* base, size_t bytes, const std::vector<int>& holders,
+                 std::chrono::milliseconds timeout) {
+  const int n = group.size(), rank = group.rank();
+  const size_t h = holders.size();
+  if (2 * h <= static_cast<size_t>(n)) {
+    BroadcastOptions o;
+    o.root = holders.front();
+    o.timeout = timeout;
+    group.broadcast(TensorView::raw(base, bytes), o)->wait();
+    return;
+  }
+  std::vector<size_t> counts(static_cast<size_t>(n), 0);
+  size_t mine = 0, my_count = 0;
+  for (size_t k = 0; k < h; ++k) {
+    const size_t start = bytes * k / h, end = bytes * (k + 1) / h;
+    counts[static_cast<size_t>(holders[k])] = end - start;
+    if (holders[k] == rank) mine = start, my_count = end - start;
+  }
+  AllgatherOptions o;
+  o.timeout = timeout;
+  group
+      .allgatherv(TensorView::raw(base, bytes),
+                  TensorView::raw(static_cast<uint8_t*>(base) + mine, my_count), counts, o)
+      ->wait();
 }
 
-void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& group, int root,
-                               std::chrono::milliseconds timeout) {
-  if (group.size() == 1) return;
-  std::string bytes;
-  if (group.rank() == root) {
-    // The optimizer's own serialization carries the per-parameter state; the groups' options
-    // (learning rate, momentum...) are added beside it, as LibTorch's load leaves them alone.
-    torch::serialize::OutputArchive archive;
-    torch::serialize::OutputArchive state;
-    optimizer.save(state);
-    archive.write("state", state);
-    for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
-      torch::serialize::OutputArchive options;
-      optimizer.param_groups()[g].options().serialize(options);
-      archive.write(fmt::format("group_{}", g), options);
-    }
-    std::ostringstream out;
-    archive.save_to(out);
-    bytes = out.str();
+void check_holders(const ProcessGroup& group, const std::vector<int>& holders) {
+  if (holders.empty() || !std::is_sorted(holders.begin(), holders.end()) ||
+      std::adjacent_find(holders.begin(), holders.end()) != holders.end() || holders.front() < 0 ||
+      holders.back() >= group.size())
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: sharing state: the holders must be distinct ranks of this group of {}, in "
+        "ascending order; got [{}]",
+        group.rank(), group.size(), fmt::join(holders, ", ")));
+}
+
+bool holds(const std::vector<int>& holders, int rank) {
+  return std::find(holders.begin(), holders.end(), rank) != holders.end();
+}
+
+// The holders whose bytes to piece together: all of them when their bytes agree (a size and a
+// checksum of each, all-gathered), else only the first, whose bytes then go whole. Every rank
+// learns the size.
+std::vector<int> agreeing(ProcessGroup& group, const void* base, size_t bytes,
+                          const std::vector<int>& holders, std::chrono::milliseconds timeout,
+                          size_t* size) {
+  const bool holder = holds(holders, group.rank());
+  std::vector<int64_t> mine = {
+      static_cast<int64_t>(bytes),
+      holder ? static_cast<int64_t>(durable::crc32_of(base, bytes, 0)) : -1};
+  std::vector<int64_t> all(2 * static_cast<size_t>(group.size()));
+  AllgatherOptions o;
+  o.timeout = timeout;
+  group.allgather(TensorView::of(all), TensorView::of(mine), o)->wait();
+  const auto first = 2 * static_cast<size_t>(holders.at(0));
+  *size = static_cast<size_t>(all[first]);
+  for (int r : holders) {
+    const auto at = 2 * static_cast<size_t>(r);
+    if (all[at] != all[first] || all[at + 1] != all[first + 1]) return {holders[0]};
   }
-  std::vector<int64_t> size = {static_cast<int64_t>(bytes.size())};
+  return holders;
+}
+
+}  // namespace
+
+void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root,
+                       std::chrono::milliseconds timeout) {
+  if (group.size() == 1 || tensors.empty()) return;
+  at::Tensor flat = packed(tensors, group.rank() == root);
   BroadcastOptions o;
   o.root = root;
   o.timeout = timeout;
-  group.broadcast(TensorView::of(size), o)->wait();
-  bytes.resize(static_cast<size_t>(size[0]));
-  group.broadcast(TensorView::raw(bytes.data(), bytes.size()), o)->wait();
-  if (group.rank() == root) return;
+  group.broadcast(dtrain::view_of(flat), o)->wait();
+  if (group.rank() != root) unpack(flat, tensors);
+}
+
+void share_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
+                   const std::vector<int>& holders, std::chrono::milliseconds timeout) {
+  check_holders(group, holders);
+  if (group.size() == 1 || tensors.empty()) return;
+  at::Tensor flat = packed(tensors, holds(holders, group.rank()));
+  const auto bytes = static_cast<size_t>(flat.numel());
+  size_t size = 0;
+  const auto from = 2 * holders.size() > static_cast<size_t>(group.size())
+                        ? agreeing(group, flat.data_ptr(), bytes, holders, timeout, &size)
+                        : std::vector<int>{holders.at(0)};  // a broadcast either way
+  share_bytes(group, flat.data_ptr(), bytes, from, timeout);
+  if (!holds(from, group.rank())) unpack(flat, tensors);
+}
+
+namespace {
+std::vector<at::Tensor> parameters_and_buffers(torch::nn::Module& module) {
+  std::vector<at::Tensor> tensors;
+  for (const auto& p : module.named_parameters(true)) tensors.push_back(p.value());
+  for (const auto& b : module.named_buffers(true)) tensors.push_back(b.value());
+  return tensors;
+}
+}  // namespace
+
+void broadcast_parameters(torch::nn::Module& module, ProcessGroup& group, int root,
+                          std::chrono::milliseconds timeout) {
+  broadcast_tensors(group, parameters_and_buffers(module), root, timeout);
+}
+
+void share_parameters(torch::nn::Module& module, ProcessGroup& group,
+                      const std::vector<int>& holders, std::chrono::milliseconds timeout) {
+  // Data parallelism keeps the parameters equal, not the buffers (each rank's batch norm counts
+  // its own batches): the buffers, small, come whole from the first holder.
+  std::vector<at::Tensor> parameters, buffers;
+  for (const auto& p : module.named_parameters(true)) parameters.push_back(p.value());
+  for (const auto& b : module.named_buffers(true)) buffers.push_back(b.value());
+  share_tensors(group, parameters, holders, timeout);
+  broadcast_tensors(group, buffers, holders.at(0), timeout);
+}
+
+namespace {
+
+// The optimizer's own serialization carries the per-parameter state; the groups' options
+// (learning rate, momentum...) are added beside it, as LibTorch's load leaves them alone.
+std::string serialized(torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  torch::serialize::OutputArchive state;
+  optimizer.save(state);
+  archive.write("state", state);
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    torch::serialize::OutputArchive options;
+    optimizer.param_groups()[g].options().serialize(options);
+    archive.write(fmt::format("group_{}", g), options);
+  }
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void load_serialized(torch::optim::Optimizer& optimizer, const std::string& bytes, int rank,
+                     int from) {
   std::istringstream in(bytes);
   try {
     torch::serialize::InputArchive archive;
@@ -97,10 +201,39 @@ void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup&
     }
   } catch (const c10::Error& e) {
     throw InvalidArgumentError(fmt::format(
-        "rank {}: broadcast_optimizer_state: rank {}'s optimizer state ({} bytes) does not fit "
-        "this rank's optimizer (same type over the same parameters on every rank?): {}",
-        group.rank(), root, bytes.size(), e.what_without_backtrace()));
+        "rank {}: rank {}'s optimizer state ({} bytes) does not fit this rank's optimizer (same "
+        "type over the same parameters on every rank?): {}",
+        rank, from, bytes.size(), e.what_without_backtrace()));
   }
+}
+
+}  // namespace
+
+void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& group, int root,
+                               std::chrono::milliseconds timeout) {
+  if (group.size() == 1) return;
+  std::string bytes = group.rank() == root ? serialized(optimizer) : std::string();
+  std::vector<int64_t> size = {static_cast<int64_t>(bytes.size())};
+  BroadcastOptions o;
+  o.root = root;
+  o.timeout = timeout;
+  group.broadcast(TensorView::of(size), o)->wait();
+  bytes.resize(static_cast<size_t>(size[0]));
+  group.broadcast(TensorView::raw(bytes.data(), bytes.size()), o)->wait();
+  if (group.rank() != root) load_serialized(optimizer, bytes, group.rank(), root);
+}
+
+void share_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& group,
+                           const std::vector<int>& holders, std::chrono::milliseconds timeout) {
+  check_holders(group, holders);
+  if (group.size() == 1) return;
+  const bool holder = holds(holders, group.rank());
+  std::string bytes = holder ? serialized(optimizer) : std::string();
+  size_t size = 0;
+  const auto from = agreeing(group, bytes.data(), bytes.size(), holders, timeout, &size);
+  bytes.resize(size);
+  share_bytes(group, bytes.data(), bytes.size(), from, timeout);
+  if (!holds(from, group.rank())) load_serialized(optimizer, bytes, group.rank(), holders[0]);
 }
 
 void check_same_parameters(torch::nn::Module& module, ProcessGroup& group,

@@ -137,5 +137,61 @@ TEST(Broadcast, CheckSameParametersPassesAfterABroadcastAndNamesARankThatDiffers
   expect_all_ok(results);
 }
 
+// Live recovery's hand-over: ranks 0-2 hold the same state, rank 3 (a newcomer: other weights,
+// no optimizer state yet) receives it in pieces from the three; with one holder of four, a
+// broadcast. Holders whose optimizer states differ send the first holder's whole.
+TEST(Broadcast, ANewcomerReceivesTheHoldersStateInPiecesFromEachOfThem) {
+  const int port = testing::free_port();
+  auto results = run_ranks(
+      4,
+      [&](int rank) {
+        at::set_num_threads(1);
+        auto pg = make_group(rank, 4, port);
+        auto net = testing::make_net(true);
+        const bool newcomer = rank == 3;
+        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+        if (newcomer) {
+          torch::NoGradGuard no_grad;
+          for (auto& p : net->parameters()) p.add_(1.0);
+        } else {
+          auto batch = testing::global_batch(0, 8);  // the same step on every holder
+          sgd.zero_grad();
+          torch::nn::functional::cross_entropy(net->forward(batch.x), batch.y).backward();
+          sgd.step();
+        }
+        share_parameters(*net, *pg, {0, 1, 2});
+        share_optimizer_state(sgd, *pg, {0, 1, 2});
+        check_same_parameters(*net, *pg);
+        for (const auto& p : net->parameters()) {
+          auto& state =
+              static_cast<torch::optim::SGDParamState&>(*sgd.state().at(p.unsafeGetTensorImpl()));
+          RANK_CHECK(testing::same_on_all_ranks(*pg, state.momentum_buffer()), "momentum differs");
+        }
+        // Holders that disagree: rank 0's state goes whole, to every rank.
+        auto& options = static_cast<torch::optim::SGDOptions&>(sgd.param_groups()[0].options());
+        options.lr(rank == 2 ? 0.5 : newcomer ? 0.9 : 0.2);
+        share_optimizer_state(sgd, *pg, {0, 1, 2});
+        RANK_CHECK(std::abs(options.lr() - 0.2) < 1e-12, "lr {}, want rank 0's 0.2", options.lr());
+        // One holder of four: a broadcast from it.
+        if (rank != 1) {
+          torch::NoGradGuard no_grad;
+          for (auto& p : net->parameters()) p.add_(rank);
+        }
+        share_parameters(*net, *pg, {1});
+        check_same_parameters(*net, *pg);
+        std::string error;
+        try {
+          share_parameters(*net, *pg, {2, 0});
+        } catch (const InvalidArgumentError& e) {
+          error = e.what();
+        }
+        RANK_CHECK(error.find("the holders must be distinct ranks of this group of 4, in "
+                              "ascending order; got [2, 0]") != std::string::npos,
+                   "got: {}", error);
+      },
+      60s);
+  expect_all_ok(results);
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -1,5 +1,7 @@
 // Broadcasting LibTorch state from one rank to all: tensors, a module's parameters and buffers,
-// an optimizer's state (Horovod's broadcast_parameters and broadcast_optimizer_state).
+// an optimizer's state (Horovod's broadcast_parameters and broadcast_optimizer_state); or from
+// several ranks that hold the same state, each sending a piece (share_*: live recovery's way of
+// handing the state to a replacement).
 //
 //   dtrain::broadcast_parameters(*model, *pg, /*root=*/0);      // before training starts
 //   dtrain::broadcast_optimizer_state(optimizer, *pg, 0);      // e.g. after loading a checkpoint
@@ -26,9 +28,25 @@ namespace dtrain {
 void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root,
                        std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
+// Copies the holders' tensors into every other rank's, each holder sending its share of the
+// bytes (an all-gather of the holders' pieces) when more than half the ranks hold them: a rank
+// receives them in pieces from several peers, no holder's link carries more than its share, and
+// it takes up to half a broadcast's time. Otherwise, and when the holders' bytes differ (a
+// checksum of each, all-gathered), the first holder's go to every rank by broadcast. Either way
+// every rank ends with the same bytes. `holders`: ascending.
+void share_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
+                   const std::vector<int>& holders,
+                   std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
 // Every parameter and buffer of `module`, from root.
 void broadcast_parameters(torch::nn::Module& module, ProcessGroup& group, int root = 0,
                           std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+// The same, the parameters in pieces from the holders (share_tensors), the buffers (which data
+// parallelism leaves to each rank) from the first holder.
+void share_parameters(torch::nn::Module& module, ProcessGroup& group,
+                      const std::vector<int>& holders,
+                      std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
 // root's optimizer state (per-parameter state such as momentum buffers, and the parameter
 // groups' options such as the learning rate) replaces every other rank's. The optimizers must
@@ -36,6 +54,12 @@ void broadcast_parameters(torch::nn::Module& module, ProcessGroup& group, int ro
 void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& group,
                                int root = 0,
                                std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+// The same, in pieces from the holders as share_tensors: each serializes its own state, and when
+// their bytes differ the first holder's go to every rank.
+void share_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& group,
+                           const std::vector<int>& holders,
+                           std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
 // Collective: whether every rank's parameters and buffers of `module` hold the same bits (a
 // CRC-32 of each rank's, all-gathered), as after broadcast_parameters; throws DataLossError
