@@ -141,6 +141,11 @@ target_link_libraries(snapshot_bench PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt)
 add_executable(transformer_bench bench/transformer_bench.cc)
 target_link_libraries(transformer_bench PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt nlohmann_json::nlohmann_json)
 
+# state_handover_bench: a state handed to a newcomer by broadcast or in pieces from every holder
+# (docs/fault_tolerance.md, live recovery); run it under `dtrain run -n 4`.
+add_executable(state_handover_bench bench/state_handover_bench.cc)
+target_link_libraries(state_handover_bench PRIVATE dtrain_torch CLI11::CLI11 fmt::fmt)
+
 # sharded_bench: DDP against ZeRO stages 1-3, throughput and model-state memory
 # (docs/performance.md, "Sharded data parallelism"); run it under `dtrain run -n 2`.
 add_executable(sharded_bench bench/sharded_bench.cc)

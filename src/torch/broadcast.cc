@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -15,6 +16,7 @@
 
 #include "common/durable.h"
 #include "dtrain/error.h"
+#include "dtrain/identity.h"
 #include "dtrain/torch/tensor_view.h"
 
 namespace dtrain {
@@ -48,14 +50,12 @@ void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
 }
 
 // The holders' bytes (`bytes` at `base`, the same on every holder) into every rank's: holder k
-// gives the k-th of equal pieces, and an all-gather-v puts them together. Its ring moves one
-// piece per step, (N-1) M/h in all, against a broadcast's 2 (N-1)/N M: the pieces win when more
-// than half the ranks hold the bytes; otherwise, a broadcast from the first holder.
+// gives the k-th of equal pieces, and an all-gather-v puts them together; one holder broadcasts.
 void share_bytes(ProcessGroup& group, void* base, size_t bytes, const std::vector<int>& holders,
                  std::chrono::milliseconds timeout) {
   const int n = group.size(), rank = group.rank();
   const size_t h = holders.size();
-  if (2 * h <= static_cast<size_t>(n)) {
+  if (h == 1) {
     BroadcastOptions o;
     o.root = holders.front();
     o.timeout = timeout;
@@ -89,6 +89,21 @@ void check_holders(const ProcessGroup& group, const std::vector<int>& holders) {
 
 bool holds(const std::vector<int>& holders, int rank) {
   return std::find(holders.begin(), holders.end(), rank) != holders.end();
+}
+
+// Whether the holders' pieces beat a broadcast from one of them: more than half the ranks hold
+// the bytes (the all-gather-v's ring moves (N-1) M/h in all, a broadcast 2 (N-1)/N M) and the
+// group spans several nodes, where the links are the bound. On one node a broadcast moves the
+// bytes through memory as fast, without the holders' checksums (measured: docs/fault_tolerance.md).
+bool pieces_pay(ProcessGroup& group, const std::vector<int>& holders,
+                std::chrono::milliseconds timeout) {
+  if (2 * holders.size() <= static_cast<size_t>(group.size())) return false;
+  std::vector<int64_t> mine = {resolve_identity().node_rank};
+  std::vector<int64_t> nodes(static_cast<size_t>(group.size()));
+  AllgatherOptions o;
+  o.timeout = timeout;
+  group.allgather(TensorView::of(nodes), TensorView::of(mine), o)->wait();
+  return std::adjacent_find(nodes.begin(), nodes.end(), std::not_equal_to<>()) != nodes.end();
 }
 
 // The holders whose bytes to piece together: all of them when their bytes agree (a size and a
@@ -134,9 +149,9 @@ void share_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
   at::Tensor flat = packed(tensors, holds(holders, group.rank()));
   const auto bytes = static_cast<size_t>(flat.numel());
   size_t size = 0;
-  const auto from = 2 * holders.size() > static_cast<size_t>(group.size())
+  const auto from = pieces_pay(group, holders, timeout)
                         ? agreeing(group, flat.data_ptr(), bytes, holders, timeout, &size)
-                        : std::vector<int>{holders.at(0)};  // a broadcast either way
+                        : std::vector<int>{holders.at(0)};
   share_bytes(group, flat.data_ptr(), bytes, from, timeout);
   if (!holds(from, group.rank())) unpack(flat, tensors);
 }
@@ -230,7 +245,17 @@ void share_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& gro
   const bool holder = holds(holders, group.rank());
   std::string bytes = holder ? serialized(optimizer) : std::string();
   size_t size = 0;
-  const auto from = agreeing(group, bytes.data(), bytes.size(), holders, timeout, &size);
+  std::vector<int> from = {holders.at(0)};
+  if (pieces_pay(group, holders, timeout)) {
+    from = agreeing(group, bytes.data(), bytes.size(), holders, timeout, &size);
+  } else {
+    std::vector<int64_t> length = {static_cast<int64_t>(bytes.size())};
+    BroadcastOptions o;
+    o.root = holders.at(0);
+    o.timeout = timeout;
+    group.broadcast(TensorView::of(length), o)->wait();
+    size = static_cast<size_t>(length[0]);
+  }
   bytes.resize(size);
   share_bytes(group, bytes.data(), bytes.size(), from, timeout);
   if (!holds(from, group.rank())) load_serialized(optimizer, bytes, group.rank(), holders[0]);

@@ -138,13 +138,18 @@ TEST(Broadcast, CheckSameParametersPassesAfterABroadcastAndNamesARankThatDiffers
 }
 
 // Live recovery's hand-over: ranks 0-2 hold the same state, rank 3 (a newcomer: other weights,
-// no optimizer state yet) receives it in pieces from the three; with one holder of four, a
-// broadcast. Holders whose optimizer states differ send the first holder's whole.
+// no optimizer state yet) receives it in pieces from the three (the ranks on two nodes, as the
+// launcher would say); with one holder of four, a broadcast. Holders whose optimizer states
+// differ send the first holder's whole.
 TEST(Broadcast, ANewcomerReceivesTheHoldersStateInPiecesFromEachOfThem) {
   const int port = testing::free_port();
   auto results = run_ranks(
       4,
       [&](int rank) {
+        for (const auto& [name, value] :
+             {std::pair{"RANK", rank}, {"WORLD_SIZE", 4}, {"LOCAL_RANK", rank % 2},
+              {"LOCAL_WORLD_SIZE", 2}, {"NODE_RANK", rank / 2}})
+          ::setenv(name, std::to_string(value).c_str(), 1);
         at::set_num_threads(1);
         auto pg = make_group(rank, 4, port);
         auto net = testing::make_net(true);

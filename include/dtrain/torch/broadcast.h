@@ -29,11 +29,11 @@ void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tenso
                        std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
 // Copies the holders' tensors into every other rank's, each holder sending its share of the
-// bytes (an all-gather of the holders' pieces) when more than half the ranks hold them: a rank
-// receives them in pieces from several peers, no holder's link carries more than its share, and
-// it takes up to half a broadcast's time. Otherwise, and when the holders' bytes differ (a
-// checksum of each, all-gathered), the first holder's go to every rank by broadcast. Either way
-// every rank ends with the same bytes. `holders`: ascending.
+// bytes (an all-gather of the holders' pieces) when more than half the ranks hold them and the
+// group spans several nodes: a rank receives them in pieces from several peers, no holder's link
+// carries more than its share, and it takes up to half a broadcast's time. Otherwise, and when
+// the holders' bytes differ (a checksum of each, all-gathered), the first holder's go to every
+// rank by broadcast. Either way every rank ends with the same bytes. `holders`: ascending.
 void share_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
                    const std::vector<int>& holders,
                    std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
