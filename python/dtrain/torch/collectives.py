@@ -587,6 +587,18 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
     return tensor
 
 
+def share_(tensors: Sequence[torch.Tensor], holders: Sequence[int]) -> None:
+    """Collective, in place: the holders' tensors into every rank's, in pieces from each holder
+    where that pays (several nodes; C++'s dtrain::share_tensors), else a broadcast from the
+    first; every rank ends with the same bytes. Live recovery hands its state over this way."""
+    dense = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+    with torch.no_grad():
+        _session().share_([_dense(t) for t in dense], sorted(int(h) for h in holders))
+        for t, d in zip(tensors, dense):
+            if d is not t:
+                t.copy_(d)
+
+
 class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str) -> torch.Tensor:

@@ -58,8 +58,8 @@ from dtrain._elastic_run import (HostsUpdatedInterrupt, elastic_run, reformed_li
 from dtrain.torch import collectives, live
 from dtrain.torch.backend import backend_of
 from dtrain.torch.checkpoint import _finish_load, _model, _optimizer_type
-from dtrain.torch.functions import (allgather_object, broadcast_object,
-                                    broadcast_optimizer_state, broadcast_parameters)
+from dtrain.torch.functions import (_send_optimizer_state, allgather_object, broadcast_object,
+                                    broadcast_parameters)
 
 __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "TorchState", "run"]
 
@@ -232,11 +232,13 @@ class TorchState:
         (rank 0 at start; after live recovery, a survivor that committed one step more than the
         others spares them that step), its samplers dealt over the ranks there are now."""
         counts = allgather_object(self._commit_count) if collectives.size() > 1 else [0]
-        root = counts.index(max(counts))
-        if self.model is not None:
-            broadcast_parameters(self.model.state_dict(), root_rank=root)
+        holders = [r for r, count in enumerate(counts) if count == max(counts)]
+        root = holders[0]
+        if self.model is not None:  # the parameters in pieces from the holders where that pays
+            collectives.share_([p.detach() for p in self.model.parameters()], holders)
+            broadcast_parameters(dict(self.model.named_buffers()), root_rank=root)
         if self.optimizer is not None:
-            broadcast_optimizer_state(self.optimizer, root_rank=root)
+            _send_optimizer_state(self.optimizer, holders)
         self._set_values(broadcast_object(self._values(), root_rank=root))
         self._set_sampler_states(broadcast_object(self._sampler_states(), root_rank=root))
         self._commit_count = broadcast_object(self._commit_count, root_rank=root)

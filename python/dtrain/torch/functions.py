@@ -70,6 +70,13 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     with root_rank's. An optimizer that has not stepped yet gets its state first, as in Horovod:
     parameters that require grad and have none get zero gradients, and one step of the wrapped
     optimizer makes the state; the parameters are put back as they were."""
+    _send_optimizer_state(optimizer, [root_rank])
+
+
+def _send_optimizer_state(optimizer: torch.optim.Optimizer, holders: list[int]) -> None:
+    """broadcast_optimizer_state from holders[0]; with several holders (ranks whose states are
+    the same: live recovery's members at the newest commit), the tensors in pieces from each
+    (collectives.share_)."""
     if not optimizer.state_dict()["state"]:
         params = [p for group in optimizer.param_groups for p in group["params"]
                   if p.requires_grad]
@@ -87,16 +94,20 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
             for p, k in zip(params, kept):
                 p.copy_(k)
     # The structure and the plain values travel pickled; the tensors (for a large model, most of
-    # the bytes) by broadcast, each straight into its buffer: pickled, each would be copied
-    # several times over on every rank.
+    # the bytes) each straight into its buffer: pickled, each would be copied several times over
+    # on every rank.
     tensors: list[torch.Tensor] = []
-    skeleton = broadcast_object(_without_tensors(optimizer.state_dict(), tensors), root_rank)
-    if collectives.rank() != root_rank:
+    skeleton = broadcast_object(_without_tensors(optimizer.state_dict(), tensors), holders[0])
+    holder = collectives.rank() in holders
+    if not holder:
         tensors = []
         state = _with_tensors(skeleton, tensors)
-    for t in tensors:
-        collectives.broadcast_(t, root_rank)
-    if collectives.rank() != root_rank:
+    if len(holders) > 1:
+        collectives.share_(tensors, holders)
+    else:
+        for t in tensors:
+            collectives.broadcast_(t, holders[0])
+    if not holder:
         optimizer.load_state_dict(state)
 
 

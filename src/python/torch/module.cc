@@ -9,12 +9,14 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "dtrain/error.h"
 #include "dtrain/reduce_op.h"
+#include "dtrain/torch/broadcast.h"
 #include "python/interrupt.h"
 #include "python/progress_binding.h"
 #include "python/python_site.h"
@@ -120,6 +122,18 @@ void bind_session(py::module_& m) {
                             [&] { return s.alltoall(t, splits, name, async_op); });
           },
           py::arg("tensor"), py::arg("splits"), py::arg("name") = "", py::arg("async_op") = false)
+      .def(
+          "share_",
+          [](Session& s, const std::vector<at::Tensor>& tensors, const std::vector<int>& holders) {
+            dtrain::python::run_interruptibly(
+                s.group(),
+                fmt::format("sharing {} tensor(s) from rank(s) {} (rank {})", tensors.size(),
+                            fmt::join(holders, ","), s.rank()),
+                [&] { dtrain::share_tensors(*s.group(), tensors, holders); });
+          },
+          py::arg("tensors"), py::arg("holders"),
+          "Collective: the holders' tensors into every rank's, in pieces from each holder where\n"
+          "that pays (dtrain::share_tensors); every rank ends with the same bytes.")
       .def("barrier",
            [](Session& s) {
              dtrain::python::run_interruptibly(
