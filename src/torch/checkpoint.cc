@@ -325,17 +325,10 @@ void CheckpointManager::save(const torch::nn::Module& module,
       snap->model[b.key()] = copy_model(b.key(), b.value());
   }
   progress.world_size = group_ ? group_->size() : 1;
-  Json values = Json::object();
-  for (const auto& [k, v] : progress.values) values[k] = v;
   Json& m = snap->manifest;
   m["format"] = kFormat;
   m["version"] = kVersion;
-  m["step"] = progress.step;
-  m["epoch"] = progress.epoch;
-  m["epoch_consumed"] = progress.epoch_consumed;
-  m["epoch_size"] = progress.epoch_size;
-  m["world_size"] = progress.world_size;
-  m["values"] = values;
+  m.update(progress_json(progress));
   if (optimizer != nullptr)
     m["optimizer"] = snapshot_optimizer(
         *optimizer, parameter_names(module),

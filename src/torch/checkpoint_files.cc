@@ -108,6 +108,17 @@ Json verify_checkpoint(const std::string& path, const char* manifest_name, const
   return manifest;
 }
 
+Json progress_json(const TrainingProgress& p) {
+  Json values = Json::object();
+  for (const auto& [k, v] : p.values) values[k] = std::isfinite(v) ? Json(v) : Json(nullptr);
+  return {{"step", p.step},
+          {"epoch", p.epoch},
+          {"epoch_consumed", p.epoch_consumed},
+          {"epoch_size", p.epoch_size},
+          {"world_size", p.world_size},
+          {"values", values}};
+}
+
 TrainingProgress progress_of(const Json& m) {
   TrainingProgress p;
   p.step = json_integer<int64_t>(m.at("step"));

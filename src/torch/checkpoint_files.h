@@ -65,6 +65,9 @@ void verify_listed_files(const std::string& path, const Json& manifest);
 Json verify_checkpoint(const std::string& path, const char* manifest_name, const char* format,
                        int version);
 
+// A manifest's progress fields (step, epoch, epoch_consumed, epoch_size, world_size, values; a
+// value that is not finite as null), and back.
+Json progress_json(const TrainingProgress& p);
 TrainingProgress progress_of(const Json& m);
 std::string utc_now();
 std::string hostname();

@@ -7,7 +7,6 @@
 // state through LibTorch's serialization, then the generator and the progress.
 #include "dtrain/torch/commit.h"
 
-#include <limits>
 #include <mutex>
 
 #include <ATen/ATen.h>
@@ -17,11 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "common/env.h"
-#include "common/json_integer.h"
 #include "common/log.h"
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
 #include "dtrain/torch/broadcast.h"
+#include "torch/checkpoint_files.h"
 
 namespace dtrain {
 namespace {
@@ -60,29 +59,6 @@ std::string broadcast_text(ProcessGroup& group, std::string text, int root,
   text.resize(static_cast<size_t>(size[0]));
   group.broadcast(TensorView::raw(text.data(), text.size()), o)->wait();
   return text;
-}
-
-Json progress_json(const TrainingProgress& p) {
-  Json values = Json::object();
-  for (const auto& [k, v] : p.values) values[k] = v;
-  return {{"step", p.step},
-          {"epoch", p.epoch},
-          {"epoch_consumed", p.epoch_consumed},
-          {"epoch_size", p.epoch_size},
-          {"world_size", p.world_size},
-          {"values", values}};
-}
-
-TrainingProgress progress_from(const Json& j) {
-  TrainingProgress p;
-  p.step = json_integer<int64_t>(j.at("step"));
-  p.epoch = json_integer<int64_t>(j.at("epoch"));
-  p.epoch_consumed = json_integer<int64_t>(j.at("epoch_consumed"));
-  p.epoch_size = json_integer<int64_t>(j.at("epoch_size"));
-  p.world_size = json_integer<int>(j.at("world_size"));
-  for (const auto& [k, v] : j.at("values").items())
-    p.values[k] = v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>();
-  return p;
 }
 
 }  // namespace
@@ -196,12 +172,12 @@ std::optional<Resumed> resume_newest(const std::vector<ResumeSource>& sources,
   if (rank == root)
     about = {{"path", resumed.checkpoint.path},
              {"kind", resumed.kind},
-             {"progress", progress_json(resumed.checkpoint.progress)}};
+             {"progress", checkpoint_files::progress_json(resumed.checkpoint.progress)}};
   about = Json::parse(broadcast_text(*group, rank == root ? about.dump() : "", root, timeout));
   if (rank != root) {
     resumed.checkpoint.path = about.at("path").get<std::string>();
     resumed.kind = about.at("kind").get<std::string>();
-    resumed.checkpoint.progress = progress_from(about.at("progress"));
+    resumed.checkpoint.progress = checkpoint_files::progress_of(about.at("progress"));
   }
   DTRAIN_LOG_DEBUG("rank {}: resumed from {} {} (step {}), loaded by rank {}", rank, resumed.kind,
                    resumed.checkpoint.path, resumed.checkpoint.progress.step, root);

@@ -296,22 +296,13 @@ void ShardedCheckpoint::save(ShardedDataParallel& sdp, const torch::optim::Optim
       const Json parameters = parameters_entry(units, state, n);
       Json buffers = Json::array();
       for (const auto& b : sdp.module().named_buffers(true)) buffers.push_back(b.key());
-      Json values = Json::object();
-      for (const auto& [k, v] : progress.values)
-        values[k] = std::isfinite(v) ? Json(v) : Json(nullptr);
-      Json m = {{"format", kFormat},
-                {"version", kVersion},
-                {"step", progress.step},
-                {"epoch", progress.epoch},
-                {"epoch_consumed", progress.epoch_consumed},
-                {"epoch_size", progress.epoch_size},
-                {"world_size", n},
-                {"values", values},
-                {"stage", sdp.options().stage},
-                {"saved_at", utc_now()},
-                {"saved_by", {{"rank", 0}, {"host", hostname()}, {"pid", ::getpid()}}},
-                {"parameters", parameters},
-                {"buffers", buffers}};
+      Json m = {{"format", kFormat}, {"version", kVersion}};
+      m.update(progress_json(progress));  // progress.world_size is n
+      m["stage"] = sdp.options().stage;
+      m["saved_at"] = utc_now();
+      m["saved_by"] = {{"rank", 0}, {"host", hostname()}, {"pid", ::getpid()}};
+      m["parameters"] = parameters;
+      m["buffers"] = buffers;
       if (optimizer != nullptr)
         m["optimizer"] = {{"type", optimizer_json.at("type")},
                           {"options", optimizer_json.at("param_groups").at(0).at("options")}};

@@ -244,18 +244,12 @@ void ShardedSnapshot::take(ShardedDataParallel& sdp, const torch::optim::Optimiz
   }
   const at::Tensor rng = checkpoint_files::rng_state();
   if (rank == 0) extras[kRng] = rng;
-  Json values = Json::object();
-  for (const auto& [k, v] : progress.values) values[k] = std::isfinite(v) ? Json(v) : Json(nullptr);
-  Json meta = {{"step", progress.step},
-               {"epoch", progress.epoch},
-               {"epoch_consumed", progress.epoch_consumed},
-               {"epoch_size", progress.epoch_size},
-               {"world_size", n},
-               {"values", values},
-               {"stage", sdp.options().stage},
-               {"parameters", parameters_entry(units, state, n)},
-               {"buffers", buffers},
-               {"rng_bytes", rng.numel()}};
+  progress.world_size = n;
+  Json meta = checkpoint_files::progress_json(progress);
+  meta["stage"] = sdp.options().stage;
+  meta["parameters"] = parameters_entry(units, state, n);
+  meta["buffers"] = buffers;
+  meta["rng_bytes"] = rng.numel();
   if (optimizer != nullptr)
     meta["optimizer"] = {{"type", optimizer_json.at("type")},
                          {"options", optimizer_json.at("param_groups").at(0).at("options")}};
