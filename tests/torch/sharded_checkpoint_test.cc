@@ -13,6 +13,7 @@
 #include "dtrain/torch/sharded_data_parallel.h"
 #include "support/expect.h"
 #include "support/multiproc.h"
+#include "torch/sharded_test_support.h"
 #include "torch/torch_test_support.h"
 
 namespace dtrain {
@@ -21,6 +22,8 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 using testing::expect_all_ok;
+using testing::fresh_dir;
+using testing::max_difference;
 using testing::make_group;
 using testing::run_ranks;
 
@@ -33,30 +36,6 @@ torch::nn::Sequential make_seq(int seed) {
 
 at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y) {
   return torch::nn::functional::cross_entropy(out, y);
-}
-
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid());
-  fs::remove_all(dir);
-  return dir;
-}
-
-// Steps [from, to) of the sharded run on this rank's share of each global batch of 12.
-void train(ShardedDataParallel& sdp, torch::optim::Optimizer& opt, int rank, int n, int from,
-           int to) {
-  for (int step = from; step < to; ++step) {
-    auto local = testing::shard(testing::global_batch(step, 12), rank, n);
-    opt.zero_grad();
-    loss_of(sdp.forward(local.x), local.y).backward();
-    opt.step();
-  }
-}
-
-double max_difference(const std::map<std::string, at::Tensor>& a,
-                      const std::map<std::string, at::Tensor>& b) {
-  double worst = 0;
-  for (const auto& [name, t] : a) worst = std::max(worst, (t - b.at(name)).abs().max().item<double>());
-  return worst;
 }
 
 TEST(ShardedCheckpoint, ResumesExactlyAndReshardsAcrossWorldSizesAndLayouts) {
@@ -72,12 +51,12 @@ TEST(ShardedCheckpoint, ResumesExactlyAndReshardsAcrossWorldSizesAndLayouts) {
     torch::optim::Adam opt(sdp.parameters(), 0.01);
     ShardedCheckpoint ckpt({.dir = dir}, pg);
     RANK_CHECK(!ckpt.load_latest(sdp, &opt), "an empty directory held a checkpoint");
-    train(sdp, opt, rank, 2, 0, 3);
+    testing::train_sharded_steps(sdp, opt, rank, 2, 0, 3);
     TrainingProgress at;
     at.step = 3;
     at.values["loss"] = 0.5;
     ckpt.save(sdp, &opt, at);
-    train(sdp, opt, rank, 2, 3, 5);
+    testing::train_sharded_steps(sdp, opt, rank, 2, 3, 5);
     auto full = sdp.full_parameters();
     if (rank == 0) save_safetensors(reference, full);
   }, 60s));
@@ -96,7 +75,7 @@ TEST(ShardedCheckpoint, ResumesExactlyAndReshardsAcrossWorldSizesAndLayouts) {
     RANK_CHECK(loaded && loaded->progress.step == 3 && loaded->progress.world_size == 2 &&
                    loaded->progress.values.at("loss") == 0.5,
                "loaded {}", loaded ? loaded->path : "nothing");
-    train(sdp, opt, rank, 2, 3, 5);
+    testing::train_sharded_steps(sdp, opt, rank, 2, 3, 5);
     double diff = max_difference(sdp.full_parameters(), load_safetensors(reference));
     RANK_CHECK(diff == 0, "resumed at 2 ranks: {} from the run that was not interrupted", diff);
   }, 60s));
@@ -110,7 +89,7 @@ TEST(ShardedCheckpoint, ResumesExactlyAndReshardsAcrossWorldSizesAndLayouts) {
     torch::optim::Adam opt(sdp.parameters(), 0.01);
     ShardedCheckpoint ckpt({.dir = dir}, pg);
     RANK_CHECK(ckpt.load_latest(sdp, &opt).has_value(), "nothing loaded");
-    train(sdp, opt, rank, 3, 3, 5);
+    testing::train_sharded_steps(sdp, opt, rank, 3, 3, 5);
     double diff = max_difference(sdp.full_parameters(), load_safetensors(reference));
     RANK_CHECK(diff < 1e-5, "resumed at 3 ranks, stage 2: {} from the reference", diff);
   }, 60s));
@@ -156,7 +135,7 @@ TEST(ShardedCheckpoint, ADamagedNewestCheckpointFallsBackToTheOneBefore) {
     torch::optim::SGD opt(sdp.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     ShardedCheckpoint ckpt({.dir = dir, .keep = 2}, pg);
     for (int step = 1; step <= 3; ++step) {
-      train(sdp, opt, rank, 2, step - 1, step);
+      testing::train_sharded_steps(sdp, opt, rank, 2, step - 1, step);
       TrainingProgress at;
       at.step = step;
       ckpt.save(sdp, &opt, at);

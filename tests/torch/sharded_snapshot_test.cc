@@ -6,10 +6,11 @@
 // finished leaves the previous one.
 #include "dtrain/torch/sharded_snapshot.h"
 
-#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
+
+#include <gtest/gtest.h>
 
 #include "dtrain/error.h"
 #include "dtrain/torch/safetensors.h"
@@ -17,6 +18,7 @@
 #include "dtrain/torch/sharded_data_parallel.h"
 #include "support/expect.h"
 #include "support/multiproc.h"
+#include "torch/sharded_test_support.h"
 #include "torch/torch_test_support.h"
 
 namespace dtrain {
@@ -25,7 +27,9 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 using testing::expect_all_ok;
+using testing::fresh_dir;
 using testing::make_group;
+using testing::max_difference;
 using testing::run_ranks;
 
 // With a batch norm: its running statistics are buffers, restored with the rest.
@@ -36,46 +40,25 @@ torch::nn::Sequential make_seq(int seed) {
                                torch::nn::Linear(16, 4));
 }
 
-// Steps [from, to) on this rank's share of each global batch of 12.
-void train(ShardedDataParallel& sdp, torch::optim::Optimizer& opt, int rank, int n, int from,
-           int to) {
-  for (int step = from; step < to; ++step) {
-    auto local = testing::shard(testing::global_batch(step, 12), rank, n);
-    opt.zero_grad();
-    torch::nn::functional::cross_entropy(sdp.forward(local.x), local.y).backward();
-    opt.step();
-  }
-}
-
-double max_difference(const std::map<std::string, at::Tensor>& a,
-                      const std::map<std::string, at::Tensor>& b) {
-  double worst = 0;
-  for (const auto& [name, t] : a) worst = std::max(worst, (t - b.at(name)).abs().max().item<double>());
-  return worst;
-}
-
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid());
-  fs::remove_all(dir);
-  return dir;
-}
-
 // The reference: the sharded checkpoint of step 3 loaded at `n` ranks and stage 3, trained to
 // step 6; its parameters are written to `out`.
 void reference_from_checkpoint(const std::string& dir, int n, const std::string& out) {
   const int port = testing::free_port();
-  expect_all_ok(run_ranks(n, [&](int rank) {
-    at::set_num_threads(1);
-    auto pg = make_group(rank, n, port);
-    ShardedDataParallel sdp(make_seq(7), pg, {.stage = 3});
-    torch::optim::Adam opt(sdp.parameters(), 0.01);
-    ShardedCheckpoint ckpt({.dir = dir}, pg);
-    auto loaded = ckpt.load_latest(sdp, &opt);
-    RANK_CHECK(loaded && loaded->progress.step == 3, "the checkpoint of step 3 did not load");
-    train(sdp, opt, rank, n, 3, 6);
-    auto full = sdp.full_parameters();
-    if (rank == 0) save_safetensors(out, full);
-  }, 60s));
+  expect_all_ok(run_ranks(
+      n,
+      [&](int rank) {
+        at::set_num_threads(1);
+        auto pg = make_group(rank, n, port);
+        ShardedDataParallel sdp(make_seq(7), pg, {.stage = 3});
+        torch::optim::Adam opt(sdp.parameters(), 0.01);
+        ShardedCheckpoint ckpt({.dir = dir}, pg);
+        auto loaded = ckpt.load_latest(sdp, &opt);
+        RANK_CHECK(loaded && loaded->progress.step == 3, "the checkpoint of step 3 did not load");
+        testing::train_sharded_steps(sdp, opt, rank, n, 3, 6);
+        auto full = sdp.full_parameters();
+        if (rank == 0) save_safetensors(out, full);
+      },
+      60s));
 }
 
 // 4 ranks train 3 steps, snapshot (in memory) and checkpoint (files) at step 3, and train a
@@ -87,39 +70,45 @@ void lose_and_restore(const std::string& dir, const std::vector<int>& nodes,
   const int port = testing::free_port(), port2 = testing::free_port();
   const int n = 4, survivors = n - static_cast<int>(dead.size());
   const int m = newcomers ? n : survivors;
-  expect_all_ok(run_ranks(n, [&](int rank) {
-    at::set_num_threads(1);
-    auto pg = make_group(rank, n, port);
-    auto sdp = std::make_unique<ShardedDataParallel>(make_seq(1), pg, ShardingOptions{.stage = 3});
-    auto opt = std::make_unique<torch::optim::Adam>(sdp->parameters(), 0.01);
-    auto snap = std::make_unique<ShardedSnapshot>(ShardedSnapshotOptions{.node = nodes[rank]});
-    ShardedCheckpoint ckpt({.dir = dir}, pg);
-    train(*sdp, *opt, rank, n, 0, 3);
-    TrainingProgress at;
-    at.step = 3;
-    at.values["loss"] = 0.25;
-    snap->take(*sdp, opt.get(), at);
-    ckpt.save(*sdp, opt.get(), at);
-    RANK_CHECK(snap->bytes_held() > 0, "holds nothing after take()");
-    train(*sdp, *opt, rank, n, 3, 4);  // the state moves on: restore() goes back to step 3
-    const bool died = std::find(dead.begin(), dead.end(), rank) != dead.end();
-    if (died && !newcomers) ::_exit(0);  // its process and everything it held, gone
-    if (died) snap = std::make_unique<ShardedSnapshot>(ShardedSnapshotOptions{.node = nodes[rank]});
-    int new_rank = rank;
-    if (!newcomers)
-      for (int d : dead) new_rank -= d < rank ? 1 : 0;
-    auto pg2 = make_group(new_rank, m, port2);
-    auto sdp2 =
-        std::make_unique<ShardedDataParallel>(make_seq(2), pg2, ShardingOptions{.stage = 3});
-    torch::optim::Adam opt2(sdp2->parameters(), 0.01);
-    auto from = snap->restore(*sdp2, &opt2);
-    RANK_CHECK(from.has_value(), "nothing restored");
-    RANK_CHECK(from->step == 3 && from->world_size == 4 && from->values.at("loss") == 0.25,
-               "restored step {} of {} rank(s)", from->step, from->world_size);
-    train(*sdp2, opt2, new_rank, m, 3, 6);
-    auto full = sdp2->full_parameters();
-    if (new_rank == 0) save_safetensors(out, full);
-  }, 90s));
+  expect_all_ok(run_ranks(
+      n,
+      [&](int rank) {
+        at::set_num_threads(1);
+        auto pg = make_group(rank, n, port);
+        auto sdp =
+            std::make_unique<ShardedDataParallel>(make_seq(1), pg, ShardingOptions{.stage = 3});
+        auto opt = std::make_unique<torch::optim::Adam>(sdp->parameters(), 0.01);
+        auto snap = std::make_unique<ShardedSnapshot>(ShardedSnapshotOptions{.node = nodes[rank]});
+        ShardedCheckpoint ckpt({.dir = dir}, pg);
+        testing::train_sharded_steps(*sdp, *opt, rank, n, 0, 3);
+        TrainingProgress at;
+        at.step = 3;
+        at.values["loss"] = 0.25;
+        snap->take(*sdp, opt.get(), at);
+        ckpt.save(*sdp, opt.get(), at);
+        RANK_CHECK(snap->bytes_held() > 0, "holds nothing after take()");
+        testing::train_sharded_steps(*sdp, *opt, rank, n, 3,
+                                     4);  // the state moves on: restore() goes back to step 3
+        const bool died = std::find(dead.begin(), dead.end(), rank) != dead.end();
+        if (died && !newcomers) ::_exit(0);  // its process and everything it held, gone
+        if (died)
+          snap = std::make_unique<ShardedSnapshot>(ShardedSnapshotOptions{.node = nodes[rank]});
+        int new_rank = rank;
+        if (!newcomers)
+          for (int d : dead) new_rank -= d < rank ? 1 : 0;
+        auto pg2 = make_group(new_rank, m, port2);
+        auto sdp2 =
+            std::make_unique<ShardedDataParallel>(make_seq(2), pg2, ShardingOptions{.stage = 3});
+        torch::optim::Adam opt2(sdp2->parameters(), 0.01);
+        auto from = snap->restore(*sdp2, &opt2);
+        RANK_CHECK(from.has_value(), "nothing restored");
+        RANK_CHECK(from->step == 3 && from->world_size == 4 && from->values.at("loss") == 0.25,
+                   "restored step {} of {} rank(s)", from->step, from->world_size);
+        testing::train_sharded_steps(*sdp2, opt2, new_rank, m, 3, 6);
+        auto full = sdp2->full_parameters();
+        if (new_rank == 0) save_safetensors(out, full);
+      },
+      90s));
 }
 
 TEST(ShardedSnapshot, SurvivorsOfADeadRankGoOnFromItsNeighboursCopyAsFromACheckpoint) {
@@ -152,61 +141,67 @@ TEST(ShardedSnapshot, ANodeLostWholeLosesNothingWhenTheCopiesWentToAnotherNode) 
 // 2's shard with them (its copy was on rank 3).
 TEST(ShardedSnapshot, NeighboursDyingTogetherLoseTheSnapshotAndSaySo) {
   const int port = testing::free_port(), port2 = testing::free_port();
-  expect_all_ok(run_ranks(4, [&](int rank) {
-    at::set_num_threads(1);
-    auto pg = make_group(rank, 4, port);
-    ShardedDataParallel sdp(make_seq(1), pg, {.stage = 3});
-    torch::optim::Adam opt(sdp.parameters(), 0.01);
-    ShardedSnapshot snap({.node = 0});
-    train(sdp, opt, rank, 4, 0, 2);
-    snap.take(sdp, &opt, {.step = 2});
-    if (rank >= 2) ::_exit(0);
-    auto pg2 = make_group(rank, 2, port2);
-    ShardedDataParallel sdp2(make_seq(2), pg2, {.stage = 3});
-    torch::optim::Adam opt2(sdp2.parameters(), 0.01);
-    std::string why;
-    try {
-      auto from = snap.restore(sdp2, &opt2);
-      RANK_CHECK(false, "restored step {} without rank 2's shard", from ? from->step : -1);
-    } catch (const DataLossError& e) {
-      why = e.what();
-    }
-    RANK_CHECK(why.find("lacks the shard(s) of rank(s) 2 of that world") != std::string::npos &&
-                   why.find("step 2, taken at 4 ranks") != std::string::npos,
-               "the reason: {}", why);
-    // A world that never took one holds none: nothing to restore, nothing lost.
-    ShardedSnapshot fresh({.node = 0});
-    RANK_CHECK(!fresh.restore(sdp2, &opt2), "a fresh snapshot restored something");
-  }, 60s));
+  expect_all_ok(run_ranks(
+      4,
+      [&](int rank) {
+        at::set_num_threads(1);
+        auto pg = make_group(rank, 4, port);
+        ShardedDataParallel sdp(make_seq(1), pg, {.stage = 3});
+        torch::optim::Adam opt(sdp.parameters(), 0.01);
+        ShardedSnapshot snap({.node = 0});
+        testing::train_sharded_steps(sdp, opt, rank, 4, 0, 2);
+        snap.take(sdp, &opt, {.step = 2});
+        if (rank >= 2) ::_exit(0);
+        auto pg2 = make_group(rank, 2, port2);
+        ShardedDataParallel sdp2(make_seq(2), pg2, {.stage = 3});
+        torch::optim::Adam opt2(sdp2.parameters(), 0.01);
+        std::string why;
+        try {
+          auto from = snap.restore(sdp2, &opt2);
+          RANK_CHECK(false, "restored step {} without rank 2's shard", from ? from->step : -1);
+        } catch (const DataLossError& e) {
+          why = e.what();
+        }
+        RANK_CHECK(why.find("lacks the shard(s) of rank(s) 2 of that world") != std::string::npos &&
+                       why.find("step 2, taken at 4 ranks") != std::string::npos,
+                   "the reason: {}", why);
+        // A world that never took one holds none: nothing to restore, nothing lost.
+        ShardedSnapshot fresh({.node = 0});
+        RANK_CHECK(!fresh.restore(sdp2, &opt2), "a fresh snapshot restored something");
+      },
+      60s));
 }
 
 // Rank 1 dies after the snapshot of step 2 and before the next: the others' take() of step 3
 // fails with the group's error, and they go on from step 2's.
 TEST(ShardedSnapshot, ADeathDuringATakeLeavesThePreviousSnapshot) {
   const int port = testing::free_port(), port2 = testing::free_port();
-  expect_all_ok(run_ranks(3, [&](int rank) {
-    at::set_num_threads(1);
-    auto pg = make_group(rank, 3, port, {}, 5s);
-    ShardedDataParallel sdp(make_seq(1), pg, {.stage = 2});
-    torch::optim::Adam opt(sdp.parameters(), 0.01);
-    ShardedSnapshot snap({.node = 0, .timeout = 5s});
-    train(sdp, opt, rank, 3, 0, 2);
-    snap.take(sdp, &opt, {.step = 2});
-    train(sdp, opt, rank, 3, 2, 3);
-    if (rank == 1) ::_exit(0);
-    bool failed = false;
-    try {
-      snap.take(sdp, &opt, {.step = 3});
-    } catch (const std::exception& e) {
-      failed = true;
-    }
-    RANK_CHECK(failed, "take() went through without rank 1");
-    auto pg2 = make_group(rank == 0 ? 0 : 1, 2, port2);
-    ShardedDataParallel sdp2(make_seq(2), pg2, {.stage = 1});
-    torch::optim::Adam opt2(sdp2.parameters(), 0.01);
-    auto from = snap.restore(sdp2, &opt2);
-    RANK_CHECK(from && from->step == 2, "restored {}", from ? from->step : -1);
-  }, 60s));
+  expect_all_ok(run_ranks(
+      3,
+      [&](int rank) {
+        at::set_num_threads(1);
+        auto pg = make_group(rank, 3, port, {}, 5s);
+        ShardedDataParallel sdp(make_seq(1), pg, {.stage = 2});
+        torch::optim::Adam opt(sdp.parameters(), 0.01);
+        ShardedSnapshot snap({.node = 0, .timeout = 5s});
+        testing::train_sharded_steps(sdp, opt, rank, 3, 0, 2);
+        snap.take(sdp, &opt, {.step = 2});
+        testing::train_sharded_steps(sdp, opt, rank, 3, 2, 3);
+        if (rank == 1) ::_exit(0);
+        bool failed = false;
+        try {
+          snap.take(sdp, &opt, {.step = 3});
+        } catch (const std::exception& e) {
+          failed = true;
+        }
+        RANK_CHECK(failed, "take() went through without rank 1");
+        auto pg2 = make_group(rank == 0 ? 0 : 1, 2, port2);
+        ShardedDataParallel sdp2(make_seq(2), pg2, {.stage = 1});
+        torch::optim::Adam opt2(sdp2.parameters(), 0.01);
+        auto from = snap.restore(sdp2, &opt2);
+        RANK_CHECK(from && from->step == 2, "restored {}", from ? from->step : -1);
+      },
+      60s));
 }
 
 }  // namespace
