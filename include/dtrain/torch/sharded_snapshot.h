@@ -17,10 +17,11 @@
 // four copies of this rank's shard (two snapshots, each with a neighbour's).
 //
 // restore() is collective over the new world: survivors, and newcomers that hold nothing. It
-// takes the newest snapshot whose every shard some member holds, each shard broadcast by the
-// member that holds it: a newcomer receives the state in pieces from several members. A rank
-// and the neighbour holding its copy dying together lose that snapshot (restore() says which
-// shards no member holds); keep sharded checkpoints on disk too for that case.
+// takes the newest snapshot whose every shard some member holds, each old shard sent by the
+// member holding it to the members whose new range needs it: a newcomer receives its state in
+// pieces from several members. A rank and the neighbour holding its copy dying together lose
+// that snapshot (restore() says which shards no member holds); keep sharded checkpoints on disk
+// too for that case.
 #pragma once
 
 #include <chrono>
