@@ -18,6 +18,7 @@
 #include "dtrain/error.h"
 #include "dtrain/identity.h"
 #include "dtrain/torch/tensor_view.h"
+#include "torch/broadcast_text.h"
 
 namespace dtrain {
 
@@ -227,14 +228,8 @@ void load_serialized(torch::optim::Optimizer& optimizer, const std::string& byte
 void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& group, int root,
                                std::chrono::milliseconds timeout) {
   if (group.size() == 1) return;
-  std::string bytes = group.rank() == root ? serialized(optimizer) : std::string();
-  std::vector<int64_t> size = {static_cast<int64_t>(bytes.size())};
-  BroadcastOptions o;
-  o.root = root;
-  o.timeout = timeout;
-  group.broadcast(TensorView::of(size), o)->wait();
-  bytes.resize(static_cast<size_t>(size[0]));
-  group.broadcast(TensorView::raw(bytes.data(), bytes.size()), o)->wait();
+  const std::string bytes = broadcast_text(
+      group, group.rank() == root ? serialized(optimizer) : std::string(), root, timeout);
   if (group.rank() != root) load_serialized(optimizer, bytes, group.rank(), root);
 }
 

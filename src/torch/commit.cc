@@ -20,6 +20,7 @@
 #include "dtrain/error.h"
 #include "dtrain/process_group.h"
 #include "dtrain/torch/broadcast.h"
+#include "torch/broadcast_text.h"
 #include "torch/checkpoint_files.h"
 
 namespace dtrain {
@@ -46,19 +47,6 @@ std::vector<int64_t> allreduce(ProcessGroup& group, std::vector<int64_t> v, Redu
   o.timeout = timeout;
   group.allreduce(TensorView::of(v), o)->wait();
   return v;
-}
-
-// root's text on every rank.
-std::string broadcast_text(ProcessGroup& group, std::string text, int root,
-                           std::chrono::milliseconds timeout) {
-  BroadcastOptions o;
-  o.root = root;
-  o.timeout = timeout;
-  std::vector<int64_t> size = {static_cast<int64_t>(text.size())};
-  group.broadcast(TensorView::of(size), o)->wait();
-  text.resize(static_cast<size_t>(size[0]));
-  group.broadcast(TensorView::raw(text.data(), text.size()), o)->wait();
-  return text;
 }
 
 }  // namespace

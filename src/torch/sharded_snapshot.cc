@@ -24,6 +24,7 @@
 #include "dtrain/identity.h"
 #include "dtrain/torch/sharded_data_parallel.h"
 #include "dtrain/torch/tensor_view.h"
+#include "torch/broadcast_text.h"
 #include "torch/checkpoint_files.h"
 #include "torch/optimizer_state.h"
 #include "torch/shard_pieces.h"
@@ -381,15 +382,9 @@ std::optional<TrainingProgress> ShardedSnapshot::restore(ShardedDataParallel& sd
   // Its description, from the lowest member holding a blob of it.
   int describer = m;
   for (const auto& [b, j] : chosen->holder) describer = std::min(describer, j);
-  std::string text = here >= 0 && rank == describer ? slots_[here]->meta.dump() : std::string();
-  std::vector<int64_t> size = {static_cast<int64_t>(text.size())};
-  BroadcastOptions bo;
-  bo.root = describer;
-  bo.timeout = timeout;
-  g.broadcast(TensorView::of(size), bo)->wait();
-  text.resize(static_cast<size_t>(size[0]));
-  g.broadcast(TensorView::raw(text.data(), text.size()), bo)->wait();
-  const Json meta = Json::parse(text);
+  const Json meta = Json::parse(
+      broadcast_text(g, here >= 0 && rank == describer ? slots_[here]->meta.dump() : std::string(),
+                     describer, timeout));
 
   const std::string what = fmt::format("sharded snapshot of step {}", chosen->step);
   const auto units = sdp.units();

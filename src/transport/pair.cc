@@ -657,12 +657,19 @@ void Pair::write_peer(uint64_t address, const std::byte* in, size_t size) {
 }
 
 void Pair::peer_copied(bool ok, size_t size, bool write) {
-  if (!ok)
-    throw PeerFailureError(fmt::format(
+  if (!ok) {
+    const int error = errno;
+    auto failure = std::make_exception_ptr(PeerFailureError(fmt::format(
         "rank {}: copying {} bytes {} {}'s memory failed: {} (errno {}); the peer probably "
         "exited",
-        options_.self_rank, size, write ? "into" : "out of", peer_text(), std::strerror(errno),
-        errno));
+        options_.self_rank, size, write ? "into" : "out of", peer_text(), std::strerror(error),
+        error)));
+    // No such process: the peer is gone for certain, perhaps before its socket says so. The
+    // pair breaks now, so that everyone asking after this peer (a post-mortem waiting for its
+    // word) learns it at once.
+    if (error == ESRCH) poison(failure);
+    std::rethrow_exception(failure);
+  }
   std::lock_guard lock(mu_);
   bytes_moved_ += size;
 }
