@@ -237,20 +237,13 @@ void share_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& gro
                            const std::vector<int>& holders, std::chrono::milliseconds timeout) {
   check_holders(group, holders);
   if (group.size() == 1) return;
-  const bool holder = holds(holders, group.rank());
-  std::string bytes = holder ? serialized(optimizer) : std::string();
-  size_t size = 0;
-  std::vector<int> from = {holders.at(0)};
-  if (pieces_pay(group, holders, timeout)) {
-    from = agreeing(group, bytes.data(), bytes.size(), holders, timeout, &size);
-  } else {
-    std::vector<int64_t> length = {static_cast<int64_t>(bytes.size())};
-    BroadcastOptions o;
-    o.root = holders.at(0);
-    o.timeout = timeout;
-    group.broadcast(TensorView::of(length), o)->wait();
-    size = static_cast<size_t>(length[0]);
+  if (!pieces_pay(group, holders, timeout)) {
+    broadcast_optimizer_state(optimizer, group, holders[0], timeout);
+    return;
   }
+  std::string bytes = holds(holders, group.rank()) ? serialized(optimizer) : std::string();
+  size_t size = 0;
+  const auto from = agreeing(group, bytes.data(), bytes.size(), holders, timeout, &size);
   bytes.resize(size);
   share_bytes(group, bytes.data(), bytes.size(), from, timeout);
   if (!holds(from, group.rank())) load_serialized(optimizer, bytes, group.rank(), holders[0]);
