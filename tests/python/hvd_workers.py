@@ -571,7 +571,8 @@ def live_batches(indices):
     return [indices[i:i + LIVE_BATCH] for i in range(0, len(indices), LIVE_BATCH)]
 
 
-def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms="0"):
+def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms="0",
+                 metric="0"):
     """hvd.elastic under `dtrain run --live`: one epoch of LIVE_SAMPLES through an
     ElasticSampler and a DistributedOptimizer, a commit after every step; rank `die_rank` (at
     start) SIGKILLs itself after its commit of step `die_after` (its replacement, under
@@ -579,8 +580,11 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
     padding a,b,c" to out/samples.R (R: its rank at start; a replacement's: out/samples.Rr), and
     at the end its weights to out/weights.R. Each step lasts at least `step_ms`. Rank
     `late_rank` (at start) waits `late_ms` after the first failure before it recovers, as a rank
-    stopped or cut off meanwhile would."""
+    stopped or cut off meanwhile would. With `metric` "1" every step all-reduces its loss after
+    the optimizer step, and rank `die_rank` dies just before that in step `die_after` + 1: every
+    survivor then fails having changed its state since its commit."""
     die_rank, die_after, step_s = int(die_rank), int(die_after), float(step_ms) / 1000
+    metric = metric == "1"
     from dtrain.torch import live
     late_rank, late_s = int(late_rank), float(late_ms) / 1000
     hvd.init()
@@ -612,6 +616,10 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
                     opt.zero_grad()
                     torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
                     opt.step()
+                    if metric:
+                        if me == die_rank and state.step == die_after and not replacement:
+                            os.kill(os.getpid(), signal.SIGKILL)
+                        hvd.allreduce(torch.ones(1), name="metric")
                 except Exception:
                     if late[0]:
                         late[0] = False
@@ -627,7 +635,7 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
                           f"{','.join(map(str, batch))} padding {','.join(map(str, padding))}\n")
                 log.flush()
                 state.commit()
-                if me == die_rank and state.step == die_after and not replacement:
+                if me == die_rank and state.step == die_after and not replacement and not metric:
                     os.kill(os.getpid(), signal.SIGKILL)
             state.sampler.set_epoch(state.epoch + 1)
 

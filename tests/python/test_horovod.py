@@ -2,6 +2,7 @@
 (tests/python/harness.py): every function against values computed locally at world sizes 1-4,
 the DistributedOptimizer against plain SGD on locally combined gradients, join, errors, and a
 Horovod-style training script under dtrain run and mpirun."""
+import copy
 import json
 import os
 import re
@@ -133,12 +134,12 @@ def test_elastic_state_commits_into_its_last_copy_and_restores_it_after_two_fail
 
     train_step()
     state.save()
-    first = [t.data_ptr() for t in state._saved[0].values()]
+    first = [t.data_ptr() for t in state._saved.model.values()]
     train_step()
     state.save()
     committed, step = snapshot(), state.step
     # The second commit went into the first one's tensors.
-    assert [t.data_ptr() for t in state._saved[0].values()] == first
+    assert [t.data_ptr() for t in state._saved.model.values()] == first
     for _ in range(2):  # fails twice before the next commit
         train_step()
         state.restore()
@@ -148,6 +149,87 @@ def test_elastic_state_commits_into_its_last_copy_and_restores_it_after_two_fail
             assert torch.equal(now[0][k], v), k
         for a, b in zip(now[1], committed[1]):
             assert torch.equal(a, b)
+
+
+class _DataSGD(torch.optim.Optimizer):
+    """Plain SGD written through `.data`, as older optimizers are: no version counter moves."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.data.add_(p.grad, alpha=-group["lr"])
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "data"])
+def test_elastic_state_under_live_commits_light_and_goes_back_to_a_whole_commit_when_stepped(
+        monkeypatch, optimizer):
+    # In one process, as under `dtrain run --live`: the first commit copies the whole state, the
+    # next ones (a step apart) only the buffers and settings. A failure before the optimizer step
+    # returns to the light commit with nothing copied; one after it, to the whole commit.
+    import dtrain.torch as hvd
+    monkeypatch.setenv("DTRAIN_LIVE", "1")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd"
+           else _DataSGD(model.parameters(), lr=0.1))
+    state = hvd.elastic.TorchState(model, opt, step=0)
+
+    def forward_backward():
+        opt.zero_grad()
+        model(torch.randn(8, 4)).square().sum().backward()
+
+    def commit():
+        state._commit_count += 1  # as commit() does, without its launcher
+        state.save()
+
+    def snapshot():
+        return {k: v.clone() for k, v in model.state_dict().items()}, copy.deepcopy(
+            opt.state_dict()["state"])
+
+    forward_backward()
+    opt.step()
+    state.step = 1
+    commit()
+    whole, whole_state = snapshot()
+    assert state._saved.versions is None
+    for step in (2, 3):
+        forward_backward()
+        opt.step()
+        state.step = step
+        commit()
+    light, light_state = snapshot()
+    assert state._saved.versions is not None and state._saved.number == 3
+    assert set(state._saved.model) == {k for k, _ in model.named_buffers()}
+
+    forward_backward()  # fails before the step: the buffers moved, the parameters did not
+    state.step = 99
+    params = [p.data_ptr() for p in model.parameters()]
+    state.restore()
+    assert (state.step, state._commit_count) == (3, 3)
+    assert [p.data_ptr() for p in model.parameters()] == params
+    now, now_state = snapshot()
+    for k, v in light.items():
+        assert torch.equal(now[k], v), k
+
+    forward_backward()
+    opt.step()  # fails after the step: back to the whole commit
+    state.restore()
+    assert (state.step, state._commit_count) == (1, 1)
+    now, now_state = snapshot()
+    for k, v in whole.items():
+        assert torch.equal(now[k], v), k
+    assert now_state.keys() == whole_state.keys()
+    for i, kept in whole_state.items():
+        for name, v in kept.items():
+            assert torch.equal(now_state[i][name], v), (i, name)
+    # This loop changes the state before its commits: they are whole from now on.
+    forward_backward()
+    opt.step()
+    commit()
+    assert state._saved.versions is None
 
 
 def test_elastic_state_resumes_a_restarted_job_from_its_commit(tmp_path):
@@ -208,8 +290,9 @@ def _live_reference(worlds):
 def _trained_once(tmp_path, logs, dead, resumed_at):
     """Every sample of the epoch, once, in the steps the job kept: the lines of `logs`, of the
     dead rank's only up to `resumed_at` (its last commit may be one the others never made, and
-    is then trained again by them). The ranks of a step name the same live generation."""
-    trained, generations = [], {}
+    is then trained again by them); a step trained again after a re-forming counts in its newest
+    generation only."""
+    steps = {}  # step: {generation: samples trained}
     for name in logs:
         for line in (tmp_path / f"samples.{name}").read_text().splitlines():
             step, generation, samples, padding = re.fullmatch(
@@ -217,18 +300,20 @@ def _trained_once(tmp_path, logs, dead, resumed_at):
                 line).groups()
             if name == str(dead) and int(step) > resumed_at:
                 continue
-            assert generations.setdefault(step, generation) == generation, (name, line)
             kept = [int(i) for i in samples.split(",")]
             for i in (int(i) for i in padding.split(",") if i):
                 kept.remove(i)
-            trained += kept
+            steps.setdefault(int(step), {}).setdefault(int(generation), []).extend(kept)
+    trained = [i for by_generation in steps.values()
+               for i in by_generation[max(by_generation)]]
     assert sorted(trained) == list(range(90)), sorted(trained)
 
 
-def _live_run(tmp_path, *args, step_ms=0, late=()):
+def _live_run(tmp_path, *args, step_ms=0, late=(-1, 0), metric=False):
     return subprocess.run([DTRAIN, "run", "-n", "3", "--live", *args, "--", harness.PYTHON,
                            os.path.join(harness.HERE, "hvd_workers.py"), "live_elastic",
-                           str(tmp_path), "1", "4", str(step_ms), *map(str, late)],
+                           str(tmp_path), "1", "4", str(step_ms), *map(str, late),
+                           "1" if metric else "0"],
                           env=_launcher_env(), capture_output=True, text=True, timeout=300)
 
 
@@ -236,6 +321,8 @@ def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
     # Rank 1 of 3 SIGKILLs itself after its commit of step 4: ranks 0 and 2 re-form without
     # restarting, go on from the newest commit over the rest of the epoch, and end with the
     # weights of a run whose first steps had 3 ranks and the rest 2, each sample trained once.
+    # Their commits of steps 3 and 4 were light (no parameter copied): the survivors hold the
+    # state they went on from.
     p = _live_run(tmp_path)
     resumed_at = harness.survivors_went_on(p)
     text = p.stdout + p.stderr
@@ -246,6 +333,26 @@ def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
         assert torch.equal(a[k], b[k]), k
         assert torch.allclose(a[k], expected[k], rtol=1e-5, atol=1e-6), (k, a[k], expected[k])
     _trained_once(tmp_path, ["0", "1", "2"], 1, resumed_at)
+
+
+def test_hvd_elastic_survivors_that_stepped_past_a_light_commit_go_back_to_a_whole_one(tmp_path):
+    # Each step all-reduces a metric after the optimizer step; rank 1 dies just before that in
+    # step 5, so both survivors fail having stepped past their commit of step 4, a light one
+    # (its parameters not copied): they go back to the last whole commit (at start, the
+    # first of every WHOLE_EVERY) and train on from it, each sample once.
+    p = _live_run(tmp_path, metric=True)
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text
+    assert "2 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
+    resets = re.findall(r"at start: reset at step ([0-9]+), now rank [0-9] of 2", p.stdout)
+    assert resets == ["0", "0"], text
+    expected, steps = _live_reference([(2, None)])
+    assert p.stdout.count(f"live training finished at step {steps} as rank") == 2, text
+    a, b = (torch.load(tmp_path / f"weights.{r}") for r in (0, 2))
+    for k in expected:
+        assert torch.equal(a[k], b[k]), k
+        assert torch.allclose(a[k], expected[k], rtol=1e-5, atol=1e-6), (k, a[k], expected[k])
+    _trained_once(tmp_path, ["0", "2"], 1, 0)
 
 
 def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path):

@@ -36,7 +36,8 @@ Two ways to survive a rank's death:
 (epoch, batch, ...) as the in-process copy that ``restore()`` returns to and, under a restarting
 launcher, as an in-memory commit (DTRAIN_COMMIT_DIR on tmpfs, kept by the launcher across
 restarts; the C++ checkpoint format, written in the background by each node's lowest rank).
-Without either launcher commits stay in the process.
+Without either launcher commits stay in the process. Under ``--live`` a commit one optimizer
+step after the one before copies only what is small (TorchState.save says why that is enough).
 
 The state's other attributes must be numbers (they are stored as the checkpoint's values) or
 ElasticSamplers.
@@ -48,7 +49,7 @@ import copy
 import numbers
 import time
 from collections.abc import Callable, Iterable, Iterator, Sized
-from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, NamedTuple, ParamSpec, TypeVar
 
 import torch
 
@@ -61,7 +62,11 @@ from dtrain.torch.checkpoint import _finish_load, _model, _optimizer_type
 from dtrain.torch.functions import (_send_optimizer_state, allgather_object, broadcast_object,
                                     broadcast_parameters)
 
-__all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "TorchState", "run"]
+__all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "TorchState", "WHOLE_EVERY", "run"]
+
+# Under --live, every how many commits one copies the whole state (TorchState.save): what a
+# rank goes back to when it changed its state after a light commit and no survivor holds that.
+WHOLE_EVERY = 10
 
 _S = TypeVar("_S", bound="TorchState")
 _P = ParamSpec("_P")
@@ -148,8 +153,12 @@ class TorchState:
         # The commit manager: None until looked for, False when there is none.
         self._commits: _torch.CheckpointManager | Literal[False] | None = None
         self._commit_count = 0
-        self._saved: tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, float],
-                           dict[str, dict[str, int]]] | None = None
+        self._saved: _Commit | None = None  # the newest commit: whole or light
+        self._whole: _Commit | None = None  # the newest whole one
+        # Whether commits may be light: not once this rank had to go back from one (its loop
+        # changes the state between the optimizer step and the commit, where light ones fail it).
+        self._lights = True
+        self._steps = _StepCounter(optimizer)
         self._reset_callbacks: list[Callable[[], object]] = []
 
     if TYPE_CHECKING:
@@ -178,13 +187,39 @@ class TorchState:
                 setattr(self, name, type(old)(values[name]) if isinstance(old, int) else values[name])
 
     def save(self) -> None:
-        """The in-process copy that restore() returns to (into the previous copy's tensors)."""
-        model_state, optimizer_state = self._saved[:2] if self._saved else (None, None)
-        self._saved = (_copy_into(model_state, self.model.state_dict())
-                       if self.model is not None else None,
-                       _copy_into(optimizer_state, self.optimizer.state_dict())
-                       if self.optimizer is not None else None,
-                       self._values(), self._sampler_states())
+        """Makes the current state the one restore() returns to: a copy of the whole state (into
+        the previous copy's tensors), as Horovod's. Under `dtrain run --live`, where the
+        survivors of a failure usually still hold their last commit (a peer's death fails the
+        gradients' all-reduce before the optimizer changes anything), a commit made one optimizer
+        step after the one before is light instead, but for every WHOLE_EVERY-th: it copies what
+        is small (buffers, the optimizer's settings, the numbers, the samplers' positions) and
+        notes the version of every parameter and optimizer tensor. A rank that changed them since
+        a light commit goes back to its last whole one, unless another survivor holds the light
+        one still (sync()), and makes whole commits from then on."""
+        steps = self._steps.completed
+        last, whole = self._saved, self._whole
+        light = (self._lights and live.enabled() and last is not None and whole is not None
+                 and steps - last.steps <= 1 and self._commit_count - whole.number < WHOLE_EVERY)
+        if light:
+            earlier = last if last is not None and last.versions is not None else None
+            model = (_copy_into(earlier.model if earlier else None,
+                                dict(self.model.named_buffers()))
+                     if self.model is not None else None)
+            optimizer = ({"param_groups": _hyperparameters(self.optimizer)}
+                         if self.optimizer is not None else None)
+            versions = _Versions.of(self.model, self.optimizer)
+        else:
+            earlier = whole
+            model = (_copy_into(earlier.model if earlier else None, self.model.state_dict())
+                     if self.model is not None else None)
+            optimizer = (_copy_into(earlier.optimizer if earlier else None,
+                                    self.optimizer.state_dict())
+                         if self.optimizer is not None else None)
+            versions = None
+        self._saved = _Commit(self._commit_count, steps, model, optimizer, self._values(),
+                              self._sampler_states(), versions)
+        if not light:
+            self._whole = self._saved
 
     def _sampler_states(self) -> dict[str, dict[str, int]]:
         return {name: sampler.state_dict() for name, sampler in self._samplers.items()}
@@ -195,26 +230,46 @@ class TorchState:
                 sampler.load_state_dict(states[name])
 
     def restore(self) -> None:
-        """Back to the last commit (in this process)."""
-        if self._saved is None:
+        """Back to the last commit, in this process: to the last whole one when this process
+        changed its parameters or optimizer state since a light one."""
+        saved = self._saved
+        self._steps.depth = 0  # the step that failed, if one did, ended
+        if saved is None:
             return
-        model_state, optimizer_state, values, sampler_states = self._saved
-        if model_state is not None and self.model is not None:
-            self.model.load_state_dict(model_state)
-        if optimizer_state is not None and self.optimizer is not None:
-            # A copy: the optimizer keeps the tensors it is given and updates them in place,
-            # and the commit must stay as it was until the next (a second failure before it).
-            self.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
-        self._set_values(values)
-        self._set_sampler_states(sampler_states)
+        if saved.versions is not None and (saved.steps != self._steps.completed or saved.versions
+                                           != _Versions.of(self.model, self.optimizer)):
+            saved = self._whole
+            assert saved is not None  # a light commit follows a whole one
+            self._lights = False
+        if saved.versions is None:
+            if saved.model is not None and self.model is not None:
+                self.model.load_state_dict(saved.model)
+            if saved.optimizer is not None and self.optimizer is not None:
+                # A copy: the optimizer keeps the tensors it is given and updates them in place,
+                # and the commit must stay as it was until the next (a second failure before it).
+                self.optimizer.load_state_dict(copy.deepcopy(saved.optimizer))
+        else:
+            if saved.model is not None and self.model is not None:
+                with torch.no_grad():
+                    for name, buffer in self.model.named_buffers():
+                        if name in saved.model:
+                            buffer.copy_(saved.model[name])
+            if saved.optimizer is not None and self.optimizer is not None:
+                for group, kept in zip(self.optimizer.param_groups,
+                                       saved.optimizer["param_groups"]):
+                    group.update(copy.deepcopy(kept))
+        if self._commit_count >= 0:  # -1: taken in again, its commits stale (_recover)
+            self._commit_count = saved.number
+        self._set_values(saved.values)
+        self._set_sampler_states(saved.samplers)
 
     def commit(self) -> None:
         """Saves the state: in this process, and as an in-memory commit that a restarted job
         resumes from. Under `dtrain run --live`, ranks waiting to be taken in (replacements under
         --replace, ranks left out of a re-forming) are then taken in (HostsUpdatedInterrupt,
         which run() handles)."""
-        self.save()
         self._commit_count += 1
+        self.save()
         manager = self._manager()
         if manager is not None and self.model is not None:
             parameters, buffers = _model(self.model)
@@ -229,8 +284,9 @@ class TorchState:
 
     def sync(self) -> None:
         """Collective: every rank takes the state of the lowest rank holding the newest commit
-        (rank 0 at start; after live recovery, a survivor that committed one step more than the
-        others spares them that step), its samplers dealt over the ranks there are now."""
+        any rank holds (rank 0's at start; after live recovery, a survivor that committed one
+        step more than the others, or still holds a light commit they went back from, spares
+        them those steps), its samplers dealt over the ranks there are now."""
         counts = allgather_object(self._commit_count) if collectives.size() > 1 else [0]
         holders = [r for r, count in enumerate(counts) if count == max(counts)]
         root = holders[0]
@@ -242,6 +298,8 @@ class TorchState:
         self._set_values(broadcast_object(self._values(), root_rank=root))
         self._set_sampler_states(broadcast_object(self._sampler_states(), root_rank=root))
         self._commit_count = broadcast_object(self._commit_count, root_rank=root)
+        if live.enabled():
+            self.save()  # every rank holds this commit now (light, but for the first)
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], object]]) -> None:
         """Called after the state was restored from a commit (as Horovod calls them after a
@@ -276,6 +334,70 @@ class TorchState:
         print(f"rank {collectives.rank()}: resumed {what}", flush=True)
         _torch.announce_resumed(collectives.rank(), what)
         return True
+
+
+class _Commit(NamedTuple):
+    """What restore() returns to: commit `number`, made after `steps` optimizer steps; the
+    model's and the optimizer's state dicts (a light commit: the buffers and the optimizer's
+    settings, with the `versions` of the rest), the numbers and the samplers' positions."""
+    number: int
+    steps: int
+    model: dict[str, Any] | None
+    optimizer: dict[str, Any] | None
+    values: dict[str, float]
+    samplers: dict[str, dict[str, int]]
+    versions: _Versions | None
+
+
+class _Versions:
+    """The parameters and optimizer tensors, each with its version (which every in-place change
+    bumps): equal while nothing changed them."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors  # kept, so that a tensor freed and another made there differ
+        self.versions = [t._version for t in tensors]
+
+    @staticmethod
+    def of(model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None) -> _Versions:
+        tensors: list[torch.Tensor] = list(model.parameters()) if model is not None else []
+        if optimizer is not None:
+            tensors += [t for group in optimizer.param_groups for t in group["params"]]
+            tensors += [v for per_param in optimizer.state.values() for v in per_param.values()
+                        if isinstance(v, torch.Tensor)]
+        return _Versions(tensors)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, _Versions) and len(self.tensors) == len(other.tensors)
+                and all(a is b for a, b in zip(self.tensors, other.tensors))
+                and self.versions == other.versions)
+
+
+class _StepCounter:
+    """The optimizer steps completed: each counts once, though torch's hooks run twice for a
+    step that calls the step of the optimizer it wraps (DistributedOptimizer's), and not at all
+    when it raised (its gradients' all-reduce failed: it changed nothing). An optimizer that
+    writes its parameters through `.data` changes no version counter, but is counted here."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer | None) -> None:
+        self.completed = 0
+        self.depth = 0  # steps running, one in another
+        if optimizer is not None:
+            optimizer.register_step_pre_hook(self._enter)
+            optimizer.register_step_post_hook(self._leave)
+
+    def _enter(self, *_: Any) -> None:
+        self.depth += 1
+
+    def _leave(self, *_: Any) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.completed += 1
+
+
+def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each parameter group's settings (lr, momentum, ...), without its parameters."""
+    return [copy.deepcopy({k: v for k, v in group.items() if k != "params"})
+            for group in optimizer.param_groups]
 
 
 def _copy_into(saved: Any, current: Any) -> Any:
