@@ -12,10 +12,11 @@
 // machine-readable line:
 //   RESULT {"strategy":"zero3","world_size":2,"steps":...,"images_per_sec":...,
 //           "initial_loss":...,"final_loss":...,"test_accuracy":...,"parameters":...,
-//           "model_states_mib":...,"parameter_sum":...}
+//           "model_states_mib":...,"parameter_sum":...[,"snapshot_stall_ms":...]}
 // model_states_mib: what this rank's heap gained from building the model to the end of training
 // (jemalloc; parameters, gradients and optimizer state, -1 without jemalloc). parameter_sum: the
 // sum of every parameter in double; a resumed run and one that never stopped end with the same.
+// snapshot_stall_ms (under --live): rank 0's training thread's mean time per snapshot in memory.
 // For tests: --stop-after-steps N checkpoints and exits after step N, --train-samples N trains
 // on the first N images only.
 //
@@ -112,7 +113,10 @@ int run(const Flags& flags) {
           "shard included, and --snapshot-every 0 without --checkpoint-dir leaves none: give "
           "--snapshot-every N (in memory) or --checkpoint-dir (files)");
     live = std::make_unique<dtrain::LiveWorld>();
-    if (flags.snapshot_every > 0) snapshot = std::make_unique<dtrain::ShardedSnapshot>();
+    // Each copy made while the next forward and backward passes run: no step stalls on it.
+    if (flags.snapshot_every > 0)
+      snapshot = std::make_unique<dtrain::ShardedSnapshot>(
+          dtrain::ShardedSnapshotOptions{.copy_in_background = true});
     if (live->too_late()) return 0;  // a replacement after training ended: nothing to do
     world = live->group();
   } else {
@@ -264,6 +268,7 @@ int run(const Flags& flags) {
         sample_log.record(epoch, step + 1,
                           std::vector<int64_t>(indices->begin(), indices->begin() + real));
         loss.backward();
+        if (snapshot) snapshot->wait_copied();  // the step changes what it copies
         adam->step();
         ++step;
         images += static_cast<int64_t>(indices->size()) * n;
@@ -351,6 +356,8 @@ int run(const Flags& flags) {
         {"model_states_mib", heap_before < 0 ? -1.0 : (heap_after - heap_before) / 1048576.0},
         {"parameter_sum", sum},
     };
+    if (snapshot && snapshot->stats().takes > 0)  // the training thread's time in them
+      result["snapshot_stall_ms"] = snapshot->stats().total_stall_ms / snapshot->stats().takes;
     std::printf("RESULT %s\n", result.dump().c_str());
     std::fflush(stdout);
   }

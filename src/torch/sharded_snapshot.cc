@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <map>
 #include <set>
 
@@ -147,6 +148,11 @@ void wait_all(std::vector<std::pair<int, std::shared_ptr<Work>>>& works, std::se
   if (first) std::rethrow_exception(first);
 }
 
+double milliseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 }  // namespace
 
 // The copies of a snapshot on their way to and from the neighbours.
@@ -154,6 +160,10 @@ struct ShardedSnapshot::Exchange {
   int slot = 0;
   std::vector<std::pair<int, std::shared_ptr<Work>>> works;  // blob received, or -1: sent
   std::map<int, at::Tensor> incoming;                        // blob -> where it is received
+  std::future<double> copying;  // this rank's blob being packed (copy_in_background); ms
+  std::shared_ptr<ProcessGroup> group;
+  int to = -1;                     // the neighbour this rank's blobs go to (-1: none)
+  std::vector<at::Tensor> unsent;  // this rank's blobs, sent once copied (wait_copied())
 };
 
 struct ShardedSnapshot::Held {
@@ -180,6 +190,7 @@ int64_t ShardedSnapshot::bytes_held() const {
 
 void ShardedSnapshot::take(ShardedDataParallel& sdp, const torch::optim::Optimizer* optimizer,
                            TrainingProgress progress) {
+  const auto started = std::chrono::steady_clock::now();
   ProcessGroup& g = *sdp.group();
   const int rank = g.rank(), n = g.size();
   if (optimizer != nullptr && optimizer->param_groups().size() != 1)
@@ -256,10 +267,25 @@ void ShardedSnapshot::take(ShardedDataParallel& sdp, const torch::optim::Optimiz
                          {"options", optimizer_json.at("param_groups").at(0).at("options")}};
   held.world = n;
   held.meta = meta;
+  // This rank's pieces: packed here, or by a thread while the next forward and backward passes
+  // (which only read them) run. Its blob is made here, so that the thread only copies.
+  std::future<double> copying;  // its time in ms
   {
+    const Layout layout = layout_of(meta, rank);
     at::Tensor blob = reuse(rank);
-    pack(layout_of(meta, rank), pieces_of(units, shards, state, rank), blob);
+    if (!blob.defined() || blob.numel() != bytes_of(layout))
+      blob = at::empty({bytes_of(layout)}, at::kByte);
     held.blobs[rank] = blob;
+    auto copy = [layout, blob, pieces = pieces_of(units, shards, state, rank)]() mutable {
+      const auto start = std::chrono::steady_clock::now();
+      c10::NoGradGuard no_grad;
+      pack(layout, pieces, blob);
+      return milliseconds_since(start);
+    };
+    if (options_.copy_in_background)
+      copying = std::async(std::launch::async, std::move(copy));
+    else
+      stats_.copy_ms = copy();
   }
   if (rank == 0) {
     at::Tensor blob = reuse(n);
@@ -285,30 +311,71 @@ void ShardedSnapshot::take(ShardedDataParallel& sdp, const torch::optim::Optimiz
       works.emplace_back(b, g.irecv(view_of(blob), q, kTag, ro));
     }
   }
-  if (const int dst = to[static_cast<size_t>(rank)]; dst != rank)
-    for (const auto& [b, blob] : held.blobs)
-      works.emplace_back(-1, g.isend(view_of(blob), dst, kTag, so));
-  held.sequence = sequence;  // its own blobs are whole already: restore() may use them
+  auto exchange = std::make_unique<Exchange>();
+  exchange->slot = into;
+  exchange->works = std::move(works);
+  exchange->incoming = std::move(incoming);
+  exchange->copying = std::move(copying);
+  exchange->group = sdp.group();
+  if (const int dst = to[static_cast<size_t>(rank)]; dst != rank) {
+    exchange->to = dst;
+    for (const auto& [b, blob] : held.blobs) exchange->unsent.push_back(blob);
+  }
+  // Its own blobs are whole once copied (restore() waits for that): restore() may use them.
+  held.sequence = sequence;
   sequence_ = sequence;
-  in_flight_ = std::make_unique<Exchange>(
-      Exchange{.slot = into, .works = std::move(works), .incoming = std::move(incoming)});
+  in_flight_ = std::move(exchange);
+  finish_copy(/*wait=*/false);
+  ++stats_.takes;
+  stats_.stall_ms = milliseconds_since(started);
+  stats_.total_stall_ms += stats_.stall_ms;
+}
+
+void ShardedSnapshot::wait_copied() {
+  const auto started = std::chrono::steady_clock::now();
+  finish_copy(/*wait=*/true);
+  const double ms = milliseconds_since(started);
+  stats_.stall_ms += ms;
+  stats_.total_stall_ms += ms;
+}
+
+void ShardedSnapshot::finish_copy(bool wait) {
+  if (Exchange* e = in_flight_.get()) {
+    if (e->copying.valid() && wait) stats_.copy_ms = e->copying.get();
+    if (!e->copying.valid() && !e->unsent.empty()) {
+      SendOptions so;
+      so.timeout = options_.timeout;
+      const std::vector<at::Tensor> blobs = std::move(e->unsent);
+      e->unsent.clear();
+      for (const auto& blob : blobs)
+        e->works.emplace_back(-1, e->group->isend(view_of(blob), e->to, kTag, so));
+    }
+  }
 }
 
 void ShardedSnapshot::settle(bool rethrow) {
   if (!in_flight_) return;
+  std::exception_ptr failed;
+  try {
+    // This rank's copies go out now if they have not (the neighbour waits for them, at the end
+    // of training too); on a group aborted after a failure that fails at once.
+    finish_copy(/*wait=*/true);
+  } catch (...) {
+    failed = std::current_exception();
+  }
   const std::unique_ptr<Exchange> exchange = std::move(in_flight_);
   Held& held = *slots_[exchange->slot];
   std::set<int> received;
-  std::exception_ptr failed;
   try {
+    if (exchange->copying.valid()) exchange->copying.get();  // the thread uses the blob
     wait_all(exchange->works, &received);
   } catch (...) {
-    failed = std::current_exception();
+    if (!failed) failed = std::current_exception();
   }
   for (int b : received) held.blobs[b] = exchange->incoming.at(b);
   if (!failed)
     whole_ = exchange->slot;  // counts at the next take(), once every rank is known to have it
-  else if (rethrow)
+  else if (failed && rethrow)
     std::rethrow_exception(failed);
 }
 

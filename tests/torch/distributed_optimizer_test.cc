@@ -184,6 +184,18 @@ TEST(Broadcast, ANewcomerReceivesTheHoldersStateInPiecesFromEachOfThem) {
         }
         share_parameters(*net, *pg, {1});
         check_same_parameters(*net, *pg);
+        // Every rank a holder: the same bytes stay as they are (nothing to send); where one
+        // rank's differ, rank 0's go to every rank.
+        const at::Tensor first = net->parameters()[0].detach().clone();
+        share_parameters(*net, *pg, {0, 1, 2, 3});
+        RANK_CHECK(torch::equal(net->parameters()[0], first), "changed though all agreed");
+        if (rank == 2) {
+          torch::NoGradGuard no_grad;
+          for (auto& p : net->parameters()) p.add_(1.0);
+        }
+        share_parameters(*net, *pg, {0, 1, 2, 3});
+        check_same_parameters(*net, *pg);
+        RANK_CHECK(torch::equal(net->parameters()[0], first), "not rank 0's after a disagreement");
         std::string error;
         try {
           share_parameters(*net, *pg, {2, 0});

@@ -64,9 +64,11 @@ void reference_from_checkpoint(const std::string& dir, int n, const std::string&
 // 4 ranks train 3 steps, snapshot (in memory) and checkpoint (files) at step 3, and train a
 // step more; then `dead` ranks die. The others (and, with `newcomers`, fresh processes in the
 // dead ranks' places, holding nothing) form a new world, restore the snapshot and train to step
-// 6; rank 0 writes the parameters to `out`. `nodes`: each rank's node.
+// 6; rank 0 writes the parameters to `out`. `nodes`: each rank's node. With `background`, the
+// snapshot is copied while step 4's forward and backward passes run.
 void lose_and_restore(const std::string& dir, const std::vector<int>& nodes,
-                      const std::vector<int>& dead, bool newcomers, const std::string& out) {
+                      const std::vector<int>& dead, bool newcomers, const std::string& out,
+                      bool background = false) {
   const int port = testing::free_port(), port2 = testing::free_port();
   const int n = 4, survivors = n - static_cast<int>(dead.size());
   const int m = newcomers ? n : survivors;
@@ -78,7 +80,8 @@ void lose_and_restore(const std::string& dir, const std::vector<int>& nodes,
         auto sdp =
             std::make_unique<ShardedDataParallel>(make_seq(1), pg, ShardingOptions{.stage = 3});
         auto opt = std::make_unique<torch::optim::Adam>(sdp->parameters(), 0.01);
-        auto snap = std::make_unique<ShardedSnapshot>(ShardedSnapshotOptions{.node = nodes[rank]});
+        auto snap = std::make_unique<ShardedSnapshot>(
+            ShardedSnapshotOptions{.node = nodes[rank], .copy_in_background = background});
         ShardedCheckpoint ckpt({.dir = dir}, pg);
         testing::train_sharded_steps(*sdp, *opt, rank, n, 0, 3);
         TrainingProgress at;
@@ -87,8 +90,10 @@ void lose_and_restore(const std::string& dir, const std::vector<int>& nodes,
         snap->take(*sdp, opt.get(), at);
         ckpt.save(*sdp, opt.get(), at);
         RANK_CHECK(snap->bytes_held() > 0, "holds nothing after take()");
-        testing::train_sharded_steps(*sdp, *opt, rank, n, 3,
-                                     4);  // the state moves on: restore() goes back to step 3
+        // The state moves on (restore() goes back to step 3) once the copy is made.
+        testing::train_sharded_steps(*sdp, *opt, rank, n, 3, 4, [&] { snap->wait_copied(); });
+        RANK_CHECK(snap->stats().takes == 1 && snap->stats().copy_ms > 0,
+                   "stats: {} take(s), copy {} ms", snap->stats().takes, snap->stats().copy_ms);
         const bool died = std::find(dead.begin(), dead.end(), rank) != dead.end();
         if (died && !newcomers) ::_exit(0);  // its process and everything it held, gone
         if (died)
@@ -119,6 +124,14 @@ TEST(ShardedSnapshot, SurvivorsOfADeadRankGoOnFromItsNeighboursCopyAsFromACheckp
   const double diff = max_difference(load_safetensors(restored), load_safetensors(loaded));
   EXPECT_EQ(diff, 0) << "restored from memory at 3 ranks: " << diff
                      << " from the checkpoint of the same step";
+}
+
+TEST(ShardedSnapshot, ACopyMadeInTheBackgroundHoldsItsStepNotTheNext) {
+  const std::string dir = fresh_dir("sharded_snapshot_background");
+  const std::string restored = dir + "-restored.safetensors", loaded = dir + "-loaded.safetensors";
+  lose_and_restore(dir, {0, 0, 0, 0}, {2}, /*newcomers=*/false, restored, /*background=*/true);
+  reference_from_checkpoint(dir, 3, loaded);
+  EXPECT_EQ(max_difference(load_safetensors(restored), load_safetensors(loaded)), 0);
 }
 
 TEST(ShardedSnapshot, ANewcomerHoldingNothingReceivesItsShardsFromTheMembers) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -24,13 +25,16 @@ inline std::string fresh_dir(const std::string& name) {
   return dir;
 }
 
-// Steps [from, to) of the sharded run on this rank's share of each global batch of 12.
+// Steps [from, to) of the sharded run on this rank's share of each global batch of 12;
+// `before_step`, where given, is called before each optimizer step.
 inline void train_sharded_steps(ShardedDataParallel& sdp, torch::optim::Optimizer& opt, int rank,
-                                int n, int from, int to) {
+                                int n, int from, int to,
+                                const std::function<void()>& before_step = {}) {
   for (int step = from; step < to; ++step) {
     auto local = shard(global_batch(step, 12), rank, n);
     opt.zero_grad();
     torch::nn::functional::cross_entropy(sdp.forward(local.x), local.y).backward();
+    if (before_step) before_step();
     opt.step();
   }
 }

@@ -34,6 +34,8 @@ void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tenso
 // carries more than its share, and it takes up to half a broadcast's time. Otherwise, and when
 // the holders' bytes differ (a checksum of each, all-gathered), the first holder's go to every
 // rank by broadcast. Either way every rank ends with the same bytes. `holders`: ascending.
+// When every rank holds them (the survivors of a failure, all at one commit) nothing is sent
+// once the checksums say every rank's bytes are the same.
 void share_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
                    const std::vector<int>& holders,
                    std::chrono::milliseconds timeout = std::chrono::milliseconds(0));

@@ -16,6 +16,11 @@
 // previous one is kept, so a death during take() loses at most the snapshot in progress. Memory:
 // four copies of this rank's shard (two snapshots, each with a neighbour's).
 //
+// With copy_in_background, take() leaves the copy of this rank's shards to a thread, which
+// runs while the next step's forward and backward passes only read them; the training loop
+// calls wait_copied() before its optimizer step changes them (a large model's copy then stalls
+// no step).
+//
 // restore() is collective over the new world: survivors, and newcomers that hold nothing. It
 // takes the newest snapshot whose every shard some member holds, each old shard sent by the
 // member holding it to the members whose new range needs it: a newcomer receives its state in
@@ -45,6 +50,16 @@ struct ShardedSnapshotOptions {
   // the launcher says (NODE_RANK or GROUP_RANK; 0 without a launcher).
   int node = -1;
   std::chrono::milliseconds timeout{0};  // of each collective and transfer; 0 = the group's
+  // This rank's shards copied by a thread while training goes on; call wait_copied() before
+  // the optimizer step.
+  bool copy_in_background = false;
+};
+
+struct ShardedSnapshotStats {
+  int64_t takes = 0;
+  double stall_ms = 0;        // the training thread's, in the last take() and wait_copied()
+  double total_stall_ms = 0;  // over every take()
+  double copy_ms = 0;         // the last copy of this rank's shards (on whichever thread)
 };
 
 class ShardedSnapshot {
@@ -61,6 +76,12 @@ class ShardedSnapshot {
   void take(ShardedDataParallel& sdp, const torch::optim::Optimizer* optimizer,
             TrainingProgress progress);
 
+  // Waits until the last take()'s copy of this rank's shards is made (at once unless
+  // copy_in_background) and sends it to the neighbour: call it before the optimizer step
+  // changes the shards. take() and restore() call it too. An error of the group (a peer died)
+  // is rethrown as it came.
+  void wait_copied();
+
   // Collective over sdp's group: the newest snapshot some member holds whole, loaded into this
   // rank's shards, `optimizer` (may be null), the buffers and LibTorch's generator; its progress
   // (world_size: the world it was taken at). nullopt when no member holds a snapshot (none was
@@ -72,12 +93,17 @@ class ShardedSnapshot {
   // Bytes this rank holds: its own copies and its neighbours'.
   int64_t bytes_held() const;
 
+  ShardedSnapshotStats stats() const { return stats_; }
+
  private:
   struct Held;
   struct Exchange;
   // Waits for the copies take() sent and received; on a failure (a peer died) keeps what came
   // whole and rethrows, or not.
   void settle(bool rethrow);
+  // Sends this rank's copy to its neighbour once it is made; with `wait`, waits for a copy in
+  // the background, else leaves it to a later call.
+  void finish_copy(bool wait);
 
   ShardedSnapshotOptions options_;
   int node_ = 0;
@@ -89,6 +115,7 @@ class ShardedSnapshot {
   int current_ = -1;
   int whole_ = -1;
   std::unique_ptr<Exchange> in_flight_;
+  ShardedSnapshotStats stats_;
 };
 
 }  // namespace dtrain
