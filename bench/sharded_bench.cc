@@ -12,8 +12,9 @@
 //
 // With --snapshots it times ZeRO-3 alone, with a snapshot in memory after every step
 // (dtrain::ShardedSnapshot) copied on the training thread, and copied in the background while
-// the next forward and backward passes run: the step, and the training thread's stall per
-// snapshot (docs/performance.md, "Snapshots of the training state"):
+// the next forward and backward passes run: the step, the training thread's stall per snapshot,
+// and apart (peers) its wait for the slowest rank in the snapshot's all-gather
+// (docs/performance.md, "Snapshots of the training state"):
 //
 //   build/bin/dtrain run -n 3 -- build/bin/sharded_bench --snapshots --width 3584 --layers 8
 //   (with --steps 3 --rounds 3: a model of 103M parameters takes seconds a step here)
@@ -80,7 +81,7 @@ int main(int argc, char** argv) {
     const std::vector<std::string> layouts =
         snapshots ? std::vector<std::string>{"zero3", copied, background}
                   : std::vector<std::string>{"ddp", "zero1", "zero2", "zero3"};
-    std::map<std::string, std::vector<double>> times, stalls, copies;
+    std::map<std::string, std::vector<double>> times, stalls, peers, copies;
     std::map<std::string, int64_t> states;
     torch::manual_seed(100 + pg->rank());
     const at::Tensor x = torch::randn({batch, width}), y = torch::randn({batch, width});
@@ -116,6 +117,7 @@ int main(int argc, char** argv) {
       };
       step();  // warm-up: the optimizer's state, the buckets' order
       const double first_stall = snap ? snap->stats().total_stall_ms : 0;
+      const double first_peers = snap ? snap->stats().total_peers_ms : 0;
       pg->barrier()->wait();
       const auto start = std::chrono::steady_clock::now();
       for (int s = 0; s < steps; ++s) step();
@@ -125,10 +127,11 @@ int main(int argc, char** argv) {
               .count() / steps;
       times[layout].push_back(ms);
       if (snap) {
-        snap->wait_copied();
         const auto st = snap->stats();  // the warm-up's snapshot left out
         stalls[layout].push_back((st.total_stall_ms - first_stall) / steps);
-        copies[layout].push_back(st.copy_ms);
+        peers[layout].push_back((st.total_peers_ms - first_peers) / steps);
+        snap->wait_copied();  // the last snapshot's copy, which no step waited for
+        copies[layout].push_back(snap->stats().copy_ms);
       }
       const int64_t kept = dtrain::heap_allocated_memory() - before;
       states[layout] = states.count(layout) ? std::min(states[layout], kept) : kept;
@@ -142,13 +145,13 @@ int main(int argc, char** argv) {
                  "medians of {} rounds of {} steps\n",
                  pg->size(), layers, width, params, batch, dtype, rounds, steps);
       if (snapshots) {
-        fmt::print("{:<30} {:>10} {:>10} {:>20} {:>10}\n", "layout", "step ms", "vs zero3",
-                   "stall ms a snapshot", "copy ms");
+        fmt::print("{:<30} {:>10} {:>10} {:>20} {:>16} {:>10}\n", "layout", "step ms",
+                   "vs zero3", "stall ms a snapshot", "peers ms", "copy ms");
         const double base = median(times["zero3"]);
         for (const auto& l : layouts) {
           const double ms = median(times[l]);
-          fmt::print("{:<30} {:>10.1f} {:>10.3f} {:>20.1f} {:>10.1f}\n", l, ms, ms / base,
-                     median(stalls[l]), median(copies[l]));
+          fmt::print("{:<30} {:>10.1f} {:>10.3f} {:>20.1f} {:>16.1f} {:>10.1f}\n", l, ms,
+                     ms / base, median(stalls[l]), median(peers[l]), median(copies[l]));
         }
       } else {
         fmt::print("{:<7} {:>10} {:>9} {:>16} {:>12}\n", "layout", "step ms", "vs ddp",

@@ -15,6 +15,7 @@
 #include <torch/serialize.h>
 
 #include "common/durable.h"
+#include "common/memory_digest.h"
 #include "dtrain/error.h"
 #include "dtrain/identity.h"
 #include "dtrain/torch/tensor_view.h"
@@ -114,40 +115,42 @@ std::vector<int> agreeing(ProcessGroup& group, const void* base, size_t bytes,
                           const std::vector<int>& holders, std::chrono::milliseconds timeout,
                           size_t* size) {
   const bool holder = holds(holders, group.rank());
-  std::vector<int64_t> mine = {
-      static_cast<int64_t>(bytes),
-      holder ? static_cast<int64_t>(durable::crc32_of(base, bytes, 0)) : -1};
-  std::vector<int64_t> all(2 * static_cast<size_t>(group.size()));
+  MemoryDigest digest;
+  if (holder) digest.add(base, bytes);
+  const auto value = digest.value();
+  std::vector<int64_t> mine = {static_cast<int64_t>(bytes), value[0], value[1]};
+  std::vector<int64_t> all(3 * static_cast<size_t>(group.size()));
   AllgatherOptions o;
   o.timeout = timeout;
   group.allgather(TensorView::of(all), TensorView::of(mine), o)->wait();
-  const auto first = 2 * static_cast<size_t>(holders.at(0));
-  *size = static_cast<size_t>(all[first]);
-  for (int r : holders) {
-    const auto at = 2 * static_cast<size_t>(r);
-    if (all[at] != all[first] || all[at + 1] != all[first + 1]) return {holders[0]};
-  }
+  const auto first = all.begin() + 3 * static_cast<ptrdiff_t>(holders.at(0));
+  *size = static_cast<size_t>(*first);
+  for (int r : holders)
+    if (!std::equal(first, first + 3, all.begin() + 3 * static_cast<ptrdiff_t>(r)))
+      return {holders[0]};
   return holders;
 }
 
-// Whether every rank's tensors hold the same bytes (a size and a checksum of each rank's,
+// Whether every rank's tensors hold the same bytes (a size and a digest of each rank's,
 // all-gathered): the same on every rank.
 bool all_the_same(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
                   std::chrono::milliseconds timeout) {
   int64_t bytes = 0;
-  uint32_t crc = 0;
+  MemoryDigest digest;
   for (const auto& tensor : tensors) {
     const at::Tensor t = tensor.contiguous();
-    crc = durable::crc32_of(t.data_ptr(), t.nbytes(), crc);
+    digest.add(t.data_ptr(), t.nbytes());
     bytes += static_cast<int64_t>(t.nbytes());
   }
-  std::vector<int64_t> mine = {bytes, static_cast<int64_t>(crc)};
-  std::vector<int64_t> all(2 * static_cast<size_t>(group.size()));
+  const auto value = digest.value();
+  std::vector<int64_t> mine = {bytes, value[0], value[1]};
+  std::vector<int64_t> all(3 * static_cast<size_t>(group.size()));
   AllgatherOptions o;
   o.timeout = timeout;
   group.allgather(TensorView::of(all), TensorView::of(mine), o)->wait();
-  for (size_t at = 2; at < all.size(); at += 2)
-    if (all[at] != all[0] || all[at + 1] != all[1]) return false;
+  for (size_t at = 3; at < all.size(); at += 3)
+    if (!std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<ptrdiff_t>(at)))
+      return false;
   return true;
 }
 

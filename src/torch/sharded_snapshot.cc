@@ -208,7 +208,9 @@ void ShardedSnapshot::take(ShardedDataParallel& sdp, const torch::optim::Optimiz
   AllgatherOptions ao;
   ao.timeout = options_.timeout;
   ao.async_op = false;
+  const auto gathering = std::chrono::steady_clock::now();
   g.allgather(TensorView::of(all), TensorView::of(mine), ao)->wait();
+  const double peers_ms = milliseconds_since(gathering);
   std::vector<int64_t> nodes(static_cast<size_t>(n));
   int64_t sequence = 0;
   for (int q = 0; q < n; ++q) {
@@ -327,7 +329,9 @@ void ShardedSnapshot::take(ShardedDataParallel& sdp, const torch::optim::Optimiz
   in_flight_ = std::move(exchange);
   finish_copy(/*wait=*/false);
   ++stats_.takes;
-  stats_.stall_ms = milliseconds_since(started);
+  stats_.peers_ms = peers_ms;
+  stats_.total_peers_ms += peers_ms;
+  stats_.stall_ms = milliseconds_since(started) - peers_ms;
   stats_.total_stall_ms += stats_.stall_ms;
 }
 

@@ -57,9 +57,15 @@ struct ShardedSnapshotOptions {
 
 struct ShardedSnapshotStats {
   int64_t takes = 0;
-  double stall_ms = 0;        // the training thread's, in the last take() and wait_copied()
+  // The training thread's time in the last take() and wait_copied(), but for peers_ms.
+  double stall_ms = 0;
   double total_stall_ms = 0;  // over every take()
-  double copy_ms = 0;         // the last copy of this rank's shards (on whichever thread)
+  // Of the last take(), waiting for the other ranks to come to it (the small all-gather that
+  // keeps snapshots consistent): the time the slowest rank's step took longer, which the next
+  // collective would wait without a snapshot.
+  double peers_ms = 0;
+  double total_peers_ms = 0;
+  double copy_ms = 0;  // the last copy of this rank's shards (on whichever thread)
 };
 
 class ShardedSnapshot {
