@@ -7,6 +7,7 @@
 #   bash bench/elastic_commit_cost.sh [build/bin/dtrain] [transformer_recovery.py flags]  ROUNDS=3
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/medians.sh
 dtrain=${1:-build/bin/dtrain}
 shift || true
 rounds=${ROUNDS:-3}
@@ -23,7 +24,6 @@ for ((round = 1; round <= rounds; ++round)); do
     runs[$every]="${runs[$every]:-} $line"
   done
 done
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 none=$(echo "${runs[0]}" | median)
 m=$(echo "${runs[1]}" | median)
-echo "a commit every step: median $m samples/s, none $none: $(awk -v a="$m" -v b="$none" 'BEGIN {printf "%+.1f%%", (a / b - 1) * 100}')"
+echo "a commit every step: median $m samples/s, none $none: $(against "$m" "$none")"

@@ -6,6 +6,7 @@
 #   bash bench/sharded_snapshot_cost.sh [build/bin/dtrain] [train_sharded flags]   ROUNDS=5
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/medians.sh
 dtrain=${1:-build/bin/dtrain}
 shift || true
 bin=$(dirname "$dtrain")
@@ -23,9 +24,8 @@ for ((round = 1; round <= rounds; ++round)); do
     runs[$every]="${runs[$every]:-} $line"
   done
 done
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 none=$(echo "${runs[0]}" | median)
 for every in 1 10; do
   m=$(echo "${runs[$every]}" | median)
-  echo "every $every: median $m images/s, none $none: $(awk -v a="$m" -v b="$none" 'BEGIN {printf "%+.1f%%", (a / b - 1) * 100}')"
+  echo "every $every: median $m images/s, none $none: $(against "$m" "$none")"
 done
