@@ -17,7 +17,7 @@
 // (docs/performance.md, "Snapshots of the training state"):
 //
 //   build/bin/dtrain run -n 3 -- build/bin/sharded_bench --snapshots --width 3584 --layers 8
-//   (with --steps 3 --rounds 3: a model of 103M parameters takes seconds a step here)
+//       --steps 3 --rounds 3   (a model of 103M parameters: few steps and rounds)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
