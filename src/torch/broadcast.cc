@@ -93,10 +93,10 @@ bool holds(const std::vector<int>& holders, int rank) {
   return std::find(holders.begin(), holders.end(), rank) != holders.end();
 }
 
-// Whether the holders' pieces beat a broadcast from one of them: more than half the ranks hold
-// the bytes (the all-gather-v's ring moves (N-1) M/h in all, a broadcast 2 (N-1)/N M) and the
-// group spans several nodes, where the links are the bound. On one node a broadcast moves the
-// bytes through memory as fast, without the holders' checksums (measured: docs/fault_tolerance.md).
+// Whether the holders' pieces beat a handing over from one of them: more than half the ranks
+// hold the bytes (the all-gather-v's ring moves (N-1) M/h in all) and the group spans several
+// nodes, where the links are the bound. On one node memory is, and a holder's bytes go straight
+// to the ranks that lack them (hand_over) without moving through the others.
 bool pieces_pay(ProcessGroup& group, const std::vector<int>& holders,
                 std::chrono::milliseconds timeout) {
   if (2 * holders.size() <= static_cast<size_t>(group.size())) return false;
@@ -108,50 +108,101 @@ bool pieces_pay(ProcessGroup& group, const std::vector<int>& holders,
   return std::adjacent_find(nodes.begin(), nodes.end(), std::not_equal_to<>()) != nodes.end();
 }
 
-// The holders whose bytes to piece together: all of them when their bytes agree (a size and a
-// checksum of each, all-gathered), else only the first, whose bytes then go whole. Every rank
-// learns the size.
-std::vector<int> agreeing(ProcessGroup& group, const void* base, size_t bytes,
-                          const std::vector<int>& holders, std::chrono::milliseconds timeout,
-                          size_t* size) {
-  const bool holder = holds(holders, group.rank());
-  MemoryDigest digest;
-  if (holder) digest.add(base, bytes);
-  const auto value = digest.value();
-  std::vector<int64_t> mine = {static_cast<int64_t>(bytes), value[0], value[1]};
-  std::vector<int64_t> all(3 * static_cast<size_t>(group.size()));
-  AllgatherOptions o;
-  o.timeout = timeout;
-  group.allgather(TensorView::of(all), TensorView::of(mine), o)->wait();
-  const auto first = all.begin() + 3 * static_cast<ptrdiff_t>(holders.at(0));
-  *size = static_cast<size_t>(*first);
-  for (int r : holders)
-    if (!std::equal(first, first + 3, all.begin() + 3 * static_cast<ptrdiff_t>(r)))
-      return {holders[0]};
-  return holders;
-}
-
-// Whether every rank's tensors hold the same bytes (a size and a digest of each rank's,
-// all-gathered): the same on every rank.
-bool all_the_same(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
-                  std::chrono::milliseconds timeout) {
-  int64_t bytes = 0;
-  MemoryDigest digest;
-  for (const auto& tensor : tensors) {
-    const at::Tensor t = tensor.contiguous();
-    digest.add(t.data_ptr(), t.nbytes());
-    bytes += static_cast<int64_t>(t.nbytes());
-  }
+// Every rank's size and digest of its bytes (`digest` over `bytes`; a rank that holds none
+// gives its size and an empty digest), all-gathered: three numbers a rank, by rank.
+std::vector<int64_t> gather_digests(ProcessGroup& group, const MemoryDigest& digest, int64_t bytes,
+                                    std::chrono::milliseconds timeout) {
   const auto value = digest.value();
   std::vector<int64_t> mine = {bytes, value[0], value[1]};
   std::vector<int64_t> all(3 * static_cast<size_t>(group.size()));
   AllgatherOptions o;
   o.timeout = timeout;
   group.allgather(TensorView::of(all), TensorView::of(mine), o)->wait();
-  for (size_t at = 3; at < all.size(); at += 3)
-    if (!std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<ptrdiff_t>(at)))
-      return false;
-  return true;
+  return all;
+}
+
+// The holders whose bytes to take: all of them when their sizes and digests (gather_digests)
+// agree, else only the first, whose bytes then go to every other rank.
+std::vector<int> agreeing(const std::vector<int64_t>& all, const std::vector<int>& holders) {
+  const auto first = all.begin() + 3 * static_cast<ptrdiff_t>(holders.at(0));
+  for (int r : holders)
+    if (!std::equal(first, first + 3, all.begin() + 3 * static_cast<ptrdiff_t>(r)))
+      return {holders[0]};
+  return holders;
+}
+
+// The same, for bytes at `base` on the holders; every rank learns their size.
+std::vector<int> agreeing(ProcessGroup& group, const void* base, size_t bytes,
+                          const std::vector<int>& holders, std::chrono::milliseconds timeout,
+                          size_t* size) {
+  MemoryDigest digest;
+  const bool holder = holds(holders, group.rank());
+  if (holder) digest.add(base, bytes);
+  const auto all = gather_digests(group, digest, holder ? static_cast<int64_t>(bytes) : 0, timeout);
+  *size = static_cast<size_t>(all.at(3 * static_cast<size_t>(holders.at(0))));
+  return agreeing(all, holders);
+}
+
+// The tensors' bytes as one stream: their total size, and their digest where `holder`.
+int64_t digest_tensors(const std::vector<at::Tensor>& tensors, bool holder, MemoryDigest& digest) {
+  int64_t bytes = 0;
+  for (const auto& tensor : tensors) {
+    if (holder) {
+      const at::Tensor t = tensor.contiguous();
+      digest.add(t.data_ptr(), t.nbytes());
+    }
+    bytes += static_cast<int64_t>(tensor.nbytes());
+  }
+  return bytes;
+}
+
+// A tag of its own for hand_over's messages, apart from the small tags programs use.
+constexpr int kHandOverTag = 0x5348;  // "SH"
+
+// Each rank outside `from` takes the tensors from one of them (in turn: the k-th such rank from
+// from[k % size]), tensor by tensor: on shared memory a large message is one copy, by the
+// receiver out of the sender's memory. Ranks in `from` receive nothing.
+void hand_over(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
+               const std::vector<int>& from, std::chrono::milliseconds timeout) {
+  const int rank = group.rank();
+  std::vector<std::shared_ptr<Work>> works;
+  std::vector<std::pair<at::Tensor, at::Tensor>> into;  // (where a receive lands, the tensor)
+  std::vector<at::Tensor> sent;                         // dense copies kept until sent
+  size_t lacking = 0;
+  for (int r = 0; r < group.size(); ++r) {
+    if (holds(from, r)) continue;
+    const int giver = from[lacking++ % from.size()];
+    if (rank == giver) {
+      for (const auto& t : tensors) {
+        sent.push_back(t.detach().contiguous());
+        works.push_back(group.isend(view_of(sent.back()), r, kHandOverTag, {.timeout = timeout}));
+      }
+    } else if (rank == r) {
+      for (const auto& t : tensors) {
+        at::Tensor dense = t.is_contiguous() ? t.detach() : at::empty(t.sizes(), t.options());
+        works.push_back(group.irecv(view_of(dense), giver, kHandOverTag, {.timeout = timeout}));
+        into.emplace_back(dense, t);
+      }
+    }
+  }
+  // Every message ends (or fails, each within the timeout) before the buffers it reads or
+  // writes go away.
+  std::exception_ptr failed;
+  for (auto& w : works) {
+    try {
+      w->wait();
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+  c10::NoGradGuard no_grad;
+  for (auto& [dense, t] : into) {
+    if (dense.data_ptr() == t.data_ptr())
+      t.unsafeGetTensorImpl()->bump_version();  // written in place, as copy_ would have
+    else
+      at::Tensor(t).copy_(dense);
+  }
 }
 
 }  // namespace
@@ -171,15 +222,26 @@ void share_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
                    const std::vector<int>& holders, std::chrono::milliseconds timeout) {
   check_holders(group, holders);
   if (group.size() == 1 || tensors.empty()) return;
-  if (holders.size() == static_cast<size_t>(group.size()) && all_the_same(group, tensors, timeout))
+  MemoryDigest digest;
+  const int64_t bytes = digest_tensors(tensors, holds(holders, group.rank()), digest);
+  const auto all = gather_digests(group, digest, bytes, timeout);
+  for (int r = 0; r < group.size(); ++r)
+    if (all[3 * static_cast<size_t>(r)] != all[3 * static_cast<size_t>(holders[0])])
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: sharing state from rank {}: its tensors hold {} bytes, rank {}'s {} (the same "
+          "model on every rank?)",
+          group.rank(), holders[0], all[3 * static_cast<size_t>(holders[0])], r,
+          all[3 * static_cast<size_t>(r)]));
+  const auto from = agreeing(all, holders);
+  // Every rank a holder and all agreeing (the survivors of a failure, at one commit): nothing to
+  // send.
+  if (from.size() == static_cast<size_t>(group.size())) return;
+  if (!pieces_pay(group, from, timeout)) {
+    hand_over(group, tensors, from, timeout);
     return;
-  at::Tensor flat = packed(tensors, holds(holders, group.rank()));
-  const auto bytes = static_cast<size_t>(flat.numel());
-  size_t size = 0;
-  const auto from = pieces_pay(group, holders, timeout)
-                        ? agreeing(group, flat.data_ptr(), bytes, holders, timeout, &size)
-                        : std::vector<int>{holders.at(0)};
-  share_bytes(group, flat.data_ptr(), bytes, from, timeout);
+  }
+  at::Tensor flat = packed(tensors, holds(from, group.rank()));
+  share_bytes(group, flat.data_ptr(), static_cast<size_t>(flat.numel()), from, timeout);
   if (!holds(from, group.rank())) unpack(flat, tensors);
 }
 

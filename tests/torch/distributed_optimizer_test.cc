@@ -139,8 +139,8 @@ TEST(Broadcast, CheckSameParametersPassesAfterABroadcastAndNamesARankThatDiffers
 
 // Live recovery's hand-over: ranks 0-2 hold the same state, rank 3 (a newcomer: other weights,
 // no optimizer state yet) receives it in pieces from the three (the ranks on two nodes, as the
-// launcher would say); with one holder of four, a broadcast. Holders whose optimizer states
-// differ send the first holder's whole.
+// launcher would say); with one holder of four, handed over from it. Holders whose optimizer
+// states differ send the first holder's whole.
 TEST(Broadcast, ANewcomerReceivesTheHoldersStateInPiecesFromEachOfThem) {
   const int port = testing::free_port();
   auto results = run_ranks(
@@ -205,6 +205,53 @@ TEST(Broadcast, ANewcomerReceivesTheHoldersStateInPiecesFromEachOfThem) {
         RANK_CHECK(error.find("the holders must be distinct ranks of this group of 4, in "
                               "ascending order; got [2, 0]") != std::string::npos,
                    "got: {}", error);
+      },
+      60s);
+  expect_all_ok(results);
+}
+
+// On one node the ranks that lack the state take it straight from a holder (the k-th of them from
+// the k-th holder, in turn), tensor by tensor, and the holders receive nothing; a non-contiguous
+// tensor lands in place too. Holders that disagree: the first one's bytes go to every rank. Tensors
+// of other sizes fail every rank, naming both.
+TEST(Broadcast, OnOneNodeOnlyTheRanksLackingTheStateReceiveIt) {
+  const int port = testing::free_port();
+  auto results = run_ranks(
+      4,
+      [&](int rank) {
+        at::set_num_threads(1);
+        auto pg = make_group(rank, 4, port);
+        const bool holder = rank == 1 || rank == 2;
+        const float value = holder ? 7.0f : static_cast<float>(rank);
+        std::vector<at::Tensor> tensors = {torch::full({1000, 300}, value),
+                                           torch::full({64, 32}, value).t(),  // not contiguous
+                                           torch::arange(5000, torch::kFloat) * (holder ? 1 : 0)};
+        std::vector<int64_t> versions;
+        for (const auto& t : tensors) versions.push_back(t._version());
+        share_tensors(*pg, tensors, {1, 2});
+        RANK_CHECK(torch::equal(tensors[0], torch::full({1000, 300}, 7.0f)) &&
+                       torch::equal(tensors[1], torch::full({32, 64}, 7.0f)) &&
+                       torch::equal(tensors[2], torch::arange(5000, torch::kFloat)),
+                   "rank {} does not hold the holders' values", rank);
+        for (size_t i = 0; i < tensors.size(); ++i)
+          RANK_CHECK((tensors[i]._version() == versions[i]) == holder,
+                     "rank {}: tensor {} version {} -> {} (a holder's must stay untouched, a "
+                     "receiver's change)",
+                     rank, i, versions[i], tensors[i]._version());
+        // Holders that disagree: rank 1's bytes everywhere.
+        tensors[0].fill_(rank == 2 ? 9.0f : rank == 1 ? 8.0f : 0.0f);
+        share_tensors(*pg, tensors, {1, 2});
+        RANK_CHECK(torch::equal(tensors[0], torch::full({1000, 300}, 8.0f)),
+                   "rank {}: not rank 1's bytes after the holders disagreed", rank);
+        std::vector<at::Tensor> other = {torch::zeros({rank == 3 ? 10 : 20})};
+        std::string error;
+        try {
+          share_tensors(*pg, other, {1, 2});
+        } catch (const InvalidArgumentError& e) {
+          error = e.what();
+        }
+        RANK_CHECK(error.find("its tensors hold 80 bytes, rank 3's 40") != std::string::npos,
+                   "rank {} got: {}", rank, error);
       },
       60s);
   expect_all_ok(results);

@@ -28,14 +28,16 @@ namespace dtrain {
 void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root,
                        std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
-// Copies the holders' tensors into every other rank's, each holder sending its share of the
-// bytes (an all-gather of the holders' pieces) when more than half the ranks hold them and the
-// group spans several nodes: a rank receives them in pieces from several peers, no holder's link
-// carries more than its share, and it takes up to half a broadcast's time. Otherwise, and when
-// the holders' bytes differ (a checksum of each, all-gathered), the first holder's go to every
-// rank by broadcast. Either way every rank ends with the same bytes. `holders`: ascending.
-// When every rank holds them (the survivors of a failure, all at one commit) nothing is sent
-// once the checksums say every rank's bytes are the same.
+// Copies the holders' tensors into every other rank's. Across nodes, when more than half the
+// ranks hold them, each holder sends its share of the bytes (an all-gather of the holders'
+// pieces): a rank receives them in pieces from several peers, no holder's link carries more than
+// its share, and it takes up to half a broadcast's time. Otherwise each rank that lacks them
+// takes them whole from one holder (the holders in turn), tensor by tensor, and the holders
+// receive nothing. When the holders' bytes differ (a digest of each, all-gathered) the first
+// holder's go to every other rank. Either way every rank ends with the same bytes. `holders`:
+// ascending. When every rank holds them (the survivors of a failure, all at one commit) nothing
+// is sent once the digests say every rank's bytes are the same. Tensors of another total size
+// on any rank fail every rank.
 void share_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
                    const std::vector<int>& holders,
                    std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
