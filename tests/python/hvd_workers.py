@@ -158,6 +158,17 @@ def collectives():
     opt.step()
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     assert opt.param_groups[0]["lr"] == 0.01, opt.param_groups[0]["lr"]
+    # Only the root has stepped: the others take its state, the weights as they were.
+    momentum = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if r == 0:
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        momentum.step()
+    weights = [p.detach().clone() for p in model.parameters()]
+    hvd.broadcast_optimizer_state(momentum, root_rank=0)
+    for p, w in zip(model.parameters(), weights):
+        expect(p.detach(), w, "broadcast_optimizer_state leaves the weights")
+        expect(momentum.state[p]["momentum_buffer"], torch.ones_like(p), "the root's momentum")
 
     hvd.barrier()
     hvd.shutdown()
@@ -591,6 +602,9 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
     me = int(os.environ["RANK"])
     late = [me == late_rank]  # still to wait
     replacement = os.environ.get("DTRAIN_LIVE_REPLACEMENT") == "1"
+    if replacement:  # it asks to be taken in once it needs the world, not in init()
+        print(f"rank {me} at start, a replacement: in the world after init(): "
+              f"{torch.distributed.is_initialized()}", flush=True)
     x, y = live_dataset()
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),

@@ -362,6 +362,7 @@ def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path):
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
     assert "started a replacement for rank 1" in p.stderr, text
+    assert "rank 1 at start, a replacement: in the world after init(): False" in p.stdout, text
     assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
     resumed_at = harness.resumed_at(p)
     taken = set(re.findall(r"took in rank\(s\) \[1\] at start at commit ([0-9]+); now rank "
@@ -402,6 +403,23 @@ def test_hvd_elastic_takes_back_a_rank_left_out_with_the_others_state(tmp_path):
     for k in expected:
         assert torch.equal(a[k], b[k]), k
         assert torch.allclose(a[k], expected[k], rtol=1e-5, atol=1e-6), (k, a[k], expected[k])
+
+
+def test_a_replacement_asks_to_be_taken_in_when_it_first_needs_the_world():
+    # init() returns at once, with no store to ask; the launcher's word (local rank) is there
+    # before it joins; the first need of the world (its rank) asks for it: here, with no
+    # `dtrain run --live` to host the store, it says so.
+    env = dict(os.environ, DTRAIN_LIVE="1", DTRAIN_LIVE_REPLACEMENT="1", RANK="1", WORLD_SIZE="2",
+               LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
+    script = ("import dtrain.torch as hvd, torch.distributed as dist\n"
+              "hvd.init()\n"
+              "print('after init', hvd.is_initialized(), dist.is_initialized(), hvd.local_rank(),"
+              " hvd.local_size(), flush=True)\n"
+              "hvd.rank()\n")
+    p = subprocess.run([harness.PYTHON, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert "after init True False 1 2" in p.stdout, p.stdout + p.stderr
+    assert p.returncode != 0 and "run the job under `dtrain run --live`" in p.stderr, p.stderr
 
 
 def test_a_replacement_that_comes_after_training_ended_exits_cleanly(tmp_path):

@@ -105,22 +105,36 @@ class _State:
 
 
 _state: _State | None = None
+# A replacement's launcher identity between init() and its first need of the world (see init()).
+_deferred: LauncherIdentity | None = None
 
 
 def init(comm: object = None, process_sets: object = None) -> None:
     """Joins the job: this process's rank and size come from whichever launcher started it
     (dtrain run, torchrun, mpirun, srun); a process started alone is a world of one. Calling it
     again does nothing. Collective: every rank calls it. A replacement for a dead worker
-    (`dtrain run --live --replace`) returns once the others took it in, and exits the process
+    (`dtrain run --live --replace`) returns at once and asks the others to take it in when it
+    first needs their world (its rank or the size, a collective, a DistributedOptimizer): they
+    go on training meanwhile instead of waiting while it builds its model. It exits the process
     (status 0) when they ended training first."""
-    global _state
+    global _state, _deferred
     if comm is not None or process_sets is not None:
         raise ValueError("dtrain.torch.init(): comm and process_sets are not supported; every "
                          "process of the job takes part (use torch.distributed.new_group with the "
                          "backend 'dtrain' for sub-groups)")
-    if _state is not None:
+    if _state is not None or _deferred is not None:
         return
     identity = _core.launcher_identity()
+    if live.replacement() and not dist.is_initialized():
+        _deferred = identity
+        return
+    _start(identity)
+
+
+def _start(identity: LauncherIdentity) -> None:
+    """init()'s work: torch.distributed's world (a replacement's: the live workers', once they
+    took it in) and the session on it."""
+    global _state
     if live.replacement() and not dist.is_initialized():
         # Started in a dead worker's place: it joins the live workers' world.
         if live.join() is None:
@@ -186,8 +200,8 @@ def shutdown() -> None:
     """Stops the session (collective); init() may be called again afterwards. torch.distributed's
     group stays up until the process ends: the script may use it, and a second init() reuses it
     (a new env:// rendezvous on the same port could meet the old store)."""
-    global _state
-    state, _state = _state, None
+    global _state, _deferred
+    state, _state, _deferred = _state, None, None
     if state is not None:
         state.session.close()
 
@@ -196,10 +210,14 @@ atexit.register(shutdown)
 
 
 def is_initialized() -> bool:
-    return _state is not None
+    return _state is not None or _deferred is not None
 
 
 def _live() -> _State:
+    global _deferred
+    if _state is None and _deferred is not None:
+        identity, _deferred = _deferred, None
+        _start(identity)
     if _state is None:
         raise ValueError("dtrain.torch has not been initialized; call dtrain.torch.init() (as "
                          "hvd.init()) first")
@@ -211,7 +229,8 @@ def _session() -> _torch.Session:
 
 
 def _identity(key: Literal["local_rank", "local_world_size", "node_rank"]) -> int:
-    return _live().identity[key]
+    # The launcher's word, which a replacement has before it joins (to pick its device).
+    return (_deferred if _deferred is not None else _live().identity)[key]
 
 
 def rank() -> int:

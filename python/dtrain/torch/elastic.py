@@ -314,6 +314,7 @@ class TorchState:
 
     def _resume(self) -> bool:
         """Collective: the newest commit any rank holds, if any. True when one was loaded."""
+        collectives._live()  # a replacement that has not needed the world yet joins it now
         manager = self._manager()
         if manager is None or self.model is None:
             return False

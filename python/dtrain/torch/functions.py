@@ -67,9 +67,9 @@ def allgather_object(obj: _T, name: str | None = None, process_set: object = Non
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
     """Overwrites every rank's optimizer state (and hyperparameters such as the learning rate)
-    with root_rank's. An optimizer that has not stepped yet gets its state first, as in Horovod:
-    parameters that require grad and have none get zero gradients, and one step of the wrapped
-    optimizer makes the state; the parameters are put back as they were."""
+    with root_rank's. When root_rank's optimizer has not stepped yet, each rank's gets its state
+    first, as in Horovod: parameters that require grad and have none get zero gradients, and one
+    step of the wrapped optimizer makes the state; the parameters are put back as they were."""
     _send_optimizer_state(optimizer, [root_rank])
 
 
@@ -77,27 +77,18 @@ def _send_optimizer_state(optimizer: torch.optim.Optimizer, holders: list[int]) 
     """broadcast_optimizer_state from holders[0]; with several holders (ranks whose states are
     the same: live recovery's members at the newest commit), the tensors in pieces from each
     (collectives.share_)."""
-    if not optimizer.state_dict()["state"]:
-        params = [p for group in optimizer.param_groups for p in group["params"]
-                  if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-                if isinstance(optimizer, torch.optim.SparseAdam):
-                    p.grad = p.grad.to_sparse()
-        kept = [p.detach().clone() for p in params]
-        if isinstance(optimizer, _DistributedOptimizer):  # its own step would reduce the zeros
-            optimizer._step_unreduced()
-        else:
-            optimizer.step()
-        with torch.no_grad():
-            for p, k in zip(params, kept):
-                p.copy_(k)
     # The structure and the plain values travel pickled; the tensors (for a large model, most of
     # the bytes) each straight into its buffer: pickled, each would be copied several times over
     # on every rank.
     tensors: list[torch.Tensor] = []
     skeleton = broadcast_object(_without_tensors(optimizer.state_dict(), tensors), holders[0])
+    if not skeleton["state"]:
+        # holders[0]'s optimizer has not stepped: each rank's makes its state first, so that
+        # every rank ends with one. A rank that receives a state makes none of its own: a
+        # replacement would spend most of a step on it while the others wait.
+        _make_state(optimizer)
+        tensors = []
+        skeleton = broadcast_object(_without_tensors(optimizer.state_dict(), tensors), holders[0])
     holder = collectives.rank() in holders
     if not holder:
         tensors = []
@@ -109,6 +100,28 @@ def _send_optimizer_state(optimizer: torch.optim.Optimizer, holders: list[int]) 
             collectives.broadcast_(t, holders[0])
     if not holder:
         optimizer.load_state_dict(state)
+
+
+def _make_state(optimizer: torch.optim.Optimizer) -> None:
+    """An optimizer that has no state yet gets one, as in Horovod: parameters that require grad
+    and have none get zero gradients, and one step of the wrapped optimizer makes the state; the
+    parameters are put back as they were."""
+    if optimizer.state_dict()["state"]:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+            if isinstance(optimizer, torch.optim.SparseAdam):
+                p.grad = p.grad.to_sparse()
+    kept = [p.detach().clone() for p in params]
+    if isinstance(optimizer, _DistributedOptimizer):  # its own step would reduce the zeros
+        optimizer._step_unreduced()
+    else:
+        optimizer.step()
+    with torch.no_grad():
+        for p, k in zip(params, kept):
+            p.copy_(k)
 
 
 class _TensorSlot:
