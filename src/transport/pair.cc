@@ -431,12 +431,15 @@ void Pair::progress_send_locked() {
       r.done += p;
       left -= p;
       if (r.header_done == r.prefix() && r.done == r.stream_size()) {
-        if (r.cma) {
-          // Done when the peer has copied it out: it must read the offer even if it waits on
-          // something else, so always ring (one-copy frames exist on shared memory only).
-          cma_pending_.push_back(std::move(send_queue_.front()));
+        // The peer must read these even while it waits on another pair (its ring then asks for
+        // no doorbell), so always ring: a one-copy offer (done when the peer has copied it out;
+        // such frames exist on shared memory only), and a group's failure, which fails what the
+        // peer waits on elsewhere (a third rank it waits for may never send).
+        if (r.cma || ((r.wire.header.flags & kFrameGroupFailed) && ring() != nullptr))
           ring()->ring_doorbell();
-        } else
+        if (r.cma)
+          cma_pending_.push_back(std::move(send_queue_.front()));
+        else
           r.completion.succeed();
         send_queue_.pop_front();
       }

@@ -651,6 +651,41 @@ TEST(Collectives, TimeoutNamesTheCollective) {
   }));
 }
 
+// A rank waiting on one peer hears of the group's failure from another, on a pair it is not
+// receiving on: over shared memory such a pair's ring asks for no doorbell, and the report must
+// wake the rank anyway (the peer it waits on may never send, nor report).
+TEST(Collectives, AFailureReportWakesARankWaitingOnAnotherPeer) {
+  const int port = free_port();
+  expect_all_ok(run_ranks(3, [&](int rank) {
+    auto pg = make_group(rank, 3, port);
+    pg->barrier()->wait();
+    std::vector<int8_t> byte(1);
+    if (rank == 1) {
+      std::vector<float> v(10, 1.0f);
+      try {
+        pg->allreduce(TensorView::of(v), {.timeout = 500ms})->wait();
+        RANK_CHECK(false, "all_reduce without partners succeeded");
+      } catch (const TimeoutError&) {
+      }
+    } else if (rank == 0) {
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        pg->recv(TensorView::of(byte), 2, 7, {.timeout = 20s});  // rank 2 never sends
+        RANK_CHECK(false, "recv in a failed group succeeded");
+      } catch (const PeerFailureError& e) {
+        const auto took = std::chrono::steady_clock::now() - start;
+        RANK_CHECK(std::string(e.what()).find("rank 1") != std::string::npos, "{}", e.what());
+        // Rank 1 fails after 0.5 s; it then waits up to 3 s for the others' post-mortem
+        // entries, so a report noticed only when rank 1 moved again would come late.
+        RANK_CHECK(took < 2s, "heard of rank 1's failure after {} ms",
+                   std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+      }
+    } else {
+      std::this_thread::sleep_for(3s);  // neither sends to rank 0 nor fails itself meanwhile
+    }
+  }));
+}
+
 TEST(Collectives, BadArgumentsAreRejectedAtTheCall) {
   const int port = free_port();
   expect_all_ok(run_ranks(1, [&](int rank) {
