@@ -531,26 +531,33 @@ def stall():
 
 
 def elastic(out, crash_step):
-    """hvd.elastic under `dtrain run`: 12 steps of a DistributedOptimizer, a commit after each;
-    in the first round rank 1 dies after step `crash_step` (0: never). Rank 0 saves the final
-    weights to `out`."""
+    """hvd.elastic under `dtrain run`: 12 steps of a DistributedOptimizer over the batches of an
+    ElasticSampler, a commit after each; in the first round rank 1 dies after step `crash_step`
+    (0: never). Rank 0 saves the final weights to `out`."""
     crash_step = int(crash_step)
     hvd.init()
     r = hvd.rank()
     model = _model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters())
-    state = hvd.elastic.TorchState(model, opt, step=0)
+    x, y = live_dataset()
+    sampler = hvd.elastic.ElasticSampler(LIVE_SAMPLES, shuffle=True, seed=5)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, step=0)
     resets = []
     state.register_reset_callbacks([lambda: resets.append(state.step)])
 
     @hvd.elastic.run
     def train(state):
-        while state.step < 12:
+        # A restarted job's sampler deals the rest of the epoch: the batches go on where the
+        # commit left them.
+        batches = live_batches(list(state.sampler))
+        for k, batch in enumerate(batches):
+            if state.step == 12:
+                break
             opt.zero_grad()
-            x, y = _data(r, state.step)
-            torch.nn.functional.mse_loss(model(x), y).backward()
+            torch.nn.functional.mse_loss(model(x[batch]), y[batch]).backward()
             opt.step()
+            state.sampler.record_batch(k, LIVE_BATCH)
             state.step += 1
             state.commit()
             if state.step == crash_step and r == 1 and \

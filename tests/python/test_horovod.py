@@ -239,7 +239,8 @@ def test_elastic_state_resumes_a_restarted_job_from_its_commit(tmp_path):
                         str(tmp_path / "straight.pt"), "0"],
                        env=_launcher_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    # Rank 1 dies after step 7; dtrain run restarts both, which resume from the newest commit.
+    # Rank 1 dies after step 7; dtrain run restarts both, which resume from the newest commit,
+    # the sampler's position with it: the same batches as the straight run, the same weights.
     p = subprocess.run([DTRAIN, "run", "-n", "2", "--max-restarts", "1", "--", harness.PYTHON,
                         os.path.join(harness.HERE, "hvd_workers.py"), "elastic",
                         str(tmp_path / "restarted.pt"), "7"],

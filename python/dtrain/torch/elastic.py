@@ -67,6 +67,8 @@ __all__ = ["ElasticSampler", "HostsUpdatedInterrupt", "TorchState", "WHOLE_EVERY
 # Under --live, every how many commits one copies the whole state (TorchState.save): what a
 # rank goes back to when it changed its state after a light commit and no survivor holds that.
 WHOLE_EVERY = 10
+# The prefix of the samplers' positions among a restart commit's values (TorchState.commit).
+_SAMPLER = "sampler/"
 
 _S = TypeVar("_S", bound="TorchState")
 _P = ParamSpec("_P")
@@ -221,6 +223,15 @@ class TorchState:
         if not light:
             self._whole = self._saved
 
+    def _committed_values(self) -> dict[str, float]:
+        """The numbers and the samplers' positions, as a commit for a restart keeps them (its
+        values are numbers by name): a restarted job goes on with the epoch's rest."""
+        values = self._values()
+        for name, state in self._sampler_states().items():
+            for key, value in state.items():
+                values[f"{_SAMPLER}{name}/{key}"] = float(value)
+        return values
+
     def _sampler_states(self) -> dict[str, dict[str, int]]:
         return {name: sampler.state_dict() for name, sampler in self._samplers.items()}
 
@@ -277,7 +288,7 @@ class TorchState:
                          self.optimizer.param_groups if self.optimizer is not None else [],
                          self.optimizer.state if self.optimizer is not None else {},
                          dict(step=self._commit_count, epoch=0, epoch_consumed=0, epoch_size=0,
-                              values=self._values()))
+                              values=self._committed_values()))
         if live.enabled():
             take_in_waiting(collectives._admit_waiting, live.original_rank, self._commit_count,
                             collectives.rank, collectives.size)
@@ -329,6 +340,12 @@ class TorchState:
             return False
         self._commit_count = checkpoint.step
         self._set_values(checkpoint.values)
+        samplers: dict[str, dict[str, int]] = {}
+        for key, value in checkpoint.values.items():
+            if key.startswith(_SAMPLER):
+                name, field = key[len(_SAMPLER):].rsplit("/", 1)
+                samplers.setdefault(name, {})[field] = int(value)
+        self._set_sampler_states(samplers)
         self.save()
         what = (f"from commit {checkpoint.step} ({checkpoint.path}, saved at world size "
                 f"{checkpoint.world_size})")
