@@ -14,7 +14,6 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize.h>
 
-#include "common/durable.h"
 #include "common/memory_digest.h"
 #include "dtrain/error.h"
 #include "dtrain/identity.h"
@@ -340,28 +339,24 @@ void share_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& gro
 void check_same_parameters(torch::nn::Module& module, ProcessGroup& group,
                            std::chrono::milliseconds timeout) {
   if (group.size() == 1) return;
-  uint32_t crc = 0;
-  auto add = [&](const at::Tensor& t) {
-    const at::Tensor c = t.detach().cpu().contiguous();
-    crc = durable::crc32_of(c.data_ptr(), c.nbytes(), crc);
-  };
-  for (const auto& p : module.parameters()) add(p);
-  for (const auto& b : module.buffers()) add(b);
-  std::vector<int64_t> mine = {static_cast<int64_t>(crc)};
-  std::vector<int64_t> all(static_cast<size_t>(group.size()));
-  AllgatherOptions o;
-  o.timeout = timeout;
-  group.allgather(TensorView::of(all), TensorView::of(mine), o)->wait();
+  std::vector<at::Tensor> tensors;
+  for (const auto& p : module.parameters()) tensors.push_back(p.detach().cpu());
+  for (const auto& b : module.buffers()) tensors.push_back(b.detach().cpu());
+  MemoryDigest digest;
+  const auto all = gather_digests(group, digest, digest_tensors(tensors, true, digest), timeout);
   std::vector<int> differ;
-  for (int r = 1; r < group.size(); ++r)
-    if (all[static_cast<size_t>(r)] != all[0]) differ.push_back(r);
+  std::vector<std::string> each;
+  for (int r = 0; r < group.size(); ++r) {
+    const auto at = all.begin() + 3 * r;
+    if (!std::equal(at, at + 3, all.begin())) differ.push_back(r);
+    each.push_back(fmt::format("{:016x}", static_cast<uint64_t>(at[1])));
+  }
   if (!differ.empty())
     throw DataLossError(fmt::format(
-        "rank {}: the parameters and buffers of rank(s) {} differ from rank 0's (CRC-32 of rank "
-        "0's {:08x}; each rank's: {}) after they should have been made equal; the transfer of "
+        "rank {}: the parameters and buffers of rank(s) {} differ from rank 0's (a digest of "
+        "each rank's, in rank order: {}) after they should have been made equal; the transfer of "
         "state lost or changed bytes",
-        group.rank(), fmt::join(differ, ", "), static_cast<uint32_t>(all[0]),
-        fmt::join(all, ", ")));
+        group.rank(), fmt::join(differ, ", "), fmt::join(each, ", ")));
 }
 
 }  // namespace dtrain

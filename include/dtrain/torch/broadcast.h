@@ -66,8 +66,9 @@ void share_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& gro
                            std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
 // Collective: whether every rank's parameters and buffers of `module` hold the same bits (a
-// CRC-32 of each rank's, all-gathered), as after broadcast_parameters; throws DataLossError
-// naming the ranks whose bits differ from rank 0's. Live recovery checks a newcomer with it.
+// size and digest of each rank's, all-gathered: MemoryDigest), as after broadcast_parameters;
+// throws DataLossError naming the ranks whose bits differ from rank 0's. Live recovery checks a
+// newcomer with it.
 void check_same_parameters(torch::nn::Module& module, ProcessGroup& group,
                            std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
