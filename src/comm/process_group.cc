@@ -654,9 +654,16 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
         : failed_seq == 0
             ? std::string("the group is unusable")
             : fmt::format("the group is unusable since collective #{} failed", failed_seq);
+    std::string text =
+        fmt::format("{} cannot start: {}: {}", label.describe(), since, message_of(failed));
+    // A peer's failure, heard before this call: the record says what this rank was calling, for
+    // `dtrain doctor` to put beside the others'.
+    const std::string record = recorder.dump_on_failure(label.describe() + " cannot start");
+    if (!record.empty())
+      text += fmt::format(". Flight record: {} (`dtrain doctor {}` reads every rank's)", record,
+                          std::filesystem::path(record).parent_path().string());
     auto work = std::make_shared<CollectiveWork>(nullptr, deadline, label, executor_);
-    work->fail(std::make_exception_ptr(PeerFailureError(
-        fmt::format("{} cannot start: {}: {}", label.describe(), since, message_of(failed)))));
+    work->fail(std::make_exception_ptr(PeerFailureError(text)));
     return work;
   }
   if (!async_op) {

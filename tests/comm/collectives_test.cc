@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -684,6 +685,42 @@ TEST(Collectives, AFailureReportWakesARankWaitingOnAnotherPeer) {
       std::this_thread::sleep_for(3s);  // neither sends to rank 0 nor fails itself meanwhile
     }
   }));
+}
+
+// A rank that hears of a peer's failure before its own call writes its flight record at that
+// call, which cannot start: `dtrain doctor` puts what it was calling beside the others'.
+TEST(Collectives, ACollectiveThatCannotStartWritesTheFlightRecord) {
+  const int port = free_port();
+  const std::string dir =
+      ::testing::TempDir() + "/dtrain_cannot_start_" + std::to_string(::getpid());
+  expect_all_ok(run_ranks(2, [&](int rank) {
+    ::setenv("DTRAIN_FLIGHT_DIR", (dir + "/" + std::to_string(rank)).c_str(), 1);
+    auto pg = make_group(rank, 2, port);
+    std::vector<float> v(10, 1.0f);
+    if (rank == 0) {
+      try {
+        pg->allreduce(TensorView::of(v), {.timeout = 300ms})->wait();
+      } catch (const TimeoutError&) {
+      }
+      std::this_thread::sleep_for(2s);  // the store and the connection stay up for rank 1
+      return;
+    }
+    std::this_thread::sleep_for(1s);  // rank 0's report has come by now
+    try {
+      pg->barrier()->wait();
+      RANK_CHECK(false, "a collective of a failed group started");
+    } catch (const PeerFailureError& e) {
+      const std::string m = e.what();
+      RANK_CHECK(m.find("cannot start") != std::string::npos &&
+                     m.find("Flight record: " + dir + "/1/") != std::string::npos,
+                 "{}", m);
+      std::ifstream record(dir + "/1/rank1.json");
+      const std::string text((std::istreambuf_iterator<char>(record)),
+                             std::istreambuf_iterator<char>());
+      RANK_CHECK(text.find("barrier") != std::string::npos, "the record lacks the call: {}", text);
+    }
+  }));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Collectives, BadArgumentsAreRejectedAtTheCall) {
