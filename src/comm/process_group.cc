@@ -515,6 +515,13 @@ const algo::Algorithm& NativeProcessGroup::choose(CollectiveKind kind, std::stri
 
 namespace {
 
+// Where a failure's flight record went, for its error: "" when none was written.
+std::string flight_record_note(const std::string& record) {
+  if (record.empty()) return "";
+  return fmt::format(". Flight record: {} (`dtrain doctor {}` reads every rank's)", record,
+                     std::filesystem::path(record).parent_path().string());
+}
+
 // What a synchronous collective that ran inline and succeeded returns: done, no error. One for
 // every such call (it never changes), so that the call allocates nothing.
 class FinishedWork final : public Work {
@@ -606,9 +613,7 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
       after += "; " + arrived.text;
     }
     watchdog_->leave();
-    if (!record.empty())
-      after += fmt::format(". Flight record: {} (`dtrain doctor {}` reads every rank's)", record,
-                           std::filesystem::path(record).parent_path().string());
+    after += flight_record_note(record);
     const std::string context = label.describe() + " failed" + peers_failed();
     tell_launcher(std::current_exception(), context + ". Post-mortem: " + after,
                   arrived.not_arrived);
@@ -654,16 +659,13 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
         : failed_seq == 0
             ? std::string("the group is unusable")
             : fmt::format("the group is unusable since collective #{} failed", failed_seq);
-    std::string text =
-        fmt::format("{} cannot start: {}: {}", label.describe(), since, message_of(failed));
     // A peer's failure, heard before this call: the record says what this rank was calling, for
     // `dtrain doctor` to put beside the others'.
     const std::string record = recorder.dump_on_failure(label.describe() + " cannot start");
-    if (!record.empty())
-      text += fmt::format(". Flight record: {} (`dtrain doctor {}` reads every rank's)", record,
-                          std::filesystem::path(record).parent_path().string());
     auto work = std::make_shared<CollectiveWork>(nullptr, deadline, label, executor_);
-    work->fail(std::make_exception_ptr(PeerFailureError(text)));
+    work->fail(std::make_exception_ptr(
+        PeerFailureError(fmt::format("{} cannot start: {}: {}{}", label.describe(), since,
+                                     message_of(failed), flight_record_note(record)))));
     return work;
   }
   if (!async_op) {
