@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -93,10 +94,12 @@ void HangMonitor::run(std::stop_token stop) {
   std::map<int, BeatReading> last;  // the previous poll's beats, by rank
   auto last_progress = Clock::now();
   std::optional<Clock::time_point> stuck_since;  // someone waits and nobody completes
-  // The slow-rank check: inside time and wall time at the start of its window.
-  std::map<int, int64_t> window_inside;
+  // The slow-rank check: each rank's process and inside time at the start of its window, and
+  // the wall time. A rank whose process changed within the window (live recovery: a replacement
+  // or a spare took the place) is not compared in it: its new page counts from another start.
+  std::map<int, std::pair<int64_t, int64_t>> window_inside;
   auto window_start = Clock::now();
-  const auto window = std::max(options_.hang, std::chrono::milliseconds(10000));
+  const auto window = std::max(options_.hang, options_.slow_window);
   int named_slow = -1;
   while (!stop.stop_requested()) {
     {
@@ -139,8 +142,8 @@ void HangMonitor::run(std::stop_token stop) {
       std::vector<std::pair<double, int>> outside;
       for (const auto& b : beats) {
         auto it = window_inside.find(b.rank);
-        if (it == window_inside.end()) continue;
-        const double inside = (b.inside_ns - it->second) * 1e-9;
+        if (it == window_inside.end() || it->second.first != b.pid) continue;
+        const double inside = (b.inside_ns - it->second.second) * 1e-9;
         outside.emplace_back(std::clamp(wall - inside, 0.0, wall), b.rank);
       }
       if (outside.size() >= 2 && outside.size() == beats.size() && progressed) {
@@ -161,9 +164,9 @@ void HangMonitor::run(std::stop_token stop) {
       }
       window_start = now;
       window_inside.clear();
-      for (const auto& b : beats) window_inside[b.rank] = b.inside_ns;
+      for (const auto& b : beats) window_inside[b.rank] = {b.pid, b.inside_ns};
     } else if (window_inside.empty()) {
-      for (const auto& b : beats) window_inside[b.rank] = b.inside_ns;
+      for (const auto& b : beats) window_inside[b.rank] = {b.pid, b.inside_ns};
       window_start = now;
     }
   }

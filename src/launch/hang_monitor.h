@@ -27,6 +27,8 @@ struct HangMonitorOptions {
   std::string dir;                        // the workers' DTRAIN_FLIGHT_DIR
   std::chrono::milliseconds hang{60000};  // 0 = never call the job stuck
   std::chrono::milliseconds poll{500};
+  // The slow-rank check compares the ranks over windows this long, or `hang` when longer.
+  std::chrono::milliseconds slow_window{10000};
   std::chrono::milliseconds dump_wait{5000};  // for the records after SIGUSR2
   std::string name = "dtrain run";            // how its lines begin
   std::string stopping = "the job";           // what it stops: "stopping the job"
