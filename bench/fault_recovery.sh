@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Recovery from the same faults, side by side (docs/fault_tolerance.md, "dtrain chaos"): the
 # example at 4 ranks under `dtrain chaos --schedule SCHEDULE --seed SEED`, recovered by
-#   live      dtrain run --live --replace: the survivors go on, replacements take their state
+#   live      dtrain run --live --spares 1 --replace: the survivors go on, a spare started ahead
+#             takes the dead rank's place and their state (a new spare follows it)
 #   commit    dtrain run --max-restarts: every worker restarts from the in-memory commit
 #   torchrun  torchrun --max-restarts: PyTorch's elastic restart of every worker from a
 #             torch.save checkpoint in /dev/shm each step (bench/torch_elastic_fashion_mnist.py,
@@ -54,7 +55,7 @@ esac
 for name in ${ONLY:-$runs}; do
   [ "$name" = torchft ] && install_torchft
   case $model:$name in
-    example:live) chaos live "$dtrain" run -n 4 --live --replace 1000 -- \
+    example:live) chaos live "$dtrain" run -n 4 --live --spares 1 --replace 1000 -- \
                     "$bin/train_fashion_mnist" --threads 1 --epochs "$epochs" ;;
     example:commit) chaos commit "$dtrain" run -n 4 --max-restarts 1000 -- \
                       "$bin/train_fashion_mnist" --threads 1 --epochs "$epochs" ;;
@@ -63,7 +64,7 @@ for name in ${ONLY:-$runs}; do
                         --epochs "$epochs" ;;
     example:torchft) PYTHONPATH="$PYTHONPATH:$torchft_dir" chaos torchft "$python" \
                        bench/torchft_fashion_mnist.py --replica-groups 4 --epochs "$epochs" ;;
-    transformer:live) chaos live "$dtrain" run -n 4 --live --replace 1000 -- "$python" \
+    transformer:live) chaos live "$dtrain" run -n 4 --live --spares 1 --replace 1000 -- "$python" \
                         bench/transformer_recovery.py live --epochs "$epochs" ;;
     transformer:torchrun) chaos torchrun "$torchrun" --standalone --nproc-per-node 4 \
                             --max-restarts 1000 bench/transformer_recovery.py torchrun \

@@ -23,6 +23,11 @@
 // told to the others) and admit() them together: the next generation is theirs and the
 // newcomers', each again in its place by rank at start.
 //
+// A spare (`dtrain run --live --spares K` starts K ahead of any failure, with no rank of their
+// own) waits in the constructor until its launcher gives it a dead member's rank, then asks to be
+// taken in as a replacement does: the members take it in at their next step boundary, without
+// waiting for a process to start.
+//
 // LiveWorld forms dtrain's group for each generation on it; Python's hvd.elastic forms torch's
 // (dtrain.torch re-initializes torch.distributed with the rank and size it returns).
 #pragma once
@@ -51,7 +56,9 @@ class LiveMembership {
  public:
   // Generation 0: every rank of the job's world (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
   // A replacement (DTRAIN_LIVE_REPLACEMENT=1) returns once the members took it in, or once they
-  // ended training without it (too_late()); TimeoutError when neither happens within `timeout`.
+  // ended training without it (too_late()); TimeoutError when neither happens within `timeout`
+  // of its asking. A spare (DTRAIN_LIVE_SPARE) first waits, as long as training lasts, for its
+  // place (it then sets RANK and LOCAL_RANK to the place's, for whatever reads them later).
   // Throws InvalidArgumentError when the launcher does not host the store (the store must
   // outlive any worker: run under `dtrain run --live`).
   explicit LiveMembership(LiveMembershipOptions options = {});
@@ -66,6 +73,8 @@ class LiveMembership {
   // Whether this process was started in a dead member's place; it then holds no training state
   // yet and must receive it from the members it joined.
   bool replacement() const { return replacement_; }
+  // A spare's number (DTRAIN_LIVE_SPARE), 0 for a process started with a rank of its own.
+  int spare() const { return spare_; }
   // For a replacement: the members ended training before taking it in (nothing is left to do).
   bool too_late() const { return too_late_; }
   int size_at_start() const { return world_size_; }
@@ -124,6 +133,8 @@ class LiveMembership {
   Next agree_next();  // next(), whose store errors it explains
   // Asks to be taken in and waits for it, as a replacement (or a survivor left out) does.
   void join();
+  // A spare's wait for its place; false when training ended first (too_late_ is then set).
+  bool take_place();
   // Whether a launcher said that member `m` ended: this node's (its file in DTRAIN_FLIGHT_DIR)
   // or, on several nodes, any node's (the store).
   bool reported_ended(int m) const;
@@ -136,6 +147,7 @@ class LiveMembership {
   int world_size_ = 0;  // at start
   int generation_ = 0;
   bool replacement_ = false;
+  int spare_ = 0;
   bool too_late_ = false;
   bool several_nodes_ = false;  // deaths are also told through the store; lists need a quorum
   std::chrono::steady_clock::time_point next_look_{};  // waiting()'s

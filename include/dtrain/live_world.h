@@ -60,6 +60,9 @@ class LiveWorld {
   // Whether this process was started in a dead member's place: it holds no training state yet
   // and takes the members' (they call admit_waiting() at their step boundary).
   bool replacement() const { return membership_.replacement(); }
+  // A spare's number (`dtrain run --live --spares K`), 0 otherwise: a spare is a replacement
+  // started ahead, whose constructor waited for its place first.
+  int spare() const { return membership_.spare(); }
   // For a replacement: training ended before the members took it in; there is nothing to do.
   bool too_late() const { return membership_.too_late(); }
 

@@ -1,6 +1,7 @@
 #include "dtrain/live_membership.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 #include <thread>
 
@@ -8,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "comm/flight_recorder.h"
+#include "comm/spare_place.h"
 #include "common/deadline.h"
 #include "common/env.h"
 #include "common/log.h"
@@ -63,7 +65,14 @@ LiveMembership::LiveMembership(LiveMembershipOptions options) : options_(std::mo
   world_size_ = id.world_size;
   several_nodes_ = env::get_int(env::kGroupWorldSize).value_or(1) > 1;
   replacement_ = env::get_bool(env::kLiveReplacement);
+  spare_ = env::get_int(env::kLiveSpare).value_or(0);
+  if (spare_ > 0 && !replacement_)
+    throw InvalidArgumentError(fmt::format(
+        "DTRAIN_LIVE_SPARE is {} but DTRAIN_LIVE_REPLACEMENT is not set: a spare joins as a "
+        "replacement; start spares with `dtrain run --live --spares K`",
+        spare_));
   if (replacement_) {
+    if (spare_ > 0 && !take_place()) return;
     join();
     return;
   }
@@ -73,7 +82,9 @@ LiveMembership::LiveMembership(LiveMembershipOptions options) : options_(std::mo
 void LiveMembership::join() {
   const auto start = Clock::now();
   const Deadline deadline = Deadline::after(options_.timeout);
-  const char* const who = replacement_ ? "a replacement" : "left out of a generation";
+  const std::string who = spare_ > 0     ? fmt::format("spare {}", spare_)
+                          : replacement_ ? "a replacement"
+                                         : "left out of a generation";
   auto expired = [&](const char* waiting_for) {
     if (!deadline.expired()) return;
     throw TimeoutError(fmt::format(
@@ -117,6 +128,40 @@ void LiveMembership::join() {
       "(ranks at start {}); this is rank {}",
       original_rank_, who, generation_, std::chrono::duration<double>(Clock::now() - start).count(),
       members_.size(), fmt::join(members_, ","), rank());
+}
+
+bool LiveMembership::take_place() {
+  const auto start = Clock::now();
+  const std::string dir = env::get_string(env::kFlightDir);
+  if (dir.empty())
+    throw InvalidArgumentError(fmt::format(
+        "spare {}: DTRAIN_FLIGHT_DIR is not set, so its launcher cannot give it a place: start "
+        "spares with `dtrain run --live --spares K`",
+        spare_));
+  // A spare may wait the whole job: it looks for its place every 10 ms (a file of its node's
+  // launcher) and asks the store whether training ended every 100 ms. Should the launcher die,
+  // its workers die with it.
+  auto next_look = start;
+  while (true) {
+    if (const auto place = comm::read_spare_place(dir, spare_)) {
+      original_rank_ = place->rank;
+      ::setenv(std::string(env::kRank.name).c_str(), std::to_string(place->rank).c_str(), 1);
+      ::setenv(std::string(env::kLocalRank.name).c_str(), std::to_string(place->local_rank).c_str(),
+               1);
+      DTRAIN_LOG_INFO("live world: spare {} takes the place of rank {} at start after {:.2f} s",
+                      spare_, original_rank_,
+                      std::chrono::duration<double>(Clock::now() - start).count());
+      return true;
+    }
+    if (Clock::now() >= next_look) {
+      if (store_->check({kClosedKey})) {
+        too_late_ = true;
+        return false;
+      }
+      next_look = Clock::now() + std::chrono::milliseconds(100);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 std::vector<int> LiveMembership::missing() const {

@@ -155,6 +155,10 @@ struct Var {
     "Set to 1 by `dtrain run --live --replace N` for a worker started in a dead one's place: it "  \
     "asks the live workers to take it in at their next step boundary and receives the training "   \
     "state from them.")                                                                            \
+  X(kLiveSpare, "DTRAIN_LIVE_SPARE", "",                                                           \
+    "Set by `dtrain run --live --spares K` to a spare's number (1, 2, ...): started ahead with "   \
+    "no place, it builds what it can and waits until its launcher gives it a dead worker's rank, " \
+    "then joins as a replacement does.")                                                           \
   X(kSampleLog, "DTRAIN_SAMPLE_LOG", "",                                                           \
     "train_fashion_mnist's --sample-log when the flag is not given: a file to which every rank "   \
     "appends `epoch index step restart` per trained sample; set by `dtrain chaos`, which counts "  \

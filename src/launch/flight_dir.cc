@@ -41,8 +41,9 @@ void FlightDir::clear() const {
   for (const auto& e : std::filesystem::directory_iterator(path_, ec)) {
     const std::string name = e.path().filename().string();
     const auto ext = e.path().extension();
-    if (name.rfind("rank", 0) == 0 &&
-        (ext == ".json" || ext == ".beat" || ext == ".exit" || ext == ".error"))
+    const bool rank_file = name.rfind("rank", 0) == 0 &&
+                           (ext == ".json" || ext == ".beat" || ext == ".exit" || ext == ".error");
+    if (rank_file || (name.rfind("spare", 0) == 0 && ext == ".place"))
       std::filesystem::remove(e.path(), ec);
   }
 }

@@ -1,8 +1,9 @@
 // The directory of a launch's flight records (comm/flight_recorder.h): the workers'
 // DTRAIN_FLIGHT_DIR, where each writes rank<R>.json, its beat page rank<R>.beat and, when one of
 // its collectives fails, its failure record rank<R>.error (comm/failure_record.h), and where the
-// launcher writes how each worker ended (rank<R>.exit). `dtrain run` and the elastic agent make
-// one per launch; the hang monitor (hang_monitor.h) and `dtrain doctor` read it.
+// launcher writes how each worker ended (rank<R>.exit) and each spare's place (spare<N>.place,
+// comm/spare_place.h). `dtrain run` and the elastic agent make one per launch; the hang monitor
+// (hang_monitor.h) and `dtrain doctor` read it.
 #pragma once
 
 #include <string>
@@ -20,8 +21,9 @@ class FlightDir {
   FlightDir sub(const std::string& name) const;
 
   const std::string& path() const { return path_; }
-  // Removes the records, beats, failure records and exit words of an earlier job or round, so
-  // that the hang monitor, `dtrain doctor` and the supervisor read this one's only.
+  // Removes the records, beats, failure records, exit words and spares' places of an earlier
+  // job or round, so that the hang monitor, `dtrain doctor` and the supervisor read this one's
+  // only.
   void clear() const;
   // Whether a worker wrote a record (rank<R>.json), here or in a sub-directory.
   bool holds_records() const;

@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "comm/failure_record.h"
+#include "common/env.h"
 #include "common/log.h"
 #include "dtrain/error.h"
 #include "dtrain/preemption.h"
@@ -108,6 +109,7 @@ struct Worker {
   pid_t pid = -1;
   bool running = false;
   bool service = false;  // WorkerSpec::service
+  int spare = 0;         // a spare's number while it waits for a place (rank is then no one's)
   int exit_code = 0;     // when it exited
   int signal = 0;        // when a signal ended it
   Stream out, err;
@@ -149,6 +151,7 @@ class Run {
     devnull_ = net::Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     workers_.resize(options_.workers.size());
     for (size_t i = 0; i < workers_.size(); ++i) start(workers_[i], options_.workers[i]);
+    for (int i = 0; i < options_.spares; ++i) start_spare();
     loop();
     // Processes the stopped workers started may linger in their groups after the workers
     // themselves exited; the job is over, so they go too.
@@ -339,6 +342,18 @@ class Run {
       w.running = false;
       if (WIFEXITED(status)) w.exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) w.signal = WTERMSIG(status);
+      if (w.spare != 0) {
+        // It held no place, so no peer waits for word of it and nothing was lost: it found
+        // training over, was stopped with the job, or failed while it waited.
+        if ((w.exit_code != 0 || w.signal != 0) && !stopping_ && !services_stop_at_) {
+          drain(w.err);
+          write_out(options_.stderr_fd,
+                    fmt::format("{}: {} (pid {}) {} while it waited for a place; nothing was "
+                                "lost (--spares)\n",
+                                options_.name, w.label, w.pid, exit_of(w).how()));
+        }
+        continue;
+      }
       if (options_.on_exit) options_.on_exit(exit_of(w));
       // A worker that saved its state for a requeue (dtrain::Preemption) did not fail, whether
       // it was warned through us or not.
@@ -356,9 +371,7 @@ class Run {
         write_out(options_.stderr_fd,
                   fmt::format("{}: {} (pid {}) {}; the other workers go on without it (--live)\n",
                               options_.name, w.label, w.pid, exit_of(w).how()));
-        if (replacements_started_ + static_cast<int>(to_replace.size()) < options_.replacements &&
-            !w.service)
-          to_replace.push_back(&w);
+        to_replace.push_back(&w);
         continue;
       }
       // Exits after we began stopping the job are our doing, not failures of their own.
@@ -370,18 +383,18 @@ class Run {
     // A replacement needs live workers to take it in: here, or on other nodes (one that finds
     // training over ends at once).
     bool others_running = false;
-    for (const auto& w : workers_) others_running = others_running || (w.running && !w.service);
+    for (const auto& w : workers_) others_running = others_running || in_training(w);
     if (!to_replace.empty() && !others_running && options_.members_elsewhere)
       others_running = options_.members_elsewhere();
     if (others_running)
-      for (const Worker* dead : to_replace) replace(*dead);
+      for (const Worker* dead : to_replace) fill_place(*dead);
     if (culprit == nullptr) {
       // The workers are done and only services remain: they get the grace period to leave on
       // their own (a parameter server ends once every worker said goodbye), then are stopped.
       bool services_left = false, workers_left = false;
       for (const auto& w : workers_) {
-        services_left = services_left || (w.running && w.service);
-        workers_left = workers_left || (w.running && !w.service);
+        services_left = services_left || (w.running && !in_training(w));
+        workers_left = workers_left || in_training(w);
       }
       if (services_left && !workers_left && !stopping_ && !services_stop_at_)
         services_stop_at_ = Clock::now() + options_.grace_period;
@@ -580,12 +593,80 @@ class Run {
     }
   }
 
-  // Starts a worker in the place of `dead` (live recovery); the deque keeps references to the
-  // others valid (lost_, failed_), not iterators: never call it while iterating over workers_.
-  void replace(const Worker& dead) {
+  // A worker running that trains or will: not a service, nor a spare waiting for a place.
+  static bool in_training(const Worker& w) { return w.running && !w.service && w.spare == 0; }
+
+  const WorkerSpec& spec_of(const Worker& w) const {
+    for (const auto& candidate : options_.workers)
+      if (candidate.rank == w.rank && !candidate.service) return candidate;
+    throw InternalError(fmt::format("{}: no worker spec for {}", options_.name, w.label));
+  }
+
+  // Live recovery: a dead worker's place goes to a waiting spare, else to a process started in it
+  // while --replace allows. Like replace() and start_spare(), it adds to the deque of workers,
+  // which keeps references to the others valid (lost_, failed_), not iterators: never call them
+  // while iterating over workers_.
+  void fill_place(const Worker& dead) {
+    Worker* spare = nullptr;
+    for (auto& w : workers_)
+      if (w.running && w.spare != 0 && spare == nullptr) spare = &w;
+    if (spare == nullptr) {
+      if (replacements_started_ < options_.replacements) replace(dead);
+      return;
+    }
+    const WorkerSpec& place = spec_of(dead);
+    try {
+      if (options_.place_spare) options_.place_spare(spare->spare, place);
+    } catch (const std::exception& e) {
+      write_out(options_.stderr_fd,
+                fmt::format("{}: cannot give {} the place of {}: {}; a new process takes it "
+                            "instead, while --replace allows\n",
+                            options_.name, spare->label, dead.label, e.what()));
+      if (replacements_started_ < options_.replacements) replace(dead);
+      return;
+    }
+    const std::string was = spare->label;
+    spare->spare = 0;
+    spare->rank = dead.rank;
+    spare->label = dead.label;
+    if (options_.prefix_output) spare->prefix = fmt::format("[{}] ", spare->label);
+    write_out(options_.stderr_fd,
+              fmt::format("{}: {} (pid {}) takes the place of {}; the others take it in at a "
+                          "step boundary (--live --spares)\n",
+                          options_.name, was, spare->pid, dead.label));
+    if (replacements_started_ >= options_.replacements) return;
+    ++replacements_started_;
+    const Worker& next = start_spare();
+    write_out(options_.stderr_fd,
+              fmt::format("{}: started {} (pid {}; replacement {} of {}) to wait for the next "
+                          "failure\n",
+                          options_.name, next.label, next.pid, replacements_started_,
+                          options_.replacements));
+  }
+
+  // A worker with no place yet: the first worker's spec, told that it is spare number N.
+  Worker& start_spare() {
     WorkerSpec spec;
     for (const auto& candidate : options_.workers)
-      if (candidate.rank == dead.rank && !candidate.service) spec = candidate;
+      if (!candidate.service) {
+        spec = candidate;
+        break;
+      }
+    const int number = ++spares_started_;
+    spec.label = fmt::format("spare {}", number);
+    spec.cpus.clear();  // it will run in whichever worker's place: bound to none of them
+    spec.env.insert(spec.env.end(), options_.replacement_env.begin(),
+                    options_.replacement_env.end());
+    spec.env.emplace_back(env::kLiveSpare.name, std::to_string(number));
+    Worker& w = workers_.emplace_back();
+    start(w, spec);
+    w.spare = number;
+    return w;
+  }
+
+  // Starts a worker in the place of `dead` (see fill_place()).
+  void replace(const Worker& dead) {
+    WorkerSpec spec = spec_of(dead);
     spec.env.insert(spec.env.end(), options_.replacement_env.begin(),
                     options_.replacement_env.end());
     ++replacements_started_;
@@ -613,7 +694,8 @@ class Run {
     if (!lost_.empty() && first_failure_ == nullptr) {
       size_t ended_well = 0;
       for (const auto& w : workers_)
-        ended_well += !w.service && !w.running && w.exit_code == 0 && w.signal == 0 ? 1 : 0;
+        ended_well +=
+            !w.service && w.spare == 0 && !w.running && w.exit_code == 0 && w.signal == 0 ? 1 : 0;
       if (ended_well == 0) {
         first_failure_ = lost_.front();
         failed_ = lost_;
@@ -659,7 +741,7 @@ class Run {
       return result;
     }
     size_t workers = 0;
-    for (const auto& w : workers_) workers += w.service ? 0 : 1;
+    for (const auto& w : workers_) workers += w.service || w.spare != 0 ? 0 : 1;
     if (requeued_ > 0 && requeued_ == workers) {
       // Every worker saved its state for a requeue (dtrain::Preemption): warned through us
       // (SIGTERM, SIGUSR1) or directly, the job is to run again, not a failure.
@@ -705,6 +787,7 @@ class Run {
   std::string path_;            // of the command
   net::Fd devnull_;             // every worker's stdin
   int replacements_started_ = 0;
+  int spares_started_ = 0;
   Worker* first_failure_ = nullptr;
   std::vector<Worker*> lost_;    // keep_survivors: workers that failed while the others went on
   std::vector<Worker*> failed_;  // every worker that failed on its own, in the order seen

@@ -97,6 +97,14 @@ struct SupervisorOptions {
   // boundary (dtrain/live_world.h).
   int replacements = 0;
   std::vector<std::pair<std::string, std::string>> replacement_env;
+  // With keep_survivors: this many workers started ahead of any failure ("spare N": the first
+  // worker's WorkerSpec with replacement_env and DTRAIN_LIVE_SPARE=N on top). A worker that fails
+  // gets a waiting spare in its place at once (place_spare tells the spare the dead one's
+  // WorkerSpec) instead of a process started only then; each spare taken is followed by a new
+  // one while `replacements` allows (it counts as one). Spares still waiting when the workers
+  // are done are stopped as services are, and none of their ends fails the job.
+  int spares = 0;
+  std::function<void(int spare, const WorkerSpec& place)> place_spare;
   // With replacements, on several nodes: whether workers elsewhere can take a replacement in
   // (`dtrain run`: the job's store answers), so that one is started even when this node has
   // none left running.

@@ -145,6 +145,51 @@ TEST(LiveWorld, AReplacementThatComesAfterTrainingEndedHasNothingToDo) {
       << r.output;
 }
 
+TEST(LiveWorld, ASpareTakesADeadWorkersPlaceAtOnceAndANewOneWaitsForTheNext) {
+  const auto r = run_command({kDtrain, "run", "-n", "3", "--live", "--spares", "1", "--replace",
+                              "1", "--", kWorker, "--steps", "400", "--die-rank", "1", "--die-at",
+                              "30"},
+                             {.timeout = std::chrono::milliseconds(60'000)});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  EXPECT_NE(r.output.find("spare 1 (pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(") takes the place of rank 1; the others take it in at a step boundary"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("started spare 2 (pid "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("started a replacement"), std::string::npos) << r.output;
+  // The spare is rank 1 now, in its output too; the members take it in as they would a
+  // replacement.
+  EXPECT_NE(r.output.find("[rank 1] replacement 1: rank 1 of 3 in generation 2 from step "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(" (spare 1)"), std::string::npos) << r.output;
+  EXPECT_EQ(count(r.output, "DONE steps 400 generation 2 world 3 checked"), 3u) << r.output;
+  // The second spare learns that training is over and ends well, counted as no worker.
+  EXPECT_NE(r.output.find("[spare 2] spare 2: not needed, nothing to do"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("3 worker(s) ended well; 1 lost along the way (--live)"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(LiveWorld, SparesThatWereNotNeededEndWithTheJob) {
+  const auto r = run_command({kDtrain, "run", "-n", "2", "--live", "--spares", "2", "--", kWorker,
+                              "--steps", "40"},
+                             {.timeout = std::chrono::milliseconds(60'000)});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  EXPECT_EQ(count(r.output, "DONE steps 40 generation 0 world 2 checked"), 2u) << r.output;
+  EXPECT_EQ(count(r.output, ": not needed, nothing to do"), 2u) << r.output;
+}
+
+TEST(LiveWorld, SparesNeedLive) {
+  const auto r = run_command({kDtrain, "run", "-n", "2", "--spares", "1", "--", kWorker});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--spares starts workers that wait to take dead ones' places while the "
+                          "others go on: it needs --live"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(LiveWorld, AReplacementNeedsLive) {
   const auto r = run_command({kDtrain, "run", "-n", "2", "--replace", "1", "--", kWorker});
   EXPECT_EQ(r.exit_code, 2) << r.output;

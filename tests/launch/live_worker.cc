@@ -83,6 +83,10 @@ int main(int argc, char** argv) {
   }
   try {
     dtrain::LiveWorld world({.settle = std::chrono::milliseconds(3000)});
+    if (world.too_late() && world.spare() != 0) {
+      std::printf("spare %d: not needed, nothing to do\n", world.spare());
+      return 0;
+    }
     if (world.too_late()) {
       std::printf("replacement %d: too late, nothing to do\n", world.original_rank());
       return 0;
@@ -105,8 +109,9 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     } else {
       newest_step();
-      std::printf("replacement %d: rank %d of %d in generation %d from step %d\n",
-                  world.original_rank(), pg->rank(), pg->size(), world.generation(), step);
+      std::printf("replacement %d: rank %d of %d in generation %d from step %d%s\n",
+                  world.original_rank(), pg->rank(), pg->size(), world.generation(), step,
+                  world.spare() != 0 ? fmt::format(" (spare {})", world.spare()).c_str() : "");
       std::fflush(stdout);
     }
     while (step < steps) {

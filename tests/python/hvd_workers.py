@@ -606,16 +606,22 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
     from dtrain.torch import live
     late_rank, late_s = int(late_rank), float(late_ms) / 1000
     hvd.init()
-    me = int(os.environ["RANK"])
-    late = [me == late_rank]  # still to wait
     replacement = os.environ.get("DTRAIN_LIVE_REPLACEMENT") == "1"
-    if replacement:  # it asks to be taken in once it needs the world, not in init()
-        print(f"rank {me} at start, a replacement: in the world after init(): "
+    if live.spare():  # no rank yet: the launcher gives it one when a worker dies
+        print(f"spare {live.spare()}: in the world after init(): "
+              f"{torch.distributed.is_initialized()}", flush=True)
+    elif replacement:  # it asks to be taken in once it needs the world, not in init()
+        print(f"rank {os.environ['RANK']} at start, a replacement: in the world after init(): "
               f"{torch.distributed.is_initialized()}", flush=True)
     x, y = live_dataset()
     model = _model()
+    if live.spare():
+        print(f"spare {live.spare()}: built its model, in the world: "
+              f"{torch.distributed.is_initialized()}", flush=True)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters())
+    me = int(os.environ["RANK"])  # a spare's place is known once it is in the world
+    late = [me == late_rank]  # still to wait
     sampler = hvd.elastic.ElasticSampler(LIVE_SAMPLES, shuffle=True, seed=3)
     state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, step=0)
     log = open(os.path.join(out, f"samples.{me}{'r' if replacement else ''}"), "w")

@@ -356,14 +356,22 @@ def test_hvd_elastic_survivors_that_stepped_past_a_light_commit_go_back_to_a_who
     _trained_once(tmp_path, ["0", "2"], 1, 0)
 
 
-def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path):
+@pytest.mark.parametrize("how", ["replace", "spares"])
+def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path, how):
     # As above, with `--replace 1`: a new rank 1 starts, is taken in at a commit, receives the
-    # state from the others and trains the rest of the epoch with them: 3 ranks, 2, then 3.
-    p = _live_run(tmp_path, "--replace", "1", step_ms=600)  # time for a Python process to start
+    # state from the others and trains the rest of the epoch with them: 3 ranks, 2, then 3. With
+    # `--spares 1` the new rank 1 is a process started with the others, its model built, which
+    # waited for a place.
+    p = _live_run(tmp_path, f"--{how}", "1", step_ms=600)  # time for a Python process to start
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
-    assert "started a replacement for rank 1" in p.stderr, text
-    assert "rank 1 at start, a replacement: in the world after init(): False" in p.stdout, text
+    if how == "replace":
+        assert "started a replacement for rank 1" in p.stderr, text
+        assert "rank 1 at start, a replacement: in the world after init(): False" in p.stdout, text
+    else:
+        assert re.search(r"spare 1 \(pid [0-9]+\) takes the place of rank 1; the others take it "
+                         r"in at a step boundary", p.stderr), text
+        assert "[spare 1] spare 1: built its model, in the world: False" in p.stdout, text
     assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
     resumed_at = harness.resumed_at(p)
     taken = set(re.findall(r"took in rank\(s\) \[1\] at start at commit ([0-9]+); now rank "

@@ -27,6 +27,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/spare_place.h"
 #include "common/env.h"
 #include "common/log.h"
 #include "common/socket.h"
@@ -69,6 +70,7 @@ struct RunArgs {
   bool tf_config = false;    // give each worker (and server) the TF_CONFIG of the cluster
   bool live = false;         // live recovery: a worker's death leaves the others running
   int replace = 0;           // with live: start this many replacements for dead workers in all
+  int spares = 0;            // with live: workers started ahead to take dead ones' places
   std::vector<std::string> command;
 };
 
@@ -369,6 +371,13 @@ int run_job(const RunArgs& a) {
   options.keep_survivors = a.live;
   options.replacements = a.replace;
   options.replacement_env.emplace_back(env::kLiveReplacement.name, "1");
+  options.spares = a.spares;
+  options.place_spare = [&flight](int spare, const launch::WorkerSpec& place) {
+    comm::SparePlace where{.rank = place.rank};
+    for (const auto& [name, value] : place.env)
+      if (name == env::kLocalRank.name) where.local_rank = std::stoi(value);
+    comm::write_spare_place(flight.path(), spare, where);
+  };
   int world_size = a.nnodes * a.nproc;
   // Parameter servers beside the workers share the CPUs with them: no binding then.
   const auto cpus =
@@ -508,6 +517,14 @@ CLI::App* add_run_command(CLI::App& app) {
                   "state (DTRAIN_LIVE_REPLACEMENT=1)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option(
+         "--spares", args->spares,
+         "With --live: start this many workers ahead of any failure (DTRAIN_LIVE_SPARE=N); "
+         "each builds what its program builds before it first needs the world and waits, "
+         "and takes a dead worker's place the moment it dies; with --replace, a new spare "
+         "follows each one taken")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_flag("--no-jemalloc", args->no_jemalloc,
                 "Do not preload jemalloc into the workers (by default they get it, with the "
                 "settings dtrain's own programs use: Python jobs train faster)");
@@ -617,6 +634,14 @@ CLI::App* add_run_command(CLI::App& app) {
       throw InvalidArgumentError(
           "dtrain run: --replace starts workers in dead ones' places while the others go on: it "
           "needs --live");
+    if (a.spares > 0 && !a.live)
+      throw InvalidArgumentError(
+          "dtrain run: --spares starts workers that wait to take dead ones' places while the "
+          "others go on: it needs --live");
+    if (a.spares > 0 && a.gpus_per_proc > 0)
+      throw InvalidArgumentError(
+          "dtrain run: --spares cannot be combined with --gpus-per-proc yet: a spare starts "
+          "before anyone knows whose devices it will take");
     if (a.live && is_elastic)
       throw InvalidArgumentError(
           "dtrain run: --live keeps the surviving workers running; it cannot be combined with an "

@@ -115,8 +115,10 @@ def init(comm: object = None, process_sets: object = None) -> None:
     again does nothing. Collective: every rank calls it. A replacement for a dead worker
     (`dtrain run --live --replace`) returns at once and asks the others to take it in when it
     first needs their world (its rank or the size, a collective, a DistributedOptimizer): they
-    go on training meanwhile instead of waiting while it builds its model. It exits the process
-    (status 0) when they ended training first."""
+    go on training meanwhile instead of waiting while it builds its model. A spare
+    (`dtrain run --live --spares K`) returns at once too and, at that first need (local_rank()
+    included), waits for the place its launcher gives it when a worker dies. Either exits the
+    process (status 0) when training ended first."""
     global _state, _deferred
     if comm is not None or process_sets is not None:
         raise ValueError("dtrain.torch.init(): comm and process_sets are not supported; every "
@@ -136,11 +138,17 @@ def _start(identity: LauncherIdentity) -> None:
     took it in) and the session on it."""
     global _state
     if live.replacement() and not dist.is_initialized():
-        # Started in a dead worker's place: it joins the live workers' world.
+        # Started in a dead worker's place (or ahead, as a spare): it joins the live workers'
+        # world.
         if live.join() is None:
-            print(f"rank {live.original_rank()} at start, a replacement: training ended before "
-                  f"the others could take it in; nothing to do", flush=True)
+            if live.spare():
+                print(f"spare {live.spare()}: training ended without needing it; nothing to do",
+                      flush=True)
+            else:
+                print(f"rank {live.original_rank()} at start, a replacement: training ended "
+                      f"before the others could take it in; nothing to do", flush=True)
             raise SystemExit(0)
+        identity = _core.launcher_identity()  # a spare's place is known only now
     if not dist.is_initialized():
         if identity["source"] == "single" and "MASTER_ADDR" not in os.environ:
             dist.init_process_group(BACKEND, store=dist.HashStore(), rank=0, world_size=1)
@@ -229,8 +237,11 @@ def _session() -> _torch.Session:
 
 
 def _identity(key: Literal["local_rank", "local_world_size", "node_rank"]) -> int:
-    # The launcher's word, which a replacement has before it joins (to pick its device).
-    return (_deferred if _deferred is not None else _live().identity)[key]
+    # The launcher's word, which a replacement has before it joins (to pick its device); a
+    # spare's comes with its place, when it joins.
+    if _deferred is not None and not live.spare():
+        return _deferred[key]
+    return _live().identity[key]
 
 
 def rank() -> int:

@@ -24,7 +24,10 @@ Under ``dtrain run --live --replace N`` the launcher starts a new worker in a de
 It calls ``join()`` instead of ``init_process_group`` (``replacement()`` says whether it is one),
 which returns once the others took it in; they call ``waiting()`` at each step boundary and, when
 it names newcomers, ``admit(newcomers)``. Both sides then share the state as after a re-forming.
-Horovod's API (``hvd.init()``, ``hvd.elastic.run`` and ``state.commit()``) does all of this by
+Under ``dtrain run --live --spares K`` K workers start ahead of any failure with no rank of their
+own (``spare()`` gives the number): each builds what it can before ``join()``, which waits until
+the launcher gives it a dead worker's place (RANK and LOCAL_RANK are then the place's). Horovod's
+API (``hvd.init()``, ``hvd.elastic.run`` and ``state.commit()``) does all of this by
 itself.
 """
 from __future__ import annotations
@@ -42,7 +45,7 @@ from dtrain._elastic_run import live_enabled
 from dtrain.torch import backend as _backend
 
 __all__ = ["Reformed", "admit", "close", "enabled", "generation", "join", "original_rank",
-           "peer_lost", "reform", "replacement", "step_shape", "waiting"]
+           "peer_lost", "reform", "replacement", "spare", "step_shape", "waiting"]
 
 # How long peer_lost() waits for the launcher's word on a death: it reaps a killed process a few
 # milliseconds after the survivors' connections to it closed.
@@ -84,6 +87,11 @@ def _live_membership() -> _core.LiveMembership:
                                "hosts the store they agree through")
         # A replacement's returns once the live workers took it in (see join()).
         _membership = _core.LiveMembership(settle=_SETTLE)
+        if spare() and not _membership.too_late:
+            # Its place, which the constructor set in the C environment, for Python's readers.
+            placed = _core.launcher_identity()
+            os.environ["RANK"] = str(placed["rank"])
+            os.environ["LOCAL_RANK"] = str(placed["local_rank"])
     return _membership
 
 
@@ -99,6 +107,14 @@ def replacement() -> bool:
     """Whether this process was started in a dead worker's place (`dtrain run --live --replace`):
     it joins the others with join() and takes the training state from them."""
     return enabled() and os.environ.get("DTRAIN_LIVE_REPLACEMENT", "0") not in ("", "0")
+
+
+def spare() -> int:
+    """This process's number as a spare (`dtrain run --live --spares K`), 0 otherwise. A spare is
+    a replacement started ahead: join() first waits for the place its launcher gives it."""
+    if not replacement():
+        return 0
+    return int(os.environ.get("DTRAIN_LIVE_SPARE", "") or 0)
 
 
 def original_rank() -> int:

@@ -45,6 +45,7 @@ void bind_live(py::module_& m) {
       .def_property_readonly("rank", &LiveMembership::rank)
       .def_property_readonly("members", &LiveMembership::members)
       .def_property_readonly("replacement", &LiveMembership::replacement)
+      .def_property_readonly("spare", &LiveMembership::spare)
       .def_property_readonly("too_late", &LiveMembership::too_late)
       .def("missing", &LiveMembership::missing)
       .def("waiting", &LiveMembership::waiting, py::call_guard<py::gil_scoped_release>(),
