@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Recovery from the same faults, side by side (docs/fault_tolerance.md, "dtrain chaos"): the
 # example at 4 ranks under `dtrain chaos --schedule SCHEDULE --seed SEED`, recovered by
-#   live      dtrain run --live --spares 1 --replace: the survivors go on, a spare started ahead
-#             takes the dead rank's place and their state (a new spare follows it)
+#   live      dtrain run --live: the survivors go on; a new worker takes the dead one's place
+#             and their state (the example: --replace, one started after each death; the
+#             transformer: --spares 10, a pool started with the job; LIVE= sets the flags)
 #   commit    dtrain run --max-restarts: every worker restarts from the in-memory commit
 #   torchrun  torchrun --max-restarts: PyTorch's elastic restart of every worker from a
 #             torch.save checkpoint in /dev/shm each step (bench/torch_elastic_fashion_mnist.py,
@@ -16,6 +17,7 @@
 # are made from them.
 #   bash bench/fault_recovery.sh [build/bin/dtrain]    SCHEDULE=kill:20s SEED=1 EPOCHS=2 ONLY=
 #                                                      MODEL=example TORCHFT_DIR=/opt/dtrain/torchft
+#                                                      LIVE="--spares 1 --replace 1000"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dtrain=${1:-build/bin/dtrain}
@@ -48,14 +50,15 @@ install_torchft() {
     "opentelemetry-exporter-otlp-proto-http>=1.39.0"
 }
 case $model in
-  example) runs="live commit torchrun torchft" ;;
-  transformer) runs="live torchrun torchft" ;;
+  example) runs="live commit torchrun torchft" live=${LIVE:---replace 1000} ;;
+  transformer) runs="live torchrun torchft" live=${LIVE:---spares 10} ;;
   *) echo "fault_recovery.sh: MODEL is example or transformer, not $model" >&2; exit 2 ;;
 esac
 for name in ${ONLY:-$runs}; do
   [ "$name" = torchft ] && install_torchft
+  # shellcheck disable=SC2086 # $live holds several flags
   case $model:$name in
-    example:live) chaos live "$dtrain" run -n 4 --live --spares 1 --replace 1000 -- \
+    example:live) chaos live "$dtrain" run -n 4 --live $live -- \
                     "$bin/train_fashion_mnist" --threads 1 --epochs "$epochs" ;;
     example:commit) chaos commit "$dtrain" run -n 4 --max-restarts 1000 -- \
                       "$bin/train_fashion_mnist" --threads 1 --epochs "$epochs" ;;
@@ -64,7 +67,7 @@ for name in ${ONLY:-$runs}; do
                         --epochs "$epochs" ;;
     example:torchft) PYTHONPATH="$PYTHONPATH:$torchft_dir" chaos torchft "$python" \
                        bench/torchft_fashion_mnist.py --replica-groups 4 --epochs "$epochs" ;;
-    transformer:live) chaos live "$dtrain" run -n 4 --live --spares 1 --replace 1000 -- "$python" \
+    transformer:live) chaos live "$dtrain" run -n 4 --live $live -- "$python" \
                         bench/transformer_recovery.py live --epochs "$epochs" ;;
     transformer:torchrun) chaos torchrun "$torchrun" --standalone --nproc-per-node 4 \
                             --max-restarts 1000 bench/transformer_recovery.py torchrun \

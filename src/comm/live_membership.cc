@@ -138,9 +138,9 @@ bool LiveMembership::take_place() {
         "spare {}: DTRAIN_FLIGHT_DIR is not set, so its launcher cannot give it a place: start "
         "spares with `dtrain run --live --spares K`",
         spare_));
-  // A spare may wait the whole job: it looks for its place every 10 ms (a file of its node's
-  // launcher) and asks the store whether training ended every 100 ms. Should the launcher die,
-  // its workers die with it.
+  // A spare may wait the whole job, beside the ranks training: it looks for its place every
+  // 50 ms (a file of its node's launcher; the members re-form meanwhile) and asks the store
+  // whether training ended every 250 ms. Should the launcher die, its workers die with it.
   auto next_look = start;
   while (true) {
     if (const auto place = comm::read_spare_place(dir, spare_)) {
@@ -158,9 +158,9 @@ bool LiveMembership::take_place() {
         too_late_ = true;
         return false;
       }
-      next_look = Clock::now() + std::chrono::milliseconds(100);
+      next_look = Clock::now() + std::chrono::milliseconds(250);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 
