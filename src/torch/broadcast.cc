@@ -324,16 +324,20 @@ void share_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& gro
                            const std::vector<int>& holders, std::chrono::milliseconds timeout) {
   check_holders(group, holders);
   if (group.size() == 1) return;
-  if (!pieces_pay(group, holders, timeout)) {
-    broadcast_optimizer_state(optimizer, group, holders[0], timeout);
-    return;
-  }
   std::string bytes = holds(holders, group.rank()) ? serialized(optimizer) : std::string();
   size_t size = 0;
   const auto from = agreeing(group, bytes.data(), bytes.size(), holders, timeout, &size);
-  bytes.resize(size);
-  share_bytes(group, bytes.data(), bytes.size(), from, timeout);
-  if (!holds(from, group.rank())) load_serialized(optimizer, bytes, group.rank(), holders[0]);
+  // Every rank a holder and all agreeing (the survivors of a failure, at one commit): nothing to
+  // send, nothing to load.
+  if (from.size() == static_cast<size_t>(group.size())) return;
+  bytes.resize(size);  // where the holders' bytes land on the others
+  if (pieces_pay(group, from, timeout)) {
+    share_bytes(group, bytes.data(), bytes.size(), from, timeout);
+  } else {
+    hand_over(group, {at::from_blob(bytes.data(), {static_cast<int64_t>(size)}, at::kByte)}, from,
+              timeout);
+  }
+  if (!holds(from, group.rank())) load_serialized(optimizer, bytes, group.rank(), from[0]);
 }
 
 void check_same_parameters(torch::nn::Module& module, ProcessGroup& group,

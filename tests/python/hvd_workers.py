@@ -621,6 +621,9 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters())
     me = int(os.environ["RANK"])  # a spare's place is known once it is in the world
+    if live.spare():
+        print(f"spare {live.spare()}: now rank {me} at start, local rank {hvd.local_rank()}, "
+              f"rank {hvd.rank()} of {hvd.size()}", flush=True)
     late = [me == late_rank]  # still to wait
     sampler = hvd.elastic.ElasticSampler(LIVE_SAMPLES, shuffle=True, seed=3)
     state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, step=0)

@@ -372,6 +372,8 @@ def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path, how):
         assert re.search(r"spare 1 \(pid [0-9]+\) takes the place of rank 1; the others take it "
                          r"in at a step boundary", p.stderr), text
         assert "[spare 1] spare 1: built its model, in the world: False" in p.stdout, text
+        # Its place's: RANK and LOCAL_RANK, for Python's readers too.
+        assert "[rank 1] spare 1: now rank 1 at start, local rank 1, rank 1 of 3" in p.stdout, text
     assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
     resumed_at = harness.resumed_at(p)
     taken = set(re.findall(r"took in rank\(s\) \[1\] at start at commit ([0-9]+); now rank "

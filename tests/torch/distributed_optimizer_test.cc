@@ -257,5 +257,50 @@ TEST(Broadcast, OnOneNodeOnlyTheRanksLackingTheStateReceiveIt) {
   expect_all_ok(results);
 }
 
+// The optimizer state the same way: ranks 0 and 3 (newcomers, no state yet) take it from the
+// holders 1 and 2, whose own state stays as it is (not loaded again from another's bytes); when
+// every rank holds the same, nothing is loaded anywhere.
+TEST(Broadcast, OnOneNodeOnlyTheRanksLackingTheOptimizerStateLoadIt) {
+  const int port = testing::free_port();
+  auto results = run_ranks(
+      4,
+      [&](int rank) {
+        at::set_num_threads(1);
+        auto pg = make_group(rank, 4, port);
+        auto net = testing::make_net(true);
+        torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+        auto momentum = [&] {
+          std::vector<at::Tensor> out;
+          for (const auto& p : net->parameters())
+            out.push_back(static_cast<torch::optim::SGDParamState&>(
+                              *sgd.state().at(p.unsafeGetTensorImpl()))
+                              .momentum_buffer());
+          return out;
+        };
+        if (rank == 1 || rank == 2) {
+          auto batch = testing::global_batch(0, 8);  // the same step on both holders
+          sgd.zero_grad();
+          torch::nn::functional::cross_entropy(net->forward(batch.x), batch.y).backward();
+          sgd.step();
+        }
+        const auto before = rank == 1 || rank == 2 ? momentum() : std::vector<at::Tensor>{};
+        share_optimizer_state(sgd, *pg, {1, 2});
+        const auto after = momentum();
+        for (size_t i = 0; i < after.size(); ++i) {
+          RANK_CHECK(testing::same_on_all_ranks(*pg, after[i]), "momentum {} differs", i);
+          if (!before.empty())
+            RANK_CHECK(after[i].data_ptr() == before[i].data_ptr(),
+                       "rank {}: a holder's momentum {} was loaded again", rank, i);
+        }
+        share_optimizer_state(sgd, *pg, {0, 1, 2, 3});
+        const auto again = momentum();
+        for (size_t i = 0; i < again.size(); ++i)
+          RANK_CHECK(again[i].data_ptr() == after[i].data_ptr(),
+                     "rank {}: momentum {} loaded though every rank held the same", rank, i);
+      },
+      60s);
+  expect_all_ok(results);
+}
+
 }  // namespace
 }  // namespace dtrain

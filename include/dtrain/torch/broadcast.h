@@ -59,8 +59,9 @@ void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup&
                                int root = 0,
                                std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
-// The same, in pieces from the holders as share_tensors: each serializes its own state, and when
-// their bytes differ the first holder's go to every rank.
+// The same, from the holders as share_tensors: each serializes its own state; across nodes in
+// pieces, on one node whole from a holder to each rank that lacks it; when their bytes differ
+// the first holder's go to every rank, and when every rank holds the same nothing is sent.
 void share_optimizer_state(torch::optim::Optimizer& optimizer, ProcessGroup& group,
                            const std::vector<int>& holders,
                            std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
