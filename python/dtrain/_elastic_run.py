@@ -4,7 +4,7 @@ with every rank holding the same state; with live recovery it starts again among
 when a peer dies."""
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Concatenate, ParamSpec, Protocol, TypeVar, cast
 
 
@@ -30,6 +30,21 @@ class Collectives(Protocol):
 def live_enabled() -> bool:
     """Whether the job runs under `dtrain run --live` (which keeps the survivors of a death)."""
     return os.environ.get("DTRAIN_LIVE", "0") not in ("", "0")
+
+
+def spare() -> int:
+    """This process's number as a spare (`dtrain run --live --spares K`: a replacement started
+    ahead, which waits for the place its launcher gives it when a worker dies), 0 otherwise."""
+    if os.environ.get("DTRAIN_LIVE_REPLACEMENT", "0") in ("", "0"):
+        return 0
+    return int(os.environ.get("DTRAIN_LIVE_SPARE", "") or 0)
+
+
+def take_place(identity: Mapping[str, object]) -> None:
+    """A spare given its place: the place's RANK and LOCAL_RANK, which dtrain set in the C
+    environment, for Python's readers too (os.environ is a copy made at start)."""
+    os.environ["RANK"] = str(identity["rank"])
+    os.environ["LOCAL_RANK"] = str(identity["local_rank"])
 
 
 def reformed_line(me: int, lost: list[int], rejoined: bool, seconds: float, rank: int,

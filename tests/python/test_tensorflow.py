@@ -191,12 +191,16 @@ def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
     _trained_once(tmp_path, ["0", "1", "2"], 1, resumed_at, samples)
 
 
-def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path):
+@pytest.mark.parametrize("how", ["replace", "spares"])
+def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path, how):
     # The same with `--replace 1`: a new process takes rank 1's place at a commit of the
-    # survivors, syncs the state from them and trains the rest of the pass with them.
-    p = _live_run(tmp_path, "--replace", "1", step_ms=2000)  # time for TensorFlow to load
+    # survivors, syncs the state from them and trains the rest of the pass with them. With
+    # `--spares 1` it is a process started with the others, whose init() waited for the place.
+    p = _live_run(tmp_path, f"--{how}", "1", step_ms=2000)  # time for TensorFlow to load
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
+    if how == "spares":
+        assert re.search(r"spare 1 \(pid [0-9]+\) takes the place of rank 1", p.stderr), text
     assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
     resumed_at = harness.resumed_at(p)
     taken = re.findall(r"took in rank\(s\) \[1\] at start at commit ([0-9]+); now rank 0 of 3",

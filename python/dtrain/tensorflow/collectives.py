@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 import tensorflow as tf
 
 from dtrain import _core
-from dtrain._elastic_run import live_enabled
+from dtrain._elastic_run import live_enabled, spare, take_place
 from dtrain._horovod_settings import session_settings
 from dtrain.tensorflow._library import ops as _ops, session as _session
 from dtrain.tensorflow.compression import Compression, Compressor
@@ -65,8 +65,9 @@ def init(comm: object = None, process_sets: object = None) -> None:
     run, torchrun, mpirun, srun); a process started alone is a world of one. Calling it again
     does nothing. Collective: every rank calls it. Under `dtrain run --live` it joins the live
     world (hvd.elastic.run re-forms it when a rank dies); a replacement for a dead worker
-    (`--live --replace`) returns once the others took it in, and exits the process (status 0)
-    when they ended training first."""
+    (`--live --replace`) returns once the others took it in, a spare (`--live --spares K`) once
+    it was given a dead worker's place and taken in; either exits the process (status 0) when
+    training ended first."""
     global _identity
     if comm is not None or process_sets is not None:
         raise ValueError("dtrain.tensorflow.init(): comm and process_sets are not supported; "
@@ -75,9 +76,16 @@ def init(comm: object = None, process_sets: object = None) -> None:
         return
     _identity = _core.launcher_identity()
     if not _session.init(None, *session_settings(), live=live_enabled()):
-        print(f"rank {_session.live_status()['original_rank']} at start, a replacement: training "
-              f"ended before the others could take it in; nothing to do", flush=True)
+        if spare():
+            print(f"spare {spare()}: training ended without needing it; nothing to do",
+                  flush=True)
+        else:
+            print(f"rank {_session.live_status()['original_rank']} at start, a replacement: "
+                  f"training ended before the others could take it in; nothing to do", flush=True)
         raise SystemExit(0)
+    if spare():  # its place is known only now
+        _identity = _core.launcher_identity()
+        take_place(_identity)
 
 
 def _reform() -> dict[str, Any]:

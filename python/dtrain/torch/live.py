@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from dtrain import _core, _torch
-from dtrain._elastic_run import live_enabled
+from dtrain._elastic_run import live_enabled, spare as spare_number, take_place
 from dtrain.torch import backend as _backend
 
 __all__ = ["Reformed", "admit", "close", "enabled", "generation", "join", "original_rank",
@@ -88,10 +88,7 @@ def _live_membership() -> _core.LiveMembership:
         # A replacement's returns once the live workers took it in (see join()).
         _membership = _core.LiveMembership(settle=_SETTLE)
         if spare() and not _membership.too_late:
-            # Its place, which the constructor set in the C environment, for Python's readers.
-            placed = _core.launcher_identity()
-            os.environ["RANK"] = str(placed["rank"])
-            os.environ["LOCAL_RANK"] = str(placed["local_rank"])
+            take_place(_core.launcher_identity())
     return _membership
 
 
@@ -112,9 +109,7 @@ def replacement() -> bool:
 def spare() -> int:
     """This process's number as a spare (`dtrain run --live --spares K`), 0 otherwise. A spare is
     a replacement started ahead: join() first waits for the place its launcher gives it."""
-    if not replacement():
-        return 0
-    return int(os.environ.get("DTRAIN_LIVE_SPARE", "") or 0)
+    return spare_number() if enabled() else 0
 
 
 def original_rank() -> int:
