@@ -146,10 +146,10 @@ TEST(LiveWorld, AReplacementThatComesAfterTrainingEndedHasNothingToDo) {
 }
 
 TEST(LiveWorld, ASpareTakesADeadWorkersPlaceAtOnceAndANewOneWaitsForTheNext) {
-  const auto r = run_command({kDtrain, "run", "-n", "3", "--live", "--spares", "1", "--replace",
-                              "1", "--", kWorker, "--steps", "400", "--die-rank", "1", "--die-at",
-                              "30"},
-                             {.timeout = std::chrono::milliseconds(60'000)});
+  const auto r =
+      run_command({kDtrain, "run", "-n", "3", "--live", "--spares", "1", "--replace", "1", "--",
+                   kWorker, "--steps", "400", "--die-rank", "1", "--die-at", "30"},
+                  {.timeout = std::chrono::milliseconds(60'000)});
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   EXPECT_NE(r.output.find("spare 1 (pid "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(") takes the place of rank 1; the others take it in at a step boundary"),
@@ -173,30 +173,26 @@ TEST(LiveWorld, ASpareTakesADeadWorkersPlaceAtOnceAndANewOneWaitsForTheNext) {
 }
 
 TEST(LiveWorld, SparesThatWereNotNeededEndWithTheJob) {
-  const auto r = run_command({kDtrain, "run", "-n", "2", "--live", "--spares", "2", "--", kWorker,
-                              "--steps", "40"},
-                             {.timeout = std::chrono::milliseconds(60'000)});
+  const auto r = run_command(
+      {kDtrain, "run", "-n", "2", "--live", "--spares", "2", "--", kWorker, "--steps", "40"},
+      {.timeout = std::chrono::milliseconds(60'000)});
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   EXPECT_EQ(count(r.output, "DONE steps 40 generation 0 world 2 checked"), 2u) << r.output;
   EXPECT_EQ(count(r.output, ": not needed, nothing to do"), 2u) << r.output;
 }
 
-TEST(LiveWorld, SparesNeedLive) {
-  const auto r = run_command({kDtrain, "run", "-n", "2", "--spares", "1", "--", kWorker});
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--spares starts workers that wait to take dead ones' places while the "
-                          "others go on: it needs --live"),
-            std::string::npos)
-      << r.output;
-}
-
-TEST(LiveWorld, AReplacementNeedsLive) {
-  const auto r = run_command({kDtrain, "run", "-n", "2", "--replace", "1", "--", kWorker});
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--replace starts workers in dead ones' places while the others go on: "
-                          "it needs --live"),
-            std::string::npos)
-      << r.output;
+TEST(LiveWorld, ReplacementsAndSparesNeedLive) {
+  for (const auto& [flag, says] :
+       {std::pair{"--replace",
+                  "--replace starts workers in dead ones' places while the others go on: it needs "
+                  "--live"},
+        {"--spares",
+         "--spares starts workers that wait to take dead ones' places while the others go on: it "
+         "needs --live"}}) {
+    const auto r = run_command({kDtrain, "run", "-n", "2", flag, "1", "--", kWorker});
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(says), std::string::npos) << r.output;
+  }
 }
 
 TEST(LiveWorld, AProgramThatDoesNotReformFailsTheJobNamingTheDeadRank) {
