@@ -7,14 +7,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
 #include <chrono>
 #include <filesystem>
 #include <string>
 #include <thread>
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include "comm/flight_recorder.h"
 
@@ -67,23 +66,27 @@ std::string watch(int windows, Rank1 rank1) {
   Beats beats;
   int fds[2];
   EXPECT_EQ(::pipe2(fds, O_NONBLOCK | O_CLOEXEC), 0);
-  const auto step = 50ms;
+  // Time inside calls follows the clock, not the turns: a loaded machine's late turns change
+  // nothing.
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed_ms = [&] {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::steady_clock::now() - start)
+                                     .count());
+  };
   uint64_t completed = 1, inside_ms = 0;
   beats.write(0, 100, completed, inside_ms);
   beats.write(2, 102, completed, inside_ms);
   const auto [pid, inside] = rank1(inside_ms);
   beats.write(1, pid, completed, inside);
   {
-    HangMonitor monitor({.dir = beats.dir(),
-                         .hang = 0ms,
-                         .poll = 20ms,
-                         .slow_window = 1000ms,
-                         .out_fd = fds[1]});
+    HangMonitor monitor(
+        {.dir = beats.dir(), .hang = 0ms, .poll = 20ms, .slow_window = 1000ms, .out_fd = fds[1]});
     const int polls = windows * 1000 / 50;
     for (int i = 0; i < polls; ++i) {
-      std::this_thread::sleep_for(step);
+      std::this_thread::sleep_for(50ms);
       ++completed;
-      inside_ms += 50;
+      inside_ms = elapsed_ms();
       beats.write(0, 100, completed, inside_ms);
       beats.write(2, 102, completed, inside_ms);
       const auto [p, in] = rank1(inside_ms);
@@ -107,14 +110,10 @@ TEST(HangMonitor, NamesARankThatSpendsItsTimeOutsideCallsWhileTheOthersWait) {
 TEST(HangMonitor, DoesNotNameARankWhoseProcessChangedWithinTheWindow) {
   // Rank 1 keeps pace with the others, but halfway its process is replaced: the new page counts
   // the new process's time inside calls from zero.
-  const auto start = std::chrono::steady_clock::now();
-  const std::string text = watch(3, [&](uint64_t inside_ms) {
-    const bool replaced = std::chrono::steady_clock::now() - start > 1500ms;
-    const uint64_t at_replacement = 1500;
-    return replaced ? std::pair<int64_t, uint64_t>{201, inside_ms > at_replacement
-                                                            ? inside_ms - at_replacement
-                                                            : 0}
-                    : std::pair<int64_t, uint64_t>{101, inside_ms};
+  const std::string text = watch(3, [](uint64_t inside_ms) {
+    const uint64_t at_replacement = 1500;  // ms into the run
+    if (inside_ms <= at_replacement) return std::pair<int64_t, uint64_t>{101, inside_ms};
+    return std::pair<int64_t, uint64_t>{201, inside_ms - at_replacement};
   });
   EXPECT_EQ(text.find("is slow"), std::string::npos) << text;
 }
