@@ -14,10 +14,12 @@
 # With MODEL=transformer the job is bench/transformer_recovery.py's 52.5M-parameter transformer
 # instead (live: Horovod's elastic API on dtrain; no `commit` run), for EPOCHS epochs of its
 # corpus. Each prints its CHAOS line (its fault-free run is part of it); the tables in the docs
-# are made from them.
+# are made from them. SPREAD=N then runs dtrain's job N more times without faults, each with
+# another --seed (initial weights, sample order), and prints each run's eval_loss: the spread a
+# faulted run's eval_loss is to fall within.
 #   bash bench/fault_recovery.sh [build/bin/dtrain]    SCHEDULE=kill:20s SEED=1 EPOCHS=2 ONLY=
 #                                                      MODEL=example TORCHFT_DIR=/opt/dtrain/torchft
-#                                                      LIVE="--spares 1 --replace 1000"
+#                                                      LIVE="--spares 1 --replace 1000" SPREAD=0
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dtrain=${1:-build/bin/dtrain}
@@ -77,5 +79,16 @@ for name in ${ONLY:-$runs}; do
                            --epochs "$epochs" ;;
     *) echo "fault_recovery.sh: no run $name for MODEL=$model" >&2; exit 2 ;;
   esac
+done
+# The jobs' own default seeds are 42 (the example) and 0 (the transformer); no spares, which
+# change nothing without faults.
+for k in $(seq 1 "${SPREAD:-0}"); do
+  case $model in
+    example) job=("$bin/train_fashion_mnist" --threads 1 --epochs "$epochs" --seed $((42 + k))) ;;
+    transformer) job=("$python" bench/transformer_recovery.py live --epochs "$epochs" --seed "$k") ;;
+  esac
+  "$dtrain" run -n 4 --live -- "${job[@]}" > "$out/spread-$k.log" 2>&1 || true
+  echo "fault-free, seed ${job[-1]}: $(grep -ao '"eval_loss": *[0-9.eE+-]*' "$out/spread-$k.log" \
+    | tail -n 1)"
 done
 echo "runs' output: $out"

@@ -16,7 +16,12 @@ bench/transformer_lm.py at --layers 14 (52.5M parameters), SGD with momentum, --
 
 With DTRAIN_SAMPLE_LOG set (dtrain chaos sets it) every rank appends a line per sample it trains,
 `epoch index step attempt` (the attempt: the live world's generation, torchrun's restart count,
-torchft's quorum). The first rank prints one `RESULT {json}` line at the end.
+torchft's quorum). The first rank prints one `RESULT {json}` line at the end: `final_loss` is
+the mean of its last 20 batches' losses, `eval_loss` the trained model's mean loss over the
+corpus's first --eval sequences, the same data for every run (the corpus is random tokens: the
+loss falls as the model learns them by heart, so there is nothing held out to learn from).
+--seed changes the initial weights and the order of the samples, for the spread of fault-free
+runs that a faulted run's eval_loss is compared with.
 """
 import argparse
 import json
@@ -46,6 +51,8 @@ def arguments():
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--checkpoint-every", type=int, default=10, help="torchrun: steps")
     p.add_argument("--commit-every", type=int, default=1, help="live: steps")
+    p.add_argument("--seed", type=int, default=0, help="initial weights and sample order")
+    p.add_argument("--eval", type=int, default=128, help="sequences the final loss is taken on")
     torchft_fashion_mnist.add_launch_arguments(p)
     return p.parse_args()
 
@@ -79,11 +86,23 @@ class SampleLog:
                                       for i in indices).encode())
 
 
-def result(a, world, steps, samples, seconds, recent):
+def evaluation_loss(model, a):
+    """The mean token loss over the corpus's first a.eval sequences."""
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for k in range(0, a.eval, 32):
+            x, y = batch_of(range(k, min(k + 32, a.eval)), a.seq)
+            total += float(sequence_losses(model, x, y).sum())
+    return total / max(a.eval, 1)
+
+
+def result(a, model, world, steps, samples, seconds, recent):
     print("RESULT " + json.dumps({
         "strategy": f"transformer-{a.recovery}", "parameters": parameters_of(a),
         "world_size": world, "steps": steps, "samples_per_sec": samples / max(seconds, 1e-9),
-        "final_loss": sum(recent) / max(len(recent), 1)}), flush=True)
+        "final_loss": sum(recent) / max(len(recent), 1),
+        "eval_loss": evaluation_loss(model, a)}), flush=True)
 
 
 def parameters_of(a):
@@ -91,7 +110,7 @@ def parameters_of(a):
 
 
 def model_and_optimizer(a):
-    torch.manual_seed(1)
+    torch.manual_seed(1 + a.seed)
     model = TransformerLM(layers=a.layers)
     return model, torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
 
@@ -102,7 +121,7 @@ def train_live(a):
     hvd.init()
     model, opt = model_and_optimizer(a)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    sampler = hvd.elastic.ElasticSampler(a.corpus, shuffle=True, seed=0)
+    sampler = hvd.elastic.ElasticSampler(a.corpus, shuffle=True, seed=a.seed)
     state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, step=0)
     log, recent, trained = SampleLog(), [], [0]
 
@@ -133,7 +152,8 @@ def train_live(a):
     start = time.perf_counter()
     train(state)
     if hvd.rank() == 0:
-        result(a, hvd.size(), state.step, trained[0], time.perf_counter() - start, recent)
+        result(a, model, hvd.size(), state.step, trained[0], time.perf_counter() - start,
+               recent)
 
 
 def train_torchrun(a):
@@ -155,7 +175,7 @@ def train_torchrun(a):
         epoch, done, step, recent = state["epoch"], state["batch"], state["step"], state["recent"]
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     sampler = torch.utils.data.DistributedSampler(range(a.corpus), num_replicas=world, rank=rank,
-                                                  shuffle=True, seed=0)
+                                                  shuffle=True, seed=a.seed)
     if rank == 0:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     log, start, trained = SampleLog(), time.perf_counter(), 0
@@ -182,7 +202,7 @@ def train_torchrun(a):
                 os.replace(path + ".tmp", path)
         epoch, done = epoch + 1, 0
     if rank == 0:
-        result(a, world, step, trained, time.perf_counter() - start, recent)
+        result(a, model, world, step, trained, time.perf_counter() - start, recent)
     dist.destroy_process_group()
 
 
@@ -196,7 +216,7 @@ def train_torchft(a):
     model, opt = model_and_optimizer(a)
     manager, ddp = join_replica_groups(model, opt, "transformer")
     sampler = DistributedSampler(range(a.corpus), replica_rank=group, num_replica_groups=groups,
-                                 group_rank=0, num_replicas=1, shuffle=True, seed=0)
+                                 group_rank=0, num_replicas=1, shuffle=True, seed=a.seed)
     batches = (len(sampler) + a.batch - 1) // a.batch
     log, start, trained, recent, epoch, order = SampleLog(), time.perf_counter(), 0, [], -1, None
     while manager.current_step() < a.epochs * batches:
@@ -221,7 +241,8 @@ def train_torchft(a):
             recent = (recent + [loss.item()])[-20:]
     finish()
     if group == 0:
-        result(a, groups, manager.current_step(), trained, time.perf_counter() - start, recent)
+        result(a, model, groups, manager.current_step(), trained, time.perf_counter() - start,
+               recent)
     manager.shutdown(wait=False)
 
 

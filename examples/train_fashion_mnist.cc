@@ -18,7 +18,8 @@
 // a line every few seconds otherwise: step, epoch, loss, images/s, time left), the test
 // accuracy, and last one machine-readable line:
 //   RESULT {"strategy":"ddp","world_size":2,"epochs":1,"steps":300,"images_per_sec":...,
-//           "initial_loss":...,"final_loss":...,"test_accuracy":...}
+//           "initial_loss":...,"final_loss":...,"test_accuracy":...,"eval_loss":...}
+// final_loss averages the last steps' batch losses; eval_loss is the test set's mean loss.
 // images_per_sec adds up the rates of all ranks. DTRAIN_TIMELINE=FILE records a Chrome trace.
 //
 // Checkpoints (docs/fault_tolerance.md): with --checkpoint-dir DIR, rank 0 saves every
@@ -306,13 +307,17 @@ int64_t allreduce_sum(dtrain::ProcessGroup* pg, int64_t v) {
   return x[0];
 }
 
-double allreduce_mean(dtrain::ProcessGroup* pg, double v) {
+double allreduce(dtrain::ProcessGroup* pg, double v, dtrain::ReduceOp op) {
   if (pg == nullptr) return v;
   std::vector<double> x = {v};
   dtrain::AllreduceOptions o;
-  o.op = dtrain::ReduceOp::kAvg;
+  o.op = op;
   pg->allreduce(dtrain::TensorView::of(x), o)->wait();
   return x[0];
+}
+
+double allreduce_mean(dtrain::ProcessGroup* pg, double v) {
+  return allreduce(pg, v, dtrain::ReduceOp::kAvg);
 }
 
 // DDP's options from the flags.
@@ -854,7 +859,7 @@ int run(const Flags& flags) {
   for (const auto& why : input->skipped())
     std::fprintf(stderr, "rank %d: trained without a bad record: %s\n", rank, why.c_str());
   if (ps) ps->pull();  // the servers' latest values
-  double images_per_sec = 0, final_loss = 0, input_wait_ms = 0;
+  double images_per_sec = 0, final_loss = 0, input_wait_ms = 0, test_loss = 0;
   int64_t bad_records = 0, correct = 0, seen = 0;
   // Under live recovery a rank may die here too: the survivors re-form and sum up again.
   for (bool summed = false; !summed;) {
@@ -866,24 +871,31 @@ int run(const Flags& flags) {
           pg.get(), input->waited_seconds() * 1e3 / std::max<int64_t>(1, steps_here));
       bad_records = allreduce_sum(pg.get(), static_cast<int64_t>(input->skipped().size()));
 
-      // Test accuracy: every rank scores its share of the test set with rank 0's batch
+      // Test accuracy and loss: every rank scores its share of the test set with rank 0's batch
       // statistics.
       if (pg) dtrain::broadcast_parameters(*model, *pg, 0);
       model->eval();
       correct = 0;
       seen = 0;
+      test_loss = 0;
       {
         torch::NoGradGuard no_grad;
         auto shard = torch::arange(rank, test.size(), world, torch::kLong);
         for (int64_t at = 0; at < shard.size(0); at += 1000) {
           auto idx = shard.slice(0, at, std::min(shard.size(0), at + 1000));
-          auto pred = model->forward(test.images.index_select(0, idx)).argmax(1);
-          correct += pred.eq(test.labels.index_select(0, idx)).sum().item<int64_t>();
+          auto logits = model->forward(test.images.index_select(0, idx));
+          auto labels = test.labels.index_select(0, idx);
+          correct += logits.argmax(1).eq(labels).sum().item<int64_t>();
+          test_loss += torch::nn::functional::cross_entropy(
+                           logits, labels,
+                           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                           .item<double>();
           seen += idx.size(0);
         }
       }
       correct = allreduce_sum(pg.get(), correct);
       seen = allreduce_sum(pg.get(), seen);
+      test_loss = allreduce(pg.get(), test_loss, dtrain::ReduceOp::kSum);
       summed = true;
     } catch (const std::exception& e) {
       if (!live || !dtrain::LiveWorld::peer_lost(e)) throw;
@@ -907,6 +919,7 @@ int run(const Flags& flags) {
         {"initial_loss", initial_loss},
         {"final_loss", final_loss},
         {"test_accuracy", accuracy},
+        {"eval_loss", test_loss / static_cast<double>(std::max<int64_t>(1, seen))},
     };
     // With --data-shards: the time a step waited for its images, on average over the ranks,
     // and the bad records the job trained without (--skip-bad-records).

@@ -213,18 +213,18 @@ off_t file_size(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
 }
 
-// The `final_loss` of the job's last `RESULT {...}` line (after `dtrain run`'s "[rank 0] ").
-std::optional<double> final_loss_in(const std::string& path) {
+// A number of the job's last `RESULT {...}` line holding it (after `dtrain run`'s "[rank 0] ").
+std::optional<double> result_number(const std::string& path, const char* key) {
   std::ifstream in(path);
-  std::optional<double> loss;
+  std::optional<double> value;
   for (std::string line; std::getline(in, line);) {
     const size_t at = line.find("RESULT {");
     if (at == std::string::npos || (at > 0 && line[at - 1] != ' ')) continue;
     const auto result = nlohmann::json::parse(line.substr(at + 7), nullptr, false);
-    if (result.is_object() && result.contains("final_loss") && result["final_loss"].is_number())
-      loss = result["final_loss"].get<double>();
+    if (result.is_object() && result.contains(key) && result[key].is_number())
+      value = result[key].get<double>();
   }
-  return loss;
+  return value;
 }
 
 void say(int fd, const std::string& line) {
@@ -669,7 +669,8 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
     say(o.out_fd, fmt::format("{} run: the job ended before its first fault was due ({:g} s into "
                               "training): give it more to do, or the schedule shorter times",
                               name, clock.next().at.count() / 1000.0));
-  run.final_loss = final_loss_in(run.dir + "/stdout.log");
+  run.final_loss = result_number(run.dir + "/stdout.log", "final_loss");
+  run.eval_loss = result_number(run.dir + "/stdout.log", "eval_loss");
   if (file_size(samples) > 0) run.ledger = SampleLedger::read(samples);
   say(o.out_fd,
       fmt::format(
@@ -721,6 +722,8 @@ std::string chaos_line(const ChaosReport& report) {
   }
   line["final_loss"] = optional(f.final_loss);
   line["baseline_loss"] = b != nullptr ? optional(b->final_loss) : ordered_json(nullptr);
+  line["eval_loss"] = optional(f.eval_loss);
+  line["baseline_eval_loss"] = b != nullptr ? optional(b->eval_loss) : ordered_json(nullptr);
   line["recovery_s"] = f.recovery_s;
   line["wall_s"] = f.wall_s;
   line["baseline_wall_s"] = b != nullptr ? ordered_json(b->wall_s) : ordered_json(nullptr);

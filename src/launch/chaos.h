@@ -44,8 +44,11 @@ struct ChaosRun {
   std::string name;  // "baseline", "faults"
   std::string dir;
   int exit_code = -1;
-  double wall_s = 0;                   // start to exit
-  std::optional<double> final_loss;    // from the job's last `RESULT {...}` line
+  double wall_s = 0;                 // start to exit
+  std::optional<double> final_loss;  // from the job's last `RESULT {...}` line
+  // Also from it: the loss on fixed data once training has ended, which does not depend on
+  // which rank trained which batch as the last steps' losses do.
+  std::optional<double> eval_loss;
   std::optional<SampleLedger> ledger;  // when the job wrote a sample log
   int faults = 0;
   int recovered = 0;  // faults after which the job trained again, or (the last) ended well
@@ -61,8 +64,8 @@ struct ChaosReport {
 ChaosReport run_chaos(const ChaosOptions& options);
 
 // The report's last line: CHAOS {"faults":..,"recovered":..,"goodput":..,"steps_lost":..,
-// "samples_lost":..,"samples_repeated":..,"final_loss":..,"baseline_loss":..,...}; a value that
-// could not be measured is null.
+// "samples_lost":..,"samples_repeated":..,"final_loss":..,"baseline_loss":..,"eval_loss":..,
+// "baseline_eval_loss":..,...}; a value that could not be measured is null.
 std::string chaos_line(const ChaosReport& report);
 
 }  // namespace dtrain::launch

@@ -257,11 +257,13 @@ TEST(Chaos, TheExampleUnderKillsAndAStopLosesAndRepeatsNoSampleAndEndsAtTheBasel
   EXPECT_EQ(c["samples_repeated"], 0) << r.output;
   EXPECT_GT(c["goodput"].get<double>(), 0.05) << r.output;
   EXPECT_LT(c["goodput"].get<double>(), 1.5) << r.output;
-  // The final loss is the mean of the last steps' losses, over fewer of them after a late resume
-  // (the model itself is the same bits: commit_resume_test).
+  // The final loss is the mean of the last steps' losses, over fewer of them after a late resume;
+  // the model itself is the same bits (commit_resume_test), so its test loss is the baseline's.
   EXPECT_NEAR(c["final_loss"].get<double>(), c["baseline_loss"].get<double>(),
               0.05 * c["baseline_loss"].get<double>())
       << r.output;
+  ASSERT_TRUE(c["eval_loss"].is_number()) << r.output;
+  EXPECT_EQ(c["eval_loss"].get<double>(), c["baseline_eval_loss"].get<double>()) << r.output;
   EXPECT_NE(r.output.find("SIGKILL to rank"), std::string::npos);
   EXPECT_NE(r.output.find("SIGSTOP to rank"), std::string::npos);
   EXPECT_NE(r.output.find("training again"), std::string::npos);
