@@ -26,7 +26,8 @@ std::string dump(const std::vector<Launched*>& launchers) {
 
 // `dtrain run --live` of node `node` of `hosts.count`, `per_node` workers each, on its host.
 std::unique_ptr<Launched> launch(const NamespaceHosts& hosts, int node, int per_node,
-                                 const std::vector<std::string>& worker) {
+                                 const std::vector<std::string>& worker,
+                                 const std::vector<std::string>& flags = {}) {
   std::vector<std::string> args{"run",
                                 "-n",
                                 std::to_string(per_node),
@@ -38,9 +39,10 @@ std::unique_ptr<Launched> launch(const NamespaceHosts& hosts, int node, int per_
                                 hosts.addr(0),
                                 "--master-port",
                                 "29710",
-                                "--live",
-                                "--",
-                                kWorker};
+                                "--live"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  args.push_back("--");
+  args.push_back(kWorker);
   args.insert(args.end(), worker.begin(), worker.end());
   return std::make_unique<Launched>(args, hosts.on(node));
 }
@@ -48,10 +50,11 @@ std::unique_ptr<Launched> launch(const NamespaceHosts& hosts, int node, int per_
 // Starts the launchers (node 0's first: it hosts the store) and waits until every worker is in
 // the first world.
 std::vector<std::unique_ptr<Launched>> start(const NamespaceHosts& hosts, int per_node,
-                                             const std::vector<std::string>& worker) {
+                                             const std::vector<std::string>& worker,
+                                             const std::vector<std::string>& flags = {}) {
   std::vector<std::unique_ptr<Launched>> launched;
   for (int node = 0; node < hosts.count; ++node)
-    launched.push_back(launch(hosts, node, per_node, worker));
+    launched.push_back(launch(hosts, node, per_node, worker, flags));
   std::vector<Launched*> all;
   for (auto& l : launched) all.push_back(l.get());
   const int workers = hosts.count * per_node;
@@ -92,6 +95,30 @@ TEST(LiveNodes, TheSurvivorsOfTwoHostsGoOnWhenAWorkerOfOneDies) {
                        "was killed by SIGKILL (Killed); the other workers go on "
                        "without it (--live)"))
       << dump(all);
+}
+
+TEST(LiveNodes, TheDeadRanksHostPlacesItsSpareWhichTheMembersOfBothHostsTakeIn) {
+  NamespaceHosts hosts("lp", 2);
+  if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
+  // Each launcher starts a spare. Rank 3 (host 1) dies at step 40: host 1's launcher gives its
+  // spare rank 3's place, and the members of both hosts take it in at a step boundary; host 0's
+  // spare is not needed.
+  auto launched =
+      start(hosts, 2, {"--steps", "300", "--step-ms", "20", "--die-rank", "3", "--die-at", "40"},
+            {"--spares", "1"});
+  auto all = raw(launched);
+  for (auto* l : all) EXPECT_EQ(exit_code(l->wait(seconds(90))), 0) << dump(all);
+  EXPECT_TRUE(contains(all[1]->err(), ") takes the place of rank 3;")) << dump(all);
+  EXPECT_TRUE(contains(all[1]->out(), "[rank 3] replacement 3: rank 3 of 4 in generation 2 from "))
+      << dump(all);
+  std::string out;
+  for (auto* l : all) out += l->out();
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_TRUE(contains(out, "generation 2 rank " + std::to_string(rank) +
+                                  " of 4 members 0,1,2,3 joined 3"))
+        << dump(all);
+  EXPECT_EQ(count_of(out, "DONE steps 300 generation 2 world 4 checked"), 4u) << dump(all);
+  EXPECT_TRUE(contains(all[0]->out(), "spare 1: not needed, nothing to do")) << dump(all);
 }
 
 TEST(LiveNodes, ALoneSurvivorGoesOnWhenTheDeadRanksLauncherReportsTheDeath) {
