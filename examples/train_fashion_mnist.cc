@@ -40,7 +40,8 @@
 // For tests: --stop-after-steps N checkpoints and exits after step N (as a preempted job would),
 // --sample-log FILE (or DTRAIN_SAMPLE_LOG) appends "epoch index step restart" for every sample a
 // rank trains,
-// --train-samples N trains on the first N images only.
+// --train-samples N trains on the first N images only, --late-rank R --late-ms M has rank R
+// re-form M ms late after a failure under --live (as if stopped meanwhile).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -137,6 +138,8 @@ struct Flags {
   uint32_t staleness = 2;
   int straggler_rank = -1;
   int straggler_ms = 0;
+  int late_rank = -1;  // for tests: under --live, this rank (at start) re-forms late
+  int late_ms = 0;
   std::string on_resize = "keep-rank-batch";  // under live recovery: dtrain/step_shape.h
 };
 
@@ -488,6 +491,7 @@ int run(const Flags& flags) {
   std::unique_ptr<dtrain::DistributedOptimizer> dopt;
   std::unique_ptr<dtrain::ParameterServerTrainer> ps;
   std::shared_ptr<dtrain::ps::Client> ps_client;
+  dtrain::ps::TableOptions ps_tables;  // what the servers make the tables with
   if (flags.strategy == "ps") {
     // The servers hold the parameters and run SGD with momentum; every worker starts from the
     // values the first one created the tables with.
@@ -495,17 +499,16 @@ int run(const Flags& flags) {
       throw dtrain::InvalidArgumentError(
           "--checkpoint-dir with --strategy ps: the parameters live on the servers; checkpoint "
           "them there (dtrain ps-server --checkpoint-dir, DTRAIN_PS_CHECKPOINT_DIR)");
-    dtrain::ps::TableOptions opt;
-    opt.optimizer.kind = flags.momentum > 0 ? dtrain::ps::OptimizerOptions::Kind::kMomentum
-                                            : dtrain::ps::OptimizerOptions::Kind::kSgd;
-    opt.optimizer.lr = static_cast<float>(flags.lr);
-    opt.optimizer.momentum = static_cast<float>(flags.momentum);
-    opt.consistency = flags.ps_mode == "sync"    ? dtrain::ps::Consistency::kSync
-                      : flags.ps_mode == "async" ? dtrain::ps::Consistency::kAsync
-                                                 : dtrain::ps::Consistency::kBounded;
-    opt.staleness = flags.staleness;
+    ps_tables.optimizer.kind = flags.momentum > 0 ? dtrain::ps::OptimizerOptions::Kind::kMomentum
+                                                  : dtrain::ps::OptimizerOptions::Kind::kSgd;
+    ps_tables.optimizer.lr = static_cast<float>(flags.lr);
+    ps_tables.optimizer.momentum = static_cast<float>(flags.momentum);
+    ps_tables.consistency = flags.ps_mode == "sync"    ? dtrain::ps::Consistency::kSync
+                            : flags.ps_mode == "async" ? dtrain::ps::Consistency::kAsync
+                                                       : dtrain::ps::Consistency::kBounded;
+    ps_tables.staleness = flags.staleness;
     ps_client = dtrain::ps::Client::from_env();
-    ps = std::make_unique<dtrain::ParameterServerTrainer>(*model, ps_client, opt);
+    ps = std::make_unique<dtrain::ParameterServerTrainer>(*model, ps_client, ps_tables);
   } else if (pg && flags.strategy == "ddp" && !(live && live->replacement())) {
     // (A replacement makes its DDP with the state it receives: see take_state below.)
     ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg, ddp_options_of(flags));
@@ -587,6 +590,8 @@ int run(const Flags& flags) {
     if (lead || rank == 1)
       std::fprintf(stderr, "rank %d: a peer is gone (%s); re-forming the world\n", rank,
                    failure.c_str());
+    if (live->original_rank() == flags.late_rank)  // stopped or cut off meanwhile, on purpose
+      std::this_thread::sleep_for(std::chrono::milliseconds(flags.late_ms));
     const auto reformed = live->reform();
     pg = reformed.group;
     rank = pg->rank();
@@ -668,7 +673,16 @@ int run(const Flags& flags) {
     const auto reformed = regroup(failure);
     // Left out (it came after the others closed the list) and taken in again: this rank's state
     // is stale, and never the one to go on from.
-    if (reformed.rejoined) step = -1;
+    if (reformed.rejoined) {
+      step = -1;
+      // The servers forgot this worker when the others left it out: its connections no longer
+      // speak for it. It connects anew, as a replacement does.
+      if (ps) {
+        ps.reset();
+        ps_client = dtrain::ps::Client::from_env();
+        ps = std::make_unique<dtrain::ParameterServerTrainer>(*model, ps_client, ps_tables);
+      }
+    }
     take_state();
     if (lead)
       std::printf("live world: generation %d of %d rank(s) formed in %.2f s, going on from step "
@@ -999,6 +1013,9 @@ int main(int argc, char** argv) {
   app.add_option("--stop-after-steps", flags.stop_after_steps,
                  "debug: checkpoint and exit after this step, as a preempted job would")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--late-rank", flags.late_rank,
+                 "debug: under --live, this rank (at start) re-forms --late-ms late after a failure");
+  app.add_option("--late-ms", flags.late_ms)->check(CLI::NonNegativeNumber);
   app.add_option("--train-samples", flags.train_samples,
                  "train on the first N images only (0 = all)")
       ->check(CLI::NonNegativeNumber);

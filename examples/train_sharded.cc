@@ -18,7 +18,7 @@
 // sum of every parameter in double; a resumed run and one that never stopped end with the same.
 // snapshot_stall_ms (under --live): rank 0's training thread's mean time per snapshot in memory.
 // For tests: --stop-after-steps N checkpoints and exits after step N, --train-samples N trains
-// on the first N images only.
+// on the first N images only, --fail-in-test R kills rank R as the test begins.
 //
 // Under `dtrain run --live` a rank's death costs the steps since the newest snapshot, not a
 // restart: the survivors re-form, shard the model anew over the new world and restore that
@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -75,6 +76,7 @@ struct Flags {
   int64_t snapshot_every = 1;
   int keep_checkpoints = 3;
   int64_t stop_after_steps = 0;
+  int fail_in_test = -1;  // for tests: the rank (at start) that dies (SIGKILL) as the test begins
   int threads = 0;
   std::string sample_log;
 };
@@ -230,7 +232,53 @@ int run(const Flags& flags) {
   auto last_print = start;
   int64_t epoch = at.epoch;
   bool resuming = true;  // the first epoch (or one a change of the world cut) starts at `at`
-  while (epoch < flags.epochs && !stopped) {
+  double seconds = 0, accuracy = 0, sum = 0;
+  int64_t heap_after = 0;
+  // The test once trained: true when it ran; false when a rank died during it, which took a
+  // shard of the model with it, so that the survivors went back to the newest snapshot to train
+  // the steps since it again first.
+  auto test_or_reform = [&]() -> bool {
+    if (live) live->close();  // replacements still waiting have nothing to join
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    heap_after = dtrain::heap_allocated_memory();
+    try {
+      if (flags.fail_in_test == (live ? live->original_rank() : world->rank())) ::raise(SIGKILL);
+      // Test accuracy: each rank scores its share of the test set (the forward is collective:
+      // every rank runs the same number of chunks).
+      torch::NoGradGuard no_grad;
+      int64_t correct = 0;
+      const int64_t per = (test.size() + n - 1) / n;
+      const int64_t first = std::min<int64_t>(test.size(), world->rank() * per);
+      const int64_t last = std::min<int64_t>(test.size(), first + per);
+      for (int64_t i = 0; i < per; i += 1000) {
+        const int64_t lo = std::min(last, first + i), hi = std::min(last, first + i + 1000);
+        at::Tensor out = sdp->forward(test.images.slice(0, lo, std::max(lo, hi)));
+        correct +=
+            out.argmax(1).eq(test.labels.slice(0, lo, std::max(lo, hi))).sum().item<int64_t>();
+      }
+      accuracy = allreduce_sum(*world, static_cast<double>(correct)) / test.size();
+      sum = 0;
+      for (const auto& [name, value] : sdp->full_parameters())
+        sum += value.to(torch::kDouble).sum().item<double>();
+      return true;
+    } catch (const std::exception& e) {
+      if (!live || !dtrain::LiveWorld::peer_lost(e)) throw;
+      if (lead) std::fprintf(stderr, "rank 0: a peer is gone (%s); re-forming\n", e.what());
+      const auto reformed = live->reform();
+      world = reformed.group;
+      went_on(live->generation(), reformed.seconds,
+              fmt::format("lost rank(s) {} at start in the test", fmt::join(reformed.lost, ", ")));
+      step = at.step;
+      epoch = at.epoch;
+      resuming = true;
+      return false;
+    }
+  };
+  while (!stopped) {
+    if (epoch >= flags.epochs) {
+      if (test_or_reform()) break;
+      continue;
+    }
     sampler->set_epoch(static_cast<uint64_t>(epoch),
                        resuming ? static_cast<size_t>(at.epoch_consumed) : 0);
     resuming = false;
@@ -311,33 +359,13 @@ int run(const Flags& flags) {
     }
     ++epoch;
   }
-  if (live) live->close();  // replacements still waiting have nothing to join
   if (stopped) {
     if (lead) std::printf("stopped after step %lld (--stop-after-steps)\n", static_cast<long long>(step));
     world->barrier()->wait();
     return 0;
   }
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  const int64_t heap_after = dtrain::heap_allocated_memory();
-
-  // Test accuracy: each rank scores its share of the test set (the forward is collective: every
-  // rank runs the same number of chunks).
-  torch::NoGradGuard no_grad;
-  int64_t correct = 0;
-  const int64_t per = (test.size() + n - 1) / n;
-  const int64_t first = std::min<int64_t>(test.size(), world->rank() * per);
-  const int64_t last = std::min<int64_t>(test.size(), first + per);
-  for (int64_t i = 0; i < per; i += 1000) {
-    const int64_t lo = std::min(last, first + i), hi = std::min(last, first + i + 1000);
-    at::Tensor out = sdp->forward(test.images.slice(0, lo, std::max(lo, hi)));
-    correct += out.argmax(1).eq(test.labels.slice(0, lo, std::max(lo, hi))).sum().item<int64_t>();
-  }
-  const double accuracy = allreduce_sum(*world, static_cast<double>(correct)) / test.size();
   const double mean_recent =
       recent.empty() ? 0 : std::accumulate(recent.begin(), recent.end(), 0.0) / recent.size();
-  double sum = 0;
-  for (const auto& [name, value] : sdp->full_parameters())
-    sum += value.to(torch::kDouble).sum().item<double>();
   const double images_per_sec = images / seconds;
 
   if (lead) {
@@ -395,6 +423,8 @@ int main(int argc, char** argv) {
   app.add_option("--stop-after-steps", f.stop_after_steps,
                  "Checkpoint and exit after this step (0 = train to the end)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--fail-in-test", f.fail_in_test,
+                 "For tests: the rank (at start) that kills itself as the test begins (-1: none)");
   app.add_option("--threads", f.threads, "LibTorch threads per rank (0 = cores / local ranks)")
       ->check(CLI::Range(0, 1024));
   app.add_option("--sample-log", f.sample_log,

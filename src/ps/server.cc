@@ -51,6 +51,7 @@ struct Connection {
   std::string peer;     // host:port of the worker
   std::mutex write_mu;  // one response at a time on fd; guards closing fd
   std::atomic<bool> said_bye{false};
+  std::atomic<bool> forgotten{false};   // the other workers left it out (forget())
   std::atomic<bool> finished{false};    // its thread is done: join it, drop it
   std::atomic<bool> handshaking{true};  // not yet admitted or refused
   std::atomic<bool> spoke{false};       // sent something (a real client sends its hello at once)
@@ -453,6 +454,7 @@ struct Server::Impl {
     }
     // Its connection, should it still be open, no longer speaks for it.
     holder->said_bye = true;
+    holder->forgotten = true;
     leave(holder, WorkerClocks::Presence::kLeft, "", /*forget=*/true);
   }
 
@@ -546,6 +548,12 @@ struct Server::Impl {
       default:
         break;
     }
+    // Its pushes would count for no version, its reads wait for none.
+    if (conn->forgotten)
+      throw InvalidArgumentError(fmt::format(
+          "worker {}'s connection from {} was forgotten when the other workers went on without "
+          "it (live recovery); a worker taken in again connects anew",
+          conn->worker, conn->peer));
     auto t = find(h);
     std::lock_guard<std::mutex> lock(t->mu);
     const TableSpec& spec = t->spec();

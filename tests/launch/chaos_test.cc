@@ -354,6 +354,32 @@ TEST(Chaos, LiveRecoveryOfParameterServerWorkersRedoesTheStepAndLosesNoSample) {
       << async.output;
 }
 
+// A parameter-server worker that re-forms late (stopped or cut off meanwhile) is left out, and
+// the servers forget its connection with the dead rank's; taken in again, it connects anew and
+// takes part to the end (the servers refuse the forgotten connection, naming it).
+TEST(Chaos, AParameterServerWorkerLeftOutAndTakenInAgainConnectsToTheServersAnew) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  dtrain::testing::TempDir dir;
+  // Seed 2 kills rank 3; rank 2 re-forms 8 s late, after the others' settle time (5 s).
+  const auto r = chaos(dir, {"--schedule", "kill:6s", "--seed", "2", "--max-faults", "1",
+                             "--no-baseline"},
+                       {"-n", "4", "--servers", "1", "--live"},
+                       {"--strategy", "ps", "--ps-mode", "sync", "--train-samples", "30000",
+                        "--epochs", "2", "--late-rank", "2", "--late-ms", "8000"});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  EXPECT_NE(r.output.find("SIGKILL to rank 3 "), std::string::npos) << r.output;
+  const std::string err = file_text(dir.path + "/faults/stderr.log");
+  EXPECT_NE(err.find("rank 2 at start was left out of generation 1"), std::string::npos) << err;
+  EXPECT_NE(err.find("rank 2 at start, left out of a generation, taken in by generation 2"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("was forgotten when the other workers went on without it"),
+            std::string::npos)
+      << err;
+  const std::string out = file_text(dir.path + "/faults/stdout.log");
+  EXPECT_NE(out.find("\"strategy\":\"ps\",\"world_size\":3,"), std::string::npos) << out;
+}
+
 // ZeRO stage 3 (train_sharded): a dead rank's shard is held nowhere but in the snapshots, here
 // in memory, each rank's shard also with its neighbour (sharded_snapshot.h), so the survivors
 // shard the model anew over the new world and restore the snapshot of the last step; a
@@ -383,6 +409,30 @@ TEST(Chaos, LiveRecoveryOfZeroReshardsTheSnapshotInMemoryAndLosesNoSample) {
   EXPECT_NE(bare.output.find("--snapshot-every 0 without --checkpoint-dir leaves none"),
             std::string::npos)
       << bare.output;
+}
+
+// A rank that dies in ZeRO's test (after the last step) takes its shard of the model with it: the
+// survivors go back to the newest snapshot, train the steps since it again, and test once more.
+TEST(Chaos, ARankThatDiesInZerosTestSendsTheSurvivorsBackToTheSnapshotAndTheyTestAgain) {
+  if (!have_dataset()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  const auto r = dtrain::testing::run_command(
+      {kDtrain, "run", "-n", "3", "--live", "--", std::string(DTRAIN_BIN_DIR) + "/train_sharded",
+       "--threads", "1", "--stage", "3", "--epochs", "1", "--train-samples", "6000",
+       "--snapshot-every", "7", "--fail-in-test", "1"},
+      {.timeout = milliseconds(120'000)});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  // 6,000 samples in batches of 64 per rank: 32 steps, the newest snapshot at step 28.
+  EXPECT_NE(r.output.find("generation 1 of 2 rank(s) formed in "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(lost rank(s) 1 at start in the test), going on from step 28 of the "
+                          "snapshot in memory"),
+            std::string::npos)
+      << r.output;
+  const size_t at = r.output.rfind("RESULT {");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const auto result =
+      nlohmann::json::parse(r.output.substr(at + 7, r.output.find('\n', at) - at - 7));
+  EXPECT_EQ(result["world_size"], 2) << r.output;
+  EXPECT_GT(result["test_accuracy"].get<double>(), 0.6) << r.output;
 }
 
 // The same with the training set in TFRecord shards: each survivor's open dataset is dealt the

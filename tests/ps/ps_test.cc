@@ -375,6 +375,41 @@ TEST(PsTest, ForgettingADeadWorkerDropsTheStepInProgressForTheOthersToRedo) {
   EXPECT_TRUE(results[2].ok());
 }
 
+// A worker the others went on without (late, not dead) is forgotten with its connection: a
+// request on it is refused, naming it; connected anew, it counts in the next synchronous step.
+TEST(PsTest, AForgottenWorkersConnectionIsRefusedAndANewOneTakesPartAgain) {
+  PsJob job(1, 3);
+  auto results = job.run([&](int w) {
+    std::vector<float> x(100, 1.0f);
+    TableOptions opt;
+    opt.optimizer.lr = 0.5f;
+    auto c = std::make_unique<Client>(job.client_options(w));
+    c->create_dense("x", TensorView::of(x), opt);
+    std::vector<float> g(100, static_cast<float>(w + 1));
+    c->push_pull("x", TensorView::of(g), TensorView::of(x)).wait();  // 1 - 0.5 * mean(1, 2, 3)
+    RANK_CHECK(x[0] == 0.0f, "after step 0: {}", x[0]);
+    auto wait_for = [&](const std::string& key, int64_t n) {
+      while (job.store()->add(key, 0) < n) std::this_thread::sleep_for(1ms);
+    };
+    if (w < 2) {
+      c->forget_worker(2);
+      job.store()->add("forgot", 1);
+    } else {
+      wait_for("forgot", 2);
+      expect_error<InvalidArgumentError>(
+          [&] { c->push_pull("x", TensorView::of(g), TensorView::of(x)).wait(); },
+          {"worker 2's connection from 127.0.0.1:", "was forgotten"});
+      c = std::make_unique<Client>(job.client_options(w));
+      c->create_dense("x", TensorView::of(x), opt);  // attaches to the table
+      job.store()->add("back", 1);
+    }
+    wait_for("back", 1);
+    c->push_pull("x", TensorView::of(g), TensorView::of(x)).wait();  // 0 - 0.5 * mean(1, 2, 3)
+    RANK_CHECK(x[0] == -1.0f, "after step 1: {} (worker 2's push not counted?)", x[0]);
+  });
+  for (const auto& r : results) EXPECT_TRUE(r.ok());
+}
+
 // A worker whose Client is destroyed by an exception unwinding it says no goodbye: the other
 // worker's sync pull fails naming it, instead of training on alone.
 TEST(PsTest, AWorkerFailingWithAnExceptionIsNotALeave) {
