@@ -222,6 +222,16 @@ int run(const Flags& flags) {
                   from.empty() ? "the start (no snapshot yet)" : from.c_str());
     std::fflush(stdout);
   };
+  // Called in a handler of `e`: when a peer is gone, the survivors re-form and go on from the
+  // newest snapshot; any other error is rethrown.
+  auto reform_after = [&](const std::exception& e, const char* where) {
+    if (!live || !dtrain::LiveWorld::peer_lost(e)) throw;
+    if (lead) std::fprintf(stderr, "rank 0: a peer is gone (%s); re-forming\n", e.what());
+    const auto reformed = live->reform();
+    world = reformed.group;
+    went_on(live->generation(), reformed.seconds,
+            fmt::format("lost rank(s) {} at start{}", fmt::join(reformed.lost, ", "), where));
+  };
   if (live) sample_log.set_attempt(live->generation());
 
   std::deque<double> recent;
@@ -262,12 +272,7 @@ int run(const Flags& flags) {
         sum += value.to(torch::kDouble).sum().item<double>();
       return true;
     } catch (const std::exception& e) {
-      if (!live || !dtrain::LiveWorld::peer_lost(e)) throw;
-      if (lead) std::fprintf(stderr, "rank 0: a peer is gone (%s); re-forming\n", e.what());
-      const auto reformed = live->reform();
-      world = reformed.group;
-      went_on(live->generation(), reformed.seconds,
-              fmt::format("lost rank(s) {} at start in the test", fmt::join(reformed.lost, ", ")));
+      reform_after(e, " in the test");
       step = at.step;
       epoch = at.epoch;
       resuming = true;
@@ -337,12 +342,7 @@ int run(const Flags& flags) {
         if (ckpt && (step % flags.checkpoint_every == 0 || step == flags.stop_after_steps))
           ckpt->save(*sdp, adam.get(), progress_now(step, epoch));
       } catch (const std::exception& e) {
-        if (!live || !dtrain::LiveWorld::peer_lost(e)) throw;
-        if (lead) std::fprintf(stderr, "rank 0: a peer is gone (%s); re-forming\n", e.what());
-        const auto reformed = live->reform();
-        world = reformed.group;
-        went_on(live->generation(), reformed.seconds,
-                fmt::format("lost rank(s) {} at start", fmt::join(reformed.lost, ", ")));
+        reform_after(e, "");
         changed = true;
         break;
       }
