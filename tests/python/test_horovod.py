@@ -232,6 +232,68 @@ def test_elastic_state_under_live_commits_light_and_goes_back_to_a_whole_commit_
     assert state._saved.versions is None
 
 
+def test_elastic_state_that_received_its_state_commits_light_and_is_stale_once_stepped(
+        monkeypatch):
+    # A newcomer (a spare taken in) receives the state in sync() from the ranks holding the
+    # newest commit: its commit there is light, with no whole one of its own to go back to. A
+    # failure before its optimizer step returns to it; one after leaves it stale (-1, as a rank
+    # taken in again), for the holders to give it the state again. Its first whole commit comes
+    # at the next multiple of WHOLE_EVERY, with the others'.
+    import dtrain.torch as hvd
+    monkeypatch.setenv("DTRAIN_LIVE", "1")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = hvd.elastic.TorchState(model, opt, step=0)
+
+    def forward_backward():
+        opt.zero_grad()
+        model(torch.randn(8, 4)).square().sum().backward()
+
+    forward_backward()
+    opt.step()  # its optimizer state, as sync() hands it over
+    state.step = 27
+    state._commit_count = hvd.elastic.WHOLE_EVERY * 2 + 7
+    state._save(received=True)
+    assert state._saved.versions is not None and state._whole is None
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
+
+    forward_backward()  # fails before the step: back to the light commit
+    state.step = 99
+    state.restore()
+    assert (state.step, state._commit_count) == (27, hvd.elastic.WHOLE_EVERY * 2 + 7)
+    for k, v in model.named_buffers():
+        assert torch.equal(v, buffers[k]), k
+
+    for _ in range(2):  # light, then whole at the multiple
+        forward_backward()
+        opt.step()
+        state._commit_count += 1
+        state.save()
+    assert state._saved.versions is not None and state._whole is None
+    forward_backward()
+    opt.step()
+    state._commit_count += 1
+    state.save()
+    assert state._saved.versions is None and state._whole is state._saved
+    assert state._saved.number == hvd.elastic.WHOLE_EVERY * 3
+
+    state = hvd.elastic.TorchState(model, opt, step=0)
+    state._commit_count = 5
+    state._save(received=True)
+    forward_backward()
+    opt.step()  # fails after the step: stale, and nothing to load
+    params = [p.clone() for p in model.parameters()]
+    state.restore()
+    assert state._commit_count == -1
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
+    forward_backward()
+    opt.step()
+    state._commit_count = 6
+    state.save()  # whole from now on: its loop changes the state before committing
+    assert state._saved.versions is None
+
+
 def test_elastic_state_resumes_a_restarted_job_from_its_commit(tmp_path):
     # Uninterrupted: no elastic launcher, commits stay in the process.
     p = subprocess.run([DTRAIN, "run", "-n", "2", "--", harness.PYTHON,

@@ -198,10 +198,21 @@ class TorchState:
         notes the version of every parameter and optimizer tensor. A rank that changed them since
         a light commit goes back to its last whole one, unless another survivor holds the light
         one still (sync()), and makes whole commits from then on."""
+        self._save(received=False)
+
+    def _save(self, received: bool) -> None:
+        """save(); `received`: this rank has just taken the whole state from the ranks holding the
+        newest commit (sync()). Its commit is light then, even without a whole one of its own
+        (a newcomer's first): should it have to go back, those ranks give it the state again. So a
+        spare taken in copies nothing while the others wait for it; its first whole commit comes
+        with theirs, at the next multiple of WHOLE_EVERY."""
         steps = self._steps.completed
         last, whole = self._saved, self._whole
-        light = (self._lights and live.enabled() and last is not None and whole is not None
-                 and steps - last.steps <= 1 and self._commit_count - whole.number < WHOLE_EVERY)
+        whole_due = (self._commit_count % WHOLE_EVERY == 0
+                     or (last is None and not received)
+                     or (whole is not None and self._commit_count - whole.number >= WHOLE_EVERY))
+        light = (self._lights and live.enabled() and not whole_due
+                 and (received or (last is not None and steps - last.steps <= 1)))
         if light:
             earlier = last if last is not None and last.versions is not None else None
             model = (_copy_into(earlier.model if earlier else None,
@@ -249,9 +260,13 @@ class TorchState:
             return
         if saved.versions is not None and (saved.steps != self._steps.completed or saved.versions
                                            != _Versions.of(self.model, self.optimizer)):
-            saved = self._whole
-            assert saved is not None  # a light commit follows a whole one
             self._lights = False
+            if self._whole is None:
+                # Its state came from the others (sync()) and it made no whole commit since:
+                # stale, as a rank taken in again, it takes the state from them again.
+                self._commit_count = -1
+                return
+            saved = self._whole
         if saved.versions is None:
             if saved.model is not None and self.model is not None:
                 self.model.load_state_dict(saved.model)
@@ -298,9 +313,18 @@ class TorchState:
         any rank holds (rank 0's at start; after live recovery, a survivor that committed one
         step more than the others, or still holds a light commit they went back from, spares
         them those steps), its samplers dealt over the ranks there are now."""
-        counts = allgather_object(self._commit_count) if collectives.size() > 1 else [0]
+        counts = (allgather_object(self._commit_count) if collectives.size() > 1
+                  else [self._commit_count])
+        if max(counts) < 0:
+            raise RuntimeError(
+                f"rank {collectives.rank()} of {collectives.size()}: no rank holds a commit of the "
+                f"job's state to go on from: the ranks that held one died, and every rank left "
+                f"took its state from them and changed it since (or was left out and taken in "
+                f"again); run the job with `dtrain run --max-restarts N` to restart it from its "
+                f"newest in-memory or durable commit")
         holders = [r for r, count in enumerate(counts) if count == max(counts)]
         root = holders[0]
+        received = counts[collectives.rank()] != counts[root]
         if self.model is not None:  # the parameters in pieces from the holders where that pays
             collectives.share_([p.detach() for p in self.model.parameters()], holders)
             broadcast_parameters(dict(self.model.named_buffers()), root_rank=root)
@@ -310,7 +334,7 @@ class TorchState:
         self._set_sampler_states(broadcast_object(self._sampler_states(), root_rank=root))
         self._commit_count = broadcast_object(self._commit_count, root_rank=root)
         if live.enabled():
-            self.save()  # every rank holds this commit now (light, but for the first)
+            self._save(received)  # every rank holds this commit now
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], object]]) -> None:
         """Called after the state was restored from a commit (as Horovod calls them after a
