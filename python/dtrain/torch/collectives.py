@@ -221,6 +221,11 @@ def is_initialized() -> bool:
     return _state is not None or _deferred is not None
 
 
+def _spare_waiting() -> bool:
+    """A spare not yet in the world: its first need of it waits for a place."""
+    return _state is None and _deferred is not None and live.spare() > 0
+
+
 def _live() -> _State:
     global _deferred
     if _state is None and _deferred is not None:

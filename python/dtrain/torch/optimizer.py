@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 import torch
 
 from dtrain import _torch
-from dtrain.torch import collectives
+from dtrain.torch import collectives, live
 from dtrain.torch.compression import Compression, Compressor
 
 if TYPE_CHECKING:
@@ -66,6 +66,8 @@ class _DistributedOptimizer(_Base):
             raise ValueError("gradient_predivide_factor applies to op=Average only")
         self._hooks_of = (named, compression.name, op, int(backward_passes_per_step),
                           float(gradient_predivide_factor))
+        if collectives._spare_waiting():  # the hooks need the world: a spare waits in them
+            live._warm_spare(all_params)
         self._dtrain_hooks = self._new_hooks()
         collectives._live().rebindables.add(self)
         self._should_synchronize = True
