@@ -551,7 +551,9 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
     const pid_t done = ::waitpid(job.pid, &status, WNOHANG);
     if (done == job.pid) break;
     const auto now = Clock::now();
+    const int64_t lines_before = log.lines();
     log.poll();
+    if (log.lines() != lines_before) run.progress.emplace_back(seconds_since(start), log.lines());
     if (log.lines() > 0 && !training) training = now;
     // For a job that logs no samples, its calls tell how far it has come.
     const uint64_t calls =
@@ -671,7 +673,12 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
                               name, clock.next().at.count() / 1000.0));
   run.final_loss = result_number(run.dir + "/stdout.log", "final_loss");
   run.eval_loss = result_number(run.dir + "/stdout.log", "eval_loss");
-  if (file_size(samples) > 0) run.ledger = SampleLedger::read(samples);
+  if (file_size(samples) > 0) {
+    run.ledger = SampleLedger::read(samples);
+    int64_t trained = 0;
+    for (const auto& [sample, times] : run.ledger->trained) trained += times;
+    run.goodput_in_run = goodput_in_run(run.progress, trained);
+  }
   say(o.out_fd,
       fmt::format(
           "{} run ended with exit code {} after {:.1f} s{}", name, run.exit_code, run.wall_s,
@@ -681,6 +688,27 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
 }
 
 }  // namespace
+
+std::optional<double> goodput_in_run(const std::vector<std::pair<double, int64_t>>& progress,
+                                     int64_t trained, double window_s) {
+  if (progress.empty() || trained <= 0 || window_s <= 0) return std::nullopt;
+  const double first = progress.front().first, last = progress.back().first;
+  // The lines logged by time t: the newest entry at or before it.
+  auto lines_at = [&](double t) {
+    auto after = std::upper_bound(progress.begin(), progress.end(), t,
+                                  [](double v, const auto& p) { return v < p.first; });
+    return after == progress.begin() ? int64_t{0} : std::prev(after)->second;
+  };
+  std::vector<double> rates;
+  for (double t = first; t + window_s <= last; t += window_s)
+    rates.push_back(static_cast<double>(lines_at(t + window_s) - lines_at(t)) / window_s);
+  if (rates.size() < 3) return std::nullopt;
+  std::sort(rates.begin(), rates.end());
+  const size_t n = rates.size();
+  const double pace = n % 2 == 1 ? rates[n / 2] : (rates[n / 2 - 1] + rates[n / 2]) / 2;
+  if (pace <= 0) return std::nullopt;
+  return static_cast<double>(trained) / pace / (last - first);
+}
 
 ChaosReport run_chaos(const ChaosOptions& options) {
   if (options.command.empty())
@@ -711,6 +739,9 @@ std::string chaos_line(const ChaosReport& report) {
   line["goodput"] = b != nullptr && f.exit_code == 0 && b->exit_code == 0
                         ? ordered_json(b->wall_s / f.wall_s)
                         : ordered_json(nullptr);
+  line["goodput_in_run"] = optional(f.goodput_in_run);
+  line["baseline_goodput_in_run"] =
+      b != nullptr ? optional(b->goodput_in_run) : ordered_json(nullptr);
   line["steps_lost"] = f.ledger ? ordered_json(f.ledger->steps_redone) : ordered_json(nullptr);
   if (b != nullptr && b->ledger && f.ledger) {
     const LedgerComparison c = compare_ledgers(*f.ledger, *b->ledger);

@@ -53,7 +53,19 @@ struct ChaosRun {
   int faults = 0;
   int recovered = 0;  // faults after which the job trained again, or (the last) ended well
   std::vector<double> recovery_s;  // per recovered fault: the fault to the next step logged
+  // The sample log's lines as the run went: (seconds since its start, lines then), at each change.
+  std::vector<std::pair<double, int64_t>> progress;
+  std::optional<double> goodput_in_run;  // goodput_in_run(progress, its lineage's trainings)
 };
+
+// Goodput within one run, which the machine's speed drifting between two runs does not move:
+// the samples the run trained (its lineage's trainings), at its own pace in its windows without
+// faults, over the time from its first logged sample to its last. Its pace: the median over
+// consecutive `window`-second windows of the lines logged per second (a fault every few windows
+// leaves most of them whole). A run without faults measures about 1. nullopt for a run of fewer
+// than three windows.
+std::optional<double> goodput_in_run(const std::vector<std::pair<double, int64_t>>& progress,
+                                     int64_t trained, double window_s = 10);
 
 struct ChaosReport {
   std::optional<ChaosRun> baseline;

@@ -140,6 +140,30 @@ TEST(SampleLedger, KeepsForEachStepTheLatestRestartAndComparesSampleBySample) {
   }
 }
 
+TEST(GoodputInRun, TakesTheRunsPaceFromItsMedianWindowAndCountsWhatAFaultCost) {
+  // 100 samples a second, logged every 0.1 s for 60 s, none for 3 s from 30 s (a fault).
+  auto run = [](double seconds, double gap_from, double gap_to) {
+    std::vector<std::pair<double, int64_t>> progress;
+    int64_t lines = 0;
+    for (int tick = 1; tick <= static_cast<int>(seconds * 10); ++tick) {
+      const double t = tick / 10.0;
+      if (t > gap_from && t <= gap_to) continue;
+      lines += 10;
+      progress.emplace_back(t, lines);
+    }
+    return progress;
+  };
+  const auto faulted = run(60, 30, 33);
+  ASSERT_EQ(faulted.back().second, 5700);
+  // Four of its five windows saw 100 samples a second: 5,700 take 57 s of the 59.9 it took.
+  EXPECT_NEAR(goodput_in_run(faulted, 5700).value(), 57.0 / 59.9, 1e-9);
+  // 100 of the lines were a step trained again: what was trained counts, not what was logged.
+  EXPECT_NEAR(goodput_in_run(faulted, 5600).value(), 56.0 / 59.9, 1e-9);
+  EXPECT_NEAR(goodput_in_run(run(60, 0, 0), 6000).value(), 60.0 / 59.9, 1e-9);
+  EXPECT_FALSE(goodput_in_run(run(25, 0, 0), 2500).has_value());  // two windows
+  EXPECT_FALSE(goodput_in_run({}, 0).has_value());
+}
+
 // A job under another launcher (torchrun, or here a shell) writes no beat pages: its workers are
 // the processes under it whose environment names a RANK their parent's does not: not the
 // launcher, not a worker's own children (`sleep`, which inherits RANK). With `replica_groups`,
