@@ -678,6 +678,10 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
     int64_t trained = 0;
     for (const auto& [sample, times] : run.ledger->trained) trained += times;
     run.goodput_in_run = goodput_in_run(run.progress, trained);
+    // For a plot of the run's pace: where each fault slowed it, and for how long.
+    std::ofstream out(run.dir + "/progress.tsv");
+    out << "seconds\tsamples_logged\n";
+    for (const auto& [seconds, lines] : run.progress) out << seconds << '\t' << lines << '\n';
   }
   say(o.out_fd,
       fmt::format(

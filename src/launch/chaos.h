@@ -3,8 +3,9 @@
 //
 // The job is a `dtrain run` command. Each run gets a directory of its own under
 // ChaosOptions::dir with the job's stdout and stderr, its flight records (DTRAIN_FLIGHT_DIR,
-// where the workers' beat pages name their pids) and its sample log (DTRAIN_SAMPLE_LOG: one line
-// per trained sample, launch/sample_ledger.h). Faults go to workers found through their beats
+// where the workers' beat pages name their pids), its sample log (DTRAIN_SAMPLE_LOG: one line
+// per trained sample, launch/sample_ledger.h) and that log's growth (progress.tsv: seconds since
+// the run's start, lines logged by then). Faults go to workers found through their beats
 // (a worker joins them when its world group forms), drawn from the seed. The schedule counts from
 // the job's first trained sample; for a job that logs none, from its workers' first call (once
 // 10 s have passed without a sample). A disk fault fills the file system of
