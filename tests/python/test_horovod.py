@@ -114,17 +114,29 @@ def _accuracy(text):
     return float(found[-1])
 
 
-def test_elastic_state_commits_into_its_last_copy_and_restores_it_after_two_failures():
-    # In one process: save() and restore() need no group.
+def _small_elastic_state(optimizer="sgd"):
+    """In one process (save() and restore() need no group): a model with buffers (BatchNorm's),
+    its optimizer (SGD with momentum, or _DataSGD), their TorchState, and a forward and backward
+    pass on random data."""
     import dtrain.torch as hvd
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd"
+           else _DataSGD(model.parameters(), lr=0.1))
     state = hvd.elastic.TorchState(model, opt, step=0)
 
-    def train_step():
+    def forward_backward():
         opt.zero_grad()
         model(torch.randn(8, 4)).square().sum().backward()
+
+    return model, opt, state, forward_backward
+
+
+def test_elastic_state_commits_into_its_last_copy_and_restores_it_after_two_failures():
+    model, opt, state, forward_backward = _small_elastic_state()
+
+    def train_step():
+        forward_backward()
         opt.step()
         state.step += 1
 
@@ -169,17 +181,8 @@ def test_elastic_state_under_live_commits_light_and_goes_back_to_a_whole_commit_
     # In one process, as under `dtrain run --live`: the first commit copies the whole state, the
     # next ones (a step apart) only the buffers and settings. A failure before the optimizer step
     # returns to the light commit with nothing copied; one after it, to the whole commit.
-    import dtrain.torch as hvd
     monkeypatch.setenv("DTRAIN_LIVE", "1")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
-    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd"
-           else _DataSGD(model.parameters(), lr=0.1))
-    state = hvd.elastic.TorchState(model, opt, step=0)
-
-    def forward_backward():
-        opt.zero_grad()
-        model(torch.randn(8, 4)).square().sum().backward()
+    model, opt, state, forward_backward = _small_elastic_state(optimizer)
 
     def commit():
         state._commit_count += 1  # as commit() does, without its launcher
@@ -241,15 +244,7 @@ def test_elastic_state_that_received_its_state_commits_light_and_is_stale_once_s
     # at the next multiple of WHOLE_EVERY, with the others'.
     import dtrain.torch as hvd
     monkeypatch.setenv("DTRAIN_LIVE", "1")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    state = hvd.elastic.TorchState(model, opt, step=0)
-
-    def forward_backward():
-        opt.zero_grad()
-        model(torch.randn(8, 4)).square().sum().backward()
-
+    model, opt, state, forward_backward = _small_elastic_state()
     forward_backward()
     opt.step()  # its optimizer state, as sync() hands it over
     state.step = 27
