@@ -280,7 +280,11 @@ def _warm_spare(parameters: Iterable[torch.Tensor]) -> None:
     if need == 0:
         return
     path = os.path.join(tempfile.gettempdir(), f"dtrain-warm-spares-{os.getuid()}.lock")
-    with open(path, "a") as lock:
+    try:
+        lock = open(path, "a")
+    except OSError:
+        return  # nowhere to agree with the other spares: not worth the risk to the host's memory
+    with lock:
         deadline = time.monotonic() + _WARM_LOCK_SECONDS
         while True:
             try:
