@@ -73,6 +73,10 @@ void move_fd(int fd, int target) {
   ::sigaction(SIGPIPE, &dfl, nullptr);
   if (o.signal_mask != nullptr) ::sigprocmask(SIG_SETMASK, o.signal_mask, nullptr);
   if (o.cpus != nullptr) ::sched_setaffinity(0, sizeof(cpu_set_t), o.cpus);
+  if (o.idle_priority) {
+    const sched_param none{};
+    ::sched_setscheduler(0, SCHED_IDLE, &none);
+  }
   if (o.netns_fd >= 0 && ::setns(o.netns_fd, CLONE_NEWNET) != 0) fail(s, ChildFailure::kNetns);
   if (s.cwd != nullptr && ::chdir(s.cwd) != 0) fail(s, ChildFailure::kCwd);
   move_fd(s.stdin_fd, 0);

@@ -37,6 +37,7 @@ struct SpawnOptions {
   bool detach = false;
   const sigset_t* signal_mask = nullptr;  // the child's blocked signals; null: this thread's
   const cpu_set_t* cpus = nullptr;        // the CPUs it may run on; null: this process's
+  bool idle_priority = false;             // SCHED_IDLE (launch/idle_priority.h)
   int netns_fd = -1;                      // a network namespace to enter first (setns)
 };
 

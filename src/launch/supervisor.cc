@@ -27,6 +27,7 @@
 #include "dtrain/error.h"
 #include "dtrain/preemption.h"
 #include "launch/cpu_binding.h"
+#include "launch/idle_priority.h"
 
 extern char** environ;
 
@@ -151,6 +152,8 @@ class Run {
     devnull_ = net::Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     workers_.resize(options_.workers.size());
     for (size_t i = 0; i < workers_.size(); ++i) start(workers_[i], options_.workers[i]);
+    // Spares get ready on the cycles the ranks leave, where this launcher can raise them again.
+    idle_spares_ = options_.spares > 0 && can_leave_idle_priority();
     for (int i = 0; i < options_.spares; ++i) start_spare();
     loop();
     // Processes the stopped workers started may linger in their groups after the workers
@@ -160,7 +163,7 @@ class Run {
   }
 
  private:
-  void start(Worker& w, const WorkerSpec& spec) {
+  void start(Worker& w, const WorkerSpec& spec, bool idle_priority = false) {
     const std::string& path = path_;
     const int devnull = devnull_.get();
     w.rank = spec.rank;
@@ -195,6 +198,7 @@ class Run {
                    .die_with_parent = true,
                    .signal_mask = &child_mask_,
                    .cpus = spec.cpus.empty() ? nullptr : &cpus,
+                   .idle_priority = idle_priority,
                    .netns_fd = netns.valid() ? netns.get() : -1};
     const Spawned spawned = spawn(o);
     w.pid = spawned.pid;
@@ -625,6 +629,12 @@ class Run {
       if (replacements_started_ < options_.replacements) replace(dead);
       return;
     }
+    if (idle_spares_)
+      if (const std::string why = leave_idle_priority(spare->pid); !why.empty())
+        write_out(options_.stderr_fd,
+                  fmt::format("{}: {} keeps the idle CPU priority it waited at: {}; it will "
+                              "train slower than the others\n",
+                              options_.name, spare->label, why));
     const std::string was = spare->label;
     spare->spare = 0;
     spare->rank = dead.rank;
@@ -659,7 +669,7 @@ class Run {
                     options_.replacement_env.end());
     spec.env.emplace_back(env::kLiveSpare.name, std::to_string(number));
     Worker& w = workers_.emplace_back();
-    start(w, spec);
+    start(w, spec, idle_spares_);
     w.spare = number;
     return w;
   }
@@ -788,6 +798,7 @@ class Run {
   net::Fd devnull_;             // every worker's stdin
   int replacements_started_ = 0;
   int spares_started_ = 0;
+  bool idle_spares_ = false;  // spares start at SCHED_IDLE (launch/idle_priority.h)
   Worker* first_failure_ = nullptr;
   std::vector<Worker*> lost_;    // keep_survivors: workers that failed while the others went on
   std::vector<Worker*> failed_;  // every worker that failed on its own, in the order seen

@@ -102,7 +102,8 @@ struct SupervisorOptions {
   // gets a waiting spare in its place at once (place_spare tells the spare the dead one's
   // WorkerSpec) instead of a process started only then; each spare taken is followed by a new
   // one while `replacements` allows (it counts as one). Spares still waiting when the workers
-  // are done are stopped as services are, and none of their ends fails the job.
+  // are done are stopped as services are, and none of their ends fails the job. They wait at
+  // the idle CPU priority where this launcher can raise them again (launch/idle_priority.h).
   int spares = 0;
   std::function<void(int spare, const WorkerSpec& place)> place_spare;
   // With replacements, on several nodes: whether workers elsewhere can take a replacement in

@@ -1,8 +1,10 @@
 // launch::spawn, the one fork and exec of the launcher, the local queue and the memory probe: the
 // child's environment, directory, output and process group as asked; a program that cannot
-// start said why, with exit status 127; a detached child in a session of its own, nobody's here.
+// start said why, with exit status 127; a detached child in a session of its own, nobody's here;
+// a child started at the idle CPU priority and raised again (launch/idle_priority.h).
 #include "launch/spawn.h"
 
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "dtrain/error.h"
+#include "launch/idle_priority.h"
 
 namespace dtrain::launch {
 namespace {
@@ -92,6 +95,24 @@ TEST(Spawn, TheChildLeadsItsOwnProcessGroup) {
   int status = 0;
   ASSERT_EQ(::waitpid(s.pid, &status, 0), s.pid);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+}
+
+TEST(Spawn, AChildStartedAtTheIdlePriorityIsRaisedToTheNormalOne) {
+  if (!can_leave_idle_priority())
+    GTEST_SKIP() << "this process may not raise a thread from SCHED_IDLE (no CAP_SYS_NICE)";
+  const Spawned s = spawn({.path = "/bin/sleep", .argv = {"sleep", "30"}, .idle_priority = true});
+  ASSERT_TRUE(s.failure.empty()) << s.failure;
+  // The child sets its policy between fork and exec.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (::sched_getscheduler(s.pid) != SCHED_IDLE && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(::sched_getscheduler(s.pid), SCHED_IDLE);
+  EXPECT_EQ(leave_idle_priority(s.pid), "");
+  EXPECT_EQ(::sched_getscheduler(s.pid), SCHED_OTHER);
+  ::kill(-s.pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(s.pid, &status, 0), s.pid);
+  EXPECT_NE(leave_idle_priority(s.pid), "");  // gone: it says so
 }
 
 TEST(Spawn, ADetachedChildHasItsOwnSessionAndIsNotOurs) {

@@ -578,6 +578,13 @@ LIVE_SAMPLES = 90  # the live worker's dataset
 LIVE_BATCH = 3     # per rank and step
 
 
+def _thread_policies():
+    """The CPU scheduling policies of this process's threads, by name ("idle", "other")."""
+    names = {os.SCHED_OTHER: "other", os.SCHED_IDLE: "idle", os.SCHED_BATCH: "batch"}
+    return sorted({names.get(os.sched_getscheduler(int(tid)), "?")
+                   for tid in os.listdir("/proc/self/task")})
+
+
 def live_dataset():
     """The live worker's samples: inputs of _model's width and their targets."""
     g = torch.Generator().manual_seed(11)
@@ -618,12 +625,16 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
     if live.spare():
         print(f"spare {live.spare()}: built its model, in the world: "
               f"{torch.distributed.is_initialized()}", flush=True)
+        print(f"spare {live.spare()}: its threads' CPU policies while it waits: "
+              f"{_thread_policies()}", flush=True)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters())
     me = int(os.environ["RANK"])  # a spare's place is known once it is in the world
     if live.spare():
         print(f"spare {live.spare()}: now rank {me} at start, local rank {hvd.local_rank()}, "
               f"rank {hvd.rank()} of {hvd.size()}", flush=True)
+        print(f"spare {live.spare()}: its threads' CPU policies in its place: "
+              f"{_thread_policies()}", flush=True)
     late = [me == late_rank]  # still to wait
     sampler = hvd.elastic.ElasticSampler(LIVE_SAMPLES, shuffle=True, seed=3)
     state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, step=0)

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 
 import pytest
 import torch
@@ -413,6 +414,24 @@ def test_hvd_elastic_survivors_that_stepped_past_a_light_commit_go_back_to_a_who
     _trained_once(tmp_path, ["0", "2"], 1, 0)
 
 
+def _can_leave_idle_priority():
+    """Whether a thread of this process may go from SCHED_IDLE back to SCHED_OTHER."""
+    can = []
+
+    def probe():
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            can.append(True)
+        except OSError:
+            can.append(False)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return can[0]
+
+
 @pytest.mark.parametrize("how", ["replace", "spares"])
 def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path, how):
     # As above, with `--replace 1`: a new rank 1 starts, is taken in at a commit, receives the
@@ -431,6 +450,13 @@ def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path, how):
         assert "[spare 1] spare 1: built its model, in the world: False" in p.stdout, text
         # Its place's: RANK and LOCAL_RANK, for Python's readers too.
         assert "[rank 1] spare 1: now rank 1 at start, local rank 1, rank 1 of 3" in p.stdout, text
+        # It got ready at the idle CPU priority, which the launcher raises when it gives it a
+        # place (launch/idle_priority.h); a launcher without that right never lowers it.
+        waiting = "['idle']" if _can_leave_idle_priority() else "['other']"
+        assert f"[spare 1] spare 1: its threads' CPU policies while it waits: {waiting}" in \
+            p.stdout, text
+        assert "[rank 1] spare 1: its threads' CPU policies in its place: ['other']" in \
+            p.stdout, text
     assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
     resumed_at = harness.resumed_at(p)
     taken = set(re.findall(r"took in rank\(s\) \[1\] at start at commit ([0-9]+); now rank "

@@ -520,9 +520,10 @@ CLI::App* add_run_command(CLI::App& app) {
   cmd->add_option(
          "--spares", args->spares,
          "With --live: start this many workers ahead of any failure (DTRAIN_LIVE_SPARE=N); "
-         "each builds what its program builds before it first needs the world and waits, "
-         "and takes a dead worker's place the moment it dies; with --replace, a new spare "
-         "follows each one taken")
+         "each builds what its program builds before it first needs the world and waits "
+         "(at the idle CPU priority, where dtrain run may raise it again: as root), and takes "
+         "a dead worker's place the moment it dies; with --replace, a new spare follows each "
+         "one taken")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_flag("--no-jemalloc", args->no_jemalloc,
