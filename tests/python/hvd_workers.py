@@ -581,8 +581,13 @@ LIVE_BATCH = 3     # per rank and step
 def _thread_policies():
     """The CPU scheduling policies of this process's threads, by name ("idle", "other")."""
     names = {os.SCHED_OTHER: "other", os.SCHED_IDLE: "idle", os.SCHED_BATCH: "batch"}
-    return sorted({names.get(os.sched_getscheduler(int(tid)), "?")
-                   for tid in os.listdir("/proc/self/task")})
+    policies = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            policies.add(names.get(os.sched_getscheduler(int(tid)), "?"))
+        except ProcessLookupError:
+            pass  # a thread that ended after the listing
+    return sorted(policies)
 
 
 def live_dataset():
