@@ -94,10 +94,10 @@ void HangMonitor::run(std::stop_token stop) {
   std::map<int, BeatReading> last;  // the previous poll's beats, by rank
   auto last_progress = Clock::now();
   std::optional<Clock::time_point> stuck_since;  // someone waits and nobody completes
-  // The slow-rank check: each rank's process and inside time at the start of its window, and
-  // the wall time. A rank whose process changed within the window (live recovery: a replacement
-  // or a spare took the place) is not compared in it: its new page counts from another start.
-  std::map<int, std::pair<int64_t, int64_t>> window_inside;
+  // The slow-rank check: each rank's page at the start of its window, and the wall time. A rank
+  // whose process changed within the window (live recovery: a replacement or a spare took the
+  // place) is not compared in it: its new page counts from another start.
+  std::map<int, BeatReading> window_start_beats;
   auto window_start = Clock::now();
   const auto window = std::max(options_.hang, options_.slow_window);
   int named_slow = -1;
@@ -136,17 +136,21 @@ void HangMonitor::run(std::stop_token stop) {
                       in_calls.size() == 1 ? "s" : "", options_.hang.count() / 1000.0));
       return;
     }
-    // Slow rank: outside time per rank over the window, when every rank made calls in it.
+    // Slow rank: outside time per rank over the window, when every rank completed calls in it
+    // (whether one completed since the last poll says nothing of a window: steps can be longer
+    // than polls).
     if (now - window_start >= window) {
       const double wall = std::chrono::duration<double>(now - window_start).count();
       std::vector<std::pair<double, int>> outside;
+      bool every_rank_completed = true;
       for (const auto& b : beats) {
-        auto it = window_inside.find(b.rank);
-        if (it == window_inside.end() || it->second.first != b.pid) continue;
-        const double inside = (b.inside_ns - it->second.second) * 1e-9;
+        auto it = window_start_beats.find(b.rank);
+        if (it == window_start_beats.end() || it->second.pid != b.pid) continue;
+        if (b.completed == it->second.completed) every_rank_completed = false;
+        const double inside = (b.inside_ns - it->second.inside_ns) * 1e-9;
         outside.emplace_back(std::clamp(wall - inside, 0.0, wall), b.rank);
       }
-      if (outside.size() >= 2 && outside.size() == beats.size() && progressed) {
+      if (outside.size() >= 2 && outside.size() == beats.size() && every_rank_completed) {
         std::sort(outside.begin(), outside.end());
         const auto [slowest, rank] = outside.back();
         const double median = outside[(outside.size() - 1) / 2].first;
@@ -163,10 +167,10 @@ void HangMonitor::run(std::stop_token stop) {
         }
       }
       window_start = now;
-      window_inside.clear();
-      for (const auto& b : beats) window_inside[b.rank] = {b.pid, b.inside_ns};
-    } else if (window_inside.empty()) {
-      for (const auto& b : beats) window_inside[b.rank] = {b.pid, b.inside_ns};
+      window_start_beats.clear();
+      for (const auto& b : beats) window_start_beats[b.rank] = b;
+    } else if (window_start_beats.empty()) {
+      for (const auto& b : beats) window_start_beats[b.rank] = b;
       window_start = now;
     }
   }
