@@ -352,8 +352,10 @@ int run_job(const RunArgs& a) {
   std::unique_ptr<launch::MetricsEndpoint> metrics;
   if (a.metrics_port >= 0) {
     metrics = std::make_unique<launch::MetricsEndpoint>(
-        launch::MetricsEndpointOptions{.port = a.metrics_port, .address = a.metrics_addr});
-    metrics->set_ranks(a.node_rank * a.nproc, a.nproc);
+        launch::MetricsEndpointOptions{.port = a.metrics_port,
+                                       .address = a.metrics_addr,
+                                       .first_rank = a.node_rank * a.nproc,
+                                       .ranks = a.nproc});
   }
   const launch::FlightDir flight = launch::FlightDir::prepare();
   const std::string& flight_dir = flight.path();

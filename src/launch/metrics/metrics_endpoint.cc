@@ -228,6 +228,7 @@ MetricsEndpoint::MetricsEndpoint(MetricsEndpointOptions options) {
                     "interface, 127.0.0.1: this machine only)",
                     options.address));
   collector_ = std::make_shared<Collector>(make_report_dir());
+  collector_->set_ranks(options.first_rank, options.ranks);
 
   // The server's and the sampler's threads take no signals: SIGCHLD and the forwarded signals must
   // reach the launcher's signalfd (launch/supervisor.h), whichever was made first.

@@ -32,6 +32,10 @@ struct MetricsEndpointOptions {
   std::chrono::seconds idle_timeout{5};
   unsigned max_connections = 1000;  // open at once; more are refused at accept
   std::string log_prefix = "dtrain run";
+  // The ranks served from the first scrape on, where the launcher knows them at its start (an
+  // elastic run learns them each round: set_ranks).
+  int first_rank = 0;
+  int ranks = 0;
 };
 
 class MetricsEndpoint {
