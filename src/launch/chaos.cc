@@ -642,6 +642,9 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
                                     name, into, victim.describe(), rule.lasting.count() / 1000.0));
         }
         ++run.faults;
+        const double injected = seconds_since(start);
+        run.fault_spans.emplace_back(
+            injected, injected + std::chrono::duration<double>(p.resume_at - p.at).count());
         pending = p;
         if (!failure.empty()) {
           say(o.out_fd, fmt::format("{} run: stopping it: its fault cannot be injected", name));
@@ -677,7 +680,7 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
     run.ledger = SampleLedger::read(samples);
     int64_t trained = 0;
     for (const auto& [sample, times] : run.ledger->trained) trained += times;
-    run.goodput_in_run = goodput_in_run(run.progress, trained);
+    run.goodput_in_run = goodput_in_run(run.progress, trained, run.fault_spans);
     // For a plot of the run's pace: where each fault slowed it, and for how long.
     std::ofstream out(run.dir + "/progress.tsv");
     out << "seconds\tsamples_logged\n";
@@ -694,23 +697,41 @@ ChaosRun run_job(const ChaosOptions& o, const std::string& name, bool with_fault
 }  // namespace
 
 std::optional<double> goodput_in_run(const std::vector<std::pair<double, int64_t>>& progress,
-                                     int64_t trained, double window_s) {
-  if (progress.empty() || trained <= 0 || window_s <= 0) return std::nullopt;
+                                     int64_t trained,
+                                     const std::vector<std::pair<double, double>>& fault_spans,
+                                     const PaceOptions& options) {
+  if (progress.empty() || trained <= 0) return std::nullopt;
   const double first = progress.front().first, last = progress.back().first;
-  // The lines logged by time t: the newest entry at or before it.
-  auto lines_at = [&](double t) {
-    auto after = std::upper_bound(progress.begin(), progress.end(), t,
-                                  [](double v, const auto& p) { return v < p.first; });
-    return after == progress.begin() ? int64_t{0} : std::prev(after)->second;
-  };
-  std::vector<double> rates;
-  for (double t = first; t + window_s <= last; t += window_s)
-    rates.push_back(static_cast<double>(lines_at(t + window_s) - lines_at(t)) / window_s);
-  if (rates.size() < 3) return std::nullopt;
-  std::sort(rates.begin(), rates.end());
-  const size_t n = rates.size();
-  const double pace = n % 2 == 1 ? rates[n / 2] : (rates[n / 2 - 1] + rates[n / 2]) / 2;
-  if (pace <= 0) return std::nullopt;
+  // The stretches: from the first sample, or a fault lifted, to the next fault (or the end).
+  std::vector<std::pair<double, double>> stretches;
+  double from = first;
+  for (const auto& [at, lifted] : fault_spans) {
+    stretches.emplace_back(from + options.settle_s, at);
+    from = std::max(from, lifted);
+  }
+  stretches.emplace_back(from + options.settle_s, last);
+  std::vector<double> paces;
+  for (const auto& [begin, end] : stretches) {
+    if (end - begin < options.min_stretch_s) continue;
+    // Least squares of lines against time over the stretch's entries, centred for precision.
+    double n = 0, st = 0, sl = 0;
+    for (const auto& [t, lines] : progress)
+      if (t >= begin && t <= end) n += 1, st += t, sl += static_cast<double>(lines);
+    if (n < 3) continue;
+    const double mt = st / n, ml = sl / n;
+    double stt = 0, stl = 0;
+    for (const auto& [t, lines] : progress)
+      if (t >= begin && t <= end) {
+        stt += (t - mt) * (t - mt);
+        stl += (t - mt) * (static_cast<double>(lines) - ml);
+      }
+    if (stt > 0) paces.push_back(stl / stt);
+  }
+  if (paces.empty()) return std::nullopt;
+  std::sort(paces.begin(), paces.end());
+  const size_t n = paces.size();
+  const double pace = n % 2 == 1 ? paces[n / 2] : (paces[n / 2 - 1] + paces[n / 2]) / 2;
+  if (pace <= 0 || last <= first) return std::nullopt;
   return static_cast<double>(trained) / pace / (last - first);
 }
 

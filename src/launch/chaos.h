@@ -56,17 +56,29 @@ struct ChaosRun {
   std::vector<double> recovery_s;  // per recovered fault: the fault to the next step logged
   // The sample log's lines as the run went: (seconds since its start, lines then), at each change.
   std::vector<std::pair<double, int64_t>> progress;
-  std::optional<double> goodput_in_run;  // goodput_in_run(progress, its lineage's trainings)
+  // Per fault, on the same clock: when it was injected and when it was lifted (a kill: then too).
+  std::vector<std::pair<double, double>> fault_spans;
+  // goodput_in_run(progress, its lineage's trainings, fault_spans)
+  std::optional<double> goodput_in_run;
+};
+
+struct PaceOptions {
+  double settle_s = 5;        // a stretch starts this long after its start or a fault was lifted
+  double min_stretch_s = 10;  // shorter stretches tell no pace
 };
 
 // Goodput within one run, which the machine's speed drifting between two runs does not move:
-// the samples the run trained (its lineage's trainings), at its own pace in its windows without
-// faults, over the time from its first logged sample to its last. Its pace: the median over
-// consecutive `window`-second windows of the lines logged per second (a fault every few windows
-// leaves most of them whole). A run without faults measures about 1. nullopt for a run of fewer
-// than three windows.
+// the samples the run trained (its lineage's trainings), at its own pace between faults, over
+// the time from its first logged sample to its last. Its pace: the median over the stretches
+// between faults (each from `settle_s` after the first sample or after a fault was lifted, to
+// the next fault) of the least-squares slope of the lines logged against time. A slope, not
+// lines counted in fixed windows: a window holds a whole number of steps, so its rate moves in
+// steps of one step's samples. A run without faults measures about 1. nullopt when no stretch
+// is `min_stretch_s` long.
 std::optional<double> goodput_in_run(const std::vector<std::pair<double, int64_t>>& progress,
-                                     int64_t trained, double window_s = 10);
+                                     int64_t trained,
+                                     const std::vector<std::pair<double, double>>& fault_spans,
+                                     const PaceOptions& options = {});
 
 struct ChaosReport {
   std::optional<ChaosRun> baseline;

@@ -140,8 +140,8 @@ TEST(SampleLedger, KeepsForEachStepTheLatestRestartAndComparesSampleBySample) {
   }
 }
 
-TEST(GoodputInRun, TakesTheRunsPaceFromItsMedianWindowAndCountsWhatAFaultCost) {
-  // 100 samples a second, logged every 0.1 s for 60 s, none for 3 s from 30 s (a fault).
+TEST(GoodputInRun, TakesTheRunsPaceBetweenFaultsAndCountsWhatAFaultCost) {
+  // 100 samples a second, logged every 0.1 s for 60 s, none for 3 s from 30 s (a kill there).
   auto run = [](double seconds, double gap_from, double gap_to) {
     std::vector<std::pair<double, int64_t>> progress;
     int64_t lines = 0;
@@ -155,13 +155,38 @@ TEST(GoodputInRun, TakesTheRunsPaceFromItsMedianWindowAndCountsWhatAFaultCost) {
   };
   const auto faulted = run(60, 30, 33);
   ASSERT_EQ(faulted.back().second, 5700);
-  // Four of its five windows saw 100 samples a second: 5,700 take 57 s of the 59.9 it took.
-  EXPECT_NEAR(goodput_in_run(faulted, 5700).value(), 57.0 / 59.9, 1e-9);
+  const std::vector<std::pair<double, double>> kill{{30, 30}};
+  // Both stretches trained 100 samples a second: 5,700 take 57 s of the 59.9 it took.
+  EXPECT_NEAR(goodput_in_run(faulted, 5700, kill).value(), 57.0 / 59.9, 1e-9);
   // 100 of the lines were a step trained again: what was trained counts, not what was logged.
-  EXPECT_NEAR(goodput_in_run(faulted, 5600).value(), 56.0 / 59.9, 1e-9);
-  EXPECT_NEAR(goodput_in_run(run(60, 0, 0), 6000).value(), 60.0 / 59.9, 1e-9);
-  EXPECT_FALSE(goodput_in_run(run(25, 0, 0), 2500).has_value());  // two windows
-  EXPECT_FALSE(goodput_in_run({}, 0).has_value());
+  EXPECT_NEAR(goodput_in_run(faulted, 5600, kill).value(), 56.0 / 59.9, 1e-9);
+  EXPECT_NEAR(goodput_in_run(run(60, 0, 0), 6000, {}).value(), 60.0 / 59.9, 1e-9);
+  // A stop lifted at 40 s: the pace comes from before 30 s and after 45 s.
+  const auto stopped = run(70, 30, 40);
+  EXPECT_NEAR(goodput_in_run(stopped, 6000, {{30, 40}}).value(), 60.0 / 69.9, 1e-9);
+  EXPECT_FALSE(goodput_in_run(run(14, 0, 0), 1400, {}).has_value());  // 8.9 s after settling
+  EXPECT_FALSE(goodput_in_run({}, 0, {}).has_value());
+}
+
+TEST(GoodputInRun, TellsThePaceOfStepsThatFixedWindowsCannot) {
+  // A step every 1.1 s, its 8 samples logged in two lines of 4 a few milliseconds apart (ranks
+  // finish at different times); a kill at 40 s costs the step in progress and 1.5 s. A 10-second
+  // window holds 9 or 10 steps (7.2 or 8.0 samples/s); the run's pace is 7.27.
+  std::vector<std::pair<double, int64_t>> progress;
+  int64_t lines = 0;
+  double t = 1.1;
+  int steps = 0;
+  for (; t < 100; t += 1.1) {
+    if (t > 40 && t < 40 + 1.1) t += 1.5;  // the kill: its step is logged 1.5 s late
+    lines += 4;
+    progress.emplace_back(t, lines);
+    lines += 4;
+    progress.emplace_back(t + 0.004, lines);
+    ++steps;
+  }
+  const double wall = progress.back().first - progress.front().first;
+  const int64_t trained = lines;  // nothing logged twice
+  EXPECT_NEAR(goodput_in_run(progress, trained, {{40, 40}}).value(), steps * 1.1 / wall, 2e-3);
 }
 
 // A job under another launcher (torchrun, or here a shell) writes no beat pages: its workers are
