@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "launch/process_threads.h"
+
 namespace dtrain::launch {
 
 std::vector<int> allowed_cpus() {
@@ -41,6 +43,19 @@ cpu_set_t to_cpu_set(const std::vector<int>& cpus) {
   CPU_ZERO(&set);
   for (int c : cpus) CPU_SET(c, &set);
   return set;
+}
+
+std::string bind_every_thread(pid_t pid, const std::vector<int>& cpus) {
+  const cpu_set_t wanted = to_cpu_set(cpus);
+  return change_every_thread(
+      pid, fmt::format("sched_setaffinity({})", describe_cpus(cpus)), [&](pid_t tid) {
+        cpu_set_t now;
+        CPU_ZERO(&now);
+        if (::sched_getaffinity(tid, sizeof now, &now) != 0) return ThreadChange::kFailed;
+        if (CPU_EQUAL(&now, &wanted)) return ThreadChange::kNone;
+        return ::sched_setaffinity(tid, sizeof wanted, &wanted) == 0 ? ThreadChange::kChanged
+                                                                     : ThreadChange::kFailed;
+      });
 }
 
 }  // namespace dtrain::launch

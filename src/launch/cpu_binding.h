@@ -9,6 +9,7 @@
 #pragma once
 
 #include <sched.h>
+#include <sys/types.h>
 
 #include <string>
 #include <vector>
@@ -26,5 +27,9 @@ std::string describe_cpus(const std::vector<int>& cpus);
 
 // The set for sched_setaffinity (built before fork: the child may only make system calls).
 cpu_set_t to_cpu_set(const std::vector<int>& cpus);
+
+// Binds every thread of running process `pid` to `cpus` (a spare given a bound worker's place).
+// Returns why it could not ("" when done).
+std::string bind_every_thread(pid_t pid, const std::vector<int>& cpus);
 
 }  // namespace dtrain::launch

@@ -2,14 +2,10 @@
 
 #include <sched.h>
 
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
 #include <string>
-#include <system_error>
 #include <thread>
 
-#include <fmt/format.h>
+#include "launch/process_threads.h"
 
 namespace dtrain::launch {
 namespace {
@@ -28,25 +24,10 @@ bool can_leave_idle_priority() {
 }
 
 std::string leave_idle_priority(pid_t pid) {
-  const std::string tasks = fmt::format("/proc/{}/task", pid);
-  // A thread being started while the others are raised is started idle by its idle parent: look
-  // again until a pass finds none left idle.
-  for (int pass = 0; pass < 8; ++pass) {
-    bool idle_left = false;
-    std::error_code ec;
-    for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
-      const pid_t tid = static_cast<pid_t>(std::stol(task.path().filename().string()));
-      const int policy = ::sched_getscheduler(tid);
-      if (policy != SCHED_IDLE) continue;  // gone, raised already, or not ours to change
-      idle_left = true;
-      if (!set_policy(tid, SCHED_OTHER) && errno != ESRCH)
-        return fmt::format("thread {} of pid {}: sched_setscheduler(SCHED_OTHER): {}", tid, pid,
-                           std::strerror(errno));
-    }
-    if (ec) return fmt::format("{}: {}", tasks, ec.message());
-    if (!idle_left) return "";
-  }
-  return fmt::format("pid {} kept starting threads at the idle priority", pid);
+  return change_every_thread(pid, "sched_setscheduler(SCHED_OTHER)", [](pid_t tid) {
+    if (::sched_getscheduler(tid) != SCHED_IDLE) return ThreadChange::kNone;  // or gone
+    return set_policy(tid, SCHED_OTHER) ? ThreadChange::kChanged : ThreadChange::kFailed;
+  });
 }
 
 }  // namespace dtrain::launch

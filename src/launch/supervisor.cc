@@ -635,6 +635,14 @@ class Run {
                   fmt::format("{}: {} keeps the idle CPU priority it waited at: {}; it will "
                               "train slower than the others\n",
                               options_.name, spare->label, why));
+    // It waited bound to no CPUs; the place's worker was bound to its share.
+    if (!place.cpus.empty())
+      if (const std::string why = bind_every_thread(spare->pid, place.cpus); !why.empty())
+        write_out(
+            options_.stderr_fd,
+            fmt::format("{}: {} could not be bound to the CPUs of {} ({}): {}; the "
+                        "scheduler places it\n",
+                        options_.name, spare->label, dead.label, describe_cpus(place.cpus), why));
     const std::string was = spare->label;
     spare->spare = 0;
     spare->rank = dead.rank;

@@ -6,9 +6,11 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "command.h"
+#include "launch/cpu_binding.h"
 #include "support/multiproc.h"
 
 namespace dtrain::testing {
@@ -170,6 +172,27 @@ TEST(LiveWorld, ASpareTakesADeadWorkersPlaceAtOnceAndANewOneWaitsForTheNext) {
   EXPECT_NE(r.output.find("3 worker(s) ended well; 1 lost along the way (--live)"),
             std::string::npos)
       << r.output;
+}
+
+// Where each worker is bound to its share of the CPUs, a spare waits bound to none and is bound
+// to the dead worker's share when it takes its place.
+TEST(LiveWorld, ASpareInABoundWorkersPlaceIsBoundToItsCpus) {
+  const std::vector<int> cpus = launch::allowed_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "two workers are bound only with two CPUs or more";
+  const auto r =
+      run_command({kDtrain, "run", "-n", "2", "--live", "--spares", "1", "--", kWorker, "--steps",
+                   "200", "--die-rank", "1", "--die-at", "30"},
+                  {.timeout = std::chrono::milliseconds(60'000)});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  ASSERT_NE(r.output.find(") takes the place of rank 1"), std::string::npos) << r.output;
+  for (int rank : {0, 1}) {
+    const std::string line = fmt::format("[rank {}] DONE steps 200 generation ", rank);
+    const size_t at = r.output.find(line);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const std::string done = r.output.substr(at, r.output.find('\n', at) - at);
+    const std::string share = launch::describe_cpus(launch::cpu_share(rank, 2, cpus));
+    EXPECT_TRUE(done.ends_with(" cpus " + share)) << done << "\n" << r.output;
+  }
 }
 
 TEST(LiveWorld, SparesThatWereNotNeededEndWithTheJob) {

@@ -18,12 +18,15 @@
 // Prints (every member) "generation G rank K of W members M lost L" after each re-forming,
 // "generation G rank K of W members M joined J" after taking in replacements, "replacement R:
 // rank K of W in generation G from step S" (a replacement, once taken in) and "DONE steps S
-// generation G world W checked C" at the end.
+// generation G world W checked C cpus L" at the end (L: the CPUs its threads may run on, e.g.
+// "0-1", as the launcher bound them).
+#include <sched.h>
 #include <signal.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,8 +37,27 @@
 #include "dtrain/dtrain.h"
 #include "dtrain/live_world.h"
 #include "dtrain/store.h"
+#include "launch/cpu_binding.h"
 
 namespace {
+
+// "0-3" when every thread of this process may run on CPUs 0 to 3, else "mixed".
+std::string cpus_of_this_process() {
+  std::string all;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const auto tid = static_cast<pid_t>(std::stol(task.path().filename().string()));
+    if (::sched_getaffinity(tid, sizeof set, &set) != 0) continue;  // ended meanwhile
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    const std::string these = dtrain::launch::describe_cpus(cpus);
+    if (!all.empty() && these != all) return "mixed";
+    all = these;
+  }
+  return all;
+}
 
 // Announces this rank for generation `generation` (the keys LiveMembership uses), waits until a
 // survivor closes the list, and dies.
@@ -161,8 +183,8 @@ int main(int argc, char** argv) {
       ++step;
     }
     world.close();
-    std::printf("DONE steps %d generation %d world %d checked %d\n", steps, world.generation(),
-                pg->size(), checked);
+    std::printf("DONE steps %d generation %d world %d checked %d cpus %s\n", steps,
+                world.generation(), pg->size(), checked, cpus_of_this_process().c_str());
     pg->barrier()->wait();
     return 0;
   } catch (const std::exception& e) {

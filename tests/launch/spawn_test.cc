@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "dtrain/error.h"
+#include "launch/cpu_binding.h"
 #include "launch/idle_priority.h"
 
 namespace dtrain::launch {
@@ -113,6 +114,23 @@ TEST(Spawn, AChildStartedAtTheIdlePriorityIsRaisedToTheNormalOne) {
   int status = 0;
   ASSERT_EQ(::waitpid(s.pid, &status, 0), s.pid);
   EXPECT_NE(leave_idle_priority(s.pid), "");  // gone: it says so
+}
+
+TEST(Spawn, ARunningChildIsBoundEveryThreadToTheCpusGiven) {
+  const std::vector<int> cpus = allowed_cpus();
+  ASSERT_FALSE(cpus.empty());
+  const Spawned s = spawn({.path = "/bin/sleep", .argv = {"sleep", "30"}});
+  ASSERT_TRUE(s.failure.empty()) << s.failure;
+  EXPECT_EQ(bind_every_thread(s.pid, {cpus.back()}), "");
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(s.pid, sizeof set, &set), 0);
+  EXPECT_EQ(CPU_COUNT(&set), 1);
+  EXPECT_TRUE(CPU_ISSET(cpus.back(), &set));
+  ::kill(-s.pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(s.pid, &status, 0), s.pid);
+  EXPECT_NE(bind_every_thread(s.pid, cpus), "");  // gone: it says so
 }
 
 TEST(Spawn, ADetachedChildHasItsOwnSessionAndIsNotOurs) {
