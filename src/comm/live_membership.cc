@@ -29,6 +29,8 @@ std::string members_key(int generation) {
 const std::string kLatestKey = "dtrain/live/latest";
 // Set when training is over: replacements still waiting have nothing to join.
 const std::string kClosedKey = "dtrain/live/closed";
+// A spare whose place waited this long for it is named late (it looks every 50 ms).
+constexpr std::chrono::duration<double> kLateSpare{0.5};
 // A replacement's request to be taken in, and the generation that took it in.
 std::string join_key(int member) { return fmt::format("dtrain/live/join/{}", member); }
 std::string joined_key(int member) { return fmt::format("dtrain/live/joined/{}", member); }
@@ -148,9 +150,23 @@ bool LiveMembership::take_place() {
       ::setenv(std::string(env::kRank.name).c_str(), std::to_string(place->rank).c_str(), 1);
       ::setenv(std::string(env::kLocalRank.name).c_str(), std::to_string(place->local_rank).c_str(),
                1);
-      DTRAIN_LOG_INFO("live world: spare {} takes the place of rank {} at start after {:.2f} s",
-                      spare_, original_rank_,
-                      std::chrono::duration<double>(Clock::now() - start).count());
+      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      // A place given before the spare began to wait waited for the spare instead: the others
+      // trained short-handed meanwhile.
+      const double late =
+          std::chrono::duration<double>(std::chrono::system_clock::now() - place->given).count() -
+          waited;
+      if (late >= kLateSpare.count())
+        DTRAIN_LOG_WARN(
+            "live world: spare {} takes the place of rank {} at start {:.1f} s after its launcher "
+            "gave it: the spare was still getting ready (its program's start up to its first "
+            "need of the world) when a worker died, and the others trained without that rank "
+            "meanwhile. Spares get ready at the idle CPU priority, on cycles the workers leave; "
+            "where the workers keep every CPU busy there are none: leave a CPU to the spares",
+            spare_, original_rank_, late);
+      else
+        DTRAIN_LOG_INFO("live world: spare {} takes the place of rank {} at start after {:.2f} s",
+                        spare_, original_rank_, waited);
       return true;
     }
     if (Clock::now() >= next_look) {

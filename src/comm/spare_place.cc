@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 
@@ -22,7 +24,9 @@ void write_spare_place(const std::string& dir, int spare, SparePlace place) {
   // makes the spare read all of it or nothing.
   const std::string path = spare_place_path(dir, spare);
   const std::string tmp = path + ".tmp";
-  const std::string text = fmt::format("{} {}\n", place.rank, place.local_rank);
+  const auto given = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  const std::string text = fmt::format("{} {} {}\n", place.rank, place.local_rank, given.count());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) durable::throw_io(errno, "creating", tmp);
   const ssize_t n = ::write(fd, text.data(), text.size());
@@ -36,8 +40,10 @@ void write_spare_place(const std::string& dir, int spare, SparePlace place) {
 std::optional<SparePlace> read_spare_place(const std::string& dir, int spare) {
   std::ifstream in(spare_place_path(dir, spare));
   SparePlace place;
-  if (in >> place.rank >> place.local_rank) return place;
-  return std::nullopt;
+  int64_t given_us = 0;
+  if (!(in >> place.rank >> place.local_rank >> given_us)) return std::nullopt;
+  place.given = std::chrono::system_clock::time_point(std::chrono::microseconds(given_us));
+  return place;
 }
 
 }  // namespace dtrain::comm

@@ -2,11 +2,12 @@
 // failure, with no rank of their own (DTRAIN_LIVE_SPARE=N, N = 1, 2, ...). Each builds what its
 // program builds before it first needs the world (importing torch, making the model) and then
 // waits. When a worker dies, its launcher writes DIR/spare<N>.place (DIR = DTRAIN_FLIGHT_DIR,
-// replaced whole by rename) with the dead worker's rank and local rank, and the spare joins the
-// live workers in that place as a replacement does (dtrain/live_membership.h), seconds sooner
-// than a process started only then.
+// replaced whole by rename) with the dead worker's rank and local rank and when it gave the
+// place, and the spare joins the live workers in that place as a replacement does
+// (dtrain/live_membership.h), seconds sooner than a process started only then.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 
@@ -15,6 +16,9 @@ namespace dtrain::comm {
 struct SparePlace {
   int rank = 0;        // the dead worker's rank at start, which the spare takes
   int local_rank = 0;  // its rank among its node's workers
+  // When the launcher gave it (write_spare_place sets it), for a spare to tell how long the
+  // place waited for it.
+  std::chrono::system_clock::time_point given;
 };
 
 std::string spare_place_path(const std::string& dir, int spare);

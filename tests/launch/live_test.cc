@@ -3,6 +3,7 @@
 // launcher's) and their all-reduces sum exactly the members left; a replacement (--replace) is
 // taken in at a step boundary, or told it came too late; a program that does not re-form fails
 // the job as before; outside a launcher's store LiveWorld says what it needs.
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,7 @@ TEST(LiveWorld, ASpareTakesADeadWorkersPlaceAtOnceAndANewOneWaitsForTheNext) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find(" (spare 1)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("still getting ready"), std::string::npos) << r.output;  // it was ready
   EXPECT_EQ(count(r.output, "DONE steps 400 generation 2 world 3 checked"), 3u) << r.output;
   // The second spare learns that training is over and ends well, counted as no worker.
   EXPECT_NE(r.output.find("[spare 2] spare 2: not needed, nothing to do"), std::string::npos)
@@ -172,6 +174,24 @@ TEST(LiveWorld, ASpareTakesADeadWorkersPlaceAtOnceAndANewOneWaitsForTheNext) {
   EXPECT_NE(r.output.find("3 worker(s) ended well; 1 lost along the way (--live)"),
             std::string::npos)
       << r.output;
+}
+
+// A spare still getting ready when a worker died takes the place late, and says so: how long the
+// place waited, and why a spare may not be ready.
+TEST(LiveWorld, ASpareNotReadyWhenGivenItsPlaceSaysHowLongThePlaceWaited) {
+  const auto r = run_command({kDtrain, "run", "-n", "2", "--live", "--spares", "1", "--", kWorker,
+                              "--steps", "1000", "--die-rank", "1", "--die-at", "10",
+                              "--spare-start-ms", "2000"},
+                             {.timeout = std::chrono::milliseconds(60'000)});
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  static const std::regex late(
+      "live world: spare 1 takes the place of rank 1 at start ([0-9.]+) s after its launcher gave "
+      "it: the spare was still getting ready");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, late)) << r.output;
+  EXPECT_GT(std::stod(m[1]), 1.0) << r.output;  // it slept 2 s from the job's start
+  EXPECT_NE(r.output.find("leave a CPU to the spares"), std::string::npos) << r.output;
+  EXPECT_EQ(count(r.output, "DONE steps 1000 generation 2 world 2"), 2u) << r.output;
 }
 
 // Where each worker is bound to its share of the CPUs, a spare waits bound to none and is bound

@@ -5,7 +5,7 @@
 // One rank may SIGKILL itself after some steps (its replacement does not).
 //
 //   live_worker [--steps N] [--step-ms MS] [--die-rank R --die-at S] [--no-reform 1]
-//               [--die-in-reform R] [--late-rank R --late-ms MS]
+//               [--die-in-reform R] [--late-rank R --late-ms MS] [--spare-start-ms MS]
 //
 // --no-reform 1 fails on a peer's death instead, as a program without live recovery does.
 // --die-in-reform R: rank R at start, when a peer dies, takes part in the agreement on the next
@@ -13,6 +13,8 @@
 // closed, before the new group connects: a failure within the re-forming. --late-rank R: rank
 // R at start, when a peer dies, waits MS before it re-forms (as a rank stopped or cut off
 // meanwhile): the others leave it out, and take it in again at a step boundary with their state.
+// --spare-start-ms: a spare takes MS to get ready (as a Python program's imports do) before it
+// first needs the world.
 // Prints "rank R at start: formed, rank K of W" once the first world formed, "generation G rank
 // K of W members M rejoined" (the late rank, once taken in again).
 // Prints (every member) "generation G rank K of W members M lost L" after each re-forming,
@@ -78,7 +80,7 @@ std::string cpus_of_this_process() {
 
 int main(int argc, char** argv) {
   int steps = 100, step_ms = 5, die_rank = -1, die_at = -1, no_reform = 0, die_in_reform = -1,
-      late_rank = -1, late_ms = 0;
+      late_rank = -1, late_ms = 0, spare_start_ms = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int value = std::atoi(argv[i + 1]);
@@ -98,12 +100,16 @@ int main(int argc, char** argv) {
       late_rank = value;
     else if (flag == "--late-ms")
       late_ms = value;
+    else if (flag == "--spare-start-ms")
+      spare_start_ms = value;
     else {
       std::fprintf(stderr, "live_worker: unknown flag %s\n", flag.c_str());
       return 2;
     }
   }
   try {
+    if (std::getenv("DTRAIN_LIVE_SPARE") != nullptr)
+      std::this_thread::sleep_for(std::chrono::milliseconds(spare_start_ms));
     dtrain::LiveWorld world({.settle = std::chrono::milliseconds(3000)});
     if (world.too_late() && world.spare() != 0) {
       std::printf("spare %d: not needed, nothing to do\n", world.spare());
