@@ -94,7 +94,9 @@ void move_fd(int fd, int target) {
   fail(s, ChildFailure::kExec);
 }
 
-std::vector<std::string> environment_of(const SpawnOptions& o) {
+}  // namespace
+
+std::vector<std::string> child_environment(const SpawnOptions& o) {
   std::vector<std::string> env;
   if (o.inherit_environment) {
     for (char** e = environ; *e != nullptr; ++e) {
@@ -118,6 +120,8 @@ std::vector<std::string> environment_of(const SpawnOptions& o) {
   }
   return env;
 }
+
+namespace {
 
 std::vector<char*> pointers(std::vector<std::string>& strings) {
   std::vector<char*> p;
@@ -159,7 +163,7 @@ Spawned spawn(const SpawnOptions& o) {
   if (o.stdin_fd < 0) devnull = net::Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   std::vector<std::string> args = o.argv;
   std::vector<char*> argv = pointers(args);
-  std::vector<std::string> env = environment_of(o);
+  std::vector<std::string> env = child_environment(o);
   std::vector<char*> envp = pointers(env);
   const ChildSetup setup{o.path.c_str(),
                          argv.data(),

@@ -51,6 +51,9 @@ struct Spawned {
 // Throws InternalError when this process cannot fork or make the pipe.
 Spawned spawn(const SpawnOptions& options);
 
+// The environment spawn() gives the child, as NAME=VALUE entries.
+std::vector<std::string> child_environment(const SpawnOptions& options);
+
 // The file execvp would run for `name`: `name` itself when it holds a '/', else the first
 // executable regular file of that name on PATH. Throws InvalidArgumentError saying what was
 // searched when there is none.

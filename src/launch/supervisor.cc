@@ -27,6 +27,7 @@
 #include "dtrain/error.h"
 #include "dtrain/preemption.h"
 #include "launch/cpu_binding.h"
+#include "launch/fork_server.h"
 #include "launch/idle_priority.h"
 
 extern char** environ;
@@ -154,7 +155,11 @@ class Run {
     for (size_t i = 0; i < workers_.size(); ++i) start(workers_[i], options_.workers[i]);
     // Spares get ready on the cycles the ranks leave, where this launcher can raise them again.
     idle_spares_ = options_.spares > 0 && can_leave_idle_priority();
-    for (int i = 0; i < options_.spares; ++i) start_spare();
+    spares_pending_ = options_.spares;
+    if (!options_.preload.empty() && (options_.spares > 0 || options_.replacements > 0))
+      start_fork_server();
+    else
+      start_pending_spares();
     loop();
     // Processes the stopped workers started may linger in their groups after the workers
     // themselves exited; the job is over, so they go too.
@@ -163,7 +168,45 @@ class Run {
   }
 
  private:
-  void start(Worker& w, const WorkerSpec& spec, bool idle_priority = false) {
+  // Spares are forked from it once it is ready (launch/fork_server.h).
+  void start_fork_server() {
+    const WorkerSpec* first = nullptr;
+    for (const auto& candidate : options_.workers)
+      if (first == nullptr && !candidate.service) first = &candidate;
+    ForkServerOptions o{.python = path_,
+                        .modules = options_.preload,
+                        .env = first != nullptr ? first->env : WorkerSpec{}.env,
+                        .stderr_fd = options_.stderr_fd,
+                        .signal_mask = &child_mask_};
+    fork_server_.emplace(o);
+    if (fork_server_->state() == ForkServer::State::kFailed) fork_server_failed();
+  }
+
+  void fork_server_failed() {
+    write_out(options_.stderr_fd,
+              fmt::format("{}: --preload: {}; spares and replacements start as the workers "
+                          "did\n",
+                          options_.name, fork_server_->failure()));
+    fork_server_.reset();
+    start_pending_spares();
+  }
+
+  void fork_server_word() {
+    fork_server_->take_word();
+    if (fork_server_->state() == ForkServer::State::kFailed) return fork_server_failed();
+    DTRAIN_LOG_INFO(
+        "{}: the fork server (pid {}) imported {}; spares and replacements are "
+        "forked from it (--preload)",
+        options_.name, fork_server_->pid(), fmt::join(options_.preload, ", "));
+    start_pending_spares();
+  }
+
+  void start_pending_spares() {
+    for (; spares_pending_ > 0; --spares_pending_) start_spare();
+  }
+
+  // `forkable`: a spare or a replacement, which a ready fork server starts.
+  void start(Worker& w, const WorkerSpec& spec, bool idle_priority = false, bool forkable = false) {
     const std::string& path = path_;
     const int devnull = devnull_.get();
     w.rank = spec.rank;
@@ -200,7 +243,21 @@ class Run {
                    .cpus = spec.cpus.empty() ? nullptr : &cpus,
                    .idle_priority = idle_priority,
                    .netns_fd = netns.valid() ? netns.get() : -1};
-    const Spawned spawned = spawn(o);
+    Spawned spawned;
+    if (forkable && spec.netns.empty() && fork_server_ &&
+        fork_server_->state() == ForkServer::State::kReady) {
+      spawned = fork_server_->spawn(o);
+      if (!spawned.failure.empty()) {
+        write_out(options_.stderr_fd,
+                  fmt::format("{}: --preload: {}; {} and later spares and replacements start as "
+                              "the workers did\n",
+                              options_.name, spawned.failure, w.label));
+        fork_server_.reset();
+        spawned = spawn(o);
+      }
+    } else {
+      spawned = spawn(o);
+    }
     w.pid = spawned.pid;
     w.running = true;
     if (!spawned.failure.empty())
@@ -241,6 +298,13 @@ class Run {
 
       std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
       std::vector<Stream*> streams{nullptr};
+      // The fork server's word that it is ready, while it imports.
+      const bool server_starting =
+          !stopping_ && fork_server_ && fork_server_->state() == ForkServer::State::kStarting;
+      if (server_starting) {
+        fds.push_back({fork_server_->fd(), POLLIN, 0});
+        streams.push_back(nullptr);
+      }
       // Asked to stop from outside: watched until the stop begins.
       const size_t stop_fds = stopping_ ? 0 : options_.stop_fds.size();
       for (size_t i = 0; i < stop_fds; ++i) {
@@ -260,12 +324,14 @@ class Run {
             fmt::format("{}: poll failed: {}", options_.name, std::strerror(errno)));
       if (rc <= 0) continue;
       // Output first, so that a worker's last lines are relayed before its exit is reported.
-      const size_t first_stream = 1 + stop_fds;
+      const size_t first_stop = server_starting ? 2 : 1;
+      const size_t first_stream = first_stop + stop_fds;
       for (size_t i = first_stream; i < fds.size(); ++i)
         if (fds[i].revents != 0) read_stream(*streams[i]);
       if (fds[0].revents != 0) read_signals();
+      if (server_starting && fds[1].revents != 0) fork_server_word();
       bool asked_to_stop = false;
-      for (size_t i = 1; i < first_stream; ++i) asked_to_stop |= fds[i].revents != 0;
+      for (size_t i = first_stop; i < first_stream; ++i) asked_to_stop |= fds[i].revents != 0;
       if (asked_to_stop && !stopping_) {
         DTRAIN_LOG_DEBUG("{}: asked to stop {} worker(s)", options_.name, running_count());
         stopped_by_request_ = true;
@@ -392,6 +458,13 @@ class Run {
       others_running = options_.members_elsewhere();
     if (others_running)
       for (const Worker* dead : to_replace) fill_place(*dead);
+    if (fork_server_) {
+      std::vector<pid_t> known;
+      for (const auto& w : workers_)
+        if (w.running) known.push_back(w.pid);
+      fork_server_->reap_strays(known);
+      if (fork_server_->state() == ForkServer::State::kFailed && !stopping_) fork_server_failed();
+    }
     if (culprit == nullptr) {
       // The workers are done and only services remain: they get the grace period to leave on
       // their own (a parameter server ends once every worker said goodbye), then are stopped.
@@ -677,7 +750,7 @@ class Run {
                     options_.replacement_env.end());
     spec.env.emplace_back(env::kLiveSpare.name, std::to_string(number));
     Worker& w = workers_.emplace_back();
-    start(w, spec, idle_spares_);
+    start(w, spec, idle_spares_, true);
     w.spare = number;
     return w;
   }
@@ -689,7 +762,7 @@ class Run {
                     options_.replacement_env.end());
     ++replacements_started_;
     Worker& w = workers_.emplace_back();
-    start(w, spec);
+    start(w, spec, false, true);
     write_out(
         options_.stderr_fd,
         fmt::format("{}: started a replacement for {} (pid {}; replacement {} of {}); the "
@@ -806,7 +879,9 @@ class Run {
   net::Fd devnull_;             // every worker's stdin
   int replacements_started_ = 0;
   int spares_started_ = 0;
-  bool idle_spares_ = false;  // spares start at SCHED_IDLE (launch/idle_priority.h)
+  int spares_pending_ = 0;                 // to start once the fork server is ready (or has failed)
+  std::optional<ForkServer> fork_server_;  // SupervisorOptions::preload
+  bool idle_spares_ = false;               // spares start at SCHED_IDLE (launch/idle_priority.h)
   Worker* first_failure_ = nullptr;
   std::vector<Worker*> lost_;    // keep_survivors: workers that failed while the others went on
   std::vector<Worker*> failed_;  // every worker that failed on its own, in the order seen

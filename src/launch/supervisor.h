@@ -106,6 +106,11 @@ struct SupervisorOptions {
   // the idle CPU priority where this launcher can raise them again (launch/idle_priority.h).
   int spares = 0;
   std::function<void(int spare, const WorkerSpec& place)> place_spare;
+  // With spares or replacements of a Python command: modules a fork server imports once
+  // (launch/fork_server.h), from which every spare and replacement is then forked instead of
+  // started afresh. Spares are started once it is ready; should it fail, they and replacements
+  // start the usual way, and a line says why.
+  std::vector<std::string> preload;
   // With replacements, on several nodes: whether workers elsewhere can take a replacement in
   // (`dtrain run`: the job's store answers), so that one is started even when this node has
   // none left running.

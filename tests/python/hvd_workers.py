@@ -9,9 +9,12 @@ import signal
 import sys
 import time
 
-import torch
+# Set in a worker forked from a server that had imported torch (`dtrain run --preload torch`).
+TORCH_BEFORE_THE_SCRIPT = "torch" in sys.modules
 
-import dtrain.torch as hvd
+import torch  # noqa: E402
+
+import dtrain.torch as hvd  # noqa: E402
 
 
 def expect(got, want, what):
@@ -624,12 +627,14 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
               f"{torch.distributed.is_initialized()}", flush=True)
     elif replacement:  # it asks to be taken in once it needs the world, not in init()
         print(f"rank {os.environ['RANK']} at start, a replacement: in the world after init(): "
-              f"{torch.distributed.is_initialized()}", flush=True)
+              f"{torch.distributed.is_initialized()}, torch imported before the script: "
+              f"{TORCH_BEFORE_THE_SCRIPT}", flush=True)
     x, y = live_dataset()
     model = _model()
     if live.spare():
         print(f"spare {live.spare()}: built its model, in the world: "
-              f"{torch.distributed.is_initialized()}", flush=True)
+              f"{torch.distributed.is_initialized()}, torch imported before the script: "
+              f"{TORCH_BEFORE_THE_SCRIPT}", flush=True)
         print(f"spare {live.spare()}: its threads' CPU policies while it waits: "
               f"{_thread_policies()}", flush=True)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),

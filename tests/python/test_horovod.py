@@ -432,22 +432,28 @@ def _can_leave_idle_priority():
     return can[0]
 
 
-@pytest.mark.parametrize("how", ["replace", "spares"])
-def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path, how):
+@pytest.mark.parametrize("how,preload", [("replace", False), ("spares", False),
+                                         ("replace", True), ("spares", True)])
+def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path, how, preload):
     # As above, with `--replace 1`: a new rank 1 starts, is taken in at a commit, receives the
     # state from the others and trains the rest of the epoch with them: 3 ranks, 2, then 3. With
     # `--spares 1` the new rank 1 is a process started with the others, its model built, which
-    # waited for a place.
-    p = _live_run(tmp_path, f"--{how}", "1", step_ms=600)  # time for a Python process to start
+    # waited for a place. With `--preload torch` either is forked from a process that imported
+    # torch (launch/fork_server.h), and its script finds torch imported.
+    args = [f"--{how}", "1"] + (["--preload", "torch"] if preload else [])
+    p = _live_run(tmp_path, *args, step_ms=600)  # time for a Python process to start
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
+    assert ("the fork server (pid" in p.stderr) == preload, text
     if how == "replace":
         assert "started a replacement for rank 1" in p.stderr, text
-        assert "rank 1 at start, a replacement: in the world after init(): False" in p.stdout, text
+        assert ("rank 1 at start, a replacement: in the world after init(): False, torch "
+                f"imported before the script: {preload}") in p.stdout, text
     else:
         assert re.search(r"spare 1 \(pid [0-9]+\) takes the place of rank 1; the others take it "
                          r"in at a step boundary", p.stderr), text
-        assert "[spare 1] spare 1: built its model, in the world: False" in p.stdout, text
+        assert ("[spare 1] spare 1: built its model, in the world: False, torch imported before "
+                f"the script: {preload}") in p.stdout, text
         # Its place's: RANK and LOCAL_RANK, for Python's readers too.
         assert "[rank 1] spare 1: now rank 1 at start, local rank 1, rank 1 of 3" in p.stdout, text
         # It got ready at the idle CPU priority, which the launcher raises when it gives it a
@@ -471,6 +477,30 @@ def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path, how):
         assert torch.equal(weights[0][k], weights[2][k]), k
         assert torch.allclose(weights[0][k], expected[k], rtol=1e-5, atol=1e-6), k
     _trained_once(tmp_path, ["0", "1", "1r", "2"], 1, resumed_at)
+
+
+def test_preload_leaves_out_a_module_whose_thread_goes_on_across_a_fork(tmp_path):
+    # A module that starts a thread of its own at import: a fork could copy a lock that thread
+    # holds. The fork server refuses it, the launcher says so, and the spare starts as the workers
+    # did, then takes the dead rank's place.
+    (tmp_path / "threaded_at_import.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
+    env = _launcher_env()
+    env["PYTHONPATH"] = f"{tmp_path}:{env.get('PYTHONPATH', '')}"
+    p = subprocess.run([DTRAIN, "run", "-n", "3", "--live", "--spares", "1", "--preload",
+                        "threaded_at_import", "--", harness.PYTHON,
+                        os.path.join(harness.HERE, "hvd_workers.py"), "live_elastic",
+                        str(tmp_path), "1", "4", "600", "-1", "0", "0"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text
+    assert ("dtrain run: --preload: importing threaded_at_import started 1 thread(s) (python) "
+            "that go on across a fork") in p.stderr, text
+    assert "spares and replacements start as the workers did" in p.stderr, text
+    assert ("[spare 1] spare 1: built its model, in the world: False, torch imported before "
+            "the script: False") in p.stdout, text
+    assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text
 
 
 def test_hvd_elastic_takes_back_a_rank_left_out_with_the_others_state(tmp_path):

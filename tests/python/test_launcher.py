@@ -73,6 +73,18 @@ def test_a_torch_distributed_script_recovers_live_when_a_rank_dies():
     assert done[0][2] == done[1][2], p.stdout
 
 
+def test_preload_is_refused_where_it_cannot_fork_the_workers():
+    # Nothing to fork without spares or replacements; a command that is not PYTHON SCRIPT or
+    # PYTHON -m MODULE cannot be run by the fork server.
+    p = dtrain_run(["-n", "1", "--preload", "torch", "--", harness.PYTHON, "-c", "pass"])
+    assert p.returncode != 0 and "--preload forks spares and replacements from a process that " \
+        "imported the modules: it needs --spares or --replace" in p.stderr, p.stderr
+    p = dtrain_run(["-n", "1", "--live", "--spares", "1", "--preload", "torch", "--",
+                    harness.PYTHON, "-c", "pass"])
+    assert p.returncode != 0 and "the workers' command must be PYTHON [-u] SCRIPT ... or " \
+        "PYTHON [-u] -m MODULE ..." in p.stderr, p.stderr
+
+
 def test_a_rank_that_dies_while_the_world_re_forms_is_left_out_too():
     # Rank 3 of 4 dies at step 5; rank 2 is listed for the next world and dies before it
     # connects. Ranks 0 and 1 give up on that world within the settle time and agree again.

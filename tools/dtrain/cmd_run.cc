@@ -37,6 +37,7 @@
 #include "launch/cpu_binding.h"
 #include "launch/elastic_agent.h"
 #include "launch/flight_dir.h"
+#include "launch/fork_server.h"
 #include "launch/gpu_topology.h"
 #include "launch/hang_monitor.h"
 #include "launch/live_nodes.h"
@@ -71,6 +72,7 @@ struct RunArgs {
   bool live = false;         // live recovery: a worker's death leaves the others running
   int replace = 0;           // with live: start this many replacements for dead workers in all
   int spares = 0;            // with live: workers started ahead to take dead ones' places
+  std::vector<std::string> preload;  // spares and replacements forked from a server (Python)
   std::vector<std::string> command;
 };
 
@@ -374,6 +376,7 @@ int run_job(const RunArgs& a) {
   options.replacements = a.replace;
   options.replacement_env.emplace_back(env::kLiveReplacement.name, "1");
   options.spares = a.spares;
+  options.preload = a.preload;
   options.place_spare = [&flight](int spare, const launch::WorkerSpec& place) {
     comm::SparePlace where{.rank = place.rank};
     for (const auto& [name, value] : place.env)
@@ -528,6 +531,12 @@ CLI::App* add_run_command(CLI::App& app) {
          "one taken")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--preload", args->preload,
+                  "With --spares or --replace and a Python command: import these modules once "
+                  "(comma-separated: torch,torch._dynamo) in a fork server, and fork every spare "
+                  "and replacement from it instead of starting an interpreter that imports them "
+                  "again while the others train")
+      ->delimiter(',');
   cmd->add_flag("--no-jemalloc", args->no_jemalloc,
                 "Do not preload jemalloc into the workers (by default they get it, with the "
                 "settings dtrain's own programs use: Python jobs train faster)");
@@ -641,6 +650,13 @@ CLI::App* add_run_command(CLI::App& app) {
       throw InvalidArgumentError(
           "dtrain run: --spares starts workers that wait to take dead ones' places while the "
           "others go on: it needs --live");
+    if (!a.preload.empty() && a.spares == 0 && a.replace == 0)
+      throw InvalidArgumentError(
+          "dtrain run: --preload forks spares and replacements from a process that imported "
+          "the modules: it needs --spares or --replace");
+    if (!a.preload.empty())
+      if (const std::string why = launch::ForkServer::why_not_forkable(a.command); !why.empty())
+        throw InvalidArgumentError("dtrain run: --preload: " + why);
     if (a.spares > 0 && a.gpus_per_proc > 0)
       throw InvalidArgumentError(
           "dtrain run: --spares cannot be combined with --gpus-per-proc yet: a spare starts "
