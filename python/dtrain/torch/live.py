@@ -274,7 +274,10 @@ def _warm_spare(parameters: Iterable[torch.Tensor]) -> None:
     the spare in. Under another allocator it costs only time in which the spare waits.
 
     Not when it would leave less than a quarter of the machine's memory available: the spares
-    of a host warm one at a time (a lock file), each seeing what the others took."""
+    of a host warm one at a time (a lock file), each seeing what the others took. A spare given
+    its place meanwhile warms without waiting any longer for the lock, whose holder (another
+    spare, at the idle CPU priority) may get no CPU at all while the workers train: the others
+    train without it until it joins, but would wait for it in every one of its first steps."""
     on_host = [p for p in parameters if p.device.type == "cpu"]
     need = 4 * sum(p.numel() * p.element_size() for p in on_host)
     if need == 0:
@@ -291,6 +294,8 @@ def _warm_spare(parameters: Iterable[torch.Tensor]) -> None:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if _core.spare_place_given(spare()):
+                    break
                 if time.monotonic() > deadline:
                     return
                 time.sleep(0.05)

@@ -4,6 +4,8 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include "comm/spare_place.h"
+#include "common/env.h"
 #include "dtrain/error.h"
 #include "dtrain/live_membership.h"
 #include "dtrain/step_shape.h"
@@ -122,6 +124,15 @@ void bind_live(py::module_& m) {
       py::arg("size_at_start"), py::arg("size"),
       "(batch per rank, learning rate) at `size` ranks for a job that started with these at\n"
       "`size_at_start` (include/dtrain/step_shape.h).");
+  m.def(
+      "spare_place_given",
+      [](int spare) {
+        const std::string dir = env::get_string(env::kFlightDir);
+        return !dir.empty() && comm::read_spare_place(dir, spare).has_value();
+      },
+      py::arg("spare"),
+      "Whether the launcher has given spare `spare` its place (comm/spare_place.h): a dead\n"
+      "worker's rank, which the others train without until the spare takes it.");
 }
 
 }  // namespace dtrain::python
