@@ -3,7 +3,8 @@
 # example at 4 ranks under `dtrain chaos --schedule SCHEDULE --seed SEED`, recovered by
 #   live      dtrain run --live: the survivors go on; a new worker takes the dead one's place
 #             and their state (the example: --replace, one started after each death; the
-#             transformer: --spares 10, a pool started with the job; LIVE= sets the flags)
+#             transformer: --spares 10, a pool started with the job and forked from a process
+#             that imported torch, --preload torch,torch._dynamo; LIVE= sets the flags)
 #   commit    dtrain run --max-restarts: every worker restarts from the in-memory commit
 #   torchrun  torchrun --max-restarts: PyTorch's elastic restart of every worker from a
 #             torch.save checkpoint in /dev/shm each step (bench/torch_elastic_fashion_mnist.py,
@@ -53,7 +54,7 @@ install_torchft() {
 }
 case $model in
   example) runs="live commit torchrun torchft" live=${LIVE:---replace 1000} ;;
-  transformer) runs="live torchrun torchft" live=${LIVE:---spares 10} ;;
+  transformer) runs="live torchrun torchft" live=${LIVE:---spares 10 --preload torch,torch._dynamo} ;;
   *) echo "fault_recovery.sh: MODEL is example or transformer, not $model" >&2; exit 2 ;;
 esac
 for name in ${ONLY:-$runs}; do

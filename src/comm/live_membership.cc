@@ -162,7 +162,9 @@ bool LiveMembership::take_place() {
             "gave it: the spare was still getting ready (its program's start up to its first "
             "need of the world) when a worker died, and the others trained without that rank "
             "meanwhile. Spares get ready at the idle CPU priority, on cycles the workers leave; "
-            "where the workers keep every CPU busy there are none: leave a CPU to the spares",
+            "where the workers keep every CPU busy there are none: leave a CPU to the spares, or "
+            "for a Python program have them forked from a process that imported its modules "
+            "(dtrain run --preload torch)",
             spare_, original_rank_, late);
       else
         DTRAIN_LOG_INFO("live world: spare {} takes the place of rank {} at start after {:.2f} s",
