@@ -17,6 +17,7 @@ The child is forked twice so that it becomes the launcher's own child (the launc
 subreaper, PR_SET_CHILD_SUBREAPER): the launcher reaps it, reads its exit status and signals its
 process group as for any worker it started itself.
 """
+import atexit
 import ctypes
 import gc
 import importlib
@@ -96,6 +97,10 @@ def _become(launcher, fds, request):
     if os.getppid() != launcher:
         os._exit(127)
     gc.enable()  # the server's objects stay frozen: this process's collections leave their pages
+    # ... until it exits (the last of its exit handlers): the interpreter's last collections
+    # then free them as in any process, where a binding library counting what is left at exit
+    # (nanobind's) would otherwise report each of them as leaked.
+    atexit.register(gc.unfreeze)
     cwd, idle, cpus, argv, env = _parse(request)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -187,7 +192,9 @@ def main():
     sys.stdout.flush()
     sys.stderr.flush()
     sock.send(b"ready")
-    return _serve(sock, launcher)
+    code = _serve(sock, launcher)
+    gc.unfreeze()
+    return code
 
 
 if __name__ == "__main__":
