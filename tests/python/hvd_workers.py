@@ -604,6 +604,16 @@ def live_batches(indices):
     return [indices[i:i + LIVE_BATCH] for i in range(0, len(indices), LIVE_BATCH)]
 
 
+def _wait_for_the_spare(out):
+    """With HVD_TEST_SPARE_FIRST=1 the test is of a spare that is ready when a rank dies: the
+    rank waits for its word, which a slow machine could otherwise put after the death."""
+    if os.environ.get("HVD_TEST_SPARE_FIRST") != "1":
+        return
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.path.join(out, "spare.ready")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms="0",
                  metric="0"):
     """hvd.elastic under `dtrain run --live`: one epoch of LIVE_SAMPLES through an
@@ -637,6 +647,7 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
               f"{TORCH_BEFORE_THE_SCRIPT}", flush=True)
         print(f"spare {live.spare()}: its threads' CPU policies while it waits: "
               f"{_thread_policies()}", flush=True)
+        open(os.path.join(out, "spare.ready"), "w").close()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters())
     me = int(os.environ["RANK"])  # a spare's place is known once it is in the world
@@ -687,6 +698,7 @@ def live_elastic(out, die_rank, die_after, step_ms="0", late_rank="-1", late_ms=
                 log.flush()
                 state.commit()
                 if me == die_rank and state.step == die_after and not replacement and not metric:
+                    _wait_for_the_spare(out)
                     os.kill(os.getpid(), signal.SIGKILL)
             state.sampler.set_epoch(state.epoch + 1)
 

@@ -368,12 +368,15 @@ def _trained_once(tmp_path, logs, dead, resumed_at):
     assert sorted(trained) == list(range(90)), sorted(trained)
 
 
-def _live_run(tmp_path, *args, step_ms=0, late=(-1, 0), metric=False):
+def _live_run(tmp_path, *args, step_ms=0, late=(-1, 0), metric=False, spare_first=False):
+    env = _launcher_env()
+    if spare_first:  # rank 1 dies only once the spare is ready (hvd_workers._wait_for_the_spare)
+        env["HVD_TEST_SPARE_FIRST"] = "1"
     return subprocess.run([DTRAIN, "run", "-n", "3", "--live", *args, "--", harness.PYTHON,
                            os.path.join(harness.HERE, "hvd_workers.py"), "live_elastic",
                            str(tmp_path), "1", "4", str(step_ms), *map(str, late),
                            "1" if metric else "0"],
-                          env=_launcher_env(), capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
@@ -441,7 +444,8 @@ def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path, how, prelo
     # waited for a place. With `--preload torch` either is forked from a process that imported
     # torch (launch/fork_server.h), and its script finds torch imported.
     args = [f"--{how}", "1"] + (["--preload", "torch"] if preload else [])
-    p = _live_run(tmp_path, *args, step_ms=600)  # time for a Python process to start
+    p = _live_run(tmp_path, *args, step_ms=600,  # time for a Python process to start
+                  spare_first=how == "spares")
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
     assert ("the fork server (pid" in p.stderr) == preload, text
@@ -488,6 +492,7 @@ def test_preload_leaves_out_a_module_whose_thread_goes_on_across_a_fork(tmp_path
         "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
     env = _launcher_env()
     env["PYTHONPATH"] = f"{tmp_path}:{env.get('PYTHONPATH', '')}"
+    env["HVD_TEST_SPARE_FIRST"] = "1"  # rank 1 dies once the spare is ready
     p = subprocess.run([DTRAIN, "run", "-n", "3", "--live", "--spares", "1", "--preload",
                         "threaded_at_import", "--", harness.PYTHON,
                         os.path.join(harness.HERE, "hvd_workers.py"), "live_elastic",
