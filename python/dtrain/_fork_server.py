@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import warnings
+from typing import NoReturn
 
 _PR_SET_PDEATHSIG = 1
 _REPARENT_TIMEOUT_S = 5.0
@@ -36,7 +37,7 @@ _REPARENT_TIMEOUT_S = 5.0
 _NOT_THE_WORKERS = (__file__, runpy.__file__, "<frozen runpy>")
 
 
-def _threads():
+def _threads() -> list[str]:
     """The names of this process's threads other than the calling one."""
     own = str(threading.get_native_id())
     names = []
@@ -47,7 +48,7 @@ def _threads():
     return names
 
 
-def _threads_after_a_fork():
+def _threads_after_a_fork() -> list[str]:
     """The threads left once a fork has run the at-fork handlers: a pool that stops itself before
     a fork (OpenBLAS's, which numpy starts) is no danger to the children, any other thread is."""
     with warnings.catch_warnings():
@@ -59,7 +60,7 @@ def _threads_after_a_fork():
     return _threads()
 
 
-def _preload(modules):
+def _preload(modules: list[str]) -> str | None:
     """Imports each module; says why not as a line for the launcher, or returns None."""
     for name in modules:
         try:
@@ -73,17 +74,17 @@ def _preload(modules):
     return None
 
 
-def _parse(message):
+def _parse(message: bytes) -> tuple[str, bool, set[int], list[str], dict[str, str]]:
     fields = message.split(b"\0")
-    cwd, idle, cpus, argc = fields[:4]
-    argc = int(argc)
+    cwd, idle, cpus, count = fields[:4]
+    argc = int(count)
     argv = [os.fsdecode(f) for f in fields[4:4 + argc]]  # as the interpreter decodes them
-    env = dict(os.fsdecode(f).split("=", 1) for f in fields[4 + argc:] if b"=" in f)
+    env = dict(os.fsdecode(f).partition("=")[::2] for f in fields[4 + argc:] if b"=" in f)
     cpu_list = {int(c) for c in cpus.decode().split(",") if c}
     return os.fsdecode(cwd), idle == b"1", cpu_list, argv, env
 
 
-def _become(launcher, fds, request):
+def _become(launcher: int, fds: list[int], request: bytes) -> NoReturn:
     """Runs in the forked child: becomes the worker the request describes; never returns."""
     os.setpgid(0, 0)
     # The intermediate parent exits at once; the launcher, a subreaper, inherits this process.
@@ -146,7 +147,7 @@ def _become(launcher, fds, request):
     sys.exit(0)
 
 
-def _serve(sock, launcher):
+def _serve(sock: socket.socket, launcher: int) -> int:
     while True:
         message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
         if not message:
@@ -178,7 +179,7 @@ def _serve(sock, launcher):
         os.waitpid(middle, 0)
 
 
-def main():
+def main() -> int:
     sock = socket.socket(fileno=int(os.environ.pop("DTRAIN_FORK_SERVER_FD")))
     modules = [m for m in os.environ.pop("DTRAIN_FORK_SERVER_PRELOAD", "").split(",") if m]
     launcher = os.getppid()
