@@ -85,6 +85,41 @@ def test_preload_is_refused_where_it_cannot_fork_the_workers():
         "PYTHON [-u] -m MODULE ..." in p.stderr, p.stderr
 
 
+ORPHAN_SCRIPT = """
+import os, time
+if os.environ["RANK"] == "1" and os.environ.get("DTRAIN_LIVE_REPLACEMENT") != "1":
+    if os.fork() == 0:  # outlives this process: the launcher, a subreaper, inherits it
+        time.sleep(1)
+        os._exit(0)
+    os._exit(3)
+if os.environ["RANK"] == "0":
+    time.sleep(5)
+    launcher, zombies = os.getppid(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except OSError:
+            continue  # gone meanwhile
+        if int(ppid) == launcher and state == "Z":
+            zombies.append(pid)
+    print(f"zombies under the launcher: {len(zombies)}", flush=True)
+"""
+
+
+def test_a_launcher_that_forks_workers_reaps_the_orphans_it_inherits(tmp_path):
+    # With --preload the launcher is a subreaper (launch/fork_server.h): a process that a dead
+    # worker left behind becomes its child, and is reaped when it exits rather than left a zombie.
+    script = tmp_path / "orphan.py"
+    script.write_text(ORPHAN_SCRIPT)
+    p = dtrain_run(["-n", "2", "--live", "--replace", "1", "--preload", "json", "--",
+                    harness.PYTHON, str(script)])
+    text = p.stdout + p.stderr
+    assert p.returncode == 0, text
+    assert "the fork server (pid" in p.stderr, text
+    assert "[rank 0] zombies under the launcher: 0" in p.stdout, text
+
+
 def test_a_rank_that_dies_while_the_world_re_forms_is_left_out_too():
     # Rank 3 of 4 dies at step 5; rank 2 is listed for the next world and dies before it
     # connects. Ranks 0 and 1 give up on that world within the settle time and agree again.
