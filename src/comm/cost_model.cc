@@ -6,6 +6,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -157,6 +158,12 @@ LoadedConstants CostModel::load() {
                               : unit == 'G' ? 1024.0 * 1024 * 1024
                                             : 1024);
   }
+  // At most the share of this machine's CPUs: a virtual machine (or a container on a large
+  // host) is shown the whole socket's last level, which the other tenants' cores fill too.
+  // Server parts hold 2-4 MiB of it per core.
+  constexpr double kCachePerCpu = 4.0 * 1024 * 1024;
+  k.cache_bytes =
+      std::min(k.cache_bytes, kCachePerCpu * std::max(1u, std::thread::hardware_concurrency()));
   if (auto path = env::raw(env::kCostFile)) {
     try {
       k = read_file(*path, k);
@@ -282,8 +289,8 @@ algo::CostInput CostModel::input(const algo::Algorithm& a, size_t bytes, int n,
   // nearly free while the ranks' buffers stay in cache (both copies run at once, on two
   // cores), three times the cost of one copy through memory beyond it. Each rank's working set
   // is about four times its buffer (the buffer, the scratch, and the bytes in both rings), and
-  // ranks that share a core also share its cache. Measured crossovers (docs/performance.md):
-  // 4 ranks on 2 cores between 512 KiB and 1 MiB, 2 ranks between 2 and 4 MiB.
+  // ranks that share a core also share its cache. The crossovers this puts against `direct`,
+  // and the measured ones: docs/algorithms.md, "Choosing".
   const bool spills = topology.local && 4 * c.N * c.M * topology.oversubscription >= k_.cache_bytes;
   c.reread = spills ? 2.0 : 0.0;
   c.trip = topology.local ? 2.0 : 1.0;

@@ -49,9 +49,9 @@ struct CostConstants {
   // What one collective call costs beyond its messages: the hand-over to the group's executor
   // and back to the waiting caller. The hierarchical forms pay it for each inner collective.
   double call = 20e-6;
-  // The last-level cache (sysfs, else 32 MiB): algorithms that pass data through the
-  // shared-memory rings are fast while every rank's buffer stays in it, and pay for each copy
-  // through memory beyond it, where one-copy "direct" wins.
+  // The last-level cache (sysfs, else 32 MiB; at most 4 MiB per CPU of the machine): algorithms
+  // that pass data through the shared-memory rings are fast while every rank's buffer stays in
+  // it, and pay for each copy through memory beyond it, where one-copy "direct" wins.
   double cache_bytes = 32.0 * 1024 * 1024;
 
   LinkCost shm() const { return {alpha_local, beta_local}; }
