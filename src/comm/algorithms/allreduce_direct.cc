@@ -99,22 +99,33 @@ void allreduce_direct(CollectiveContext& ctx, std::byte* data, size_t count) {
   // Reduces elements [lo, lo + len) of every rank's buffer, always in rank order 0, 1, ..., n-1
   // whoever takes the chunk (floating-point sums depend on the order: results are the same from
   // run to run, however the chunks were shared out), and writes the result back everywhere.
+  // Ranks 0 and 1 sum in their own buffer (rank 1 takes rank 0's copy as the first operand, as
+  // everyone does); a later rank sums in the accumulator, since its own copy comes later in the
+  // order, and copies the sum home at the end.
+  const DType dtype = ctx.call().dtype;
+  const ReduceOp op = ctx.call().op;
   auto take = [&](size_t lo, size_t len) {
     const size_t at = lo * elem, bytes = len * elem;
-    std::byte* sum = r == 0 ? data + at : acc;
-    if (r != 0) ctx.read_peer(0, sum, hello[0].address + at, bytes);
+    std::byte* own = data + at;
+    std::byte* sum = r <= 1 ? own : acc;
+    if (r == 1) {
+      ctx.read_peer(0, landing, hello[0].address + at, bytes);
+      reduce_to(own, landing, own, len, dtype, op);
+    } else if (r > 1) {
+      ctx.read_peer(0, acc, hello[0].address + at, bytes);
+    }
     for (int p = 1; p < n; ++p) {
       if (p == r) {
-        reduce_into(sum, data + at, len, ctx.call().dtype, ctx.call().op);
+        if (sum != own) reduce_into(sum, own, len, dtype, op);
         continue;
       }
       ctx.read_peer(p, landing, hello[p].address + at, bytes);
-      reduce_into(sum, landing, len, ctx.call().dtype, ctx.call().op);
+      reduce_into(sum, landing, len, dtype, op);
     }
-    if (sum != data + at) std::memcpy(data + at, sum, bytes);
+    if (sum != own) std::memcpy(own, sum, bytes);
     for (int i = 1; i < n; ++i) {
       const int p = (r + i) % n;  // a different first peer on every rank
-      ctx.write_peer(p, hello[p].address + at, data + at, bytes);
+      ctx.write_peer(p, hello[p].address + at, own, bytes);
     }
   };
 
