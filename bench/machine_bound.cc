@@ -104,29 +104,50 @@ std::pair<int, int> loopback_pair() {
   return {client, server};
 }
 
-// GB/s of one thread writing a stream that another reads, over loopback TCP.
-double tcp_stream_gbs(double seconds) {
-  auto [client, server] = loopback_pair();
+// GB/s of `streams` loopback TCP streams at once, all together, each written by one thread
+// and read by another. One stream is what a single flow can reach; a collective's ranks send
+// and receive at once, and every byte of every flow is copied by the kernel on the same CPUs,
+// so the machine's total over as many streams as it has CPUs is what their flows share.
+double tcp_streams_gbs(int streams, double seconds) {
+  std::vector<std::pair<int, int>> pairs;
+  try {
+    for (int i = 0; i < streams; ++i) pairs.push_back(loopback_pair());
+  } catch (...) {
+    for (auto [client, server] : pairs) ::close(client), ::close(server);
+    throw;
+  }
   constexpr size_t kChunk = size_t{1} << 20;
   std::atomic<uint64_t> received{0};
-  std::thread reader([&, fd = server] {
-    std::vector<std::byte> buf(kChunk);
-    for (;;) {
-      const ssize_t n = ::read(fd, buf.data(), buf.size());
-      if (n <= 0) return;
-      received.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
-    }
-  });
-  std::vector<std::byte> chunk(kChunk, std::byte{1});
+  std::atomic<bool> stop{false};
+  std::barrier start(2 * streams + 1);
+  std::vector<std::thread> threads;
+  for (auto [client, server] : pairs) {
+    threads.emplace_back([&, fd = server] {
+      std::vector<std::byte> buf(kChunk);
+      start.arrive_and_wait();
+      for (;;) {
+        const ssize_t n = ::read(fd, buf.data(), buf.size());
+        if (n <= 0) return;
+        received.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+      }
+    });
+    threads.emplace_back([&, fd = client] {
+      std::vector<std::byte> chunk(kChunk, std::byte{1});
+      start.arrive_and_wait();
+      while (!stop.load(std::memory_order_relaxed))
+        if (::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL) < 0) return;
+    });
+  }
+  start.arrive_and_wait();
   const auto t0 = Clock::now();
-  while (seconds_since(t0) < seconds)
-    if (::write(client, chunk.data(), chunk.size()) < 0) break;
-  const double took = seconds_since(t0);
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   const uint64_t moved = received.load();
-  ::shutdown(client, SHUT_RDWR);
-  reader.join();
-  ::close(client);
-  ::close(server);
+  const double took = seconds_since(t0);
+  stop = true;
+  // Shutting both ends down ends the readers and wakes a writer blocked in send().
+  for (auto [client, server] : pairs) ::shutdown(client, SHUT_RDWR), ::shutdown(server, SHUT_RDWR);
+  for (auto& t : threads) t.join();
+  for (auto [client, server] : pairs) ::close(client), ::close(server);
   return static_cast<double>(moved) / took / 1e9;
 }
 
@@ -209,10 +230,22 @@ double cache_line_round_trip_ns(int cpu_a, int cpu_b, int trips) {
 MachineBound measure_machine_bound(double seconds) {
   MachineBound b;
   b.copiers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  b.memcpy_gbs = copy_gbs(1, kUncachedBytes, seconds);
-  b.memcpy_all_gbs = b.copiers > 1 ? copy_gbs(b.copiers, kUncachedBytes, seconds) : b.memcpy_gbs;
-  b.memcpy_cached_gbs = copy_gbs(1, kCachedBytes, seconds);
-  b.tcp_stream_gbs = tcp_stream_gbs(seconds);
+  // A rate is the best of three samples: a shared machine's neighbours and its vCPUs' placement
+  // slow a sample down (one loopback stream measured 2.2 to 4.9 GB/s from one sample to the
+  // next), and a bound is what the machine can do, not what it did once.
+  auto best = [seconds](auto rate) {
+    double top = 0;
+    for (int i = 0; i < 3; ++i) top = std::max(top, rate(seconds / 2));
+    return top;
+  };
+  b.memcpy_gbs = best([](double s) { return copy_gbs(1, kUncachedBytes, s); });
+  b.memcpy_all_gbs = b.copiers > 1
+                         ? best([&](double s) { return copy_gbs(b.copiers, kUncachedBytes, s); })
+                         : b.memcpy_gbs;
+  b.memcpy_cached_gbs = best([](double s) { return copy_gbs(1, kCachedBytes, s); });
+  b.tcp_stream_gbs = best([](double s) { return tcp_streams_gbs(1, s); });
+  b.tcp_all_gbs = b.copiers > 1 ? best([&](double s) { return tcp_streams_gbs(b.copiers, s); })
+                                : b.tcp_stream_gbs;
   b.socket_round_trip_us = socket_round_trip_us(seconds);
   if (b.copiers > 1) {
     std::vector<double> samples;
@@ -229,6 +262,7 @@ std::string to_json(const MachineBound& b) {
   j["copiers"] = b.copiers;
   j["memcpy_cached_gbs"] = b.memcpy_cached_gbs;
   j["tcp_stream_gbs"] = b.tcp_stream_gbs;
+  j["tcp_all_gbs"] = b.tcp_all_gbs;
   j["socket_round_trip_us"] = b.socket_round_trip_us;
   j["cache_line_round_trip_ns"] = b.cache_line_round_trip_ns;
   return j.dump();
@@ -245,13 +279,14 @@ MachineBound parse_machine_bound(const std::string& json) {
     b.copiers = j.at("copiers").get<int>();
     b.memcpy_cached_gbs = j.at("memcpy_cached_gbs").get<double>();
     b.tcp_stream_gbs = j.at("tcp_stream_gbs").get<double>();
+    b.tcp_all_gbs = j.at("tcp_all_gbs").get<double>();
     b.socket_round_trip_us = j.at("socket_round_trip_us").get<double>();
     b.cache_line_round_trip_ns = j.at("cache_line_round_trip_ns").get<double>();
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(std::string("the machine's bound: ") + e.what() + ": " + json);
   }
   if (b.memcpy_gbs <= 0 || b.memcpy_all_gbs <= 0 || b.memcpy_cached_gbs <= 0 ||
-      b.tcp_stream_gbs <= 0 || b.copiers < 1)
+      b.tcp_stream_gbs <= 0 || b.tcp_all_gbs <= 0 || b.copiers < 1)
     throw std::invalid_argument("the machine's bound holds a rate of 0 or less: " + json);
   return b;
 }

@@ -15,11 +15,12 @@ struct MachineBound {
   int copiers = 0;                      // ... how many
   double memcpy_cached_gbs = 0;         // one thread copying a buffer that stays in its own cache
   double tcp_stream_gbs = 0;            // one loopback TCP stream, one thread each end
+  double tcp_all_gbs = 0;               // a stream per CPU at once, all of them together
   double socket_round_trip_us = 0;      // one byte over loopback TCP and back
   double cache_line_round_trip_ns = 0;  // a cache line from one CPU to another and back
 };
 
-// Measures each for about `seconds` (a fraction of a second is enough for stable figures).
+// Measures each rate as the best of three samples of `seconds` / 2, the round trips for `seconds`.
 MachineBound measure_machine_bound(double seconds = 0.25);
 
 // The median round trip of a cache line between CPUs `cpu_a` and `cpu_b` over `trips` trips;

@@ -1,12 +1,12 @@
 // `dtrain bench` as a driver starts each implementation's processes with the launcher's
 // supervisor: an implementation past --deadline is stopped and named, a failing rank stops the
 // others and is named, and the result lines the ranks print never reach the user as text.
-#include <gtest/gtest.h>
-
 #include <fstream>
 #include <iterator>
 #include <regex>
 #include <string>
+
+#include <gtest/gtest.h>
 
 #include "command.h"
 
@@ -21,10 +21,9 @@ const std::string kDtrain = std::string(DTRAIN_BIN_DIR) + "/dtrain";
 TEST(BenchDriver, AnImplementationPastItsDeadlineIsStoppedAndNamed) {
   CommandOptions o;
   o.timeout = 60s;
-  const CommandResult r = run_command(
-      {kDtrain, "bench", "allreduce", "--np", "2", "--sizes", "64M", "--iters", "1000",
-       "--deadline", "1"},
-      o);
+  const CommandResult r = run_command({kDtrain, "bench", "allreduce", "--np", "2", "--sizes", "64M",
+                                       "--iters", "1000", "--deadline", "1"},
+                                      o);
   EXPECT_EQ(r.exit_code, 1) << r.describe() << "\n" << r.output;
   EXPECT_NE(r.output.find("dtrain: did not finish within the deadline (1 s, --deadline); stopped"),
             std::string::npos)
@@ -53,10 +52,9 @@ TEST(BenchDriver, AFailingRankIsNamedAndTheOthersAreStopped) {
 TEST(BenchDriver, ResultLinesAreTakenAndTheTableShowsThem) {
   CommandOptions o;
   o.timeout = 60s;
-  const CommandResult r = run_command(
-      {kDtrain, "bench", "allreduce", "--np", "2", "--sizes", "4K", "--iters", "3", "--warmup",
-       "1"},
-      o);
+  const CommandResult r = run_command({kDtrain, "bench", "allreduce", "--np", "2", "--sizes", "4K",
+                                       "--iters", "3", "--warmup", "1"},
+                                      o);
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   EXPECT_EQ(r.output.find("{\"impl\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("# allreduce  np 2"), std::string::npos) << r.output;
@@ -76,6 +74,11 @@ TEST(BenchDriver, TheBoundIsMeasuredAndEachRowShowsItsFractionOfIt) {
                   o);
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   EXPECT_NE(r.output.find("this machine allows: memcpy"), std::string::npos) << r.output;
+  // One loopback stream, and as many at once as the machine has CPUs: the flows' share.
+  EXPECT_TRUE(std::regex_search(
+      r.output,
+      std::regex("a loopback TCP stream [0-9.]+ GB/s, [0-9.]+ GB/s \\([0-9]+ at once\\)")))
+      << r.output;
   EXPECT_NE(r.output.find(" bound"), std::string::npos) << r.output;
   std::smatch m;
   std::ifstream in(json);

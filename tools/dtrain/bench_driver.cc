@@ -271,10 +271,11 @@ std::string measure_bound(const BenchArgs& a) {
   const bench::MachineBound b = bench::measure_machine_bound();
   std::fprintf(stderr,
                "dtrain bench: this machine allows: memcpy %.2f GB/s (one thread), %.2f GB/s (%d "
-               "at once), %.2f GB/s within a core's cache; a loopback TCP stream %.2f GB/s; a "
-               "socket's round trip %.1f us; a cache line's round trip %.0f ns\n",
+               "at once), %.2f GB/s within a core's cache; a loopback TCP stream %.2f GB/s, %.2f "
+               "GB/s (%d at once); a socket's round trip %.1f us; a cache line's round trip "
+               "%.0f ns\n",
                b.memcpy_gbs, b.memcpy_all_gbs, b.copiers, b.memcpy_cached_gbs, b.tcp_stream_gbs,
-               b.socket_round_trip_us, b.cache_line_round_trip_ns);
+               b.tcp_all_gbs, b.copiers, b.socket_round_trip_us, b.cache_line_round_trip_ns);
   return bench::to_json(b);
 }
 

@@ -19,6 +19,7 @@
 
 #include "bench/bench_common.h"
 #include "bench/machine_bound.h"
+#include "comm/algorithms/algorithm.h"
 #include "comm/cost_model.h"
 #include "comm/native_process_group.h"
 #include "common/durable.h"
@@ -221,25 +222,28 @@ void calibrate(ProcessGroup& pg, comm::NativeProcessGroup& native, const std::st
 // model's formula for it (its messages, copies and reductions) at the machine's rates instead of
 // the calibrated ones, and nothing for the call itself. A message through shared memory is a
 // cache line crossing once; a message over TCP half a socket's round trip, then the loopback
-// stream. A copy or a reduction streams at this rank's share of what the CPUs copy: from their
-// own caches while the group's working set stays in the last level (the cost model's rule for
-// when the rings spill, cost_model.cc), through memory beyond it.
+// stream, at most the group's share of all that the machine's CPUs carry through TCP at once (a
+// stream per CPU: every flow's bytes are copied by the kernel on the same CPUs). A copy or a
+// reduction streams at this rank's share of what the CPUs copy: from their own caches while the
+// group's working set stays in the last level (the cost model's rule for when the rings spill,
+// cost_model.cc), through memory beyond it; the reductions of an algorithm that reduces chunks
+// in cache (the direct forms, which copy each byte through memory once) at the cached rate.
 double bound_seconds(const bench::MachineBound& b, const comm::NativeProcessGroup& g,
                      const std::string& algo, comm::CollectiveKind kind, size_t bytes) {
   comm::CostConstants k = g.cost_model().constants();
   const int n = g.size();
   const bool cached = 4.0 * n * static_cast<double>(bytes) < k.cache_bytes;
-  const double copy =
-      (cached ? b.memcpy_cached_gbs * std::min(1.0, static_cast<double>(b.copiers) / n)
-              : std::min(b.memcpy_gbs, b.memcpy_all_gbs / n)) *
-      1e9;
+  const double in_cache = b.memcpy_cached_gbs * std::min(1.0, static_cast<double>(b.copiers) / n);
+  const double copy = (cached ? in_cache : std::min(b.memcpy_gbs, b.memcpy_all_gbs / n)) * 1e9;
+  const comm::algo::Algorithm* a = comm::algo::find(kind, algo);
   k.alpha_local = b.cache_line_round_trip_ns * 0.5e-9;
   k.beta_local = 1.0 / copy;
-  k.gamma = 1.0 / copy;
+  k.gamma = a != nullptr && a->reduces_in_cache ? 1.0 / (in_cache * 1e9) : 1.0 / copy;
   k.alpha = b.socket_round_trip_us * 0.5e-6;
   k.beta = 1.0 / (b.tcp_stream_gbs * 1e9);
   k.alpha_rack = k.beta_rack = 0;
-  k.beta_machine = k.beta_machine_shm = 0;
+  k.beta_machine = 1.0 / (b.tcp_all_gbs * 1e9);
+  k.beta_machine_shm = 0;
   k.call = 0;
   return comm::CostModel(k).cost(algo, kind, bytes, n, g.topology());
 }

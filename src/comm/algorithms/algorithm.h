@@ -94,6 +94,9 @@ struct Algorithm {
   std::string_view chosen;   // when the model picks it, in words
   Needs needs = Needs::kNothing;
   Flows flows = Flows::kEveryRank;
+  // It reduces chunks that stay in a core's cache, whatever the buffer's size (the direct forms):
+  // `dtrain bench --bound` prices its reductions at the cached rate, its copies through memory.
+  bool reduces_in_cache = false;
   // Seconds of its messages (the cost model adds the call). Null for the hierarchical forms,
   // which the model prices from the collectives they run inside and across the parts.
   double (*cost)(const CostInput&) = nullptr;

@@ -156,6 +156,7 @@ extern const Algorithm kAllreduceDirect{
         "counter, each read straight from the peers' memory, reduced and written straight "
         "back into theirs",
     .needs = Needs::kReadAll,
+    .reduces_in_cache = true,
     .cost =
         [](const CostInput& c) {
           return 4 * c.link.alpha + (c.N - 1) / c.N * c.M * (2 * c.link.beta + c.gamma);

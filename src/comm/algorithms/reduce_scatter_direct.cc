@@ -79,6 +79,7 @@ extern const Algorithm kReduceScatterDirect{
         "one host, shared memory with cross-memory attach, beyond a few hundred KiB: each rank "
         "reads its block straight from the peers' inputs and adds it up",
     .needs = Needs::kReadAll,
+    .reduces_in_cache = true,
     .cost =
         [](const CostInput& c) {
           return 4 * c.link.alpha + (c.N - 1) / c.N * c.M * (c.link.beta + c.gamma);
