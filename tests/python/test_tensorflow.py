@@ -191,14 +191,21 @@ def test_hvd_elastic_recovers_live_when_a_rank_dies(tmp_path):
     _trained_once(tmp_path, ["0", "1", "2"], 1, resumed_at, samples)
 
 
-@pytest.mark.parametrize("how", ["replace", "spares"])
-def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path, how):
+@pytest.mark.parametrize("how,preload", [("replace", False), ("spares", False),
+                                         ("spares", True)])
+def test_hvd_elastic_takes_in_a_replacement_for_a_dead_rank(tmp_path, how, preload):
     # The same with `--replace 1`: a new process takes rank 1's place at a commit of the
     # survivors, syncs the state from them and trains the rest of the pass with them. With
-    # `--spares 1` it is a process started with the others, whose init() waited for the place.
-    p = _live_run(tmp_path, f"--{how}", "1", step_ms=2000)  # time for TensorFlow to load
+    # `--spares 1` it is a process started with the others, whose init() waited for the place;
+    # with `--preload tensorflow` it is forked from a process that imported TensorFlow.
+    args = [f"--{how}", "1"] + (["--preload", "tensorflow"] if preload else [])
+    p = _live_run(tmp_path, *args, step_ms=2000)  # time for TensorFlow to load
     text = p.stdout + p.stderr
     assert p.returncode == 0, text
+    assert ("the fork server (pid" in p.stderr) == preload, text
+    assert "--preload: importing" not in p.stderr, text
+    assert ("rank 1 at start: tensorflow imported before the script: True" in p.stdout) == \
+        preload, text
     if how == "spares":
         assert re.search(r"spare 1 \(pid [0-9]+\) takes the place of rank 1", p.stderr), text
     assert "3 worker(s) ended well; 1 lost along the way (--live)" in p.stderr, text

@@ -8,6 +8,8 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# True in a process forked from `dtrain run --preload tensorflow`'s server.
+TENSORFLOW_BEFORE_THE_SCRIPT = "tensorflow" in sys.modules
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -480,6 +482,8 @@ def live_elastic(out, die_rank, die_after, step_ms="0"):
     khvd.init()
     me = int(os.environ["RANK"])
     replacement = os.environ.get("DTRAIN_LIVE_REPLACEMENT") == "1"
+    print(f"rank {me} at start: tensorflow imported before the script: "
+          f"{TENSORFLOW_BEFORE_THE_SCRIPT}", flush=True)
     model, x, y = _live_setup()
     model.compile(optimizer=khvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
                   loss="mse")
