@@ -231,8 +231,8 @@ MachineBound measure_machine_bound(double seconds) {
   MachineBound b;
   b.copiers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // A rate is the best of three samples: a shared machine's neighbours and its vCPUs' placement
-  // slow a sample down (one loopback stream measured 2.2 to 4.9 GB/s from one sample to the
-  // next), and a bound is what the machine can do, not what it did once.
+  // slow a sample down by as much as half (docs/performance.md), and a bound is what the machine
+  // can do, not what it did once.
   auto best = [seconds](auto rate) {
     double top = 0;
     for (int i = 0; i < 3; ++i) top = std::max(top, rate(seconds / 2));
