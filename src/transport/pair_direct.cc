@@ -18,8 +18,7 @@ bool Pair::try_send_now(uint64_t tag, const void* data, size_t size, uint64_t au
   header.tag = tag;
   header.size = size;
   header.aux = aux;
-  const iovec iov[2] = {{&header, sizeof(header)}, {const_cast<void*>(data), size}};
-  if (!rs->write_whole(iov, size > 0 ? 2 : 1)) return false;
+  if (!rs->write_frame(header, data, size)) return false;
   ++send_seq_;
   bytes_moved_ += sizeof(header) + size;
   return true;

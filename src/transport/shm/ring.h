@@ -79,6 +79,13 @@ class Ring {
     if (room_at(head) < n) seen_tail_ = c_->tail.load(std::memory_order_acquire);
     return room_at(head) >= n;
   }
+  // Whether the consumer has read every byte written (the producer's view; its count is read
+  // only when the one last seen falls short).
+  bool drained() {
+    const uint64_t head = c_->head.load(std::memory_order_relaxed);
+    if (seen_tail_ != head) seen_tail_ = c_->tail.load(std::memory_order_acquire);
+    return seen_tail_ == head;
+  }
   // Bytes the consumer may read now.
   size_t readable() {
     const uint64_t tail = c_->tail.load(std::memory_order_relaxed);

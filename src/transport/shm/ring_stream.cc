@@ -37,12 +37,23 @@ RingStream::RingStream(int fd, Segment segment, bool creator)
     : fd_(fd), segment_(std::move(segment)), creator_(creator) {
   in_ = segment_.ring(!creator_);
   out_ = segment_.ring(creator_);
+  in_box_ = segment_.mailbox(!creator_);
+  out_box_ = segment_.mailbox(creator_);
 }
 
 ssize_t RingStream::write(const iovec* iov, size_t count) {
   size_t wanted = 0;
   for (size_t i = 0; i < count; ++i) wanted += iov[i].iov_len;
   const size_t n = out_.write(iov, count);
+  after_write(n < wanted);
+  if (n == 0) {
+    errno = EAGAIN;
+    return -1;
+  }
+  return static_cast<ssize_t>(n);
+}
+
+void RingStream::after_write(bool full) {
   // The consumer's event loop must drain the ring when this side cannot finish without it (the
   // ring filled up); otherwise the bytes may wait in the ring until the consumer polls. A
   // sleeping consumer is always told.
@@ -51,17 +62,11 @@ ssize_t RingStream::write(const iovec* iov, size_t count) {
   // One doorbell per filling-up, not one per retry: the ring is full at a new head only after
   // the consumer read and this side wrote again (keyed on our own head, which the consumer's
   // answer to the doorbell cannot move).
-  const bool full = n < wanted;
   const bool refilled = full && out_.produced() != full_rung_at_;
   const uint32_t consumer = out_.control().consumer_sleeping.load(std::memory_order_relaxed);
   if ((consumer & kWantDoorbell) || refilled) ring_doorbell();
   if (consumer & kWantBell) ring_peer_bell();
   if (refilled) full_rung_at_ = out_.produced();
-  if (n == 0) {
-    errno = EAGAIN;
-    return -1;
-  }
-  return static_cast<ssize_t>(n);
 }
 
 bool RingStream::write_whole(const iovec* iov, size_t count) {
@@ -71,9 +76,23 @@ bool RingStream::write_whole(const iovec* iov, size_t count) {
   return write(iov, count) == static_cast<ssize_t>(wanted);
 }
 
+bool RingStream::write_frame(const FrameHeader& header, const void* payload, size_t size) {
+  // Only while the ring is read out: every frame in the mailbox is then older than anything in
+  // the ring, and the consumer, which looks at the mailbox first, reads them in order.
+  if (size <= kMailboxPayloadBytes && out_.drained() && out_box_.post(header, payload, size)) {
+    after_write(false);
+    return true;
+  }
+  const iovec iov[2] = {{const_cast<FrameHeader*>(&header), sizeof(header)},
+                        {const_cast<void*>(payload), size}};
+  return write_whole(iov, size > 0 ? 2 : 1);
+}
+
 ssize_t RingStream::read(std::byte* out, size_t n) {
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (const size_t got = in_.read(out, n); got > 0) {
+    const size_t got =
+        in_box_.ready() ? in_box_.copy_out(out, n, /*consume=*/true) : in_.read(out, n);
+    if (got > 0) {
       std::atomic_thread_fence(std::memory_order_seq_cst);
       const uint32_t producer = in_.control().producer_waiting.load(std::memory_order_relaxed);
       if (producer & kWantDoorbell) ring_doorbell();
@@ -92,6 +111,15 @@ ssize_t RingStream::read(std::byte* out, size_t n) {
   return -1;
 }
 
+bool RingStream::peek(void* out, size_t n) {
+  if (!in_box_.ready()) return in_.peek(static_cast<std::byte*>(out), n);
+  if (in_box_.unread() < n) return false;
+  in_box_.copy_out(static_cast<std::byte*>(out), n, /*consume=*/false);
+  return true;
+}
+
+size_t RingStream::readable() { return in_box_.ready() ? in_box_.unread() : in_.readable(); }
+
 bool RingStream::ask_to_be_told(bool want_data, bool want_room) {
   // A thread asleep on the bell moves this pair's bytes itself: it is the one to wake, and it
   // waits for data whatever the pair has posted.
@@ -102,7 +130,7 @@ bool RingStream::ask_to_be_told(bool want_data, bool want_room) {
   // Then look once more: data that came before the flag was seen would otherwise wait for the
   // next message.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  return (!want_data || in_.empty()) && (!want_room || out_.full());
+  return (!want_data || (!in_box_.ready() && in_.empty())) && (!want_room || out_.full());
 }
 
 void RingStream::quiet() {

@@ -1,5 +1,6 @@
-// RingStream: a pair's bytes through the two rings of a shared segment (shm/ring.h), with the
-// pair's TCP connection left to carry doorbells and to tell of the peer's death.
+// RingStream: a pair's bytes through the two rings of a shared segment (shm/ring.h), and small
+// frames through the mailboxes beside them (shm/mailbox.h), with the pair's TCP connection left
+// to carry doorbells and to tell of the peer's death.
 //
 // How the other side learns of new data or room: it asks, in the ring's flags, for nothing (it
 // polls), for a doorbell (a byte on the socket, which wakes its event loop) or for its bell (a
@@ -20,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "transport/frame.h"
 #include "transport/shm/segment.h"
 
 namespace dtrain::transport::shm {
@@ -35,9 +37,13 @@ class RingStream {
 
   // All of iov or nothing: false (nothing written) when the ring has no room for the whole.
   bool write_whole(const iovec* iov, size_t count);
-  // The next n bytes, copied out and left in the ring; false if fewer are here.
-  bool peek(void* out, size_t n) { return in_.peek(static_cast<std::byte*>(out), n); }
-  size_t readable() { return in_.readable(); }
+  // A whole frame, through the mailbox when it fits and may go there (shm/mailbox.h), else the
+  // ring; false (nothing written) when there is no room for it. Only at a frame's boundary:
+  // nothing of an earlier frame may be left to write.
+  bool write_frame(const FrameHeader& header, const void* payload, size_t size);
+  // The next n bytes, copied out and left where they are; false if fewer are here.
+  bool peek(void* out, size_t n);
+  size_t readable();
 
   // The socket only carries doorbells (and tells of the peer's death): the event loop watches
   // it for data, and it stays in the loop while a thread polls the pair.
@@ -86,6 +92,8 @@ class RingStream {
  private:
   // What the flags say while nobody wants a doorbell: the bell, if a thread sleeps on it.
   uint32_t idle_flags() const { return sleepers_ > 0 ? kWantBell : 0; }
+  // Tells the consumer of what was just written, as it asked; `full`: not all of it fit.
+  void after_write(bool full);
   // Bumps and wakes the peer's bell (a thread of the peer sleeps on it).
   void ring_peer_bell();
   pid_t peer_pid();
@@ -94,11 +102,12 @@ class RingStream {
   Segment segment_;
   bool creator_;
   Ring in_, out_;
+  Mailbox in_box_, out_box_;
   bool draining_ = false;
   uint32_t empty_polls_ = 0;  // empty ring reads since the socket was last asked
   int sleepers_ = 0;
   int one_copy_ = -1;  // -1 not yet asked, 0 the peer cannot read our memory, 1 it can
-  // The consumer's read count when the doorbell for the ring filling up was last rung.
+  // The producer's count when the doorbell for the ring filling up was last rung.
   uint64_t full_rung_at_ = ~uint64_t{0};
 };
 

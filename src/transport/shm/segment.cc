@@ -107,7 +107,7 @@ Segment Segment::create(const std::string& prefix) {
   }
   auto* h = new (s.base_) SegmentHeader{};
   h->magic = kSegmentMagic;
-  h->version = 2;
+  h->version = kSegmentVersion;
   h->creator_pid = ::getpid();
   h->creator_probe = reinterpret_cast<uint64_t>(&kProbeValue);
   auto* c = static_cast<std::byte*>(s.base_) + 4096;
@@ -129,9 +129,9 @@ Segment Segment::open(const std::string& name) {
   if (!s.base_)
     throw PeerFailureError(
         fmt::format("cannot map shared memory {}: {}", name, std::strerror(err)));
-  if (s.header().magic != kSegmentMagic || s.header().version != 2)
-    throw PeerFailureError(
-        fmt::format("shared memory {} is not a dtrain segment of version 2", name));
+  if (s.header().magic != kSegmentMagic || s.header().version != kSegmentVersion)
+    throw PeerFailureError(fmt::format("shared memory {} is not a dtrain segment of version {}",
+                                       name, kSegmentVersion));
   s.header().opener_pid = ::getpid();
   s.header().opener_probe = reinterpret_cast<uint64_t>(&kProbeValue);
   return s;

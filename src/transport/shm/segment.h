@@ -8,7 +8,8 @@
 // segments of the same job, group and ranks that nobody holds (their creator died in between)
 // are removed when the next one is created.
 //
-// Layout: a header page (magic, version, the two pids), then one ring per direction.
+// Layout: a header page (magic, version, the two pids, the bells, the mailboxes), then one ring
+// per direction.
 #pragma once
 
 #include <atomic>
@@ -17,11 +18,13 @@
 #include <string>
 
 #include "common/socket.h"
+#include "transport/shm/mailbox.h"
 #include "transport/shm/ring.h"
 
 namespace dtrain::transport::shm {
 
 inline constexpr uint64_t kSegmentMagic = 0x4d48535f4e525444;  // "DTRN_SHM"
+inline constexpr uint32_t kSegmentVersion = 3;
 inline constexpr size_t kRingBytes = size_t{1} << 20;  // per direction; pages mapped up front
 
 struct SegmentHeader {
@@ -39,6 +42,8 @@ struct SegmentHeader {
     std::atomic<uint32_t> seq{0};
   };
   Bell bells[2];
+  // Small frames beside the rings (shm/mailbox.h): from the creator, and back.
+  MailboxLines mailboxes[2];
 };
 static_assert(sizeof(SegmentHeader) <= 4096);
 
@@ -72,6 +77,8 @@ class Segment {
   SegmentHeader& header() { return *static_cast<SegmentHeader*>(base_); }
   // The ring from the creator (lower rank) to the opener, and back.
   Ring ring(bool from_creator);
+  // The mailbox beside each ring.
+  Mailbox mailbox(bool from_creator) { return Mailbox(&header().mailboxes[from_creator ? 0 : 1]); }
 
   static size_t size() { return 4096 + 2 * (sizeof(RingControl) + kRingBytes); }
 
