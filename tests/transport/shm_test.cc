@@ -354,6 +354,45 @@ TEST(Shm, SmallFramesThroughTheMailboxKeepTheirOrderWithTheRing) {
   for (auto& r : results) EXPECT_TRUE(r.ok());
 }
 
+// A frame through the mailbox and one through the ring sent an instant apart, many times, while
+// the receiver polls: a receiver that looked at the mailbox, then found the ring's frame (sent
+// after the mailbox's) once took the ring's frame first and read the mailbox's bytes as its
+// payload (4 ranks, `dtrain bench`, once in a few minutes).
+TEST(Shm, AFramePostedWhileTheReceiverLooksIsReadFirst) {
+  const int port = free_port();
+  const std::string job = unique_job("shm-mailbox-race");
+  // Two pairs of ranks on the 2 cores of a small machine: a receiver is often descheduled
+  // between its looks.
+  auto results = run_ranks(
+      4,
+      [&](int rank) {
+        ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+        ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+        auto world = make_group(rank, 4, port, {}, 30s);
+        auto low = world->new_group({0, 1});
+        auto high = world->new_group({2, 3});
+        auto& group = rank < 2 ? low : high;
+        const int peer = rank ^ 1;
+        const AllreduceOptions async{.algorithm = "recursive_doubling", .async_op = true};
+        for (uint32_t i = 0; i < 20000; ++i) {
+          std::vector<float> value(2, static_cast<float>(rank + i));
+          auto message = pattern(40, i);
+          std::vector<uint8_t> got(40);
+          auto reduced = group->allreduce(TensorView::of(value), async);
+          if (rank % 2)
+            world->send(TensorView::of(message), peer, 3);
+          else
+            world->recv(TensorView::of(got), peer, 3);
+          reduced->wait();
+          RANK_CHECK(value[0] == static_cast<float>(rank + peer + 2 * i),
+                     "call {}: all-reduce gave {}", i, value[0]);
+          RANK_CHECK(rank % 2 || got == message, "call {}: the message differs", i);
+        }
+      },
+      90s);
+  for (auto& r : results) EXPECT_TRUE(r.ok());
+}
+
 void make_segment_file(const std::string& name) {
   int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
   ASSERT_GE(fd, 0);

@@ -5,8 +5,11 @@
 // collective's latency is made of (docs/performance.md, "Small frames in one cache line").
 //
 // The sender posts to the mailbox only when the receiver has read every byte of the ring and
-// no frame is half written, so every frame in the mailbox is older than anything in the ring:
-// the receiver looks at the mailbox first and reads the two in the order they were sent.
+// no frame is half written, so a frame in the mailbox is older than anything in the ring that
+// the receiver has not read. The receiver, at a frame's start with nothing of the ring in
+// sight, looks at the ring's count and then at the mailbox: a frame posted before the bytes it
+// saw in the ring is then in sight too (RingStream::mailbox_next). Looking at the mailbox only
+// before the ring once read a ring frame sent after a mailbox frame that came in between.
 //
 // A slot is reused only after the receiver has said (`taken`) that it is done with it, and
 // holds its frame's number, so a stale slot from the last lap is never read as new.

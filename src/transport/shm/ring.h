@@ -60,12 +60,22 @@ class Ring {
     return written;
   }
 
-  // Copies up to n bytes out; returns the bytes read (0 when empty).
+  // The consumer's look at the producer's count: what read and peek may take. They look again
+  // by themselves only while bytes seen are still unread (the producer's mailbox stays shut
+  // meanwhile, shm/mailbox.h); at an empty ring the caller looks, then at the mailbox.
+  void look() { seen_head_ = c_->head.load(std::memory_order_acquire); }
+  // Bytes seen at the last look and not yet read.
+  size_t seen() const {
+    return std::min(static_cast<size_t>(seen_head_ - c_->tail.load(std::memory_order_relaxed)),
+                    capacity_);
+  }
+
+  // Copies up to n bytes out; returns the bytes read (0 when none were seen).
   size_t read(std::byte* out, size_t n) {
     const uint64_t tail = c_->tail.load(std::memory_order_relaxed);
     // Likewise the producer's count: a frame's payload, written with its header, is here
     // already when the header was.
-    if (seen_head_ - tail < n) seen_head_ = c_->head.load(std::memory_order_acquire);
+    if (seen_head_ != tail && seen_head_ - tail < n) look();
     n = std::min({n, static_cast<size_t>(seen_head_ - tail), capacity_});
     if (n == 0) return 0;
     copy_out(tail, out, n);
@@ -86,17 +96,11 @@ class Ring {
     if (seen_tail_ != head) seen_tail_ = c_->tail.load(std::memory_order_acquire);
     return seen_tail_ == head;
   }
-  // Bytes the consumer may read now.
-  size_t readable() {
-    const uint64_t tail = c_->tail.load(std::memory_order_relaxed);
-    seen_head_ = c_->head.load(std::memory_order_acquire);
-    return std::min(static_cast<size_t>(seen_head_ - tail), capacity_);
-  }
   // Copies the next n bytes out without consuming them; false (nothing copied) if fewer are
   // here.
   bool peek(std::byte* out, size_t n) {
     const uint64_t tail = c_->tail.load(std::memory_order_relaxed);
-    if (seen_head_ - tail < n) seen_head_ = c_->head.load(std::memory_order_acquire);
+    if (seen_head_ != tail && seen_head_ - tail < n) look();
     if (std::min(static_cast<size_t>(seen_head_ - tail), capacity_) < n) return false;
     copy_out(tail, out, n);
     return true;

@@ -91,7 +91,7 @@ bool RingStream::write_frame(const FrameHeader& header, const void* payload, siz
 ssize_t RingStream::read(std::byte* out, size_t n) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     const size_t got =
-        in_box_.ready() ? in_box_.copy_out(out, n, /*consume=*/true) : in_.read(out, n);
+        mailbox_next() ? in_box_.copy_out(out, n, /*consume=*/true) : in_.read(out, n);
     if (got > 0) {
       std::atomic_thread_fence(std::memory_order_seq_cst);
       const uint32_t producer = in_.control().producer_waiting.load(std::memory_order_relaxed);
@@ -111,14 +111,25 @@ ssize_t RingStream::read(std::byte* out, size_t n) {
   return -1;
 }
 
+bool RingStream::mailbox_next() {
+  if (in_box_.ready()) return true;
+  // Bytes of the ring seen and unread: the producer posts nothing to the mailbox until they
+  // are read, and every frame posted before them was in sight when they were seen.
+  if (in_.seen() > 0) return false;
+  // Look at the ring, then at the mailbox once more: a frame posted between the first look at
+  // the mailbox and this look at the ring is older than what the ring now shows.
+  in_.look();
+  return in_box_.ready();
+}
+
 bool RingStream::peek(void* out, size_t n) {
-  if (!in_box_.ready()) return in_.peek(static_cast<std::byte*>(out), n);
+  if (!mailbox_next()) return in_.peek(static_cast<std::byte*>(out), n);
   if (in_box_.unread() < n) return false;
   in_box_.copy_out(static_cast<std::byte*>(out), n, /*consume=*/false);
   return true;
 }
 
-size_t RingStream::readable() { return in_box_.ready() ? in_box_.unread() : in_.readable(); }
+size_t RingStream::readable() { return mailbox_next() ? in_box_.unread() : in_.seen(); }
 
 bool RingStream::ask_to_be_told(bool want_data, bool want_room) {
   // A thread asleep on the bell moves this pair's bytes itself: it is the one to wake, and it

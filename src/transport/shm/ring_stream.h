@@ -92,6 +92,9 @@ class RingStream {
  private:
   // What the flags say while nobody wants a doorbell: the bell, if a thread sleeps on it.
   uint32_t idle_flags() const { return sleepers_ > 0 ? kWantBell : 0; }
+  // Whether the next bytes to read are the mailbox's (its frame is here, or half read) rather
+  // than the ring's.
+  bool mailbox_next();
   // Tells the consumer of what was just written, as it asked; `full`: not all of it fit.
   void after_write(bool full);
   // Bumps and wakes the peer's bell (a thread of the peer sleeps on it).
