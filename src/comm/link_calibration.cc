@@ -221,10 +221,7 @@ void NativeProcessGroup::agree_on_costs() {
 
 void NativeProcessGroup::set_cost_constants(const CostConstants& k) {
   cost_model_.set_constants(k);
-  {
-    std::lock_guard lock(choices_mu_);
-    choices_ = {};
-  }
+  forget_choices();
   for (const auto& g : {local_group_, cross_group_})
     if (g) g->set_cost_constants(k);
 }

@@ -165,13 +165,11 @@ class NativeProcessGroup : public ProcessGroup,
   // The cost model's choice, remembered per (kind, bytes) for the latest few.
   const algo::Algorithm& choose(CollectiveKind kind, std::string_view requested,
                                 size_t bytes) const;
-  struct Choice {
-    CollectiveKind kind{};
-    size_t bytes = 0;
-    const algo::Algorithm* algorithm = nullptr;  // one of algo::registry(): static storage
-  };
-  mutable std::mutex choices_mu_;
-  mutable std::array<Choice, 16> choices_{};
+  // Each a whole choice in one word, read and written without a lock (a small collective's
+  // call takes no lock it can do without): the bytes, the kind and the algorithm's place in
+  // algo::registry() plus one; 0 when empty.
+  mutable std::array<std::atomic<uint64_t>, 16> choices_{};
+  void forget_choices();
   Topology topology_;
   Split split_ = Split::kHostsOrRacks;
   bool internal() const { return split_ != Split::kHostsOrRacks; }

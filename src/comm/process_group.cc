@@ -505,12 +505,26 @@ const algo::Algorithm& NativeProcessGroup::choose(CollectiveKind kind, std::stri
                                                   size_t bytes) const {
   if (!requested.empty()) return cost_model_.choose(kind, requested, bytes, size_, topology_);
   // The model's answer for a (kind, size) does not change: remember the recent ones.
-  std::lock_guard lock(choices_mu_);
-  Choice& c = choices_[(static_cast<size_t>(kind) * 31 + std::bit_width(bytes) * 7 + bytes) %
-                       choices_.size()];
-  if (c.algorithm == nullptr || c.kind != kind || c.bytes != bytes)
-    c = Choice{kind, bytes, &cost_model_.choose(kind, {}, bytes, size_, topology_)};
-  return *c.algorithm;
+  const auto all = algo::registry();
+  static_assert(sizeof(CollectiveKind) == 1);
+  constexpr int kBytesBits = 48;
+  const uint64_t key = (uint64_t{static_cast<uint8_t>(kind)} << kBytesBits) | bytes;
+  const bool cached = bytes < (uint64_t{1} << kBytesBits);
+  auto& slot = choices_[(static_cast<size_t>(kind) * 31 + std::bit_width(bytes) * 7 + bytes) %
+                        choices_.size()];
+  const uint64_t c = slot.load(std::memory_order_relaxed);
+  if (cached && c != 0 && (c & ((uint64_t{1} << (kBytesBits + 8)) - 1)) == key)
+    return *all[(c >> (kBytesBits + 8)) - 1];
+  const algo::Algorithm& chosen = cost_model_.choose(kind, {}, bytes, size_, topology_);
+  const auto at = std::find(all.begin(), all.end(), &chosen) - all.begin();
+  if (cached && at < 255)
+    slot.store((static_cast<uint64_t>(at + 1) << (kBytesBits + 8)) | key,
+               std::memory_order_relaxed);
+  return chosen;
+}
+
+void NativeProcessGroup::forget_choices() {
+  for (auto& c : choices_) c.store(0, std::memory_order_relaxed);
 }
 
 namespace {
