@@ -77,8 +77,8 @@ bool RingStream::write_whole(const iovec* iov, size_t count) {
 }
 
 bool RingStream::write_frame(const FrameHeader& header, const void* payload, size_t size) {
-  // Only while the ring is read out: every frame in the mailbox is then older than anything in
-  // the ring, and the consumer, which looks at the mailbox first, reads them in order.
+  // Only while the ring is read out: every frame in the mailbox is then older than anything the
+  // consumer has not read of the ring, and it reads the two in order (mailbox_next).
   if (size <= kMailboxPayloadBytes && out_.drained() && out_box_.post(header, payload, size)) {
     after_write(false);
     return true;
