@@ -1,8 +1,8 @@
 // Shared memory between ranks on one host: both paths (one copy with cross-memory attach, and
 // the ring), a collective's steps passing the messages ahead of them in the ring, small frames
-// through the mailbox in order with the ring, agreement with TCP, nothing left in /dev/shm after a
-// normal exit or a SIGKILL, a stale segment of the same job removed, two jobs sharing a job id kept
-// apart, and a killed peer noticed at once.
+// through the mailbox in order with the ring, agreement with TCP, nothing left in /dev/shm after a normal exit or a SIGKILL, a stale segment of the same
+// job removed, two jobs sharing a job id kept apart, and a killed peer noticed at once.
+#include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -16,8 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "dtrain/error.h"
 #include "support/group.h"
 #include "support/multiproc.h"
@@ -29,8 +27,7 @@ using namespace std::chrono_literals;
 
 std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
   std::vector<uint8_t> v(n);
-  for (size_t i = 0; i < n; ++i)
-    v[i] = static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 11)) & 0xff);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((i * 131 + seed * 7 + (i >> 11)) & 0xff);
   return v;
 }
 
@@ -49,26 +46,23 @@ std::string unique_job(const char* what) {
 void exchange_all_sizes(const char* transport, const char* cma) {
   const int port = free_port();
   const std::string job = unique_job("shm-sizes");
-  auto results = run_ranks(
-      2,
-      [&](int rank) {
-        ::setenv("DTRAIN_TRANSPORT", transport, 1);
-        ::setenv("DTRAIN_CMA", cma, 1);
-        ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
-        auto pg = make_group(rank, 2, port);
-        for (size_t size : {size_t{0}, size_t{1}, size_t{4095}, size_t{65536}, size_t{1} << 20,
-                            (size_t{5} << 20) + 3, size_t{64} << 20}) {
-          auto expected = pattern(size, static_cast<uint32_t>(size));
-          // Both directions at once, receives posted late (the unexpected path) every other size.
-          std::vector<uint8_t> got(size, 0xee);
-          auto s = pg->isend(TensorView::of(expected), 1 - rank, 1);
-          if (size % 2) std::this_thread::sleep_for(20ms);
-          pg->recv(TensorView::of(got), 1 - rank, 1);
-          s->wait();
-          RANK_CHECK(got == expected, "{} bytes over {} (cma {}) differ", size, transport, cma);
-        }
-      },
-      90s);
+  auto results = run_ranks(2, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", transport, 1);
+    ::setenv("DTRAIN_CMA", cma, 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto pg = make_group(rank, 2, port);
+    for (size_t size : {size_t{0}, size_t{1}, size_t{4095}, size_t{65536}, size_t{1} << 20,
+                        (size_t{5} << 20) + 3, size_t{64} << 20}) {
+      auto expected = pattern(size, static_cast<uint32_t>(size));
+      // Both directions at once, receives posted late (the unexpected path) every other size.
+      std::vector<uint8_t> got(size, 0xee);
+      auto s = pg->isend(TensorView::of(expected), 1 - rank, 1);
+      if (size % 2) std::this_thread::sleep_for(20ms);
+      pg->recv(TensorView::of(got), 1 - rank, 1);
+      s->wait();
+      RANK_CHECK(got == expected, "{} bytes over {} (cma {}) differ", size, transport, cma);
+    }
+  }, 90s);
   for (auto& r : results) EXPECT_TRUE(r.ok());
   EXPECT_TRUE(segments_of(job).empty());
 }
@@ -80,31 +74,27 @@ TEST(Shm, TcpForced) { exchange_all_sizes("tcp", "1"); }
 TEST(Shm, NothingLeftBehindAfterSigkill) {
   const int port = free_port();
   const std::string job = unique_job("shm-kill");
-  auto results = run_ranks(
-      3,
-      [&](int rank) {
-        ::setenv("DTRAIN_TRANSPORT", "shm", 1);
-        ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
-        auto pg = make_group(rank, 3, port, {}, 30s);
-        pg->barrier()->wait();
-        if (rank == 2) ::raise(SIGKILL);
-        // The survivors notice the death through the pair's socket, not a timeout.
-        std::vector<float> v(1000, 1.0f);
-        auto start = std::chrono::steady_clock::now();
-        try {
-          pg->recv(TensorView::of(v), 2, 5);
-          RANK_CHECK(false, "recv from a killed rank succeeded");
-        } catch (const PeerFailureError& e) {
-          auto took = std::chrono::steady_clock::now() - start;
-          RANK_CHECK(std::string(e.what()).find("rank 2") != std::string::npos, "{}", e.what());
-          // The waiter sleeps on the segment's futex by then: the death must still wake it.
-          RANK_CHECK(took < 1s, "took {} ms",
-                     std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
-        }
-        if (rank == 0) std::this_thread::sleep_for(200ms);  // the store outlives rank 1's checks
-        ::_exit(3);
-      },
-      60s);
+  auto results = run_ranks(3, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto pg = make_group(rank, 3, port, {}, 30s);
+    pg->barrier()->wait();
+    if (rank == 2) ::raise(SIGKILL);
+    // The survivors notice the death through the pair's socket, not a timeout.
+    std::vector<float> v(1000, 1.0f);
+    auto start = std::chrono::steady_clock::now();
+    try {
+      pg->recv(TensorView::of(v), 2, 5);
+      RANK_CHECK(false, "recv from a killed rank succeeded");
+    } catch (const PeerFailureError& e) {
+      auto took = std::chrono::steady_clock::now() - start;
+      RANK_CHECK(std::string(e.what()).find("rank 2") != std::string::npos, "{}", e.what());
+      // The waiter sleeps on the segment's futex by then: the death must still wake it.
+      RANK_CHECK(took < 1s, "took {} ms", std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+    }
+    if (rank == 0) std::this_thread::sleep_for(200ms);  // the store outlives rank 1's checks
+    ::_exit(3);
+  }, 60s);
   EXPECT_EQ(results[2].signal, SIGKILL);
   EXPECT_EQ(results[0].exit_code, 3);
   EXPECT_EQ(results[1].exit_code, 3);
@@ -184,26 +174,23 @@ TEST(Shm, SleeperOnSeveralLatePeersWakesWhenTheyArrive) {
 TEST(Shm, RingOfSendsLargerThanTheRingWaitSendFirst) {
   const int port = free_port();
   const std::string job = unique_job("shm-sendfirst");
-  auto results = run_ranks(
-      3,
-      [&](int rank) {
-        ::setenv("DTRAIN_TRANSPORT", "shm", 1);
-        ::setenv("DTRAIN_CMA", "0", 1);
-        ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
-        auto pg = make_group(rank, 3, port, {}, 20s);
-        const int next = (rank + 1) % 3, prev = (rank + 2) % 3;
-        for (uint32_t i = 0; i < 12; ++i) {
-          auto out = pattern(size_t{4} << 20, rank * 100 + i);
-          std::vector<uint8_t> in(out.size());
-          auto r = pg->irecv(TensorView::of(in), prev);
-          auto s = pg->isend(TensorView::of(out), next);
-          s->wait();
-          r->wait();
-          RANK_CHECK(in == pattern(in.size(), prev * 100 + i), "message {} from rank {} differs", i,
-                     prev);
-        }
-      },
-      60s);
+  auto results = run_ranks(3, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_CMA", "0", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto pg = make_group(rank, 3, port, {}, 20s);
+    const int next = (rank + 1) % 3, prev = (rank + 2) % 3;
+    for (uint32_t i = 0; i < 12; ++i) {
+      auto out = pattern(size_t{4} << 20, rank * 100 + i);
+      std::vector<uint8_t> in(out.size());
+      auto r = pg->irecv(TensorView::of(in), prev);
+      auto s = pg->isend(TensorView::of(out), next);
+      s->wait();
+      r->wait();
+      RANK_CHECK(in == pattern(in.size(), prev * 100 + i), "message {} from rank {} differs", i,
+                 prev);
+    }
+  }, 60s);
   for (auto& r : results) EXPECT_TRUE(r.ok());
 }
 
@@ -216,32 +203,29 @@ TEST(Shm, RingOfSendsLargerThanTheRingWaitSendFirst) {
 TEST(Shm, ReceivePostedWhileTheLoopDrainsAnEarlyMessage) {
   const int port = free_port();
   const std::string job = unique_job("shm-postwhiledraining");
-  auto results = run_ranks(
-      2,
-      [&](int rank) {
-        ::setenv("DTRAIN_TRANSPORT", "shm", 1);
-        ::setenv("DTRAIN_CMA", "0", 1);
-        ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
-        auto pg = make_group(rank, 2, port, {}, 20s);
-        for (uint32_t i = 0; i < 6; ++i) {
-          auto large = pattern(size_t{64} << 20, i);
-          std::vector<uint8_t> small(8, static_cast<uint8_t>(i));
-          if (rank == 0) {
-            pg->send(TensorView::of(large), 1, 1);
-            pg->send(TensorView::of(small), 1, 2);
-          } else {
-            std::vector<uint8_t> got_small(8), got_large(large.size());
-            auto r2 = pg->irecv(TensorView::of(got_small), 0, 2);
-            std::this_thread::sleep_for(15ms);  // the large message is streaming in meanwhile
-            auto r1 = pg->irecv(TensorView::of(got_large), 0, 1);
-            r1->wait();
-            r2->wait();
-            RANK_CHECK(got_large == large && got_small == small, "round {}: messages differ", i);
-          }
-          pg->barrier()->wait();
-        }
-      },
-      60s);
+  auto results = run_ranks(2, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_CMA", "0", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto pg = make_group(rank, 2, port, {}, 20s);
+    for (uint32_t i = 0; i < 6; ++i) {
+      auto large = pattern(size_t{64} << 20, i);
+      std::vector<uint8_t> small(8, static_cast<uint8_t>(i));
+      if (rank == 0) {
+        pg->send(TensorView::of(large), 1, 1);
+        pg->send(TensorView::of(small), 1, 2);
+      } else {
+        std::vector<uint8_t> got_small(8), got_large(large.size());
+        auto r2 = pg->irecv(TensorView::of(got_small), 0, 2);
+        std::this_thread::sleep_for(15ms);  // the large message is streaming in meanwhile
+        auto r1 = pg->irecv(TensorView::of(got_large), 0, 1);
+        r1->wait();
+        r2->wait();
+        RANK_CHECK(got_large == large && got_small == small, "round {}: messages differ", i);
+      }
+      pg->barrier()->wait();
+    }
+  }, 60s);
   for (auto& r : results) EXPECT_TRUE(r.ok());
 }
 
@@ -254,103 +238,96 @@ TEST(Shm, ReceivePostedWhileTheLoopDrainsAnEarlyMessage) {
 TEST(Shm, CollectiveStepsPassMessagesAheadOfThemInTheRing) {
   const int port = free_port();
   const std::string job = unique_job("shm-direct");
-  auto results = run_ranks(
-      2,
-      [&](int rank) {
-        ::setenv("DTRAIN_TRANSPORT", "shm", 1);
-        ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
-        auto world = make_group(rank, 2, port, {}, 20s);
-        auto sub = world->new_group({0, 1});  // the same pair, its own tags
-        uint32_t round = 0;
-        for (size_t size : {size_t{0}, size_t{8}, size_t{4096}, size_t{70000}}) {
-          for (int i = 0; i < 50; ++i, ++round) {
-            auto expected = pattern(size, round);
-            const bool message = i % 3 == 0;
-            const size_t count = 2 + i % 3;
-            std::vector<float> mine(count, static_cast<float>(rank + round));
-            std::vector<float> other(count, static_cast<float>(100 + 10 * rank + round));
-            const AllreduceOptions sync{.algorithm = "recursive_doubling", .async_op = false};
-            const AllreduceOptions async{.algorithm = "recursive_doubling", .async_op = true};
-            if (rank == 1) {
-              // Ahead of the collectives' frames: a message nobody has asked for yet, and the
-              // other group's collective.
-              if (message) world->send(TensorView::of(expected), 0, 7);
-              auto a = world->allreduce(TensorView::of(other), async);
-              sub->allreduce(TensorView::of(mine), sync)->wait();
-              a->wait();
-            } else {
-              if (i % 2) std::this_thread::sleep_for(1ms);  // the frames are all in the ring
-              sub->allreduce(TensorView::of(mine), sync)->wait();
-              world->allreduce(TensorView::of(other), async)->wait();
-              if (message) {
-                std::vector<uint8_t> got(size, 0xee);
-                world->recv(TensorView::of(got), 1, 7);
-                RANK_CHECK(got == expected, "round {}: the {}-byte message differs", round, size);
-              }
-            }
-            for (float v : mine)
-              RANK_CHECK(v == static_cast<float>(1 + 2 * round), "round {}: all-reduce gave {}",
-                         round, v);
-            for (float v : other)
-              RANK_CHECK(v == static_cast<float>(210 + 2 * round),
-                         "round {}: the other group's all-reduce gave {}", round, v);
+  auto results = run_ranks(2, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto world = make_group(rank, 2, port, {}, 20s);
+    auto sub = world->new_group({0, 1});  // the same pair, its own tags
+    uint32_t round = 0;
+    for (size_t size : {size_t{0}, size_t{8}, size_t{4096}, size_t{70000}}) {
+      for (int i = 0; i < 50; ++i, ++round) {
+        auto expected = pattern(size, round);
+        const bool message = i % 3 == 0;
+        const size_t count = 2 + i % 3;
+        std::vector<float> mine(count, static_cast<float>(rank + round));
+        std::vector<float> other(count, static_cast<float>(100 + 10 * rank + round));
+        const AllreduceOptions sync{.algorithm = "recursive_doubling", .async_op = false};
+        const AllreduceOptions async{.algorithm = "recursive_doubling", .async_op = true};
+        if (rank == 1) {
+          // Ahead of the collectives' frames: a message nobody has asked for yet, and the
+          // other group's collective.
+          if (message) world->send(TensorView::of(expected), 0, 7);
+          auto a = world->allreduce(TensorView::of(other), async);
+          sub->allreduce(TensorView::of(mine), sync)->wait();
+          a->wait();
+        } else {
+          if (i % 2) std::this_thread::sleep_for(1ms);  // the frames are all in the ring
+          sub->allreduce(TensorView::of(mine), sync)->wait();
+          world->allreduce(TensorView::of(other), async)->wait();
+          if (message) {
+            std::vector<uint8_t> got(size, 0xee);
+            world->recv(TensorView::of(got), 1, 7);
+            RANK_CHECK(got == expected, "round {}: the {}-byte message differs", round, size);
           }
         }
-      },
-      60s);
+        for (float v : mine)
+          RANK_CHECK(v == static_cast<float>(1 + 2 * round), "round {}: all-reduce gave {}",
+                     round, v);
+        for (float v : other)
+          RANK_CHECK(v == static_cast<float>(210 + 2 * round),
+                     "round {}: the other group's all-reduce gave {}", round, v);
+      }
+    }
+  }, 60s);
   for (auto& r : results) EXPECT_TRUE(r.ok());
 }
 
 // Small frames go through the pair's mailbox, larger ones and everything of the general path
 // through the ring, and the receiver must read them in the order they were sent. Rank 1 gets
 // far ahead: six groups' collectives post more small frames than the mailbox has slots (the
-// rest wait for the ring, which must wait for the slots to be read), with point-to-point
-// messages of 8 bytes and 64 KiB between them; rank 0 then takes everything in another order.
+// rest go through the ring), with point-to-point messages of 8 bytes and 64 KiB between them;
+// rank 0 then takes everything in another order.
 TEST(Shm, SmallFramesThroughTheMailboxKeepTheirOrderWithTheRing) {
   const int port = free_port();
   const std::string job = unique_job("shm-mailbox");
-  auto results = run_ranks(
-      2,
-      [&](int rank) {
-        ::setenv("DTRAIN_TRANSPORT", "shm", 1);
-        ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
-        auto world = make_group(rank, 2, port, {}, 20s);
-        std::vector<std::shared_ptr<ProcessGroup>> groups;
-        for (int g = 0; g < 6; ++g) groups.push_back(world->new_group({0, 1}));
-        const AllreduceOptions async{.algorithm = "recursive_doubling", .async_op = true};
-        for (uint32_t round = 0; round < 20; ++round) {
-          std::vector<std::vector<float>> values;
-          for (int g = 0; g < 6; ++g)
-            values.emplace_back(1 + g % 8, static_cast<float>(rank * 1000 + g * 10 + round));
-          auto tiny = pattern(8, round);
-          auto large = pattern(size_t{64} << 10, round);
-          std::vector<std::shared_ptr<Work>> works;
-          if (rank == 1) {
-            for (int g = 0; g < 6; ++g) {
-              works.push_back(groups[g]->allreduce(TensorView::of(values[g]), async));
-              if (g == 2) works.push_back(world->isend(TensorView::of(tiny), 0, 1));
-              if (g == 4) works.push_back(world->isend(TensorView::of(large), 0, 2));
-            }
-          } else {
-            std::this_thread::sleep_for(round % 2 ? 20ms : 0ms);  // rank 1's frames all wait
-            std::vector<uint8_t> got_tiny(8), got_large(large.size());
-            works.push_back(world->irecv(TensorView::of(got_large), 1, 2));
-            for (int g = 5; g >= 0; --g)
-              works.push_back(groups[g]->allreduce(TensorView::of(values[g]), async));
-            world->recv(TensorView::of(got_tiny), 1, 1);
-            for (auto& w : works) w->wait();
-            works.clear();
-            RANK_CHECK(got_tiny == tiny && got_large == large, "round {}: a message differs",
-                       round);
-          }
-          for (auto& w : works) w->wait();
-          for (int g = 0; g < 6; ++g)
-            for (float v : values[g])
-              RANK_CHECK(v == static_cast<float>(1000 + 2 * (g * 10 + round)),
-                         "round {}: group {}'s all-reduce gave {}", round, g, v);
+  auto results = run_ranks(2, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto world = make_group(rank, 2, port, {}, 20s);
+    std::vector<std::shared_ptr<ProcessGroup>> groups;
+    for (int g = 0; g < 6; ++g) groups.push_back(world->new_group({0, 1}));
+    const AllreduceOptions async{.algorithm = "recursive_doubling", .async_op = true};
+    for (uint32_t round = 0; round < 20; ++round) {
+      std::vector<std::vector<float>> values;
+      for (int g = 0; g < 6; ++g)
+        values.emplace_back(1 + g % 8, static_cast<float>(rank * 1000 + g * 10 + round));
+      auto tiny = pattern(8, round);
+      auto large = pattern(size_t{64} << 10, round);
+      std::vector<std::shared_ptr<Work>> works;
+      if (rank == 1) {
+        for (int g = 0; g < 6; ++g) {
+          works.push_back(groups[g]->allreduce(TensorView::of(values[g]), async));
+          if (g == 2) works.push_back(world->isend(TensorView::of(tiny), 0, 1));
+          if (g == 4) works.push_back(world->isend(TensorView::of(large), 0, 2));
         }
-      },
-      60s);
+      } else {
+        std::this_thread::sleep_for(round % 2 ? 20ms : 0ms);  // rank 1's frames all wait
+        std::vector<uint8_t> got_tiny(8), got_large(large.size());
+        works.push_back(world->irecv(TensorView::of(got_large), 1, 2));
+        for (int g = 5; g >= 0; --g)
+          works.push_back(groups[g]->allreduce(TensorView::of(values[g]), async));
+        world->recv(TensorView::of(got_tiny), 1, 1);
+        for (auto& w : works) w->wait();
+        works.clear();
+        RANK_CHECK(got_tiny == tiny && got_large == large, "round {}: a message differs", round);
+      }
+      for (auto& w : works) w->wait();
+      for (int g = 0; g < 6; ++g)
+        for (float v : values[g])
+          RANK_CHECK(v == static_cast<float>(1000 + 2 * (g * 10 + round)),
+                     "round {}: group {}'s all-reduce gave {}", round, g, v);
+    }
+  }, 60s);
   for (auto& r : results) EXPECT_TRUE(r.ok());
 }
 
@@ -364,33 +341,30 @@ TEST(Shm, AFramePostedWhileTheReceiverLooksIsReadFirst) {
   const std::string job = unique_job("shm-mailbox-race");
   // Two pairs of ranks on the 2 cores of a small machine: a receiver is often descheduled
   // between its looks.
-  auto results = run_ranks(
-      4,
-      [&](int rank) {
-        ::setenv("DTRAIN_TRANSPORT", "shm", 1);
-        ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
-        auto world = make_group(rank, 4, port, {}, 30s);
-        auto low = world->new_group({0, 1});
-        auto high = world->new_group({2, 3});
-        auto& group = rank < 2 ? low : high;
-        const int peer = rank ^ 1;
-        const AllreduceOptions async{.algorithm = "recursive_doubling", .async_op = true};
-        for (uint32_t i = 0; i < 20000; ++i) {
-          std::vector<float> value(2, static_cast<float>(rank + i));
-          auto message = pattern(40, i);
-          std::vector<uint8_t> got(40);
-          auto reduced = group->allreduce(TensorView::of(value), async);
-          if (rank % 2)
-            world->send(TensorView::of(message), peer, 3);
-          else
-            world->recv(TensorView::of(got), peer, 3);
-          reduced->wait();
-          RANK_CHECK(value[0] == static_cast<float>(rank + peer + 2 * i),
-                     "call {}: all-reduce gave {}", i, value[0]);
-          RANK_CHECK(rank % 2 || got == message, "call {}: the message differs", i);
-        }
-      },
-      90s);
+  auto results = run_ranks(4, [&](int rank) {
+    ::setenv("DTRAIN_TRANSPORT", "shm", 1);
+    ::setenv("DTRAIN_JOB_ID", job.c_str(), 1);
+    auto world = make_group(rank, 4, port, {}, 30s);
+    auto low = world->new_group({0, 1});
+    auto high = world->new_group({2, 3});
+    auto& group = rank < 2 ? low : high;
+    const int peer = rank ^ 1;
+    const AllreduceOptions async{.algorithm = "recursive_doubling", .async_op = true};
+    for (uint32_t i = 0; i < 20000; ++i) {
+      std::vector<float> value(2, static_cast<float>(rank + i));
+      auto message = pattern(40, i);
+      std::vector<uint8_t> got(40);
+      auto reduced = group->allreduce(TensorView::of(value), async);
+      if (rank % 2)
+        world->send(TensorView::of(message), peer, 3);
+      else
+        world->recv(TensorView::of(got), peer, 3);
+      reduced->wait();
+      RANK_CHECK(value[0] == static_cast<float>(rank + peer + 2 * i),
+                 "call {}: all-reduce gave {}", i, value[0]);
+      RANK_CHECK(rank % 2 || got == message, "call {}: the message differs", i);
+    }
+  }, 90s);
   for (auto& r : results) EXPECT_TRUE(r.ok());
 }
 
@@ -450,8 +424,8 @@ TEST(Shm, TwoJobsWithTheSameJobIdStayApart) {
       std::vector<int32_t> v(1000 + 7 * i, 1000 * j + rank + i);
       pg->allreduce(TensorView::of(v))->wait();
       const int32_t want = 2 * (1000 * j + i) + 1;
-      RANK_CHECK(v.front() == want && v.back() == want, "job {} step {}: {} and {}, want {}", j, i,
-                 v.front(), v.back(), want);
+      RANK_CHECK(v.front() == want && v.back() == want, "job {} step {}: {} and {}, want {}", j,
+                 i, v.front(), v.back(), want);
     }
   });
   for (auto& r : results) EXPECT_TRUE(r.ok());
