@@ -33,6 +33,11 @@ bool Pair::try_recv_now(uint64_t tag, void* data, size_t size, uint64_t expected
   if (!lock.owns_lock() || broken_ || rx_state_ != RxState::kHeader || rx_header_done_ != 0 ||
       !posted_.empty() || !unexpected_.empty() || !failed_groups_.empty())
     return false;
+  if (rs->take_boxed(tag, data, size, expected_aux)) {
+    ++recv_seq_;
+    bytes_moved_ += sizeof(FrameHeader) + size;
+    return true;
+  }
   FrameHeader header;
   if (!rs->peek(&header, sizeof(header))) return false;
   // Anything but this receive's plain frame, whole (a mismatch included: the general path

@@ -412,6 +412,15 @@ TEST(Collectives, MismatchFailsEveryRankWithNames) {
          if (rank == 0) pg.allreduce(TensorView::of(i), o)->wait();
          else pg.allreduce(TensorView::of(f), o)->wait();
        }, "all_reduce(i32, 64, sum)", 2},
+      // The same with 8 bytes: the peer's frame waits whole in a mailbox slot, which the step
+      // takes only when it is this receive's (RingStream::take_boxed).
+      {"dtype, one exchange through a mailbox slot", [](ProcessGroup& pg, int rank) {
+         std::vector<float> f(2, 1.0f);
+         std::vector<int32_t> i(2, 1);
+         const AllreduceOptions o{.algorithm = "recursive_doubling", .async_op = false};
+         if (rank == 0) pg.allreduce(TensorView::of(i), o)->wait();
+         else pg.allreduce(TensorView::of(f), o)->wait();
+       }, "all_reduce(i32, 2, sum)", 2},
       {"root", [](ProcessGroup& pg, int rank) {
          std::vector<float> v(64, 1.0f);
          pg.reduce(TensorView::of(v), {.root = rank == 1 ? 1 : 0})->wait();

@@ -103,6 +103,20 @@ class Mailbox {
     return n;
   }
 
+  // Receiver, with ready(): takes the next frame whole when nothing of it has been read and it
+  // carries `tag`, `size` bytes of payload and `aux` (unless 0), copying the payload to `out`;
+  // false, with nothing taken, otherwise. One copy out of the slot, where copy_out builds the
+  // frame's bytes as the ring would hold them.
+  bool take(uint64_t tag, void* out, size_t size, uint64_t aux) {
+    const MailboxSlot& s = lines_->slots[taken_ % kMailboxSlots];
+    if (offset_ != 0 || size > kMailboxPayloadBytes || s.size != size || s.tag != tag ||
+        s.flags != 0 || (aux != 0 && s.aux != aux))
+      return false;
+    if (size > 0) std::memcpy(out, s.payload, size);
+    lines_->taken.count.store(++taken_, std::memory_order_release);
+    return true;
+  }
+
  private:
   bool slot_free() {
     if (posted_ - seen_taken_ < kMailboxSlots) return true;

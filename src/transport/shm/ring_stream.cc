@@ -129,6 +129,12 @@ bool RingStream::peek(void* out, size_t n) {
   return true;
 }
 
+bool RingStream::take_boxed(uint64_t tag, void* out, size_t size, uint64_t aux) {
+  // Unlike read(), no look at whether the producer waits: it waits only for room in the ring,
+  // and a slot taken frees none.
+  return mailbox_next() && in_box_.take(tag, out, size, aux);
+}
+
 size_t RingStream::readable() { return mailbox_next() ? in_box_.unread() : in_.seen(); }
 
 bool RingStream::ask_to_be_told(bool want_data, bool want_room) {

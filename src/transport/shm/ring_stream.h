@@ -44,6 +44,10 @@ class RingStream {
   // The next n bytes, copied out and left where they are; false if fewer are here.
   bool peek(void* out, size_t n);
   size_t readable();
+  // The next frame, when it waits whole in the mailbox and is this receive's plain frame (its
+  // tag, payload size and aux, unless 0): its payload copied to `out`, the frame consumed. False,
+  // with nothing read, otherwise: the caller reads the stream as usual. At a frame's boundary.
+  bool take_boxed(uint64_t tag, void* out, size_t size, uint64_t aux);
 
   // The socket only carries doorbells (and tells of the peer's death): the event loop watches
   // it for data, and it stays in the loop while a thread polls the pair.
