@@ -134,14 +134,14 @@ std::string CollectiveCall::describe() const {
 
 CollectiveContext::CollectiveContext(int rank, int size, std::span<transport::Pair* const> pairs,
                                      uint64_t tag, const CollectiveCall& call, Deadline deadline,
-                                     std::string group_name, uint32_t seq)
+                                     std::string_view group_name, uint32_t seq)
     : rank_(rank),
       size_(size),
       pairs_(pairs),
       tag_(tag),
       call_(call),
       deadline_(deadline),
-      group_name_(std::move(group_name)),
+      group_name_(group_name),
       seq_(seq) {}
 
 std::string mismatch_message(int rank, std::string_view where, int peer,

@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/deadline.h"
@@ -90,9 +91,10 @@ std::string mismatch_message(int rank, std::string_view where, int peer,
 // with this collective's sequence number and fingerprinted with its call.
 class CollectiveContext {
  public:
-  // `pairs`, by group rank (null for self), outlive the context (the group holds them).
+  // `pairs`, by group rank (null for self), and `group_name` outlive the context (the group
+  // holds them; the name is read only to describe a failure).
   CollectiveContext(int rank, int size, std::span<transport::Pair* const> pairs, uint64_t tag,
-                    const CollectiveCall& call, Deadline deadline, std::string group_name,
+                    const CollectiveCall& call, Deadline deadline, std::string_view group_name,
                     uint32_t seq);
   ~CollectiveContext();  // hands the pairs back to the event loop
   CollectiveContext(const CollectiveContext&) = delete;
@@ -177,7 +179,7 @@ class CollectiveContext {
   uint64_t tag_;
   CollectiveCall call_;
   Deadline deadline_;
-  std::string group_name_;
+  std::string_view group_name_;
   uint32_t seq_;
   std::vector<transport::Pair*> active_;  // pairs used so far, progressed while waiting
   Buffer* scratch_ = nullptr;
