@@ -7,6 +7,10 @@
 # (docs/performance.md, "torch's tools on dtrain against dtrain's own").
 #   bash bench/transformer.sh [build dir]      ROUNDS=3 STEPS=8 NP=2 by default
 #   the Python is $DTRAIN_PYTHON or the venv of scripts/install-deps.sh.
+# PROFILE=10gbe (or any of `scripts/netns-hosts.sh profiles`; needs root) runs one rank on each of
+# NP emulated hosts whose links are shaped so, instead of NP ranks over shared memory. The last
+# line says how much of the machine's CPU sat idle during the jobs: communication can hide behind
+# backward only in CPU time the ranks leave (an emulated link's TCP runs on the same cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -15,20 +19,47 @@ steps=${STEPS:-8}
 np=${NP:-2}
 python=${DTRAIN_PYTHON:-/opt/dtrain/venv/bin/python}
 export PYTHONPATH="$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}"
+profile=${PROFILE:-}
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+hosts=tfm$$
+trap 'rm -rf "$out"; [[ -z $profile ]] || scripts/netns-hosts.sh down "$hosts" >/dev/null 2>&1 || true' EXIT
+if [[ -n $profile ]]; then
+  if ! why=$(scripts/netns-hosts.sh check); then echo "transformer: skipped: $why"; exit 0; fi
+  scripts/netns-hosts.sh up "$hosts" "$np" 10.79.95 --profile "$profile" >/dev/null
+fi
+# The job's workers: NP ranks here, or one on each emulated host (gloo's own sockets on its link).
+launch() {
+  if [[ -z $profile ]]; then
+    "$build/bin/dtrain" run -n "$np" --no-prefix -- "$@"
+  else
+    # One thread each, as dtrain run gives ranks sharing this machine (each host counts only its own).
+    GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 scripts/netns-hosts.sh job "$hosts" "$build/bin/dtrain" run -n 1 \
+      --nnodes "$np" --node-rank '{node}' --master-addr '{host0}' --master-port 29653 --no-prefix \
+      -- "$@"
+  fi
+}
+# /proc/stat's idle and busy jiffies (every CPU), summed over the jobs.
+cpu() { awk '/^cpu / { print $5 + $6, $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+idle=0 busy=0
+timed() {
+  local before after
+  read -ra before < <(cpu)
+  "$@"
+  read -ra after < <(cpu)
+  idle=$((idle + after[0] - before[0])) busy=$((busy + after[1] - before[1]))
+}
 cpp() {
-  "$build/bin/dtrain" run -n "$np" --no-prefix -- "$build/bin/transformer_bench" --rounds 1 \
+  launch "$build/bin/transformer_bench" --rounds 1 \
     --steps "$steps" --layouts ddp,zero3 | grep -o 'RESULT .*' | sed 's/^RESULT //' >>"$out/all.jsonl"
 }
 py() {
-  "$build/bin/dtrain" run -n "$np" --no-prefix -- "$python" bench/torch_transformer.py --rounds 1 \
+  launch "$python" bench/torch_transformer.py --rounds 1 \
     --steps "$steps" --runs ddp:dtrain,ddp:gloo,fsdp2:dtrain,fsdp2:gloo --json "$out/round.jsonl" \
     >/dev/null
   cat "$out/round.jsonl" >>"$out/all.jsonl"
 }
 for r in $(seq 1 "$rounds"); do
-  if (( r % 2 )); then cpp; py; else py; cpp; fi
+  if (( r % 2 )); then timed cpp; timed py; else timed py; timed cpp; fi
   echo "round $r of $rounds done"
 done
 "$python" - "$out/all.jsonl" <<'PY'
@@ -50,3 +81,5 @@ for run, name in names.items():
     print(f"{name:>20} {m:7.1f} [{min(v):.1f}, {max(v):.1f}] {world * 1e3 / m:6.2f} samples/s "
           f"{statistics.median(peak[run]):6.0f} MiB  {gloo['ddp'] / m:.2f}x / {gloo['fsdp2'] / m:.2f}x")
 PY
+echo "# ${profile:-shared memory}: the machine's CPU idle $(awk -v i="$idle" -v b="$busy" \
+  'BEGIN { printf "%.1f", 100 * i / (i + b) }')% of the jobs' time ($(nproc) CPUs)"
