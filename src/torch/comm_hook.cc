@@ -17,10 +17,13 @@ class AllreduceHook : public CommHook {
   std::shared_ptr<Work> start(ProcessGroup& group, GradBucket& bucket,
                               std::chrono::milliseconds timeout) override {
     AllreduceOptions options;
-    options.op = ReduceOp::kAvg;
+    options.op = ReduceOp::kSum;
     options.timeout = timeout;
     return group.allreduce(dtrain::view_of(bucket.buffer), options);
   }
+  // An average after the sum would be one more pass over every bucket, on the cores backward
+  // computes on.
+  bool sums_divided_gradients() const override { return true; }
 };
 
 // Averages with `wire` on the wire (AllreduceOptions::wire): the casts are folded into the

@@ -190,8 +190,16 @@ void Reducer::on_grad_ready(size_t p) {
   used_[p] = 1;
   const at::Tensor& grad = params_[p].grad();
   Bucket& bucket = *buckets_[bucket_of_[p]];
-  at::Tensor slot = bucket.grad.buffer.narrow(0, bucket.offsets[slot_of_[p]], params_[p].numel());
-  slot.view(grad.sizes()).copy_(grad);
+  at::Tensor slot = bucket.grad.buffer.narrow(0, bucket.offsets[slot_of_[p]], params_[p].numel())
+                        .view(grad.sizes());
+  if (hook_->sums_divided_gradients()) {
+    // A CPU double of no dimensions: the product keeps the gradient's dtype and device.
+    at::mul_out(slot, grad,
+                at::scalar_tensor(1.0 / static_cast<double>(group_->size()),
+                                  at::TensorOptions().dtype(at::kDouble)));
+  } else {
+    slot.copy_(grad);
+  }
   mark_ready(p, /*used=*/true);
 
   if (Timeline* t = Timeline::get()) {  // stamp buckets that finished meanwhile

@@ -39,6 +39,10 @@ class CommHook {
                                       std::chrono::milliseconds timeout) = 0;
   // Called after the Work completed: leaves the averaged gradients in bucket.buffer.
   virtual void finish(GradBucket& bucket) {}
+  // True when start() sums the bucket over ranks and expects each gradient in it divided by the
+  // group's size already: DDP divides as it copies a gradient into its bucket, so the average
+  // costs no pass over the bucket of its own (PyTorch's DDP does the same without a hook).
+  virtual bool sums_divided_gradients() const { return false; }
 };
 
 std::shared_ptr<CommHook> allreduce_hook();
