@@ -737,7 +737,7 @@ std::shared_ptr<Work> NativeProcessGroup::collective(const CollectiveCall& call,
                 .out_sizes = args.out_blocks.sizes,
                 .in_offsets = args.in_blocks.offsets,
                 .in_sizes = args.in_blocks.sizes});
-        if (average && (root_only < 0 || ctx.rank() == root_only))
+        if (average && !a->averages && (root_only < 0 || ctx.rank() == root_only))
           scale_down(args.out.data, args.out.numel, args.out.dtype,
                      static_cast<size_t>(ctx.size()));
       },

@@ -97,6 +97,9 @@ struct Algorithm {
   // It reduces chunks that stay in a core's cache, whatever the buffer's size (the direct forms):
   // `dtrain bench --bound` prices its reductions at the cached rate, its copies through memory.
   bool reduces_in_cache = false;
+  // It divides an average's sum itself (ctx.call().op is AVG), each piece as it is final and in
+  // cache; for the others the group divides the whole result afterwards, one more pass over it.
+  bool averages = false;
   // Seconds of its messages (the cost model adds the call). Null for the hierarchical forms,
   // which the model prices from the collectives they run inside and across the parts.
   double (*cost)(const CostInput&) = nullptr;

@@ -2,7 +2,8 @@
 // alpha-beta-gamma model: alpha per message, beta per byte moved, gamma per byte reduced, and
 // ends with its descriptor: algorithm.h).
 // Ranks are group ranks; buffers are raw bytes whose element type is ctx.call().dtype.
-// Reductions treat AVG as SUM: the caller divides once at the end.
+// Reductions treat AVG as SUM: the caller divides once at the end, but for the algorithms whose
+// descriptor says `averages` (algorithm.h), which divide as they go.
 #pragma once
 
 #include <cstddef>
@@ -55,8 +56,10 @@ void allgather_hierarchical(const Hierarchy& h, const TensorView& output, const 
                             const Deadline& deadline);
 
 // Ring reduce-scatter, in place on `data` (count elements cut into size() segments): rank r ends
-// holding the reduction of segment r. Ring all-gather of those segments completes an all-reduce.
-void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count);
+// holding the reduction of segment r, divided by `divide_by` (an average's) chunk by chunk as each
+// is final. Ring all-gather of those segments completes an all-reduce.
+void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count,
+                         size_t divide_by = 1);
 
 // broadcast of `bytes` from ctx.call().root
 void broadcast_tree(CollectiveContext& ctx, std::byte* data, size_t bytes);

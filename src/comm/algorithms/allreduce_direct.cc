@@ -122,6 +122,7 @@ void allreduce_direct(CollectiveContext& ctx, std::byte* data, size_t count) {
       ctx.read_peer(p, landing, hello[p].address + at, bytes);
       reduce_into(sum, landing, len, dtype, op);
     }
+    if (op == ReduceOp::kAvg) scale_down(sum, len, dtype, static_cast<size_t>(n));  // in cache
     if (sum != own) std::memcpy(own, sum, bytes);
     for (int i = 1; i < n; ++i) {
       const int p = (r + i) % n;  // a different first peer on every rank
@@ -157,6 +158,7 @@ extern const Algorithm kAllreduceDirect{
         "back into theirs",
     .needs = Needs::kReadAll,
     .reduces_in_cache = true,
+    .averages = true,
     .cost =
         [](const CostInput& c) {
           return 4 * c.link.alpha + (c.N - 1) / c.N * c.M * (2 * c.link.beta + c.gamma);

@@ -129,14 +129,20 @@ void allreduce_halving_doubling(CollectiveContext& ctx, std::byte* data, size_t 
       // A whole half in one message (shared memory) moves only while this rank polls: finish
       // sending it before reducing, or the partner waits out the reduction for its last bytes.
       if (s.halving_recvs.size() == 1) ctx.wait(std::span(sends).subspan(first_send));
-      if (s.reducing) {
+      // The last step's range is this rank's: each chunk of it is final once reduced, and an
+      // average's is divided then, while in cache, before the doubling steps hand it on.
+      const size_t divide_by =
+          &s == &steps.back() && op == ReduceOp::kAvg ? static_cast<size_t>(n) : 1;
+      if (s.reducing && divide_by == 1) {
         ctx.wait(s.halving_recvs);
       } else {
         size_t i = 0;
         chunks(s.keep, s.per, [&](size_t lo, size_t k) {
           ctx.wait(s.halving_recvs[i++]);
-          reduce_into(data + lo * elem, scratch + (s.scratch_at + lo - s.keep.lo) * elem, k, dtype,
-                      op);
+          if (!s.reducing)
+            reduce_into(data + lo * elem, scratch + (s.scratch_at + lo - s.keep.lo) * elem, k,
+                        dtype, op);
+          if (divide_by > 1) scale_down(data + lo * elem, k, dtype, divide_by);
         });
       }
     }
@@ -163,6 +169,7 @@ extern const Algorithm kAllreduceHalvingDoubling{
     .file = "allreduce_halving_doubling.cc",
     .formula = "2 log2 p alpha + 2(p-1)/p M beta + (p-1)/p M gamma (+ fold)",
     .chosen = "mid-sized buffers on larger groups",
+    .averages = true,
     .cost =
         [](const CostInput& c) {
           return 2 * c.lp * c.link.alpha +

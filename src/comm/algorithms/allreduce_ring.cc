@@ -43,7 +43,7 @@ Segment segment(size_t count, int parts, int i) {
   return {idx * base + std::min(idx, extra), base + (idx < extra ? 1 : 0)};
 }
 
-void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count) {
+void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count, size_t divide_by) {
   const int n = ctx.size(), r = ctx.rank();
   if (n == 1) return;
   const size_t elem = ctx.element_size();
@@ -85,7 +85,11 @@ void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count) 
         reduce_into(data + c.offset * elem, landing(s, in_seg, c), c.count, ctx.call().dtype,
                     ctx.call().op);
       // The reduced chunk is what the next step sends: forward it at once.
-      if (s + 1 < n - 1) sends.push_back(ctx.send(right, data + c.offset * elem, c.count * elem));
+      if (s + 1 < n - 1) {
+        sends.push_back(ctx.send(right, data + c.offset * elem, c.count * elem));
+      } else if (divide_by > 1) {  // this rank's segment, final: divided while in cache
+        scale_down(data + c.offset * elem, c.count, ctx.call().dtype, divide_by);
+      }
     }
     recvs = std::move(next);
   }
@@ -95,7 +99,8 @@ void reduce_scatter_ring(CollectiveContext& ctx, std::byte* data, size_t count) 
 void allreduce_ring(CollectiveContext& ctx, std::byte* data, size_t count) {
   const int n = ctx.size(), r = ctx.rank();
   if (n == 1) return;
-  reduce_scatter_ring(ctx, data, count);
+  reduce_scatter_ring(ctx, data, count,
+                      ctx.call().op == ReduceOp::kAvg ? static_cast<size_t>(n) : 1);
   const size_t elem = ctx.element_size();
   const int right = (r + 1) % n, left = (r - 1 + n) % n;
   auto seg = [&](int i) { return segment(count, n, ((i % n) + n) % n); };
@@ -125,6 +130,7 @@ extern const Algorithm kAllreduceRing{
     .formula = "2(N-1) alpha + 2(N-1)/N M beta + (N-1)/N M gamma",
     .chosen = "large buffers (bandwidth-optimal; chunks pipelined)",
     .flows = Flows::kOnePerHost,
+    .averages = true,
     .cost =
         [](const CostInput& c) {
           const auto [al, be] = c.link;
