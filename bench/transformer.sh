@@ -22,7 +22,11 @@ export PYTHONPATH="$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}"
 profile=${PROFILE:-}
 out=$(mktemp -d)
 hosts=tfm$$
-trap 'rm -rf "$out"; [[ -z $profile ]] || scripts/netns-hosts.sh down "$hosts" >/dev/null 2>&1 || true' EXIT
+cleanup() {
+  rm -rf "$out"
+  [[ -z $profile ]] || scripts/netns-hosts.sh down "$hosts" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
 if [[ -n $profile ]]; then
   if ! why=$(scripts/netns-hosts.sh check); then echo "transformer: skipped: $why"; exit 0; fi
   scripts/netns-hosts.sh up "$hosts" "$np" 10.79.95 --profile "$profile" >/dev/null
@@ -32,10 +36,10 @@ launch() {
   if [[ -z $profile ]]; then
     "$build/bin/dtrain" run -n "$np" --no-prefix -- "$@"
   else
-    # One thread each, as dtrain run gives ranks sharing this machine (each host counts only its own).
-    GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 scripts/netns-hosts.sh job "$hosts" "$build/bin/dtrain" run -n 1 \
-      --nnodes "$np" --node-rank '{node}' --master-addr '{host0}' --master-port 29653 --no-prefix \
-      -- "$@"
+    # One thread each, as dtrain run gives ranks sharing a machine (a host counts only its own).
+    GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 scripts/netns-hosts.sh job "$hosts" \
+      "$build/bin/dtrain" run -n 1 --nnodes "$np" --node-rank '{node}' --master-addr '{host0}' \
+      --master-port 29653 --no-prefix -- "$@"
   fi
 }
 # /proc/stat's idle and busy jiffies (every CPU), summed over the jobs.
