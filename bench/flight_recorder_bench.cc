@@ -2,8 +2,10 @@
 // recorder's cost").
 //
 //   flight_recorder_bench [calls=10000000] [rounds=5]
-//       recording one call and its end, alone (no collective around it), the recorder's way: a
-//       collective's record with the enqueue time its caller already read, then its end.
+//       recording one call and its end, alone (no collective around it), the recorder's two ways:
+//       a native group's collective into its history (and the same muted: the history's entry
+//       for the post-mortem alone), and any other call into its thread's ring, each with the
+//       enqueue time its caller already read.
 //   dtrain run -n 2 -- flight_recorder_bench allreduce [pairs=200] [calls=5000]
 //       8-byte all-reduces of the world group, in blocks of `calls`, recorded and not (the group
 //       muted) in turn, in the same processes: the VM's speed, which drifts from minute to
@@ -37,28 +39,42 @@ double quantile(std::vector<double> v, double q) {
 int alone(long calls, int rounds) {
   auto& recorder = dtrain::comm::FlightRecorder::global();
   const uint16_t group = recorder.group_id("bench");
+  const auto history = recorder.history(group);
   dtrain::comm::CollectiveCall collective{
       .kind = dtrain::comm::CollectiveKind::kAllreduce, .dtype = dtrain::DType::kF32, .count = 2};
   const auto enqueued = Clock::now();
-  std::vector<double> ns;
-  for (int r = 0; r < rounds; ++r) {
-    const auto start = Clock::now();
-    for (long i = 0; i < calls; ++i) {
-      // As a collective's submission makes it (process_group.cc).
-      const uint64_t ticket = recorder.record({.kind = dtrain::comm::FlightCall::Kind::kCollective,
-                                               .group = group,
-                                               .seq = static_cast<uint32_t>(i),
-                                               .call = collective,
-                                               .algorithm = "ring",
-                                               .caller = &collective,
-                                               .enqueued = enqueued});
-      recorder.ended(ticket, true);
+  // Nanoseconds a call, median of the rounds.
+  auto time = [&](const char* what, auto&& record_and_end) {
+    std::vector<double> ns;
+    for (int r = 0; r < rounds; ++r) {
+      const auto start = Clock::now();
+      for (long i = 1; i <= calls; ++i) record_and_end(static_cast<uint32_t>(i));
+      ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - start).count() / calls);
     }
-    ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - start).count() / calls);
-    std::printf("round %d: %.1f ns a call\n", r + 1, ns.back());
-  }
-  std::printf("record and end, median of %d rounds of %ld calls: %.1f ns (recorder %s)\n", rounds,
-              calls, median(ns), recorder.enabled() ? "on" : "off");
+    std::printf("%s, median of %d rounds of %ld calls: %.1f ns (recorder %s)\n", what, rounds,
+                calls, median(ns), recorder.enabled() ? "on" : "off");
+  };
+  // As a native group's submission records a collective (process_group.cc); muted, what the
+  // group's history costs without the recorder (the post-mortem's entry alone).
+  auto group_call = [&](uint32_t seq) {
+    recorder.called(*history, group, seq, collective, "ring", &collective, enqueued);
+    recorder.finished(*history, seq, true);
+  };
+  time("a group's collective, called and finished", group_call);
+  recorder.mute(group);
+  time("the same, the group muted", group_call);
+  recorder.mute(group, false);
+  // As the other backends record theirs (recorded_process_group.cc).
+  time("a call into its thread's ring, recorded and ended", [&](uint32_t seq) {
+    recorder.ended(recorder.record({.kind = dtrain::comm::FlightCall::Kind::kCollective,
+                                    .group = group,
+                                    .seq = seq,
+                                    .call = collective,
+                                    .algorithm = "ring",
+                                    .caller = &collective,
+                                    .enqueued = enqueued}),
+                   true);
+  });
   return 0;
 }
 

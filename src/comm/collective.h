@@ -52,7 +52,7 @@ struct CollectiveCall {
   uint64_t fingerprint() const;
   static CollectiveCall from_fingerprint(uint64_t fp);
   // Everything but the count in one word, exactly (the fingerprint folds): for records that keep
-  // a call in atomic words, read by another thread (watchdog.h, postmortem.h).
+  // a call in atomic words, read by another thread (watchdog.h, call_history.h).
   uint64_t head() const;
   static CollectiveCall from_head(uint64_t head, uint64_t count);
   // "all_reduce(f32, 1024, sum)", "broadcast(f32, 4096, root 0)"

@@ -39,7 +39,8 @@ int64_t ns_of(Clock::time_point t) {
 // thread's last reading (see the header).
 constexpr uint64_t kTimedEndCount = 16384;
 
-enum class State : uint8_t { kQueued, kRunning, kCompleted, kFailed };
+// A ring's entries keep their state as a group's history does.
+using State = CallHistory::State;
 
 std::string_view state_name(uint8_t s) {
   switch (static_cast<State>(s)) {
@@ -51,6 +52,8 @@ std::string_view state_name(uint8_t s) {
       return "completed";
     case State::kFailed:
       return "failed";
+    case State::kUnrecorded:
+      break;
   }
   return "unknown";
 }
@@ -372,6 +375,16 @@ uint32_t micros_after(int64_t since, int64_t now) {
   const int64_t us = now > since ? (now - since) / 1000 : 0;
   return static_cast<uint32_t>(std::min<int64_t>(us, UINT32_MAX - 1) + 1);
 }
+// When a call of `count` elements, enqueued at `enqueued` and started `started_us` after it (0:
+// when enqueued), ended now (see the header); and when it started.
+struct Span {
+  int64_t since, end;
+};
+Span ending_now(int64_t enqueued, uint32_t started_us, uint64_t count) {
+  const int64_t since = started_us == 0 ? enqueued : enqueued + int64_t{started_us - 1} * 1000;
+  return {since, count >= kTimedEndCount ? ns_of(thread_clock::now())
+                                         : std::max(since, ns_of(thread_clock::last()))};
+}
 
 }  // namespace
 
@@ -452,14 +465,73 @@ void FlightRecorder::ended(uint64_t ticket, bool ok) {
   Slot* s = ticket == t.last_ticket ? t.last_slot : slot_of(ticket);
   if (s == nullptr) return;  // older than the ring: its start is not known
   const int64_t enqueued = s->enqueued_ns.load(r);
-  const uint32_t started = s->started_us.load(r);
-  const int64_t since = started == 0 ? enqueued : enqueued + int64_t{started - 1} * 1000;
-  const int64_t end = s->count.load(r) >= kTimedEndCount
-                          ? ns_of(thread_clock::now())
-                          : std::max(since, ns_of(thread_clock::last()));
-  s->ended_us.store(micros_after(enqueued, end), r);
+  const Span span = ending_now(enqueued, s->started_us.load(r), s->count.load(r));
+  s->ended_us.store(micros_after(enqueued, span.end), r);
   s->what.store(with_state(s->what.load(r), ok ? State::kCompleted : State::kFailed), r);
-  if (end > since) count(t, &FlightBeat::Counter::inside_ns, static_cast<uint64_t>(end - since));
+  if (span.end > span.since)
+    count(t, &FlightBeat::Counter::inside_ns, static_cast<uint64_t>(span.end - span.since));
+}
+
+std::shared_ptr<CallHistory> FlightRecorder::history(uint16_t group) {
+  auto history = std::make_shared<CallHistory>(capacity_);
+  if (capacity_ == 0) return history;
+  std::lock_guard lock(histories_mu_);
+  // The groups that are gone (only this list holds them) keep their calls while they are among
+  // the latest few: a job that makes its groups anew (elastic, live recovery) still shows what
+  // the previous ones did.
+  constexpr size_t kGoneKept = 8;
+  size_t gone = 0;
+  for (auto it = histories_.end(); it != histories_.begin();) {
+    --it;
+    if (it->second.use_count() == 1 && ++gone > kGoneKept) it = histories_.erase(it);
+  }
+  histories_.emplace_back(group, history);
+  return history;
+}
+
+void FlightRecorder::called(CallHistory& history, uint16_t group, uint32_t seq,
+                            const CollectiveCall& call, const char* algorithm, const void* caller,
+                            Clock::time_point enqueued) {
+  if (capacity_ == 0 || muted(group)) return history.called(seq, call);
+  Thread& t = this_thread();
+  constexpr auto r = std::memory_order_relaxed;
+  CallHistory::Entry& e = history.open(seq, call);
+  e.site.store(t.site, r);
+  e.caller.store(caller, r);
+  e.algorithm.store(algorithm, r);
+  e.enqueued_ns.store(ns_of(enqueued), r);
+  e.started_us.store(0, r);
+  e.ended_us.store(0, r);
+  e.tid.store(t.tid, r);
+  e.state.store(CallHistory::State::kQueued, r);
+  history.publish(e, seq);
+  count(t, &FlightBeat::Counter::recorded, 1);
+}
+
+void FlightRecorder::started(CallHistory& history, uint32_t seq) {
+  constexpr auto r = std::memory_order_relaxed;
+  CallHistory::Entry& e = history.entry(seq);
+  if (e.seq.load(r) != seq || e.state.load(r) == CallHistory::State::kUnrecorded) return;
+  const int64_t enqueued = e.enqueued_ns.load(r);
+  e.started_us.store(micros_after(enqueued, std::max(enqueued, ns_of(thread_clock::last()))), r);
+  e.state.store(CallHistory::State::kRunning, r);
+}
+
+void FlightRecorder::finished(CallHistory& history, uint32_t seq, bool ok) {
+  if (ok) history.finished(seq);
+  constexpr auto r = std::memory_order_relaxed;
+  CallHistory::Entry& e = history.entry(seq);
+  // Overwritten (by as many calls queued behind it as the history holds) or unrecorded: not
+  // counted either.
+  if (e.seq.load(r) != seq || e.state.load(r) == CallHistory::State::kUnrecorded) return;
+  const Thread& t = this_thread();
+  count(t, &FlightBeat::Counter::completed, 1);
+  const int64_t enqueued = e.enqueued_ns.load(r);
+  const Span span = ending_now(enqueued, e.started_us.load(r), e.count.load(r));
+  e.ended_us.store(micros_after(enqueued, span.end), r);
+  e.state.store(ok ? CallHistory::State::kCompleted : CallHistory::State::kFailed, r);
+  if (span.end > span.since)
+    count(t, &FlightBeat::Counter::inside_ns, static_cast<uint64_t>(span.end - span.since));
 }
 
 FlightRecorder::PythonSite::PythonSite(uint32_t site) {
@@ -545,6 +617,11 @@ std::string FlightRecorder::dump(std::string_view reason) {
     sites = site_names_;
   }
   constexpr auto r = std::memory_order_relaxed;
+  // The code that called, and the Python frames it called from.
+  auto name_caller = [&](json& c, const void* caller, uint32_t site) {
+    if (caller != nullptr) c["caller"] = code_address_name(caller);
+    if (site != 0 && site <= sites.size()) c["python"] = sites[site - 1];
+  };
   // One entry, or nothing when its thread overwrote it while it was read.
   auto describe = [&](const Ring& ring, uint64_t n, int tid) -> std::optional<json> {
     const uint64_t t = (uint64_t{ring.index + 1} << kTicketShift) | n;
@@ -605,11 +682,38 @@ std::string FlightRecorder::dump(std::string_view reason) {
               ? fmt::format("recv({} bytes from rank {}, tag {})", call.count, peer, s.tag.load(r))
               : fmt::format("recv({} bytes from any rank, tag {})", call.count, s.tag.load(r));
     }
-    if (const void* caller = s.caller.load(r)) c["caller"] = code_address_name(caller);
-    if (const uint32_t site = s.site.load(r); site != 0 && site <= sites.size())
-      c["python"] = sites[site - 1];
+    name_caller(c, s.caller.load(r), s.site.load(r));
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s.ticket.load(r) != t) return std::nullopt;
+    return c;
+  };
+  // Collective #seq of a group's history, when the recorder recorded it, or nothing.
+  auto describe_collective = [&](const CallHistory& history, uint16_t group,
+                                 uint32_t seq) -> std::optional<json> {
+    const CallHistory::Entry& e = history.entry(seq);
+    if (e.seq.load(std::memory_order_acquire) != seq) return std::nullopt;
+    const auto state = e.state.load(r);
+    if (state == CallHistory::State::kUnrecorded) return std::nullopt;
+    const CollectiveCall call = CollectiveCall::from_head(e.head.load(r), e.count.load(r));
+    const int64_t enqueued = e.enqueued_ns.load(r);
+    auto after = [&](uint32_t us) { return us == 0 ? 0 : enqueued + int64_t{us - 1} * 1000; };
+    const char* algorithm = e.algorithm.load(r);
+    json c{{"kind", kind_name(FlightCall::Kind::kCollective)},
+           {"group", group < groups.size() ? groups[group] : "(unknown)"},
+           {"seq", seq},
+           {"state", state_name(static_cast<uint8_t>(state))},
+           {"thread", e.tid.load(r)},
+           {"enqueued", to_unix(enqueued)},
+           {"started", to_unix(after(e.started_us.load(r)))},
+           {"ended", to_unix(after(e.ended_us.load(r)))},
+           {"op", to_string(call.kind)},
+           {"call", call.describe()},
+           {"dtype", to_string(call.dtype)},
+           {"count", call.count},
+           {"algorithm", algorithm != nullptr ? algorithm : ""}};
+    name_caller(c, e.caller.load(r), e.site.load(r));
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (e.seq.load(r) != seq) return std::nullopt;
     return c;
   };
   // Every thread's ring, merged oldest first.
@@ -629,6 +733,19 @@ std::string FlightRecorder::dump(std::string_view reason) {
       const int64_t enqueued = ring.slots[n & ring.mask].enqueued_ns.load(r);
       if (auto c = describe(ring, n, tid)) entries.emplace_back(enqueued, std::move(*c));
     }
+  }
+  // Every group's collectives.
+  std::vector<std::pair<uint16_t, std::shared_ptr<CallHistory>>> histories;
+  {
+    std::lock_guard lock(histories_mu_);
+    histories = histories_;
+  }
+  for (const auto& [group, history] : histories) {
+    const uint32_t last = history->last_called();
+    const uint32_t kept = history->mask_ + 1;
+    for (uint32_t seq = last > kept ? last - kept + 1 : 1; seq != 0 && seq <= last; ++seq)
+      if (auto c = describe_collective(*history, group, seq))
+        entries.emplace_back(history->entry(seq).enqueued_ns.load(r), std::move(*c));
   }
   std::stable_sort(entries.begin(), entries.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -663,7 +780,7 @@ std::string FlightRecorder::dump(std::string_view reason) {
            {"time", unix_s},
            {"completed", totals.completed},
            {"in_calls", totals.in_calls()},
-           {"capacity", capacity_},  // per thread
+           {"capacity", capacity_},  // per thread, and per group
            {"calls", std::move(calls)},
            {"threads", std::move(threads)},
            {"python_stacks", python}};

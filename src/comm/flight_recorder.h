@@ -3,16 +3,19 @@
 // was doing and since when. `dtrain doctor` reads the dumps of all ranks together
 // (launch/doctor.h).
 //
-// Recording is cheap (docs/performance.md measures it on the smallest all-reduce): each thread
-// that calls records into a ring of its own and counts in a counter of its own, so a call costs
-// plain stores into one cache line, no atomic read-modify-write, no lock, no allocation, no
+// Recording is cheap (docs/performance.md measures it on the smallest all-reduce). A native
+// group's collectives are recorded in the entries the group keeps of its calls anyway, for its
+// post-mortems (comm/call_history.h), under the lock it numbers them under; every other call
+// (point to point, named calls, the collectives of the other backends) into a ring of the
+// calling thread's own. Each thread counts in a counter of its own. So a call costs plain stores
+// into one cache line, no atomic read-modify-write, no lock of its own, no allocation, no
 // formatting, and no clock read of its own for a small call: the time a call was enqueued is the
 // clock reading its caller already made for the deadline, and a call of fewer than 16,384
 // elements ended at its thread's last reading (common/thread_clock.h), which the call's waits
 // made whenever they did not end at their first look, or else at its start (it never waited: it
-// took no longer than its own arithmetic). A larger call reads the clock at its end. Each ring
-// holds DTRAIN_FLIGHT_RECORDER entries (2,000, rounded up to a power of two; 0 turns the
-// recorder off).
+// took no longer than its own arithmetic). A larger call reads the clock at its end. Each ring,
+// and each group's entries, hold DTRAIN_FLIGHT_RECORDER calls (2,000, rounded up to a power of
+// two; 0 turns the recorder off).
 //
 // Python callers are named by their innermost frames of their own (not torch's or dtrain's):
 // the bindings through which Python calls hold a PythonSite while they call (PythonSite below).
@@ -32,12 +35,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "comm/call_history.h"
 #include "comm/collective.h"
 
 extern "C" void* dtrain_flight_recorder_v1();
@@ -126,7 +131,18 @@ class FlightRecorder {
   // This process's rank and world size, from its world group: names the dump and the beat.
   void set_rank(int rank, int world_size);
 
-  // Records a call as enqueued; returns its ticket (0 when the recorder is off).
+  // A native group's collectives. The group keeps its calls in `history()` (made here, so that
+  // dumps list its calls, and keep them a while after the group is gone) and records collective
+  // #seq by called() under the lock it numbers calls under (an unrecorded call still goes into
+  // the history, for the post-mortem), marks it started when it ran queued, and finished.
+  std::shared_ptr<CallHistory> history(uint16_t group);
+  void called(CallHistory& history, uint16_t group, uint32_t seq, const CollectiveCall& call,
+              const char* algorithm, const void* caller,
+              std::chrono::steady_clock::time_point enqueued);
+  void started(CallHistory& history, uint32_t seq);
+  void finished(CallHistory& history, uint32_t seq, bool ok);
+
+  // Any other call: records it as enqueued; returns its ticket (0 when the recorder is off).
   uint64_t record(const FlightCall& call);
   void started(uint64_t ticket);
   // A point-to-point call learns its message number once posted.
@@ -189,8 +205,10 @@ class FlightRecorder {
   std::vector<Thread*> free_threads_;    // of threads that ended: their rings keep their calls
   std::array<std::atomic<Ring*>, kMaxRings> rings_{};
   std::atomic<size_t> ring_count_{0};
-  std::mutex dump_mu_;                           // one dump at a time
-  std::array<std::atomic<bool>, 1024> muted_{};  // by group id
+  std::mutex histories_mu_;  // guards histories_: changed at group creation
+  std::vector<std::pair<uint16_t, std::shared_ptr<CallHistory>>> histories_;  // by group id
+  std::mutex dump_mu_;                                                        // one dump at a time
+  std::array<std::atomic<bool>, 1024> muted_{};                               // by group id
   const size_t capacity_;
   std::atomic<FlightBeat*> beat_;  // the mapped page under `dtrain run`, else local_beat_
   FlightBeat local_beat_;

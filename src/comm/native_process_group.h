@@ -13,6 +13,7 @@
 
 #include "comm/algorithms/algorithms.h"
 #include "comm/arguments.h"
+#include "comm/call_history.h"
 #include "comm/collective.h"
 #include "comm/cost_model.h"
 #include "comm/cuda_staging.h"
@@ -130,12 +131,12 @@ class NativeProcessGroup : public ProcessGroup,
                                std::chrono::milliseconds timeout, bool async_op, Body body,
                                const void* caller = nullptr);
   // One run of a collective: its context, the fingerprint check, the watchdog, the agreement
-  // of rooted collectives, and on failure the post-mortem. `flight`: its flight-recorder ticket;
-  // `queued`: it waited in the executor's queue (else it runs as it was called).
+  // of rooted collectives, and on failure the post-mortem. `queued`: it waited in the executor's
+  // queue (else it runs as it was called).
   template <typename Body>
   void run_collective(const CollectiveWork::Label& label, Deadline deadline,
                       std::string_view algorithm, const std::exception_ptr& mismatched, Body& body,
-                      uint64_t flight, bool queued);
+                      bool queued);
   GroupInfo info() const { return {rank_, size_, name_, "native", "not yet"}; }
   // A collective of this group failed here: mark the group unusable and tell the peers (once).
   void on_collective_failed(uint32_t seq, std::exception_ptr error);
@@ -192,7 +193,8 @@ class NativeProcessGroup : public ProcessGroup,
   CollectiveContext::Buffer scratch_;         // used by the running collective only
   CollectiveContext::Buffer workspace_;       // likewise
   CollectiveContext::Persistent persistent_;  // likewise
-  CallHistory history_;
+  // Its collectives, for post-mortems and the flight recorder (made by start()).
+  std::shared_ptr<CallHistory> history_;
   uint16_t flight_group_ = 0;  // this group's name in the flight recorder
   // Records a point-to-point call (null for a group the recorder leaves out) and returns the
   // ticket its work ends.

@@ -22,54 +22,6 @@ std::string postmortem_key(const std::string& group, uint32_t seq, int rank) {
   return fmt::format("{}/postmortem/{}/{}", group, seq, rank);
 }
 
-void CallHistory::called(uint32_t seq, const CollectiveCall& call) {
-  constexpr auto r = std::memory_order_relaxed;
-  Entry& e = calls_[seq % kKeep];
-  e.seq.store(0, r);
-  std::atomic_thread_fence(std::memory_order_release);
-  e.head.store(call.head(), r);
-  e.count.store(call.count, r);
-  e.seq.store(seq, std::memory_order_release);
-  if (seq > last_called_.load(r)) last_called_.store(seq, std::memory_order_release);
-}
-
-void CallHistory::finished(uint32_t seq) {
-  if (seq > last_finished_.load(std::memory_order_relaxed))
-    last_finished_.store(seq, std::memory_order_release);
-}
-
-uint32_t CallHistory::first_unfinished() const {
-  return last_finished_.load(std::memory_order_acquire) + 1;
-}
-
-std::optional<CollectiveCall> CallHistory::call(uint32_t seq) const {
-  if (seq == 0) return std::nullopt;
-  const Entry& e = calls_[seq % kKeep];
-  if (e.seq.load(std::memory_order_acquire) != seq) return std::nullopt;
-  const CollectiveCall c = CollectiveCall::from_head(e.head.load(std::memory_order_relaxed),
-                                                     e.count.load(std::memory_order_relaxed));
-  std::atomic_thread_fence(std::memory_order_acquire);
-  if (e.seq.load(std::memory_order_relaxed) != seq) return std::nullopt;  // overwritten meanwhile
-  return c;
-}
-
-std::string CallHistory::describe(uint32_t seq) const {
-  if (auto c = call(seq))
-    return fmt::format(
-        "called {}{}", c->describe(),
-        seq <= last_finished_.load(std::memory_order_acquire) ? " and completed it" : "");
-  const uint32_t last = last_called_.load(std::memory_order_acquire);
-  if (last == 0) return fmt::format("has not called collective #{} (nor any before it)", seq);
-  const auto latest = call(last);
-  const std::string what = latest ? latest->describe() : std::string("being recorded");
-  if (seq < last)
-    return fmt::format(
-        "called collective #{} too long ago to say what it was (its last was #{}, "
-        "{})",
-        seq, last, what);
-  return fmt::format("has not called collective #{} yet (its last was #{}, {})", seq, last, what);
-}
-
 void publish_postmortem(Store& store, const std::string& group, int rank, uint32_t seq,
                         const std::string& entry) {
   try {

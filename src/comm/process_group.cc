@@ -166,7 +166,12 @@ NativeProcessGroup::NativeProcessGroup(const NativeProcessGroup& parent, std::ve
 }
 
 void NativeProcessGroup::start() {
-  if (!internal()) flight_group_ = FlightRecorder::global().group_id(name_);
+  if (internal()) {
+    history_ = std::make_shared<CallHistory>(0);
+  } else {
+    flight_group_ = FlightRecorder::global().group_id(name_);
+    history_ = FlightRecorder::global().history(flight_group_);
+  }
   pairs_.assign(size_, nullptr);
   for (int i = 0; i < size_; ++i)
     if (i != rank_) pairs_[i] = device_->pair(members_[i]).get();
@@ -188,7 +193,7 @@ void NativeProcessGroup::start() {
   executor_ = std::make_shared<Executor>(
       [this](std::exception_ptr e) {
         // A wait that timed out: the collective stuck is the first one not completed here.
-        on_collective_failed(history_.first_unfinished(), e);
+        on_collective_failed(history_->first_unfinished(), e);
       },
       ExecutorOptions{.spin = device_->spin(),
                       .spin_inside_collectives = !device_->oversubscribed()});
@@ -206,9 +211,9 @@ void NativeProcessGroup::start() {
     // The hierarchy's groups run inside this group's collectives. One before #seq, running
     // here, goes on (the reporter completed it; see Pair::fail_group), its inner collectives
     // too; later ones fail at their start.
-    if (static_cast<int32_t>(history_.first_unfinished() - seq) >= 0 || seq == 0)
+    if (static_cast<int32_t>(history_->first_unfinished() - seq) >= 0 || seq == 0)
       fail_internal_groups(error);
-    publish_postmortem(*store_, name_, rank_, seq, history_.describe(seq));
+    publish_postmortem(*store_, name_, rank_, seq, history_->describe(seq));
   };
   handlers.mismatch = [this](uint32_t seq, int peer, uint64_t theirs, uint64_t ours) {
     int group_peer = peer;
@@ -220,7 +225,7 @@ void NativeProcessGroup::start() {
     if (ours != 0) {
       text = mismatch_message(rank_, where, group_peer, their_call,
                               "called " + CollectiveCall::from_fingerprint(ours).describe());
-    } else if (auto mine = history_.call(seq); mine && mine->fingerprint() == theirs) {
+    } else if (auto mine = history_->call(seq); mine && mine->fingerprint() == theirs) {
       text = fmt::format(
           "rank {}: {}, {}: rank {} sent a message this rank never received: the two ran it with "
           "different algorithms; DTRAIN_ALGO and the `algorithm` option must be the same on "
@@ -228,7 +233,7 @@ void NativeProcessGroup::start() {
           rank_, where, their_call.describe(), group_peer);
     } else {
       // The collective is over here: without this check both ranks would have gone on.
-      text = mismatch_message(rank_, where, group_peer, their_call, history_.describe(seq));
+      text = mismatch_message(rank_, where, group_peer, their_call, history_->describe(seq));
       DTRAIN_LOG_ERROR("{} (the next collective of the group fails here)", text);
     }
     auto error = std::make_exception_ptr(InvalidArgumentError(text));
@@ -583,7 +588,7 @@ template <typename Body>
 void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Deadline deadline,
                                         std::string_view algorithm,
                                         const std::exception_ptr& mismatched, Body& body,
-                                        uint64_t flight, bool queued) {
+                                        bool queued) {
   const CollectiveCall& call = label.call;
   const uint32_t seq = label.seq;
   CollectiveContext ctx(rank_, size_, pairs_, make_tag(TagSpace::kCollective, group_id_, seq), call,
@@ -595,7 +600,7 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
   watchdog_->enter(seq, call, deadline);
   FlightRecorder& recorder = FlightRecorder::global();
   // A call run inline starts as it is recorded: marking it would only cost the call.
-  if (queued) recorder.started(flight);
+  if (queued) recorder.started(*history_, seq);
   try {
     if (mismatched) std::rethrow_exception(mismatched);
     if (auto failed = failure_from(seq)) std::rethrow_exception(failed);
@@ -606,7 +611,7 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
   } catch (...) {
     // Tell the peers first (they fail at once), then ask everyone what they called.
     on_collective_failed(seq, std::current_exception());
-    recorder.ended(flight, false);
+    recorder.finished(*history_, seq, false);
     const std::string record = recorder.dump_on_failure(label.describe() + " failed");
     // When a peer reported an earlier collective failed, that one is what to explain.
     uint32_t failed_seq;
@@ -616,7 +621,7 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
     }
     const std::string entry = failed_seq == seq
                                   ? fmt::format("called {} and failed", call.describe())
-                                  : history_.describe(failed_seq);
+                                  : history_->describe(failed_seq);
     // Arrived before the statement: a peer that waits for the statement finds the arrival, and
     // does not call this rank "not arrived" beside "rank R called ... and failed".
     if (size_ > 1 && failed_seq == seq) watchdog_->publish_arrival(seq);
@@ -634,8 +639,7 @@ void NativeProcessGroup::run_collective(const CollectiveWork::Label& label, Dead
     rethrow_with_context(std::current_exception(), context, "Post-mortem: " + after);
   }
   watchdog_->leave();
-  history_.finished(seq);
-  recorder.ended(flight, true);
+  recorder.finished(*history_, seq, true);
 }
 
 template <typename Body>
@@ -643,6 +647,8 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
                                                  std::string_view algorithm,
                                                  std::chrono::milliseconds timeout, bool async_op,
                                                  Body body, const void* caller) {
+  const Deadline deadline = deadline_for(timeout);
+  FlightRecorder& recorder = FlightRecorder::global();
   uint32_t seq, failed_seq;
   std::exception_ptr failed, mismatched;
   {
@@ -651,22 +657,16 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
     failed = failure_;
     failed_seq = failed_seq_;
     mismatched = mismatch_;
-    history_.called(seq, call);
+    if (internal())
+      history_->called(seq, call);
+    else
+      recorder.called(*history_, flight_group_, seq, call, algorithm.data(), caller,
+                      deadline.start());
   }
-  const Deadline deadline = deadline_for(timeout);
   // Described only when something goes wrong: formatting costs more than a small collective.
   CollectiveWork::Label label{rank_, call, seq, name_};
-  FlightRecorder& recorder = FlightRecorder::global();
-  const uint64_t flight = internal() ? 0
-                                     : recorder.record({.kind = FlightCall::Kind::kCollective,
-                                                        .group = flight_group_,
-                                                        .seq = seq,
-                                                        .call = call,
-                                                        .algorithm = algorithm.data(),
-                                                        .caller = caller,
-                                                        .enqueued = deadline.start()});
   if (failed) {
-    recorder.ended(flight, false);
+    recorder.finished(*history_, seq, false);
     if (size_ > 1 && failed_seq == seq) watchdog_->publish_call(seq);
     const std::string since =
         failed_seq == seq ? std::string("a peer failed it")
@@ -685,8 +685,7 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
   if (!async_op) {
     std::exception_ptr error;
     if (executor_->run_inline(
-            [&] { run_collective(label, deadline, algorithm, mismatched, body, flight, false); },
-            error)) {
+            [&] { run_collective(label, deadline, algorithm, mismatched, body, false); }, error)) {
       if (!error) return finished_work();
       auto work = std::make_shared<CollectiveWork>(nullptr, deadline, label, executor_);
       work->fail(error);
@@ -694,8 +693,8 @@ std::shared_ptr<Work> NativeProcessGroup::submit(const CollectiveCall& call,
     }
   }
   auto work = std::make_shared<CollectiveWork>(
-      [this, label, deadline, algorithm, mismatched, flight, body = std::move(body)]() mutable {
-        run_collective(label, deadline, algorithm, mismatched, body, flight, true);
+      [this, label, deadline, algorithm, mismatched, body = std::move(body)]() mutable {
+        run_collective(label, deadline, algorithm, mismatched, body, true);
       },
       deadline, label, executor_);
   if (async_op)

@@ -3,8 +3,10 @@
 // one reads the clock; a call ended by another thread is counted, and the beat page
 // `dtrain run` reads sums every thread's counter; a ring keeps its last entries and ignores the
 // ends of calls it has overwritten; the calls of a thread that ended stay under its id when a
-// new thread takes its ring over; a Python site names the calls made inside it. (The recorder is
-// the process's: each test uses a group of its own and reads only that group's calls.)
+// new thread takes its ring over; a Python site names the calls made inside it; a native group's
+// collectives are recorded in its history, a muted group's are not (while its history still says
+// what it called), and a group that is gone keeps its calls in the dumps. (The recorder is the
+// process's: each test uses a group of its own and reads only that group's calls.)
 #include "comm/flight_recorder.h"
 
 #include <stdlib.h>
@@ -188,6 +190,63 @@ TEST_F(FlightRecorderTest, APythonSiteNamesTheCallsMadeInsideIt) {
   ASSERT_EQ(calls.size(), 2u);
   EXPECT_EQ(calls[0].at("python"), "train.py:42 in step <- train.py:88 in main");
   EXPECT_FALSE(calls[1].contains("python"));
+}
+
+TEST_F(FlightRecorderTest, AGroupsCollectivesAreRecordedInItsHistoryUnlessTheGroupIsMuted) {
+  recorder().set_rank(0, 1);
+  const auto in_calls = [&] { return launch::read_beats(dir_.path).at(0).in_calls; };
+  const uint16_t group = recorder().group_id("history");
+  std::shared_ptr<CallHistory> history = recorder().history(group);
+  CollectiveCall call{.kind = CollectiveKind::kBroadcast, .dtype = DType::kI64, .count = 8};
+  const auto before = in_calls();
+  const auto enqueued = std::chrono::steady_clock::now();
+  recorder().called(*history, group, 1, call, "tree", &call, enqueued);
+  EXPECT_EQ(in_calls(), before + 1);
+  // Run queued, by another thread, and completed.
+  std::thread([&] {
+    recorder().started(*history, 1);
+    recorder().finished(*history, 1, true);
+  }).join();
+  EXPECT_EQ(in_calls(), before);
+  recorder().called(*history, group, 2, call, "tree", &call, enqueued);
+  recorder().finished(*history, 2, false);
+  // The post-mortem's view: a failed call is not finished.
+  EXPECT_EQ(history->describe(2), "called broadcast(i64, 8, root 0)");
+  EXPECT_EQ(history->first_unfinished(), 2u);
+  recorder().mute(group);
+  recorder().called(*history, group, 3, call, "tree", &call, enqueued);
+  recorder().finished(*history, 3, true);
+  recorder().mute(group, false);
+  EXPECT_EQ(in_calls(), before);
+  // It knows the muted call, which the recorder left out.
+  EXPECT_EQ(history->describe(3), "called broadcast(i64, 8, root 0) and completed it");
+  EXPECT_EQ(history->first_unfinished(), 4u);
+
+  auto calls = calls_of("history");
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].at("seq"), 1u);
+  EXPECT_EQ(calls[0].at("state"), "completed");
+  EXPECT_EQ(calls[0].at("call"), "broadcast(i64, 8, root 0)");
+  EXPECT_EQ(calls[0].at("algorithm"), "tree");
+  EXPECT_EQ(calls[0].at("thread"), static_cast<int>(::gettid()));
+  EXPECT_FALSE(calls[0].at("started").is_null());
+  EXPECT_FALSE(calls[0].at("ended").is_null());
+  EXPECT_TRUE(calls[0].contains("caller"));
+  EXPECT_EQ(calls[1].at("seq"), 2u);
+  EXPECT_EQ(calls[1].at("state"), "failed");
+
+  // Gone with its group, the history stays in the dumps while it is among the latest 8 gone.
+  history.reset();
+  EXPECT_EQ(calls_of("history").size(), 2u);
+  for (int i = 0; i < 8; ++i) {
+    const uint16_t later = recorder().group_id("later " + std::to_string(i));
+    recorder().called(*recorder().history(later), later, 1, call, "tree", nullptr, enqueued);
+  }
+  EXPECT_EQ(calls_of("history").size(), 2u);
+  EXPECT_EQ(calls_of("later 0").size(), 1u);
+  recorder().history(recorder().group_id("one more"));
+  EXPECT_EQ(calls_of("history").size(), 0u);
+  EXPECT_EQ(calls_of("later 0").size(), 1u);
 }
 
 }  // namespace
