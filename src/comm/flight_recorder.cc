@@ -521,8 +521,8 @@ void FlightRecorder::finished(CallHistory& history, uint32_t seq, bool ok) {
   if (ok) history.finished(seq);
   constexpr auto r = std::memory_order_relaxed;
   CallHistory::Entry& e = history.entry(seq);
-  // Overwritten (by as many calls queued behind it as the history holds) or unrecorded: not
-  // counted either.
+  // Unrecorded: never counted. Overwritten by as many calls queued behind it as the history
+  // holds: its times are lost, and the beat counts it as still running.
   if (e.seq.load(r) != seq || e.state.load(r) == CallHistory::State::kUnrecorded) return;
   const Thread& t = this_thread();
   count(t, &FlightBeat::Counter::completed, 1);
