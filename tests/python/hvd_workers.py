@@ -419,7 +419,17 @@ def negotiation():
     # Asynchronous allgather, broadcast and alltoall run in call order on the session's thread.
     handles = [hvd.allgather_async(value(r, (2,), dtype), name=f"g{k}")
                for k, dtype in enumerate([torch.int8, torch.int16, torch.float64])]
-    _raises(lambda: hvd.allgather_async(torch.ones(1), name="g0"), "'g0' submitted again")
+    # A name in flight cannot be submitted again. A call stays in flight until every rank has
+    # submitted it, so each rank checks on a name the last rank (or, there, the others) has not
+    # submitted yet, and a synchronous call that every rank has submitted runs in between.
+    last = r == n - 1
+    mine, theirs = ("dup_last", "dup_rest") if last else ("dup_rest", "dup_last")
+    held = hvd.allgather_async(torch.ones(1), name=mine)
+    _raises(lambda: hvd.allgather_async(torch.ones(1), name=mine), f"'{mine}' submitted again")
+    works()
+    held = [held, hvd.allgather_async(torch.ones(1), name=theirs)]
+    for h in held:
+        expect(hvd.synchronize(h), torch.ones(n), "a name held in flight")
     b = value(r, (3,))
     hb = hvd.broadcast_async_(b, 0)
     ha = hvd.alltoall_async(torch.arange(2 * n) + 10 * r, splits=[2] * n)
