@@ -57,6 +57,9 @@ struct TensorView {
   DType dtype = DType::kU8;
   Device device = Device::kCpu;
   int device_index = 0;
+  // For a CUDA tensor, the stream (a cudaStream_t) its producer queued the work that writes it
+  // on: the backends order their use of the tensor after it. Null: the legacy default stream.
+  void* stream = nullptr;
 
   size_t nbytes() const { return numel * element_size(dtype); }
   std::span<std::byte> bytes() const { return {static_cast<std::byte*>(data), nbytes()}; }

@@ -23,6 +23,9 @@ struct Backend {
   // skips the store and passes rank = size = -1, meaning "ask the backend's runtime".
   bool needs_store = true;
   Factory create;
+  // True for backends that move GPU memory only (nccl): ProcessGroup::create pairs their group
+  // with a native one for host tensors (comm/per_device_group.h).
+  bool device_memory_only = false;
 };
 
 // Registers a backend; returns true so that a namespace-scope bool can hold the result (the

@@ -19,6 +19,7 @@
 #include "comm/failure_record.h"
 #include "comm/native_process_group.h"
 #include "comm/p2p_work.h"
+#include "comm/per_device_group.h"
 #include "comm/quantized_allreduce.h"
 #include "comm/recorded_process_group.h"
 #include "common/deadline.h"
@@ -36,8 +37,19 @@ namespace dtrain {
 std::shared_ptr<ProcessGroup> ProcessGroup::create(std::shared_ptr<Store> store, int rank, int size,
                                                    const ProcessGroupOptions& options) {
   // Another backend's group records its calls through a wrapper (the native one records its own).
-  if (auto other = backends::create_registered(store, rank, size, options))
-    return std::make_shared<comm::RecordedProcessGroup>(std::move(other), true);
+  if (auto other = backends::create_registered(store, rank, size, options)) {
+    std::shared_ptr<ProcessGroup> recorded =
+        std::make_shared<comm::RecordedProcessGroup>(std::move(other), true);
+    if (!backends::find_backend(backends::selected_backend(options))->device_memory_only)
+      return recorded;
+    // Host tensors through a native group of the same ranks, named apart in the store.
+    ProcessGroupOptions host = options;
+    host.backend = "native";
+    host.name = options.name + "-host";
+    return std::make_shared<comm::PerDeviceGroup>(
+        std::move(recorded),
+        std::make_shared<comm::NativeProcessGroup>(std::move(store), rank, size, host));
+  }
   auto pg = std::make_shared<comm::NativeProcessGroup>(std::move(store), rank, size, options);
   return pg;
 }

@@ -4,7 +4,7 @@
 // * with the nccl backend (CUDA toolkit and NCCL found): without a GPU (the machines CI runs
 //   on), DTRAIN_BACKEND=nccl must fail at once with "backend nccl needs a CUDA device"; with
 //   one, the shared suite (suite.h) runs on GPU memory through DeviceMirror, at world size 1
-//   (2 with two GPUs), and CPU tensors are refused.
+//   (2 with two GPUs), and host tensors go through the native group beside NCCL's.
 // * with CUDA: without a GPU, a CUDA tensor handed to the native backend fails with a message
 //   naming the rank and the operation, before anything is sent; with one, the suite runs on
 //   the native backend with three ranks sharing one GPU, which NCCL cannot do.
@@ -380,45 +380,52 @@ TEST(NcclBackend, WithoutAGpuCreatingTheGroupFailsAtOnce) {
       60s));
 }
 
-TEST(NcclBackend, CpuTensorsAreRefused) {
+TEST(NcclBackend, HostTensorsGoThroughTheNativeGroupBesideIt) {
   if (gpus().count == 0)
     GTEST_SKIP() << "no GPU (" << gpus().why_none
-                 << "): an nccl group cannot be created here, so its checks of tensors cannot "
-                    "be reached";
+                 << "): an nccl group cannot be created here, so its routing cannot be reached";
   const int port = free_port();
   expect_all_ok(run_ranks(
       1,
       [&](int rank) {
         auto pg = make_group(rank, 1, port, {.backend = "nccl"});
-        std::vector<float> a(4), b(4);
+        std::vector<float> a = {1, 2, 3, 4}, b(4);
         const TensorView x = TensorView::of(a), y = TensorView::of(b);
         std::vector<size_t> counts{4};
         const std::vector<std::pair<std::string, std::function<void()>>> ops = {
-            {"all_reduce", [&] { pg->allreduce(x); }},
-            {"broadcast", [&] { pg->broadcast(x); }},
-            {"reduce", [&] { pg->reduce(x); }},
-            {"all_gather", [&] { pg->allgather(y, x); }},
-            {"all_gather_v", [&] { pg->allgatherv(y, x, counts); }},
-            {"gather", [&] { pg->gather(y, x); }},
-            {"scatter", [&] { pg->scatter(y, x); }},
-            {"reduce_scatter", [&] { pg->reduce_scatter(y, x); }},
-            {"all_to_all", [&] { pg->alltoall(y, x); }},
-            {"all_to_all_v", [&] { pg->alltoallv(y, counts, x, counts); }},
+            {"all_reduce", [&] { pg->allreduce(x)->wait(); }},
+            {"broadcast", [&] { pg->broadcast(x)->wait(); }},
+            {"reduce", [&] { pg->reduce(x)->wait(); }},
+            {"all_gather", [&] { pg->allgather(y, x)->wait(); }},
+            {"all_gather_v", [&] { pg->allgatherv(y, x, counts)->wait(); }},
+            {"gather", [&] { pg->gather(y, x)->wait(); }},
+            {"scatter", [&] { pg->scatter(y, x)->wait(); }},
+            {"reduce_scatter", [&] { pg->reduce_scatter(y, x)->wait(); }},
+            {"all_to_all", [&] { pg->alltoall(y, x)->wait(); }},
+            {"all_to_all_v", [&] { pg->alltoallv(y, counts, x, counts)->wait(); }},
         };
         for (const auto& [op, f] : ops) {
-          try {
-            f();
-            throw std::runtime_error(op + " took CPU tensors");
-          } catch (const InvalidArgumentError& e) {
-            const std::string text = e.what();
-            RANK_CHECK(text.find(fmt::format("backend nccl does not support {} on CPU tensors",
-                                             op)) != std::string::npos &&
-                           text.find("use DTRAIN_BACKEND=native or gloo for CPU tensors") !=
-                               std::string::npos,
-                       "{}: {}", op, text);
-          }
-          record("nccl", op, "cpu", "", false);
+          std::fill(b.begin(), b.end(), 0.0f);
+          f();
+          // A world of one: every operation leaves the values as they were, or copies them.
+          RANK_CHECK(a == std::vector<float>({1, 2, 3, 4}), "{}: the input changed", op);
+          if (op != "all_reduce" && op != "broadcast" && op != "reduce")
+            RANK_CHECK(b == a, "{}: the output is not the input", op);
+          record("nccl", op, "cpu", "", true);
         }
+        // One call's tensors on one side: a host tensor beside a CUDA one is refused.
+        float* device = nullptr;
+        RANK_CHECK(cudaMalloc(&device, 4 * sizeof(float)) == cudaSuccess, "cudaMalloc");
+        TensorView on_gpu{device, 4, DType::kF32, Device::kCuda, 0};
+        try {
+          pg->allgather(on_gpu, x);
+          RANK_CHECK(false, "a CUDA output beside a host input was taken");
+        } catch (const InvalidArgumentError& e) {
+          const std::string text = e.what();
+          RANK_CHECK(text.find("one tensor is on cuda:0, another on the host") != std::string::npos,
+                     "{}", text);
+        }
+        cudaFree(device);
       },
       120s));
 }

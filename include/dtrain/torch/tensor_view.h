@@ -9,6 +9,7 @@
 #include <string>
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "dtrain/error.h"
 #include "dtrain/tensor.h"
@@ -43,15 +44,31 @@ inline DType to_dtype(at::ScalarType type) {
   }
 }
 
-// The tensor must be contiguous and on the CPU (CUDA tensors go through the backends' own
-// paths); anything else throws InvalidArgumentError saying what to call first.
+// `v`, a view of `t`'s memory, with `t`'s device. For a CUDA tensor that is the GPU and the
+// stream current on it now: the backends order their use of the tensor after the work queued
+// on that stream so far, so it must still be current when the call is made (as torch's own
+// backends expect).
+inline TensorView placed_as(TensorView v, const at::Tensor& t) {
+  if (t.device().type() != c10::DeviceType::CUDA) return v;
+  v.device = Device::kCuda;
+  v.device_index = t.device().index();
+  // Through c10's device-generic interface, so that this header needs no CUDA header.
+  v.stream =
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(t.device()).native_handle();
+  return v;
+}
+
+// The tensor must be contiguous, on the CPU or a CUDA GPU (placed_as); anything else throws
+// InvalidArgumentError saying what to call first.
 inline TensorView view_of(const at::Tensor& t) {
-  if (!t.is_contiguous() || t.device().type() != c10::DeviceType::CPU)
-    throw InvalidArgumentError("dtrain: expected a contiguous CPU tensor, got one on " +
+  const auto type = t.device().type();
+  if (!t.is_contiguous() || (type != c10::DeviceType::CPU && type != c10::DeviceType::CUDA))
+    throw InvalidArgumentError("dtrain: expected a contiguous CPU or CUDA tensor, got one on " +
                                t.device().str() +
                                " (contiguous: " + (t.is_contiguous() ? "true" : "false") +
                                "); call .contiguous() or .cpu() first");
-  return TensorView{t.data_ptr(), static_cast<size_t>(t.numel()), to_dtype(t.scalar_type())};
+  return placed_as(
+      TensorView{t.data_ptr(), static_cast<size_t>(t.numel()), to_dtype(t.scalar_type())}, t);
 }
 
 }  // namespace dtrain

@@ -219,7 +219,7 @@ void NcclP2p::issue_locked(Channel& ch, P2pWork& work) {
   const TensorView& t = work.tensor();
   cuda::DeviceGuard guard(device_);
   cudaStream_t stream = ch.stream->get();
-  cuda::order_after_default_stream(stream, *ch.order, work.what());
+  cuda::order_after(stream, t.stream, *ch.order, work.what());
   const int peer = 1 - channel_rank(ch.peer);
   ch.comm->issue(
       [&](ncclComm_t comm) {
@@ -227,7 +227,8 @@ void NcclP2p::issue_locked(Channel& ch, P2pWork& work) {
                            : ncclRecv(t.data, t.nbytes(), ncclUint8, peer, comm, stream);
       },
       work.deadline(), work.what());
-  auto done = std::make_shared<cuda::Event>();
+  if (!events_) events_ = cuda::EventPool::create();  // on device_, current here
+  auto done = events_->take();
   done->record(stream, work.what());
   work.issued(ch.comm, std::move(done));
 }

@@ -62,7 +62,7 @@ class NcclP2p : public std::enable_shared_from_this<NcclP2p> {
     std::shared_ptr<NcclComm> comm;  // null until the id is known here
     bool ready = false;              // both ranks joined
     std::unique_ptr<cuda::Stream> stream;
-    std::unique_ptr<cuda::Event> order;           // orders the stream after the default stream
+    std::unique_ptr<cuda::Event> order;           // orders the stream after the tensor's producer
     std::deque<std::shared_ptr<P2pWork>> queued;  // posted, waiting for the channel, in order
     std::exception_ptr failure;                   // the channel is unusable since
     Clock::time_point next_look{};  // the higher rank looks for the id at most every 2 ms
@@ -78,8 +78,9 @@ class NcclP2p : public std::enable_shared_from_this<NcclP2p> {
   int rank_;
   int device_;
   std::string group_;
-  std::mutex mu_;  // guards channels_ (and is taken before any P2pWork's own lock)
+  std::mutex mu_;  // guards channels_, events_ (taken before any P2pWork's own lock)
   std::map<std::pair<int, bool>, Channel> channels_;  // by (peer, outgoing)
+  std::shared_ptr<cuda::EventPool> events_;           // each message's completion event
 };
 
 }  // namespace dtrain::backends::nccl

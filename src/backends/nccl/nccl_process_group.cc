@@ -165,6 +165,7 @@ void NcclProcessGroup::start() {
   cuda::DeviceGuard guard(device_);
   stream_ = std::make_unique<cuda::Stream>();
   order_ = std::make_unique<cuda::Event>();
+  events_ = cuda::EventPool::create();
   one_ = std::make_unique<cuda::DeviceMemory>(sizeof(float));
   cuda::check(cudaMemset(one_->data(), 0, sizeof(float)), "cudaMemset of the barrier's element");
   p2p_ = std::make_shared<NcclP2p>(store_, rank_, device_, name_);
@@ -234,6 +235,7 @@ ncclRedOp_t NcclProcessGroup::reduce_op(DType dtype, ReduceOp op, const char* na
 // ---- issuing ----
 
 std::shared_ptr<Work> NcclProcessGroup::collective(const char* op, const std::string& desc,
+                                                   std::initializer_list<void*> producers,
                                                    std::chrono::milliseconds timeout,
                                                    const Body& body) {
   p2p_->progress();  // sends and receives posted earlier get their turn too
@@ -248,9 +250,14 @@ std::shared_ptr<Work> NcclProcessGroup::collective(const char* op, const std::st
   try {
     cuda::DeviceGuard guard(device_);
     cudaStream_t stream = stream_->get();
-    cuda::order_after_default_stream(stream, *order_, what);
+    const void* ordered = stream;  // a producer named twice is waited for once
+    for (void* producer : producers) {
+      if (producer == ordered) continue;
+      cuda::order_after(stream, producer, *order_, what);
+      ordered = producer;
+    }
     comm_->issue([&](ncclComm_t c) { return body(c, stream); }, deadline, what);
-    auto done = std::make_shared<cuda::Event>();
+    auto done = events_->take();
     done->record(stream, what);
     return std::make_shared<NcclWork>(comm_, std::move(done), std::move(what), deadline);
   } catch (...) {
@@ -291,8 +298,8 @@ std::shared_ptr<Work> NcclProcessGroup::broadcast(const TensorView& t, const Bro
   check_cuda(t, "broadcast", "the tensor");
   comm::check_root(info(), o.root, "broadcast");
   check_algorithm(o.algorithm, "broadcast");
-  return collective("broadcast", fmt::format("{} from rank {}", describe(t), o.root), o.timeout,
-                    [t, root = o.root](ncclComm_t c, cudaStream_t s) {
+  return collective("broadcast", fmt::format("{} from rank {}", describe(t), o.root), {t.stream},
+                    o.timeout, [t, root = o.root](ncclComm_t c, cudaStream_t s) {
                       if (t.nbytes() == 0) return ncclSuccess;
                       return ncclBroadcast(t.data, t.data, t.nbytes(), ncclUint8, root, c, s);
                     });
@@ -303,8 +310,8 @@ std::shared_ptr<Work> NcclProcessGroup::allreduce(const TensorView& t, const All
   comm::check_wire(info(), t, o);
   check_algorithm(o.algorithm, "all_reduce");
   const ncclRedOp_t op = reduce_op(t.dtype, o.op, "all_reduce");
-  return collective("all_reduce", describe(t) + " " + std::string(to_string(o.op)), o.timeout,
-                    [t, op](ncclComm_t c, cudaStream_t s) {
+  return collective("all_reduce", describe(t) + " " + std::string(to_string(o.op)), {t.stream},
+                    o.timeout, [t, op](ncclComm_t c, cudaStream_t s) {
                       if (t.numel == 0) return ncclSuccess;
                       return ncclAllReduce(t.data, t.data, t.numel, type_of(t.dtype), op, c, s);
                     });
@@ -316,7 +323,7 @@ std::shared_ptr<Work> NcclProcessGroup::reduce(const TensorView& t, const Reduce
   check_algorithm(o.algorithm, "reduce");
   const ncclRedOp_t op = reduce_op(t.dtype, o.op, "reduce");
   return collective("reduce", fmt::format("{} {} to rank {}", describe(t), to_string(o.op), o.root),
-                    o.timeout, [t, op, root = o.root](ncclComm_t c, cudaStream_t s) {
+                    {t.stream}, o.timeout, [t, op, root = o.root](ncclComm_t c, cudaStream_t s) {
                       if (t.numel == 0) return ncclSuccess;
                       return ncclReduce(t.data, t.data, t.numel, type_of(t.dtype), op, root, c, s);
                     });
@@ -328,10 +335,11 @@ std::shared_ptr<Work> NcclProcessGroup::allgather(const TensorView& out, const T
   check_cuda(in, "all_gather", "the input");
   comm::check_allgather(info(), as_checked(out), as_checked(in));
   check_algorithm(o.algorithm, "all_gather");
-  return collective("all_gather", describe(in), o.timeout, [out, in](ncclComm_t c, cudaStream_t s) {
-    if (in.nbytes() == 0) return ncclSuccess;
-    return ncclAllGather(in.data, out.data, in.nbytes(), ncclUint8, c, s);
-  });
+  return collective("all_gather", describe(in), {in.stream, out.stream}, o.timeout,
+                    [out, in](ncclComm_t c, cudaStream_t s) {
+                      if (in.nbytes() == 0) return ncclSuccess;
+                      return ncclAllGather(in.data, out.data, in.nbytes(), ncclUint8, c, s);
+                    });
 }
 
 std::shared_ptr<Work> NcclProcessGroup::allgatherv(const TensorView& out, const TensorView& in,
@@ -345,7 +353,8 @@ std::shared_ptr<Work> NcclProcessGroup::allgatherv(const TensorView& out, const 
   const int me = rank_;
   // One broadcast per rank, of its block into its place in everyone's output, in one group.
   return collective("all_gather_v", fmt::format("{} x {} in all", to_string(in.dtype), total),
-                    o.timeout, [out, in, counts, elem, me](ncclComm_t c, cudaStream_t s) {
+                    {in.stream, out.stream}, o.timeout,
+                    [out, in, counts, elem, me](ncclComm_t c, cudaStream_t s) {
                       return grouped([&] {
                         ncclResult_t first = ncclSuccess;
                         size_t offset = 0;
@@ -376,7 +385,8 @@ std::shared_ptr<Work> NcclProcessGroup::gather(const TensorView& out, const Tens
         rank_));
   const std::string who = fmt::format("rank {}: gather", rank_);
   return collective(
-      "gather", fmt::format("{} to rank {}", describe(in), o.root), o.timeout,
+      "gather", fmt::format("{} to rank {}", describe(in), o.root),
+      {in.stream, root ? out.stream : in.stream}, o.timeout,
       [this, out, in, root, r = o.root, who](ncclComm_t c, cudaStream_t s) {
         const size_t block = in.nbytes();
         if (block == 0) return ncclSuccess;
@@ -399,7 +409,8 @@ std::shared_ptr<Work> NcclProcessGroup::scatter(const TensorView& out, const Ten
   comm::check_scatter(info(), as_checked(out), as_checked(in), o.root);
   const std::string who = fmt::format("rank {}: scatter", rank_);
   return collective(
-      "scatter", fmt::format("{} from rank {}", describe(out), o.root), o.timeout,
+      "scatter", fmt::format("{} from rank {}", describe(out), o.root),
+      {out.stream, root ? in.stream : out.stream}, o.timeout,
       [this, out, in, root, r = o.root, who](ncclComm_t c, cudaStream_t s) {
         const size_t block = out.nbytes();
         if (block == 0) return ncclSuccess;
@@ -421,12 +432,12 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const TensorView& out, co
   comm::check_reduce_scatter(info(), as_checked(out), as_checked(in));
   check_algorithm(o.algorithm, "reduce_scatter");
   const ncclRedOp_t op = reduce_op(in.dtype, o.op, "reduce_scatter");
-  return collective("reduce_scatter", describe(out) + " " + std::string(to_string(o.op)), o.timeout,
-                    [out, in, op](ncclComm_t c, cudaStream_t s) {
-                      if (out.numel == 0) return ncclSuccess;
-                      return ncclReduceScatter(in.data, out.data, out.numel, type_of(in.dtype), op,
-                                               c, s);
-                    });
+  return collective(
+      "reduce_scatter", describe(out) + " " + std::string(to_string(o.op)), {in.stream, out.stream},
+      o.timeout, [out, in, op](ncclComm_t c, cudaStream_t s) {
+        if (out.numel == 0) return ncclSuccess;
+        return ncclReduceScatter(in.data, out.data, out.numel, type_of(in.dtype), op, c, s);
+      });
 }
 
 std::shared_ptr<Work> NcclProcessGroup::alltoall(const TensorView& out, const TensorView& in,
@@ -440,21 +451,22 @@ std::shared_ptr<Work> NcclProcessGroup::alltoall(const TensorView& out, const Te
         "so they must be separate buffers",
         rank_));
   const std::string who = fmt::format("rank {}: all_to_all", rank_);
-  return collective(
-      "all_to_all", describe(in), o.timeout, [this, out, in, who](ncclComm_t c, cudaStream_t s) {
-        const size_t block = in.nbytes() / static_cast<size_t>(size_);
-        if (block == 0) return ncclSuccess;
-        copy_on(s, at(out, rank_ * block), at(in, rank_ * block), block, who);
-        return grouped([&] {
-          ncclResult_t first = ncclSuccess;
-          for (int p = 0; p < size_; ++p) {
-            if (p == rank_) continue;
-            keep_first(first, ncclSend(at(in, p * block), block, ncclUint8, p, c, s));
-            keep_first(first, ncclRecv(at(out, p * block), block, ncclUint8, p, c, s));
-          }
-          return first;
-        });
-      });
+  return collective("all_to_all", describe(in), {in.stream, out.stream}, o.timeout,
+                    [this, out, in, who](ncclComm_t c, cudaStream_t s) {
+                      const size_t block = in.nbytes() / static_cast<size_t>(size_);
+                      if (block == 0) return ncclSuccess;
+                      copy_on(s, at(out, rank_ * block), at(in, rank_ * block), block, who);
+                      return grouped([&] {
+                        ncclResult_t first = ncclSuccess;
+                        for (int p = 0; p < size_; ++p) {
+                          if (p == rank_) continue;
+                          keep_first(first, ncclSend(at(in, p * block), block, ncclUint8, p, c, s));
+                          keep_first(first,
+                                     ncclRecv(at(out, p * block), block, ncclUint8, p, c, s));
+                        }
+                        return first;
+                      });
+                    });
 }
 
 std::shared_ptr<Work> NcclProcessGroup::alltoallv(const TensorView& out,
@@ -474,7 +486,7 @@ std::shared_ptr<Work> NcclProcessGroup::alltoallv(const TensorView& out,
   const size_t elem = element_size(in.dtype);
   const std::string who = fmt::format("rank {}: all_to_all_v", rank_);
   return collective(
-      "all_to_all_v", totals.describe(in.dtype), o.timeout,
+      "all_to_all_v", totals.describe(in.dtype), {in.stream, out.stream}, o.timeout,
       [this, out, in, out_counts, in_counts, elem, who](ncclComm_t c, cudaStream_t s) {
         std::vector<size_t> in_at(size_), out_at(size_);
         for (int p = 1; p < size_; ++p) {
@@ -503,9 +515,11 @@ std::shared_ptr<Work> NcclProcessGroup::alltoallv(const TensorView& out,
 std::shared_ptr<Work> NcclProcessGroup::barrier(const BarrierOptions& o) {
   check_algorithm(o.algorithm, "barrier");
   void* one = one_->data();
-  return collective("barrier", "one f32 element", o.timeout, [one](ncclComm_t c, cudaStream_t s) {
-    return ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, c, s);
-  });
+  // No tensor names a stream: after the legacy default stream.
+  return collective("barrier", "one f32 element", {nullptr}, o.timeout,
+                    [one](ncclComm_t c, cudaStream_t s) {
+                      return ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, c, s);
+                    });
 }
 
 std::shared_ptr<ProcessGroup> NcclProcessGroup::new_group(const std::vector<int>& ranks) {
@@ -559,11 +573,13 @@ void NcclProcessGroup::abort(const std::string& reason) {
 
 namespace {
 
+// Host tensors go through a native group beside it (ProcessGroup::create, per_device_group.h).
 const bool kRegistered = register_backend(Backend{
     "nccl", true,
     [](std::shared_ptr<Store> store, int rank, int size, const ProcessGroupOptions& options) {
       return std::make_shared<NcclProcessGroup>(std::move(store), rank, size, options);
-    }});
+    },
+    /*device_memory_only=*/true});
 
 }  // namespace
 

@@ -4,22 +4,25 @@
 // group's key ("nccl/<group>/unique_id"); the others wait for it with the connect timeout. Each
 // group has its own communicator (sub-groups: ncclCommSplit of their parent's) and its own
 // stream; an operation is queued on that stream in call order, after the work queued so far on
-// the legacy default stream (where LibTorch computes), and its Work waits for a CUDA event
-// recorded after it (nccl_work.h: timeouts abort the communicator). Sends and receives go over
-// channels of their own (nccl_p2p.h). gather, scatter, all_to_all(v) are grouped sends and
+// the streams its tensors name (TensorView::stream: the stream current where the caller made
+// the view; none, the legacy default stream), and its Work waits for a CUDA event recorded
+// after it, one of a pool (nccl_work.h: timeouts abort the communicator). Sends and receives go
+// over channels of their own (nccl_p2p.h). gather, scatter, all_to_all(v) are grouped sends and
 // receives; all_gather_v is a group of broadcasts; barrier is an all-reduce of one element.
 //
 // The GPU of a rank: LOCAL_RANK (set by `dtrain run` and torchrun) modulo the GPUs it sees,
 // else its rank modulo them. Tensors must be on that GPU.
 //
-// What NCCL cannot do fails with "backend nccl does not support X on Y": CPU tensors (use the
-// native or gloo backend), bitwise reductions, named algorithms (NCCL picks its own, see
-// NCCL_ALGO), tags other than 0. Without a GPU, creating the group fails at once with "backend
+// What NCCL cannot do fails with "backend nccl does not support X on Y": bitwise reductions,
+// named algorithms (NCCL picks its own, see NCCL_ALGO), tags other than 0, and host tensors,
+// which ProcessGroup::create sends through a native group beside this one instead
+// (comm/per_device_group.h). Without a GPU, creating the group fails at once with "backend
 // nccl needs a CUDA device: cudaGetDeviceCount returned ...", before any rendezvous.
 #pragma once
 
 #include <chrono>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -85,8 +88,10 @@ class NcclProcessGroup : public ProcessGroup {
  private:
   // Enqueues NCCL calls on the group's communicator and stream.
   using Body = std::function<ncclResult_t(ncclComm_t comm, cudaStream_t stream)>;
-  // Issues collective `op` (in call order, numbered), whose `body` moves `bytes` bytes here.
+  // Issues collective `op` (in call order, numbered) on the group's stream, after the work
+  // queued so far on its tensors' `producers` (TensorView::stream).
   std::shared_ptr<Work> collective(const char* op, const std::string& desc,
+                                   std::initializer_list<void*> producers,
                                    std::chrono::milliseconds timeout, const Body& body);
   void start();  // the stream, the barrier's element, the p2p channels
   comm::GroupInfo info() const { return {rank_, size_, name_, "nccl", ""}; }
@@ -110,7 +115,8 @@ class NcclProcessGroup : public ProcessGroup {
   std::chrono::milliseconds connect_timeout_;
   std::shared_ptr<NcclComm> comm_;
   std::unique_ptr<cuda::Stream> stream_;
-  std::unique_ptr<cuda::Event> order_;       // orders stream_ after the default stream
+  std::unique_ptr<cuda::Event> order_;       // orders stream_ after the tensors' producers
+  std::shared_ptr<cuda::EventPool> events_;  // each Work's completion event
   std::unique_ptr<cuda::DeviceMemory> one_;  // the barrier's element
   std::shared_ptr<NcclP2p> p2p_;
 

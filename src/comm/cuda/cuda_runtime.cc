@@ -98,8 +98,29 @@ bool Event::done(std::string_view what) const {
   fail(e, what);
 }
 
-void order_after_default_stream(cudaStream_t stream, Event& scratch, std::string_view what) {
-  scratch.record(cudaStreamLegacy, what);
+std::shared_ptr<Event> EventPool::take() {
+  std::unique_ptr<Event> event;
+  {
+    std::lock_guard lock(mu_);
+    if (!free_.empty()) {
+      event = std::move(free_.back());
+      free_.pop_back();
+    }
+  }
+  if (!event) event = std::make_unique<Event>();
+  return std::shared_ptr<Event>(event.release(), [pool = weak_from_this()](Event* e) {
+    std::unique_ptr<Event> owned(e);
+    if (auto p = pool.lock()) {
+      std::lock_guard lock(p->mu_);
+      p->free_.push_back(std::move(owned));
+    }
+  });
+}
+
+void order_after(cudaStream_t stream, void* producer, Event& scratch, std::string_view what) {
+  cudaStream_t from = producer ? static_cast<cudaStream_t>(producer) : cudaStreamLegacy;
+  if (from == stream) return;
+  scratch.record(from, what);
   check(cudaStreamWaitEvent(stream, scratch.get(), 0), what);
 }
 

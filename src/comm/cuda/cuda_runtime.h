@@ -8,8 +8,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/deadline.h"
 #include "dtrain/tensor.h"
@@ -53,7 +56,7 @@ class DeviceGuard {
 class Stream {
  public:
   // A stream on the current device. Non-blocking: it never waits on the legacy default stream
-  // implicitly; work is ordered after the caller's explicitly (order_after_default_stream).
+  // implicitly; work is ordered after the caller's explicitly (order_after).
   Stream();
   ~Stream();
   Stream(const Stream&) = delete;
@@ -79,10 +82,25 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// Events of one device, reused: creating one per call cost more than the rest of an NCCL call's
+// own work on the host. An event taken goes back to the pool when its last holder (a Work) lets
+// go, or is destroyed if the pool has gone by then.
+class EventPool : public std::enable_shared_from_this<EventPool> {
+ public:
+  static std::shared_ptr<EventPool> create() { return std::shared_ptr<EventPool>(new EventPool); }
+  // An event of the current device, which must be the device of every event of this pool.
+  std::shared_ptr<Event> take();
+
+ private:
+  EventPool() = default;
+  std::mutex mu_;  // guards free_
+  std::vector<std::unique_ptr<Event>> free_;
+};
+
 // Makes `stream` wait (on the GPU, without blocking this thread) for the work queued so far on
-// the legacy default stream, where LibTorch and most programs compute their tensors. Work on
-// other streams must be synchronised by the caller before it hands dtrain the tensor.
-void order_after_default_stream(cudaStream_t stream, Event& scratch, std::string_view what);
+// `producer`: the stream a tensor's view names (TensorView::stream), where its producer wrote
+// it; null is the legacy default stream, where LibTorch computes unless told otherwise.
+void order_after(cudaStream_t stream, void* producer, Event& scratch, std::string_view what);
 
 // Polls `event` until it has completed (true) or `deadline` passes (false), yielding at first
 // and then sleeping in short steps, so a long wait costs little CPU.

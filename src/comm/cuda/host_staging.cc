@@ -2,7 +2,8 @@
 // for where this sits and how calls overlap).
 //
 // One call: the CUDA tensors it reads are copied into pinned buffers on a stream of their GPU
-// (ordered after the legacy default stream, where the caller computed them), the call waits for
+// (ordered after the work queued so far on the streams their views name, where the caller
+// computed them: TensorView::stream), the call waits for
 // those copies (bounded by its deadline), then the same operation is issued on the host copies.
 // The returned Work completes when that operation has and the tensors it writes are copied back.
 // Pinned buffers are pooled: pinning pages costs milliseconds per call, so buffers are reused,
@@ -14,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include <fmt/format.h>
@@ -157,19 +159,36 @@ class HostStaging final : public CudaStaging {
     if (!s) s = std::make_unique<cuda::Stream>();
     return s->get();
   }
-  // Orders `stream` after the legacy default stream (one scratch event per device).
-  void order_after_default(int device, cudaStream_t stream, std::string_view what) {
+  // Orders `stream` after the work queued so far on the streams the tensors on `device` name
+  // (TensorView::stream), each once (one scratch event per device).
+  void order_after(int device, cudaStream_t stream, std::span<const TensorView> tensors,
+                   std::string_view what) {
     std::lock_guard lock(mu_);
     auto& e = order_events_[device];
     if (!e) e = std::make_unique<cuda::Event>();
-    cuda::order_after_default_stream(stream, *e, what);
+    std::vector<void*> ordered;
+    for (const auto& t : tensors) {
+      if (!on_cuda(t) || t.device_index != device ||
+          std::find(ordered.begin(), ordered.end(), t.stream) != ordered.end())
+        continue;
+      cuda::order_after(stream, t.stream, *e, what);
+      ordered.push_back(t.stream);
+    }
+  }
+  // An event of `device` (current), from the device's pool.
+  std::shared_ptr<cuda::Event> event(int device) {
+    std::lock_guard lock(mu_);
+    auto& pool = events_[device];
+    if (!pool) pool = cuda::EventPool::create();
+    return pool->take();
   }
 
  private:
   PinnedPool pool_;
-  std::mutex mu_;  // guards streams_, order_events_ (and the use of an order event)
+  std::mutex mu_;  // guards streams_, order_events_ (and the use of an order event), events_
   std::map<int, std::unique_ptr<cuda::Stream>> streams_;
   std::map<int, std::unique_ptr<cuda::Event>> order_events_;
+  std::map<int, std::shared_ptr<cuda::EventPool>> events_;
 };
 
 std::string_view which(Staging s) {
@@ -235,7 +254,8 @@ std::shared_ptr<Work> HostStaging::run(const GroupInfo& info, std::string_view o
       items.push_back(std::move(item));
     }
     cudaStream_t s = stream(device);
-    order_after_default(device, s, who + ": ordering the copy after the default stream");
+    const auto views = tensors_on_host(tensors);  // the callers' views, as given
+    order_after(device, s, views, who + ": ordering the copy after the tensors' producers");
     for (const auto& item : items) {
       if (!reads(item.staging) || item.device.nbytes() == 0) continue;
       cuda::check(cudaMemcpyAsync(item.host->data(), item.device.data, item.device.nbytes(),
@@ -244,7 +264,7 @@ std::shared_ptr<Work> HostStaging::run(const GroupInfo& info, std::string_view o
                               which(item.staging), item.device.nbytes(), device));
       bytes_in += item.device.nbytes();
     }
-    copied = std::make_shared<cuda::Event>();
+    copied = event(device);
     copied->record(s, who + ": cudaEventRecord after the copies to the host");
     if (!cuda::wait_event(*copied, deadline, who))
       throw TimeoutError(fmt::format(
@@ -281,14 +301,15 @@ void HostStaging::copy(std::string_view who, const TensorView& dst, const Tensor
   const int device = on_cuda(dst) ? dst.device_index : src.device_index;
   cuda::DeviceGuard guard(device);
   cudaStream_t s = stream(device);
-  order_after_default(device, s,
-                      fmt::format("{}: ordering the copy after the default stream", who));
+  const TensorView both[] = {dst, src};
+  order_after(device, s, both,
+              fmt::format("{}: ordering the copy after the tensors' producers", who));
   // cudaMemcpyDefault: unified addressing tells host from device memory, on either side.
   cuda::check(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDefault, s),
               fmt::format("{}: copying {} bytes from the input to the output", who, src.nbytes()));
-  cuda::Event done;
-  done.record(s, fmt::format("{}: cudaEventRecord after the copy", who));
-  if (!cuda::wait_event(done, deadline, who))
+  auto done = event(device);
+  done->record(s, fmt::format("{}: cudaEventRecord after the copy", who));
+  if (!cuda::wait_event(*done, deadline, who))
     throw TimeoutError(fmt::format("{}: copying {} bytes on cuda:{} did not finish within {}", who,
                                    src.nbytes(), device, deadline.describe()));
 }
@@ -320,7 +341,7 @@ void StagedWork::start_copy_back_locked() {
                 fmt::format("{}: copying {} ({} bytes) back to cuda:{}", what_, which(item.staging),
                             item.device.nbytes(), device_));
   }
-  auto back = std::make_shared<cuda::Event>();
+  auto back = staging_.event(device_);
   back->record(s, what_ + ": cudaEventRecord after the copies back");
   back_ = std::move(back);
 }

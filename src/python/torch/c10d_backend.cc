@@ -47,16 +47,12 @@ DType dtype_of(const at::Tensor& t) {
 // The view dtrain reads and writes: the tensor's own memory, which must be contiguous. Its
 // elements are bytes where dtrain has no type for them (unit_bytes).
 TensorView view_of(const at::Tensor& t) {
-  TensorView v{t.data_ptr(), static_cast<size_t>(t.numel() * unit_bytes(t)), dtype_of(t)};
-  if (t.is_cuda()) {
-    v.device = Device::kCuda;
-    v.device_index = t.get_device();
-  } else if (!t.is_cpu()) {
+  if (!t.is_cuda() && !t.is_cpu())
     throw InvalidArgumentError(
         fmt::format("dtrain backend: tensors on {} cannot be communicated (CPU and CUDA only)",
                     t.device().str()));
-  }
-  return v;
+  return placed_as(
+      TensorView{t.data_ptr(), static_cast<size_t>(t.numel() * unit_bytes(t)), dtype_of(t)}, t);
 }
 
 using OpSite = C10dBackend::OpSite;
