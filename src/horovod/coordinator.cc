@@ -9,12 +9,15 @@
 #include <cstring>
 #include <numeric>
 #include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm/cuda_staging.h"
 #include "comm/flight_recorder.h"
 #include "common/byte_order.h"
+#include "common/deadline.h"
 #include "common/reduce.h"
 #include "dtrain/error.h"
 #include "dtrain/timeline.h"
@@ -25,6 +28,15 @@ namespace dtrain {
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// dst = src, byte for byte; either may be in a GPU's memory (copied through the CUDA staging).
+void copy_bytes(std::string_view who, const TensorView& dst, const TensorView& src,
+                const Deadline& deadline) {
+  if (comm::on_cuda(dst) || comm::on_cuda(src))
+    comm::copy_cuda(who, dst, src, deadline);
+  else
+    std::memcpy(dst.data, src.data, src.nbytes());
+}
 
 constexpr uint8_t kFlagNewTensors = 1;  // has tensors to negotiate
 constexpr uint8_t kFlagStopping = 2;    // its coordinator is being destroyed
@@ -739,12 +751,19 @@ void Coordinator::execute(const std::vector<Request>& agreed, int contributing, 
         kind.op == ReduceOp::kAvg && contributing < n && !options_.average_over_all_ranks;
     ro.op = partial_average ? ReduceOp::kSum : kind.op;
     TensorView whole = views[order[i]];
-    if (j > i + 1) {
+    // Several tensors are fused in host memory; so is a GPU's tensor averaged over the ranks
+    // that contributed, which is scaled down here, on the CPU.
+    const bool fused = j > i + 1 || (partial_average && comm::on_cuda(whole));
+    const Deadline copies =
+        Deadline::after(options_.timeout.count() > 0 ? options_.timeout : group_->timeout());
+    const std::string who =
+        fused ? fmt::format("rank {}: {}: the fusion buffer", group_->rank(), options_.name) : "";
+    if (fused) {
       if (fusion_.size() < bytes) fusion_.resize(bytes);
       size_t at = 0;
       for (size_t k = i; k < j; ++k) {
         const TensorView& t = views[order[k]];
-        std::memcpy(fusion_.data() + at, t.data, t.nbytes());
+        copy_bytes(who, TensorView::raw(fusion_.data() + at, t.nbytes()), t, copies);
         at += t.nbytes();
       }
       whole = TensorView{fusion_.data(), bytes / element_size(kind.dtype), kind.dtype};
@@ -757,11 +776,11 @@ void Coordinator::execute(const std::vector<Request>& agreed, int contributing, 
                          to_string(kind.dtype), to_string(kind.op)));
     if (partial_average)
       scale_down(whole.data, whole.numel, whole.dtype, static_cast<size_t>(contributing));
-    if (j > i + 1) {
+    if (fused) {
       size_t at = 0;
       for (size_t k = i; k < j; ++k) {
         const TensorView& t = views[order[k]];
-        std::memcpy(t.data, fusion_.data() + at, t.nbytes());
+        copy_bytes(who, t, TensorView::raw(fusion_.data() + at, t.nbytes()), copies);
         at += t.nbytes();
       }
     }

@@ -3,7 +3,6 @@
 #include "dtrain/torch/broadcast.h"
 
 #include <algorithm>
-#include <cstring>
 #include <functional>
 #include <sstream>
 
@@ -24,29 +23,42 @@ namespace dtrain {
 
 namespace {
 
-at::Tensor packed(const std::vector<at::Tensor>& tensors, bool fill) {
+// The bytes of a contiguous tensor, as a flat tensor of bytes on its device.
+at::Tensor bytes_of(const at::Tensor& contiguous) {
+  return contiguous.reshape({-1}).view(at::kByte);
+}
+
+// The tensors' bytes, one after the other, in one tensor on `device` (copied where `fill`).
+// Torch's copies, not memcpy: the tensors, and the buffer, may be on a GPU.
+at::Tensor packed(const std::vector<at::Tensor>& tensors, bool fill, at::Device device) {
   int64_t bytes = 0;
   for (const auto& t : tensors) bytes += static_cast<int64_t>(t.nbytes());
-  at::Tensor flat = at::empty({bytes}, at::kByte);
+  at::Tensor flat = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device));
   if (!fill) return flat;
-  auto* base = static_cast<uint8_t*>(flat.data_ptr());
+  c10::NoGradGuard no_grad;
   int64_t at_byte = 0;
   for (const auto& t : tensors) {
-    at::Tensor c = t.detach().contiguous();
-    std::memcpy(base + at_byte, c.data_ptr(), c.nbytes());
-    at_byte += static_cast<int64_t>(c.nbytes());
+    const auto n = static_cast<int64_t>(t.nbytes());
+    flat.narrow(0, at_byte, n).copy_(bytes_of(t.detach().contiguous()));
+    at_byte += n;
   }
   return flat;
 }
 
 void unpack(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) {
   c10::NoGradGuard no_grad;
-  auto* base = static_cast<uint8_t*>(flat.data_ptr());
   int64_t at_byte = 0;
   for (const auto& t : tensors) {
-    at::Tensor src = at::from_blob(base + at_byte, t.sizes(), t.options().requires_grad(false));
-    at::Tensor(t).copy_(src);
-    at_byte += static_cast<int64_t>(t.nbytes());
+    const auto n = static_cast<int64_t>(t.nbytes());
+    const at::Tensor piece = flat.narrow(0, at_byte, n);
+    if (t.is_contiguous()) {
+      bytes_of(t.detach()).copy_(piece);  // in place: t's version moves on, as with copy_
+    } else {
+      at::Tensor dense = at::empty(t.sizes(), t.options().requires_grad(false));
+      bytes_of(dense).copy_(piece);
+      at::Tensor(t).copy_(dense);
+    }
+    at_byte += n;
   }
 }
 
@@ -147,7 +159,7 @@ int64_t digest_tensors(const std::vector<at::Tensor>& tensors, bool holder, Memo
   int64_t bytes = 0;
   for (const auto& tensor : tensors) {
     if (holder) {
-      const at::Tensor t = tensor.contiguous();
+      const at::Tensor t = tensor.to(at::kCPU).contiguous();  // a GPU's tensor, read on the host
       digest.add(t.data_ptr(), t.nbytes());
     }
     bytes += static_cast<int64_t>(tensor.nbytes());
@@ -209,7 +221,8 @@ void hand_over(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
 void broadcast_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root,
                        std::chrono::milliseconds timeout) {
   if (group.size() == 1 || tensors.empty()) return;
-  at::Tensor flat = packed(tensors, group.rank() == root);
+  // On the tensors' device: a GPU's tensors go through the group's backend as they are.
+  at::Tensor flat = packed(tensors, group.rank() == root, tensors.front().device());
   BroadcastOptions o;
   o.root = root;
   o.timeout = timeout;
@@ -239,7 +252,8 @@ void share_tensors(ProcessGroup& group, const std::vector<at::Tensor>& tensors,
     hand_over(group, tensors, from, timeout);
     return;
   }
-  at::Tensor flat = packed(tensors, holds(from, group.rank()));
+  // share_bytes moves host memory.
+  at::Tensor flat = packed(tensors, holds(from, group.rank()), at::kCPU);
   share_bytes(group, flat.data_ptr(), static_cast<size_t>(flat.numel()), from, timeout);
   if (!holds(from, group.rank())) unpack(flat, tensors);
 }

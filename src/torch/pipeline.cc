@@ -86,6 +86,13 @@ struct Pipeline::Impl {
 
   torch::nn::Sequential& stage(int s) { return stages[static_cast<size_t>(s / p)]; }
 
+  // `t` where stage `s` of this rank computes: its parameters' device (refuse_stages checked
+  // they share one); a stage without parameters computes where its input is.
+  at::Tensor to_stage(int s, const at::Tensor& t) {
+    const auto params = stage(s)->parameters();
+    return params.empty() ? t : t.to(params.front().device());
+  }
+
   std::string where() const {
     std::string at = action != nullptr ? fmt::format("action {} of {} ({})", action_index,
                                                      schedule.name, pipeline::describe(*action))
@@ -108,16 +115,13 @@ struct Pipeline::Impl {
   void send(Direction d, int stage_from, int mb, const at::Tensor& t) {
     const int to = d == Direction::kActivation ? stage_from + 1 : stage_from - 1;
     const int peer = schedule.rank_of(to);
-    if (!t.device().is_cpu())
-      throw InvalidArgumentError(fmt::format(
-          "stage {} produced a tensor on {}: the pipeline's messages go through host memory, so "
-          "its stages run on the CPU",
-          stage_from, t.device().str()));
-    at::Tensor c = t.detach().contiguous();
     if (peer == rank) {
-      local[{static_cast<int>(d), stage_from, mb}] = c;
+      local[{static_cast<int>(d), stage_from, mb}] = t.detach();
       return;
     }
+    // The messages go through host memory: a GPU's tensor is copied there first (the copy
+    // waits for the stage's work on the current stream).
+    at::Tensor c = t.detach().to(at::kCPU).contiguous();
     MessageHeader h;
     h.direction = d;
     h.stage = stage_from;
@@ -147,7 +151,7 @@ struct Pipeline::Impl {
       if (it == local.end())
         throw InternalError(
             "the message to this rank itself was not sent (the verifier passed it)");
-      at::Tensor t = it->second;
+      at::Tensor t = to_stage(stage_to, it->second);
       local.erase(it);
       return t;
     }
@@ -176,7 +180,7 @@ struct Pipeline::Impl {
       group->irecv(TensorView::raw(t.data_ptr(), t.nbytes()), peer, tag, o)->wait();
     stats.wait_ms += ms_since(started);
     if (header != nullptr) *header = h;
-    return t;
+    return to_stage(stage_to, t);
   }
 
   static at::ScalarType to_scalar_type(DType d) {
@@ -394,11 +398,12 @@ struct Pipeline::Impl {
           continue;
         }
         case Op::kForward: {
-          at::Tensor in = a.stage == 0 ? xs[a.microbatch] : slots[{a.stage, a.microbatch}].input;
+          at::Tensor in =
+              a.stage == 0 ? to_stage(0, xs[a.microbatch]) : slots[{a.stage, a.microbatch}].input;
           forward_pass(a.stage, a.microbatch, in, split);
           if (a.stage == last) {
             Slot& slot = slots[{a.stage, a.microbatch}];
-            at::Tensor l = loss_fn(slot.output, ys[a.microbatch]);
+            at::Tensor l = loss_fn(slot.output, ys[a.microbatch].to(slot.output.device()));
             if (l.numel() != 1)
               throw InvalidArgumentError(fmt::format(
                   "the loss function returned a tensor of shape [{}]; return the mean over the "
@@ -467,7 +472,7 @@ struct Pipeline::Impl {
         phase = fmt::format("the forward of micro-batch {} of stage {} (forward only)", mb, s);
         at::Tensor in;
         if (s == 0) {
-          in = xs[mb];
+          in = to_stage(0, xs[mb]);
         } else {
           MessageHeader h;
           in = recv(Direction::kActivation, s, mb, &h);
@@ -506,12 +511,13 @@ std::string refuse_stages(const std::vector<torch::nn::Sequential>& stages,
   for (size_t i = 0; i < stages.size(); ++i) {
     if (stages[i].is_empty() || stages[i]->size() == 0)
       return fmt::format("stage {} of rank {} is empty", ids[i], rank);
-    for (const auto& p : stages[i]->parameters())
-      if (!p.device().is_cpu())
+    const auto params = stages[i]->parameters();
+    for (const auto& p : params)
+      if (p.device() != params.front().device())
         return fmt::format(
-            "stage {} has parameters on {}: the pipeline's messages go through "
-            "host memory, so its stages run on the CPU (move them with .to(kCPU))",
-            ids[i], p.device().str());
+            "stage {} has parameters on {} and on {}: a stage computes on one device (move it "
+            "with .to(device))",
+            ids[i], params.front().device().str(), p.device().str());
     if (!schedule.split_backward()) continue;
     // A split backward takes each module's weight gradient from that module's output alone; a
     // parameter two modules share would get the other module's part twice.

@@ -21,11 +21,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
 #include <ATen/ATen.h>
-#include <c10/core/CPUAllocator.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/engine.h>
@@ -69,6 +71,14 @@ struct ShardedDataParallel::Unit {
   size_t ready_count = 0;
   bool complete = false;  // this backward: every parameter has its gradient
 
+  // fp32 on the parameters' device (the model's: agree_on_model refuses several): the flat
+  // buffers the unit makes live there.
+  at::TensorOptions flat_options() const {
+    return at::TensorOptions()
+        .dtype(at::kFloat)
+        .device(params.empty() ? at::Device(at::kCPU) : params.front().device());
+  }
+
   // Places a parameter after the ones before it in the flat buffer (not yet padded).
   void append(const std::string& name, const at::Tensor& p) {
     names.push_back(name);
@@ -96,14 +106,17 @@ c10::StorageImpl& storage_of(const at::Tensor& t) { return *t.storage().unsafeGe
 
 void free_memory(const at::Tensor& flat) {
   auto& s = storage_of(flat);
-  s.set_data_ptr_noswap(at::DataPtr(nullptr, at::Device(at::kCPU)));
+  s.set_data_ptr_noswap(at::DataPtr(nullptr, flat.device()));
   s.set_nbytes(0);
 }
 
+// From the allocator of the tensor's device (a GPU's caching allocator allocates on the current
+// device, hence the guard).
 void give_memory(const at::Tensor& flat) {
   auto& s = storage_of(flat);
   const size_t bytes = static_cast<size_t>(flat.numel()) * flat.element_size();
-  s.set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(bytes));
+  const c10::DeviceGuard on(flat.device());
+  s.set_data_ptr_noswap(c10::GetAllocator(flat.device().type())->allocate(bytes));
   s.set_nbytes(bytes);
 }
 
@@ -137,11 +150,11 @@ std::string refusal_of_options(const ShardingOptions& options) {
 
 std::string refusal_of_parameter(const at::Tensor& p, const std::string& name) {
   std::string refusal;
-  if (p.scalar_type() != at::kFloat || !p.device().is_cpu())
+  if (p.scalar_type() != at::kFloat)
     refusal = fmt::format(
-        "parameter '{}' is {} on {}; ShardedDataParallel keeps fp32 "
-        "CPU parameters (communication_dtype sets what goes on the wire)",
-        name, describe_dtype(p.scalar_type()), p.device().str());
+        "parameter '{}' is {}; ShardedDataParallel keeps fp32 parameters "
+        "(communication_dtype sets what goes on the wire)",
+        name, describe_dtype(p.scalar_type()));
   if (!p.requires_grad())
     refusal = fmt::format(
         "parameter '{}' does not require grad; frozen parameters are not "
@@ -227,6 +240,7 @@ std::string ShardedDataParallel::lay_out_units(const std::vector<UnitModules>& u
   const auto name_of = parameter_names(*module_);
   std::unordered_set<const c10::TensorImpl*> seen;
   std::string description;
+  std::optional<at::Device> device;  // the first parameter's
   for (size_t u = 0; u < unit_modules.size(); ++u) {
     auto unit = std::make_unique<Unit>();
     unit->first_child = unit_modules[u].first_child;
@@ -245,6 +259,12 @@ std::string ShardedDataParallel::lay_out_units(const std::vector<UnitModules>& u
           continue;
         }
         if (std::string reason = refusal_of_parameter(p, name); !reason.empty()) refusal = reason;
+        if (!device) device = p.device();
+        if (p.device() != *device)
+          refusal = fmt::format(
+              "parameter '{}' is on {}, others on {}: ShardedDataParallel keeps a model on one "
+              "device (move it with ->to(device))",
+              name, p.device().str(), device->str());
         unit->append(name, p);
         description += fmt::format("{}:{}:{};", name, p.sizes().vec(), u);
       }
@@ -303,7 +323,7 @@ void ShardedDataParallel::shard_unit(size_t u) {
 // released and given memory again under the parameters.
 void ShardedDataParallel::flatten_parameters(size_t u) {
   Unit& unit = *units_[u];
-  unit.full = at::zeros({unit.padded}, at::kFloat);
+  unit.full = at::zeros({unit.padded}, unit.flat_options());
   for (size_t i = 0; i < unit.params.size(); ++i) {
     at::Tensor view = unit.full.narrow(0, unit.offsets[i], unit.numels[i]).view(unit.shapes[i]);
     view.copy_(unit.params[i]);
@@ -442,7 +462,7 @@ std::map<std::string, at::Tensor> ShardedDataParallel::full_parameters() {
   o.timeout = options_.timeout;
   c10::NoGradGuard no_grad;
   for (auto& unit : units_) {
-    at::Tensor flat = at::empty({unit->padded}, at::kFloat);
+    at::Tensor flat = at::empty({unit->padded}, unit->flat_options());
     group_->allgather(view_of(flat), view_of(unit->shard.detach()), o)->wait();
     for (size_t i = 0; i < unit->params.size(); ++i)
       out[unit->names[i]] =
@@ -551,7 +571,7 @@ void ShardedDataParallel::queue_finish() {
 void ShardedDataParallel::ensure_gradients(size_t u) {
   Unit& unit = *units_[u];
   c10::NoGradGuard no_grad;
-  if (!unit.grad_full.defined()) unit.grad_full = at::zeros({unit.padded}, at::kFloat);
+  if (!unit.grad_full.defined()) unit.grad_full = at::zeros({unit.padded}, unit.flat_options());
   for (size_t i = 0; i < unit.params.size(); ++i) {
     at::Tensor slot = unit.grad_full.narrow(0, unit.offsets[i], unit.numels[i]);
     at::Tensor& grad = unit.params[i].mutable_grad();

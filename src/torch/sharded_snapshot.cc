@@ -95,7 +95,7 @@ void pack(const Layout& layout, const std::map<std::string, at::Tensor>& tensors
   if (!blob.defined() || blob.numel() != bytes) blob = at::empty({bytes}, at::kByte);
   auto* base = static_cast<uint8_t*>(blob.data_ptr());
   for (const auto& [key, e] : layout) {
-    const at::Tensor t = tensors.at(key).contiguous();
+    const at::Tensor t = tensors.at(key).to(at::kCPU).contiguous();  // a GPU's shards too
     if (t.numel() != e.numel || t.scalar_type() != e.dtype)
       throw InternalError(
           fmt::format("sharded snapshot: '{}' has {} elements of {}, its layout {} of {}", key,

@@ -20,6 +20,7 @@
 #include "support/expect.h"
 #include "support/group.h"
 #include "support/multiproc.h"
+#include "torch/torch_test_support.h"
 
 namespace dtrain {
 namespace {
@@ -351,6 +352,19 @@ TEST(Pipeline, MismatchedOptionsAndBadInputAreNamed) {
       const std::string text = e.what();
       RANK_CHECK(text.find(rank == 0 ? "shares a parameter between its modules 0 and 2"
                                      : "rank 0 of the pipeline refused") != std::string::npos,
+                 "{}", text);
+    }
+    // A stage computes on one device: parameters on two are refused (the meta device stands
+    // for a GPU, which this machine may lack).
+    torch::nn::Sequential split(torch::nn::Linear(6, 6), testing::OnMeta());
+    try {
+      Pipeline bad({rank == 1 ? split : stages[0]}, pg, {.schedule = "1f1b", .microbatches = 4});
+      throw std::runtime_error("a stage on two devices was accepted");
+    } catch (const InvalidArgumentError& e) {
+      const std::string text = e.what();
+      RANK_CHECK(text.find(rank == 1 ? "stage 1 has parameters on cpu and on meta: a stage "
+                                       "computes on one device"
+                                     : "rank 1 of the pipeline refused") != std::string::npos,
                  "{}", text);
     }
     Pipeline pipe(stages, pg, {.schedule = "gpipe", .microbatches = 4});

@@ -419,6 +419,12 @@ TEST(ShardedDataParallel, DifferentModelsAndBadOptionsAreRefusedOnEveryRank) {
       if (rank == 0) m->ptr(0)->as<torch::nn::Linear>()->bias.set_requires_grad(false);
       ShardedDataParallel sdp(m, pg);
     }, rank == 0 ? "parameter '0.bias' does not require grad" : "ranks [0] refused the model");
+    // One device for the whole model (the meta device stands for a GPU this machine may lack).
+    expect_refused([&] {
+      auto m = make_seq();
+      m->push_back(testing::OnMeta());
+      ShardedDataParallel sdp(m, pg);
+    }, "is on meta, others on cpu: ShardedDataParallel keeps a model on one device");
     expect_refused([&] { ShardedDataParallel sdp(make_seq(), pg, {.stage = 4}); },
                    "stage 4 is not 1, 2 or 3");
     expect_refused([&] {

@@ -32,6 +32,14 @@ struct SmallNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(SmallNet);
 
+// A module whose one parameter is on the meta device: a second device beside the CPU, standing
+// for a GPU this machine may lack, for the refusals of models on two devices.
+struct OnMetaImpl : torch::nn::Module {
+  OnMetaImpl() { register_parameter("w", torch::zeros({6}, torch::Device(torch::kMeta))); }
+  torch::Tensor forward(torch::Tensor x) { return x; }
+};
+TORCH_MODULE(OnMeta);
+
 inline SmallNet make_net(bool bn_eval) {
   torch::manual_seed(1234);
   SmallNet net;

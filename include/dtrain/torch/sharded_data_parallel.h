@@ -40,8 +40,9 @@
 // parameters in 16 bits (half the bytes) while the shards and the optimizer stay in fp32, the
 // master weights; the parameters computed with are then the 16-bit rounding of the masters.
 //
-// Every parameter must be a float32 CPU tensor that requires grad and belongs to one unit;
-// anything else is refused at construction, on every rank, naming the parameter.
+// Every parameter must be a float32 tensor that requires grad and belongs to one unit, all on
+// one device (the CPU or a GPU: the flat buffers live there); anything else is refused at
+// construction, on every rank, naming the parameter.
 #pragma once
 
 #include <chrono>
