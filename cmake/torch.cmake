@@ -82,6 +82,7 @@ add_library(dtrain_torch_objects OBJECT
   src/torch/sharded_checkpoint.cc
   src/torch/sharded_snapshot.cc
   src/torch/tensor_parallel.cc
+  src/torch/device.cc
 )
 dtrain_layer(dtrain_torch_objects FOLDERS torch HEADERS torch)
 target_link_libraries(dtrain_torch_objects

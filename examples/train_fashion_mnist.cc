@@ -8,6 +8,11 @@
 //   build/bin/dtrain run --servers 1 -n 2 -- build/bin/train_fashion_mnist --strategy ps --ps-mode ssp
 //   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --checkpoint-dir ckpt
 //       --checkpoint-every 100                  # (one line) run it again after a crash: it resumes
+//   build/bin/dtrain run -n 2 -- build/bin/train_fashion_mnist --device cuda   # this rank's GPU
+//
+// --device cuda trains on the GPU LOCAL_RANK picks (modulo those visible); the native backend
+// takes the GPU's tensors through host memory, so several ranks may share one GPU. Without a
+// usable GPU every rank fails at once, saying what it saw (CUDA_VISIBLE_DEVICES, the driver).
 //
 // Data: Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist, or --data DIR), in
 // memory; or, with --data-shards 'DIR/train-*.tfrecord', TFRecord shards that
@@ -74,6 +79,7 @@
 #include "dtrain/progress.h"
 #include "dtrain/torch/checkpoint.h"
 #include "dtrain/torch/commit.h"
+#include "dtrain/torch/device.h"
 #include "dtrain/torch/distributed_data_parallel.h"
 #include "dtrain/torch/distributed_optimizer.h"
 #include "dtrain/torch/distributed_sampler.h"
@@ -111,6 +117,7 @@ TORCH_MODULE(ConvNet);
 
 struct Flags {
   std::string strategy = "ddp";
+  std::string device = "cpu";  // cpu, cuda (this rank's GPU) or cuda:N
   int epochs = 1;
   int batch_size = 100;
   double lr = 0.01;
@@ -338,6 +345,12 @@ dtrain::DdpOptions ddp_options_of(const Flags& flags) {
 }
 
 int run(const Flags& flags) {
+  // First of all: a GPU asked for and not usable fails here, before any rank waits for another.
+  const at::Device device = dtrain::training_device(flags.device);
+  if (flags.strategy == "ps" && !device.is_cpu())
+    throw dtrain::InvalidArgumentError(
+        "--strategy ps keeps the parameters on the servers, in host memory: train with --device "
+        "cpu, or with --strategy ddp or optimizer on a GPU");
   // Bit-exact resume needs the same arithmetic in every run: one thread (a reduction split over
   // threads adds in another order) and no nondeterministic kernels.
   if (flags.deterministic) at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
@@ -385,6 +398,7 @@ int run(const Flags& flags) {
   torch::manual_seed(flags.seed);
   ConvNet model;
   if (!flags.init.empty()) dtrain::load_module_state(*model, flags.init);
+  model->to(device);
 
   auto test = dtrain::load_fashion_mnist(flags.data, /*train=*/false);
   std::unique_ptr<TrainingInput> input;
@@ -742,6 +756,8 @@ int run(const Flags& flags) {
       size_t end = std::min(samples, from + static_cast<size_t>(batch_size));
       size_t padding = 0;
       input->next(end - from, x, y, batch, padding);
+      x = x.to(device);
+      y = y.to(device);
 
       if (rank == flags.straggler_rank)  // a slow worker, on purpose (--straggler-ms)
         std::this_thread::sleep_for(std::chrono::milliseconds(flags.straggler_ms));
@@ -897,8 +913,8 @@ int run(const Flags& flags) {
         auto shard = torch::arange(rank, test.size(), world, torch::kLong);
         for (int64_t at = 0; at < shard.size(0); at += 1000) {
           auto idx = shard.slice(0, at, std::min(shard.size(0), at + 1000));
-          auto logits = model->forward(test.images.index_select(0, idx));
-          auto labels = test.labels.index_select(0, idx);
+          auto logits = model->forward(test.images.index_select(0, idx).to(device));
+          auto labels = test.labels.index_select(0, idx).to(device);
           correct += logits.argmax(1).eq(labels).sum().item<int64_t>();
           test_loss += torch::nn::functional::cross_entropy(
                            logits, labels,
@@ -934,6 +950,7 @@ int run(const Flags& flags) {
         {"final_loss", final_loss},
         {"test_accuracy", accuracy},
         {"eval_loss", test_loss / static_cast<double>(std::max<int64_t>(1, seen))},
+        {"device", device.str()},
     };
     // With --data-shards: the time a step waited for its images, on average over the ranks,
     // and the bad records the job trained without (--skip-bad-records).
@@ -958,6 +975,9 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", flags.strategy,
                  "ddp, optimizer (Horovod-style) or ps (parameter server: dtrain run --servers)")
       ->check(CLI::IsMember({"ddp", "optimizer", "ps"}));
+  app.add_option("--device", flags.device,
+                 "where to train: cpu, cuda (this rank's GPU: LOCAL_RANK modulo the GPUs "
+                 "visible) or cuda:N");
   app.add_option("--comm-hook", flags.comm_hook,
                  "ddp: how gradients travel: allreduce (exact), fp16, bf16, int8 or int4 (a scale "
                  "per 256 values; all four with error feedback on the native backend)")

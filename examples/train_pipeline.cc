@@ -7,6 +7,7 @@
 //                                                               # 2 stages x 2 replicas
 //   build/bin/dtrain run -n 2 -- build/bin/train_pipeline --stages 2 --checkpoint-dir ckpt
 //       --checkpoint-every 50           # (one line) run it again after a crash: it resumes
+//   build/bin/dtrain run -n 2 -- build/bin/train_pipeline --device cuda    # stages on GPUs
 //
 // The model: Flatten, then --layers Linear layers of --hidden units with ReLU between them, cut
 // into stages of about equal parameter counts (--balance time: of equal measured time). Each
@@ -40,6 +41,7 @@
 #include <torch/torch.h>
 
 #include "dtrain/dtrain.h"
+#include "dtrain/torch/device.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/fashion_mnist.h"
 #include "dtrain/torch/pipeline.h"
@@ -52,7 +54,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Flags {
-  int stages = 0;  // 0 = the world size (no replicas)
+  std::string device = "cpu";  // cpu, cuda (this rank's GPU) or cuda:N
+  int stages = 0;              // 0 = the world size (no replicas)
   std::string schedule = "1f1b";
   int microbatches = 4;
   int virtual_stages = 1;
@@ -107,6 +110,8 @@ double allreduce_max(dtrain::ProcessGroup& g, double v) {
 }
 
 int run(const Flags& flags) {
+  // First of all: a GPU asked for and not usable fails here, before any rank waits for another.
+  const at::Device device = dtrain::training_device(flags.device);
   const auto runtime = dtrain::configure_runtime(flags.threads);
   std::string store_file;
   std::shared_ptr<dtrain::ProcessGroup> world;
@@ -144,6 +149,7 @@ int run(const Flags& flags) {
   std::vector<int> my_stage_ids;
   for (int s = layout.stage(); s < parts; s += stages) {
     mine.push_back(dtrain::slice(model, cuts[s], cuts[s + 1]));
+    mine.back()->to(device);  // the pipeline moves what the stage receives there
     held->register_module(fmt::format("stage{}", s), mine.back());
     my_stage_ids.push_back(s);
   }
@@ -268,7 +274,8 @@ int run(const Flags& flags) {
     auto idx = share.slice(0, i, std::min(share.size(0), i + 1000));
     at::Tensor out = pipe.forward(test.images.index_select(0, idx));
     if (out.defined()) {
-      correct += out.argmax(1).eq(test.labels.index_select(0, idx)).sum().item<int64_t>();
+      correct +=
+          out.argmax(1).eq(test.labels.index_select(0, idx).to(out.device())).sum().item<int64_t>();
       seen += idx.size(0);
     }
   }
@@ -323,6 +330,7 @@ int run(const Flags& flags) {
         {"step_ms", mean_step_ms},
         {"compute_ms_per_step", mean_compute_ms},
         {"parameter_sum", parameter_sum},
+        {"device", device.str()},
     };
     std::printf("RESULT %s\n", result.dump().c_str());
     std::fflush(stdout);
@@ -339,6 +347,9 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a deep MLP on Fashion-MNIST, cut into pipeline stages (and replicated)"};
   app.option_defaults()->always_capture_default();
   Flags f;
+  app.add_option("--device", f.device,
+                 "where this rank's stages compute: cpu, cuda (this rank's GPU: LOCAL_RANK modulo "
+                 "the GPUs visible) or cuda:N");
   app.add_option("--stages", f.stages, "Pipeline stages; the ranks are stages x replicas (0 = all ranks)")
       ->check(CLI::Range(0, 4096));
   std::string names;

@@ -5,6 +5,7 @@
 //   build/bin/dtrain run -n 2 -- build/bin/train_sharded --stage 3 --checkpoint-dir ckpt
 //   build/bin/dtrain run -n 3 -- build/bin/train_sharded --stage 2 --checkpoint-dir ckpt
 //       # resumes the 2-rank run's checkpoint at 3 ranks and another stage
+//   build/bin/dtrain run -n 2 -- build/bin/train_sharded --stage 3 --device cuda   # on GPUs
 //
 // The model: Flatten, then --layers Linear layers of --hidden units with ReLU between them; each
 // Linear is a unit. Each rank trains on its share (DistributedSampler) of batches of
@@ -47,6 +48,7 @@
 
 #include "dtrain/dtrain.h"
 #include "dtrain/live_world.h"
+#include "dtrain/torch/device.h"
 #include "dtrain/torch/distributed_sampler.h"
 #include "dtrain/torch/fashion_mnist.h"
 #include "dtrain/torch/runtime.h"
@@ -61,6 +63,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Flags {
+  std::string device = "cpu";  // cpu, cuda (this rank's GPU) or cuda:N
   int stage = 3;
   std::string communication_dtype = "float";
   int layers = 4;
@@ -101,6 +104,8 @@ double allreduce_sum(dtrain::ProcessGroup& g, double v) {
 }
 
 int run(const Flags& flags) {
+  // First of all: a GPU asked for and not usable fails here, before any rank waits for another.
+  const at::Device device = dtrain::training_device(flags.device);
   const auto runtime = dtrain::configure_runtime(flags.threads);
   // Under `dtrain run --live`, a world whose survivors re-form when a rank dies; they go on
   // from the newest snapshot in memory, the dead rank's shard restored from its neighbour's copy.
@@ -155,6 +160,7 @@ int run(const Flags& flags) {
     n = world->size();
     torch::manual_seed(flags.seed);  // the same model on every rank; rank 0's is kept anyway
     model = make_model(flags);
+    model->to(device);  // the shards and flat buffers live where the parameters are
     parameters = 0;
     for (const auto& p : model->parameters()) parameters += p.numel();
     ckpt.reset();
@@ -262,9 +268,12 @@ int run(const Flags& flags) {
       const int64_t last = std::min<int64_t>(test.size(), first + per);
       for (int64_t i = 0; i < per; i += 1000) {
         const int64_t lo = std::min(last, first + i), hi = std::min(last, first + i + 1000);
-        at::Tensor out = sdp->forward(test.images.slice(0, lo, std::max(lo, hi)));
+        at::Tensor out = sdp->forward(test.images.slice(0, lo, std::max(lo, hi)).to(device));
         correct +=
-            out.argmax(1).eq(test.labels.slice(0, lo, std::max(lo, hi))).sum().item<int64_t>();
+            out.argmax(1)
+                .eq(test.labels.slice(0, lo, std::max(lo, hi)).to(device))
+                .sum()
+                .item<int64_t>();
       }
       accuracy = allreduce_sum(*world, static_cast<double>(correct)) / test.size();
       sum = 0;
@@ -312,8 +321,8 @@ int run(const Flags& flags) {
             torch::tensor(std::vector<int64_t>(indices->begin(), indices->end()), torch::kLong);
         adam->zero_grad();
         namespace F = torch::nn::functional;
-        auto each = F::cross_entropy(sdp->forward(train.images.index_select(0, idx)),
-                                     train.labels.index_select(0, idx),
+        auto each = F::cross_entropy(sdp->forward(train.images.index_select(0, idx).to(device)),
+                                     train.labels.index_select(0, idx).to(device),
                                      F::CrossEntropyFuncOptions().reduction(torch::kNone));
         auto loss = live ? each.slice(0, 0, static_cast<int64_t>(real)).sum() /
                                static_cast<double>(std::max<size_t>(1, real))
@@ -383,6 +392,7 @@ int run(const Flags& flags) {
         {"parameters", parameters},
         {"model_states_mib", heap_before < 0 ? -1.0 : (heap_after - heap_before) / 1048576.0},
         {"parameter_sum", sum},
+        {"device", device.str()},
     };
     if (snapshot && snapshot->stats().takes > 0)  // the training thread's time in them
       result["snapshot_stall_ms"] = snapshot->stats().total_stall_ms / snapshot->stats().takes;
@@ -399,6 +409,9 @@ int main(int argc, char** argv) {
   CLI::App app{"Train an MLP on Fashion-MNIST with ZeRO (sharded data parallelism)"};
   app.option_defaults()->always_capture_default();
   Flags f;
+  app.add_option("--device", f.device,
+                 "where to train: cpu, cuda (this rank's GPU: LOCAL_RANK modulo the GPUs visible) "
+                 "or cuda:N");
   app.add_option("--stage", f.stage, "ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters")
       ->check(CLI::Range(1, 3));
   app.add_option("--communication-dtype", f.communication_dtype, "float, bfloat16 or half")
