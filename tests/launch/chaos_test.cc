@@ -592,10 +592,11 @@ TEST(Chaos, AHostCutOffTheNetworkIsLeftOutAndReplacedOnceBackAndNoSampleIsLost) 
   if (!hosts.up) GTEST_SKIP() << "cannot create network namespaces here (needs root and iproute2)";
   dtrain::testing::TempDir dir;
   // Host 2 (seed 2's victim) is cut off for 20 s: ranks 0 and 1 find their connections to it
-  // dead after 7 s and, a majority, go on without it; rank 2 cannot reach the store and stops.
-  // Once the network is back its launcher reaches the store again and starts a replacement,
-  // which the others take in with their state (or which ends at once, when they finished
-  // first). Every sample once.
+  // dead after 7 s and, a majority, go on without it. Rank 2 either gives up on the store and
+  // stops, and once the network is back its launcher reaches the store again and starts a
+  // replacement; or (when its store retries outlast the cut, as on a loaded machine) it reaches
+  // the store itself, finds it was left out and asks to be taken in. Either way the others take
+  // it in with their state (or it ends at once, when they finished first). Every sample once.
   const auto r = chaos_of(dir, {"--schedule", "cut:21s:20s", "--seed", "2", "--max-faults", "1"},
                           on_hosts(hosts, {"--epochs", "3"}));
   const nlohmann::json c = recovered_every_sample_once(r, 1);
@@ -609,7 +610,9 @@ TEST(Chaos, AHostCutOffTheNetworkIsLeftOutAndReplacedOnceBackAndNoSampleIsLost) 
   EXPECT_LT(c["recovery_s"][0].get<double>(), 20.0) << r.output;  // before the host is back
   const std::string err = file_text(dir.path + "/faults/stderr.log");
   EXPECT_NE(err.find("node 2 reaches the job's store again"), std::string::npos) << err;
-  EXPECT_NE(err.find("started a replacement for rank 2"), std::string::npos) << err;
+  EXPECT_TRUE(err.find("started a replacement for rank 2") != std::string::npos ||
+              err.find("rank 2 at start was left out of generation 1") != std::string::npos)
+      << err;
   const std::string out = file_text(dir.path + "/faults/stdout.log");
   EXPECT_NE(out.find("generation 1 of 2 rank(s) formed"), std::string::npos) << out;
   // Taken in, or (on a machine where the others finished first) told that training is over.
