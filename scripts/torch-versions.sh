@@ -5,6 +5,9 @@
 # Usage: scripts/torch-versions.sh VERSION [ctest arguments]
 #   e.g. scripts/torch-versions.sh 2.11.0          (about 40 minutes on 2 cores)
 #   DTRAIN_BASE_PYTHON=/path/to/python3.12 scripts/torch-versions.sh 2.11.0   (another Python)
+#   DTRAIN_TARGETS="dtrain train_fashion_mnist" scripts/torch-versions.sh 2.11.0
+#                                 (builds those targets alone and runs no test: what
+#                                 scripts/gpu_check.sh pack-torch carries to a GPU machine)
 # The environment is /opt/dtrain/venv-torch-VERSION-pyX.Y (DTRAIN_BASE_PYTHON, default Debian's
 # /usr/bin/python3; torch from PyPI); the build is build-torch-VERSION-pyX.Y/. Run
 # scripts/install-deps.sh first for the Debian packages.
@@ -31,6 +34,11 @@ export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 build=build-torch-$version-py$pyver
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_BUILD_TESTS=ON \
   -DPython3_EXECUTABLE="$py" -DDTRAIN_TEST_DIRS="torch" >/dev/null
+if [ -n "${DTRAIN_TARGETS:-}" ]; then
+  # shellcheck disable=SC2086 # a list of targets
+  cmake --build "$build" -j"${DTRAIN_JOBS:-$(nproc)}" --target $DTRAIN_TARGETS
+  exit 0
+fi
 cmake --build "$build" -j"${DTRAIN_JOBS:-$(nproc)}"
 # Only tests/torch and the Python package's tests are built there.
 if [ $# -eq 0 ]; then set -- -E '^format\.'; fi
