@@ -24,7 +24,7 @@
 # then, where python3 has a CUDA build of torch, bench/peers/torch_nccl_peer.py (PyTorch's own
 # NCCL backend on the same sizes), and with a packed Python package, backend "dtrain" from torch
 # on CUDA tensors (tests/python/device_workers.py: collectives, DDP, FSDP2 on 2 ranks sharing the
-# GPU), dist.all_reduce on CUDA tensors, dtrain against torch's gloo, in one run, and
+# GPU; and Horovod's API), dist.all_reduce on CUDA tensors, dtrain against torch's gloo, in one run, and
 # train_fashion_mnist on the GPU (1 rank on the nccl backend, 2 on the native one sharing it)
 # against the same runs on the CPU: the test accuracies must agree.
 set -uo pipefail
@@ -115,7 +115,7 @@ run)
   if [[ -x .gpu/dtrain ]]; then
     # Backend "dtrain" from the machine's own torch, on CUDA tensors, 2 ranks on the one GPU.
     python3 -c 'import torch, sys; print("torch", torch.__version__, "CUDA", torch.version.cuda, sys.version.split()[0])' 2>&1 | tee -a "$out/machine.txt"
-    for name in collectives ddp fsdp2; do
+    for name in collectives ddp fsdp2 horovod; do
       PYTHONPATH=$PWD/.gpu/python PYTHONUNBUFFERED=1 timeout 240 .gpu/dtrain run -n 2 -- \
         python3 tests/python/device_workers.py "$name" cuda 2>&1 | tee "$out/torch_$name.txt" || status=1
     done

@@ -315,6 +315,7 @@ def errors():
          "alltoall"),
         (lambda: hvd.alltoall(torch.ones(n), splits=torch.ones(n)), "splits must hold integers"),
         (lambda: hvd.broadcast(torch.ones(2), root_rank=n), f"not a rank of this job of {n}"),
+        (lambda: hvd.allreduce(torch.ones(2, device="meta")), "tensors on meta are not supported"),
         (lambda: hvd.DistributedOptimizer(torch.optim.SGD(_model().parameters(), lr=0.1),
                                           named_parameters=[("a", torch.nn.Parameter(
                                               torch.ones(1)))]),

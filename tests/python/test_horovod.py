@@ -42,6 +42,20 @@ def test_distributed_optimizer_at_other_world_sizes(world):
     harness.check_ok(hvd(world, "optimizer", "average"))
 
 
+def test_the_api_on_a_device_trains_as_one_process():
+    # device_workers.py's horovod: the collectives, and the DistributedOptimizer with the state
+    # broadcast, against one process. The GPU check (scripts/gpu_check.sh) runs it with cuda.
+    env = harness.env_for(0, 1, 0)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    p = subprocess.run([DTRAIN, "run", "-n", "2", "--", harness.PYTHON,
+                        os.path.join(harness.HERE, "device_workers.py"), "horovod", "cpu"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in range(2):
+        assert f"rank {r}: horovod on cpu checked" in p.stdout, p.stdout
+
+
 def test_the_timeline_records_the_coordinator_and_the_optimizer(tmp_path):
     trace = tmp_path / "trace.json"
     harness.check_ok(hvd(2, "optimizer", "average", env={"DTRAIN_TIMELINE": str(trace)}))

@@ -390,9 +390,11 @@ def poll(handle: int) -> bool:
 
 
 def _dense(tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.device.type != "cpu":
-        raise ValueError(f"dtrain.torch: tensors on {tensor.device} are not supported by this "
-                         f"API yet; move them to the CPU")
+    # CUDA tensors go to the nccl backend, or through host memory on the native one; the
+    # coordinator fuses them in host memory. Other devices have no path.
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"dtrain.torch: tensors on {tensor.device} are not supported: dtrain "
+                         f"moves CPU and CUDA tensors; move it to one of those")
     return tensor
 
 

@@ -125,10 +125,12 @@ def _make_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 class _TensorSlot:
-    """Where a tensor sits in a state dict sent without its tensors: its shape and type."""
+    """Where a tensor sits in a state dict sent without its tensors: its shape, type and kind of
+    device (a GPU's tensor is received on this rank's GPU: under the nccl backend a CUDA and a
+    host tensor go through different groups)."""
 
     def __init__(self, t: torch.Tensor) -> None:
-        self.shape, self.dtype = tuple(t.shape), t.dtype
+        self.shape, self.dtype, self.cuda = tuple(t.shape), t.dtype, t.is_cuda
 
 
 def _without_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
@@ -148,7 +150,8 @@ def _with_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
     """The state dict of a skeleton from _without_tensors, with a new tensor for each slot
     (appended to `tensors`, in the same order)."""
     if isinstance(value, _TensorSlot):
-        tensors.append(torch.empty(value.shape, dtype=value.dtype))
+        tensors.append(torch.empty(value.shape, dtype=value.dtype,
+                                   device="cuda" if value.cuda else "cpu"))
         return tensors[-1]
     if isinstance(value, dict):
         return {k: _with_tensors(v, tensors) for k, v in value.items()}
