@@ -84,6 +84,16 @@ def test_destroying_the_group_while_a_future_callback_runs_does_not_hang():
         assert "while the callback ran" in r.out, r.out
 
 
+def test_a_work_let_go_of_before_it_ends_keeps_its_tensor_until_then():
+    # Rank 0 drops an async all_reduce's work and tensor at once and fills new tensors of that
+    # size; before the works kept their tensors past their own end, rank 1 received those
+    # tensors' values and rank 0 crashed.
+    results = harness.run(2, "dropped_work", timeout=60)
+    harness.check_ok(results)
+    for r in results:
+        assert "dropped work checked" in r.out, r.out
+
+
 def test_a_callback_may_drop_the_last_reference_to_its_group():
     results = harness.run(2, "group_dropped_in_callback", timeout=60)
     harness.check_ok(results)

@@ -588,6 +588,29 @@ def destroy_during_callback(backend):
     print(f"rank {rank}: destroyed in {took:.2f} s while the callback ran")
 
 
+def dropped_work(backend):
+    """Rank 0 lets go of an asynchronous all_reduce's work and of its tensor before rank 1 has
+    called it, then fills new tensors of that size: the backend must still reduce rank 0's
+    values (the work keeps its tensors until it ends, as torch's NCCL keeps a work's until its
+    watchdog sees the work end)."""
+    rank, world = init(backend)
+    n = 1 << 16
+    if rank == 0:
+        t = torch.full((n,), 1.0)
+        dist.all_reduce(t, async_op=True)  # the work, dropped at once
+        del t
+        junk = [torch.full((n,), -1000.0) for _ in range(64)]  # where the freed memory goes
+        time.sleep(2.0)
+        del junk
+    else:
+        time.sleep(1.0)
+        t = torch.full((n,), 2.0)
+        dist.all_reduce(t)
+        expect(t, torch.full((n,), 3.0), "the all_reduce whose work rank 0 let go of")
+    dist.barrier()
+    print(f"rank {rank}: dropped work checked")
+
+
 def group_dropped_in_callback(backend):
     """A future's callback drops the last reference to its group, so that the group is destroyed
     on the backend's own thread (a hook's state holding the group does that). The thread cannot

@@ -202,8 +202,7 @@ milliseconds C10dBackend::timeout_of(milliseconds t) const {
 c10::intrusive_ptr<C10dWork> C10dBackend::make_work(c10d::OpType type, const char* title,
                                                     bool collective) {
   const uint64_t seq = collective ? seq_.fetch_add(1) + 1 : 0;
-  auto work =
-      c10::make_intrusive<C10dWork>(rank_, type, title, collective ? completer_ : nullptr, seq);
+  auto work = c10::make_intrusive<C10dWork>(rank_, type, title, completer_, collective, seq);
   if (coalesced_) coalesced_->push_back(work);
   return work;
 }
@@ -225,7 +224,7 @@ c10::intrusive_ptr<c10d::Work> C10dBackend::endCoalescing() {
   std::vector<c10::intrusive_ptr<C10dWork>> parts = std::move(*coalesced_);
   coalesced_.reset();
   auto work = c10::make_intrusive<C10dWork>(rank_, c10d::OpType::COALESCED, "dtrain:coalesced",
-                                            completer_, seq_.load());
+                                            completer_, true, seq_.load());
   std::vector<at::Tensor> outputs;
   for (auto& part : parts) {
     for (auto& t : part->result()) outputs.push_back(t);

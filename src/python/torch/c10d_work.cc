@@ -33,11 +33,41 @@ std::exception_ptr as_backend_error(std::exception_ptr error) {
 }  // namespace
 
 C10dWork::C10dWork(int rank, c10d::OpType type, const char* profiling_title,
-                   const std::shared_ptr<FutureCompleter>& completer, uint64_t sequence)
+                   const std::shared_ptr<FutureCompleter>& completer, bool has_future,
+                   uint64_t sequence)
     : c10d::Work(rank, type, profiling_title),
       completer_(completer),
-      has_future_(completer != nullptr),
+      has_future_(has_future),
       sequence_(sequence) {}
+
+C10dWork::~C10dWork() {
+  if (works_.empty() && parts_.empty()) return;
+  {
+    std::lock_guard l(mutex_);
+    if (completed_) return;
+  }
+  c10::intrusive_ptr<C10dWork> heir;
+  try {
+    heir = c10::make_intrusive<C10dWork>(rank_, opType_, nullptr, nullptr, false, sequence_);
+  } catch (...) {
+    settle(std::nullopt);  // no memory for an heir: waited for here rather than left writing
+    return;
+  }
+  heir->works_ = std::move(works_);
+  heir->parts_ = std::move(parts_);
+  heir->on_success_ = std::move(on_success_);
+  heir->alive_ = std::move(alive_);
+  heir->outputs_ = std::move(outputs_);
+  try {
+    if (auto completer = completer_.lock()) {
+      completer->add(heir);
+      return;
+    }
+  } catch (...) {
+    // The completer could not take it (no thread could start): settled here instead.
+  }
+  heir->settle(std::nullopt);  // ends by the operations' own deadline
+}
 
 bool C10dWork::settle(std::optional<std::chrono::milliseconds> timeout) {
   std::unique_lock lock(settle_mu_, std::defer_lock);

@@ -27,10 +27,15 @@ class FutureCompleter;
 
 class C10dWork : public c10d::Work {
  public:
-  // `completer` is the group's (null for point-to-point works, which have no future).
+  // `completer`: the group's. `has_future`: a collective (point-to-point works have no future).
   // `sequence`: the group's count of collectives once this one was issued (0 for point to point).
   C10dWork(int rank, c10d::OpType type, const char* profiling_title,
-           const std::shared_ptr<FutureCompleter>& completer, uint64_t sequence);
+           const std::shared_ptr<FutureCompleter>& completer, bool has_future, uint64_t sequence);
+  // Let go of before it ended (an async_op whose work the script dropped): the backend still
+  // reads and writes its tensors, so a new work takes over the dtrain Works, the tensors and the
+  // copy back, and the group's completer settles it (as torch's NCCL backend keeps a work until
+  // its watchdog sees it end).
+  ~C10dWork() override;
 
   // Building it (before it is returned to torch; not thread-safe).
   void add(std::shared_ptr<dtrain::Work> work) { works_.push_back(std::move(work)); }
