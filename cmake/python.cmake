@@ -59,6 +59,11 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/dtrain DESTINATION ${DTRAIN_PYTHO
         COMPONENT python FILES_MATCHING PATTERN "*.py" PATTERN "*.pyi" PATTERN "py.typed")
 
 # What the package was built for: dtrain.torch compares it with the torch and Python it meets.
+if(DTRAIN_HAVE_CUDA)
+  set(DTRAIN_PYTHON_CUDA True)
+else()
+  set(DTRAIN_PYTHON_CUDA False)
+endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/build_info.py.in
                ${DTRAIN_PYTHON_DIR}/dtrain/_build_info.py @ONLY)
 install(FILES ${DTRAIN_PYTHON_DIR}/dtrain/_build_info.py
@@ -119,8 +124,14 @@ target_compile_definitions(dtrain_python_torch PRIVATE DTRAIN_TORCH_BUILT_FOR="$
 target_link_libraries(dtrain_python_torch PRIVATE
   dtrain_torch_objects dtrain_core dtrain_ps ${TORCH_LIBRARIES} ${TORCH_PYTHON_LIBRARY} fmt::fmt)
 add_dependencies(dtrain_python_package dtrain_python_torch)
-if(TARGET dtrain_cuda)
-  # CUDA tensors (a CUDA build of torch) staged through pinned host memory, as from C++; the
-  # library registers itself, so it is linked whole.
+# CUDA tensors (a CUDA build of torch) staged through pinned host memory, as from C++, and
+# DTRAIN_BACKEND=nccl: CUDA tensors through NCCL, host ones through a native group beside it.
+# Each library registers itself, so it is linked whole; the nccl backend brings dtrain_cuda.
+# Its libnccl is the one torch's wheel brings (src/backends/CMakeLists.txt looks there first),
+# loaded by torch before dtrain. Not mpi: a wheel would then need OpenMPI on every machine.
+if(TARGET dtrain_backend_nccl)
+  target_link_libraries(dtrain_python_torch PRIVATE
+    "$<LINK_LIBRARY:WHOLE_ARCHIVE,dtrain_backend_nccl>")
+elseif(TARGET dtrain_cuda)
   target_link_libraries(dtrain_python_torch PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,dtrain_cuda>")
 endif()

@@ -23,10 +23,11 @@
 # gpu_bench (dtrain's nccl all_reduce against NCCL itself, the staging against plain copies),
 # then, where python3 has a CUDA build of torch, bench/peers/torch_nccl_peer.py (PyTorch's own
 # NCCL backend on the same sizes), and with a packed Python package, backend "dtrain" from torch
-# on CUDA tensors (tests/python/device_workers.py: collectives, DDP, FSDP2 on 2 ranks sharing the
-# GPU; and Horovod's API), dist.all_reduce on CUDA tensors, dtrain against torch's gloo, in one run, and
-# train_fashion_mnist on the GPU (1 rank on the nccl backend, 2 on the native one sharing it)
-# against the same runs on the CPU: the test accuracies must agree.
+# on CUDA tensors (tests/python/device_workers.py: collectives, DDP, FSDP2 and Horovod's API, on
+# 2 ranks sharing the GPU and on 1 rank through NCCL), dist.all_reduce on CUDA tensors, dtrain
+# against torch's gloo, in one run, and train_fashion_mnist on the GPU (1 rank on the nccl
+# backend, 2 on the native one sharing it) against the same runs on the CPU: the test
+# accuracies must agree.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 
@@ -118,6 +119,9 @@ run)
     for name in collectives ddp fsdp2 horovod; do
       PYTHONPATH=$PWD/.gpu/python PYTHONUNBUFFERED=1 timeout 240 .gpu/dtrain run -n 2 -- \
         python3 tests/python/device_workers.py "$name" cuda 2>&1 | tee "$out/torch_$name.txt" || status=1
+      # The same through NCCL: one rank (NCCL takes one rank per GPU).
+      PYTHONPATH=$PWD/.gpu/python PYTHONUNBUFFERED=1 DTRAIN_BACKEND=nccl timeout 120 .gpu/dtrain run -n 1 -- \
+        python3 tests/python/device_workers.py "$name" cuda 2>&1 | tee "$out/torch_${name}_nccl.txt" || status=1
     done
     PYTHONPATH=$PWD/.gpu/python PYTHONUNBUFFERED=1 timeout 300 .gpu/dtrain run -n 2 -- \
       python3 bench/torch_allreduce.py --device cuda --rounds 3 --sizes 4K,64K,1M,16M,64M \

@@ -18,6 +18,9 @@ _Named = Sequence[tuple[str, Tensor]]
 
 torch_built_for: str
 
+def backend_version(name: str) -> int | None: ...
+def cuda_built() -> bool: ...
+
 # --- the backend (module.cc) ----------------------------------------------------------------
 
 def create_backend(store: Store, rank: int, size: int, timeout: _Duration,

@@ -67,13 +67,16 @@ std::string selected_backend(const ProcessGroupOptions& options) {
   return name;
 }
 
+const Backend* built_backend(std::string_view name) {
+  auto& r = registry();
+  std::lock_guard lock(r.mu);
+  auto it = r.backends.find(name);
+  return it == r.backends.end() ? nullptr : &it->second;
+}
+
 const Backend* find_backend(std::string_view name) {
   if (name == "native") return nullptr;
-  auto& r = registry();
-  {
-    std::lock_guard lock(r.mu);
-    if (auto it = r.backends.find(name); it != r.backends.end()) return &it->second;
-  }
+  if (const Backend* b = built_backend(name)) return b;
   const KnownBackend* k = known(name);
   if (!k)
     throw InvalidArgumentError(

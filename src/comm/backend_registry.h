@@ -26,6 +26,9 @@ struct Backend {
   // True for backends that move GPU memory only (nccl): ProcessGroup::create pairs their group
   // with a native one for host tensors (comm/per_device_group.h).
   bool device_memory_only = false;
+  // The version code of the library it was built against, where it has one (nccl's
+  // NCCL_VERSION_CODE, what Horovod's nccl_built() returns); 0 otherwise.
+  int version = 0;
 };
 
 // Registers a backend; returns true so that a namespace-scope bool can hold the result (the
@@ -39,6 +42,11 @@ std::string selected_backend(const ProcessGroupOptions& options);
 // The registered backend of that name; throws InvalidArgumentError ("backend gloo is not built
 // into this dtrain: ...") when it is known but not linked in. Null for "native".
 const Backend* find_backend(std::string_view name);
+
+// The registered backend of that name, or null when this program does not have it (never
+// throws: for asking what a build has, as Horovod's nccl_built() does). Null for "native",
+// which every program has and none registers.
+const Backend* built_backend(std::string_view name);
 
 // Whether the selected backend needs the rendezvous store (native does).
 bool needs_store(const ProcessGroupOptions& options);

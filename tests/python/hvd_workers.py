@@ -465,8 +465,12 @@ def negotiation():
     for x in xs:
         expect(x.grad, torch.full(x.shape, float(n)), "grad of grouped_allreduce")
 
-    for built in (hvd.ccl_built, hvd.ddl_built, hvd.cuda_built, hvd.rocm_built, hvd.mpi_built):
+    for built in (hvd.ccl_built, hvd.ddl_built, hvd.rocm_built, hvd.mpi_built, hvd.gloo_built):
         assert built() is False, built
+    # What the build found (test_backend.py checks what DTRAIN_BACKEND=nccl then does).
+    from dtrain import _build_info
+    assert hvd.nccl_built() == _build_info.NCCL_VERSION, hvd.nccl_built()
+    assert hvd.cuda_built() is _build_info.CUDA, hvd.cuda_built()
     hvd.shutdown()
     print(f"rank {r}: negotiation checked")
 

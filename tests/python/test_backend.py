@@ -77,6 +77,16 @@ def test_a_mismatched_collective_fails_every_rank_naming_both_calls():
         assert "all_reduce(f32, 64, max)" in r.out and "all_reduce(f32, 64, sum)" in r.out, r.out
 
 
+def test_the_nccl_backend_where_no_gpu_is_visible_fails_every_rank_at_once_saying_so():
+    # DTRAIN_BACKEND=nccl puts CUDA tensors on NCCL (a native group beside it for host ones).
+    # Without a GPU, init must fail on every rank within seconds, not wait for the peers.
+    results = harness.run(2, "nccl_without_gpu", timeout=60,
+                          env={"DTRAIN_BACKEND": "nccl", "CUDA_VISIBLE_DEVICES": ""})
+    for r in results:
+        assert r.code == 3, f"rank {r.rank} exited {r.code}:\n{r.out}"
+        assert f"rank {r.rank}: failed after" in r.out and "backend nccl" in r.out, r.out
+
+
 def test_destroying_the_group_while_a_future_callback_runs_does_not_hang():
     results = harness.run(2, "destroy_during_callback", timeout=60)
     harness.check_ok(results)

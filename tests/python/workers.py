@@ -486,6 +486,35 @@ def mismatch(backend):
     sys.exit(0)
 
 
+def nccl_without_gpu(backend):
+    """DTRAIN_BACKEND=nccl where no GPU is visible: init fails at once on every rank, with the
+    text saying what it saw; the module's NCCL is the one torch was built with."""
+    from dtrain import _build_info, _torch
+    version = _torch.backend_version("nccl")
+    # A build that has the nccl backend has it in the Python module too.
+    assert (version or 0) == _build_info.NCCL_VERSION, (version, _build_info.NCCL_VERSION)
+    if version:
+        major, minor, patch = torch.cuda.nccl.version()
+        assert version == major * 10000 + minor * 100 + patch, (version, torch.cuda.nccl.version())
+    start = time.monotonic()
+    try:
+        init(backend, timeout_s=60)
+        dist.all_reduce(torch.ones(4))
+    except Exception as e:  # noqa: BLE001  the kind is checked below
+        took = time.monotonic() - start
+        text = f"{type(e).__name__}: {e}"
+        print(f"rank {os.environ['RANK']}: failed after {took:.2f} s: {text}", flush=True)
+        assert isinstance(e, dtrain.InvalidArgumentError), text
+        assert took < 10, f"took {took:.1f} s against a 60 s timeout"
+        if version:
+            assert "backend nccl needs a CUDA device" in text, text
+            assert "CUDA_VISIBLE_DEVICES" in text and "DTRAIN_BACKEND=native" in text, text
+        else:
+            assert "backend nccl is not built into this dtrain" in text, text
+        sys.exit(3)
+    sys.exit(0)
+
+
 def ddp(backend, out_path, variant):
     """The same DDP training on `backend`; writes the losses and final weights to out_path."""
     import torch.nn as nn

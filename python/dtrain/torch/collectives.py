@@ -295,8 +295,10 @@ def gloo_built() -> bool:
     return False
 
 
-def nccl_built() -> bool:
-    return False
+def nccl_built() -> int:
+    """NCCL's version code (e.g. 23007 for 2.30.7) when this dtrain has the nccl backend
+    (DTRAIN_BACKEND=nccl), else 0, as Horovod's."""
+    return _torch.backend_version("nccl") or 0
 
 
 def ccl_built() -> bool:
@@ -308,7 +310,8 @@ def ddl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    """Whether CUDA tensors can be passed (dtrain built with the CUDA toolkit)."""
+    return _torch.cuda_built()
 
 
 def rocm_built() -> bool:

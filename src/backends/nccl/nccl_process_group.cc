@@ -579,7 +579,7 @@ const bool kRegistered = register_backend(Backend{
     [](std::shared_ptr<Store> store, int rank, int size, const ProcessGroupOptions& options) {
       return std::make_shared<NcclProcessGroup>(std::move(store), rank, size, options);
     },
-    /*device_memory_only=*/true});
+    /*device_memory_only=*/true, /*version=*/NCCL_VERSION_CODE});
 
 }  // namespace
 

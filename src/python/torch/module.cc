@@ -14,6 +14,8 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "comm/backend_registry.h"
+#include "comm/cuda_staging.h"
 #include "dtrain/error.h"
 #include "dtrain/reduce_op.h"
 #include "dtrain/torch/broadcast.h"
@@ -235,6 +237,19 @@ PYBIND11_MODULE(_torch, m) {
       "feedback, kept from call to call. Returns torch's Work. The hooks of\n"
       "dtrain.torch.comm_hooks call it.");
   m.attr("torch_built_for") = DTRAIN_TORCH_BUILT_FOR;
+  m.def(
+      "backend_version",
+      [](const std::string& name) -> std::optional<int> {
+        const dtrain::backends::Backend* b = dtrain::backends::built_backend(name);
+        if (b == nullptr) return std::nullopt;
+        return b->version;
+      },
+      py::arg("name"),
+      "The version code of the library backend `name` (DTRAIN_BACKEND) was built against in this\n"
+      "module (nccl: NCCL_VERSION_CODE), 0 when it has none, None when it is not built in.");
+  m.def(
+      "cuda_built", [] { return dtrain::comm::cuda_staging() != nullptr; },
+      "Whether this module moves CUDA tensors (built with the CUDA toolkit).");
   m.def(
       "_quiesce", [] { dtrain::python::FutureCompleter::quiesce_all(std::chrono::seconds(10)); },
       "Waits until no thread of the backend runs a future's callbacks (registered with atexit).",
