@@ -22,6 +22,19 @@ endif()
 set(CMAKE_CUDA_STANDARD 17)
 find_package(Torch REQUIRED)
 message(STATUS "LibTorch: ${TORCH_INSTALL_PREFIX}")
+# torch's package gives caffe2::mkl link folders under MKL_ROOT even where it found no MKL
+# (pytorch/pytorch#73008): /lib/intel64 and Windows folders would land on every program's
+# run-time path. Only folders that exist are kept.
+if(TARGET caffe2::mkl)
+  get_target_property(_mkl_dirs caffe2::mkl INTERFACE_LINK_DIRECTORIES)
+  set(_mkl_kept)
+  foreach(_dir IN LISTS _mkl_dirs)
+    if(IS_DIRECTORY "${_dir}")
+      list(APPEND _mkl_kept "${_dir}")
+    endif()
+  endforeach()
+  set_property(TARGET caffe2::mkl PROPERTY INTERFACE_LINK_DIRECTORIES "${_mkl_kept}")
+endif()
 # torch's include folder carries its own fmt (a newer one than Debian's spdlog is built with),
 # searched before /usr/include: Debian's fmt and spdlog, through links in a folder given with -I
 # (searched before every -isystem folder), win for every target that includes torch's headers.
@@ -39,8 +52,8 @@ add_library(dtrain_torch_env INTERFACE)
 target_include_directories(dtrain_torch_env INTERFACE $<BUILD_INTERFACE:${_system_headers}>)
 # A CUDA wheel's libraries need the NCCL and CUDA runtime of PyPI's nvidia-* packages beside
 # torch, which they find at run time by their own RUNPATH; the linker, checking their symbols,
-# must look there before the toolkit's older copies that torch's CMake package puts on the rpath.
-# (cmake/install.cmake gives dtrain::torch's users the same option.)
+# must look there, before any older copies of a toolkit on the rpath (src/backends points this
+# build's CUDA::cudart there; cmake/install.cmake gives dtrain::torch's users the same option).
 # PyPI's LibTorch exports private copies of libstdc++'s std::filesystem (libtorch_cpu.so; in 2.11
 # libtorch.so too, whose remove_all jumps to address 0). The loader binds a program's or module's
 # references to the first of its dependencies that defines them, so libstdc++ goes first.
