@@ -1,6 +1,7 @@
 // transformer_bench: data-parallel training of bench/transformer_lm.h's 33.7M-parameter
-// transformer by dtrain's C++ wrappers: DistributedDataParallel and ShardedDataParallel (ZeRO
-// 1-3), in alternating rounds. bench/transformer.sh runs it beside torch's DDP and FSDP2 on the
+// transformer by dtrain's C++ wrappers: DistributedDataParallel (ddp; ddp-view: each .grad a view
+// of its bucket, DdpOptions::gradient_as_bucket_view) and ShardedDataParallel (ZeRO 1-3), in
+// alternating rounds. bench/transformer.sh runs it beside torch's DDP and FSDP2 on the
 // same model (bench/torch_transformer.py), on dtrain and on gloo (docs/performance.md).
 //
 //   build/bin/dtrain run -n 2 -- build/bin/transformer_bench --layouts ddp,zero3 --rounds 3
@@ -60,8 +61,9 @@ Round run_round(const std::string& layout, const std::shared_ptr<dtrain::Process
   std::unique_ptr<dtrain::DistributedDataParallel> ddp;
   std::unique_ptr<dtrain::ShardedDataParallel> sdp;
   std::unique_ptr<torch::optim::SGD> opt;
-  if (layout == "ddp") {
-    ddp = std::make_unique<dtrain::DistributedDataParallel>(model.ptr(), pg);
+  if (layout.starts_with("ddp")) {
+    ddp = std::make_unique<dtrain::DistributedDataParallel>(
+        model.ptr(), pg, dtrain::DdpOptions{.gradient_as_bucket_view = layout == "ddp-view"});
     opt = std::make_unique<torch::optim::SGD>(model->parameters(), 0.01);
   } else {
     sdp = std::make_unique<dtrain::ShardedDataParallel>(
@@ -98,9 +100,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> layouts = {"ddp", "zero3"};
   int rounds = 3, steps = 10;
   int64_t sequence = 16;
-  app.add_option("--layouts", layouts, "ddp, zero1, zero2, zero3")
+  app.add_option("--layouts", layouts, "ddp, ddp-view, zero1, zero2, zero3")
       ->delimiter(',')
-      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}));
+      ->check(CLI::IsMember({"ddp", "ddp-view", "zero1", "zero2", "zero3"}));
   app.add_option("--rounds", rounds)->check(CLI::Range(1, 1000));
   app.add_option("--steps", steps, "timed steps a round")->check(CLI::Range(1, 100000));
   app.add_option("--tokens", sequence, "tokens per rank per step")->check(CLI::Range(1, 256));

@@ -48,6 +48,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   ro.bucket_cap_bytes = options_.bucket_cap_bytes;
   ro.find_unused_parameters = options_.find_unused_parameters;
   ro.rebuild_buckets = options_.rebuild_buckets;
+  ro.gradient_as_bucket_view = options_.gradient_as_bucket_view;
   ro.timeout = options_.timeout;
   reducer_ = std::make_unique<Reducer>(std::move(names), std::move(params), group_,
                                        options_.comm_hook, ro);

@@ -1,7 +1,9 @@
 // Reducer: buckets of gradients, filled by autograd hooks and all-reduced as they fill.
 //
 // Cost per iteration: one copy of every gradient into its bucket and one back, plus one
-// collective per bucket (two with find_unused_parameters: the map of used parameters). Buckets
+// collective per bucket (two with find_unused_parameters: the map of used parameters). With
+// gradient_as_bucket_view, .grad is left a view of its bucket instead of copied back, and a
+// .grad that still is one (zero_grad without set_to_none) is accumulated in place: no copy. Buckets
 // start strictly in index order, so every rank issues the same collectives in the same order
 // whatever order its hooks fire in.
 #include "torch/reducer.h"
@@ -189,16 +191,15 @@ void Reducer::on_grad_ready(size_t p) {
   if (!rebuilt_) arrival_.push_back(p);
   used_[p] = 1;
   const at::Tensor& grad = params_[p].grad();
-  Bucket& bucket = *buckets_[bucket_of_[p]];
-  at::Tensor slot = bucket.grad.buffer.narrow(0, bucket.offsets[slot_of_[p]], params_[p].numel())
-                        .view(grad.sizes());
+  at::Tensor into = slot(p);
   if (hook_->sums_divided_gradients()) {
-    // A CPU double of no dimensions: the product keeps the gradient's dtype and device.
-    at::mul_out(slot, grad,
+    // A CPU double of no dimensions: the product keeps the gradient's dtype and device. (In
+    // place when .grad is the slot: an elementwise product may write over its own input.)
+    at::mul_out(into, grad,
                 at::scalar_tensor(1.0 / static_cast<double>(group_->size()),
                                   at::TensorOptions().dtype(at::kDouble)));
-  } else {
-    slot.copy_(grad);
+  } else if (!grad_is_slot(p, into)) {
+    into.copy_(grad);
   }
   mark_ready(p, /*used=*/true);
 
@@ -215,10 +216,26 @@ void Reducer::on_grad_ready(size_t p) {
   }
 }
 
+at::Tensor Reducer::slot(size_t p) const {
+  const Bucket& bucket = *buckets_[bucket_of_[p]];
+  return bucket.grad.buffer.narrow(0, bucket.offsets[slot_of_[p]], params_[p].numel())
+      .view(params_[p].sizes());
+}
+
+bool Reducer::grad_is_slot(size_t p, const at::Tensor& slot) const {
+  const at::Tensor& grad = params_[p].grad();
+  return grad.defined() && grad.data_ptr() == slot.data_ptr() && grad.is_alias_of(slot);
+}
+
 void Reducer::mark_ready(size_t p, bool used) {
   ready_[p] = 1;
   Bucket& bucket = *buckets_[bucket_of_[p]];
-  if (!used) bucket.grad.buffer.narrow(0, bucket.offsets[slot_of_[p]], params_[p].numel()).zero_();
+  if (!used) {
+    at::Tensor unused = slot(p);
+    // A parameter no rank uses keeps its .grad (as below): not the slot about to take zeros.
+    if (grad_is_slot(p, unused)) params_[p].mutable_grad() = unused.clone();
+    unused.zero_();
+  }
   if (--bucket.pending == 0) launch_ready_buckets();
 }
 
@@ -281,10 +298,16 @@ void Reducer::finalize_backward() {
       const size_t p = b->params[s];
       // A parameter no rank used keeps its gradient as it was (PyTorch does the same).
       if (options_.find_unused_parameters && global_used[p] == 0) continue;
-      at::Tensor slot = b->grad.buffer.narrow(0, b->offsets[s], params_[p].numel());
+      const at::Tensor reduced = slot(p);
       at::Tensor& grad = params_[p].mutable_grad();
+      if (options_.gradient_as_bucket_view) {
+        // detach(): shares the memory without being an autograd view, which LibTorch's
+        // Optimizer::zero_grad could not detach_() in place.
+        if (!grad_is_slot(p, reduced)) grad = reduced.detach();
+        continue;
+      }
       if (!grad.defined()) grad = at::empty_like(params_[p], at::MemoryFormat::Contiguous);
-      grad.copy_(slot.view(grad.sizes()));
+      grad.copy_(reduced);
     }
   }
   if (!rebuilt_ && options_.rebuild_buckets) rebuild_pending_ = true;

@@ -21,6 +21,7 @@ struct ReducerOptions {
   size_t bucket_cap_bytes = size_t{25} << 20;
   bool find_unused_parameters = false;
   bool rebuild_buckets = true;
+  bool gradient_as_bucket_view = false;
   std::chrono::milliseconds timeout{0};
 };
 
@@ -59,6 +60,10 @@ class Reducer {
   void launch_ready_buckets();
   void finalize_backward();
   void wait_bucket(Bucket& bucket);
+  // The slice of parameter p's bucket that holds its gradient, shaped as the parameter.
+  at::Tensor slot(size_t p) const;
+  // The parameter's .grad is that slice itself (gradient_as_bucket_view).
+  bool grad_is_slot(size_t p, const at::Tensor& slot) const;
   std::string describe_missing() const;
 
   std::vector<std::string> names_;

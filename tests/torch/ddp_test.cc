@@ -1,6 +1,6 @@
 // DistributedDataParallel over real processes: equality with one process on the whole batch,
 // no_sync accumulation, buffers, unused parameters, join with uneven inputs, fp16, bf16, int8
-// and int4 compression.
+// and int4 compression; each .grad a view of its bucket (gradient_as_bucket_view).
 #include "dtrain/torch/distributed_data_parallel.h"
 
 #include <gtest/gtest.h>
@@ -69,7 +69,7 @@ TEST(Ddp, Bf16CompressionCastsOtherTypes) {
   check_matches_one_process(2, bf16_compress_hook(), 5e-3, at::kDouble);
 }
 
-TEST(Ddp, NoSyncAccumulationEqualsTheLargerBatch) {
+void check_no_sync_accumulation(bool gradient_as_bucket_view) {
   const int port = testing::free_port();
   const int n = 2;
   auto results = run_ranks(n, [&](int rank) {
@@ -77,11 +77,14 @@ TEST(Ddp, NoSyncAccumulationEqualsTheLargerBatch) {
     auto pg = make_group(rank, n, port);
     auto net = testing::make_net(true);
     auto ref = testing::make_net(true);
-    DistributedDataParallel ddp(net.ptr(), pg);
+    DdpOptions o;
+    o.gradient_as_bucket_view = gradient_as_bucket_view;
+    DistributedDataParallel ddp(net.ptr(), pg, o);
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
     torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
     for (int step = 0; step < 3; ++step) {
-      opt.zero_grad();
+      // Zeroed in place (a bucket view keeps accumulating in its bucket) or reset.
+      opt.zero_grad(/*set_to_none=*/step % 2 == 1);
       ref_opt.zero_grad();
       for (int micro = 0; micro < 3; ++micro) {  // two local passes, then one that reduces
         auto global = testing::global_batch(10 * step + micro, 8);
@@ -102,6 +105,63 @@ TEST(Ddp, NoSyncAccumulationEqualsTheLargerBatch) {
     double diff = testing::max_difference(*net, *ref);
     RANK_CHECK(diff < 1e-5, "accumulated parameters differ from the larger batch by {}", diff);
   }, 60s);
+  expect_all_ok(results);
+}
+
+TEST(Ddp, NoSyncAccumulationEqualsTheLargerBatch) { check_no_sync_accumulation(false); }
+TEST(Ddp, NoSyncAccumulationInBucketViewsEqualsTheLargerBatch) { check_no_sync_accumulation(true); }
+
+// Each .grad is its slice of the bucket: the parameters of one bucket share storage, a .grad
+// zeroed in place stays where it is from step to step (backward accumulates into the bucket),
+// one reset gets its slice back; training matches one process on the whole batch throughout.
+TEST(Ddp, GradientsAsBucketViewsAreTheBucketsAndMatchOneProcess) {
+  const int port = testing::free_port();
+  const int n = 2;
+  auto results = run_ranks(n, [&](int rank) {
+    at::set_num_threads(1);
+    auto pg = make_group(rank, n, port);
+    auto net = testing::make_net(/*bn_eval=*/true);
+    auto ref = testing::make_net(/*bn_eval=*/true);
+    DdpOptions o;
+    o.first_bucket_cap_bytes = 64;
+    o.bucket_cap_bytes = 100;
+    o.gradient_as_bucket_view = true;
+    DistributedDataParallel ddp(net.ptr(), pg, o);
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    const auto named = net->named_parameters();
+    std::vector<const void*> where;  // each parameter's .grad after the previous step
+    for (int step = 0; step < 6; ++step) {
+      auto global = testing::global_batch(step, 12);
+      auto local = testing::shard(global, rank, n);
+      const bool reset = step % 3 == 0;
+      opt.zero_grad(/*set_to_none=*/reset);
+      auto out = ddp.forward([&] { return net->forward(local.x); });
+      torch::nn::functional::cross_entropy(out, local.y).backward();
+      std::vector<const void*> now;
+      for (const auto& p : net->parameters()) now.push_back(p.grad().data_ptr());
+      // Before step 1 the buckets are rebuilt (arrival order), so the slices move once then.
+      if (step > 1) RANK_CHECK(now == where, "step {} (reset: {}): a .grad moved", step, reset);
+      where = now;
+      bool shared = false;
+      for (const auto& names : ddp.buckets())
+        for (size_t i = 1; i < names.size(); ++i) {
+          const auto& first = named[names[0]].grad();
+          RANK_CHECK(named[names[i]].grad().is_alias_of(first), "step {}: {} is not in {}'s bucket",
+                     step, names[i], names[0]);
+          shared = true;
+        }
+      RANK_CHECK(shared, "no bucket holds two parameters");
+      opt.step();
+      ref_opt.zero_grad();
+      torch::nn::functional::cross_entropy(ref->forward(global.x), global.y).backward();
+      ref_opt.step();
+    }
+    double diff = testing::max_difference(*net, *ref);
+    RANK_CHECK(diff < 1e-5, "parameters differ from one process by {}", diff);
+    for (const auto& p : net->parameters())
+      RANK_CHECK(testing::same_on_all_ranks(*pg, p), "parameters differ between ranks");
+  }, 90s);
   expect_all_ok(results);
 }
 
@@ -141,7 +201,7 @@ struct BranchyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Branchy);
 
-TEST(Ddp, FindUnusedParametersReducesWhatSomeRanksUsed) {
+void check_find_unused_parameters(bool gradient_as_bucket_view) {
   const int port = testing::free_port();
   const int n = 2;
   auto results = run_ranks(n, [&](int rank) {
@@ -151,6 +211,7 @@ TEST(Ddp, FindUnusedParametersReducesWhatSomeRanksUsed) {
     Branchy net;
     DdpOptions o;
     o.find_unused_parameters = true;
+    o.gradient_as_bucket_view = gradient_as_bucket_view;
     DistributedDataParallel ddp(net.ptr(), pg, o);
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
     for (int step = 0; step < 3; ++step) {
@@ -170,8 +231,19 @@ TEST(Ddp, FindUnusedParametersReducesWhatSomeRanksUsed) {
       RANK_CHECK(!net->c->weight.grad().defined(), "c is used by no rank: its grad stays unset");
       opt.step();
     }
+    // A parameter that no rank uses in an iteration keeps the gradient it had, bucket view or not.
+    const auto kept = net->b->weight.grad().clone();
+    auto out = ddp.forward([&] { return net->a->forward(torch::ones({2, 4})); });
+    out.sum().backward();
+    RANK_CHECK(net->b->weight.grad().equal(kept), "b.weight's gradient changed while unused: {}",
+               net->b->weight.grad()[0][0].item<float>());
   }, 60s);
   expect_all_ok(results);
+}
+
+TEST(Ddp, FindUnusedParametersReducesWhatSomeRanksUsed) { check_find_unused_parameters(false); }
+TEST(Ddp, FindUnusedParametersWithBucketViewsKeepsAnUnusedGradient) {
+  check_find_unused_parameters(true);
 }
 
 TEST(Ddp, AnUnusedParameterWithoutFindUnusedIsNamed) {

@@ -17,7 +17,7 @@
 // each parameter's gradient accumulator copies the gradient into its bucket; a full bucket is
 // all-reduced asynchronously at once, in bucket order on every rank, so communication overlaps
 // the rest of backward. When backward ends, DDP waits for the buckets and writes the averages
-// back into .grad. After the first iteration the buckets are rebuilt in the order gradients
+// back into .grad (or makes .grad a view of the bucket: DdpOptions::gradient_as_bucket_view). After the first iteration the buckets are rebuilt in the order gradients
 // actually arrived on rank 0. Buffers (batch-norm statistics) are broadcast from rank 0 before
 // each forward that records gradients.
 #pragma once
@@ -47,6 +47,12 @@ struct DdpOptions {
   bool broadcast_buffers = true;         // rank 0's buffers before each forward that records grads
   bool find_unused_parameters = false;   // forward may skip parameters (costs a graph walk)
   bool rebuild_buckets = true;           // after the first iteration, in gradient arrival order
+  // true: each parameter's .grad becomes a view of its slice of the bucket, which saves copying
+  // every gradient back after the reduction (and, with zero_grad(/*set_to_none=*/false), into the
+  // bucket: backward accumulates in place). As PyTorch's option of that name, a .grad kept across
+  // iterations then changes with the bucket, and gradients of parameters in one bucket share
+  // storage.
+  bool gradient_as_bucket_view = false;
   std::shared_ptr<CommHook> comm_hook;   // null = allreduce_hook()
   std::chrono::milliseconds timeout{0};  // of each collective; 0 = the group's default
 };
