@@ -232,7 +232,8 @@ void Reducer::mark_ready(size_t p, bool used) {
   Bucket& bucket = *buckets_[bucket_of_[p]];
   if (!used) {
     at::Tensor unused = slot(p);
-    // A parameter no rank uses keeps its .grad (as below): not the slot about to take zeros.
+    // Unused here: should no rank use it, it keeps its .grad (finalize_backward), which must
+    // then not be the slot about to take zeros.
     if (grad_is_slot(p, unused)) params_[p].mutable_grad() = unused.clone();
     unused.zero_();
   }
