@@ -17,9 +17,10 @@
 // each parameter's gradient accumulator copies the gradient into its bucket; a full bucket is
 // all-reduced asynchronously at once, in bucket order on every rank, so communication overlaps
 // the rest of backward. When backward ends, DDP waits for the buckets and writes the averages
-// back into .grad (or makes .grad a view of the bucket: DdpOptions::gradient_as_bucket_view). After the first iteration the buckets are rebuilt in the order gradients
-// actually arrived on rank 0. Buffers (batch-norm statistics) are broadcast from rank 0 before
-// each forward that records gradients.
+// back into .grad (or makes .grad a view of the bucket: DdpOptions::gradient_as_bucket_view).
+// After the first iteration the buckets are rebuilt in the order gradients actually arrived on
+// rank 0. Buffers (batch-norm statistics) are broadcast from rank 0 before each forward that
+// records gradients.
 #pragma once
 
 #include <chrono>
@@ -44,9 +45,9 @@ namespace dtrain {
 struct DdpOptions {
   size_t first_bucket_cap_bytes = size_t{1} << 20;  // 1 MiB: starts communication early
   size_t bucket_cap_bytes = size_t{25} << 20;       // 25 MiB: every later bucket
-  bool broadcast_buffers = true;         // rank 0's buffers before each forward that records grads
-  bool find_unused_parameters = false;   // forward may skip parameters (costs a graph walk)
-  bool rebuild_buckets = true;           // after the first iteration, in gradient arrival order
+  bool broadcast_buffers = true;        // rank 0's buffers before each forward that records grads
+  bool find_unused_parameters = false;  // forward may skip parameters (costs a graph walk)
+  bool rebuild_buckets = true;          // after the first iteration, in gradient arrival order
   // true: each parameter's .grad becomes a view of its slice of the bucket, which saves copying
   // every gradient back after the reduction (and, with zero_grad(/*set_to_none=*/false), into the
   // bucket: backward accumulates in place). As PyTorch's option of that name, a .grad kept across
