@@ -17,9 +17,31 @@ using testing::make_group;
 using testing::expect_all_ok;
 using testing::run_ranks;
 
+// With gradient_as_bucket_view, each .grad is its slice of the bucket: the parameters of one
+// bucket share storage, and a .grad stays where it is from step to step, whether zeroed in place
+// (backward accumulates into the bucket) or reset (it gets its slice back). `where`: each
+// parameter's .grad after the previous step.
+void check_bucket_views(const DistributedDataParallel& ddp, const torch::nn::Module& net, int step,
+                        std::vector<const void*>& where) {
+  std::vector<const void*> now;
+  for (const auto& p : net.parameters()) now.push_back(p.grad().data_ptr());
+  // Before step 1 the buckets are rebuilt (arrival order), so the slices move once then.
+  if (step > 1) RANK_CHECK(now == where, "step {}: a .grad moved", step);
+  where = now;
+  const auto named = net.named_parameters();
+  bool shared = false;
+  for (const auto& names : ddp.buckets())
+    for (size_t i = 1; i < names.size(); ++i) {
+      RANK_CHECK(named[names[i]].grad().is_alias_of(named[names[0]].grad()),
+                 "step {}: {} is not in {}'s bucket", step, names[i], names[0]);
+      shared = true;
+    }
+  RANK_CHECK(shared, "no bucket holds two parameters");
+}
+
 // N ranks with B/N samples each vs one process with B, after several SGD+momentum steps.
 void check_matches_one_process(int n, std::shared_ptr<CommHook> hook, double tolerance,
-                               at::ScalarType dtype = at::kFloat) {
+                               at::ScalarType dtype = at::kFloat, bool bucket_views = false) {
   const int port = testing::free_port();
   auto results = run_ranks(n, [&](int rank) {
     at::set_num_threads(1);
@@ -32,17 +54,23 @@ void check_matches_one_process(int n, std::shared_ptr<CommHook> hook, double tol
     o.first_bucket_cap_bytes = 64;  // several buckets, so ordering and rebuilding are exercised
     o.bucket_cap_bytes = 100;
     o.comm_hook = hook;
+    o.gradient_as_bucket_view = bucket_views;
     DistributedDataParallel ddp(net.ptr(), pg, o);
     RANK_CHECK(ddp.buckets().size() >= 3, "{} buckets", ddp.buckets().size());
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    std::vector<const void*> where;
     for (int step = 0; step < 6; ++step) {
       auto global = testing::global_batch(step, 12);
       global.x = global.x.to(dtype);
       auto local = testing::shard(global, rank, n);
-      opt.zero_grad();
+      if (bucket_views)
+        opt.zero_grad(/*set_to_none=*/step % 3 == 0);
+      else
+        opt.zero_grad();
       auto out = ddp.forward([&] { return net->forward(local.x); });
       torch::nn::functional::cross_entropy(out, local.y).backward();
+      if (bucket_views) check_bucket_views(ddp, *net, step, where);
       opt.step();
       ref_opt.zero_grad();
       torch::nn::functional::cross_entropy(ref->forward(global.x), global.y).backward();
@@ -67,6 +95,14 @@ TEST(Ddp, Int4CompressionStaysClose) { check_matches_one_process(2, int4_compres
 // The wire takes f32: gradients of another type are cast to 16 bits and back instead.
 TEST(Ddp, Bf16CompressionCastsOtherTypes) {
   check_matches_one_process(2, bf16_compress_hook(), 5e-3, at::kDouble);
+}
+// The default hook divides each gradient as it goes into the bucket (in place where .grad is the
+// bucket); a 16-bit hook takes the sums as they are (no copy where .grad is the bucket).
+TEST(Ddp, GradientsAsBucketViewsAreTheBucketsAndMatchOneProcess) {
+  check_matches_one_process(2, nullptr, 1e-5, at::kFloat, /*bucket_views=*/true);
+}
+TEST(Ddp, GradientsAsBucketViewsWithBf16CompressionStayClose) {
+  check_matches_one_process(3, bf16_compress_hook(), 5e-3, at::kFloat, /*bucket_views=*/true);
 }
 
 void check_no_sync_accumulation(bool gradient_as_bucket_view) {
@@ -110,60 +146,6 @@ void check_no_sync_accumulation(bool gradient_as_bucket_view) {
 
 TEST(Ddp, NoSyncAccumulationEqualsTheLargerBatch) { check_no_sync_accumulation(false); }
 TEST(Ddp, NoSyncAccumulationInBucketViewsEqualsTheLargerBatch) { check_no_sync_accumulation(true); }
-
-// Each .grad is its slice of the bucket: the parameters of one bucket share storage, a .grad
-// zeroed in place stays where it is from step to step (backward accumulates into the bucket),
-// one reset gets its slice back; training matches one process on the whole batch throughout.
-TEST(Ddp, GradientsAsBucketViewsAreTheBucketsAndMatchOneProcess) {
-  const int port = testing::free_port();
-  const int n = 2;
-  auto results = run_ranks(n, [&](int rank) {
-    at::set_num_threads(1);
-    auto pg = make_group(rank, n, port);
-    auto net = testing::make_net(/*bn_eval=*/true);
-    auto ref = testing::make_net(/*bn_eval=*/true);
-    DdpOptions o;
-    o.first_bucket_cap_bytes = 64;
-    o.bucket_cap_bytes = 100;
-    o.gradient_as_bucket_view = true;
-    DistributedDataParallel ddp(net.ptr(), pg, o);
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    const auto named = net->named_parameters();
-    std::vector<const void*> where;  // each parameter's .grad after the previous step
-    for (int step = 0; step < 6; ++step) {
-      auto global = testing::global_batch(step, 12);
-      auto local = testing::shard(global, rank, n);
-      const bool reset = step % 3 == 0;
-      opt.zero_grad(/*set_to_none=*/reset);
-      auto out = ddp.forward([&] { return net->forward(local.x); });
-      torch::nn::functional::cross_entropy(out, local.y).backward();
-      std::vector<const void*> now;
-      for (const auto& p : net->parameters()) now.push_back(p.grad().data_ptr());
-      // Before step 1 the buckets are rebuilt (arrival order), so the slices move once then.
-      if (step > 1) RANK_CHECK(now == where, "step {} (reset: {}): a .grad moved", step, reset);
-      where = now;
-      bool shared = false;
-      for (const auto& names : ddp.buckets())
-        for (size_t i = 1; i < names.size(); ++i) {
-          const auto& first = named[names[0]].grad();
-          RANK_CHECK(named[names[i]].grad().is_alias_of(first), "step {}: {} is not in {}'s bucket",
-                     step, names[i], names[0]);
-          shared = true;
-        }
-      RANK_CHECK(shared, "no bucket holds two parameters");
-      opt.step();
-      ref_opt.zero_grad();
-      torch::nn::functional::cross_entropy(ref->forward(global.x), global.y).backward();
-      ref_opt.step();
-    }
-    double diff = testing::max_difference(*net, *ref);
-    RANK_CHECK(diff < 1e-5, "parameters differ from one process by {}", diff);
-    for (const auto& p : net->parameters())
-      RANK_CHECK(testing::same_on_all_ranks(*pg, p), "parameters differ between ranks");
-  }, 90s);
-  expect_all_ok(results);
-}
 
 TEST(Ddp, BuffersFollowRankZeroBeforeEachForward) {
   const int port = testing::free_port();
