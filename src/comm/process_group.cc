@@ -225,6 +225,10 @@ void NativeProcessGroup::start() {
     // too; later ones fail at their start.
     if (static_cast<int32_t>(history_->first_unfinished() - seq) >= 0 || seq == 0)
       fail_internal_groups(error);
+    // Arrived before the statement ("called ..."), as in run_collective's failure: a peer that
+    // finds the statement must not count this rank among those that never came (failure records'
+    // `silent`).
+    if (size_ > 1 && seq != 0 && history_->call(seq)) watchdog_->publish_called(seq);
     publish_postmortem(*store_, name_, rank_, seq, history_->describe(seq));
   };
   handlers.mismatch = [this](uint32_t seq, int peer, uint64_t theirs, uint64_t ours) {

@@ -65,9 +65,12 @@ Watchdog::Running Watchdog::running() const {
 }
 
 int64_t Watchdog::arrived_ms() const {
+  return arrived_ms(std::chrono::steady_clock::time_point(
+      std::chrono::steady_clock::duration(since_ns_.load(std::memory_order_relaxed))));
+}
+
+int64_t Watchdog::arrived_ms(std::chrono::steady_clock::time_point since) {
   // Wall-clock time of the arrival, derived when asked: enter() reads no clock.
-  const auto since = std::chrono::steady_clock::time_point(
-      std::chrono::steady_clock::duration(since_ns_.load(std::memory_order_relaxed)));
   const auto arrived = std::chrono::system_clock::now() -
                        std::chrono::duration_cast<std::chrono::system_clock::duration>(
                            std::chrono::steady_clock::now() - since);
@@ -80,6 +83,14 @@ void Watchdog::publish_call(uint32_t seq) {
   publish(seq, std::chrono::duration_cast<std::chrono::milliseconds>(
                    std::chrono::system_clock::now().time_since_epoch())
                    .count());
+}
+
+void Watchdog::publish_called(uint32_t seq) {
+  const Running run = running();  // read as one collective's fields, on another thread
+  if (run.seq == seq)
+    publish(seq, arrived_ms(run.since));
+  else
+    publish_call(seq);
 }
 
 Watchdog::Arrivals Watchdog::read_arrivals(uint32_t seq) {

@@ -51,6 +51,10 @@ class Watchdog {
   // notice came first): published as an arrival now, so that the peers' post-mortems do not call
   // it not arrived.
   void publish_call(uint32_t seq);
+  // A peer's notice that `seq` failed, which this rank called (running it, or not yet): its
+  // arrival, published before the statement the notice makes it write, as publish_arrival. From
+  // any thread (the notice comes on the transport's).
+  void publish_called(uint32_t seq);
 
  private:
   void run(std::stop_token stop);
@@ -66,8 +70,9 @@ class Watchdog {
     std::chrono::steady_clock::time_point since;
   };
   Running running() const;
-  // When the running collective arrived, in ms since the epoch.
+  // When the running collective arrived (entered at `since`), in ms since the epoch.
   int64_t arrived_ms() const;
+  static int64_t arrived_ms(std::chrono::steady_clock::time_point since);
 
   Store& store_;
   std::string group_;
