@@ -24,7 +24,8 @@
 // accuracy, and last one machine-readable line:
 //   RESULT {"strategy":"ddp","world_size":2,"epochs":1,"steps":300,"images_per_sec":...,
 //           "initial_loss":...,"final_loss":...,"test_accuracy":...,"eval_loss":...}
-// final_loss averages the last steps' batch losses; eval_loss is the test set's mean loss.
+// final_loss averages the batch losses of the last 20 steps each process trained (fewer after a
+// resume near the end: the window is not checkpointed); eval_loss is the test set's mean loss.
 // images_per_sec adds up the rates of all ranks. DTRAIN_TIMELINE=FILE records a Chrome trace.
 //
 // Checkpoints (docs/fault_tolerance.md): with --checkpoint-dir DIR, rank 0 saves every
